@@ -1,0 +1,149 @@
+# servelab — build, test and run.
+#
+#   make            build bin/servelab (portable: no -march=native)
+#   make run        build and open the lab on its default model
+#   make test       install missing packages, build, run every test
+#   make check      the same tests under AddressSanitizer + UBSan (build/check)
+#   make deps       install missing Debian packages (root) or print the command
+#   make models     fetch stories260K/stories15M into ./models (needs internet)
+#   make install    PREFIX=/usr/local DESTDIR=
+#   CUDA=auto|0|1   build kernels/cuda when nvcc is found / never / always
+#
+# CFLAGS are strict (-Wall -Wextra) everywhere and -Werror when CI is set.
+
+CC       ?= cc
+NVCC     ?= nvcc
+PREFIX   ?= /usr/local
+DESTDIR  ?=
+CUDA     ?= auto
+BUILD    ?= build/release
+SANITIZE ?= 0
+
+PKGS      := ncursesw lua5.4 cmocka
+DEB_PKGS  := build-essential pkg-config libncurses-dev liblua5.4-dev libcmocka-dev
+
+WARNINGS := -Wall -Wextra -Wshadow -Wpointer-arith -Wstrict-prototypes -Wmissing-prototypes -Wvla
+ifdef CI
+WARNINGS += -Werror
+endif
+
+# pkg-config is queried lazily so that `make deps` works before the packages exist.
+PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   = $(shell pkg-config --libs ncursesw lua5.4 2>/dev/null)
+CMOCKA_LIBS = $(shell pkg-config --libs cmocka 2>/dev/null)
+
+CFLAGS   ?= -O2 -g
+ALL_CFLAGS := -std=c11 -D_GNU_SOURCE $(CFLAGS) $(WARNINGS) -I. -pthread
+LDLIBS   := -lm -pthread
+
+ifeq ($(SANITIZE),1)
+ALL_CFLAGS += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+LDFLAGS    += -fsanitize=address,undefined
+endif
+
+# ---- CUDA: decided once, here -------------------------------------------
+ifeq ($(CUDA),auto)
+  USE_CUDA := $(if $(shell command -v $(NVCC) 2>/dev/null),1,0)
+else ifeq ($(CUDA),1)
+  USE_CUDA := 1
+  ifeq ($(shell command -v $(NVCC) 2>/dev/null),)
+    $(error CUDA=1 but '$(NVCC)' is not on the PATH; install the CUDA Toolkit or use CUDA=0)
+  endif
+else
+  USE_CUDA := 0
+endif
+
+CUDA_HOME ?= $(patsubst %/bin/,%,$(dir $(shell command -v $(NVCC) 2>/dev/null)))
+NVCC_FLAGS := -O2 -std=c++17 -Xcompiler -Wall \
+  -gencode arch=compute_80,code=sm_80 -gencode arch=compute_89,code=sm_89 \
+  -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+
+# ---- sources, by layer (DESIGN.md: kernels <- engine <- lab) --------------
+KERNEL_SRCS := $(wildcard kernels/cpu/*.c)
+ENGINE_SRCS := $(wildcard engine/*.c)
+LAB_SRCS    := $(filter-out lab/main.c,$(wildcard lab/*.c))
+ifeq ($(USE_CUDA),1)
+  CUDA_SRCS := $(wildcard kernels/cuda/*.cu)
+  ALL_CFLAGS += -DSERVELAB_CUDA=1
+  LDLIBS += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
+else
+  CUDA_SRCS :=
+  KERNEL_SRCS += kernels/cuda/cuda_absent.c
+endif
+
+LIB_OBJS  := $(patsubst %.c,$(BUILD)/obj/%.o,$(KERNEL_SRCS) $(ENGINE_SRCS) $(LAB_SRCS)) \
+             $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(CUDA_SRCS))
+MAIN_OBJ  := $(BUILD)/obj/lab/main.o
+LIB       := $(BUILD)/libservelab.a
+
+TEST_SRCS    := $(wildcard tests/*/test_*.c)
+TEST_SUPPORT := $(patsubst %.c,$(BUILD)/obj/%.o,tests/test_support.c)
+TEST_BINS    := $(patsubst %.c,$(BUILD)/%,$(TEST_SRCS))
+
+ifeq ($(BUILD),build/release)
+SERVELAB := bin/servelab
+else
+SERVELAB := $(BUILD)/bin/servelab
+endif
+
+.PHONY: all run test check deps models install clean check-pkgs tests-build test-run
+all: check-pkgs $(SERVELAB)
+
+check-pkgs:
+	@missing=""; for p in $(PKGS); do pkg-config --exists $$p 2>/dev/null || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then echo "servelab: missing libraries:$$missing — run 'make deps' (or: apt-get install $(DEB_PKGS))" >&2; exit 1; fi
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) $(PKG_CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/obj/%.cu.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -I. -c $< -o $@
+
+$(LIB): $(LIB_OBJS)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(SERVELAB): $(MAIN_OBJ) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $(ALL_CFLAGS) -o $@ $^ $(PKG_LIBS) $(LDLIBS)
+
+$(BUILD)/tests/%: tests/%.c $(TEST_SUPPORT) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) $(PKG_CFLAGS) $(LDFLAGS) -MMD -MP -o $@ $< $(TEST_SUPPORT) $(LIB) $(CMOCKA_LIBS) $(PKG_LIBS) $(LDLIBS)
+
+tests-build: check-pkgs $(SERVELAB) $(TEST_BINS)
+
+# Runs every test binary from the repository root; prints each cmocka summary
+# and one total line. Exits non-zero when any test failed or crashed.
+test-run: tests-build
+	@SERVELAB_BIN=$(SERVELAB) sh scripts/run-tests.sh $(TEST_BINS)
+
+test: deps
+	@$(MAKE) --no-print-directory test-run
+
+# Sanitizers instrument the host C code; CUDA stays off there because the
+# CUDA runtime and ASan's shadow memory do not mix without extra options.
+check: deps
+	@$(MAKE) --no-print-directory BUILD=build/check SANITIZE=1 CUDA=0 test-run
+
+run: all
+	$(SERVELAB)
+
+deps:
+	@sh scripts/deps.sh $(DEB_PKGS)
+
+models:
+	@sh scripts/fetch-models.sh models
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/servelab
+	install -m 755 $(SERVELAB) $(DESTDIR)$(PREFIX)/bin/servelab
+	@if [ -d lessons ]; then cp -R lessons $(DESTDIR)$(PREFIX)/share/servelab/; fi
+	@if [ -d quiz ]; then cp -R quiz $(DESTDIR)$(PREFIX)/share/servelab/; fi
+
+clean:
+	rm -rf build bin
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,0 +1,131 @@
+#include "engine/forward.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/ops.h"
+
+int forward_state_init(forward_state* s, const model_config* c, int max_rows, int max_context, error_info* err) {
+    memset(s, 0, sizeof *s);
+    if (max_rows <= 0 || max_context <= 0)
+        return error_set(err, "forward: expected positive max rows and context, found %d and %d", max_rows,
+                         max_context);
+    s->max_rows = max_rows;
+    s->max_context = max_context;
+    size_t rows = (size_t)max_rows;
+    s->x = calloc(rows * (size_t)c->dim, sizeof(float));
+    s->xb = calloc(rows * (size_t)c->dim, sizeof(float));
+    s->xb2 = calloc(rows * (size_t)c->dim, sizeof(float));
+    s->query = calloc(rows * (size_t)c->dim, sizeof(float));
+    s->key = calloc(rows * (size_t)c->kv_dim, sizeof(float));
+    s->value = calloc(rows * (size_t)c->kv_dim, sizeof(float));
+    s->attention = calloc(rows * (size_t)c->dim, sizeof(float));
+    s->hidden = calloc(rows * (size_t)c->hidden_dim, sizeof(float));
+    s->hidden_up = calloc(rows * (size_t)c->hidden_dim, sizeof(float));
+    s->scores = calloc((size_t)max_context, sizeof(float));
+    if (!s->x || !s->xb || !s->xb2 || !s->query || !s->key || !s->value || !s->attention || !s->hidden ||
+        !s->hidden_up || !s->scores) {
+        forward_state_free(s);
+        return error_set(err, "forward: out of memory for %d rows", max_rows);
+    }
+    return 0;
+}
+
+void forward_state_free(forward_state* s) {
+    free(s->x);
+    free(s->xb);
+    free(s->xb2);
+    free(s->query);
+    free(s->key);
+    free(s->value);
+    free(s->attention);
+    free(s->hidden);
+    free(s->hidden_up);
+    free(s->scores);
+    memset(s, 0, sizeof *s);
+}
+
+static int check_batch(const model* m, const forward_state* s, const kv_memory* kv, const forward_batch* b,
+                       error_info* err) {
+    if (b->n_rows <= 0 || b->n_rows > s->max_rows)
+        return error_set(err, "forward: batch of %d rows, expected 1..%d", b->n_rows, s->max_rows);
+    for (int r = 0; r < b->n_rows; r++) {
+        const batch_row* row = &b->rows[r];
+        if (row->token < 0 || row->token >= m->config.vocab_size)
+            return error_set(err, "forward: row %d: token %d outside the vocabulary (0..%d)", r, row->token,
+                             m->config.vocab_size - 1);
+        if (row->position < 0 || row->position >= m->config.max_seq_len || row->position >= s->max_context)
+            return error_set(err, "forward: row %d: position %d outside 0..%d", r, row->position,
+                             (m->config.max_seq_len < s->max_context ? m->config.max_seq_len : s->max_context) - 1);
+        if (row->sequence < 0 || row->sequence >= b->n_sequences)
+            return error_set(err, "forward: row %d: sequence %d outside 0..%d", r, row->sequence, b->n_sequences - 1);
+        int block = b->block_tables[row->sequence][row->position / kv->block_size];
+        if (block < 0 || block >= kv->n_blocks)
+            return error_set(err, "forward: row %d: block %d outside the pool of %d", r, block, kv->n_blocks);
+    }
+    return 0;
+}
+
+int forward(const model* m, forward_state* s, kv_memory* kv, const forward_batch* b, float* logits,
+            kernel_traffic* traffic, error_info* err) {
+    if (check_batch(m, s, kv, b, err)) return -1;
+    const model_config* c = &m->config;
+    const int n = b->n_rows, dim = c->dim, kv_dim = c->kv_dim, hidden = c->hidden_dim;
+
+    // Token embeddings into the residual stream.
+    for (int r = 0; r < n; r++) weight_row_to_f32(s->x + (size_t)r * dim, &m->token_embedding, b->rows[r].token, traffic);
+
+    for (int l = 0; l < c->n_layers; l++) {
+        const layer_weights* layer = &m->layers[l];
+        float* layer_keys = kv_memory_layer_keys(kv, l);
+        float* layer_values = kv_memory_layer_values(kv, l);
+
+        // ---- attention: x += wo . attention(rope(wq xb), rope(wk xb), wv xb)
+        rmsnorm(s->xb, s->x, layer->rms_attention, n, dim, MODEL_RMS_EPS, traffic);
+        matmul(s->query, s->xb, n, &layer->wq, traffic);
+        matmul(s->key, s->xb, n, &layer->wk, traffic);
+        matmul(s->value, s->xb, n, &layer->wv, traffic);
+        // Keys and values of every row are stored first, so that a row of a
+        // prompt can attend to the rows before it in the same batch.
+        for (int r = 0; r < n; r++) {
+            const batch_row* row = &b->rows[r];
+            float* key = s->key + (size_t)r * kv_dim;
+            rope(s->query + (size_t)r * dim, key, row->position, c->n_heads, c->n_kv_heads, c->head_dim, traffic);
+            int64_t slot = kv_slot_of_position(b->block_tables[row->sequence], kv->block_size, row->position);
+            kv_write_row(layer_keys, layer_values, slot, key, s->value + (size_t)r * kv_dim, kv_dim, traffic);
+        }
+        for (int r = 0; r < n; r++) {
+            const batch_row* row = &b->rows[r];
+            kv_layer_view view = {layer_keys, layer_values, b->block_tables[row->sequence], kv->block_size};
+            attention_row(s->attention + (size_t)r * dim, s->query + (size_t)r * dim, &view, row->position + 1,
+                          c->n_heads, c->n_kv_heads, c->head_dim, s->scores, traffic);
+        }
+        matmul(s->xb2, s->attention, n, &layer->wo, traffic);
+        for (int r = 0; r < n; r++) residual_add(s->x + (size_t)r * dim, s->xb2 + (size_t)r * dim, dim, traffic);
+
+        // ---- feed-forward: x += w2 . (silu(w1 xb) * (w3 xb))
+        rmsnorm(s->xb, s->x, layer->rms_ffn, n, dim, MODEL_RMS_EPS, traffic);
+        matmul(s->hidden, s->xb, n, &layer->w1, traffic);
+        matmul(s->hidden_up, s->xb, n, &layer->w3, traffic);
+        for (int r = 0; r < n; r++)
+            swiglu(s->hidden + (size_t)r * hidden, s->hidden_up + (size_t)r * hidden, hidden, traffic);
+        matmul(s->xb2, s->hidden, n, &layer->w2, traffic);
+        for (int r = 0; r < n; r++) residual_add(s->x + (size_t)r * dim, s->xb2 + (size_t)r * dim, dim, traffic);
+    }
+
+    // Final norm and classifier, only for the rows whose logits are wanted
+    // (gathered into xb so that the classifier streams once for all of them).
+    int n_logit_rows = 0;
+    for (int r = 0; r < n; r++) {
+        if (!b->rows[r].wants_logits) continue;
+        memcpy(s->xb2 + (size_t)n_logit_rows * dim, s->x + (size_t)r * dim, (size_t)dim * sizeof(float));
+        n_logit_rows++;
+    }
+    if (n_logit_rows > 0) {
+        rmsnorm(s->xb, s->xb2, m->rms_final, n_logit_rows, dim, MODEL_RMS_EPS, traffic);
+        matmul(logits, s->xb, n_logit_rows, &m->classifier, traffic);
+    }
+    return 0;
+}

@@ -1,0 +1,63 @@
+// forward: one transformer pass over a batch of rows.
+//
+// A row is one token of one sequence at one position. A batch may hold
+// several sequences and several rows of the same sequence (a prompt's
+// tokens, in position order): each weight matrix is applied to all rows at
+// once, and each row attends over its own sequence's cached keys and values
+// up to and including its position. Rows of a sequence must appear in
+// increasing position order, and every earlier position of that sequence
+// must already be in the cache or earlier in the batch.
+#ifndef SERVELAB_FORWARD_H
+#define SERVELAB_FORWARD_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "engine/error.h"
+#include "engine/kv_memory.h"
+#include "engine/model.h"
+#include "kernels/cpu/kernel_traffic.h"
+
+typedef struct batch_row {
+    int32_t token;     // token id
+    int32_t position;  // position in its sequence (tokens before it)
+    int32_t sequence;  // index into forward_batch.block_tables
+    bool wants_logits; // compute this row's logits (last prompt token, decode rows)
+} batch_row;
+
+typedef struct forward_batch {
+    int n_rows;
+    const batch_row* rows;              // (n_rows)
+    int n_sequences;
+    const int32_t* const* block_tables; // (n_sequences) each (blocks covering its positions)
+} forward_batch;
+
+// Scratch activations for up to max_rows rows and contexts up to
+// max_context tokens. All (rows, width) arrays are row-major floats.
+typedef struct forward_state {
+    int max_rows;
+    int max_context;
+    float* x;          // (max_rows, dim) residual stream
+    float* xb;         // (max_rows, dim) normalised input of a sublayer
+    float* xb2;        // (max_rows, dim) sublayer output
+    float* query;      // (max_rows, dim)
+    float* key;        // (max_rows, kv_dim)
+    float* value;      // (max_rows, kv_dim)
+    float* attention;  // (max_rows, dim) attention output per row
+    float* hidden;     // (max_rows, hidden_dim) gate, then SwiGLU output
+    float* hidden_up;  // (max_rows, hidden_dim)
+    float* scores;     // (max_context) attention weights of one head
+} forward_state;
+
+int forward_state_init(forward_state* state, const model_config* config, int max_rows, int max_context,
+                       error_info* err);
+void forward_state_free(forward_state* state);
+
+// Runs the batch, writing each row's keys and values into kv, and the
+// logits of the rows with wants_logits, in row order, into logits:
+// (number of such rows, vocab_size). Adds the work done to traffic.
+// Returns -1 (with err) when the batch does not fit the state or the model.
+int forward(const model* m, forward_state* state, kv_memory* kv, const forward_batch* batch, float* logits,
+            kernel_traffic* traffic, error_info* err);
+
+#endif

@@ -1,0 +1,54 @@
+// generate: plain generation of one sequence (the foundation's driver).
+//
+// The prompt (BOS first) runs as one batch (prefill), then one token per
+// step (decode) until EOS, BOS (llama2.c's convention: a new story), the
+// token limit, or the model's maximum length. The paged engine and its
+// scheduler (engine/engine.c, later) drive many sequences through the same
+// forward pass; this file keeps the single-sequence path small and exact.
+#ifndef SERVELAB_GENERATE_H
+#define SERVELAB_GENERATE_H
+
+#include <stdint.h>
+
+#include "engine/error.h"
+#include "engine/model.h"
+#include "kernels/cpu/kernel_traffic.h"
+
+typedef struct generate_options {
+    int max_new_tokens; // tokens to generate at most
+    float temperature;  // 0 = greedy
+    float top_p;        // nucleus threshold; 0 or 1 = off
+    uint64_t seed;      // sampler seed
+} generate_options;
+
+typedef enum stop_reason {
+    STOP_LENGTH = 0,  // max_new_tokens reached
+    STOP_EOS = 1,     // the model emitted EOS
+    STOP_BOS = 2,     // the model emitted BOS after the first token
+    STOP_CONTEXT = 3, // the model's max_seq_len was reached
+} stop_reason;
+
+typedef struct generate_stats {
+    int n_prompt_tokens;          // including BOS
+    int n_generated;              // tokens returned (EOS/BOS not counted)
+    double prefill_seconds;
+    double decode_seconds;        // all decode steps
+    int n_decode_steps;           // forward passes after the prefill
+    kernel_traffic prefill_traffic;
+    kernel_traffic decode_traffic; // summed over decode steps
+    stop_reason stop;
+} generate_stats;
+
+// Called once per generated token with the previous token (for decoding
+// the text piece) and the new one. May be NULL.
+typedef void (*token_callback)(void* user, int32_t previous_token, int32_t token);
+
+// prompt_ids: (n_prompt) ids starting with BOS. out_ids: room for
+// options->max_new_tokens ids; *n_out gets how many were produced.
+int generate(const model* m, const int32_t* prompt_ids, int n_prompt, const generate_options* options,
+             int32_t* out_ids, int* n_out, token_callback on_token, void* user, generate_stats* stats,
+             error_info* err);
+
+const char* stop_reason_name(stop_reason reason);
+
+#endif

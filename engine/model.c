@@ -1,0 +1,350 @@
+#include "engine/model.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "engine/model_storage.h"
+#include "kernels/cpu/fp16.h"
+
+// Limits far above any real model (Llama-3-405B: dim 16384, 126 layers,
+// vocab 128256) and low enough that every size product fits in 64 bits.
+#define MODEL_MAX_DIM (1 << 17)
+#define MODEL_MAX_LAYERS 4096
+#define MODEL_MAX_HEADS 4096
+#define MODEL_MAX_VOCAB (1 << 22)
+#define MODEL_MAX_SEQ_LEN (1 << 22)
+
+// Legacy checkpoints start with 7 int32 fields: dim, hidden_dim, n_layers,
+// n_heads, n_kv_heads, vocab_size (negative: classifier not shared), seq_len.
+#define LEGACY_HEADER_BYTES (7 * 4)
+
+static const char* base_name(const char* path) {
+    const char* slash = strrchr(path, '/');
+    return slash ? slash + 1 : path;
+}
+
+static int check_range(const char* source, const char* field, int value, int max_value, error_info* err) {
+    if (value <= 0) return error_set(err, "%s: %s: expected a positive value, found %d", source, field, value);
+    if (value > max_value)
+        return error_set(err, "%s: %s: expected at most %d, found %d (not a llama2.c checkpoint?)", source, field,
+                         max_value, value);
+    return 0;
+}
+
+int model_config_validate(model_config* c, const char* source, error_info* err) {
+    if (check_range(source, "dim", c->dim, MODEL_MAX_DIM, err) ||
+        check_range(source, "hidden_dim", c->hidden_dim, 4 * MODEL_MAX_DIM, err) ||
+        check_range(source, "n_layers", c->n_layers, MODEL_MAX_LAYERS, err) ||
+        check_range(source, "n_heads", c->n_heads, MODEL_MAX_HEADS, err) ||
+        check_range(source, "n_kv_heads", c->n_kv_heads, MODEL_MAX_HEADS, err) ||
+        check_range(source, "vocab_size", c->vocab_size, MODEL_MAX_VOCAB, err) ||
+        check_range(source, "max_seq_len", c->max_seq_len, MODEL_MAX_SEQ_LEN, err))
+        return -1;
+    if (c->dim % c->n_heads != 0)
+        return error_set(err, "%s: n_heads: expected a divisor of dim %d, found %d", source, c->dim, c->n_heads);
+    if (c->n_heads % c->n_kv_heads != 0)
+        return error_set(err, "%s: n_kv_heads: expected a divisor of n_heads %d, found %d", source, c->n_heads,
+                         c->n_kv_heads);
+    c->head_dim = c->dim / c->n_heads;
+    if (c->head_dim % 2 != 0)
+        return error_set(err, "%s: head size: expected an even dim / n_heads for rotary pairs, found %d / %d = %d",
+                         source, c->dim, c->n_heads, c->head_dim);
+    c->kv_dim = c->n_kv_heads * c->head_dim;
+    return 0;
+}
+
+// ---- the file's tensor stream ---------------------------------------------
+
+typedef struct tensor_reader {
+    const unsigned char* bytes; // the whole file
+    size_t offset;              // next unread byte
+} tensor_reader;
+
+// Fills dst (a matrix in the model's dtype) from n fp32 values in the file.
+static void read_fp32_matrix(tensor_reader* reader, const weight_matrix* dst) {
+    size_t count = (size_t)dst->rows * (size_t)dst->cols;
+    const unsigned char* src = reader->bytes + reader->offset;
+    if (dst->dtype == WEIGHT_F32) {
+        memcpy((void*)dst->values, src, count * sizeof(float));
+    } else { // WEIGHT_F16
+        uint16_t* out = (uint16_t*)dst->values;
+        for (size_t i = 0; i < count; i++) {
+            float value;
+            memcpy(&value, src + i * sizeof(float), sizeof value);
+            out[i] = fp32_to_fp16(value);
+        }
+    }
+    reader->offset += count * sizeof(float);
+}
+
+// Fills dst from a Q8_0 tensor in the file: int8 values, then fp32 scales.
+static void read_q8_matrix(tensor_reader* reader, const weight_matrix* dst, int group_size) {
+    size_t count = (size_t)dst->rows * (size_t)dst->cols;
+    const int8_t* values = (const int8_t*)(reader->bytes + reader->offset);
+    const unsigned char* scale_bytes = reader->bytes + reader->offset + count;
+    if (dst->dtype == WEIGHT_Q8_0) {
+        memcpy((void*)dst->values, values, count);
+        memcpy((void*)dst->scales, scale_bytes, count / (size_t)group_size * sizeof(float));
+    } else { // widened on request (--dtype fp32|fp16)
+        for (size_t i = 0; i < count; i++) {
+            float scale;
+            memcpy(&scale, scale_bytes + i / (size_t)group_size * sizeof(float), sizeof scale);
+            float value = (float)values[i] * scale;
+            if (dst->dtype == WEIGHT_F32)
+                ((float*)dst->values)[i] = value;
+            else
+                ((uint16_t*)dst->values)[i] = fp32_to_fp16(value);
+        }
+    }
+    reader->offset += count + count / (size_t)group_size * sizeof(float);
+}
+
+static void read_fp32_vector(tensor_reader* reader, const float* dst, size_t count) {
+    memcpy((void*)dst, reader->bytes + reader->offset, count * sizeof(float));
+    reader->offset += count * sizeof(float);
+}
+
+// ---- expected sizes, with overflow checks ----------------------------------
+
+typedef struct size_sum {
+    uint64_t bytes;
+    bool overflow;
+} size_sum;
+
+static void add_product(size_sum* sum, uint64_t a, uint64_t b, uint64_t c) {
+    uint64_t ab, abc;
+    if (__builtin_mul_overflow(a, b, &ab) || __builtin_mul_overflow(ab, c, &abc) ||
+        __builtin_add_overflow(sum->bytes, abc, &sum->bytes))
+        sum->overflow = true;
+}
+
+// Bytes the tensors take in the file: fp32 (legacy, v1) or Q8_0 (v2).
+static size_sum expected_payload_bytes(const model_config* c, model_format format, int group_size) {
+    size_sum sum = {0, false};
+    uint64_t L = (uint64_t)c->n_layers, dim = (uint64_t)c->dim, kv = (uint64_t)c->kv_dim,
+             hidden = (uint64_t)c->hidden_dim, vocab = (uint64_t)c->vocab_size;
+    add_product(&sum, 2 * L + 1, dim, 4); // the RMSNorm gains, always fp32
+    // Matrix values: embedding, wq, wk, wv, wo, w1, w2, w3, and the classifier.
+    uint64_t matrix_values[5] = {vocab * dim, L * dim * dim * 2, L * kv * dim * 2, L * hidden * dim * 3,
+                                 c->shared_classifier ? 0 : vocab * dim};
+    for (int i = 0; i < 5; i++) {
+        if (format == MODEL_FORMAT_EXPORT_V2)
+            add_product(&sum, matrix_values[i], 1, 1); // int8 values; scales counted below
+        else
+            add_product(&sum, matrix_values[i], 4, 1);
+    }
+    if (format == MODEL_FORMAT_EXPORT_V2) {
+        uint64_t groups = (vocab * dim + L * dim * dim * 2 + L * kv * dim * 2 + L * hidden * dim * 3 +
+                           (c->shared_classifier ? 0 : vocab * dim)) /
+                          (uint64_t)group_size;
+        add_product(&sum, groups, 4, 1);
+    }
+    if (format == MODEL_FORMAT_LEGACY) // two unused RoPE tables of seq_len * head_dim / 2 floats
+        add_product(&sum, (uint64_t)c->max_seq_len, (uint64_t)c->head_dim, 4);
+    if (format != MODEL_FORMAT_LEGACY) add_product(&sum, 1, 1, MODEL_EXPORT_HEADER_BYTES);
+    else add_product(&sum, 1, 1, LEGACY_HEADER_BYTES);
+    return sum;
+}
+
+static int32_t read_int32_le(const unsigned char* p) {
+    uint32_t v = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+    int32_t out;
+    memcpy(&out, &v, sizeof out);
+    return out;
+}
+
+static void config_from_ints(model_config* c, const unsigned char* p) {
+    c->dim = read_int32_le(p);
+    c->hidden_dim = read_int32_le(p + 4);
+    c->n_layers = read_int32_le(p + 8);
+    c->n_heads = read_int32_le(p + 12);
+    c->n_kv_heads = read_int32_le(p + 16);
+    c->vocab_size = read_int32_le(p + 20);
+    c->max_seq_len = read_int32_le(p + 24);
+}
+
+// Reads the header (up to 256 bytes) and decides the format and config.
+static int parse_header(const char* name, const unsigned char* header, size_t file_size, model_config* c,
+                        model_format* format, int* group_size, error_info* err) {
+    memset(c, 0, sizeof *c);
+    *group_size = 0;
+    if (file_size == 0) return error_set(err, "%s: empty file: expected a llama2.c checkpoint", name);
+    if (file_size >= 4 && memcmp(header, "GGUF", 4) == 0)
+        return error_set(err, "%s: magic: GGUF files are not supported; expected a llama2.c checkpoint", name);
+    if (file_size >= 4 && (uint32_t)read_int32_le(header) == MODEL_EXPORT_MAGIC) {
+        if (file_size < MODEL_EXPORT_HEADER_BYTES)
+            return error_set(err, "%s: truncated: expected a %d-byte header, found %zu bytes", name,
+                             MODEL_EXPORT_HEADER_BYTES, file_size);
+        int version = read_int32_le(header + 4);
+        if (version != 1 && version != 2)
+            return error_set(err, "%s: version: expected 1 (fp32) or 2 (Q8_0), found %d", name, version);
+        config_from_ints(c, header + 8);
+        if (header[36] > 1)
+            return error_set(err, "%s: shared_classifier: expected 0 or 1, found %d", name, header[36]);
+        c->shared_classifier = header[36] == 1;
+        *format = version == 1 ? MODEL_FORMAT_EXPORT_V1 : MODEL_FORMAT_EXPORT_V2;
+        if (model_config_validate(c, name, err)) return -1;
+        if (version == 2) {
+            *group_size = read_int32_le(header + 37);
+            // Divides dim, so every matrix (whose element count is a multiple
+            // of dim) holds whole groups, as llama2.c's exporter ensures.
+            if (*group_size <= 0 || c->dim % *group_size != 0)
+                return error_set(err, "%s: group_size: expected a positive divisor of dim %d, found %d", name, c->dim,
+                                 *group_size);
+        }
+        return 0;
+    }
+    if (file_size < LEGACY_HEADER_BYTES)
+        return error_set(err, "%s: truncated: expected a %d-byte header, found %zu bytes", name, LEGACY_HEADER_BYTES,
+                         file_size);
+    config_from_ints(c, header);
+    *format = MODEL_FORMAT_LEGACY;
+    // A negative vocab_size marks an unshared classifier (llama2.c's convention).
+    c->shared_classifier = c->vocab_size > 0;
+    if (c->vocab_size < 0 && c->vocab_size != INT32_MIN) c->vocab_size = -c->vocab_size;
+    return model_config_validate(c, name, err);
+}
+
+static int read_whole_file(const char* path, const char* name, unsigned char** out, size_t* out_size,
+                           error_info* err) {
+    FILE* file = fopen(path, "rb");
+    if (!file) return error_set(err, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(file), &st) != 0 || !S_ISREG(st.st_mode)) {
+        fclose(file);
+        return error_set(err, "%s: not a regular file", path);
+    }
+    size_t size = (size_t)st.st_size;
+    unsigned char* bytes = malloc(size > 0 ? size : 1);
+    if (!bytes) {
+        fclose(file);
+        return error_set(err, "%s: out of memory reading %zu bytes", name, size);
+    }
+    if (size > 0 && fread(bytes, 1, size, file) != size) {
+        free(bytes);
+        fclose(file);
+        return error_set(err, "%s: read error", name);
+    }
+    fclose(file);
+    *out = bytes;
+    *out_size = size;
+    return 0;
+}
+
+int model_load(model* out, const char* path, model_dtype_choice dtype_choice, error_info* err) {
+    memset(out, 0, sizeof *out);
+    const char* name = base_name(path);
+    unsigned char* bytes = NULL;
+    size_t file_size = 0;
+    if (read_whole_file(path, name, &bytes, &file_size, err)) return -1;
+
+    model_config config;
+    model_format format = MODEL_FORMAT_LEGACY;
+    int group_size = 0;
+    if (parse_header(name, bytes, file_size, &config, &format, &group_size, err)) {
+        free(bytes);
+        return -1;
+    }
+    size_sum expected = expected_payload_bytes(&config, format, group_size);
+    if (expected.overflow || expected.bytes > (uint64_t)SIZE_MAX / 2) {
+        free(bytes);
+        return error_set(err, "%s: size: the header's dimensions imply more than 2^63 bytes (dim %d, layers %d, vocab %d)",
+                         name, config.dim, config.n_layers, config.vocab_size);
+    }
+    if (expected.bytes != (uint64_t)file_size) {
+        free(bytes);
+        return error_set(err, "%s: %s: expected %llu bytes, found %zu", name,
+                         (uint64_t)file_size < expected.bytes ? "truncated" : "size mismatch",
+                         (unsigned long long)expected.bytes, file_size);
+    }
+
+    weight_dtype dtype = format == MODEL_FORMAT_EXPORT_V2 ? WEIGHT_Q8_0 : WEIGHT_F32;
+    if (dtype_choice == MODEL_DTYPE_FP32) dtype = WEIGHT_F32;
+    if (dtype_choice == MODEL_DTYPE_FP16) dtype = WEIGHT_F16;
+    if (model_storage_allocate(out, &config, dtype, group_size, err)) {
+        free(bytes);
+        return -1;
+    }
+    snprintf(out->name, sizeof out->name, "%s", name);
+    out->format = format;
+
+    tensor_reader reader = {bytes, format == MODEL_FORMAT_LEGACY ? LEGACY_HEADER_BYTES : MODEL_EXPORT_HEADER_BYTES};
+    const int L = config.n_layers;
+    if (format == MODEL_FORMAT_LEGACY) {
+        // Order: embedding, rms_att, wq, wk, wv, wo, rms_ffn, w1, w2, w3,
+        // rms_final, two RoPE tables, classifier when not shared.
+        read_fp32_matrix(&reader, &out->token_embedding);
+        for (int l = 0; l < L; l++) read_fp32_vector(&reader, out->layers[l].rms_attention, (size_t)config.dim);
+        for (int l = 0; l < L; l++) read_fp32_matrix(&reader, &out->layers[l].wq);
+        for (int l = 0; l < L; l++) read_fp32_matrix(&reader, &out->layers[l].wk);
+        for (int l = 0; l < L; l++) read_fp32_matrix(&reader, &out->layers[l].wv);
+        for (int l = 0; l < L; l++) read_fp32_matrix(&reader, &out->layers[l].wo);
+        for (int l = 0; l < L; l++) read_fp32_vector(&reader, out->layers[l].rms_ffn, (size_t)config.dim);
+        for (int l = 0; l < L; l++) read_fp32_matrix(&reader, &out->layers[l].w1);
+        for (int l = 0; l < L; l++) read_fp32_matrix(&reader, &out->layers[l].w2);
+        for (int l = 0; l < L; l++) read_fp32_matrix(&reader, &out->layers[l].w3);
+        read_fp32_vector(&reader, out->rms_final, (size_t)config.dim);
+        reader.offset += (size_t)config.max_seq_len * (size_t)config.head_dim * sizeof(float);
+        if (!config.shared_classifier) read_fp32_matrix(&reader, &out->classifier);
+    } else {
+        // Export v1 and v2: the norms first (fp32), then the matrices in the
+        // order embedding, wq, wk, wv, wo, w1, w2, w3, classifier if unshared.
+        for (int l = 0; l < L; l++) read_fp32_vector(&reader, out->layers[l].rms_attention, (size_t)config.dim);
+        for (int l = 0; l < L; l++) read_fp32_vector(&reader, out->layers[l].rms_ffn, (size_t)config.dim);
+        read_fp32_vector(&reader, out->rms_final, (size_t)config.dim);
+        for (int kind = 0; kind < 9; kind++) {
+            int count = kind == 0 || kind == 8 ? 1 : L;
+            if (kind == 8 && config.shared_classifier) break;
+            for (int l = 0; l < count; l++) {
+                const weight_matrix* w = kind == 0 ? &out->token_embedding
+                                       : kind == 8 ? &out->classifier
+                                                   : model_storage_layer_matrix(&out->layers[l], kind - 1);
+                if (format == MODEL_FORMAT_EXPORT_V2)
+                    read_q8_matrix(&reader, w, group_size);
+                else
+                    read_fp32_matrix(&reader, w);
+            }
+        }
+    }
+    free(bytes);
+    if (reader.offset != file_size) { // cannot happen after the size check; kept as a tripwire
+        model_free(out);
+        return error_set(err, "%s: internal: read %zu of %zu bytes", name, reader.offset, file_size);
+    }
+    return 0;
+}
+
+void model_free(model* m) {
+    if (!m) return;
+    free(m->layers);
+    free(m->storage);
+    memset(m, 0, sizeof *m);
+}
+
+uint64_t model_decode_weight_bytes(const model* m) {
+    const model_config* c = &m->config;
+    uint64_t bytes = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        const layer_weights* layer = &m->layers[l];
+        bytes += weight_matrix_bytes(&layer->wq) + weight_matrix_bytes(&layer->wk) + weight_matrix_bytes(&layer->wv) +
+                 weight_matrix_bytes(&layer->wo) + weight_matrix_bytes(&layer->w1) + weight_matrix_bytes(&layer->w2) +
+                 weight_matrix_bytes(&layer->w3);
+    }
+    bytes += (uint64_t)(2 * c->n_layers + 1) * (uint64_t)c->dim * sizeof(float); // norms
+    bytes += weight_matrix_bytes(&m->classifier);
+    // One embedding row (its scales included) per token.
+    bytes += weight_matrix_bytes(&m->token_embedding) / (uint64_t)c->vocab_size;
+    return bytes;
+}
+
+const char* weight_dtype_name(weight_dtype dtype) {
+    switch (dtype) {
+    case WEIGHT_F32: return "fp32";
+    case WEIGHT_F16: return "fp16";
+    case WEIGHT_Q8_0: return "q8_0";
+    }
+    return "?";
+}

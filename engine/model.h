@@ -1,0 +1,91 @@
+// model: a Llama-style transformer's configuration and weights.
+//
+// Sources: llama2.c checkpoints (legacy headerless format, export version 1
+// fp32 and version 2 Q8_0) and synthetic presets generated from a seed
+// (engine/model_synth.c). All loaders validate every field before trusting
+// it and report one line naming the file, the field and what was expected.
+#ifndef SERVELAB_MODEL_H
+#define SERVELAB_MODEL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "engine/error.h"
+#include "kernels/cpu/matmul.h"
+
+#define MODEL_EXPORT_MAGIC 0x616b3432u // "ak42" in llama2.c's export header
+#define MODEL_EXPORT_HEADER_BYTES 256
+#define MODEL_RMS_EPS 1e-5f
+
+typedef struct model_config {
+    int dim;               // residual stream width (d_model)
+    int hidden_dim;        // feed-forward inner width
+    int n_layers;          // transformer blocks
+    int n_heads;           // query heads
+    int n_kv_heads;        // key/value heads (< n_heads: grouped-query attention)
+    int vocab_size;        // tokens
+    int max_seq_len;       // longest sequence the model supports (tokens)
+    int head_dim;          // dim / n_heads
+    int kv_dim;            // n_kv_heads * head_dim
+    bool shared_classifier; // the classifier reuses the token embedding
+} model_config;
+
+typedef enum model_format {
+    MODEL_FORMAT_SYNTHETIC = 0,
+    MODEL_FORMAT_LEGACY = 1,     // llama2.c headerless fp32 (version 0)
+    MODEL_FORMAT_EXPORT_V1 = 2,  // "ak42" version 1, fp32
+    MODEL_FORMAT_EXPORT_V2 = 3,  // "ak42" version 2, Q8_0 groups
+} model_format;
+
+typedef struct layer_weights {
+    const float* rms_attention; // (dim) RMSNorm gain before attention
+    weight_matrix wq;           // (dim, dim)
+    weight_matrix wk;           // (kv_dim, dim)
+    weight_matrix wv;           // (kv_dim, dim)
+    weight_matrix wo;           // (dim, dim)
+    const float* rms_ffn;       // (dim) RMSNorm gain before the feed-forward
+    weight_matrix w1;           // (hidden_dim, dim) gate
+    weight_matrix w2;           // (dim, hidden_dim) down
+    weight_matrix w3;           // (hidden_dim, dim) up
+} layer_weights;
+
+typedef struct model {
+    char name[128];               // file name or preset name, for messages
+    model_format format;
+    model_config config;
+    weight_dtype dtype;           // how the matrices are stored
+    weight_matrix token_embedding; // (vocab_size, dim)
+    layer_weights* layers;        // (n_layers)
+    const float* rms_final;       // (dim)
+    weight_matrix classifier;     // (vocab_size, dim); the embedding when shared
+    uint64_t weight_bytes;        // every weight byte held (norms + matrices + scales)
+    uint64_t n_parameters;        // number of weight values
+    void* storage;                // one allocation holding every tensor
+} model;
+
+typedef enum model_dtype_choice {
+    MODEL_DTYPE_DEFAULT = 0, // fp32 for fp32 checkpoints, fp16 for synthetic, Q8_0 for v2
+    MODEL_DTYPE_FP32 = 1,
+    MODEL_DTYPE_FP16 = 2,
+} model_dtype_choice;
+
+// Checks a config: every dimension positive, dim divisible by n_heads,
+// n_heads divisible by n_kv_heads, even head size, sizes below limits that
+// keep every product inside 64 bits. `source` names the file in messages.
+int model_config_validate(model_config* config, const char* source, error_info* err);
+
+// Loads a llama2.c checkpoint (format detected from the header). dtype
+// chooses how fp32 tensors are stored (fp32 or fp16); a v2 file keeps its
+// Q8_0 matrices unless fp32/fp16 is asked, in which case they are widened.
+int model_load(model* out, const char* path, model_dtype_choice dtype, error_info* err);
+
+// Frees what a loader or synthesizer allocated; safe on a zeroed model.
+void model_free(model* m);
+
+// The weight bytes streamed per decoded token: every matrix and norm once,
+// the embedding row of the token, and the classifier.
+uint64_t model_decode_weight_bytes(const model* m);
+
+const char* weight_dtype_name(weight_dtype dtype);
+
+#endif

@@ -1,0 +1,101 @@
+#include "engine/model_storage.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define STORAGE_ALIGNMENT 64 // one cache line: every tensor starts on its own line
+
+typedef struct storage_cursor {
+    unsigned char* base; // NULL while only measuring
+    size_t used;         // bytes handed out so far
+} storage_cursor;
+
+static void* take(storage_cursor* cursor, size_t bytes) {
+    size_t start = (cursor->used + STORAGE_ALIGNMENT - 1) / STORAGE_ALIGNMENT * STORAGE_ALIGNMENT;
+    cursor->used = start + bytes;
+    return cursor->base ? cursor->base + start : NULL;
+}
+
+static size_t dtype_bytes(weight_dtype dtype) { return dtype == WEIGHT_F32 ? 4 : dtype == WEIGHT_F16 ? 2 : 1; }
+
+static void bind_matrix(storage_cursor* cursor, weight_matrix* w, weight_dtype dtype, int rows, int cols,
+                        int group_size) {
+    size_t count = (size_t)rows * (size_t)cols;
+    w->dtype = dtype;
+    w->rows = rows;
+    w->cols = cols;
+    w->group_size = dtype == WEIGHT_Q8_0 ? group_size : 0;
+    w->values = take(cursor, count * dtype_bytes(dtype));
+    w->scales = dtype == WEIGHT_Q8_0 ? take(cursor, count / (size_t)group_size * sizeof(float)) : NULL;
+}
+
+// Points every tensor of m into cursor's block (or only measures it).
+static void bind_all(storage_cursor* cursor, model* m, weight_dtype dtype, int group_size) {
+    const model_config* c = &m->config;
+    bind_matrix(cursor, &m->token_embedding, dtype, c->vocab_size, c->dim, group_size);
+    for (int l = 0; l < c->n_layers; l++) {
+        layer_weights* layer = &m->layers[l];
+        layer->rms_attention = take(cursor, (size_t)c->dim * sizeof(float));
+        layer->rms_ffn = take(cursor, (size_t)c->dim * sizeof(float));
+        bind_matrix(cursor, &layer->wq, dtype, c->dim, c->dim, group_size);
+        bind_matrix(cursor, &layer->wk, dtype, c->kv_dim, c->dim, group_size);
+        bind_matrix(cursor, &layer->wv, dtype, c->kv_dim, c->dim, group_size);
+        bind_matrix(cursor, &layer->wo, dtype, c->dim, c->dim, group_size);
+        bind_matrix(cursor, &layer->w1, dtype, c->hidden_dim, c->dim, group_size);
+        bind_matrix(cursor, &layer->w2, dtype, c->dim, c->hidden_dim, group_size);
+        bind_matrix(cursor, &layer->w3, dtype, c->hidden_dim, c->dim, group_size);
+    }
+    m->rms_final = take(cursor, (size_t)c->dim * sizeof(float));
+    if (c->shared_classifier)
+        m->classifier = m->token_embedding;
+    else
+        bind_matrix(cursor, &m->classifier, dtype, c->vocab_size, c->dim, group_size);
+}
+
+int model_storage_allocate(model* out, const model_config* config, weight_dtype dtype, int group_size,
+                           error_info* err) {
+    memset(out, 0, sizeof *out);
+    out->config = *config;
+    out->dtype = dtype;
+    out->layers = calloc((size_t)config->n_layers, sizeof *out->layers);
+    if (!out->layers) return error_set(err, "out of memory for %d layers", config->n_layers);
+
+    storage_cursor measure = {NULL, 0};
+    bind_all(&measure, out, dtype, group_size);
+    size_t total = (measure.used + STORAGE_ALIGNMENT - 1) / STORAGE_ALIGNMENT * STORAGE_ALIGNMENT;
+    out->storage = aligned_alloc(STORAGE_ALIGNMENT, total);
+    if (!out->storage) {
+        free(out->layers);
+        out->layers = NULL;
+        return error_set(err, "out of memory: the weights need %zu bytes", total);
+    }
+    storage_cursor cursor = {out->storage, 0};
+    bind_all(&cursor, out, dtype, group_size);
+
+    // Exact accounting: every matrix once (a shared classifier is the
+    // embedding, not a second copy) plus the fp32 norm gains.
+    const model_config* c = config;
+    uint64_t norms = (uint64_t)(2 * c->n_layers + 1) * (uint64_t)c->dim;
+    uint64_t bytes = weight_matrix_bytes(&out->token_embedding) + norms * sizeof(float);
+    uint64_t params = (uint64_t)c->vocab_size * (uint64_t)c->dim + norms;
+    for (int l = 0; l < c->n_layers; l++) {
+        for (int i = 0; i < 7; i++) {
+            const weight_matrix* w = model_storage_layer_matrix(&out->layers[l], i);
+            bytes += weight_matrix_bytes(w);
+            params += (uint64_t)w->rows * (uint64_t)w->cols;
+        }
+    }
+    if (!c->shared_classifier) {
+        bytes += weight_matrix_bytes(&out->classifier);
+        params += (uint64_t)c->vocab_size * (uint64_t)c->dim;
+    }
+    out->weight_bytes = bytes;
+    out->n_parameters = params;
+    return 0;
+}
+
+const weight_matrix* model_storage_layer_matrix(const layer_weights* layer, int index) {
+    const weight_matrix* matrices[7] = {&layer->wq, &layer->wk, &layer->wv, &layer->wo,
+                                        &layer->w1, &layer->w2, &layer->w3};
+    return matrices[index];
+}

@@ -1,0 +1,105 @@
+#include "engine/sampler.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/ops.h"
+
+int sampler_init(sampler* s, int vocab_size, float temperature, float top_p, uint64_t seed, error_info* err) {
+    memset(s, 0, sizeof *s);
+    if (vocab_size <= 0) return error_set(err, "sampler: vocab_size: expected a positive value, found %d", vocab_size);
+    if (!(temperature >= 0.0f) || !isfinite(temperature))
+        return error_set(err, "--temperature: expected a number >= 0, found %g", (double)temperature);
+    if (!(top_p >= 0.0f && top_p <= 1.0f))
+        return error_set(err, "--top-p: expected a number in [0, 1], found %g", (double)top_p);
+    s->vocab_size = vocab_size;
+    s->temperature = temperature;
+    s->top_p = top_p;
+    s->rng_state = seed ? seed : 0x9E3779B97F4A7C15ull; // xorshift never leaves 0
+    s->candidates = malloc((size_t)vocab_size * sizeof *s->candidates);
+    if (!s->candidates) return error_set(err, "sampler: out of memory for %d tokens", vocab_size);
+    return 0;
+}
+
+void sampler_free(sampler* s) {
+    free(s->candidates);
+    memset(s, 0, sizeof *s);
+}
+
+static uint32_t random_u32(uint64_t* state) {
+    *state ^= *state >> 12;
+    *state ^= *state << 25;
+    *state ^= *state >> 27;
+    return (uint32_t)((*state * 0x2545F4914F6CDD1Dull) >> 32);
+}
+
+float sampler_random_unit(uint64_t* state) { return (float)(random_u32(state) >> 8) / 16777216.0f; }
+
+int32_t sampler_argmax(const float* values, int n) {
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (values[i] > values[best]) best = i;
+    return best;
+}
+
+// Draws from the whole distribution: the first token whose cumulative
+// probability exceeds coin.
+static int32_t sample_all(const float* probabilities, int n, float coin) {
+    float cumulative = 0.0f;
+    for (int i = 0; i < n; i++) {
+        cumulative += probabilities[i];
+        if (coin < cumulative) return i;
+    }
+    return n - 1; // rounding left the total a hair under 1
+}
+
+static int by_probability_descending(const void* a, const void* b) {
+    const sampler_candidate* x = a;
+    const sampler_candidate* y = b;
+    if (x->probability > y->probability) return -1;
+    if (x->probability < y->probability) return 1;
+    return x->token < y->token ? -1 : x->token > y->token; // a total order: same result on every libc
+}
+
+static int32_t sample_top_p(sampler* s, const float* probabilities, float coin) {
+    const int n = s->vocab_size;
+    // Tokens below (1 - top_p) / (n - 1) can never be in the nucleus, so
+    // they are dropped before sorting (llama2.c's shortcut).
+    const float cutoff = (1.0f - s->top_p) / (float)(n > 1 ? n - 1 : 1);
+    int n_candidates = 0;
+    for (int i = 0; i < n; i++) {
+        if (probabilities[i] >= cutoff) {
+            s->candidates[n_candidates].probability = probabilities[i];
+            s->candidates[n_candidates].token = i;
+            n_candidates++;
+        }
+    }
+    if (n_candidates == 0) return sampler_argmax(probabilities, n);
+    qsort(s->candidates, (size_t)n_candidates, sizeof *s->candidates, by_probability_descending);
+    float cumulative = 0.0f;
+    int last = n_candidates - 1;
+    for (int i = 0; i < n_candidates; i++) {
+        cumulative += s->candidates[i].probability;
+        if (cumulative > s->top_p) {
+            last = i;
+            break;
+        }
+    }
+    float threshold = coin * cumulative;
+    float running = 0.0f;
+    for (int i = 0; i <= last; i++) {
+        running += s->candidates[i].probability;
+        if (threshold < running) return s->candidates[i].token;
+    }
+    return s->candidates[last].token;
+}
+
+int32_t sampler_sample(sampler* s, float* logits) {
+    if (s->temperature == 0.0f) return sampler_argmax(logits, s->vocab_size);
+    for (int i = 0; i < s->vocab_size; i++) logits[i] /= s->temperature;
+    softmax(logits, s->vocab_size);
+    float coin = sampler_random_unit(&s->rng_state);
+    if (s->top_p <= 0.0f || s->top_p >= 1.0f) return sample_all(logits, s->vocab_size, coin);
+    return sample_top_p(s, logits, coin);
+}

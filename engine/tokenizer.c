@@ -1,0 +1,556 @@
+// tokenizer: llama2.c's BPE tokenizer (tokenizer.bin) and a byte-level one.
+//
+// The BPE side follows llama2.c run.c (encode, decode, safe_printf) step for
+// step, so that a prompt gives the same ids here as there; where this file
+// differs it is to refuse bad input instead of crashing, and each such place
+// says so.
+#include "engine/tokenizer.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+// ----------------------------------------------------------------------------
+// The tokenizer
+
+// One entry of the piece index: pieces sorted by strcmp (ties by id), so a
+// piece is found by binary search, as llama2.c's str_lookup does.
+typedef struct {
+    const char* piece;  // NUL-terminated, points into tokenizer.piece_bytes
+    int32_t id;
+} piece_entry;
+
+struct tokenizer {
+    int vocab_size;            // tokens
+    int max_token_length;      // bytes, the longest piece allowed by the file
+    bool byte_level;           // true: one id per byte, no merges (tok_byte_level)
+    char** pieces;             // (vocab_size) piece of each id, NUL-terminated
+    float* scores;             // (vocab_size) merge score of each id; higher merges first
+    char* piece_bytes;         // (sum of piece lengths + vocab_size) bytes: every piece and its NUL
+    piece_entry* sorted;       // (vocab_size) the pieces in strcmp order; NULL when byte_level
+    char byte_pieces[256][2];  // (256, 2) bytes: byte b then NUL, what "<0xXX>" decodes to
+};
+
+// A score a merge must beat to happen at all: llama2.c starts its search
+// from -1e10, so a pair whose piece scores lower is never merged.
+static const float NO_MERGE_SCORE = -1e10f;
+
+// Allocates a tokenizer with room for vocab_size pieces of piece_bytes_total
+// bytes (NULs included); the arrays are zeroed.
+static tokenizer* tokenizer_new(int vocab_size, size_t piece_bytes_total) {
+    tokenizer* t = calloc(1, sizeof *t);
+    if (!t) return NULL;
+    t->vocab_size = vocab_size;
+    t->pieces = calloc((size_t)vocab_size, sizeof *t->pieces);
+    t->scores = calloc((size_t)vocab_size, sizeof *t->scores);
+    t->piece_bytes = calloc(piece_bytes_total, 1);
+    if (!t->pieces || !t->scores || !t->piece_bytes) {
+        tok_free(t);
+        return NULL;
+    }
+    for (int b = 0; b < 256; b++) t->byte_pieces[b][0] = (char)b;  // [1] is already NUL
+    return t;
+}
+
+void tok_free(tokenizer* t) {
+    if (!t) return;
+    free(t->pieces);
+    free(t->scores);
+    free(t->piece_bytes);
+    free(t->sorted);
+    free(t);
+}
+
+int tok_vocab_size(const tokenizer* t) { return t ? t->vocab_size : 0; }
+
+bool tok_is_byte_level(const tokenizer* t) { return t && t->byte_level; }
+
+// ----------------------------------------------------------------------------
+// The piece index
+
+static int compare_entries(const void* a, const void* b) {
+    const piece_entry* left = a;
+    const piece_entry* right = b;
+    int order = strcmp(left->piece, right->piece);
+    if (order != 0) return order;
+    return (left->id > right->id) - (left->id < right->id);
+}
+
+static int build_index(tokenizer* t) {
+    t->sorted = malloc((size_t)t->vocab_size * sizeof *t->sorted);
+    if (!t->sorted) return -1;
+    for (int id = 0; id < t->vocab_size; id++) t->sorted[id] = (piece_entry){t->pieces[id], id};
+    qsort(t->sorted, (size_t)t->vocab_size, sizeof *t->sorted, compare_entries);
+    return 0;
+}
+
+// The id of `piece`, or -1 when the vocab has no such piece. When a file
+// repeats a piece this returns its lowest id (llama2.c's bsearch returns
+// whichever copy it lands on; real files have no repeats).
+static int32_t lookup_piece(const tokenizer* t, const char* piece) {
+    int low = 0, high = t->vocab_size;  // first entry >= piece lies in [low, high]
+    while (low < high) {
+        int middle = low + (high - low) / 2;
+        if (strcmp(t->sorted[middle].piece, piece) < 0)
+            low = middle + 1;
+        else
+            high = middle;
+    }
+    if (low < t->vocab_size && strcmp(t->sorted[low].piece, piece) == 0) return t->sorted[low].id;
+    return -1;
+}
+
+// The id of the piece left+right, or -1. `joined` has room for two pieces
+// and a NUL (2 * max_token_length + 1 bytes at least).
+static int32_t lookup_pair(const tokenizer* t, int32_t left, int32_t right, char* joined) {
+    size_t left_length = strlen(t->pieces[left]);
+    size_t right_length = strlen(t->pieces[right]);
+    memcpy(joined, t->pieces[left], left_length);
+    memcpy(joined + left_length, t->pieces[right], right_length + 1);
+    return lookup_piece(t, joined);
+}
+
+// ----------------------------------------------------------------------------
+// Loading tokenizer.bin
+
+// A cursor over the file's bytes; reads are little-endian whatever the host.
+typedef struct {
+    const unsigned char* bytes;  // (size) the whole file
+    size_t size;                 // bytes
+    size_t offset;               // bytes read so far
+} byte_reader;
+
+static bool read_u32(byte_reader* reader, uint32_t* value) {
+    if (reader->size - reader->offset < 4) return false;
+    const unsigned char* p = reader->bytes + reader->offset;
+    *value = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+    reader->offset += 4;
+    return true;
+}
+
+static bool read_i32(byte_reader* reader, int32_t* value) {
+    uint32_t bits;
+    if (!read_u32(reader, &bits)) return false;
+    memcpy(value, &bits, sizeof *value);
+    return true;
+}
+
+static bool read_f32(byte_reader* reader, float* value) {
+    uint32_t bits;
+    if (!read_u32(reader, &bits)) return false;
+    memcpy(value, &bits, sizeof *value);
+    return true;
+}
+
+// The largest file tok_file_vocab_size reads (bytes), when no vocab_size
+// bounds it: Llama 2's 32000-token tokenizer.bin is 434 KB, so 256 MiB is
+// far above any real file yet keeps a wrong path from taking all memory
+// (and, at 9 bytes or more a token, the count far below INT_MAX).
+#define TOK_MAX_FILE_BYTES ((uint64_t)256 << 20)
+
+// Reads the whole file into a malloc'ed buffer. Files larger than
+// max_file_bytes are refused before reading anything.
+static int read_file(const char* path, uint64_t max_file_bytes, unsigned char** out_bytes,
+                     size_t* out_size, error_info* err) {
+    FILE* file = fopen(path, "rb");
+    if (!file) return error_set(err, "%s: cannot open: %s", path, strerror(errno));
+    struct stat info;
+    if (fstat(fileno(file), &info) != 0 || !S_ISREG(info.st_mode)) {
+        fclose(file);
+        return error_set(err, "%s: not a regular file", path);
+    }
+    if ((uint64_t)info.st_size > max_file_bytes) {
+        fclose(file);
+        return error_set(err, "%s: file is %lld bytes, too large for this tokenizer (limit %llu)",
+                         path, (long long)info.st_size, (unsigned long long)max_file_bytes);
+    }
+    size_t size = (size_t)info.st_size;
+    unsigned char* bytes = malloc(size > 0 ? size : 1);
+    if (!bytes) {
+        fclose(file);
+        return error_set(err, "%s: out of memory reading %zu bytes", path, size);
+    }
+    size_t got = fread(bytes, 1, size, file);
+    fclose(file);
+    if (got != size) {
+        free(bytes);
+        return error_set(err, "%s: read failed after %zu of %zu bytes", path, got, size);
+    }
+    *out_bytes = bytes;
+    *out_size = size;
+    return 0;
+}
+
+// What check_file learns about a good file.
+typedef struct {
+    int n_tokens;              // tokens in the file
+    int max_token_length;      // bytes, from the header
+    size_t piece_bytes_total;  // bytes all pieces need, with a NUL each
+} file_summary;
+
+// Checks every field of the file without building anything, so that a bad
+// file is refused with the first problem found and no allocation is sized
+// by fields not yet known to be good. Expects exactly vocab_size tokens, or
+// as many as the file holds when vocab_size is negative.
+static int check_file(const char* path, const unsigned char* bytes, size_t size, int vocab_size,
+                      file_summary* summary, error_info* err) {
+    byte_reader reader = {bytes, size, 0};
+    int32_t max_length;
+    if (!read_i32(&reader, &max_length))
+        return error_set(err, "%s: truncated: max_token_length missing (file is %zu bytes, need 4)",
+                         path, size);
+    if (max_length < 1 || max_length > TOK_MAX_TOKEN_LENGTH_LIMIT)
+        return error_set(err, "%s: max_token_length is %d, expected 1..%d", path, (int)max_length,
+                         TOK_MAX_TOKEN_LENGTH_LIMIT);
+    size_t total = 0;
+    int id = 0;
+    for (; vocab_size < 0 ? reader.offset < size : id < vocab_size; id++) {
+        float score;
+        int32_t length;
+        if (reader.offset == size)  // ends cleanly between tokens: a smaller vocab
+            return error_set(err,
+                             "%s: truncated: token %d missing, the file holds %d tokens but "
+                             "vocab_size is %d",
+                             path, id, id, vocab_size);
+        if (!read_f32(&reader, &score))
+            return error_set(err,
+                             "%s: truncated: token %d score missing at offset %zu (file is %zu "
+                             "bytes)",
+                             path, id, reader.offset, size);
+        if (isnan(score)) return error_set(err, "%s: token %d score is NaN", path, id);
+        if (!read_i32(&reader, &length))
+            return error_set(err,
+                             "%s: truncated: token %d length field missing at offset %zu (file "
+                             "is %zu bytes)",
+                             path, id, reader.offset, size);
+        // llama2.c does not check lengths; no real file has an empty piece
+        // (tok512 has none), and an empty piece could never be looked up.
+        if (length < 1 || length > max_length)
+            return error_set(err, "%s: token %d length is %d, expected 1..%d (max_token_length)",
+                             path, id, (int)length, (int)max_length);
+        if (size - reader.offset < (size_t)length)
+            return error_set(err,
+                             "%s: truncated: token %d needs %d piece bytes at offset %zu, file is "
+                             "%zu bytes",
+                             path, id, (int)length, reader.offset, size);
+        reader.offset += (size_t)length;
+        total += (size_t)length + 1;
+    }
+    if (reader.offset != size)
+        return error_set(err,
+                         "%s: %zu trailing bytes after token %d, the last of vocab_size %d (file "
+                         "is %zu bytes; is vocab_size right?)",
+                         path, size - reader.offset, vocab_size - 1, vocab_size, size);
+    summary->n_tokens = id;
+    summary->max_token_length = (int)max_length;
+    summary->piece_bytes_total = total;
+    return 0;
+}
+
+int tok_file_vocab_size(const char* path, int* vocab_size, error_info* err) {
+    if (!vocab_size) return error_set(err, "tok_file_vocab_size: vocab_size is NULL");
+    *vocab_size = 0;
+    if (!path) return error_set(err, "tok_file_vocab_size: path is NULL");
+    unsigned char* bytes = NULL;
+    size_t size = 0;
+    if (read_file(path, TOK_MAX_FILE_BYTES, &bytes, &size, err) != 0) return -1;
+    file_summary summary;
+    int status = check_file(path, bytes, size, -1, &summary, err);
+    free(bytes);
+    if (status != 0) return -1;
+    *vocab_size = summary.n_tokens;
+    return 0;
+}
+
+int tok_load(tokenizer** out, const char* path, int vocab_size, error_info* err) {
+    if (!out) return error_set(err, "tok_load: out is NULL");
+    *out = NULL;
+    if (!path) return error_set(err, "tok_load: path is NULL");
+    if (vocab_size < TOK_MIN_VOCAB_SIZE)
+        return error_set(err,
+                         "%s: vocab_size is %d, expected at least %d (3 special tokens + 256 byte "
+                         "fallbacks)",
+                         path, vocab_size, TOK_MIN_VOCAB_SIZE);
+
+    // Each token takes at most 4 (score) + 4 (length) + the longest piece.
+    uint64_t max_file_bytes = 4 + (uint64_t)vocab_size * (8 + TOK_MAX_TOKEN_LENGTH_LIMIT);
+    if (max_file_bytes > TOK_MAX_FILE_BYTES) max_file_bytes = TOK_MAX_FILE_BYTES;
+    unsigned char* bytes = NULL;
+    size_t size = 0;
+    if (read_file(path, max_file_bytes, &bytes, &size, err) != 0) return -1;
+
+    file_summary summary;
+    if (check_file(path, bytes, size, vocab_size, &summary, err) != 0) {
+        free(bytes);
+        return -1;
+    }
+
+    // The file is known good: copy it out without further checks.
+    tokenizer* t = tokenizer_new(vocab_size, summary.piece_bytes_total);
+    if (!t) {
+        free(bytes);
+        return error_set(err, "%s: out of memory for %d tokens", path, vocab_size);
+    }
+    t->max_token_length = summary.max_token_length;
+    byte_reader reader = {bytes, size, 4};
+    char* next_piece = t->piece_bytes;
+    for (int id = 0; id < vocab_size; id++) {
+        int32_t length;
+        read_f32(&reader, &t->scores[id]);
+        read_i32(&reader, &length);
+        // Pieces are C strings from here on, as in llama2.c: a piece with a
+        // NUL byte inside (no real file has one) ends at that byte.
+        memcpy(next_piece, bytes + reader.offset, (size_t)length);
+        next_piece[length] = '\0';
+        t->pieces[id] = next_piece;
+        next_piece += length + 1;
+        reader.offset += (size_t)length;
+    }
+    free(bytes);
+
+    if (build_index(t) != 0) {
+        tok_free(t);
+        return error_set(err, "%s: out of memory for the piece index", path);
+    }
+    *out = t;
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// The byte-level tokenizer
+
+int tok_byte_level(tokenizer** out, error_info* err) {
+    if (!out) return error_set(err, "tok_byte_level: out is NULL");
+    static const char* const special_pieces[TOK_BYTE_OFFSET] = {"<unk>", "<s>", "</s>"};
+    size_t piece_bytes_total = 256 * 2;
+    for (int id = 0; id < TOK_BYTE_OFFSET; id++)
+        piece_bytes_total += strlen(special_pieces[id]) + 1;
+    tokenizer* t = tokenizer_new(TOK_MIN_VOCAB_SIZE, piece_bytes_total);
+    if (!t) {
+        *out = NULL;
+        return error_set(err, "byte-level tokenizer: out of memory");
+    }
+    t->byte_level = true;
+    t->max_token_length = 5;  // "<unk>"; the byte pieces are 1 byte
+    char* next_piece = t->piece_bytes;
+    for (int id = 0; id < TOK_MIN_VOCAB_SIZE; id++) {
+        const char* piece =
+            id < TOK_BYTE_OFFSET ? special_pieces[id] : t->byte_pieces[id - TOK_BYTE_OFFSET];
+        size_t length = id < TOK_BYTE_OFFSET ? strlen(piece) : 1;  // byte 0 still reads as ""
+        memcpy(next_piece, piece, length);
+        next_piece[length] = '\0';
+        t->pieces[id] = next_piece;
+        next_piece += length + 1;
+    }
+    *out = t;
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// Encoding
+
+static bool is_utf8_continuation(unsigned char byte) { return (byte & 0xC0) == 0x80; }
+
+static int encode_byte_level(const char* text, size_t text_bytes, bool add_bos, bool add_eos,
+                             int32_t* ids, int capacity, int* n_ids, error_info* err) {
+    int needed = (int)text_bytes + add_bos + add_eos;
+    if (needed > capacity) {
+        *n_ids = needed;
+        return error_set(err, "tok_encode: text needs %d ids, capacity is %d", needed, capacity);
+    }
+    int n = 0;
+    if (add_bos) ids[n++] = TOK_BOS_ID;
+    for (size_t i = 0; i < text_bytes; i++) ids[n++] = (unsigned char)text[i] + TOK_BYTE_OFFSET;
+    if (add_eos) ids[n++] = TOK_EOS_ID;
+    *n_ids = n;
+    return 0;
+}
+
+// The BPE merge loop. llama2.c rebuilds and looks up every adjacent pair's
+// joined piece on each pass; the result of a pair depends only on its two
+// ids, so here each pair is looked up once and only the two pairs beside a
+// merge are looked up again. The choice of merge, and so the ids, is the
+// same. Returns the new count.
+static int merge_pairs(const tokenizer* t, int32_t* work, int n, int32_t* pair_ids,
+                       float* pair_scores, char* joined) {
+    // pair_ids[i]: (n - 1) the id of work[i] + work[i + 1], or -1; pair_scores[i] its score
+    for (int i = 0; i + 1 < n; i++) {
+        pair_ids[i] = lookup_pair(t, work[i], work[i + 1], joined);
+        pair_scores[i] = pair_ids[i] >= 0 ? t->scores[pair_ids[i]] : 0.0f;
+    }
+    for (;;) {
+        float best_score = NO_MERGE_SCORE;
+        int best = -1;
+        for (int i = 0; i + 1 < n; i++) {
+            if (pair_ids[i] >= 0 && pair_scores[i] > best_score) {  // strictly: leftmost wins ties
+                best_score = pair_scores[i];
+                best = i;
+            }
+        }
+        if (best < 0) return n;
+
+        // work[best], work[best + 1] become one id; the pairs after shift left.
+        work[best] = pair_ids[best];
+        memmove(work + best + 1, work + best + 2, (size_t)(n - best - 2) * sizeof *work);
+        if (n - best - 3 > 0) {
+            memmove(pair_ids + best + 1, pair_ids + best + 2,
+                    (size_t)(n - best - 3) * sizeof *pair_ids);
+            memmove(pair_scores + best + 1, pair_scores + best + 2,
+                    (size_t)(n - best - 3) * sizeof *pair_scores);
+        }
+        n--;
+        for (int i = best - 1; i <= best; i++) {
+            if (i < 0 || i + 1 >= n) continue;
+            pair_ids[i] = lookup_pair(t, work[i], work[i + 1], joined);
+            pair_scores[i] = pair_ids[i] >= 0 ? t->scores[pair_ids[i]] : 0.0f;
+        }
+    }
+}
+
+int tok_encode(const tokenizer* t, const char* text, bool add_bos, bool add_eos, int32_t* ids,
+               int capacity, int* n_ids, error_info* err) {
+    if (!n_ids) return error_set(err, "tok_encode: n_ids is NULL");
+    *n_ids = 0;
+    if (!t || !text) return error_set(err, "tok_encode: %s is NULL", t ? "text" : "tokenizer");
+    if (capacity < 0 || (capacity > 0 && !ids))
+        return error_set(err, "tok_encode: capacity is %d with ids %s, expected >= 0 and ids set",
+                         capacity, ids ? "set" : "NULL");
+    size_t text_bytes = strlen(text);
+    // Before merging there is at most one id per byte, plus BOS, the dummy
+    // prefix and EOS; that count must fit an int.
+    if (text_bytes > (size_t)INT_MAX - 3)
+        return error_set(err, "tok_encode: text is %zu bytes, more than %d", text_bytes,
+                         INT_MAX - 3);
+    if (t->byte_level)
+        return encode_byte_level(text, text_bytes, add_bos, add_eos, ids, capacity, n_ids, err);
+
+    size_t max_ids = text_bytes + 3;
+    int32_t* work = malloc(max_ids * sizeof *work);              // (max_ids) ids being merged
+    int32_t* pair_ids = malloc(max_ids * sizeof *pair_ids);      // (max_ids) see merge_pairs
+    float* pair_scores = malloc(max_ids * sizeof *pair_scores);  // (max_ids)
+    // Two pieces and a NUL; at least 5 bytes for a 4-byte codepoint and its
+    // NUL, as llama2.c sizes it (2 * max_token_length + 1 + 2).
+    char* joined = malloc((size_t)t->max_token_length * 2 + 3);
+    if (!work || !pair_ids || !pair_scores || !joined) {
+        free(work);
+        free(pair_ids);
+        free(pair_scores);
+        free(joined);
+        return error_set(err, "tok_encode: out of memory for %zu ids", max_ids);
+    }
+
+    int n = 0;
+    if (add_bos) work[n++] = TOK_BOS_ID;
+    // SentencePiece's add_dummy_prefix: text starts as if after a space.
+    // llama2.c stores -1 here (and later reads out of bounds) when the vocab
+    // has no " "; the byte fallback for ' ' is the same text.
+    if (text_bytes > 0) {
+        int32_t space_id = lookup_piece(t, " ");
+        work[n++] = space_id >= 0 ? space_id : ' ' + TOK_BYTE_OFFSET;
+    }
+    // One id per UTF-8 codepoint when the vocab has it, else one per byte.
+    // A codepoint is a byte and the continuation bytes (10xxxxxx) after it,
+    // at most 4 bytes in all, grouped as llama2.c does, which also copes
+    // with malformed UTF-8.
+    for (size_t start = 0; start < text_bytes;) {
+        size_t end = start + 1;
+        while (end < text_bytes && end - start < 4 &&
+               is_utf8_continuation((unsigned char)text[end]))
+            end++;
+        memcpy(joined, text + start, end - start);
+        joined[end - start] = '\0';
+        int32_t id = lookup_piece(t, joined);
+        if (id >= 0) {
+            work[n++] = id;
+        } else {
+            for (size_t i = start; i < end; i++)
+                work[n++] = (unsigned char)text[i] + TOK_BYTE_OFFSET;
+        }
+        start = end;
+    }
+    // llama2.c merges with BOS in the list too: BOS's piece ("\n<s>\n") joins
+    // nothing in real vocabs, but the same list gives the same ids.
+    n = merge_pairs(t, work, n, pair_ids, pair_scores, joined);
+    if (add_eos) work[n++] = TOK_EOS_ID;
+
+    int status = 0;
+    if (n > capacity) {
+        status = error_set(err, "tok_encode: text needs %d ids, capacity is %d", n, capacity);
+    } else if (n > 0) {
+        memcpy(ids, work, (size_t)n * sizeof *ids);
+    }
+    *n_ids = n;
+    free(work);
+    free(pair_ids);
+    free(pair_scores);
+    free(joined);
+    return status;
+}
+
+// ----------------------------------------------------------------------------
+// Decoding
+
+static int hex_digit_value(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+}
+
+// The byte a piece "<0xXX>" stands for, or -1 for any other piece.
+// llama2.c uses sscanf("<0x%02hhX>"), which also takes pieces such as "<0x4"
+// or "<0x4A>junk"; real vocabs have only the exact form, which is all this
+// accepts.
+static int byte_piece_value(const char* piece) {
+    if (strlen(piece) != 6 || strncmp(piece, "<0x", 3) != 0 || piece[5] != '>') return -1;
+    int high = hex_digit_value(piece[3]);
+    int low = hex_digit_value(piece[4]);
+    if (high < 0 || low < 0) return -1;
+    return high * 16 + low;
+}
+
+const char* tok_decode_piece(const tokenizer* t, int32_t prev_id, int32_t id) {
+    if (!t || id < 0 || id >= t->vocab_size) return "";
+    if (t->byte_level) return id >= TOK_BYTE_OFFSET ? t->byte_pieces[id - TOK_BYTE_OFFSET] : "";
+    const char* piece = t->pieces[id];
+    // After BOS, SentencePiece's decoder drops the dummy prefix's space.
+    if (prev_id == TOK_BOS_ID && piece[0] == ' ') piece++;
+    int byte = byte_piece_value(piece);
+    if (byte >= 0) return t->byte_pieces[byte];  // byte 0 gives "": a C string cannot hold it
+    return piece;
+}
+
+bool tok_piece_is_printable(const char* piece) {
+    if (!piece || piece[0] == '\0') return false;
+    if (piece[1] != '\0') return true;
+    unsigned char byte = (unsigned char)piece[0];
+    if (byte >= 0x80) return true;  // a UTF-8 fragment: see tokenizer.h
+    // isprint || isspace in the C locale, spelled out so that a program's
+    // setlocale() cannot change what is printed.
+    bool is_print = byte >= 0x20 && byte < 0x7F;
+    bool is_space = byte >= '\t' && byte <= '\r';
+    return is_print || is_space;
+}
+
+size_t tok_decode_text(const tokenizer* t, int32_t first_prev_id, const int32_t* ids, int n,
+                       char* out, size_t out_capacity) {
+    size_t needed = 0;  // bytes of the whole text so far
+    int32_t prev_id = first_prev_id;
+    for (int i = 0; ids && i < n; i++) {
+        const char* piece = tok_decode_piece(t, prev_id, ids[i]);
+        prev_id = ids[i];
+        if (!tok_piece_is_printable(piece)) continue;
+        size_t length = strlen(piece);
+        if (out && needed < out_capacity) {
+            size_t room = out_capacity - 1 - needed;  // leaves the NUL's byte
+            memcpy(out + needed, piece, length < room ? length : room);
+        }
+        needed += length;
+    }
+    if (out && out_capacity > 0) out[needed < out_capacity ? needed : out_capacity - 1] = '\0';
+    return needed;
+}

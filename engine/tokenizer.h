@@ -1,0 +1,89 @@
+// tokenizer: text <-> token ids.
+//
+// Two kinds, behind one type:
+//   - a llama2.c tokenizer.bin (SentencePiece BPE exported with scores and
+//     byte fallback), encoded and decoded exactly as llama2.c's run.c does,
+//     so that prompts give the same ids as the reference implementation;
+//   - a byte-level tokenizer for synthetic models (vocab 259: three special
+//     tokens, then one id per byte value), which needs no file.
+//
+// Ids 0, 1, 2 are <unk>, BOS and EOS in both; byte b falls back to id b + 3.
+#ifndef SERVELAB_TOKENIZER_H
+#define SERVELAB_TOKENIZER_H
+
+#include "engine/error.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum { TOK_UNK_ID = 0, TOK_BOS_ID = 1, TOK_EOS_ID = 2, TOK_BYTE_OFFSET = 3 };
+
+// A vocab needs the three special tokens and the 256 byte fallbacks.
+enum { TOK_MIN_VOCAB_SIZE = TOK_BYTE_OFFSET + 256 };
+
+// Longest piece tok_load accepts (bytes). Real tokenizers stay far below:
+// tok512 has 7, Llama 2's 32000-token vocab 27. The bound turns a garbage
+// header into an error instead of a huge allocation.
+enum { TOK_MAX_TOKEN_LENGTH_LIMIT = 4096 };
+
+typedef struct tokenizer tokenizer;
+
+// Loads a llama2.c tokenizer.bin: little-endian int32 max_token_length, then
+// for each of vocab_size tokens a float32 merge score, an int32 byte length
+// (1..max_token_length) and the bytes. The file does not store vocab_size;
+// it is the model's. The whole file is checked before anything is built:
+// truncation, bad lengths, NaN scores and trailing bytes are errors that
+// name the token index. *out is NULL on failure.
+int tok_load(tokenizer** out, const char* path, int vocab_size, error_info* err);
+
+// The number of tokens a tokenizer.bin holds (*vocab_size), for a model made
+// to fit the tokenizer (a synthetic preset). The file gets the same checks
+// as in tok_load, except that it may hold any number of tokens.
+int tok_file_vocab_size(const char* path, int* vocab_size, error_info* err);
+
+// The byte-level tokenizer of synthetic models: vocab 259, id 0 "<unk>",
+// 1 "<s>" (BOS), 2 "</s>" (EOS), id 3 + b = byte b. Encoding is one id per
+// byte of the text: no dummy space prefix, no merges.
+int tok_byte_level(tokenizer** out, error_info* err);
+
+void tok_free(tokenizer* t);
+
+int tok_vocab_size(const tokenizer* t);
+bool tok_is_byte_level(const tokenizer* t);
+
+// Encodes text (UTF-8, NUL-terminated) as llama2.c's encode() does: BOS if
+// add_bos, a dummy " " token before non-empty text, each UTF-8 codepoint as
+// its piece or else as its bytes (id = byte + 3), then merges the adjacent
+// pair whose joined piece has the highest score (strictly higher: the
+// leftmost wins a tie) until no pair joins; EOS last if add_eos.
+// ids has room for `capacity` ids (ids may be NULL when capacity is 0).
+// On success *n_ids is the count. When the ids do not fit, nothing is written
+// to ids, *n_ids gets the count needed, and it fails (like snprintf, so a
+// caller can retry with a larger array).
+int tok_encode(const tokenizer* t, const char* text, bool add_bos, bool add_eos, int32_t* ids,
+               int capacity, int* n_ids, error_info* err);
+
+// The text of `id` when it follows `prev_id`, as llama2.c's decode(): after
+// BOS one leading space is stripped (it is the dummy prefix); a piece
+// "<0xXX>" becomes that single raw byte. Byte-level: ids 3..258 give their
+// byte and 0..2 give "". An out-of-range id gives "". The pointer stays
+// valid until tok_free.
+const char* tok_decode_piece(const tokenizer* t, int32_t prev_id, int32_t id);
+
+// llama2.c's safe_printf() rule: false for "" and for a single ASCII byte
+// that is neither printable nor whitespace (control codes); true otherwise.
+// Unlike llama2.c, a single byte >= 0x80 counts as printable: it is one
+// fragment of a UTF-8 character that byte fallback split, and dropping it
+// (as llama2.c does) would garble every character that has no piece.
+bool tok_piece_is_printable(const char* piece);
+
+// Appends the printable pieces of ids[0..n) to out, decoding each with the id
+// before it (the first with first_prev_id; pass TOK_BOS_ID for a prompt that
+// followed BOS). out holds out_capacity bytes and is always NUL-terminated
+// when out_capacity > 0; the text is cut there if it does not fit. Returns
+// the length the whole text needs, not counting the NUL (like snprintf).
+size_t tok_decode_text(const tokenizer* t, int32_t first_prev_id, const int32_t* ids, int n,
+                       char* out, size_t out_capacity);
+
+#endif

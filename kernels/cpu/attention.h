@@ -1,0 +1,43 @@
+// attention: one query row attends to its sequence's cached keys and values.
+//
+// The cache is paged: a layer's keys live in fixed-size blocks of
+// block_size token slots, and a sequence's block table lists, in order, the
+// physical block that holds each run of block_size positions. Position p is
+// found at block block_table[p / block_size], slot p % block_size. A
+// contiguous cache is the special case of one block (or consecutive blocks).
+//
+// For each head h (sharing KV head h / (n_heads / n_kv_heads)):
+//   score[t] = q_h . k_t / sqrt(head_dim)      t = 0 .. n_context-1
+//   p = softmax(score);  out_h = sum_t p[t] v_t
+// The sums run over t in position order whatever the block size or layout,
+// so the result is bit-identical for any block size (DESIGN.md).
+#ifndef SERVELAB_ATTENTION_H
+#define SERVELAB_ATTENTION_H
+
+#include <stdint.h>
+
+#include "kernels/cpu/kernel_traffic.h"
+
+typedef struct kv_layer_view {
+    const float* key_blocks;   // (n_blocks, block_size, kv_dim) this layer's keys
+    const float* value_blocks; // (n_blocks, block_size, kv_dim) this layer's values
+    const int32_t* block_table; // (ceil(n_context / block_size)) physical block ids
+    int block_size;             // token slots per block
+} kv_layer_view;
+
+// out: (n_heads * head_dim); query: (n_heads * head_dim);
+// scores: scratch of (n_context) floats.
+void attention_row(float* out, const float* query, const kv_layer_view* kv, int n_context, int n_heads,
+                   int n_kv_heads, int head_dim, float* scores, kernel_traffic* traffic);
+
+// Slot index (block * block_size + offset) holding `position` of a sequence.
+static inline int64_t kv_slot_of_position(const int32_t* block_table, int block_size, int position) {
+    return (int64_t)block_table[position / block_size] * block_size + position % block_size;
+}
+
+// Stores one row's new key and value (kv_dim floats each) at `slot` of a
+// layer's blocks: key_blocks/value_blocks are (n_slots, kv_dim).
+void kv_write_row(float* key_blocks, float* value_blocks, int64_t slot, const float* key, const float* value,
+                  int kv_dim, kernel_traffic* traffic);
+
+#endif

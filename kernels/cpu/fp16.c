@@ -1,0 +1,66 @@
+#include "kernels/cpu/fp16.h"
+
+#include <string.h>
+
+static uint32_t float_bits(float value) {
+    uint32_t bits;
+    memcpy(&bits, &value, sizeof bits);
+    return bits;
+}
+
+static float bits_float(uint32_t bits) {
+    float value;
+    memcpy(&value, &bits, sizeof value);
+    return value;
+}
+
+float fp16_to_fp32(uint16_t half) {
+    uint32_t sign = (uint32_t)(half & 0x8000u) << 16;
+    uint32_t exponent = (half >> 10) & 0x1fu;
+    uint32_t mantissa = half & 0x3ffu;
+    if (exponent == 0x1f) return bits_float(sign | 0x7f800000u | (mantissa << 13)); // inf, NaN
+    if (exponent == 0) {
+        if (mantissa == 0) return bits_float(sign); // +-0
+        // Subnormal: value = mantissa * 2^-24, exact in fp32.
+        float magnitude = (float)mantissa * (1.0f / 16777216.0f);
+        return sign ? -magnitude : magnitude;
+    }
+    return bits_float(sign | ((exponent + 112u) << 23) | (mantissa << 13));
+}
+
+uint16_t fp32_to_fp16(float value) {
+    uint32_t bits = float_bits(value);
+    uint16_t sign = (uint16_t)((bits >> 16) & 0x8000u);
+    uint32_t exponent = (bits >> 23) & 0xffu;
+    uint32_t mantissa = bits & 0x7fffffu;
+
+    if (exponent == 0xff) { // inf stays inf; NaN becomes a quiet NaN
+        return (uint16_t)(sign | 0x7c00u | (mantissa ? 0x200u | (mantissa >> 13) : 0u));
+    }
+    int half_exponent = (int)exponent - 127 + 15;
+    if (half_exponent >= 0x1f) return (uint16_t)(sign | 0x7c00u); // overflow -> inf
+    if (half_exponent <= 0) {
+        // Subnormal or zero in fp16: shift the full significand (with its
+        // implicit 1) right and round to nearest even on the dropped bits.
+        if (half_exponent < -10) return sign; // below half the smallest subnormal
+        uint32_t significand = mantissa | 0x800000u;
+        int shift = 14 - half_exponent; // 14..24
+        uint32_t result = significand >> shift;
+        uint32_t remainder = significand & ((1u << shift) - 1u);
+        uint32_t halfway = 1u << (shift - 1);
+        if (remainder > halfway || (remainder == halfway && (result & 1u))) result++;
+        return (uint16_t)(sign | result); // a carry into the exponent is still correct
+    }
+    uint32_t result = ((uint32_t)half_exponent << 10) | (mantissa >> 13);
+    uint32_t remainder = mantissa & 0x1fffu;
+    if (remainder > 0x1000u || (remainder == 0x1000u && (result & 1u))) result++; // may carry to inf
+    return (uint16_t)(sign | result);
+}
+
+void fp16_from_fp32_array(uint16_t* out, const float* in, size_t count) {
+    for (size_t i = 0; i < count; i++) out[i] = fp32_to_fp16(in[i]);
+}
+
+void fp16_to_fp32_array(float* out, const uint16_t* in, size_t count) {
+    for (size_t i = 0; i < count; i++) out[i] = fp16_to_fp32(in[i]);
+}

@@ -1,0 +1,32 @@
+// ops: the element-wise and per-row pieces of a transformer layer.
+//
+// Each follows the equation in its comment, in fp32, with reductions in
+// index order (the same order as llama2.c's run.c, so that greedy decoding
+// of a real checkpoint reproduces its tokens exactly).
+#ifndef SERVELAB_OPS_H
+#define SERVELAB_OPS_H
+
+#include "kernels/cpu/kernel_traffic.h"
+
+// For each of n_rows rows: out[i] = weight[i] * x[i] / sqrt(mean(x^2) + eps).
+// out, x: (n_rows, size) floats, out may equal x; weight: (size) floats,
+// counted as weight bytes once per call.
+void rmsnorm(float* out, const float* x, const float* weight, int n_rows, int size, float eps,
+             kernel_traffic* traffic);
+
+// In-place softmax over x: (size) floats.
+void softmax(float* x, int size);
+
+// Rotary position embedding on one row's query and key vectors, in place:
+// pairs (2i, 2i+1) inside each head rotate by angle position * 10000^(-2i/head_dim).
+// query: (n_heads * head_dim) floats; key: (n_kv_heads * head_dim) floats.
+void rope(float* query, float* key, int position, int n_heads, int n_kv_heads, int head_dim, kernel_traffic* traffic);
+
+// SwiGLU gate: gate[i] = silu(gate[i]) * up[i], silu(v) = v / (1 + e^-v).
+// gate, up: (size) floats.
+void swiglu(float* gate, const float* up, int size, kernel_traffic* traffic);
+
+// Residual connection: x[i] += delta[i]; x, delta: (size) floats.
+void residual_add(float* x, const float* delta, int size, kernel_traffic* traffic);
+
+#endif

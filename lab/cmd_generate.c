@@ -1,0 +1,200 @@
+// servelab generate: plain text generation with statistics.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/generate.h"
+#include "engine/model_synth.h"
+#include "engine/tokenizer.h"
+#include "lab/cli_args.h"
+#include "lab/commands.h"
+#include "lab/model_source.h"
+
+static const char GENERATE_USAGE[] =
+    "usage: servelab generate [options]\n"
+    "\n"
+    "Generates text from a model, one sequence, and prints a stats line on stderr.\n"
+    "\n"
+    "  --model PATH|PRESET   llama2.c checkpoint, or a synthetic preset: tiny, small,\n"
+    "                        medium, large (default: stories260K when found in ./models\n"
+    "                        or ../shared/models, else small)\n"
+    "  --tokenizer FILE      llama2.c tokenizer.bin (default: beside the checkpoint;\n"
+    "                        byte-level for presets)\n"
+    "  --prompt TEXT         prompt text (needs a tokenizer)\n"
+    "  --prompt-ids \"IDS\"    prompt token ids after BOS, space-separated\n"
+    "  -n N                  new tokens to generate (default 256)\n"
+    "  --temperature T       0 = greedy, the default (deterministic); try 0.8\n"
+    "  --top-p P             nucleus threshold when sampling, 0 or 1 = off (default 0.9)\n"
+    "  --seed N              sampler seed (default 42)\n"
+    "  --synth-seed N        seed of a synthetic preset's weights\n"
+    "  --dtype fp32|fp16     how weights are stored (default: the file's; fp16 for presets)\n"
+    "  --ids                 print the generated ids on one line instead of text\n";
+
+typedef struct generate_args {
+    model_request request;
+    const char* prompt_text;
+    const char* prompt_ids_text;
+    generate_options options;
+    bool print_ids;
+} generate_args;
+
+static int parse_generate_args(int argc, char** argv, generate_args* args, error_info* err) {
+    memset(args, 0, sizeof *args);
+    args->options = (generate_options){.max_new_tokens = 256, .temperature = 0.0f, .top_p = 0.9f, .seed = 42};
+    args->request.synth_seed = SYNTH_DEFAULT_SEED;
+    arg_cursor cursor = {argc, argv, 1, "servelab generate", NULL};
+    for (; cursor.index < argc; cursor.index++) {
+        bool failed = false;
+        if (arg_match(&cursor, "--model", true, &failed, err)) {
+            if (!failed) args->request.model_arg = cursor.value;
+        } else if (arg_match(&cursor, "--tokenizer", true, &failed, err)) {
+            if (!failed) args->request.tokenizer_arg = cursor.value;
+        } else if (arg_match(&cursor, "--prompt", true, &failed, err)) {
+            if (!failed) args->prompt_text = cursor.value;
+        } else if (arg_match(&cursor, "--prompt-ids", true, &failed, err)) {
+            if (!failed) args->prompt_ids_text = cursor.value;
+        } else if (arg_match(&cursor, "-n", true, &failed, err)) {
+            if (!failed && parse_int_arg("-n", cursor.value, 0, 1 << 22, &args->options.max_new_tokens, err)) return -1;
+        } else if (arg_match(&cursor, "--temperature", true, &failed, err)) {
+            if (!failed && parse_float_arg("--temperature", cursor.value, 0.0, 100.0, &args->options.temperature, err))
+                return -1;
+        } else if (arg_match(&cursor, "--top-p", true, &failed, err)) {
+            if (!failed && parse_float_arg("--top-p", cursor.value, 0.0, 1.0, &args->options.top_p, err)) return -1;
+        } else if (arg_match(&cursor, "--seed", true, &failed, err)) {
+            if (!failed && parse_u64_arg("--seed", cursor.value, &args->options.seed, err)) return -1;
+        } else if (arg_match(&cursor, "--synth-seed", true, &failed, err)) {
+            if (!failed && parse_u64_arg("--synth-seed", cursor.value, &args->request.synth_seed, err)) return -1;
+        } else if (arg_match(&cursor, "--dtype", true, &failed, err)) {
+            if (failed) return -1;
+            if (strcmp(cursor.value, "fp32") == 0) args->request.dtype = MODEL_DTYPE_FP32;
+            else if (strcmp(cursor.value, "fp16") == 0) args->request.dtype = MODEL_DTYPE_FP16;
+            else return error_set(err, "--dtype: expected fp32 or fp16, found '%s'", cursor.value);
+        } else if (arg_match(&cursor, "--ids", false, &failed, err)) {
+            args->print_ids = true;
+        } else {
+            return error_set(err, "servelab generate: unknown option '%s' (see servelab generate --help)",
+                             argv[cursor.index]);
+        }
+        if (failed) return -1;
+    }
+    if (args->prompt_text && args->prompt_ids_text)
+        return error_set(err, "servelab generate: give --prompt or --prompt-ids, not both");
+    return 0;
+}
+
+// Parses "300 400 100" into ids after BOS; checks each against the vocabulary.
+static int parse_prompt_ids(const char* text, int vocab_size, int32_t* ids, int capacity, int* n, error_info* err) {
+    const char* cursor = text;
+    *n = 0;
+    for (;;) {
+        while (*cursor == ' ' || *cursor == '\t' || *cursor == ',') cursor++;
+        if (*cursor == '\0') return 0;
+        char* end = NULL;
+        long id = strtol(cursor, &end, 10);
+        if (end == cursor || (*end != '\0' && *end != ' ' && *end != '\t' && *end != ','))
+            return error_set(err, "--prompt-ids: expected space-separated token ids, found '%s'", cursor);
+        if (id < 0 || id >= vocab_size)
+            return error_set(err, "--prompt-ids: id %ld is outside the vocabulary 0..%d", id, vocab_size - 1);
+        if (*n >= capacity) return error_set(err, "--prompt-ids: more than %d ids", capacity);
+        ids[(*n)++] = (int32_t)id;
+        cursor = end;
+    }
+}
+
+static void print_piece(const tokenizer* tok, int32_t previous, int32_t token) {
+    const char* piece = tok_decode_piece(tok, previous, token);
+    if (tok_piece_is_printable(piece)) fputs(piece, stdout);
+}
+
+static void print_generated_piece(void* user, int32_t previous, int32_t token) {
+    print_piece(user, previous, token);
+    fflush(stdout); // the student sees each token as it is decoded
+}
+
+int command_generate(int argc, char** argv) {
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            fputs(GENERATE_USAGE, stdout);
+            return 0;
+        }
+    error_info err = {{0}};
+    generate_args args;
+    if (parse_generate_args(argc, argv, &args, &err)) {
+        fprintf(stderr, "%s\n", err.message);
+        return 2;
+    }
+    model_source source;
+    if (model_source_open(&source, &args.request, &err)) {
+        fprintf(stderr, "servelab generate: %s\n", err.message);
+        return 1;
+    }
+    const model_config* c = &source.model.config;
+    int status = 1;
+    int32_t* prompt = malloc((size_t)c->max_seq_len * sizeof *prompt);           // (max_seq_len) ids
+    int32_t* generated = malloc(((size_t)args.options.max_new_tokens + 1) * sizeof *generated); // (n) ids
+    int n_prompt = 0, n_generated = 0;
+    if (!prompt || !generated) {
+        fprintf(stderr, "servelab generate: out of memory\n");
+        goto done;
+    }
+    if (args.prompt_text) {
+        if (!source.tokenizer) {
+            fprintf(stderr, "servelab generate: --prompt needs a tokenizer for %s (give --tokenizer FILE)\n",
+                    source.model_label);
+            status = 2;
+            goto done;
+        }
+        if (tok_encode(source.tokenizer, args.prompt_text, true, false, prompt, c->max_seq_len, &n_prompt, &err)) {
+            fprintf(stderr, "servelab generate: --prompt: %s\n", err.message);
+            status = 2;
+            goto done;
+        }
+    } else {
+        prompt[0] = TOK_BOS_ID;
+        int n_ids = 0;
+        if (args.prompt_ids_text &&
+            parse_prompt_ids(args.prompt_ids_text, c->vocab_size, prompt + 1, c->max_seq_len - 1, &n_ids, &err)) {
+            fprintf(stderr, "servelab generate: %s\n", err.message);
+            status = 2;
+            goto done;
+        }
+        n_prompt = 1 + n_ids;
+    }
+    bool print_text = !args.print_ids && source.tokenizer;
+    if (!args.print_ids && !source.tokenizer)
+        fprintf(stderr, "servelab generate: no tokenizer for vocab %d beside %s: printing ids (give --tokenizer)\n",
+                c->vocab_size, source.model_label);
+    if (print_text)
+        for (int i = 1; i < n_prompt; i++) print_piece(source.tokenizer, prompt[i - 1], prompt[i]);
+
+    generate_stats stats;
+    if (generate(&source.model, prompt, n_prompt, &args.options, generated, &n_generated,
+                 print_text ? print_generated_piece : NULL, source.tokenizer, &stats, &err)) {
+        fprintf(stderr, "servelab generate: %s\n", err.message);
+        goto done;
+    }
+    if (print_text) {
+        putchar('\n');
+    } else {
+        for (int i = 0; i < n_generated; i++) printf(i ? " %d" : "%d", generated[i]);
+        putchar('\n');
+    }
+    fflush(stdout);
+    double decode_rate = stats.decode_seconds > 0 ? stats.n_decode_steps / stats.decode_seconds : 0.0;
+    double prefill_rate = stats.prefill_seconds > 0 ? stats.n_prompt_tokens / stats.prefill_seconds : 0.0;
+    unsigned long long weight_bytes_per_token =
+        stats.n_decode_steps ? (unsigned long long)(stats.decode_traffic.weight_bytes_read / (uint64_t)stats.n_decode_steps)
+                             : (unsigned long long)stats.prefill_traffic.weight_bytes_read;
+    fprintf(stderr,
+            "servelab: %s (%s, %.2fM params, %llu weight bytes); prefill %d tok at %.0f tok/s; "
+            "decode %d tok at %.1f tok/s; %llu weight bytes read per token; stop: %s\n",
+            source.model_label, weight_dtype_name(source.model.dtype), (double)source.model.n_parameters / 1e6,
+            (unsigned long long)source.model.weight_bytes, stats.n_prompt_tokens, prefill_rate, n_generated,
+            decode_rate, weight_bytes_per_token, stop_reason_name(stats.stop));
+    status = 0;
+done:
+    free(prompt);
+    free(generated);
+    model_source_close(&source);
+    return status;
+}

@@ -1,0 +1,38 @@
+// servelab: a teaching lab for LLM serving. This file only dispatches to
+// the subcommands (lab/cmd_*.c); it is the one place that exits.
+#include <stdio.h>
+#include <string.h>
+
+#include "lab/commands.h"
+
+static const char USAGE[] =
+    "usage: servelab <command> [options]\n"
+    "\n"
+    "commands:\n"
+    "  generate   generate text from a model (checkpoint or synthetic preset)\n"
+    "  info       what this build supports (CUDA, presets)\n"
+    "  help       this message\n"
+    "\n"
+    "Each command takes --help. The dashboard, lessons, quiz, sim and bench\n"
+    "commands are being built (see README.md).\n";
+
+typedef struct command_entry {
+    const char* name;
+    int (*run)(int argc, char** argv);
+} command_entry;
+
+static const command_entry COMMANDS[] = {
+    {"generate", command_generate},
+    {"info", command_info},
+};
+
+int main(int argc, char** argv) {
+    if (argc < 2 || strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+        fputs(USAGE, stdout);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof COMMANDS / sizeof COMMANDS[0]; i++)
+        if (strcmp(argv[1], COMMANDS[i].name) == 0) return COMMANDS[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "servelab: unknown command '%s' (see servelab help)\n", argv[1]);
+    return 2;
+}

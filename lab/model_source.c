@@ -1,0 +1,87 @@
+#include "lab/model_source.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "engine/model_synth.h"
+
+static bool is_file(const char* path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+// Finds stories260K.bin and tok512.bin together in ./models or ../shared/models.
+static bool find_default_checkpoint(char* model_path, size_t model_capacity, char* tok_path, size_t tok_capacity) {
+    const char* dirs[] = {"models", "../shared/models"};
+    for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
+        snprintf(model_path, model_capacity, "%s/stories260K.bin", dirs[i]);
+        snprintf(tok_path, tok_capacity, "%s/tok512.bin", dirs[i]);
+        if (is_file(model_path) && is_file(tok_path)) return true;
+    }
+    return false;
+}
+
+// The tokenizer beside a checkpoint that fits its vocabulary, if any.
+static bool find_tokenizer_beside(const char* model_path, int vocab_size, char* out, size_t capacity) {
+    const char* name = vocab_size == 512 ? "tok512.bin" : vocab_size == 32000 ? "tokenizer.bin" : NULL;
+    if (!name) return false;
+    const char* slash = strrchr(model_path, '/');
+    int dir_length = slash ? (int)(slash - model_path) : 1;
+    snprintf(out, capacity, "%.*s/%s", dir_length, slash ? model_path : ".", name);
+    return is_file(out);
+}
+
+int model_source_open(model_source* out, const model_request* request, error_info* err) {
+    memset(out, 0, sizeof *out);
+    char model_path[512], tok_path[512];
+    const char* model_arg = request->model_arg;
+    const char* tokenizer_arg = request->tokenizer_arg;
+    if (!model_arg) {
+        if (find_default_checkpoint(model_path, sizeof model_path, tok_path, sizeof tok_path)) {
+            model_arg = model_path;
+            if (!tokenizer_arg) tokenizer_arg = tok_path;
+        } else {
+            model_arg = "small";
+        }
+    }
+    snprintf(out->model_label, sizeof out->model_label, "%s", model_arg);
+
+    if (synth_find_preset(model_arg) && !is_file(model_arg)) {
+        int vocab_size = 0;
+        if (tokenizer_arg) {
+            if (tok_file_vocab_size(tokenizer_arg, &vocab_size, err) ||
+                tok_load(&out->tokenizer, tokenizer_arg, vocab_size, err))
+                return -1;
+            snprintf(out->tokenizer_label, sizeof out->tokenizer_label, "%s", tokenizer_arg);
+        } else {
+            if (tok_byte_level(&out->tokenizer, err)) return -1;
+            snprintf(out->tokenizer_label, sizeof out->tokenizer_label, "byte-level");
+        }
+        vocab_size = tok_vocab_size(out->tokenizer);
+        if (model_synthesize(&out->model, model_arg, vocab_size, request->dtype, request->synth_seed, err)) {
+            model_source_close(out);
+            return -1;
+        }
+        return 0;
+    }
+
+    if (model_load(&out->model, model_arg, request->dtype, err)) return -1;
+    if (!tokenizer_arg &&
+        find_tokenizer_beside(model_arg, out->model.config.vocab_size, tok_path, sizeof tok_path))
+        tokenizer_arg = tok_path;
+    if (tokenizer_arg) {
+        if (tok_load(&out->tokenizer, tokenizer_arg, out->model.config.vocab_size, err)) {
+            model_source_close(out);
+            return -1;
+        }
+        snprintf(out->tokenizer_label, sizeof out->tokenizer_label, "%s", tokenizer_arg);
+    }
+    return 0;
+}
+
+void model_source_close(model_source* source) {
+    model_free(&source->model);
+    tok_free(source->tokenizer);
+    source->tokenizer = NULL;
+}

@@ -1,0 +1,36 @@
+// model_source: turns --model / --tokenizer / --dtype into a loaded model.
+//
+// --model is a checkpoint path or a synthetic preset name (tiny, small,
+// medium, large). With no --model the default is stories260K with tok512
+// when found in ./models or ../shared/models, else the `small` preset. A
+// checkpoint's tokenizer is --tokenizer, else the file beside it that fits
+// its vocabulary (tok512.bin for 512, tokenizer.bin for 32000), else none
+// (the ids are still printed). A preset uses the byte-level tokenizer, or
+// --tokenizer FILE with the vocabulary that file holds.
+#ifndef SERVELAB_MODEL_SOURCE_H
+#define SERVELAB_MODEL_SOURCE_H
+
+#include <stdint.h>
+
+#include "engine/error.h"
+#include "engine/model.h"
+#include "engine/tokenizer.h"
+
+typedef struct model_request {
+    const char* model_arg;     // path or preset; NULL = default
+    const char* tokenizer_arg; // path; NULL = automatic
+    model_dtype_choice dtype;
+    uint64_t synth_seed;
+} model_request;
+
+typedef struct model_source {
+    model model;
+    tokenizer* tokenizer;    // NULL when no tokenizer was found for a checkpoint
+    char model_label[512];   // path or preset name, for messages and stats
+    char tokenizer_label[512];
+} model_source;
+
+int model_source_open(model_source* out, const model_request* request, error_info* err);
+void model_source_close(model_source* source);
+
+#endif

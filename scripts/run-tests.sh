@@ -1,0 +1,30 @@
+#!/bin/sh
+# Runs each test binary given, from the repository root, printing its cmocka
+# output; then one total line "tests: N passed, M failed". A binary that
+# crashes or exits non-zero without a cmocka summary counts as one failure.
+set -u
+passed=0
+failed=0
+skipped=0
+status=0
+for bin in "$@"; do
+    echo "== $bin"
+    out=$("$bin" 2>&1)
+    rc=$?
+    printf '%s\n' "$out"
+    p=$(printf '%s\n' "$out" | sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' | tail -n 1)
+    f=$(printf '%s\n' "$out" | sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' | tail -n 1)
+    s=$(printf '%s\n' "$out" | sed -n 's/^\[  SKIPPED \] \([0-9]*\) test.*/\1/p' | tail -n 1)
+    passed=$((passed + ${p:-0}))
+    failed=$((failed + ${f:-0}))
+    skipped=$((skipped + ${s:-0}))
+    if [ "$rc" -ne 0 ]; then
+        status=1
+        if [ -z "${f:-}" ]; then
+            echo "!! $bin exited with status $rc"
+            failed=$((failed + 1))
+        fi
+    fi
+done
+echo "tests: $passed passed, $failed failed, $skipped skipped"
+exit $status

@@ -1,0 +1,176 @@
+// Synthetic presets: deterministic from the seed, the documented shapes and
+// sizes, weight statistics with outlier channels, and a real generation.
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <stdlib.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "engine/generate.h"
+#include "engine/model_storage.h"
+#include "engine/model_synth.h"
+#include "engine/model_write.h"
+#include "kernels/cpu/fp16.h"
+#include "tests/test_support.h"
+
+#define BYTE_VOCAB 259
+
+static void synth_or_fail(model* m, const char* name, model_dtype_choice dtype, uint64_t seed) {
+    error_info err = {{0}};
+    if (model_synthesize(m, name, BYTE_VOCAB, dtype, seed, &err)) fail_msg("%s", err.message);
+}
+
+static void test_same_seed_same_weights(void** state) {
+    (void)state;
+    model a, b, c;
+    synth_or_fail(&a, "tiny", MODEL_DTYPE_DEFAULT, 7);
+    synth_or_fail(&b, "tiny", MODEL_DTYPE_DEFAULT, 7);
+    synth_or_fail(&c, "tiny", MODEL_DTYPE_DEFAULT, 8);
+    assert_int_equal(a.dtype, WEIGHT_F16); // fp16 is the synthetic default
+    assert_int_equal(a.weight_bytes, b.weight_bytes);
+    size_t wq_bytes = (size_t)a.layers[1].wq.rows * (size_t)a.layers[1].wq.cols * 2;
+    assert_memory_equal(a.layers[1].wq.values, b.layers[1].wq.values, wq_bytes);
+    assert_memory_equal(a.rms_final, b.rms_final, (size_t)a.config.dim * sizeof(float));
+    assert_memory_not_equal(a.layers[1].wq.values, c.layers[1].wq.values, wq_bytes);
+    model_free(&a);
+    model_free(&b);
+    model_free(&c);
+}
+
+static void test_preset_shapes_and_sizes(void** state) {
+    (void)state;
+    struct {
+        const char* name;
+        double min_millions, max_millions;
+    } expected[] = {{"tiny", 0.05, 0.2}, {"small", 13.0, 16.0}, {"medium", 95.0, 110.0}, {"large", 900.0, 1100.0}};
+    for (size_t i = 0; i < sizeof expected / sizeof expected[0]; i++) {
+        const synth_preset* p = synth_find_preset(expected[i].name);
+        assert_non_null(p);
+        model_config config = p->shape;
+        config.vocab_size = BYTE_VOCAB;
+        config.shared_classifier = true;
+        error_info err = {{0}};
+        assert_int_equal(model_config_validate(&config, p->name, &err), 0);
+        assert_true(config.n_kv_heads < config.n_heads); // every preset uses grouped-query attention
+        // Count parameters from the shape (the storage is not filled).
+        uint64_t L = (uint64_t)config.n_layers, d = (uint64_t)config.dim, kv = (uint64_t)config.kv_dim,
+                 h = (uint64_t)config.hidden_dim;
+        uint64_t params = (uint64_t)BYTE_VOCAB * d + L * (2 * d * d + 2 * kv * d + 3 * h * d + 2 * d) + d;
+        double millions = (double)params / 1e6;
+        print_message("%-6s %.2fM parameters, %.1f MiB in fp16\n", p->name, millions,
+                      (double)(params * 2) / (1024.0 * 1024.0));
+        assert_true(millions >= expected[i].min_millions && millions <= expected[i].max_millions);
+    }
+    // small fits in a 32 MiB L3 in fp16; medium is far over it.
+    model small;
+    synth_or_fail(&small, "small", MODEL_DTYPE_DEFAULT, 1);
+    assert_true(small.weight_bytes < 32ull * 1024 * 1024);
+    assert_true(small.weight_bytes > 20ull * 1024 * 1024);
+    model_free(&small);
+    assert_null(synth_find_preset("huge"));
+    model m;
+    error_info err = {{0}};
+    assert_int_equal(model_synthesize(&m, "huge", BYTE_VOCAB, MODEL_DTYPE_DEFAULT, 1, &err), -1);
+    assert_non_null(strstr(err.message, "huge: not a file and not a preset"));
+}
+
+static void test_weight_bytes_exact_for_both_dtypes(void** state) {
+    (void)state;
+    model m16, m32;
+    synth_or_fail(&m16, "tiny", MODEL_DTYPE_FP16, 3);
+    synth_or_fail(&m32, "tiny", MODEL_DTYPE_FP32, 3);
+    assert_int_equal(m16.n_parameters, m32.n_parameters);
+    uint64_t norm_values = (uint64_t)(2 * m16.config.n_layers + 1) * (uint64_t)m16.config.dim;
+    uint64_t matrix_values = m16.n_parameters - norm_values;
+    assert_int_equal(m16.weight_bytes, matrix_values * 2 + norm_values * 4);
+    assert_int_equal(m32.weight_bytes, matrix_values * 4 + norm_values * 4);
+    // fp16 storage holds exactly the fp16 rounding of the fp32 weights.
+    const weight_matrix* w16 = &m16.layers[0].w2;
+    const weight_matrix* w32 = &m32.layers[0].w2;
+    for (int i = 0; i < w16->rows * w16->cols; i++)
+        assert_int_equal(((const uint16_t*)w16->values)[i], fp32_to_fp16(((const float*)w32->values)[i]));
+    model_free(&m16);
+    model_free(&m32);
+}
+
+// The recipe's outlier input channels: the largest column mean |w| is many
+// times the median, and rows differ in scale too.
+static void test_weights_have_outlier_channels(void** state) {
+    (void)state;
+    model m;
+    synth_or_fail(&m, "small", MODEL_DTYPE_FP32, SYNTH_DEFAULT_SEED);
+    const weight_matrix* w = &m.layers[2].w1; // (hidden, dim)
+    double* column_mean = calloc((size_t)w->cols, sizeof(double));
+    const float* values = w->values;
+    for (int o = 0; o < w->rows; o++)
+        for (int i = 0; i < w->cols; i++) column_mean[i] += fabs(values[(size_t)o * (size_t)w->cols + (size_t)i]);
+    double max_mean = 0.0;
+    int above_5x = 0;
+    double* sorted = malloc((size_t)w->cols * sizeof(double));
+    memcpy(sorted, column_mean, (size_t)w->cols * sizeof(double));
+    for (int i = 1; i < w->cols; i++) // insertion sort: 384 values
+        for (int j = i; j > 0 && sorted[j - 1] > sorted[j]; j--) {
+            double t = sorted[j];
+            sorted[j] = sorted[j - 1];
+            sorted[j - 1] = t;
+        }
+    double median = sorted[w->cols / 2];
+    for (int i = 0; i < w->cols; i++) {
+        if (column_mean[i] > max_mean) max_mean = column_mean[i];
+        if (column_mean[i] > 5.0 * median) above_5x++;
+    }
+    print_message("w1 columns: max/median mean|w| = %.1f, %d of %d above 5x\n", max_mean / median, above_5x, w->cols);
+    assert_true(max_mean / median >= 8.0);
+    assert_true(above_5x >= 1 && above_5x <= w->cols / 100); // about 0.5%, not a broad shift
+    free(sorted);
+    free(column_mean);
+    model_free(&m);
+}
+
+static void test_generation_is_deterministic_and_round_trips(void** state) {
+    (void)state;
+    model m;
+    synth_or_fail(&m, "tiny", MODEL_DTYPE_FP32, 11);
+    int32_t prompt[4] = {1, 3 + 'H', 3 + 'i', 3 + '!'};
+    generate_options options = {40, 0.8f, 0.9f, 5};
+    int32_t a[40], b[40];
+    int n_a, n_b;
+    generate_stats stats;
+    error_info err = {{0}};
+    assert_int_equal(generate(&m, prompt, 4, &options, a, &n_a, NULL, NULL, &stats, &err), 0);
+    assert_int_equal(generate(&m, prompt, 4, &options, b, &n_b, NULL, NULL, &stats, &err), 0);
+    assert_int_equal(n_a, n_b);
+    assert_true(n_a > 0);
+    assert_memory_equal(a, b, (size_t)n_a * sizeof(int32_t));
+    for (int i = 0; i < n_a; i++) assert_true(a[i] >= 0 && a[i] < BYTE_VOCAB);
+    // Written as a legacy checkpoint (what llama2.c can run) and read back,
+    // greedy generation gives the same ids.
+    char path[512];
+    snprintf(path, sizeof path, "%s/tiny.bin", test_scratch_dir());
+    assert_int_equal(model_write_checkpoint(&m, path, MODEL_FORMAT_LEGACY, 0, &err), 0);
+    model loaded;
+    if (model_load(&loaded, path, MODEL_DTYPE_DEFAULT, &err)) fail_msg("%s", err.message);
+    generate_options greedy = {30, 0.0f, 0.0f, 1};
+    assert_int_equal(generate(&m, prompt, 4, &greedy, a, &n_a, NULL, NULL, &stats, &err), 0);
+    assert_int_equal(generate(&loaded, prompt, 4, &greedy, b, &n_b, NULL, NULL, &stats, &err), 0);
+    assert_int_equal(n_a, n_b);
+    assert_memory_equal(a, b, (size_t)n_a * sizeof(int32_t));
+    model_free(&loaded);
+    model_free(&m);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_same_seed_same_weights),
+        cmocka_unit_test(test_preset_shapes_and_sizes),
+        cmocka_unit_test(test_weight_bytes_exact_for_both_dtypes),
+        cmocka_unit_test(test_weights_have_outlier_channels),
+        cmocka_unit_test(test_generation_is_deterministic_and_round_trips),
+    };
+    return cmocka_run_group_tests_name("engine/model_synth", tests, NULL, NULL);
+}

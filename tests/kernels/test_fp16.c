@@ -1,0 +1,134 @@
+// fp16 conversion: exact widening of every half value, IEEE rounding when
+// narrowing (ties to even, overflow to inf, subnormals, NaN), checked against
+// the CPU's own F16C converter where the machine has one.
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <stdlib.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <string.h>
+
+#include "kernels/cpu/fp16.h"
+#include "tests/test_support.h"
+
+static float float_of(uint32_t bits) {
+    float value;
+    memcpy(&value, &bits, sizeof value);
+    return value;
+}
+
+static void test_known_values(void** state) {
+    (void)state;
+    assert_int_equal(fp32_to_fp16(1.0f), 0x3c00);
+    assert_int_equal(fp32_to_fp16(-2.0f), 0xc000);
+    assert_int_equal(fp32_to_fp16(0.5f), 0x3800);
+    assert_int_equal(fp32_to_fp16(65504.0f), 0x7bff);         // largest finite half
+    assert_int_equal(fp32_to_fp16(0.0f), 0x0000);
+    assert_int_equal(fp32_to_fp16(-0.0f), 0x8000);
+    assert_int_equal(fp32_to_fp16(ldexpf(1.0f, -14)), 0x0400); // smallest normal
+    assert_int_equal(fp32_to_fp16(ldexpf(1.0f, -24)), 0x0001); // smallest subnormal
+    assert_int_equal(fp32_to_fp16(ldexpf(1023.0f, -24)), 0x03ff); // largest subnormal
+    assert_true(fp16_to_fp32(0x3c00) == 1.0f);
+    assert_true(fp16_to_fp32(0x0001) == ldexpf(1.0f, -24));
+    assert_true(fp16_to_fp32(0x7bff) == 65504.0f);
+    assert_true(fp16_to_fp32(0x8000) == 0.0f && signbit(fp16_to_fp32(0x8000)));
+}
+
+static void test_rounding_ties_to_even(void** state) {
+    (void)state;
+    // 1 + 2^-11 lies exactly between 1 and 1 + 2^-10: ties go to the even 1.
+    assert_int_equal(fp32_to_fp16(1.0f + ldexpf(1.0f, -11)), 0x3c00);
+    // 1 + 3 * 2^-11 lies between 1 + 2^-10 (odd) and 1 + 2^-9 (even): up.
+    assert_int_equal(fp32_to_fp16(1.0f + 3.0f * ldexpf(1.0f, -11)), 0x3c02);
+    // Just above the tie rounds up.
+    assert_int_equal(fp32_to_fp16(nextafterf(1.0f + ldexpf(1.0f, -11), 2.0f)), 0x3c01);
+    // 65520 is the tie between 65504 and 65536 (= inf): even wins, so inf.
+    assert_int_equal(fp32_to_fp16(65520.0f), 0x7c00);
+    assert_int_equal(fp32_to_fp16(65519.0f), 0x7bff);
+    // Subnormal ties: 2^-25 is half the smallest subnormal, rounds to 0;
+    // 3 * 2^-25 is between 1 and 2 subnormal steps, ties to even 2.
+    assert_int_equal(fp32_to_fp16(ldexpf(1.0f, -25)), 0x0000);
+    assert_int_equal(fp32_to_fp16(nextafterf(ldexpf(1.0f, -25), 1.0f)), 0x0001);
+    assert_int_equal(fp32_to_fp16(3.0f * ldexpf(1.0f, -25)), 0x0002);
+    // The largest subnormal plus half a step rounds up into the normals.
+    assert_int_equal(fp32_to_fp16(ldexpf(1023.5f, -24)), 0x0400);
+}
+
+static void test_inf_and_nan(void** state) {
+    (void)state;
+    assert_int_equal(fp32_to_fp16(INFINITY), 0x7c00);
+    assert_int_equal(fp32_to_fp16(-INFINITY), 0xfc00);
+    assert_int_equal(fp32_to_fp16(1e10f), 0x7c00);
+    assert_int_equal(fp32_to_fp16(-1e10f), 0xfc00);
+    uint16_t nan_half = fp32_to_fp16(NAN);
+    assert_int_equal(nan_half & 0x7c00, 0x7c00);
+    assert_true((nan_half & 0x03ff) != 0);
+    assert_true(isnan(fp16_to_fp32(nan_half)));
+    assert_true(isinf(fp16_to_fp32(0x7c00)) && fp16_to_fp32(0x7c00) > 0);
+    // A NaN whose payload sits only in the low mantissa bits stays NaN.
+    assert_true(isnan(fp16_to_fp32(fp32_to_fp16(float_of(0x7f800001u)))));
+}
+
+// Every one of the 65536 halves widens exactly and narrows back to itself.
+static void test_every_half_round_trips(void** state) {
+    (void)state;
+    for (uint32_t h = 0; h < 65536; h++) {
+        float wide = fp16_to_fp32((uint16_t)h);
+        bool is_nan = (h & 0x7c00) == 0x7c00 && (h & 0x3ff);
+        if (is_nan) {
+            assert_true(isnan(wide));
+            continue;
+        }
+        assert_int_equal(fp32_to_fp16(wide), h);
+    }
+}
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+__attribute__((target("f16c"))) static uint16_t hardware_to_half(float value) {
+    return (uint16_t)_cvtss_sh(value, _MM_FROUND_TO_NEAREST_INT);
+}
+#endif
+
+// Against the CPU's converter: 4 million float bit patterns spread over
+// the whole range (NaNs compared as NaN only: payload rules differ).
+static void test_matches_hardware_converter(void** state) {
+    (void)state;
+#if defined(__x86_64__)
+    if (!__builtin_cpu_supports("f16c")) {
+        if (getenv("CI")) fail_msg("CI is set but this CPU has no F16C to compare against");
+        print_message("skipping: this CPU has no F16C converter to compare against\n");
+        skip();
+    }
+    uint64_t rng = 0x1234567;
+    for (int i = 0; i < 4000000; i++) {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        uint32_t bits = (uint32_t)rng;
+        float value = float_of(bits);
+        uint16_t mine = fp32_to_fp16(value), theirs = hardware_to_half(value);
+        if (isnan(value)) {
+            assert_true((mine & 0x7c00) == 0x7c00 && (mine & 0x3ff));
+            continue;
+        }
+        if (mine != theirs) fail_msg("float bits 0x%08x: fp32_to_fp16 0x%04x, F16C 0x%04x", bits, mine, theirs);
+    }
+#else
+    skip();
+#endif
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_known_values),
+        cmocka_unit_test(test_rounding_ties_to_even),
+        cmocka_unit_test(test_inf_and_nan),
+        cmocka_unit_test(test_every_half_round_trips),
+        cmocka_unit_test(test_matches_hardware_converter),
+    };
+    return cmocka_run_group_tests_name("kernels/fp16", tests, NULL, NULL);
+}

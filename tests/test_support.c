@@ -1,0 +1,56 @@
+#include "tests/test_support.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static bool file_exists(const char* path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+bool shared_model_path(char* out, size_t out_capacity, const char* name) {
+    // The repository root is the working directory (scripts/run-tests.sh);
+    // SERVELAB_SHARED overrides the location of shared/ for unusual layouts.
+    const char* shared = getenv("SERVELAB_SHARED");
+    int written = snprintf(out, out_capacity, "%s/models/%s", shared ? shared : "../shared", name);
+    if (written < 0 || (size_t)written >= out_capacity) return false;
+    return file_exists(out);
+}
+
+const char* test_scratch_dir(void) {
+    static char dir[256];
+    if (dir[0] == '\0') {
+        mkdir("build", 0755);
+        mkdir("build/test-tmp", 0755);
+        snprintf(dir, sizeof dir, "build/test-tmp/%ld", (long)getpid());
+        mkdir(dir, 0755);
+    }
+    return dir;
+}
+
+unsigned char* test_read_file(const char* path, size_t* out_size) {
+    FILE* file = fopen(path, "rb");
+    if (!file) return NULL;
+    fseek(file, 0, SEEK_END);
+    long size = ftell(file);
+    fseek(file, 0, SEEK_SET);
+    unsigned char* bytes = malloc(size > 0 ? (size_t)size : 1);
+    if (bytes && size > 0 && fread(bytes, 1, (size_t)size, file) != (size_t)size) {
+        free(bytes);
+        bytes = NULL;
+    }
+    fclose(file);
+    if (bytes && out_size) *out_size = (size_t)size;
+    return bytes;
+}
+
+bool test_write_file(const char* path, const void* bytes, size_t size) {
+    FILE* file = fopen(path, "wb");
+    if (!file) return false;
+    bool ok = size == 0 || fwrite(bytes, 1, size, file) == size;
+    return fclose(file) == 0 && ok;
+}

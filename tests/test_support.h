@@ -1,0 +1,37 @@
+// Shared helpers for the cmocka tests (include after <cmocka.h>).
+//
+// Tests run from the repository root (scripts/run-tests.sh). The reference
+// model files live in ../shared/models beside the clone. In a user's clone
+// without ../shared those tests are skipped with a message; when CI is set
+// they fail instead, so that CI never reports a skipped check as a pass.
+#ifndef SERVELAB_TEST_SUPPORT_H
+#define SERVELAB_TEST_SUPPORT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+// Writes the path of ../shared/models/<name> into out and returns true when
+// the file exists; false otherwise.
+bool shared_model_path(char* out, size_t out_capacity, const char* name);
+
+// A writable scratch directory for this test binary (created on first use,
+// under build/test-tmp). Returns its path.
+const char* test_scratch_dir(void);
+
+// Reads a whole file into a malloc'ed buffer; returns NULL on failure.
+unsigned char* test_read_file(const char* path, size_t* out_size);
+
+// Writes bytes to path; returns true on success.
+bool test_write_file(const char* path, const void* bytes, size_t size);
+
+// Resolves a shared model file into `path_buffer` or skips (fails under CI).
+#define REQUIRE_SHARED_MODEL(path_buffer, name)                                              \
+    do {                                                                                     \
+        if (!shared_model_path((path_buffer), sizeof(path_buffer), (name))) {                \
+            if (getenv("CI")) fail_msg("../shared/models/%s is missing and CI is set", name); \
+            print_message("skipping: ../shared/models/%s not found beside the clone\n", name); \
+            skip();                                                                          \
+        }                                                                                    \
+    } while (0)
+
+#endif
