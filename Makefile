@@ -86,6 +86,9 @@ else
 SERVELAB := $(BUILD)/bin/servelab
 endif
 
+# Keep intermediate objects (test_support.o) instead of rebuilding them.
+.SECONDARY:
+
 .PHONY: all run test check deps models install clean check-pkgs tests-build test-run
 all: check-pkgs $(SERVELAB)
 
@@ -128,8 +131,10 @@ test: deps
 check: deps
 	@$(MAKE) --no-print-directory BUILD=build/check SANITIZE=1 CUDA=0 test-run
 
+# Until the dashboard lands, the lab opens as plain generation on the
+# default model (stories260K when ../shared or ./models has it, else small).
 run: all
-	$(SERVELAB)
+	$(SERVELAB) generate
 
 deps:
 	@sh scripts/deps.sh $(DEB_PKGS)

@@ -124,8 +124,18 @@ int model_synthesize(model* out, const char* name, int vocab_size, model_dtype_c
     // The embedding: plain normals with a modest scale (no channel structure).
     normal_stream stream = stream_for_tensor(seed, 0);
     float embedding_scale = 2.0f / sqrtf((float)config.dim);
-    for (size_t i = 0; i < (size_t)config.vocab_size * (size_t)config.dim; i++)
-        store_value(&out->token_embedding, i, next_normal(&stream) * embedding_scale);
+    for (int token = 0; token < config.vocab_size; token++) {
+        // Special tokens (<unk>, BOS, EOS) and the byte tokens of control and
+        // non-ASCII bytes get rows 10x smaller: their logits stay near 0, so
+        // an untrained model neither ends its text at once nor prints
+        // invalid UTF-8; what it prints is readable (if random) ASCII.
+        int byte = token - 3;
+        bool quiet = token < 3 || (byte < 256 && (byte < 0x20 || byte >= 0x7f) && byte != '\n');
+        float scale = quiet ? 0.1f * embedding_scale : embedding_scale;
+        for (int i = 0; i < config.dim; i++)
+            store_value(&out->token_embedding, (size_t)token * (size_t)config.dim + (size_t)i,
+                        next_normal(&stream) * scale);
+    }
     uint64_t tensor_index = 1;
     for (int l = 0; l < config.n_layers; l++) {
         fill_norm(out->layers[l].rms_attention, config.dim, seed, tensor_index++);
