@@ -79,8 +79,8 @@ int forward(const model* m, forward_state* s, kv_memory* kv, const forward_batch
 
     for (int l = 0; l < c->n_layers; l++) {
         const layer_weights* layer = &m->layers[l];
-        float* layer_keys = kv_memory_layer_keys(kv, l);
-        float* layer_values = kv_memory_layer_values(kv, l);
+        void* layer_keys = kv_memory_layer_keys(kv, l);
+        void* layer_values = kv_memory_layer_values(kv, l);
 
         // ---- attention: x += wo . attention(rope(wq xb), rope(wk xb), wv xb)
         rmsnorm(s->xb, s->x, layer->rms_attention, n, dim, MODEL_RMS_EPS, traffic);
@@ -94,11 +94,11 @@ int forward(const model* m, forward_state* s, kv_memory* kv, const forward_batch
             float* key = s->key + (size_t)r * kv_dim;
             rope(s->query + (size_t)r * dim, key, row->position, c->n_heads, c->n_kv_heads, c->head_dim, traffic);
             int64_t slot = kv_slot_of_position(b->block_tables[row->sequence], kv->block_size, row->position);
-            kv_write_row(layer_keys, layer_values, slot, key, s->value + (size_t)r * kv_dim, kv_dim, traffic);
+            kv_write_row(layer_keys, layer_values, kv->dtype, slot, key, s->value + (size_t)r * kv_dim, kv_dim, traffic);
         }
         for (int r = 0; r < n; r++) {
             const batch_row* row = &b->rows[r];
-            kv_layer_view view = {layer_keys, layer_values, b->block_tables[row->sequence], kv->block_size};
+            kv_layer_view view = {kv->dtype, layer_keys, layer_values, b->block_tables[row->sequence], kv->block_size};
             attention_row(s->attention + (size_t)r * dim, s->query + (size_t)r * dim, &view, row->position + 1,
                           c->n_heads, c->n_kv_heads, c->head_dim, s->scores, traffic);
         }

@@ -39,7 +39,8 @@ int generate(const model* m, const int32_t* prompt_ids, int n_prompt, const gene
     if (options->max_new_tokens < 0)
         return error_set(err, "-n: expected a count >= 0, found %d", options->max_new_tokens);
 
-    // One sequence owning consecutive blocks 0, 1, ... of a private cache.
+    // One sequence owning consecutive blocks 0, 1, ... of a private fp32
+    // cache (fp32 keeps the output identical to llama2.c's).
     int n_blocks = (c->max_seq_len + GENERATE_BLOCK_SIZE - 1) / GENERATE_BLOCK_SIZE;
     int32_t* block_table = malloc((size_t)n_blocks * sizeof *block_table); // (n_blocks) block ids
     float* logits = malloc((size_t)c->vocab_size * sizeof(float));         // (vocab_size)
@@ -53,7 +54,7 @@ int generate(const model* m, const int32_t* prompt_ids, int n_prompt, const gene
         goto done;
     }
     for (int b = 0; b < n_blocks; b++) block_table[b] = b;
-    if (kv_memory_init(&kv, c, n_blocks, GENERATE_BLOCK_SIZE, err) ||
+    if (kv_memory_init(&kv, c, KV_F32, n_blocks, GENERATE_BLOCK_SIZE, err) ||
         forward_state_init(&state, c, n_prompt, c->max_seq_len, err) ||
         sampler_init(&sampler_state, c->vocab_size, options->temperature, options->top_p, options->seed, err))
         goto done;

@@ -3,21 +3,24 @@
 #include <stdlib.h>
 #include <string.h>
 
-int kv_memory_init(kv_memory* kv, const model_config* config, int n_blocks, int block_size, error_info* err) {
+int kv_memory_init(kv_memory* kv, const model_config* config, kv_dtype dtype, int n_blocks, int block_size,
+                   error_info* err) {
     memset(kv, 0, sizeof *kv);
     if (n_blocks <= 0 || block_size <= 0)
         return error_set(err, "kv cache: expected positive block count and block size, found %d blocks of %d",
                          n_blocks, block_size);
+    kv->dtype = dtype;
     kv->n_layers = config->n_layers;
     kv->n_blocks = n_blocks;
     kv->block_size = block_size;
     kv->kv_dim = config->kv_dim;
-    size_t floats = (size_t)config->n_layers * (size_t)n_blocks * (size_t)block_size * (size_t)config->kv_dim;
-    kv->keys = calloc(floats, sizeof(float));
-    kv->values = calloc(floats, sizeof(float));
+    size_t elements = (size_t)config->n_layers * (size_t)n_blocks * (size_t)block_size * (size_t)config->kv_dim;
+    size_t element_bytes = (size_t)kv_dtype_bytes(dtype);
+    kv->keys = calloc(elements, element_bytes);
+    kv->values = calloc(elements, element_bytes);
     if (!kv->keys || !kv->values) {
         kv_memory_free(kv);
-        return error_set(err, "kv cache: out of memory for %zu bytes", 2 * floats * sizeof(float));
+        return error_set(err, "kv cache: out of memory for %zu bytes", 2 * elements * element_bytes);
     }
     return 0;
 }
@@ -28,17 +31,38 @@ void kv_memory_free(kv_memory* kv) {
     memset(kv, 0, sizeof *kv);
 }
 
+uint64_t kv_memory_block_bytes(const model_config* config, kv_dtype dtype, int block_size) {
+    return 2ull * (uint64_t)block_size * (uint64_t)config->n_layers * (uint64_t)config->kv_dim *
+           (uint64_t)kv_dtype_bytes(dtype);
+}
+
 uint64_t kv_memory_bytes(const kv_memory* kv) {
     return 2ull * (uint64_t)kv->n_blocks * (uint64_t)kv->block_size * (uint64_t)kv->n_layers * (uint64_t)kv->kv_dim *
-           sizeof(float);
+           (uint64_t)kv_dtype_bytes(kv->dtype);
 }
 
-static size_t layer_stride(const kv_memory* kv) {
-    return (size_t)kv->n_blocks * (size_t)kv->block_size * (size_t)kv->kv_dim;
+// Bytes from the start of one layer's slots to the next layer's.
+static size_t layer_stride_bytes(const kv_memory* kv) {
+    return (size_t)kv->n_blocks * (size_t)kv->block_size * (size_t)kv->kv_dim * (size_t)kv_dtype_bytes(kv->dtype);
 }
 
-float* kv_memory_layer_keys(const kv_memory* kv, int layer) { return kv->keys + (size_t)layer * layer_stride(kv); }
+void* kv_memory_layer_keys(const kv_memory* kv, int layer) {
+    return (char*)kv->keys + (size_t)layer * layer_stride_bytes(kv);
+}
 
-float* kv_memory_layer_values(const kv_memory* kv, int layer) {
-    return kv->values + (size_t)layer * layer_stride(kv);
+void* kv_memory_layer_values(const kv_memory* kv, int layer) {
+    return (char*)kv->values + (size_t)layer * layer_stride_bytes(kv);
+}
+
+uint64_t kv_memory_copy_block(kv_memory* kv, int source, int destination, int n_slots) {
+    size_t slot_bytes = (size_t)kv->kv_dim * (size_t)kv_dtype_bytes(kv->dtype);
+    size_t block_bytes = (size_t)kv->block_size * slot_bytes;
+    size_t copy_bytes = (size_t)n_slots * slot_bytes;
+    for (int l = 0; l < kv->n_layers; l++) {
+        char* keys = kv_memory_layer_keys(kv, l);
+        char* values = kv_memory_layer_values(kv, l);
+        memcpy(keys + (size_t)destination * block_bytes, keys + (size_t)source * block_bytes, copy_bytes);
+        memcpy(values + (size_t)destination * block_bytes, values + (size_t)source * block_bytes, copy_bytes);
+    }
+    return 2ull * (uint64_t)kv->n_layers * copy_bytes;
 }

@@ -3,7 +3,13 @@
 #include <math.h>
 #include <string.h>
 
+#include "kernels/cpu/fp16.h"
 #include "kernels/cpu/ops.h"
+
+// One cached element, widened to fp32.
+static inline float kv_element(const void* slots, kv_dtype dtype, size_t index) {
+    return dtype == KV_F16 ? fp16_to_fp32(((const uint16_t*)slots)[index]) : ((const float*)slots)[index];
+}
 
 void attention_row(float* out, const float* query, const kv_layer_view* kv, int n_context, int n_heads,
                    int n_kv_heads, int head_dim, float* scores, kernel_traffic* traffic) {
@@ -14,9 +20,9 @@ void attention_row(float* out, const float* query, const kv_layer_view* kv, int 
         const size_t head_offset = (size_t)(h / queries_per_kv_head) * (size_t)head_dim;
         for (int t = 0; t < n_context; t++) {
             int64_t slot = kv_slot_of_position(kv->block_table, kv->block_size, t);
-            const float* k = kv->key_blocks + (size_t)slot * (size_t)kv_dim + head_offset;
+            size_t k = (size_t)slot * (size_t)kv_dim + head_offset;
             float score = 0.0f;
-            for (int i = 0; i < head_dim; i++) score += q[i] * k[i];
+            for (int i = 0; i < head_dim; i++) score += q[i] * kv_element(kv->key_slots, kv->dtype, k + (size_t)i);
             score /= sqrtf((float)head_dim);
             scores[t] = score;
         }
@@ -25,26 +31,33 @@ void attention_row(float* out, const float* query, const kv_layer_view* kv, int 
         memset(out_head, 0, (size_t)head_dim * sizeof(float));
         for (int t = 0; t < n_context; t++) {
             int64_t slot = kv_slot_of_position(kv->block_table, kv->block_size, t);
-            const float* v = kv->value_blocks + (size_t)slot * (size_t)kv_dim + head_offset;
+            size_t v = (size_t)slot * (size_t)kv_dim + head_offset;
             float weight = scores[t];
-            for (int i = 0; i < head_dim; i++) out_head[i] += weight * v[i];
+            for (int i = 0; i < head_dim; i++)
+                out_head[i] += weight * kv_element(kv->value_slots, kv->dtype, v + (size_t)i);
         }
     }
     if (traffic) {
         // Every cached key and value of this sequence is read once per row
         // (grouped heads share the same loads).
-        traffic->kv_bytes_read += 2ull * (uint64_t)n_context * (uint64_t)kv_dim * sizeof(float);
+        traffic->kv_bytes_read += 2ull * (uint64_t)n_context * (uint64_t)kv_dim * (uint64_t)kv_dtype_bytes(kv->dtype);
         traffic->attention_flops += 4ull * (uint64_t)n_heads * (uint64_t)n_context * (uint64_t)head_dim;
         traffic->activation_bytes += 2ull * (uint64_t)n_heads * (uint64_t)head_dim * sizeof(float);
     }
 }
 
-void kv_write_row(float* key_blocks, float* value_blocks, int64_t slot, const float* key, const float* value,
-                  int kv_dim, kernel_traffic* traffic) {
-    memcpy(key_blocks + (size_t)slot * (size_t)kv_dim, key, (size_t)kv_dim * sizeof(float));
-    memcpy(value_blocks + (size_t)slot * (size_t)kv_dim, value, (size_t)kv_dim * sizeof(float));
+void kv_write_row(void* key_slots, void* value_slots, kv_dtype dtype, int64_t slot, const float* key,
+                  const float* value, int kv_dim, kernel_traffic* traffic) {
+    size_t offset = (size_t)slot * (size_t)kv_dim;
+    if (dtype == KV_F16) {
+        fp16_from_fp32_array((uint16_t*)key_slots + offset, key, (size_t)kv_dim);
+        fp16_from_fp32_array((uint16_t*)value_slots + offset, value, (size_t)kv_dim);
+    } else {
+        memcpy((float*)key_slots + offset, key, (size_t)kv_dim * sizeof(float));
+        memcpy((float*)value_slots + offset, value, (size_t)kv_dim * sizeof(float));
+    }
     if (traffic) {
-        traffic->kv_bytes_written += 2ull * (uint64_t)kv_dim * sizeof(float);
+        traffic->kv_bytes_written += 2ull * (uint64_t)kv_dim * (uint64_t)kv_dtype_bytes(dtype);
         traffic->activation_bytes += 2ull * (uint64_t)kv_dim * sizeof(float);
     }
 }

@@ -4,23 +4,34 @@
 // block_size token slots, and a sequence's block table lists, in order, the
 // physical block that holds each run of block_size positions. Position p is
 // found at block block_table[p / block_size], slot p % block_size. A
-// contiguous cache is the special case of one block (or consecutive blocks).
+// contiguous cache is the special case block_size = 1 with consecutive ids
+// (or one big block).
 //
 // For each head h (sharing KV head h / (n_heads / n_kv_heads)):
 //   score[t] = q_h . k_t / sqrt(head_dim)      t = 0 .. n_context-1
 //   p = softmax(score);  out_h = sum_t p[t] v_t
 // The sums run over t in position order whatever the block size or layout,
-// so the result is bit-identical for any block size (DESIGN.md).
+// so the result is bit-identical for any block size (DESIGN.md). Keys and
+// values are stored as fp32 or fp16 (widened when read; math in fp32).
 #ifndef SERVELAB_ATTENTION_H
 #define SERVELAB_ATTENTION_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "kernels/cpu/kernel_traffic.h"
 
+typedef enum kv_dtype {
+    KV_F16 = 0, // IEEE half, 2 bytes per element (the default, as in vLLM)
+    KV_F32 = 1, // float, 4 bytes per element
+} kv_dtype;
+
+static inline int kv_dtype_bytes(kv_dtype dtype) { return dtype == KV_F16 ? 2 : 4; }
+
 typedef struct kv_layer_view {
-    const float* key_blocks;   // (n_blocks, block_size, kv_dim) this layer's keys
-    const float* value_blocks; // (n_blocks, block_size, kv_dim) this layer's values
+    kv_dtype dtype;
+    const void* key_slots;      // (n_slots, kv_dim) this layer's keys, n_slots = n_blocks * block_size
+    const void* value_slots;    // (n_slots, kv_dim) this layer's values
     const int32_t* block_table; // (ceil(n_context / block_size)) physical block ids
     int block_size;             // token slots per block
 } kv_layer_view;
@@ -35,9 +46,9 @@ static inline int64_t kv_slot_of_position(const int32_t* block_table, int block_
     return (int64_t)block_table[position / block_size] * block_size + position % block_size;
 }
 
-// Stores one row's new key and value (kv_dim floats each) at `slot` of a
-// layer's blocks: key_blocks/value_blocks are (n_slots, kv_dim).
-void kv_write_row(float* key_blocks, float* value_blocks, int64_t slot, const float* key, const float* value,
-                  int kv_dim, kernel_traffic* traffic);
+// Stores one row's new key and value (kv_dim floats each, narrowed to the
+// cache's dtype) at `slot`: key_slots/value_slots are (n_slots, kv_dim).
+void kv_write_row(void* key_slots, void* value_slots, kv_dtype dtype, int64_t slot, const float* key,
+                  const float* value, int kv_dim, kernel_traffic* traffic);
 
 #endif

@@ -35,7 +35,7 @@ static float* prompt_logits(const model* m, const int32_t* ids, int n_prompt, in
     kv_memory kv;
     forward_state state;
     error_info err = {{0}};
-    assert_int_equal(kv_memory_init(&kv, c, n_blocks, block_size, &err), 0);
+    assert_int_equal(kv_memory_init(&kv, c, KV_F32, n_blocks, block_size, &err), 0);
     assert_int_equal(forward_state_init(&state, c, n_prompt, c->max_seq_len, &err), 0);
     // Blocks in reverse order: a scattered table must give the same numbers.
     int32_t* table = malloc((size_t)n_blocks * sizeof *table);
@@ -381,7 +381,7 @@ static void test_prefill_equals_token_by_token_for_any_block_size(void** state) 
     kv_memory kv;
     forward_state fs;
     error_info err = {{0}};
-    assert_int_equal(kv_memory_init(&kv, &m.config, 32, 16, &err), 0);
+    assert_int_equal(kv_memory_init(&kv, &m.config, KV_F32, 32, 16, &err), 0);
     assert_int_equal(forward_state_init(&fs, &m.config, 1, 512, &err), 0);
     int32_t table[32];
     for (int b = 0; b < 32; b++) table[b] = b;
@@ -412,7 +412,7 @@ static void test_two_sequences_in_one_batch_equal_each_alone(void** state) {
     kv_memory kv;
     forward_state fs;
     error_info err = {{0}};
-    assert_int_equal(kv_memory_init(&kv, &m.config, 4, 16, &err), 0);
+    assert_int_equal(kv_memory_init(&kv, &m.config, KV_F32, 4, 16, &err), 0);
     assert_int_equal(forward_state_init(&fs, &m.config, 8, 512, &err), 0);
     int32_t table_a[1] = {2}, table_b[1] = {0};
     const int32_t* tables[2] = {table_a, table_b};
@@ -443,7 +443,7 @@ static void test_forward_rejects_bad_rows(void** state) {
     kv_memory kv;
     forward_state fs;
     error_info err = {{0}};
-    assert_int_equal(kv_memory_init(&kv, &m.config, 2, 16, &err), 0);
+    assert_int_equal(kv_memory_init(&kv, &m.config, KV_F32, 2, 16, &err), 0);
     assert_int_equal(forward_state_init(&fs, &m.config, 1, 512, &err), 0);
     int32_t table[2] = {0, 1};
     const int32_t* tables[1] = {table};
