@@ -1,0 +1,162 @@
+#include "engine/block_manager.h"
+
+#include <string.h>
+
+static int blocks_for(int tokens, int block_size) { return (tokens + block_size - 1) / block_size; }
+
+int block_manager_blocks_for_length(const engine* e, int length) {
+    return e->config.layout == KV_LAYOUT_PAGED ? blocks_for(length, e->config.block_size) : length;
+}
+
+// Contiguous reservation length for a sequence.
+static int reservation_length(const engine* e, const sequence* s) {
+    int max_len = e->model->config.max_seq_len;
+    if (e->config.reserve == RESERVE_MAX) return max_len;
+    return s->capacity < max_len ? s->capacity : max_len;
+}
+
+// Walks the sequence's full blocks from the start while they are cached.
+// Never counts the block holding the last token: at least one token must be
+// computed to produce the logits of the next one.
+static int count_prefix_hits(const engine* e, const sequence* s, uint64_t* last_hash) {
+    const int bs = e->config.block_size;
+    int hits = 0;
+    uint64_t parent = 0;
+    if (!e->config.prefix_caching) return 0;
+    while ((hits + 1) * bs <= s->n_tokens - 1) {
+        const int32_t* tokens = s->tokens + (size_t)hits * (size_t)bs;
+        uint64_t hash = kv_block_hash(parent, tokens, bs);
+        if (kv_pool_lookup(&e->pool, hash, parent, tokens) < 0) break;
+        parent = hash;
+        hits++;
+    }
+    if (last_hash) *last_hash = parent;
+    return hits;
+}
+
+// True when block `index` of s (by content) is being computed now by a
+// running sequence: same tokens at the same place, not yet cached.
+static bool prefix_block_pending(const engine* e, const sequence* s, int index) {
+    const int bs = e->config.block_size;
+    const int32_t* tokens = s->tokens;
+    for (int r = 0; r < e->n_running; r++) {
+        const sequence* other = &e->sequences[e->running[r]];
+        if (other->state != SEQ_PREFILL || other->n_tokens < (index + 1) * bs) continue;
+        if (other->n_computed >= (index + 1) * bs) continue; // computed: it is (or will be) cached
+        if (memcmp(other->tokens, tokens, (size_t)(index + 1) * (size_t)bs * sizeof *tokens) == 0) return true;
+    }
+    return false;
+}
+
+int block_manager_admission_cost(engine* e, const sequence* s, int* hit_blocks, bool* pending) {
+    *hit_blocks = 0;
+    *pending = false;
+    if (e->config.layout == KV_LAYOUT_CONTIGUOUS) return reservation_length(e, s);
+    int hits = count_prefix_hits(e, s, NULL);
+    *hit_blocks = hits;
+    if (e->config.prefix_caching && (hits + 1) * e->config.block_size <= s->n_tokens - 1)
+        *pending = prefix_block_pending(e, s, hits);
+    return blocks_for(s->n_tokens, e->config.block_size) - hits;
+}
+
+int block_manager_admit(engine* e, sequence* s, int* prefix_hit_tokens) {
+    *prefix_hit_tokens = 0;
+    s->n_table = 0;
+    if (e->config.layout == KV_LAYOUT_CONTIGUOUS) {
+        int length = reservation_length(e, s);
+        int32_t start = kv_contiguous_reserve(&e->contiguous, s->id, length);
+        if (start < 0 || sequence_reserve_table(s, length)) {
+            if (start >= 0) kv_contiguous_release(&e->contiguous, s->id);
+            return -1;
+        }
+        for (int i = 0; i < length; i++) s->block_table[i] = start + i;
+        s->n_table = length;
+        s->reservation_start = start;
+        s->n_computed = 0;
+        return 0;
+    }
+    const int bs = e->config.block_size;
+    uint64_t last_hash = 0;
+    int hits = count_prefix_hits(e, s, &last_hash);
+    int needed = blocks_for(s->n_tokens, bs);
+    if (needed - hits > kv_pool_available(&e->pool) || sequence_reserve_table(s, needed)) return -1;
+    // Share the cached prefix blocks (walking the chain again to find them).
+    uint64_t parent = 0;
+    for (int i = 0; i < hits; i++) {
+        const int32_t* tokens = s->tokens + (size_t)i * (size_t)bs;
+        uint64_t hash = kv_block_hash(parent, tokens, bs);
+        int32_t block = kv_pool_lookup(&e->pool, hash, parent, tokens);
+        kv_pool_retain(&e->pool, block, s->id);
+        s->block_table[s->n_table++] = block;
+        parent = hash;
+    }
+    for (int i = hits; i < needed; i++) s->block_table[s->n_table++] = kv_pool_allocate(&e->pool, s->id);
+    s->n_computed = hits * bs;
+    s->n_hashed_blocks = hits;
+    s->last_block_hash = last_hash;
+    *prefix_hit_tokens = hits * bs;
+    return 0;
+}
+
+int block_manager_prepare_decode(engine* e, sequence* s) {
+    if (e->config.layout == KV_LAYOUT_CONTIGUOUS) return 0; // reserved at admission
+    const int bs = e->config.block_size;
+    int position = s->n_computed; // the slot the next token's KV goes to
+    int index = position / bs;
+    if (index == s->n_table) {
+        if (sequence_reserve_table(s, 1)) return -1;
+        int32_t block = kv_pool_allocate(&e->pool, s->id);
+        if (block < 0) return -1;
+        s->block_table[s->n_table++] = block;
+        return 0;
+    }
+    int32_t block = s->block_table[index];
+    if (e->pool.blocks[block].ref_count > 1) { // shared: copy before writing
+        int32_t copy = kv_pool_copy_on_write(&e->pool, block, s->id);
+        if (copy < 0) return -1;
+        s->block_table[index] = copy;
+    }
+    return 0;
+}
+
+void block_manager_release(engine* e, sequence* s) {
+    if (e->config.layout == KV_LAYOUT_CONTIGUOUS) {
+        if (s->reservation_start >= 0) kv_contiguous_release(&e->contiguous, s->id);
+        s->reservation_start = -1;
+    } else {
+        // Release in reverse so the tail goes first: the prefix blocks, which
+        // other requests are likelier to share, stay cached the longest.
+        for (int i = s->n_table - 1; i >= 0; i--) kv_pool_release(&e->pool, s->block_table[i], s->id);
+    }
+    s->n_table = 0;
+    s->n_hashed_blocks = 0;
+    s->last_block_hash = 0;
+}
+
+void block_manager_fork(engine* e, const sequence* parent, sequence* child) {
+    for (int i = 0; i < parent->n_table; i++) {
+        kv_pool_retain(&e->pool, parent->block_table[i], child->id);
+        child->block_table[i] = parent->block_table[i];
+    }
+    child->n_table = parent->n_table;
+    child->n_hashed_blocks = parent->n_hashed_blocks;
+    child->last_block_hash = parent->last_block_hash;
+}
+
+void block_manager_after_compute(engine* e, sequence* s, int from, int to) {
+    if (e->config.layout == KV_LAYOUT_CONTIGUOUS) return;
+    const int bs = e->config.block_size;
+    for (int position = from; position < to; position++) {
+        kv_block* block = &e->pool.blocks[s->block_table[position / bs]];
+        if (block->n_filled < position % bs + 1) block->n_filled = position % bs + 1;
+    }
+    if (!e->config.prefix_caching) return;
+    while ((s->n_hashed_blocks + 1) * bs <= s->n_computed) {
+        int index = s->n_hashed_blocks;
+        const int32_t* tokens = s->tokens + (size_t)index * (size_t)bs;
+        uint64_t hash = kv_block_hash(s->last_block_hash, tokens, bs);
+        kv_pool_cache(&e->pool, s->block_table[index], hash, s->last_block_hash, tokens);
+        s->last_block_hash = hash;
+        s->n_hashed_blocks++;
+    }
+}

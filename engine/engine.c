@@ -1,0 +1,438 @@
+#include "engine/engine.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/block_manager.h"
+#include "engine/scheduler.h"
+#include "engine/tokenizer.h"
+
+engine_config engine_config_default(void) {
+    return (engine_config){
+        .layout = KV_LAYOUT_PAGED,
+        .kv_dtype = KV_F16,
+        .block_size = 16,
+        .num_blocks = 0,
+        .kv_mem_bytes = 64ull << 20,
+        .reserve = RESERVE_MAX,
+        .batching = BATCHING_CONTINUOUS,
+        .max_seqs = 128,
+        .max_batched_tokens = 512,
+        .chunked_prefill = true,
+        .prefix_caching = true,
+        .watermark_blocks = -1, // -1: 1% of the pool, at least 1
+    };
+}
+
+static int ensure_step_capacity(engine* e, int n);
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+int engine_init(engine* e, const model* m, const engine_config* config, error_info* err) {
+    memset(e, 0, sizeof *e);
+    e->model = m;
+    e->config = *config;
+    engine_config* c = &e->config;
+    if (c->block_size < 1 || c->block_size > 256)
+        return error_set(err, "--block-size: expected 1..256 tokens, found %d", c->block_size);
+    if (c->max_seqs < 1) return error_set(err, "--max-seqs: expected at least 1, found %d", c->max_seqs);
+    if (c->max_batched_tokens < 1)
+        return error_set(err, "--max-batched-tokens: expected at least 1, found %d", c->max_batched_tokens);
+    if (!c->chunked_prefill && c->max_batched_tokens < m->config.max_seq_len)
+        c->max_batched_tokens = m->config.max_seq_len; // a whole prompt must fit one step
+    uint64_t block_bytes = kv_memory_block_bytes(&m->config, c->kv_dtype, c->block_size);
+    int n_blocks = c->num_blocks;
+    if (n_blocks <= 0) {
+        uint64_t blocks = c->kv_mem_bytes / block_bytes;
+        if (blocks < 1)
+            return error_set(err, "--kv-mem: %llu bytes hold no block of %llu bytes",
+                             (unsigned long long)c->kv_mem_bytes, (unsigned long long)block_bytes);
+        if (blocks > (1u << 30)) return error_set(err, "--kv-mem: %llu bytes is too large", (unsigned long long)c->kv_mem_bytes);
+        n_blocks = (int)blocks;
+    }
+    c->num_blocks = n_blocks;
+    if (c->watermark_blocks < 0) c->watermark_blocks = n_blocks / 100 > 1 ? n_blocks / 100 : 1;
+    int64_t n_slots = (int64_t)n_blocks * c->block_size;
+    if (c->layout == KV_LAYOUT_PAGED) {
+        if (kv_pool_init(&e->pool, &m->config, c->kv_dtype, n_blocks, c->block_size, err)) return -1;
+    } else {
+        c->prefix_caching = false; // no sharing without blocks
+        if (n_slots > (1 << 30)) return error_set(err, "--kv-mem: too many slots");
+        if (kv_contiguous_init(&e->contiguous, &m->config, c->kv_dtype, (int)n_slots, err)) return -1;
+    }
+    int max_rows = c->max_batched_tokens + c->max_seqs;
+    if (forward_state_init(&e->forward, &m->config, max_rows, m->config.max_seq_len, err)) {
+        engine_free(e);
+        return -1;
+    }
+    e->rows = malloc((size_t)max_rows * sizeof *e->rows);
+    e->mark = calloc((size_t)(c->layout == KV_LAYOUT_PAGED ? n_blocks : 1), sizeof *e->mark);
+    if (!e->rows || !e->mark || ensure_step_capacity(e, 2 * c->max_seqs)) {
+        engine_free(e);
+        return error_set(err, "engine: out of memory");
+    }
+    return 0;
+}
+
+void engine_free(engine* e) {
+    for (int i = 0; i < e->n_sequences; i++) sequence_free(&e->sequences[i]);
+    free(e->sequences);
+    free(e->waiting);
+    free(e->running);
+    if (e->config.layout == KV_LAYOUT_PAGED) kv_pool_free(&e->pool);
+    else kv_contiguous_free(&e->contiguous);
+    forward_state_free(&e->forward);
+    free(e->logits);
+    free(e->rows);
+    free(e->tables);
+    free(e->mark);
+    free(e->record.sequences);
+    free(e->record.finished_ids);
+    free(e->record_block_ids);
+    memset(e, 0, sizeof *e);
+}
+
+static sequence* new_sequence(engine* e, error_info* err) {
+    if (e->n_sequences == e->sequences_capacity) {
+        int capacity = e->sequences_capacity ? 2 * e->sequences_capacity : 64;
+        sequence* grown = realloc(e->sequences, (size_t)capacity * sizeof *grown);
+        int32_t* waiting = realloc(e->waiting, (size_t)capacity * sizeof *waiting);
+        if (waiting) e->waiting = waiting;
+        int32_t* running = realloc(e->running, (size_t)capacity * sizeof *running);
+        if (running) e->running = running;
+        if (!grown || !waiting || !running) {
+            if (grown) e->sequences = grown;
+            error_set(err, "engine: out of memory for %d sequences", capacity);
+            return NULL;
+        }
+        e->sequences = grown;
+        e->sequences_capacity = capacity;
+    }
+    return &e->sequences[e->n_sequences];
+}
+
+int engine_add_request(engine* e, const request_params* p, int32_t* first_sequence_id, error_info* err) {
+    const model_config* mc = &e->model->config;
+    if (p->n_prompt < 1 || p->n_prompt >= mc->max_seq_len)
+        return error_set(err, "request: prompt of %d tokens, expected 1..%d (the model's max length %d leaves room for one new token)",
+                         p->n_prompt, mc->max_seq_len - 1, mc->max_seq_len);
+    for (int i = 0; i < p->n_prompt; i++)
+        if (p->prompt[i] < 0 || p->prompt[i] >= mc->vocab_size)
+            return error_set(err, "request: token %d at %d is outside the vocabulary 0..%d", p->prompt[i], i,
+                             mc->vocab_size - 1);
+    if (p->max_new_tokens < 1) return error_set(err, "request: max_tokens must be at least 1, found %d", p->max_new_tokens);
+    if (p->n_samples < 1 || p->n_samples > e->config.max_seqs)
+        return error_set(err, "request: n must be 1..%d (max-seqs), found %d", e->config.max_seqs, p->n_samples);
+    int longest = p->n_prompt + p->max_new_tokens < mc->max_seq_len ? p->n_prompt + p->max_new_tokens : mc->max_seq_len;
+    int64_t need = e->config.layout == KV_LAYOUT_PAGED
+                       ? block_manager_blocks_for_length(e, longest)
+                       : (e->config.reserve == RESERVE_MAX ? mc->max_seq_len : longest);
+    int64_t have = e->config.layout == KV_LAYOUT_PAGED ? e->pool.n_blocks : e->contiguous.n_slots;
+    if (need > have)
+        return error_set(err, "request: needs %lld %s for %d tokens but the whole pool has %lld; it could never run",
+                         (long long)need, e->config.layout == KV_LAYOUT_PAGED ? "blocks" : "slots", longest,
+                         (long long)have);
+    // Paged: one sequence now, the other samples fork off after its prefill.
+    // Contiguous: no sharing, so every sample is its own sequence.
+    int n_now = e->config.layout == KV_LAYOUT_PAGED ? 1 : p->n_samples;
+    int32_t request_id = e->n_requests++;
+    for (int k = 0; k < n_now; k++) {
+        sequence* s = new_sequence(e, err);
+        if (!s) return -1;
+        if (sequence_init(s, e->n_sequences, request_id, p->prompt, p->n_prompt, p->max_new_tokens, mc->max_seq_len,
+                          err))
+            return -1;
+        s->sample_index = k;
+        s->seed = p->seed + (uint64_t)k;
+        if (sampler_init(&s->sampler, mc->vocab_size, p->temperature, p->top_p, s->seed, err)) {
+            sequence_free(s);
+            return -1;
+        }
+        s->arrival_time = p->arrival_time > 0 ? p->arrival_time : e->clock_seconds;
+        s->pending_forks = e->config.layout == KV_LAYOUT_PAGED ? p->n_samples - 1 : 0;
+        s->state = SEQ_WAITING;
+        if (k == 0 && first_sequence_id) *first_sequence_id = s->id;
+        e->waiting[e->n_waiting++] = s->id;
+        e->n_sequences++;
+    }
+    return 0;
+}
+
+bool engine_has_work(const engine* e) { return e->n_waiting > 0 || e->n_running > 0; }
+
+void engine_advance_clock(engine* e, double seconds) {
+    if (seconds > 0) e->clock_seconds += seconds;
+}
+
+void engine_set_trace(engine* e, FILE* trace) { e->trace = trace; }
+
+void engine_set_logits_observer(engine* e, logits_observer observer, void* user) {
+    e->observer = observer;
+    e->observer_user = user;
+}
+
+const sequence* engine_sequence(const engine* e, int32_t id) {
+    return id >= 0 && id < e->n_sequences ? &e->sequences[id] : NULL;
+}
+
+int64_t engine_pool_slots(const engine* e) {
+    return e->config.layout == KV_LAYOUT_PAGED ? (int64_t)e->pool.n_blocks * e->pool.block_size
+                                               : e->contiguous.n_slots;
+}
+
+// ---- postprocess --------------------------------------------------------------------
+
+static void finish(engine* e, sequence* s, stop_reason reason) {
+    s->state = SEQ_FINISHED;
+    s->stop = reason;
+    s->finish_time = e->clock_seconds;
+    block_manager_release(e, s);
+    scheduler_remove_running(e, s->id);
+    e->n_finished++;
+    e->record.finished_ids[e->record.n_finished_now++] = s->id;
+}
+
+// Appends the sampled token, or finishes the sequence on EOS/BOS/length.
+static void accept_token(engine* e, sequence* s, int32_t token) {
+    if (s->first_token_time < 0) s->first_token_time = e->clock_seconds;
+    if (token == TOK_EOS_ID || token == TOK_BOS_ID) {
+        finish(e, s, token == TOK_EOS_ID ? STOP_EOS : STOP_BOS);
+        return;
+    }
+    s->tokens[s->n_tokens++] = token;
+    s->state = SEQ_DECODE;
+    if (s->n_tokens - s->n_prompt >= s->max_new_tokens) finish(e, s, STOP_LENGTH);
+    else if (s->n_tokens >= s->capacity) finish(e, s, STOP_CONTEXT);
+}
+
+// The other samples of a request start as copies of sample 0 right after
+// its prompt is computed, sharing every block; each then samples its own
+// first token from the same logits.
+static int fork_samples(engine* e, int32_t parent_id, const float* logits, error_info* err) {
+    const int vocab = e->model->config.vocab_size;
+    float* row = malloc((size_t)vocab * sizeof *row); // sampler scratch: it overwrites logits
+    if (!row) return error_set(err, "engine: out of memory");
+    int n_forks = e->sequences[parent_id].pending_forks;
+    e->sequences[parent_id].pending_forks = 0;
+    for (int k = 1; k <= n_forks; k++) {
+        sequence* child = new_sequence(e, err);
+        if (!child) break;
+        const sequence* parent = &e->sequences[parent_id]; // new_sequence may have moved the array
+        if (sequence_init(child, e->n_sequences, parent->request_id, parent->tokens, parent->n_tokens,
+                          parent->max_new_tokens, e->model->config.max_seq_len, err) ||
+            sequence_reserve_table(child, parent->n_table)) {
+            free(row);
+            return -1;
+        }
+        child->n_prompt = parent->n_prompt;
+        child->sample_index = k;
+        child->seed = parent->seed + (uint64_t)k;
+        child->fork_parent = parent->id;
+        child->arrival_time = parent->arrival_time;
+        child->n_computed = parent->n_computed;
+        child->admit_order = ++e->admit_counter;
+        if (sampler_init(&child->sampler, vocab, parent->sampler.temperature, parent->sampler.top_p, child->seed,
+                         err)) {
+            free(row);
+            return -1;
+        }
+        block_manager_fork(e, parent, child);
+        e->n_sequences++;
+        e->running[e->n_running++] = child->id;
+        memcpy(row, logits, (size_t)vocab * sizeof *row);
+        accept_token(e, child, sampler_sample(&child->sampler, row));
+    }
+    free(row);
+    return 0;
+}
+
+// ---- measuring the pool ------------------------------------------------------------------
+
+static void measure_pool(engine* e, step_record* r) {
+    r->slots_total = engine_pool_slots(e);
+    r->slots_used = r->slots_allocated = r->tail_waste_slots = 0;
+    r->reserved_unused_slots = r->external_fragmentation_slots = 0;
+    if (e->config.layout == KV_LAYOUT_PAGED) {
+        const kv_pool* pool = &e->pool;
+        r->blocks_total = pool->n_blocks;
+        r->blocks_free = pool->n_free;
+        r->blocks_cached = pool->n_evictable;
+        // Count each physical block once, however many tables share it.
+        e->mark_epoch++;
+        int used = 0;
+        for (int i = 0; i < e->n_running; i++) {
+            const sequence* s = &e->sequences[e->running[i]];
+            for (int b = 0; b < s->n_table; b++) {
+                int32_t block = s->block_table[b];
+                if (e->mark[block] == e->mark_epoch) continue;
+                e->mark[block] = e->mark_epoch;
+                used++;
+                r->slots_used += pool->blocks[block].n_filled;
+            }
+            // Tail waste: slots of its blocks past its last token (computed or
+            // still to compute), at most block_size - 1 by construction.
+            int64_t tail = (int64_t)s->n_table * pool->block_size - s->n_tokens;
+            if (tail > 0) r->tail_waste_slots += tail;
+        }
+        r->blocks_used = used;
+        r->slots_allocated = (int64_t)used * pool->block_size;
+    } else {
+        kv_contiguous_usage usage = kv_contiguous_measure(&e->contiguous);
+        for (int i = 0; i < e->n_running; i++) r->slots_used += e->sequences[e->running[i]].n_computed;
+        r->slots_allocated = usage.reserved_slots;
+        r->reserved_unused_slots = usage.reserved_slots - r->slots_used;
+        r->external_fragmentation_slots = usage.free_slots - usage.largest_hole;
+    }
+}
+
+// Copies the running sequences' tables into the record.
+static int record_sequences(engine* e, const schedule_result* plan, step_record* r) {
+    int total = 0;
+    for (int i = 0; i < plan->n_items; i++) total += e->sequences[plan->items[i].id].n_table;
+    if (total > e->record_block_ids_capacity) {
+        int32_t* grown = realloc(e->record_block_ids, (size_t)total * sizeof *grown);
+        if (!grown) return -1;
+        e->record_block_ids = grown;
+        e->record_block_ids_capacity = total;
+    }
+    r->block_ids = e->record_block_ids;
+    r->n_sequences = plan->n_items;
+    int offset = 0;
+    for (int i = 0; i < plan->n_items; i++) {
+        const sequence* s = &e->sequences[plan->items[i].id];
+        step_sequence* out = &r->sequences[i];
+        out->id = s->id;
+        out->request_id = s->request_id;
+        out->phase = plan->items[i].phase;
+        out->n_tokens = plan->items[i].n_tokens;
+        out->context_length = s->n_computed;
+        out->table_offset = offset;
+        out->n_table = s->n_table;
+        out->tail_fill = e->config.layout == KV_LAYOUT_PAGED && s->n_computed > 0
+                             ? (s->n_computed - 1) % e->config.block_size + 1
+                             : 0;
+        memcpy(r->block_ids + offset, s->block_table, (size_t)s->n_table * sizeof(int32_t));
+        offset += s->n_table;
+    }
+    return 0;
+}
+
+// Grows the per-step arrays to hold n sequences.
+static int ensure_step_capacity(engine* e, int n) {
+    if (n <= e->step_capacity) return 0;
+    step_sequence* sequences = realloc(e->record.sequences, (size_t)n * sizeof *sequences);
+    if (sequences) e->record.sequences = sequences;
+    const int32_t** tables = realloc(e->tables, (size_t)n * sizeof *tables);
+    if (tables) e->tables = tables;
+    float* logits = realloc(e->logits, (size_t)n * (size_t)e->model->config.vocab_size * sizeof *logits);
+    if (logits) e->logits = logits;
+    if (!sequences || !tables || !logits) return -1;
+    e->step_capacity = n;
+    return 0;
+}
+
+// ---- one step ------------------------------------------------------------------------------
+
+int engine_step(engine* e, const step_record** record_out, error_info* err) {
+    uint64_t start = now_ns();
+    step_record* r = &e->record;
+    step_sequence* sequences = r->sequences;
+    int32_t* finished_ids = r->finished_ids;
+    memset(r, 0, sizeof *r);
+    r->sequences = sequences;
+    r->finished_ids = finished_ids;
+    r->step = ++e->step_counter;
+    if (e->config.layout == KV_LAYOUT_PAGED) kv_pool_clear_events(&e->pool);
+    // Room for every sequence that could finish this step (forks included).
+    int32_t* ids = realloc(r->finished_ids, (size_t)(e->n_sequences + e->config.max_seqs + 1) * sizeof *ids);
+    if (!ids) return error_set(err, "engine: out of memory");
+    r->finished_ids = ids;
+    uint64_t preemptions_before = e->total_preemptions;
+
+    // A step runs at most every running sequence plus the newly admitted
+    // ones (forks can push running past max_seqs).
+    int max_items = e->n_running + e->config.max_seqs;
+    if (ensure_step_capacity(e, max_items)) return error_set(err, "engine: out of memory");
+    schedule_result plan = {malloc((size_t)max_items * sizeof(scheduled_sequence)), 0, 0, 0};
+    if (!plan.items) return error_set(err, "engine: out of memory");
+    if (scheduler_schedule(e, &plan, err)) {
+        free(plan.items);
+        return -1;
+    }
+
+    // ---- run: one forward pass over every scheduled row
+    int n_rows = 0, n_logit_rows = 0;
+    for (int i = 0; i < plan.n_items; i++) {
+        sequence* s = &e->sequences[plan.items[i].id];
+        e->tables[i] = s->block_table;
+        for (int t = 0; t < plan.items[i].n_tokens; t++) {
+            int position = s->n_computed + t;
+            bool last = position == s->n_tokens - 1;
+            e->rows[n_rows++] = (batch_row){s->tokens[position], position, i, last};
+            n_logit_rows += last;
+        }
+        if (plan.items[i].phase == PHASE_PREFILL) r->prefill_tokens += plan.items[i].n_tokens;
+        else r->decode_tokens += plan.items[i].n_tokens;
+    }
+    if (n_rows > 0) {
+        kv_memory* memory = e->config.layout == KV_LAYOUT_PAGED ? &e->pool.memory : &e->contiguous.memory;
+        forward_batch batch = {n_rows, e->rows, plan.n_items, e->tables};
+        if (forward(e->model, &e->forward, memory, &batch, e->logits, &r->traffic, err)) {
+            free(plan.items);
+            return -1;
+        }
+    }
+
+    // ---- postprocess: advance, sample, fork, retire
+    uint64_t forward_end = now_ns();
+    e->clock_seconds += (double)(forward_end - start) * 1e-9;
+    int logit_row = 0;
+    const int vocab = e->model->config.vocab_size;
+    for (int i = 0; i < plan.n_items; i++) {
+        int32_t id = plan.items[i].id;
+        sequence* s = &e->sequences[id];
+        int from = s->n_computed;
+        s->n_computed += plan.items[i].n_tokens;
+        block_manager_after_compute(e, s, from, s->n_computed);
+        if (s->n_computed < s->n_tokens) continue; // more prompt to go
+        float* logits = e->logits + (size_t)(logit_row++) * (size_t)vocab;
+        if (e->observer) e->observer(e->observer_user, id, s->n_tokens - 1, logits, vocab);
+        if (s->pending_forks > 0 && fork_samples(e, id, logits, err)) {
+            free(plan.items);
+            return -1;
+        }
+        s = &e->sequences[id]; // forking may have moved the array
+        accept_token(e, s, sampler_sample(&s->sampler, logits));
+    }
+    (void)n_logit_rows;
+
+    r->prefix_hit_tokens = plan.prefix_hit_tokens;
+    e->total_prefix_hit_tokens += (uint64_t)plan.prefix_hit_tokens;
+    r->n_preempted = (int)(e->total_preemptions - preemptions_before);
+    if (record_sequences(e, &plan, r)) {
+        free(plan.items);
+        return error_set(err, "engine: out of memory");
+    }
+    free(plan.items);
+    measure_pool(e, r);
+    r->n_waiting = e->n_waiting;
+    r->n_running = e->n_running;
+    r->n_finished = e->n_finished;
+    if (e->config.layout == KV_LAYOUT_PAGED) {
+        r->events = e->pool.events;
+        r->n_events = e->pool.n_events;
+        r->copy_bytes = e->pool.copy_bytes;
+    }
+    uint64_t end = now_ns();
+    e->clock_seconds += (double)(end - forward_end) * 1e-9;
+    r->wall_ns = end - start;
+    r->clock_seconds = e->clock_seconds;
+    if (e->trace) step_record_write_json(r, e->trace);
+    *record_out = r;
+    return 0;
+}

@@ -1,0 +1,126 @@
+// engine: one model, one KV pool, one scheduler; engine_step() runs one
+// iteration (schedule -> run -> postprocess) and returns its step record.
+//
+// Several engines can live in one process (a lesson runs paged and
+// contiguous side by side): all state is in the struct, nothing global.
+#ifndef SERVELAB_ENGINE_H
+#define SERVELAB_ENGINE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "engine/error.h"
+#include "engine/forward.h"
+#include "engine/kv_blocks.h"
+#include "engine/kv_contiguous.h"
+#include "engine/model.h"
+#include "engine/sequence.h"
+#include "engine/step_record.h"
+
+typedef enum kv_layout { KV_LAYOUT_PAGED = 0, KV_LAYOUT_CONTIGUOUS = 1 } kv_layout;
+typedef enum reserve_policy {
+    RESERVE_MAX = 0,     // contiguous: every request reserves the model's max length
+    RESERVE_REQUEST = 1, // contiguous: prompt + max_tokens (an oracle that knows output lengths)
+} reserve_policy;
+typedef enum batching_policy {
+    BATCHING_CONTINUOUS = 0, // admit and retire at every step
+    BATCHING_STATIC = 1,     // admit a batch only when the previous one has fully finished
+} batching_policy;
+
+typedef struct engine_config {
+    kv_layout layout;
+    kv_dtype kv_dtype;          // KV_F16 (default) or KV_F32
+    int block_size;             // tokens per block, 1..256 (paged)
+    int num_blocks;             // blocks in the pool; 0 = from kv_mem_bytes
+    uint64_t kv_mem_bytes;      // KV budget when num_blocks is 0
+    reserve_policy reserve;
+    batching_policy batching;
+    int max_seqs;               // sequences running at once
+    int max_batched_tokens;     // tokens computed per step (prefill chunks + decodes)
+    bool chunked_prefill;       // split long prompts over steps
+    bool prefix_caching;        // reuse cached full blocks of equal prefixes (paged)
+    int watermark_blocks;       // blocks kept free at admission for running sequences to grow
+} engine_config;
+
+// The defaults: paged, fp16 KV, block size 16, 64 MiB, continuous batching,
+// 128 sequences, 512 tokens per step, chunked prefill and prefix caching on.
+engine_config engine_config_default(void);
+
+typedef struct request_params {
+    const int32_t* prompt;  // (n_prompt) token ids, BOS first
+    int n_prompt;
+    int max_new_tokens;
+    int n_samples;          // > 1: forks sharing the prompt's blocks
+    float temperature;
+    float top_p;
+    uint64_t seed;          // sample k uses seed + k
+    double arrival_time;    // engine clock, seconds (0 = now)
+} request_params;
+
+// Called with the logits a sequence samples from (before sampling), for
+// tests and lessons: position is the position of the token they follow.
+typedef void (*logits_observer)(void* user, int32_t sequence_id, int position, const float* logits, int vocab_size);
+
+typedef struct engine {
+    const model* model;
+    engine_config config;
+    kv_pool pool;               // paged layout
+    kv_contiguous contiguous;   // contiguous layout
+    forward_state forward;
+    sequence* sequences;        // (n_sequences) every sequence ever added, by id
+    int n_sequences;
+    int sequences_capacity;
+    int32_t* waiting;           // (n_waiting) ids, FCFS; preempted ones go to the front
+    int n_waiting;
+    int32_t* running;           // (n_running) ids in admission order
+    int n_running;
+    int n_finished;
+    int n_requests;
+    uint64_t admit_counter;
+    uint64_t step_counter;
+    double clock_seconds;       // sum of step wall times plus idle jumps
+    float* logits;              // (step_capacity, vocab) one row per sequence sampling this step
+    batch_row* rows;            // (max_batched_tokens + max_seqs)
+    const int32_t** tables;     // (step_capacity) block table per batch sequence
+    int step_capacity;          // sequences one step can hold (grown on demand)
+    step_record record;         // the last step's record (arrays owned here)
+    int32_t* record_block_ids;
+    int record_block_ids_capacity;
+    FILE* trace;                // JSON Lines trace, or NULL
+    uint64_t* mark;             // (n_blocks or n_slots) scratch for counting shared blocks once
+    uint64_t mark_epoch;
+    uint64_t total_preemptions;
+    uint64_t total_prefix_hit_tokens;
+    logits_observer observer;
+    void* observer_user;
+} engine;
+
+int engine_init(engine* e, const model* m, const engine_config* config, error_info* err);
+void engine_free(engine* e);
+
+// Queues a request (n_samples sequences once its prompt is computed).
+// Rejects one that can never fit the pool. *first_sequence_id gets the id
+// of its first sequence; the others follow consecutively.
+int engine_add_request(engine* e, const request_params* params, int32_t* first_sequence_id, error_info* err);
+
+// Runs one step. *record points into the engine until the next step.
+int engine_step(engine* e, const step_record** record, error_info* err);
+
+// True while any request is waiting or running.
+bool engine_has_work(const engine* e);
+
+// Moves the engine clock forward (the simulator's idle time).
+void engine_advance_clock(engine* e, double seconds);
+
+// Writes every following step record to `trace` as JSON Lines (NULL stops).
+void engine_set_trace(engine* e, FILE* trace);
+
+const sequence* engine_sequence(const engine* e, int32_t id);
+
+void engine_set_logits_observer(engine* e, logits_observer observer, void* user);
+
+// Slots a layout offers for the budget (paged: n_blocks x block_size).
+int64_t engine_pool_slots(const engine* e);
+
+#endif
