@@ -18,15 +18,20 @@ static int reservation_length(const engine* e, const sequence* s) {
 // Walks the sequence's full blocks from the start while they are cached.
 // Never counts the block holding the last token: at least one token must be
 // computed to produce the logits of the next one.
-static int count_prefix_hits(const engine* e, const sequence* s, uint64_t* last_hash) {
+// *evictable_hits counts the hits that only the cache holds now: taking them
+// removes them from what the pool can hand out.
+static int count_prefix_hits(const engine* e, const sequence* s, uint64_t* last_hash, int* evictable_hits) {
     const int bs = e->config.block_size;
     int hits = 0;
     uint64_t parent = 0;
+    *evictable_hits = 0;
     if (!e->config.prefix_caching) return 0;
     while ((hits + 1) * bs <= s->n_tokens - 1) {
         const int32_t* tokens = s->tokens + (size_t)hits * (size_t)bs;
         uint64_t hash = kv_block_hash(parent, tokens, bs);
-        if (kv_pool_lookup(&e->pool, hash, parent, tokens) < 0) break;
+        int32_t block = kv_pool_lookup(&e->pool, hash, parent, tokens);
+        if (block < 0) break;
+        if (e->pool.blocks[block].ref_count == 1) (*evictable_hits)++;
         parent = hash;
         hits++;
     }
@@ -52,11 +57,12 @@ int block_manager_admission_cost(engine* e, const sequence* s, int* hit_blocks, 
     *hit_blocks = 0;
     *pending = false;
     if (e->config.layout == KV_LAYOUT_CONTIGUOUS) return reservation_length(e, s);
-    int hits = count_prefix_hits(e, s, NULL);
+    int evictable_hits;
+    int hits = count_prefix_hits(e, s, NULL, &evictable_hits);
     *hit_blocks = hits;
     if (e->config.prefix_caching && (hits + 1) * e->config.block_size <= s->n_tokens - 1)
         *pending = prefix_block_pending(e, s, hits);
-    return blocks_for(s->n_tokens, e->config.block_size) - hits;
+    return blocks_for(s->n_tokens, e->config.block_size) - hits + evictable_hits;
 }
 
 int block_manager_admit(engine* e, sequence* s, int* prefix_hit_tokens) {
@@ -77,9 +83,10 @@ int block_manager_admit(engine* e, sequence* s, int* prefix_hit_tokens) {
     }
     const int bs = e->config.block_size;
     uint64_t last_hash = 0;
-    int hits = count_prefix_hits(e, s, &last_hash);
+    int evictable_hits;
+    int hits = count_prefix_hits(e, s, &last_hash, &evictable_hits);
     int needed = blocks_for(s->n_tokens, bs);
-    if (needed - hits > kv_pool_available(&e->pool) || sequence_reserve_table(s, needed)) return -1;
+    if (needed - hits + evictable_hits > kv_pool_available(&e->pool) || sequence_reserve_table(s, needed)) return -1;
     // Share the cached prefix blocks (walking the chain again to find them).
     uint64_t parent = 0;
     for (int i = 0; i < hits; i++) {
@@ -90,7 +97,14 @@ int block_manager_admit(engine* e, sequence* s, int* prefix_hit_tokens) {
         s->block_table[s->n_table++] = block;
         parent = hash;
     }
-    for (int i = hits; i < needed; i++) s->block_table[s->n_table++] = kv_pool_allocate(&e->pool, s->id);
+    for (int i = hits; i < needed; i++) {
+        int32_t block = kv_pool_allocate(&e->pool, s->id);
+        if (block < 0) { // cannot happen after the check above; undo rather than run with a hole
+            block_manager_release(e, s);
+            return -1;
+        }
+        s->block_table[s->n_table++] = block;
+    }
     s->n_computed = hits * bs;
     s->n_hashed_blocks = hits;
     s->last_block_hash = last_hash;

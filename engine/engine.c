@@ -155,6 +155,7 @@ int engine_add_request(engine* e, const request_params* p, int32_t* first_sequen
         }
         s->arrival_time = p->arrival_time > 0 ? p->arrival_time : e->clock_seconds;
         s->pending_forks = e->config.layout == KV_LAYOUT_PAGED ? p->n_samples - 1 : 0;
+        s->ignore_eos = p->ignore_eos;
         s->state = SEQ_WAITING;
         if (k == 0 && first_sequence_id) *first_sequence_id = s->id;
         e->waiting[e->n_waiting++] = s->id;
@@ -200,7 +201,7 @@ static void finish(engine* e, sequence* s, stop_reason reason) {
 // Appends the sampled token, or finishes the sequence on EOS/BOS/length.
 static void accept_token(engine* e, sequence* s, int32_t token) {
     if (s->first_token_time < 0) s->first_token_time = e->clock_seconds;
-    if (token == TOK_EOS_ID || token == TOK_BOS_ID) {
+    if (!s->ignore_eos && (token == TOK_EOS_ID || token == TOK_BOS_ID)) {
         finish(e, s, token == TOK_EOS_ID ? STOP_EOS : STOP_BOS);
         return;
     }
@@ -233,6 +234,7 @@ static int fork_samples(engine* e, int32_t parent_id, const float* logits, error
         child->sample_index = k;
         child->seed = parent->seed + (uint64_t)k;
         child->fork_parent = parent->id;
+        child->ignore_eos = parent->ignore_eos;
         child->arrival_time = parent->arrival_time;
         child->n_computed = parent->n_computed;
         child->admit_order = ++e->admit_counter;

@@ -56,6 +56,7 @@ typedef struct request_params {
     float top_p;
     uint64_t seed;          // sample k uses seed + k
     double arrival_time;    // engine clock, seconds (0 = now)
+    bool ignore_eos;        // keep going past EOS/BOS until max_new_tokens (benchmarks)
 } request_params;
 
 // Called with the logits a sequence samples from (before sampling), for

@@ -51,6 +51,7 @@ typedef struct sequence {
     int32_t fork_parent;   // sequence it was forked from, or -1
     int pending_forks;     // paged: samples still to fork off once the prompt is computed
     uint64_t seed;         // sampler seed of this sample (request seed + sample_index)
+    bool ignore_eos;       // generate max_new_tokens whatever the model says
 } sequence;
 
 // Allocates the token and table arrays; prompt copied. Returns -1 on failure.

@@ -10,10 +10,11 @@ static const char USAGE[] =
     "\n"
     "commands:\n"
     "  generate   generate text from a model (checkpoint or synthetic preset)\n"
+    "  sim        a workload through the engine: paged vs contiguous, continuous vs static\n"
     "  info       what this build supports (CUDA, presets)\n"
     "  help       this message\n"
     "\n"
-    "Each command takes --help. The dashboard, lessons, quiz, sim and bench\n"
+    "Each command takes --help. The dashboard, lessons, quiz and bench\n"
     "commands are being built (see README.md).\n";
 
 typedef struct command_entry {
@@ -23,6 +24,7 @@ typedef struct command_entry {
 
 static const command_entry COMMANDS[] = {
     {"generate", command_generate},
+    {"sim", command_sim},
     {"info", command_info},
 };
 

@@ -95,7 +95,7 @@ static void run_engine(const model* m, const engine_config* c, const test_reques
     for (int i = 0; i < n_requests; i++) {
         request_params p = {requests[i].prompt, requests[i].n_prompt, requests[i].max_new_tokens,
                             requests[i].n_samples ? requests[i].n_samples : 1, requests[i].temperature, 0.9f,
-                            requests[i].seed, 0.0};
+                            requests[i].seed, 0.0, false};
         if (engine_add_request(&e, &p, NULL, &err)) fail_msg("add_request: %s", err.message);
     }
     for (int guard = 0; engine_has_work(&e); guard++) {
@@ -285,7 +285,7 @@ static void test_prefix_cache_shares_one_copy(void** state) {
     error_info err = {{0}};
     assert_int_equal(engine_init(&e, m, &c, &err), 0);
     for (int i = 0; i < 8; i++) {
-        request_params p = {requests[i].prompt, requests[i].n_prompt, 12, 1, 0.0f, 0.0f, 0, 0.0};
+        request_params p = {requests[i].prompt, requests[i].n_prompt, 12, 1, 0.0f, 0.0f, 0, 0.0, false};
         assert_int_equal(engine_add_request(&e, &p, NULL, &err), 0);
     }
     int hits = 0, peak_shared_all = 0;
@@ -361,7 +361,7 @@ static void test_request_that_never_fits_is_rejected(void** state) {
     assert_int_equal(engine_init(&e, m, &c, &err), 0);
     int32_t prompt[100] = {TOK_BOS_ID};
     for (int i = 1; i < 100; i++) prompt[i] = 300;
-    request_params p = {prompt, 100, 10, 1, 0.0f, 0.0f, 0, 0.0};
+    request_params p = {prompt, 100, 10, 1, 0.0f, 0.0f, 0, 0.0, false};
     assert_int_equal(engine_add_request(&e, &p, NULL, &err), -1);
     assert_non_null(strstr(err.message, "needs 7 blocks for 110 tokens but the whole pool has 4"));
     p.n_prompt = 40;
@@ -406,7 +406,7 @@ static void test_kv_bytes_and_tail_waste(void** state) {
     assert_int_equal(engine_init(&e, m, &c, &err), 0);
     int32_t prompt[33] = {TOK_BOS_ID};
     for (int i = 1; i < 33; i++) prompt[i] = 3 + i;
-    request_params p = {prompt, 32, 5, 1, 0.0f, 0.0f, 0, 0.0};
+    request_params p = {prompt, 32, 5, 1, 0.0f, 0.0f, 0, 0.0, false};
     assert_int_equal(engine_add_request(&e, &p, NULL, &err), 0);
     const step_record* r;
     assert_int_equal(engine_step(&e, &r, &err), 0); // prefill of 32: two full blocks, token 33 sampled
@@ -455,7 +455,7 @@ static void test_static_batching_waits_for_the_whole_batch(void** state) {
     error_info err = {{0}};
     assert_int_equal(engine_init(&e, m, &c, &err), 0);
     for (int i = 0; i < 6; i++) {
-        request_params p = {requests[i].prompt, requests[i].n_prompt, requests[i].max_new_tokens, 1, 0.0f, 0.0f, 0, 0};
+        request_params p = {requests[i].prompt, requests[i].n_prompt, requests[i].max_new_tokens, 1, 0.0f, 0.0f, 0, 0.0, false};
         assert_int_equal(engine_add_request(&e, &p, NULL, &err), 0);
     }
     int steps_with_idle_slots = 0;

@@ -1,0 +1,109 @@
+#include "lab/engine_options.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+const char ENGINE_OPTIONS_USAGE[] =
+    "engine:\n"
+    "  --kv paged|contiguous     KV layout (default paged)\n"
+    "  --block-size N            tokens per KV block, 1..256 (default 16)\n"
+    "  --kv-mem SIZE             KV memory budget, e.g. 64MiB, 1GiB (default 64MiB)\n"
+    "  --num-blocks N            number of KV blocks (overrides --kv-mem)\n"
+    "  --kv-dtype fp16|fp32      KV element type (default fp16)\n"
+    "  --reserve max|request     contiguous: reserve the model's max length, or\n"
+    "                            prompt + max_tokens (default max)\n"
+    "  --batching continuous|static  (default continuous)\n"
+    "  --max-seqs N              sequences running at once (default 128)\n"
+    "  --max-batched-tokens N    tokens per step (default 512)\n"
+    "  --no-chunked-prefill      compute each prompt in one step\n"
+    "  --no-prefix-caching       never share cached prompt blocks\n";
+
+int parse_size_arg(const char* flag, const char* text, uint64_t* out, error_info* err) {
+    char* end = NULL;
+    errno = 0;
+    double value = strtod(text, &end);
+    static const struct {
+        const char* suffix;
+        double factor;
+    } units[] = {{"", 1}, {"B", 1}, {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"KB", 1e3},
+                 {"MB", 1e6}, {"GB", 1e9}, {"K", 1024.0}, {"M", 1048576.0}, {"G", 1073741824.0}};
+    if (errno == 0 && end != text && value > 0)
+        for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+            if (strcasecmp(end, units[i].suffix) == 0 && value * units[i].factor < 1e15) {
+                *out = (uint64_t)(value * units[i].factor);
+                return 0;
+            }
+    return error_set(err, "%s: expected a size such as 64MiB, 1GiB or 4096 (bytes), found '%s'", flag, text);
+}
+
+bool engine_option_match(arg_cursor* cursor, engine_config* c, bool* kv_both, bool* batching_both, bool* failed,
+                         error_info* err) {
+    int value;
+    if (arg_match(cursor, "--kv", true, failed, err)) {
+        if (*failed) return true;
+        if (strcmp(cursor->value, "paged") == 0) c->layout = KV_LAYOUT_PAGED;
+        else if (strcmp(cursor->value, "contiguous") == 0) c->layout = KV_LAYOUT_CONTIGUOUS;
+        else if (kv_both && strcmp(cursor->value, "both") == 0) *kv_both = true;
+        else *failed = error_set(err, "--kv: expected paged, contiguous%s, found '%s'", kv_both ? " or both" : "", cursor->value) != 0;
+        return true;
+    }
+    if (arg_match(cursor, "--block-size", true, failed, err)) {
+        if (!*failed) *failed = parse_int_arg("--block-size", cursor->value, 1, 256, &c->block_size, err) != 0;
+        return true;
+    }
+    if (arg_match(cursor, "--kv-mem", true, failed, err)) {
+        if (!*failed) *failed = parse_size_arg("--kv-mem", cursor->value, &c->kv_mem_bytes, err) != 0;
+        if (!*failed) c->num_blocks = 0;
+        return true;
+    }
+    if (arg_match(cursor, "--num-blocks", true, failed, err)) {
+        if (!*failed) *failed = parse_int_arg("--num-blocks", cursor->value, 1, 1 << 24, &c->num_blocks, err) != 0;
+        return true;
+    }
+    if (arg_match(cursor, "--kv-dtype", true, failed, err)) {
+        if (*failed) return true;
+        if (strcmp(cursor->value, "fp16") == 0) c->kv_dtype = KV_F16;
+        else if (strcmp(cursor->value, "fp32") == 0) c->kv_dtype = KV_F32;
+        else *failed = error_set(err, "--kv-dtype: expected fp16 or fp32, found '%s'", cursor->value) != 0;
+        return true;
+    }
+    if (arg_match(cursor, "--reserve", true, failed, err)) {
+        if (*failed) return true;
+        if (strcmp(cursor->value, "max") == 0) c->reserve = RESERVE_MAX;
+        else if (strcmp(cursor->value, "request") == 0) c->reserve = RESERVE_REQUEST;
+        else *failed = error_set(err, "--reserve: expected max or request, found '%s'", cursor->value) != 0;
+        return true;
+    }
+    if (arg_match(cursor, "--batching", true, failed, err)) {
+        if (*failed) return true;
+        if (strcmp(cursor->value, "continuous") == 0) c->batching = BATCHING_CONTINUOUS;
+        else if (strcmp(cursor->value, "static") == 0) c->batching = BATCHING_STATIC;
+        else if (batching_both && strcmp(cursor->value, "both") == 0) *batching_both = true;
+        else
+            *failed = error_set(err, "--batching: expected continuous, static%s, found '%s'",
+                                batching_both ? " or both" : "", cursor->value) != 0;
+        return true;
+    }
+    if (arg_match(cursor, "--max-seqs", true, failed, err)) {
+        if (!*failed) *failed = parse_int_arg("--max-seqs", cursor->value, 1, 4096, &c->max_seqs, err) != 0;
+        return true;
+    }
+    if (arg_match(cursor, "--max-batched-tokens", true, failed, err)) {
+        if (!*failed) {
+            *failed = parse_int_arg("--max-batched-tokens", cursor->value, 1, 1 << 16, &value, err) != 0;
+            if (!*failed) c->max_batched_tokens = value;
+        }
+        return true;
+    }
+    if (arg_match(cursor, "--no-chunked-prefill", false, failed, err)) {
+        c->chunked_prefill = false;
+        return true;
+    }
+    if (arg_match(cursor, "--no-prefix-caching", false, failed, err)) {
+        c->prefix_caching = false;
+        return true;
+    }
+    return false;
+}

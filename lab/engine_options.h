@@ -1,0 +1,28 @@
+// engine_options: the command-line flags that configure an engine, shared
+// by every subcommand that runs one (sim, generate, lab, lesson).
+//
+//   --kv paged|contiguous   --block-size N        --kv-mem SIZE (64MiB, 1GiB, 4096)
+//   --num-blocks N          --kv-dtype fp16|fp32  --reserve max|request
+//   --batching continuous|static                  --max-seqs N
+//   --max-batched-tokens N  --no-chunked-prefill  --no-prefix-caching
+#ifndef SERVELAB_ENGINE_OPTIONS_H
+#define SERVELAB_ENGINE_OPTIONS_H
+
+#include <stdbool.h>
+
+#include "engine/engine.h"
+#include "lab/cli_args.h"
+
+// The usage lines for these flags (for --help texts).
+extern const char ENGINE_OPTIONS_USAGE[];
+
+// When argv[cursor->index] is an engine flag, applies it and returns true
+// (*failed set with err on a bad value). "--kv both" and "--batching both"
+// are accepted when the caller passes the both-flags.
+bool engine_option_match(arg_cursor* cursor, engine_config* config, bool* kv_both, bool* batching_both,
+                         bool* failed, error_info* err);
+
+// Parses "64MiB", "1GiB", "512KiB", "100MB", "4096" into bytes.
+int parse_size_arg(const char* flag, const char* text, uint64_t* out, error_info* err);
+
+#endif

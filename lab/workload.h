@@ -1,0 +1,65 @@
+// workload: the requests a simulation sends, generated or read from a file.
+//
+// Generated: --requests N --prompt-len DIST --output-len DIST --arrival-rate R
+// [--shared-prefix N] --seed S, with DIST one of fixed:N, uniform:A:B
+// (inclusive) or lognormal:MEAN:SD (the mean and standard deviation of the
+// lengths themselves, in tokens). Arrival rate 0 sends everything at time 0;
+// otherwise arrivals form a Poisson process of R requests per second.
+// From a file: JSON Lines, one request per line:
+//   {"prompt": "text", "max_tokens": 64, "arrival": 0.5}
+//   {"prompt_ids": [1, 300, 400], "max_tokens": 16}
+#ifndef SERVELAB_WORKLOAD_H
+#define SERVELAB_WORKLOAD_H
+
+#include <stdint.h>
+
+#include "engine/error.h"
+#include "engine/tokenizer.h"
+
+typedef enum length_kind { LENGTH_FIXED, LENGTH_UNIFORM, LENGTH_LOGNORMAL } length_kind;
+
+typedef struct length_distribution {
+    length_kind kind;
+    double a; // fixed: the length; uniform: low; lognormal: mean
+    double b; // uniform: high; lognormal: standard deviation
+} length_distribution;
+
+int length_distribution_parse(const char* flag, const char* text, length_distribution* out, error_info* err);
+
+typedef struct workload_request {
+    int32_t* prompt;      // (n_prompt) ids, BOS first
+    int n_prompt;
+    int max_tokens;
+    double arrival_time;  // seconds after the start
+} workload_request;
+
+typedef struct workload {
+    workload_request* requests; // (n_requests) in arrival order
+    int n_requests;
+} workload;
+
+typedef struct workload_spec {
+    int n_requests;
+    length_distribution prompt_length;
+    length_distribution output_length;
+    double arrival_rate;    // requests per second; 0 = all at once
+    int shared_prefix;      // tokens every prompt starts with (after BOS)
+    uint64_t seed;
+    int vocab_size;         // prompt ids are drawn from 3 .. vocab_size - 1
+    int max_seq_len;        // prompt + output is clamped to this
+} workload_spec;
+
+int workload_generate(workload* out, const workload_spec* spec, error_info* err);
+
+// Reads JSON Lines; text prompts need a tokenizer. Lengths are checked
+// against max_seq_len and ids against vocab_size.
+int workload_read(workload* out, const char* path, const tokenizer* tok, int vocab_size, int max_seq_len,
+                  error_info* err);
+
+void workload_free(workload* w);
+
+// Mean of the prompt and output lengths, for the report.
+double workload_mean_prompt(const workload* w);
+double workload_mean_output(const workload* w);
+
+#endif
