@@ -3,11 +3,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/generate.h"
+#include "engine/engine.h"
 #include "engine/model_synth.h"
 #include "engine/tokenizer.h"
 #include "lab/cli_args.h"
 #include "lab/commands.h"
+#include "lab/engine_options.h"
 #include "lab/model_source.h"
 
 static const char GENERATE_USAGE[] =
@@ -28,13 +29,19 @@ static const char GENERATE_USAGE[] =
     "  --seed N              sampler seed (default 42)\n"
     "  --synth-seed N        seed of a synthetic preset's weights\n"
     "  --dtype fp32|fp16     how weights are stored (default: the file's; fp16 for presets)\n"
-    "  --ids                 print the generated ids on one line instead of text\n";
+    "  --ids                 print the generated ids on one line instead of text\n"
+    "  --trace FILE          write each engine step's record as JSON Lines\n"
+    "\n"
+    "The request runs through the serving engine (fp32 KV unless --kv-dtype fp16);\n"
+    "its engine options apply:\n";
 
 typedef struct generate_args {
     model_request request;
+    engine_config engine;
+    const char* trace_path;
     const char* prompt_text;
     const char* prompt_ids_text;
-    generate_options options;
+    generate_options options; // n, temperature, top-p, seed
     bool print_ids;
 } generate_args;
 
@@ -42,10 +49,17 @@ static int parse_generate_args(int argc, char** argv, generate_args* args, error
     memset(args, 0, sizeof *args);
     args->options = (generate_options){.max_new_tokens = 256, .temperature = 0.0f, .top_p = 0.9f, .seed = 42};
     args->request.synth_seed = SYNTH_DEFAULT_SEED;
+    args->engine = engine_config_default();
+    args->engine.kv_dtype = KV_F32;
+    args->engine.max_seqs = 1;
+    args->engine.kv_mem_bytes = 0; // 0: size the pool for one sequence of the model's max length
     arg_cursor cursor = {argc, argv, 1, "servelab generate", NULL};
     for (; cursor.index < argc; cursor.index++) {
         bool failed = false;
-        if (arg_match(&cursor, "--model", true, &failed, err)) {
+        if (engine_option_match(&cursor, &args->engine, NULL, NULL, &failed, err)) {
+        } else if (arg_match(&cursor, "--trace", true, &failed, err)) {
+            if (!failed) args->trace_path = cursor.value;
+        } else if (arg_match(&cursor, "--model", true, &failed, err)) {
             if (!failed) args->request.model_arg = cursor.value;
         } else if (arg_match(&cursor, "--tokenizer", true, &failed, err)) {
             if (!failed) args->request.tokenizer_arg = cursor.value;
@@ -115,6 +129,7 @@ int command_generate(int argc, char** argv) {
     for (int i = 1; i < argc; i++)
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             fputs(GENERATE_USAGE, stdout);
+            fputs(ENGINE_OPTIONS_USAGE, stdout);
             return 0;
         }
     error_info err = {{0}};
@@ -167,12 +182,64 @@ int command_generate(int argc, char** argv) {
     if (print_text)
         for (int i = 1; i < n_prompt; i++) print_piece(source.tokenizer, prompt[i - 1], prompt[i]);
 
-    generate_stats stats;
-    if (generate(&source.model, prompt, n_prompt, &args.options, generated, &n_generated,
-                 print_text ? print_generated_piece : NULL, source.tokenizer, &stats, &err)) {
+    // One request through the serving engine (so --trace shows its steps).
+    // The KV cache is fp32 unless asked otherwise: with fp32 weights the
+    // output then equals llama2.c's exactly.
+    if (args.engine.num_blocks == 0 && args.engine.kv_mem_bytes == 0)
+        args.engine.num_blocks = (c->max_seq_len + args.engine.block_size - 1) / args.engine.block_size;
+    engine e;
+    if (engine_init(&e, &source.model, &args.engine, &err)) {
         fprintf(stderr, "servelab generate: %s\n", err.message);
+        status = 2;
         goto done;
     }
+    FILE* trace = NULL;
+    if (args.trace_path && !(trace = fopen(args.trace_path, "w"))) {
+        fprintf(stderr, "servelab generate: %s: cannot create the trace file\n", args.trace_path);
+        engine_free(&e);
+        goto done;
+    }
+    engine_set_trace(&e, trace);
+    request_params params = {prompt, n_prompt, args.options.max_new_tokens, 1, args.options.temperature,
+                             args.options.top_p, args.options.seed, 0.0, false};
+    int32_t id = 0;
+    uint64_t prefill_ns = 0, decode_ns = 0, decode_weight_bytes = 0;
+    int decode_steps = 0;
+    if (args.options.max_new_tokens > 0 && engine_add_request(&e, &params, &id, &err)) {
+        fprintf(stderr, "servelab generate: %s\n", err.message);
+        status = 2;
+        engine_free(&e);
+        if (trace) fclose(trace);
+        goto done;
+    }
+    int printed = n_prompt; // tokens of the sequence already printed
+    while (engine_has_work(&e)) {
+        const step_record* r;
+        if (engine_step(&e, &r, &err)) {
+            fprintf(stderr, "servelab generate: %s\n", err.message);
+            break;
+        }
+        if (r->prefill_tokens > 0) prefill_ns += r->wall_ns;
+        else {
+            decode_ns += r->wall_ns;
+            decode_steps++;
+            decode_weight_bytes += r->traffic.weight_bytes_read;
+        }
+        const sequence* s = engine_sequence(&e, id);
+        for (; printed < s->n_tokens; printed++) {
+            generated[n_generated++] = s->tokens[printed];
+            if (print_text) print_generated_piece(source.tokenizer, s->tokens[printed - 1], s->tokens[printed]);
+        }
+    }
+    const sequence* s = args.options.max_new_tokens > 0 ? engine_sequence(&e, id) : NULL;
+    bool complete = !engine_has_work(&e);
+    stop_reason stop = s ? s->stop : STOP_LENGTH;
+    engine_free(&e);
+    if (trace && fclose(trace) != 0) {
+        fprintf(stderr, "servelab generate: %s: the trace could not be written\n", args.trace_path);
+        complete = false;
+    }
+    if (!complete) goto done;
     if (print_text) {
         putchar('\n');
     } else {
@@ -180,17 +247,15 @@ int command_generate(int argc, char** argv) {
         putchar('\n');
     }
     fflush(stdout);
-    double decode_rate = stats.decode_seconds > 0 ? stats.n_decode_steps / stats.decode_seconds : 0.0;
-    double prefill_rate = stats.prefill_seconds > 0 ? stats.n_prompt_tokens / stats.prefill_seconds : 0.0;
-    unsigned long long weight_bytes_per_token =
-        stats.n_decode_steps ? (unsigned long long)(stats.decode_traffic.weight_bytes_read / (uint64_t)stats.n_decode_steps)
-                             : (unsigned long long)stats.prefill_traffic.weight_bytes_read;
+    double decode_rate = decode_ns > 0 ? decode_steps / (decode_ns * 1e-9) : 0.0;
+    double prefill_rate = prefill_ns > 0 ? n_prompt / (prefill_ns * 1e-9) : 0.0;
     fprintf(stderr,
             "servelab: %s (%s, %.2fM params, %llu weight bytes); prefill %d tok at %.0f tok/s; "
             "decode %d tok at %.1f tok/s; %llu weight bytes read per token; stop: %s\n",
             source.model_label, weight_dtype_name(source.model.dtype), (double)source.model.n_parameters / 1e6,
-            (unsigned long long)source.model.weight_bytes, stats.n_prompt_tokens, prefill_rate, n_generated,
-            decode_rate, weight_bytes_per_token, stop_reason_name(stats.stop));
+            (unsigned long long)source.model.weight_bytes, n_prompt, prefill_rate, n_generated, decode_rate,
+            decode_steps ? (unsigned long long)(decode_weight_bytes / (uint64_t)decode_steps) : 0ull,
+            stop_reason_name(stop));
     status = 0;
 done:
     free(prompt);
