@@ -202,6 +202,117 @@ static void test_help_and_info(void** state) {
     free_result(&r);
 }
 
+
+// ---- sim and trace ------------------------------------------------------------
+
+// The value of "key": in the object that follows "run": in a JSON text.
+static double json_field(const char* json, const char* run, const char* key) {
+    char pattern[128];
+    snprintf(pattern, sizeof pattern, "\"%s\":{", run);
+    const char* object = strstr(json, pattern);
+    if (!object) fail_msg("no run '%s' in %s", run, json);
+    snprintf(pattern, sizeof pattern, "\"%s\":", key);
+    const char* field = strstr(object, pattern);
+    if (!field) fail_msg("no key '%s' in run '%s'", key, run);
+    return strtod(field + strlen(pattern), NULL);
+}
+
+static void test_sim_json_reports_both_layouts(void** state) {
+    (void)state;
+    char model_path[512], arguments[1024];
+    REQUIRE_SHARED_MODEL(model_path, "stories260K.bin");
+    snprintf(arguments, sizeof arguments,
+             "sim --model %s --requests 12 --prompt-len uniform:8:40 --output-len fixed:12 --kv-mem 512KiB "
+             "--reserve request --shared-prefix 16 --json",
+             model_path);
+    command_result r = run_servelab(arguments);
+    if (r.exit_status != 0) fail_msg("sim failed: %s", r.err);
+    const char* keys[] = {"completed", "throughput_tok_s", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "peak_running",
+                          "kv_util_pct", "kv_waste_pct", "preemptions", "prefix_hit_tokens"};
+    for (int run = 0; run < 2; run++)
+        for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
+            (void)json_field(r.out, run == 0 ? "paged" : "contiguous", keys[k]);
+    assert_int_equal((int)json_field(r.out, "paged", "completed"), 12);
+    assert_int_equal((int)json_field(r.out, "contiguous", "completed"), 12);
+    // Every request generated exactly its 12 tokens.
+    assert_int_equal((int)json_field(r.out, "paged", "generated_tokens"), 12 * 12);
+    assert_true(json_field(r.out, "paged", "throughput_tok_s") > 0);
+    // The shared 16-token prefix is one block: later requests reuse it.
+    assert_true(json_field(r.out, "paged", "prefix_hit_tokens") >= 16);
+    assert_int_equal((int)json_field(r.out, "contiguous", "prefix_hit_tokens"), 0);
+    double waste = json_field(r.out, "paged", "kv_waste_pct");
+    assert_true(waste >= 0 && waste < 100);
+    free_result(&r);
+}
+
+static void test_trace_writes_one_json_object_per_step(void** state) {
+    (void)state;
+    char model_path[512], trace_path[512], arguments[2048];
+    REQUIRE_SHARED_MODEL(model_path, "stories260K.bin");
+    snprintf(trace_path, sizeof trace_path, "%s/trace.jsonl", test_scratch_dir());
+    snprintf(arguments, sizeof arguments, "generate --model %s --prompt-ids \"300 400 100\" -n 20 --trace %s --ids",
+             model_path, trace_path);
+    command_result r = run_servelab(arguments);
+    assert_int_equal(r.exit_status, 0);
+    char* trace = read_text(trace_path);
+    // One prefill step then 19 decode steps (the 20th token needs no forward pass).
+    assert_int_equal(count_lines(trace), 20);
+    assert_true(strncmp(trace, "{\"step\":1,", 10) == 0);
+    assert_non_null(strstr(trace, "\"prefill_tokens\":4,"));
+    for (const char* line = trace; *line; line = strchr(line, '\n') + 1) {
+        assert_true(line[0] == '{');
+        const char* end = strchr(line, '\n');
+        assert_true(end[-1] == '}');
+        assert_non_null(strstr(line, "\"weight_bytes\":"));
+        assert_non_null(strstr(line, "\"blocks\":["));
+    }
+    free(trace);
+    free_result(&r);
+}
+
+static void test_sim_bad_input(void** state) {
+    (void)state;
+    struct {
+        const char* arguments;
+        const char* expected;
+        int status;
+    } cases[] = {
+        {"sim --model tiny --prompt-len normal:5", "--prompt-len: expected fixed:N", 2},
+        {"sim --model tiny --output-len uniform:9:3", "--output-len: expected", 2},
+        {"sim --model tiny --kv sideways", "--kv: expected paged, contiguous or both", 2},
+        {"sim --model tiny --kv-mem lots", "--kv-mem: expected a size", 2},
+        {"sim --model tiny --block-size 300", "--block-size: expected a whole number from 1 to 256", 2},
+        {"sim --model tiny --workload build/no/such.jsonl", "no/such.jsonl: cannot open", 2},
+        {"sim --model tiny --requests 0", "--requests: expected a whole number from 1", 2},
+        {"sim --model tiny --kv contiguous --kv-mem 32KiB --requests 2", "could never run", 1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        command_result r = run_servelab(cases[i].arguments);
+        if (r.exit_status != cases[i].status)
+            fail_msg("'%s' exited %d, expected %d (stderr: %s)", cases[i].arguments, r.exit_status, cases[i].status, r.err);
+        if (!strstr(r.err, cases[i].expected)) fail_msg("'%s': stderr '%s' lacks '%s'", cases[i].arguments, r.err, cases[i].expected);
+        free_result(&r);
+    }
+    // A workload file with a broken line names the line.
+    char path[512], arguments[1024];
+    snprintf(path, sizeof path, "%s/bad.jsonl", test_scratch_dir());
+    const char* text = "{\"prompt_ids\": [1, 40, 50], \"max_tokens\": 4}\n{\"prompt_ids\": [1, 2, \"x\"], \"max_tokens\": 4}\n";
+    assert_true(test_write_file(path, text, strlen(text)));
+    snprintf(arguments, sizeof arguments, "sim --model tiny --workload %s", path);
+    command_result r = run_servelab(arguments);
+    assert_int_equal(r.exit_status, 2);
+    assert_non_null(strstr(r.err, "bad.jsonl:2: expected a number"));
+    free_result(&r);
+    // ... and a good one runs.
+    text = "{\"prompt_ids\": [1, 40, 50], \"max_tokens\": 4, \"arrival\": 0.01}\n{\"prompt\": \"hi\", \"max_tokens\": 3}\n";
+    assert_true(test_write_file(path, text, strlen(text)));
+    snprintf(arguments, sizeof arguments, "sim --model tiny --workload %s --kv paged --json", path);
+    r = run_servelab(arguments);
+    assert_int_equal(r.exit_status, 0);
+    assert_int_equal((int)json_field(r.out, "paged", "generated_tokens"), 7);
+    free_result(&r);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_generate_ids_match_golden),
@@ -211,6 +322,9 @@ int main(void) {
         cmocka_unit_test(test_truncated_checkpoint_fails_cleanly),
         cmocka_unit_test(test_bad_flags_fail_with_usage_status),
         cmocka_unit_test(test_help_and_info),
+        cmocka_unit_test(test_sim_json_reports_both_layouts),
+        cmocka_unit_test(test_trace_writes_one_json_object_per_step),
+        cmocka_unit_test(test_sim_bad_input),
     };
     return cmocka_run_group_tests_name("lab/cli", tests, NULL, NULL);
 }
