@@ -22,6 +22,7 @@ engine_config engine_config_default(void) {
         .chunked_prefill = true,
         .prefix_caching = true,
         .watermark_blocks = -1, // -1: 1% of the pool, at least 1
+        .n_threads = 0,
     };
 }
 
@@ -70,6 +71,15 @@ int engine_init(engine* e, const model* m, const engine_config* config, error_in
         engine_free(e);
         return -1;
     }
+    int pool_status = thread_pool_create(c->n_threads, &e->workers);
+    if (pool_status != 0) {
+        engine_free(e);
+        return error_set(err, "--threads %d: cannot start the worker threads (error %d)", c->n_threads, pool_status);
+    }
+    if (forward_state_set_pool(&e->forward, e->workers, err)) {
+        engine_free(e);
+        return -1;
+    }
     e->rows = malloc((size_t)max_rows * sizeof *e->rows);
     e->mark = calloc((size_t)(c->layout == KV_LAYOUT_PAGED ? n_blocks : 1), sizeof *e->mark);
     if (!e->rows || !e->mark || ensure_step_capacity(e, 2 * c->max_seqs)) {
@@ -87,6 +97,7 @@ void engine_free(engine* e) {
     if (e->config.layout == KV_LAYOUT_PAGED) kv_pool_free(&e->pool);
     else kv_contiguous_free(&e->contiguous);
     forward_state_free(&e->forward);
+    thread_pool_free(e->workers);
     free(e->logits);
     free(e->rows);
     free(e->tables);

@@ -41,6 +41,7 @@ typedef struct engine_config {
     bool chunked_prefill;       // split long prompts over steps
     bool prefix_caching;        // reuse cached full blocks of equal prefixes (paged)
     int watermark_blocks;       // blocks kept free at admission for running sequences to grow
+    int n_threads;              // worker threads for the kernels; 0 = one per online CPU
 } engine_config;
 
 // The defaults: paged, fp16 KV, block size 16, 64 MiB, continuous batching,
@@ -69,6 +70,7 @@ typedef struct engine {
     kv_pool pool;               // paged layout
     kv_contiguous contiguous;   // contiguous layout
     forward_state forward;
+    thread_pool* workers;       // the kernels' worker threads (owned)
     sequence* sequences;        // (n_sequences) every sequence ever added, by id
     int n_sequences;
     int sequences_capacity;

@@ -25,6 +25,7 @@ int forward_state_init(forward_state* s, const model_config* c, int max_rows, in
     s->hidden = calloc(rows * (size_t)c->hidden_dim, sizeof(float));
     s->hidden_up = calloc(rows * (size_t)c->hidden_dim, sizeof(float));
     s->scores = calloc((size_t)max_context, sizeof(float));
+    s->n_thread_slots = 1;
     if (!s->x || !s->xb || !s->xb2 || !s->query || !s->key || !s->value || !s->attention || !s->hidden ||
         !s->hidden_up || !s->scores) {
         forward_state_free(s);
@@ -45,6 +46,43 @@ void forward_state_free(forward_state* s) {
     free(s->hidden_up);
     free(s->scores);
     memset(s, 0, sizeof *s);
+}
+
+int forward_state_set_pool(forward_state* s, thread_pool* pool, error_info* err) {
+    int n_threads = thread_pool_size(pool);
+    float* scores = calloc((size_t)n_threads * (size_t)s->max_context, sizeof(float));
+    if (!scores) return error_set(err, "forward: out of memory for %d threads", n_threads);
+    free(s->scores);
+    s->scores = scores;
+    s->n_thread_slots = n_threads;
+    s->pool = pool;
+    return 0;
+}
+
+// Attention of one row, run as a thread-pool task: rows are independent
+// (their keys and values were all written before), and each thread has its
+// own score scratch and traffic tally.
+typedef struct attention_job {
+    const model_config* config;
+    forward_state* state;
+    const forward_batch* batch;
+    kv_dtype dtype;
+    const void* layer_keys;
+    const void* layer_values;
+    int block_size;
+    kernel_traffic* per_thread_traffic; // (n_thread_slots)
+} attention_job;
+
+static void attention_task(void* context, int row_index, int thread) {
+    const attention_job* job = context;
+    const model_config* c = job->config;
+    const batch_row* row = &job->batch->rows[row_index];
+    kv_layer_view view = {job->dtype, job->layer_keys, job->layer_values, job->batch->block_tables[row->sequence],
+                          job->block_size};
+    attention_row(job->state->attention + (size_t)row_index * (size_t)c->dim,
+                  job->state->query + (size_t)row_index * (size_t)c->dim, &view, row->position + 1, c->n_heads,
+                  c->n_kv_heads, c->head_dim, job->state->scores + (size_t)thread * (size_t)job->state->max_context,
+                  &job->per_thread_traffic[thread]);
 }
 
 static int check_batch(const model* m, const forward_state* s, const kv_memory* kv, const forward_batch* b,
@@ -84,9 +122,9 @@ int forward(const model* m, forward_state* s, kv_memory* kv, const forward_batch
 
         // ---- attention: x += wo . attention(rope(wq xb), rope(wk xb), wv xb)
         rmsnorm(s->xb, s->x, layer->rms_attention, n, dim, MODEL_RMS_EPS, traffic);
-        matmul(s->query, s->xb, n, &layer->wq, traffic);
-        matmul(s->key, s->xb, n, &layer->wk, traffic);
-        matmul(s->value, s->xb, n, &layer->wv, traffic);
+        matmul_parallel(s->query, s->xb, n, &layer->wq, s->pool, traffic);
+        matmul_parallel(s->key, s->xb, n, &layer->wk, s->pool, traffic);
+        matmul_parallel(s->value, s->xb, n, &layer->wv, s->pool, traffic);
         // Keys and values of every row are stored first, so that a row of a
         // prompt can attend to the rows before it in the same batch.
         for (int r = 0; r < n; r++) {
@@ -96,22 +134,22 @@ int forward(const model* m, forward_state* s, kv_memory* kv, const forward_batch
             int64_t slot = kv_slot_of_position(b->block_tables[row->sequence], kv->block_size, row->position);
             kv_write_row(layer_keys, layer_values, kv->dtype, slot, key, s->value + (size_t)r * kv_dim, kv_dim, traffic);
         }
-        for (int r = 0; r < n; r++) {
-            const batch_row* row = &b->rows[r];
-            kv_layer_view view = {kv->dtype, layer_keys, layer_values, b->block_tables[row->sequence], kv->block_size};
-            attention_row(s->attention + (size_t)r * dim, s->query + (size_t)r * dim, &view, row->position + 1,
-                          c->n_heads, c->n_kv_heads, c->head_dim, s->scores, traffic);
-        }
-        matmul(s->xb2, s->attention, n, &layer->wo, traffic);
+        kernel_traffic per_thread_traffic[THREAD_POOL_MAX_THREADS];
+        memset(per_thread_traffic, 0, (size_t)s->n_thread_slots * sizeof *per_thread_traffic);
+        attention_job job = {c, s, b, kv->dtype, layer_keys, layer_values, kv->block_size, per_thread_traffic};
+        thread_pool_run(s->pool, n, attention_task, &job);
+        if (traffic)
+            for (int t = 0; t < s->n_thread_slots; t++) traffic_add(traffic, &per_thread_traffic[t]);
+        matmul_parallel(s->xb2, s->attention, n, &layer->wo, s->pool, traffic);
         for (int r = 0; r < n; r++) residual_add(s->x + (size_t)r * dim, s->xb2 + (size_t)r * dim, dim, traffic);
 
         // ---- feed-forward: x += w2 . (silu(w1 xb) * (w3 xb))
         rmsnorm(s->xb, s->x, layer->rms_ffn, n, dim, MODEL_RMS_EPS, traffic);
-        matmul(s->hidden, s->xb, n, &layer->w1, traffic);
-        matmul(s->hidden_up, s->xb, n, &layer->w3, traffic);
+        matmul_parallel(s->hidden, s->xb, n, &layer->w1, s->pool, traffic);
+        matmul_parallel(s->hidden_up, s->xb, n, &layer->w3, s->pool, traffic);
         for (int r = 0; r < n; r++)
             swiglu(s->hidden + (size_t)r * hidden, s->hidden_up + (size_t)r * hidden, hidden, traffic);
-        matmul(s->xb2, s->hidden, n, &layer->w2, traffic);
+        matmul_parallel(s->xb2, s->hidden, n, &layer->w2, s->pool, traffic);
         for (int r = 0; r < n; r++) residual_add(s->x + (size_t)r * dim, s->xb2 + (size_t)r * dim, dim, traffic);
     }
 
@@ -125,7 +163,7 @@ int forward(const model* m, forward_state* s, kv_memory* kv, const forward_batch
     }
     if (n_logit_rows > 0) {
         rmsnorm(s->xb, s->xb2, m->rms_final, n_logit_rows, dim, MODEL_RMS_EPS, traffic);
-        matmul(logits, s->xb, n_logit_rows, &m->classifier, traffic);
+        matmul_parallel(logits, s->xb, n_logit_rows, &m->classifier, s->pool, traffic);
     }
     return 0;
 }

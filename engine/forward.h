@@ -17,6 +17,7 @@
 #include "engine/kv_memory.h"
 #include "engine/model.h"
 #include "kernels/cpu/kernel_traffic.h"
+#include "kernels/cpu/thread_pool.h"
 
 typedef struct batch_row {
     int32_t token;     // token id
@@ -46,12 +47,18 @@ typedef struct forward_state {
     float* attention;  // (max_rows, dim) attention output per row
     float* hidden;     // (max_rows, hidden_dim) gate, then SwiGLU output
     float* hidden_up;  // (max_rows, hidden_dim)
-    float* scores;     // (max_context) attention weights of one head
+    float* scores;     // (n_thread_slots, max_context) attention weights of one head, per thread
+    int n_thread_slots;
+    thread_pool* pool; // shared worker threads (not owned); NULL = the calling thread only
 } forward_state;
 
 int forward_state_init(forward_state* state, const model_config* config, int max_rows, int max_context,
                        error_info* err);
 void forward_state_free(forward_state* state);
+
+// Runs the matmuls and the per-row attention on `pool` (NULL: one thread).
+// Results are bit-identical for any number of threads.
+int forward_state_set_pool(forward_state* state, thread_pool* pool, error_info* err);
 
 // Runs the batch, writing each row's keys and values into kv, and the
 // logits of the rows with wants_logits, in row order, into logits:

@@ -18,7 +18,8 @@ const char ENGINE_OPTIONS_USAGE[] =
     "  --max-seqs N              sequences running at once (default 128)\n"
     "  --max-batched-tokens N    tokens per step (default 512)\n"
     "  --no-chunked-prefill      compute each prompt in one step\n"
-    "  --no-prefix-caching       never share cached prompt blocks\n";
+    "  --no-prefix-caching       never share cached prompt blocks\n"
+    "  --threads N               worker threads for the kernels (default: one per CPU)\n";
 
 int parse_size_arg(const char* flag, const char* text, uint64_t* out, error_info* err) {
     char* end = NULL;
@@ -95,6 +96,10 @@ bool engine_option_match(arg_cursor* cursor, engine_config* c, bool* kv_both, bo
             *failed = parse_int_arg("--max-batched-tokens", cursor->value, 1, 1 << 16, &value, err) != 0;
             if (!*failed) c->max_batched_tokens = value;
         }
+        return true;
+    }
+    if (arg_match(cursor, "--threads", true, failed, err)) {
+        if (!*failed) *failed = parse_int_arg("--threads", cursor->value, 0, 256, &c->n_threads, err) != 0;
         return true;
     }
     if (arg_match(cursor, "--no-chunked-prefill", false, failed, err)) {

@@ -3,6 +3,8 @@
 #include <math.h>
 #include <string.h>
 
+#include "kernels/cpu/attention_simd.h"
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/fp16.h"
 #include "kernels/cpu/ops.h"
 
@@ -11,8 +13,9 @@ static inline float kv_element(const void* slots, kv_dtype dtype, size_t index) 
     return dtype == KV_F16 ? fp16_to_fp32(((const uint16_t*)slots)[index]) : ((const float*)slots)[index];
 }
 
-void attention_row(float* out, const float* query, const kv_layer_view* kv, int n_context, int n_heads,
-                   int n_kv_heads, int head_dim, float* scores, kernel_traffic* traffic) {
+// The reference order (llama2.c's run.c), for either element type.
+static void attention_row_scalar(float* out, const float* query, const kv_layer_view* kv, int n_context,
+                                 int n_heads, int n_kv_heads, int head_dim, float* scores) {
     const int kv_dim = n_kv_heads * head_dim;
     const int queries_per_kv_head = n_heads / n_kv_heads;
     for (int h = 0; h < n_heads; h++) {
@@ -37,6 +40,17 @@ void attention_row(float* out, const float* query, const kv_layer_view* kv, int 
                 out_head[i] += weight * kv_element(kv->value_slots, kv->dtype, v + (size_t)i);
         }
     }
+}
+
+void attention_row(float* out, const float* query, const kv_layer_view* kv, int n_context, int n_heads,
+                   int n_kv_heads, int head_dim, float* scores, kernel_traffic* traffic) {
+    const int kv_dim = n_kv_heads * head_dim;
+    // fp16 caches use the vector kernel where the CPU has one; fp32 caches
+    // keep the scalar order of llama2.c (exact reference results).
+    if (kv->dtype == KV_F16 && cpu_simd_level_selected() >= CPU_SIMD_AVX2)
+        attention_row_f16_avx2(out, query, kv, n_context, n_heads, n_kv_heads, head_dim, scores);
+    else
+        attention_row_scalar(out, query, kv, n_context, n_heads, n_kv_heads, head_dim, scores);
     if (traffic) {
         // Every cached key and value of this sequence is read once per row
         // (grouped heads share the same loads).

@@ -1,6 +1,7 @@
 #include "kernels/cpu/matmul.h"
 
 #include "kernels/cpu/fp16.h"
+#include "kernels/cpu/matmul_simd.h"
 
 void traffic_add(kernel_traffic* total, const kernel_traffic* part) {
     total->weight_bytes_read += part->weight_bytes_read;
@@ -27,7 +28,7 @@ uint64_t weight_matrix_bytes(const weight_matrix* w) {
     return bytes;
 }
 
-// ---- one dot product per dtype, reduced in index order --------------------
+// ---- the scalar level: one dot product per dtype, reduced in index order ---
 
 static float dot_f32(const float* weights, const float* x, int n) {
     float sum = 0.0f;
@@ -60,11 +61,12 @@ static float dot_q8(const int8_t* weights, const float* scales, const float* x, 
     return sum;
 }
 
-void matmul(float* out, const float* in, int n_rows, const weight_matrix* w, kernel_traffic* traffic) {
+// The scalar level, and the only fp32 path: element by element, outputs
+// outermost so one weight row stays in cache while every batch row uses it.
+static void matmul_scalar_range(float* out, const float* in, int n_rows, const weight_matrix* w, int o_begin,
+                                int o_end) {
     const int d_out = w->rows, d_in = w->cols;
-    // Output feature outermost: one weight row stays in cache while every
-    // batch row uses it, so the matrix streams from memory once per call.
-    for (int o = 0; o < d_out; o++) {
+    for (int o = o_begin; o < o_end; o++) {
         size_t row_offset = (size_t)o * (size_t)d_in;
         for (int r = 0; r < n_rows; r++) {
             const float* x = in + (size_t)r * (size_t)d_in;
@@ -79,11 +81,93 @@ void matmul(float* out, const float* in, int n_rows, const weight_matrix* w, ker
             out[(size_t)r * (size_t)d_out + (size_t)o] = value;
         }
     }
+}
+
+// ---- splitting the outputs between threads ---------------------------------
+
+// Below this many multiply-adds a call runs on the calling thread: handing
+// out work costs a few microseconds, about what ~30k SIMD multiply-adds take
+// (a 64x64 matrix of the stories260K model is 4096).
+#define MATMUL_MIN_PARALLEL_MACS (1 << 15)
+
+// Chunks per thread: more than one so a thread that finishes early takes
+// another chunk instead of idling; few enough that each chunk is a long
+// contiguous stretch of weights for the hardware prefetcher.
+#define MATMUL_CHUNKS_PER_THREAD 4
+
+typedef struct matmul_job {
+    float* out;             // (n_rows, w->rows)
+    const float* in;        // (n_rows, w->cols)
+    int n_rows;             // batch rows
+    const weight_matrix* w; // (w->rows, w->cols)
+    cpu_simd_level level;   // already clamped to the CPU
+    int outputs_per_task;   // output features per chunk
+} matmul_job;
+
+static void matmul_range(const matmul_job* job, int o_begin, int o_end) {
+    float* out = job->out;
+    const float* in = job->in;
+    const weight_matrix* w = job->w;
+#if defined(__x86_64__) || defined(__i386__)
+    if (w->dtype == WEIGHT_F16 && job->level == CPU_SIMD_AVX512) {
+        matmul_f16_avx512(out, in, job->n_rows, w, o_begin, o_end);
+        return;
+    }
+    if (w->dtype == WEIGHT_F16 && job->level == CPU_SIMD_AVX2) {
+        matmul_f16_avx2(out, in, job->n_rows, w, o_begin, o_end);
+        return;
+    }
+    if (w->dtype == WEIGHT_Q8_0 && job->level == CPU_SIMD_AVX512) {
+        matmul_q8_avx512(out, in, job->n_rows, w, o_begin, o_end);
+        return;
+    }
+    if (w->dtype == WEIGHT_Q8_0 && job->level == CPU_SIMD_AVX2) {
+        matmul_q8_avx2(out, in, job->n_rows, w, o_begin, o_end);
+        return;
+    }
+#endif
+    matmul_scalar_range(out, in, job->n_rows, w, o_begin, o_end);
+}
+
+static void matmul_task(void* ctx, int task, int thread) {
+    (void)thread; // a chunk's result depends only on its outputs, not on who runs it
+    const matmul_job* job = ctx;
+    int o_begin = task * job->outputs_per_task;
+    int o_end = o_begin + job->outputs_per_task < job->w->rows ? o_begin + job->outputs_per_task : job->w->rows;
+    matmul_range(job, o_begin, o_end);
+}
+
+void matmul_at_level(float* out, const float* in, int n_rows, const weight_matrix* w, thread_pool* pool,
+                     cpu_simd_level level, kernel_traffic* traffic) {
+    const int d_out = w->rows, d_in = w->cols;
+    matmul_job job = {out, in, n_rows, w, cpu_simd_level_clamp(level), d_out};
+    if (w->dtype == WEIGHT_F32) job.level = CPU_SIMD_SCALAR; // llama2.c's order, bit for bit
+    int n_tasks = d_out > 0 && n_rows > 0 ? 1 : 0;
+    uint64_t macs = (uint64_t)n_rows * (uint64_t)d_in * (uint64_t)d_out;
+    int n_threads = thread_pool_size(pool);
+    if (n_threads > 1 && macs >= MATMUL_MIN_PARALLEL_MACS) {
+        // Chunks of a multiple of 8 outputs, so the SIMD kernels' tiles
+        // (up to 4 outputs) are not cut short inside a chunk.
+        int wanted = n_threads * MATMUL_CHUNKS_PER_THREAD;
+        int per_task = (d_out + wanted - 1) / wanted;
+        job.outputs_per_task = (per_task + 7) / 8 * 8;
+        n_tasks = (d_out + job.outputs_per_task - 1) / job.outputs_per_task;
+    }
+    thread_pool_run(pool, n_tasks, matmul_task, &job);
     if (traffic) {
         traffic->weight_bytes_read += weight_matrix_bytes(w);
         traffic->activation_bytes += (uint64_t)n_rows * (uint64_t)(d_in + d_out) * sizeof(float);
         traffic->matmul_flops += 2ull * (uint64_t)n_rows * (uint64_t)d_in * (uint64_t)d_out;
     }
+}
+
+void matmul_parallel(float* out, const float* in, int n_rows, const weight_matrix* w, thread_pool* pool,
+                     kernel_traffic* traffic) {
+    matmul_at_level(out, in, n_rows, w, pool, cpu_simd_level_selected(), traffic);
+}
+
+void matmul(float* out, const float* in, int n_rows, const weight_matrix* w, kernel_traffic* traffic) {
+    matmul_parallel(out, in, n_rows, w, NULL, traffic);
 }
 
 void weight_row_to_f32(float* out, const weight_matrix* w, int row, kernel_traffic* traffic) {

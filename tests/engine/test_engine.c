@@ -153,14 +153,14 @@ static void assert_same_sequence(const run_output* a, int id_a, const run_output
 
 // ---- batch invariance ------------------------------------------------------------
 
-static void test_batch_invariance_across_layouts_and_batches(void** state) {
-    (void)state;
+static void check_batch_invariance(kv_dtype dtype) {
     const model* m = require_model();
     test_request requests[8];
     make_prompts(requests, 8, 40);
     // Reference: each prompt alone, block size 16, chunked prefill.
     run_output alone[8];
     engine_config base = fp32_config();
+    base.kv_dtype = dtype;
     for (int i = 0; i < 8; i++) run_engine(m, &base, &requests[i], 1, &alone[i]);
 
     struct {
@@ -176,6 +176,7 @@ static void test_batch_invariance_across_layouts_and_batches(void** state) {
     };
     for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
         engine_config c = fp32_config();
+        c.kv_dtype = dtype;
         c.layout = variants[v].layout;
         c.block_size = variants[v].block_size;
         c.chunked_prefill = variants[v].chunked;
@@ -184,13 +185,25 @@ static void test_batch_invariance_across_layouts_and_batches(void** state) {
         if (c.layout == KV_LAYOUT_CONTIGUOUS) c.reserve = RESERVE_REQUEST;
         run_output together;
         run_engine(m, &c, requests, 8, &together);
-        print_message("%-12s max running %d, max tokens per step %d\n", variants[v].name, together.max_running,
+        print_message("%s KV, %-12s max running %d, max tokens per step %d\n", dtype == KV_F16 ? "fp16" : "fp32", variants[v].name, together.max_running,
                       together.max_step_tokens);
         assert_true(together.max_running >= 2); // really batched
         for (int i = 0; i < 8; i++) assert_same_sequence(&together, i, &alone[i], 0);
         free_output(&together);
     }
     for (int i = 0; i < 8; i++) free_output(&alone[i]);
+}
+
+// fp32 KV (the scalar reference kernels) and fp16 KV (the vector kernels
+// where the CPU has them): both must be batch invariant.
+static void test_batch_invariance_across_layouts_and_batches(void** state) {
+    (void)state;
+    check_batch_invariance(KV_F32);
+}
+
+static void test_batch_invariance_with_fp16_kv(void** state) {
+    (void)state;
+    check_batch_invariance(KV_F16);
 }
 
 // The engine's greedy output equals llama2.c's reference for a golden prompt.
@@ -474,6 +487,7 @@ static void test_static_batching_waits_for_the_whole_batch(void** state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batch_invariance_across_layouts_and_batches),
+        cmocka_unit_test(test_batch_invariance_with_fp16_kv),
         cmocka_unit_test(test_engine_matches_golden),
         cmocka_unit_test(test_forks_diverge_and_equal_unshared_runs),
         cmocka_unit_test(test_prefix_cache_shares_one_copy),

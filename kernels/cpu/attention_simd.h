@@ -1,0 +1,11 @@
+// attention_simd: the vectorised attention kernels (internal to kernels/cpu).
+#ifndef SERVELAB_ATTENTION_SIMD_H
+#define SERVELAB_ATTENTION_SIMD_H
+
+#include "kernels/cpu/attention.h"
+
+// fp16 keys and values; callable only when the CPU has AVX2, FMA and F16C.
+void attention_row_f16_avx2(float* out, const float* query, const kv_layer_view* kv, int n_context, int n_heads,
+                            int n_kv_heads, int head_dim, float* scores);
+
+#endif

@@ -1,0 +1,212 @@
+// matmul_avx512: fp16 and Q8_0 matmul kernels for AVX-512 (F, BW, VL).
+//
+// The same design as matmul_avx2.c (read that first) with 16-lane vectors:
+// tiles of C outputs x R batch rows, one accumulator per output element.
+// AVX-512 adds two things used here: 32 vector registers (tiles up to 4 x 4)
+// and masked loads, so the tail of a row is read with the lanes past its end
+// switched off instead of copied into a padded buffer. Only the tail: full
+// vectors use plain loads (masking every load made the Q8 kernel 4x slower
+// on Zen 5).
+//
+// ---- The fixed reduction order (batch invariance) --------------------------
+// out[r][o] = sum_i W[o][i] * x[r][i] is always reduced like this:
+//   1. one 16-lane fp32 accumulator, starting at +0; for i = 0, 16, 32, ...
+//      while i + 16 <= n: acc = fma(W[o][i..i+15], x[r][i..i+15], acc);
+//   2. the last n % 16 values, loaded with the other lanes zeroed, are one
+//      more fma (masked-off lanes add 0 * 0);
+//   3. hsum16(): lanes l + (l+8), then the fixed tree of hsum8().
+// Q8_0: steps 1-2 per group segment, then total = fma(segment, scale,
+// total) in column order, then step 3. Tiles and threads only decide which
+// elements run side by side, never how one is computed.
+#include "kernels/cpu/matmul_simd.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+
+#define AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+#define AVX512_INLINE static inline __attribute__((always_inline, target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+
+// Largest tile: 4 x 4 accumulators + 4 activations + a weight vector fit
+// in the 32 zmm registers.
+#define TILE_MAX 4
+
+// Fixed horizontal sum: l + (l+8) for l < 8, then
+// ((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7)).
+AVX512_INLINE float hsum16(__m512 v) {
+    __m256 half =
+        _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    __m128 quad = _mm_add_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1));
+    __m128 pair = _mm_add_ps(quad, _mm_movehl_ps(quad, quad));
+    return _mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair)));
+}
+
+// ---- fp16 ------------------------------------------------------------------
+
+// out: (R rows of stride d_out, C consecutive outputs); w: (C, cols) halves;
+// x: (R, cols) floats. C and R are constants at every call site.
+AVX512_INLINE void f16_tile(float* out, int d_out, const uint16_t* w, const float* x, int cols, int C, int R) {
+    __m512 acc[TILE_MAX][TILE_MAX], xv[TILE_MAX];
+    UNROLL_TILE for (int c = 0; c < C; c++) { UNROLL_TILE for (int r = 0; r < R; r++) acc[c][r] = _mm512_setzero_ps(); }
+    int i = 0;
+    for (; i + 16 <= cols; i += 16) {
+        UNROLL_TILE for (int r = 0; r < R; r++) xv[r] = _mm512_loadu_ps(x + (size_t)r * (size_t)cols + (size_t)i);
+        UNROLL_TILE for (int c = 0; c < C; c++) {
+            __m512 wv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(w + (size_t)c * (size_t)cols + (size_t)i)));
+            UNROLL_TILE for (int r = 0; r < R; r++) acc[c][r] = _mm512_fmadd_ps(wv, xv[r], acc[c][r]);
+        }
+    }
+    if (i < cols) { // the tail: lanes past the end are not read and load as 0
+        __mmask16 live = (__mmask16)((1u << (cols - i)) - 1u);
+        UNROLL_TILE for (int r = 0; r < R; r++) {
+            xv[r] = _mm512_maskz_loadu_ps(live, x + (size_t)r * (size_t)cols + (size_t)i);
+        }
+        UNROLL_TILE for (int c = 0; c < C; c++) {
+            __m512 wv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(live, w + (size_t)c * (size_t)cols + (size_t)i));
+            UNROLL_TILE for (int r = 0; r < R; r++) acc[c][r] = _mm512_fmadd_ps(wv, xv[r], acc[c][r]);
+        }
+    }
+    UNROLL_TILE for (int c = 0; c < C; c++) {
+        UNROLL_TILE for (int r = 0; r < R; r++) out[(size_t)r * (size_t)d_out + (size_t)c] = hsum16(acc[c][r]);
+    }
+}
+
+static AVX512_TARGET __attribute__((noinline)) void f16_tile_any(float* out, int d_out, const uint16_t* w,
+                                                                 const float* x, int cols, int C, int R) {
+    switch (C * 8 + R) {
+    case 1 * 8 + 1: f16_tile(out, d_out, w, x, cols, 1, 1); break;
+    case 1 * 8 + 2: f16_tile(out, d_out, w, x, cols, 1, 2); break;
+    case 1 * 8 + 3: f16_tile(out, d_out, w, x, cols, 1, 3); break;
+    case 1 * 8 + 4: f16_tile(out, d_out, w, x, cols, 1, 4); break;
+    case 2 * 8 + 1: f16_tile(out, d_out, w, x, cols, 2, 1); break;
+    case 2 * 8 + 2: f16_tile(out, d_out, w, x, cols, 2, 2); break;
+    case 2 * 8 + 3: f16_tile(out, d_out, w, x, cols, 2, 3); break;
+    case 2 * 8 + 4: f16_tile(out, d_out, w, x, cols, 2, 4); break;
+    case 3 * 8 + 1: f16_tile(out, d_out, w, x, cols, 3, 1); break;
+    case 3 * 8 + 2: f16_tile(out, d_out, w, x, cols, 3, 2); break;
+    case 3 * 8 + 3: f16_tile(out, d_out, w, x, cols, 3, 3); break;
+    case 3 * 8 + 4: f16_tile(out, d_out, w, x, cols, 3, 4); break;
+    case 4 * 8 + 1: f16_tile(out, d_out, w, x, cols, 4, 1); break;
+    case 4 * 8 + 2: f16_tile(out, d_out, w, x, cols, 4, 2); break;
+    case 4 * 8 + 3: f16_tile(out, d_out, w, x, cols, 4, 3); break;
+    case 4 * 8 + 4: f16_tile(out, d_out, w, x, cols, 4, 4); break;
+    default: break; // larger tiles are never asked for
+    }
+}
+
+AVX512_TARGET void matmul_f16_avx512(float* out, const float* in, int n_rows, const weight_matrix* w, int o_begin,
+                                     int o_end) {
+    const uint16_t* values = (const uint16_t*)w->values;
+    const int d_out = w->rows, cols = w->cols;
+    // Outputs outermost: a tile's 4 weight rows stay in L1 while every batch
+    // row passes over them, so weights stream from memory once per call.
+    for (int o = o_begin; o < o_end; o += TILE_MAX) {
+        int C = o_end - o < TILE_MAX ? o_end - o : TILE_MAX;
+        for (int r = 0; r < n_rows; r += TILE_MAX) {
+            int R = n_rows - r < TILE_MAX ? n_rows - r : TILE_MAX;
+            f16_tile_any(out + (size_t)r * (size_t)d_out + (size_t)o, d_out, values + (size_t)o * (size_t)cols,
+                         in + (size_t)r * (size_t)cols, cols, C, R);
+        }
+    }
+}
+
+// ---- Q8_0 ------------------------------------------------------------------
+
+// Widens 16 int8 at p to floats (exact).
+AVX512_INLINE __m512 widen_q8(const int8_t* p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
+}
+
+// The same for the lanes of `live` only; the others are not read and are 0.
+AVX512_INLINE __m512 widen_q8_masked(const int8_t* p, __mmask16 live) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(live, p)));
+}
+
+// out: (R rows of stride d_out, C outputs); w: (C, cols) int8 starting at
+// flat index row_offset; x: (R, cols). C > 1 needs q8_rows_share_segments().
+AVX512_INLINE void q8_tile(float* out, int d_out, const int8_t* w, const float* scales, size_t row_offset,
+                           size_t group_size, const float* x, int cols, int C, int R) {
+    __m512 total[TILE_MAX][TILE_MAX], acc[TILE_MAX][TILE_MAX], xv[TILE_MAX];
+    UNROLL_TILE for (int c = 0; c < C; c++) {
+        UNROLL_TILE for (int r = 0; r < R; r++) total[c][r] = _mm512_setzero_ps();
+    }
+    // group[c]: the group of row c's current segment. Each segment after
+    // the first starts a new group, so it counts up by one (no division).
+    size_t group[TILE_MAX];
+    UNROLL_TILE for (int c = 0; c < C; c++) group[c] = (row_offset + (size_t)c * (size_t)cols) / group_size;
+    for (int s = 0; s < cols;) {
+        size_t group_end = (group[0] + 1) * group_size; // flat index
+        int e = group_end - row_offset < (size_t)cols ? (int)(group_end - row_offset) : cols;
+        UNROLL_TILE for (int c = 0; c < C; c++) {
+            UNROLL_TILE for (int r = 0; r < R; r++) acc[c][r] = _mm512_setzero_ps();
+        }
+        int i = s;
+        for (; i + 16 <= e; i += 16) {
+            UNROLL_TILE for (int r = 0; r < R; r++) xv[r] = _mm512_loadu_ps(x + (size_t)r * (size_t)cols + (size_t)i);
+            UNROLL_TILE for (int c = 0; c < C; c++) {
+                __m512 wv = widen_q8(w + (size_t)c * (size_t)cols + (size_t)i);
+                UNROLL_TILE for (int r = 0; r < R; r++) acc[c][r] = _mm512_fmadd_ps(wv, xv[r], acc[c][r]);
+            }
+        }
+        if (i < e) { // the segment's tail: masked loads, the other lanes add 0 * 0
+            __mmask16 live = (__mmask16)((1u << (e - i)) - 1u);
+            UNROLL_TILE for (int r = 0; r < R; r++) {
+                xv[r] = _mm512_maskz_loadu_ps(live, x + (size_t)r * (size_t)cols + (size_t)i);
+            }
+            UNROLL_TILE for (int c = 0; c < C; c++) {
+                __m512 wv = widen_q8_masked(w + (size_t)c * (size_t)cols + (size_t)i, live);
+                UNROLL_TILE for (int r = 0; r < R; r++) acc[c][r] = _mm512_fmadd_ps(wv, xv[r], acc[c][r]);
+            }
+        }
+        UNROLL_TILE for (int c = 0; c < C; c++) {
+            __m512 scale = _mm512_set1_ps(scales[group[c]++]);
+            UNROLL_TILE for (int r = 0; r < R; r++) total[c][r] = _mm512_fmadd_ps(acc[c][r], scale, total[c][r]);
+        }
+        s = e;
+    }
+    UNROLL_TILE for (int c = 0; c < C; c++) {
+        UNROLL_TILE for (int r = 0; r < R; r++) out[(size_t)r * (size_t)d_out + (size_t)c] = hsum16(total[c][r]);
+    }
+}
+
+static AVX512_TARGET __attribute__((noinline)) void q8_tile_any(float* out, int d_out, const int8_t* w,
+                                                                const float* scales, size_t row_offset,
+                                                                size_t group_size, const float* x, int cols, int C,
+                                                                int R) {
+    switch (C * 8 + R) {
+    case 1 * 8 + 1: q8_tile(out, d_out, w, scales, row_offset, group_size, x, cols, 1, 1); break;
+    case 1 * 8 + 2: q8_tile(out, d_out, w, scales, row_offset, group_size, x, cols, 1, 2); break;
+    case 1 * 8 + 3: q8_tile(out, d_out, w, scales, row_offset, group_size, x, cols, 1, 3); break;
+    case 1 * 8 + 4: q8_tile(out, d_out, w, scales, row_offset, group_size, x, cols, 1, 4); break;
+    case 2 * 8 + 1: q8_tile(out, d_out, w, scales, row_offset, group_size, x, cols, 2, 1); break;
+    case 2 * 8 + 2: q8_tile(out, d_out, w, scales, row_offset, group_size, x, cols, 2, 2); break;
+    case 2 * 8 + 3: q8_tile(out, d_out, w, scales, row_offset, group_size, x, cols, 2, 3); break;
+    case 2 * 8 + 4: q8_tile(out, d_out, w, scales, row_offset, group_size, x, cols, 2, 4); break;
+    case 3 * 8 + 1: q8_tile(out, d_out, w, scales, row_offset, group_size, x, cols, 3, 1); break;
+    case 3 * 8 + 2: q8_tile(out, d_out, w, scales, row_offset, group_size, x, cols, 3, 2); break;
+    case 4 * 8 + 1: q8_tile(out, d_out, w, scales, row_offset, group_size, x, cols, 4, 1); break;
+    case 4 * 8 + 2: q8_tile(out, d_out, w, scales, row_offset, group_size, x, cols, 4, 2); break;
+    default: break; // larger tiles are never asked for
+    }
+}
+
+AVX512_TARGET void matmul_q8_avx512(float* out, const float* in, int n_rows, const weight_matrix* w, int o_begin,
+                                    int o_end) {
+    const int8_t* values = (const int8_t*)w->values;
+    const int d_out = w->rows, cols = w->cols;
+    const size_t group_size = (size_t)w->group_size;
+    // Two accumulators per element (segment, total), so at most 16 per tile:
+    // 4 outputs x 2 rows, or 2 x 4 for a batch; 1 output when rows split
+    // into groups at different columns.
+    const int max_outputs = !q8_rows_share_segments(w) ? 1 : n_rows >= 3 ? 2 : TILE_MAX;
+    for (int o = o_begin; o < o_end; o += max_outputs) {
+        int C = o_end - o < max_outputs ? o_end - o : max_outputs;
+        size_t row_offset = (size_t)o * (size_t)cols;
+        for (int r = 0; r < n_rows; r += TILE_MAX) {
+            int R = n_rows - r < TILE_MAX ? n_rows - r : TILE_MAX;
+            q8_tile_any(out + (size_t)r * (size_t)d_out + (size_t)o, d_out, values + row_offset, w->scales, row_offset,
+                        group_size, in + (size_t)r * (size_t)cols, cols, C, R);
+        }
+    }
+}
+
+#endif
