@@ -70,6 +70,8 @@ typedef struct attention_job {
     const void* layer_keys;
     const void* layer_values;
     int block_size;
+    const float* key_scales;            // KV_I8: (n_slots, n_kv_heads); else NULL
+    const float* value_scales;
     kernel_traffic* per_thread_traffic; // (n_thread_slots)
 } attention_job;
 
@@ -77,8 +79,8 @@ static void attention_task(void* context, int row_index, int thread) {
     const attention_job* job = context;
     const model_config* c = job->config;
     const batch_row* row = &job->batch->rows[row_index];
-    kv_layer_view view = {job->dtype, job->layer_keys, job->layer_values, job->batch->block_tables[row->sequence],
-                          job->block_size};
+    kv_layer_view view = {job->dtype,      job->layer_keys,  job->layer_values, job->batch->block_tables[row->sequence],
+                          job->block_size, job->key_scales, job->value_scales};
     attention_row(job->state->attention + (size_t)row_index * (size_t)c->dim,
                   job->state->query + (size_t)row_index * (size_t)c->dim, &view, row->position + 1, c->n_heads,
                   c->n_kv_heads, c->head_dim, job->state->scores + (size_t)thread * (size_t)job->state->max_context,
@@ -119,9 +121,12 @@ int forward(const model* m, forward_state* s, kv_memory* kv, const forward_batch
         const layer_weights* layer = &m->layers[l];
         void* layer_keys = kv_memory_layer_keys(kv, l);
         void* layer_values = kv_memory_layer_values(kv, l);
+        float* layer_key_scales = kv_memory_layer_key_scales(kv, l);
+        float* layer_value_scales = kv_memory_layer_value_scales(kv, l);
 
         // ---- attention: x += wo . attention(rope(wq xb), rope(wk xb), wv xb)
         rmsnorm(s->xb, s->x, layer->rms_attention, n, dim, MODEL_RMS_EPS, traffic);
+        if (s->capture) s->capture(s->capture_user, l, CAPTURE_ATTENTION_INPUT, s->xb, n, dim);
         matmul_parallel(s->query, s->xb, n, &layer->wq, s->pool, traffic);
         matmul_parallel(s->key, s->xb, n, &layer->wk, s->pool, traffic);
         matmul_parallel(s->value, s->xb, n, &layer->wv, s->pool, traffic);
@@ -132,23 +137,28 @@ int forward(const model* m, forward_state* s, kv_memory* kv, const forward_batch
             float* key = s->key + (size_t)r * kv_dim;
             rope(s->query + (size_t)r * dim, key, row->position, c->n_heads, c->n_kv_heads, c->head_dim, traffic);
             int64_t slot = kv_slot_of_position(b->block_tables[row->sequence], kv->block_size, row->position);
-            kv_write_row(layer_keys, layer_values, kv->dtype, slot, key, s->value + (size_t)r * kv_dim, kv_dim, traffic);
+            kv_write_row(layer_keys, layer_values, layer_key_scales, layer_value_scales, kv->dtype, slot, key,
+                         s->value + (size_t)r * kv_dim, c->n_kv_heads, c->head_dim, traffic);
         }
         kernel_traffic per_thread_traffic[THREAD_POOL_MAX_THREADS];
         memset(per_thread_traffic, 0, (size_t)s->n_thread_slots * sizeof *per_thread_traffic);
-        attention_job job = {c, s, b, kv->dtype, layer_keys, layer_values, kv->block_size, per_thread_traffic};
+        attention_job job = {c,         s, b, kv->dtype, layer_keys, layer_values, kv->block_size, layer_key_scales,
+                             layer_value_scales, per_thread_traffic};
         thread_pool_run(s->pool, n, attention_task, &job);
         if (traffic)
             for (int t = 0; t < s->n_thread_slots; t++) traffic_add(traffic, &per_thread_traffic[t]);
+        if (s->capture) s->capture(s->capture_user, l, CAPTURE_ATTENTION_OUTPUT, s->attention, n, dim);
         matmul_parallel(s->xb2, s->attention, n, &layer->wo, s->pool, traffic);
         for (int r = 0; r < n; r++) residual_add(s->x + (size_t)r * dim, s->xb2 + (size_t)r * dim, dim, traffic);
 
         // ---- feed-forward: x += w2 . (silu(w1 xb) * (w3 xb))
         rmsnorm(s->xb, s->x, layer->rms_ffn, n, dim, MODEL_RMS_EPS, traffic);
+        if (s->capture) s->capture(s->capture_user, l, CAPTURE_FFN_INPUT, s->xb, n, dim);
         matmul_parallel(s->hidden, s->xb, n, &layer->w1, s->pool, traffic);
         matmul_parallel(s->hidden_up, s->xb, n, &layer->w3, s->pool, traffic);
         for (int r = 0; r < n; r++)
             swiglu(s->hidden + (size_t)r * hidden, s->hidden_up + (size_t)r * hidden, hidden, traffic);
+        if (s->capture) s->capture(s->capture_user, l, CAPTURE_FFN_HIDDEN, s->hidden, n, hidden);
         matmul_parallel(s->xb2, s->hidden, n, &layer->w2, s->pool, traffic);
         for (int r = 0; r < n; r++) residual_add(s->x + (size_t)r * dim, s->xb2 + (size_t)r * dim, dim, traffic);
     }
@@ -163,6 +173,7 @@ int forward(const model* m, forward_state* s, kv_memory* kv, const forward_batch
     }
     if (n_logit_rows > 0) {
         rmsnorm(s->xb, s->xb2, m->rms_final, n_logit_rows, dim, MODEL_RMS_EPS, traffic);
+        if (s->capture) s->capture(s->capture_user, -1, CAPTURE_CLASSIFIER_INPUT, s->xb, n_logit_rows, dim);
         matmul_parallel(logits, s->xb, n_logit_rows, &m->classifier, s->pool, traffic);
     }
     return 0;

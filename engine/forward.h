@@ -33,6 +33,19 @@ typedef struct forward_batch {
     const int32_t* const* block_tables; // (n_sequences) each (blocks covering its positions)
 } forward_batch;
 
+// Where the forward pass can show its intermediate activations (for
+// quantization calibration): the input of each group of linear layers.
+typedef enum capture_site {
+    CAPTURE_ATTENTION_INPUT = 0, // RMSNorm'ed input of wq, wk, wv: (n_rows, dim)
+    CAPTURE_ATTENTION_OUTPUT = 1, // attention output, the input of wo: (n_rows, dim)
+    CAPTURE_FFN_INPUT = 2,        // RMSNorm'ed input of w1, w3: (n_rows, dim)
+    CAPTURE_FFN_HIDDEN = 3,       // silu(w1 x) * w3 x, the input of w2: (n_rows, hidden_dim)
+    CAPTURE_CLASSIFIER_INPUT = 4, // final-normed rows whose logits are computed: (n, dim); layer -1
+} capture_site;
+
+// rows: (n_rows, width) floats, valid only during the call.
+typedef void (*forward_capture_fn)(void* user, int layer, capture_site site, const float* rows, int n_rows, int width);
+
 // Scratch activations for up to max_rows rows and contexts up to
 // max_context tokens. All (rows, width) arrays are row-major floats.
 typedef struct forward_state {
@@ -50,6 +63,8 @@ typedef struct forward_state {
     float* scores;     // (n_thread_slots, max_context) attention weights of one head, per thread
     int n_thread_slots;
     thread_pool* pool; // shared worker threads (not owned); NULL = the calling thread only
+    forward_capture_fn capture; // NULL: no capture
+    void* capture_user;
 } forward_state;
 
 int forward_state_init(forward_state* state, const model_config* config, int max_rows, int max_context,

@@ -1,5 +1,6 @@
 #include "engine/kv_memory.h"
 
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,11 +15,20 @@ int kv_memory_init(kv_memory* kv, const model_config* config, kv_dtype dtype, in
     kv->n_blocks = n_blocks;
     kv->block_size = block_size;
     kv->kv_dim = config->kv_dim;
+    kv->n_kv_heads = config->n_kv_heads;
+    kv->head_dim = config->head_dim;
     size_t elements = (size_t)config->n_layers * (size_t)n_blocks * (size_t)block_size * (size_t)config->kv_dim;
     size_t element_bytes = (size_t)kv_dtype_bytes(dtype);
     kv->keys = calloc(elements, element_bytes);
     kv->values = calloc(elements, element_bytes);
-    if (!kv->keys || !kv->values) {
+    bool scales_ok = true;
+    if (dtype == KV_I8) {
+        size_t n_scales = elements / (size_t)config->head_dim;
+        kv->key_scales = calloc(n_scales, sizeof(float));
+        kv->value_scales = calloc(n_scales, sizeof(float));
+        scales_ok = kv->key_scales && kv->value_scales;
+    }
+    if (!kv->keys || !kv->values || !scales_ok) {
         kv_memory_free(kv);
         return error_set(err, "kv cache: out of memory for %zu bytes", 2 * elements * element_bytes);
     }
@@ -28,17 +38,19 @@ int kv_memory_init(kv_memory* kv, const model_config* config, kv_dtype dtype, in
 void kv_memory_free(kv_memory* kv) {
     free(kv->keys);
     free(kv->values);
+    free(kv->key_scales);
+    free(kv->value_scales);
     memset(kv, 0, sizeof *kv);
 }
 
 uint64_t kv_memory_block_bytes(const model_config* config, kv_dtype dtype, int block_size) {
-    return 2ull * (uint64_t)block_size * (uint64_t)config->n_layers * (uint64_t)config->kv_dim *
-           (uint64_t)kv_dtype_bytes(dtype);
+    return 2ull * (uint64_t)block_size * (uint64_t)config->n_layers *
+           (uint64_t)kv_slot_bytes(dtype, config->n_kv_heads, config->head_dim);
 }
 
 uint64_t kv_memory_bytes(const kv_memory* kv) {
-    return 2ull * (uint64_t)kv->n_blocks * (uint64_t)kv->block_size * (uint64_t)kv->n_layers * (uint64_t)kv->kv_dim *
-           (uint64_t)kv_dtype_bytes(kv->dtype);
+    return 2ull * (uint64_t)kv->n_blocks * (uint64_t)kv->block_size * (uint64_t)kv->n_layers *
+           (uint64_t)kv_slot_bytes(kv->dtype, kv->n_kv_heads, kv->head_dim);
 }
 
 // Bytes from the start of one layer's slots to the next layer's.
@@ -54,6 +66,18 @@ void* kv_memory_layer_values(const kv_memory* kv, int layer) {
     return (char*)kv->values + (size_t)layer * layer_stride_bytes(kv);
 }
 
+static size_t layer_scale_stride(const kv_memory* kv) {
+    return (size_t)kv->n_blocks * (size_t)kv->block_size * (size_t)kv->n_kv_heads;
+}
+
+float* kv_memory_layer_key_scales(const kv_memory* kv, int layer) {
+    return kv->key_scales ? kv->key_scales + (size_t)layer * layer_scale_stride(kv) : NULL;
+}
+
+float* kv_memory_layer_value_scales(const kv_memory* kv, int layer) {
+    return kv->value_scales ? kv->value_scales + (size_t)layer * layer_scale_stride(kv) : NULL;
+}
+
 uint64_t kv_memory_copy_block(kv_memory* kv, int source, int destination, int n_slots) {
     size_t slot_bytes = (size_t)kv->kv_dim * (size_t)kv_dtype_bytes(kv->dtype);
     size_t block_bytes = (size_t)kv->block_size * slot_bytes;
@@ -63,6 +87,16 @@ uint64_t kv_memory_copy_block(kv_memory* kv, int source, int destination, int n_
         char* values = kv_memory_layer_values(kv, l);
         memcpy(keys + (size_t)destination * block_bytes, keys + (size_t)source * block_bytes, copy_bytes);
         memcpy(values + (size_t)destination * block_bytes, values + (size_t)source * block_bytes, copy_bytes);
+        if (kv->dtype == KV_I8) {
+            size_t block_scales = (size_t)kv->block_size * (size_t)kv->n_kv_heads;
+            size_t copy_scales = (size_t)n_slots * (size_t)kv->n_kv_heads * sizeof(float);
+            float* key_scales = kv_memory_layer_key_scales(kv, l);
+            float* value_scales = kv_memory_layer_value_scales(kv, l);
+            memcpy(key_scales + (size_t)destination * block_scales, key_scales + (size_t)source * block_scales, copy_scales);
+            memcpy(value_scales + (size_t)destination * block_scales, value_scales + (size_t)source * block_scales,
+                   copy_scales);
+        }
     }
-    return 2ull * (uint64_t)kv->n_layers * copy_bytes;
+    return 2ull * (uint64_t)kv->n_layers * (uint64_t)n_slots *
+           (uint64_t)kv_slot_bytes(kv->dtype, kv->n_kv_heads, kv->head_dim);
 }

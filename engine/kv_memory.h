@@ -24,8 +24,12 @@ typedef struct kv_memory {
     int n_blocks;    // physical blocks
     int block_size;  // token slots per block
     int kv_dim;      // elements per slot (n_kv_heads * head_dim)
+    int n_kv_heads;
+    int head_dim;
     void* keys;      // (n_layers, n_blocks, block_size, kv_dim) elements
     void* values;    // (n_layers, n_blocks, block_size, kv_dim) elements
+    float* key_scales;   // KV_I8: (n_layers, n_blocks, block_size, n_kv_heads); else NULL
+    float* value_scales; // KV_I8: same
 } kv_memory;
 
 int kv_memory_init(kv_memory* kv, const model_config* config, kv_dtype dtype, int n_blocks, int block_size,
@@ -33,7 +37,8 @@ int kv_memory_init(kv_memory* kv, const model_config* config, kv_dtype dtype, in
 void kv_memory_free(kv_memory* kv);
 
 // Bytes of one block (keys and values, every layer):
-// 2 x block_size x n_layers x kv_dim x bytes per element.
+// 2 x block_size x n_layers x kv_dim x bytes per element (+ for int8 the
+// per-token, per-head scales: 2 x block_size x n_layers x n_kv_heads x 4).
 uint64_t kv_memory_block_bytes(const model_config* config, kv_dtype dtype, int block_size);
 
 // Bytes of keys plus values for all layers and blocks.
@@ -42,6 +47,8 @@ uint64_t kv_memory_bytes(const kv_memory* kv);
 // The start of layer `layer`'s key (or value) slots: (n_blocks * block_size, kv_dim).
 void* kv_memory_layer_keys(const kv_memory* kv, int layer);
 void* kv_memory_layer_values(const kv_memory* kv, int layer);
+float* kv_memory_layer_key_scales(const kv_memory* kv, int layer);   // NULL unless KV_I8
+float* kv_memory_layer_value_scales(const kv_memory* kv, int layer); // NULL unless KV_I8
 
 // Copies the first n_slots slots of block `source` to block `destination`,
 // keys and values of every layer (copy-on-write). Returns bytes copied.

@@ -340,11 +340,26 @@ uint64_t model_decode_weight_bytes(const model* m) {
     return bytes;
 }
 
+const weight_matrix* model_matrix_by_name(const model* m, const char* name) {
+    if (strcmp(name, "token_embedding") == 0) return &m->token_embedding;
+    if (strcmp(name, "classifier") == 0) return &m->classifier;
+    int layer = -1, consumed = 0;
+    char kind[8];
+    if (sscanf(name, "layers.%d.%7s%n", &layer, kind, &consumed) != 2 || name[consumed] != '\0') return NULL;
+    if (layer < 0 || layer >= m->config.n_layers) return NULL;
+    const char* kinds[7] = {"wq", "wk", "wv", "wo", "w1", "w2", "w3"};
+    for (int i = 0; i < 7; i++)
+        if (strcmp(kind, kinds[i]) == 0) return model_storage_layer_matrix(&m->layers[layer], i);
+    return NULL;
+}
+
 const char* weight_dtype_name(weight_dtype dtype) {
     switch (dtype) {
     case WEIGHT_F32: return "fp32";
     case WEIGHT_F16: return "fp16";
     case WEIGHT_Q8_0: return "q8_0";
+    case WEIGHT_I8: return "int8";
+    case WEIGHT_I4: return "int4";
     }
     return "?";
 }

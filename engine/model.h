@@ -88,4 +88,8 @@ uint64_t model_decode_weight_bytes(const model* m);
 
 const char* weight_dtype_name(weight_dtype dtype);
 
+// A matrix by name: "token_embedding", "classifier", or "layers.L.KIND" with
+// KIND one of wq wk wv wo w1 w2 w3. NULL when there is no such matrix.
+const weight_matrix* model_matrix_by_name(const model* m, const char* name);
+
 #endif

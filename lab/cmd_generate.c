@@ -29,6 +29,7 @@ static const char GENERATE_USAGE[] =
     "  --seed N              sampler seed (default 42)\n"
     "  --synth-seed N        seed of a synthetic preset's weights\n"
     "  --dtype fp32|fp16     how weights are stored (default: the file's; fp16 for presets)\n"
+    "  --quant SCHEME        quantize after loading: w8a16|w4a16|w8a8[:gG][:rtn|awq|gptq][:sym|asym]\n"
     "  --ids                 print the generated ids on one line instead of text\n"
     "  --trace FILE          write each engine step's record as JSON Lines\n"
     "\n"
@@ -63,6 +64,8 @@ static int parse_generate_args(int argc, char** argv, generate_args* args, error
             if (!failed) args->request.model_arg = cursor.value;
         } else if (arg_match(&cursor, "--tokenizer", true, &failed, err)) {
             if (!failed) args->request.tokenizer_arg = cursor.value;
+        } else if (arg_match(&cursor, "--quant", true, &failed, err)) {
+            if (!failed) args->request.quant = cursor.value;
         } else if (arg_match(&cursor, "--prompt", true, &failed, err)) {
             if (!failed) args->prompt_text = cursor.value;
         } else if (arg_match(&cursor, "--prompt-ids", true, &failed, err)) {

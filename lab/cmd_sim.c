@@ -32,6 +32,7 @@ static const char SIM_USAGE_HEAD[] =
     "  --workload FILE           JSON Lines: {\"prompt\"|\"prompt_ids\", \"max_tokens\", \"arrival\"}\n"
     "model:\n"
     "  --model PATH|PRESET       (default medium)   --tokenizer FILE   --dtype fp32|fp16\n"
+    "  --quant SCHEME            w8a16|w4a16|w8a8[:gG][:rtn|awq|gptq][:sym|asym]\n"
     "output:\n"
     "  --json                    one JSON object keyed by run (paged, contiguous, ...)\n"
     "  --trace FILE              step records as JSON Lines (FILE.<run> when several runs)\n"
@@ -222,7 +223,7 @@ int command_sim(int argc, char** argv) {
         }
     error_info err = {{0}};
     engine_config config = engine_config_default();
-    model_request request = {"medium", NULL, MODEL_DTYPE_DEFAULT, SYNTH_DEFAULT_SEED};
+    model_request request = {"medium", NULL, MODEL_DTYPE_DEFAULT, SYNTH_DEFAULT_SEED, NULL};
     workload_spec spec = {64, {LENGTH_UNIFORM, 32, 512}, {LENGTH_UNIFORM, 16, 256}, 0.0, 0, 1, 0, 0};
     const char* workload_path = NULL;
     const char* trace_path = NULL;
@@ -237,6 +238,8 @@ int command_sim(int argc, char** argv) {
             if (!failed) request.model_arg = cursor.value;
         } else if (arg_match(&cursor, "--tokenizer", true, &failed, &err)) {
             if (!failed) request.tokenizer_arg = cursor.value;
+        } else if (arg_match(&cursor, "--quant", true, &failed, &err)) {
+            if (!failed) request.quant = cursor.value;
         } else if (arg_match(&cursor, "--dtype", true, &failed, &err)) {
             if (!failed) {
                 if (strcmp(cursor.value, "fp32") == 0) request.dtype = MODEL_DTYPE_FP32;
@@ -312,7 +315,7 @@ int command_sim(int argc, char** argv) {
                w.n_requests, workload_mean_prompt(&w), workload_mean_output(&w),
                spec.arrival_rate > 0 && !workload_path ? "Poisson arrivals" : (workload_path ? "from file" : "all at once"),
                source.model_label, weight_dtype_name(source.model.dtype), (double)budget / 1048576.0,
-               config.kv_dtype == KV_F16 ? "fp16" : "fp32",
+               kv_dtype_name(config.kv_dtype),
                (unsigned long long)(budget / block_bytes * (uint64_t)config.block_size), config.block_size,
                config.reserve == RESERVE_MAX ? "max" : "request");
     sim_result results[4];

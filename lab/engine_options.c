@@ -11,7 +11,7 @@ const char ENGINE_OPTIONS_USAGE[] =
     "  --block-size N            tokens per KV block, 1..256 (default 16)\n"
     "  --kv-mem SIZE             KV memory budget, e.g. 64MiB, 1GiB (default 64MiB)\n"
     "  --num-blocks N            number of KV blocks (overrides --kv-mem)\n"
-    "  --kv-dtype fp16|fp32      KV element type (default fp16)\n"
+    "  --kv-dtype fp16|fp32|int8 KV element type (default fp16; int8 has a scale per token and head)\n"
     "  --reserve max|request     contiguous: reserve the model's max length, or\n"
     "                            prompt + max_tokens (default max)\n"
     "  --batching continuous|static  (default continuous)\n"
@@ -67,7 +67,8 @@ bool engine_option_match(arg_cursor* cursor, engine_config* c, bool* kv_both, bo
         if (*failed) return true;
         if (strcmp(cursor->value, "fp16") == 0) c->kv_dtype = KV_F16;
         else if (strcmp(cursor->value, "fp32") == 0) c->kv_dtype = KV_F32;
-        else *failed = error_set(err, "--kv-dtype: expected fp16 or fp32, found '%s'", cursor->value) != 0;
+        else if (strcmp(cursor->value, "int8") == 0) c->kv_dtype = KV_I8;
+        else *failed = error_set(err, "--kv-dtype: expected fp16, fp32 or int8, found '%s'", cursor->value) != 0;
         return true;
     }
     if (arg_match(cursor, "--reserve", true, failed, err)) {

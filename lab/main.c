@@ -11,6 +11,7 @@ static const char USAGE[] =
     "commands:\n"
     "  generate   generate text from a model (checkpoint or synthetic preset)\n"
     "  sim        a workload through the engine: paged vs contiguous, continuous vs static\n"
+    "  quant      quantize a model (RTN, AWQ, GPTQ) or one tensor and measure the error\n"
     "  info       what this build supports (CUDA, presets)\n"
     "  help       this message\n"
     "\n"
@@ -25,6 +26,7 @@ typedef struct command_entry {
 static const command_entry COMMANDS[] = {
     {"generate", command_generate},
     {"sim", command_sim},
+    {"quant", command_quant},
     {"info", command_info},
 };
 

@@ -4,7 +4,9 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "engine/model_quant.h"
 #include "engine/model_synth.h"
+#include "lab/calibration.h"
 
 static bool is_file(const char* path) {
     struct stat st;
@@ -32,7 +34,35 @@ static bool find_tokenizer_beside(const char* model_path, int vocab_size, char* 
     return is_file(out);
 }
 
+// Quantizes the loaded model in place when --quant was given.
+static int apply_quant(model_source* source, const char* spec_text, error_info* err) {
+    model_quant_spec spec;
+    if (model_quant_spec_parse(spec_text, &spec, err)) return -1;
+    calibration_set calibration = {0};
+    if (spec.method != QUANT_RTN &&
+        calibration_build(&source->model, source->tokenizer, CALIBRATION_FOR_QUANTIZATION, &calibration, err))
+        return -1;
+    thread_pool* pool = NULL;
+    thread_pool_create(0, &pool); // a failure leaves pool NULL: one thread
+    int status = model_quantize(&source->model, &spec, (const int32_t* const*)calibration.sequences,
+                                calibration.lengths, calibration.n_sequences, pool, NULL, err);
+    thread_pool_free(pool);
+    calibration_free(&calibration);
+    return status;
+}
+
+static int open_unquantized(model_source* out, const model_request* request, error_info* err);
+
 int model_source_open(model_source* out, const model_request* request, error_info* err) {
+    if (open_unquantized(out, request, err)) return -1;
+    if (request->quant && apply_quant(out, request->quant, err)) {
+        model_source_close(out);
+        return -1;
+    }
+    return 0;
+}
+
+static int open_unquantized(model_source* out, const model_request* request, error_info* err) {
     memset(out, 0, sizeof *out);
     char model_path[512], tok_path[512];
     const char* model_arg = request->model_arg;

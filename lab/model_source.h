@@ -6,7 +6,9 @@
 // checkpoint's tokenizer is --tokenizer, else the file beside it that fits
 // its vocabulary (tok512.bin for 512, tokenizer.bin for 32000), else none
 // (the ids are still printed). A preset uses the byte-level tokenizer, or
-// --tokenizer FILE with the vocabulary that file holds.
+// --tokenizer FILE with the vocabulary that file holds. With --quant the
+// model is quantized right after loading (calibrated on lab/calibration.c's
+// streams), and every engine path then runs the quantized kernels.
 #ifndef SERVELAB_MODEL_SOURCE_H
 #define SERVELAB_MODEL_SOURCE_H
 
@@ -21,6 +23,7 @@ typedef struct model_request {
     const char* tokenizer_arg; // path; NULL = automatic
     model_dtype_choice dtype;
     uint64_t synth_seed;
+    const char* quant;         // --quant SCHEME[:gG][:METHOD][:sym|asym], or NULL
 } model_request;
 
 typedef struct model_source {

@@ -8,9 +8,11 @@
 #include "kernels/cpu/fp16.h"
 #include "kernels/cpu/ops.h"
 
-// One cached element, widened to fp32.
+// One cached element, widened to fp32 (an int8 one still unscaled).
 static inline float kv_element(const void* slots, kv_dtype dtype, size_t index) {
-    return dtype == KV_F16 ? fp16_to_fp32(((const uint16_t*)slots)[index]) : ((const float*)slots)[index];
+    if (dtype == KV_F16) return fp16_to_fp32(((const uint16_t*)slots)[index]);
+    if (dtype == KV_I8) return (float)((const int8_t*)slots)[index];
+    return ((const float*)slots)[index];
 }
 
 // The reference order (llama2.c's run.c), for either element type.
@@ -26,6 +28,7 @@ static void attention_row_scalar(float* out, const float* query, const kv_layer_
             size_t k = (size_t)slot * (size_t)kv_dim + head_offset;
             float score = 0.0f;
             for (int i = 0; i < head_dim; i++) score += q[i] * kv_element(kv->key_slots, kv->dtype, k + (size_t)i);
+            if (kv->dtype == KV_I8) score *= kv->key_scales[(size_t)slot * (size_t)n_kv_heads + (size_t)(h / queries_per_kv_head)];
             score /= sqrtf((float)head_dim);
             scores[t] = score;
         }
@@ -36,6 +39,8 @@ static void attention_row_scalar(float* out, const float* query, const kv_layer_
             int64_t slot = kv_slot_of_position(kv->block_table, kv->block_size, t);
             size_t v = (size_t)slot * (size_t)kv_dim + head_offset;
             float weight = scores[t];
+            if (kv->dtype == KV_I8)
+                weight *= kv->value_scales[(size_t)slot * (size_t)n_kv_heads + (size_t)(h / queries_per_kv_head)];
             for (int i = 0; i < head_dim; i++)
                 out_head[i] += weight * kv_element(kv->value_slots, kv->dtype, v + (size_t)i);
         }
@@ -44,7 +49,6 @@ static void attention_row_scalar(float* out, const float* query, const kv_layer_
 
 void attention_row(float* out, const float* query, const kv_layer_view* kv, int n_context, int n_heads,
                    int n_kv_heads, int head_dim, float* scores, kernel_traffic* traffic) {
-    const int kv_dim = n_kv_heads * head_dim;
     // fp16 caches use the vector kernel where the CPU has one; fp32 caches
     // keep the scalar order of llama2.c (exact reference results).
     if (kv->dtype == KV_F16 && cpu_simd_level_selected() >= CPU_SIMD_AVX2)
@@ -54,24 +58,45 @@ void attention_row(float* out, const float* query, const kv_layer_view* kv, int 
     if (traffic) {
         // Every cached key and value of this sequence is read once per row
         // (grouped heads share the same loads).
-        traffic->kv_bytes_read += 2ull * (uint64_t)n_context * (uint64_t)kv_dim * (uint64_t)kv_dtype_bytes(kv->dtype);
+        traffic->kv_bytes_read +=
+            2ull * (uint64_t)n_context * (uint64_t)kv_slot_bytes(kv->dtype, n_kv_heads, head_dim);
         traffic->attention_flops += 4ull * (uint64_t)n_heads * (uint64_t)n_context * (uint64_t)head_dim;
         traffic->activation_bytes += 2ull * (uint64_t)n_heads * (uint64_t)head_dim * sizeof(float);
     }
 }
 
-void kv_write_row(void* key_slots, void* value_slots, kv_dtype dtype, int64_t slot, const float* key,
-                  const float* value, int kv_dim, kernel_traffic* traffic) {
+// Symmetric int8 per head: scale = max|x| / 127 (0 for an all-zero head,
+// whose codes are then all 0).
+static void quantize_heads(int8_t* codes, float* scales, const float* x, int n_kv_heads, int head_dim) {
+    for (int h = 0; h < n_kv_heads; h++) {
+        const float* head = x + (size_t)h * (size_t)head_dim;
+        float max_abs = 0.0f;
+        for (int i = 0; i < head_dim; i++) max_abs = fmaxf(max_abs, fabsf(head[i]));
+        float scale = max_abs / 127.0f;
+        scales[h] = scale;
+        for (int i = 0; i < head_dim; i++)
+            codes[(size_t)h * (size_t)head_dim + (size_t)i] = scale > 0.0f ? (int8_t)lrintf(head[i] / scale) : 0;
+    }
+}
+
+void kv_write_row(void* key_slots, void* value_slots, float* key_scales, float* value_scales, kv_dtype dtype,
+                  int64_t slot, const float* key, const float* value, int n_kv_heads, int head_dim,
+                  kernel_traffic* traffic) {
+    const int kv_dim = n_kv_heads * head_dim;
     size_t offset = (size_t)slot * (size_t)kv_dim;
     if (dtype == KV_F16) {
         fp16_from_fp32_array((uint16_t*)key_slots + offset, key, (size_t)kv_dim);
         fp16_from_fp32_array((uint16_t*)value_slots + offset, value, (size_t)kv_dim);
+    } else if (dtype == KV_I8) {
+        size_t scale_offset = (size_t)slot * (size_t)n_kv_heads;
+        quantize_heads((int8_t*)key_slots + offset, key_scales + scale_offset, key, n_kv_heads, head_dim);
+        quantize_heads((int8_t*)value_slots + offset, value_scales + scale_offset, value, n_kv_heads, head_dim);
     } else {
         memcpy((float*)key_slots + offset, key, (size_t)kv_dim * sizeof(float));
         memcpy((float*)value_slots + offset, value, (size_t)kv_dim * sizeof(float));
     }
     if (traffic) {
-        traffic->kv_bytes_written += 2ull * (uint64_t)kv_dim * (uint64_t)kv_dtype_bytes(dtype);
+        traffic->kv_bytes_written += 2ull * (uint64_t)kv_slot_bytes(dtype, n_kv_heads, head_dim);
         traffic->activation_bytes += 2ull * (uint64_t)kv_dim * sizeof(float);
     }
 }

@@ -24,9 +24,21 @@
 typedef enum kv_dtype {
     KV_F16 = 0, // IEEE half, 2 bytes per element (the default, as in vLLM)
     KV_F32 = 1, // float, 4 bytes per element
+    KV_I8 = 2,  // int8, 1 byte per element + one fp32 scale per token and KV head
+                // (symmetric: scale = max|x| / 127 over that head's head_dim values)
 } kv_dtype;
 
-static inline int kv_dtype_bytes(kv_dtype dtype) { return dtype == KV_F16 ? 2 : 4; }
+static inline const char* kv_dtype_name(kv_dtype dtype) {
+    return dtype == KV_F16 ? "fp16" : dtype == KV_I8 ? "int8" : "fp32";
+}
+
+// Bytes of one element (the per-head scales of KV_I8 come on top).
+static inline int kv_dtype_bytes(kv_dtype dtype) { return dtype == KV_F16 ? 2 : dtype == KV_I8 ? 1 : 4; }
+
+// Bytes one token's keys (or values) take in one layer: elements + scales.
+static inline int kv_slot_bytes(kv_dtype dtype, int n_kv_heads, int head_dim) {
+    return n_kv_heads * head_dim * kv_dtype_bytes(dtype) + (dtype == KV_I8 ? n_kv_heads * 4 : 0);
+}
 
 typedef struct kv_layer_view {
     kv_dtype dtype;
@@ -34,6 +46,8 @@ typedef struct kv_layer_view {
     const void* value_slots;    // (n_slots, kv_dim) this layer's values
     const int32_t* block_table; // (ceil(n_context / block_size)) physical block ids
     int block_size;             // token slots per block
+    const float* key_scales;    // KV_I8: (n_slots, n_kv_heads) per-token, per-head scales; else NULL
+    const float* value_scales;  // KV_I8: (n_slots, n_kv_heads)
 } kv_layer_view;
 
 // out: (n_heads * head_dim); query: (n_heads * head_dim);
@@ -47,8 +61,11 @@ static inline int64_t kv_slot_of_position(const int32_t* block_table, int block_
 }
 
 // Stores one row's new key and value (kv_dim floats each, narrowed to the
-// cache's dtype) at `slot`: key_slots/value_slots are (n_slots, kv_dim).
-void kv_write_row(void* key_slots, void* value_slots, kv_dtype dtype, int64_t slot, const float* key,
-                  const float* value, int kv_dim, kernel_traffic* traffic);
+// cache's dtype) at `slot`: key_slots/value_slots are (n_slots, kv_dim);
+// for KV_I8 the per-head scales go to key_scales/value_scales (n_slots,
+// n_kv_heads), else those are NULL.
+void kv_write_row(void* key_slots, void* value_slots, float* key_scales, float* value_scales, kv_dtype dtype,
+                  int64_t slot, const float* key, const float* value, int n_kv_heads, int head_dim,
+                  kernel_traffic* traffic);
 
 #endif

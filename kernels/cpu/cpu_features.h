@@ -23,6 +23,8 @@ typedef enum cpu_simd_level {
 typedef struct cpu_features {
     bool avx2, fma, f16c;             // what the CPU reports (and the OS enables)
     bool avx512f, avx512bw, avx512vl; //
+    bool avx512vnni;                  // int8 dot products (vpdpbusd): the AVX-512 level's W8A8
+                                      // kernel uses it when present; it is not a level of its own
     cpu_simd_level best;              // highest level the hardware supports
     cpu_simd_level selected;          // best, lowered by SERVELAB_SIMD if set
     bool env_ignored;                 // SERVELAB_SIMD was set but not understood

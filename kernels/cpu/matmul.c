@@ -3,6 +3,8 @@
 #include "kernels/cpu/fp16.h"
 #include "kernels/cpu/matmul_simd.h"
 
+#include <stdlib.h>
+
 void traffic_add(kernel_traffic* total, const kernel_traffic* part) {
     total->weight_bytes_read += part->weight_bytes_read;
     total->kv_bytes_read += part->kv_bytes_read;
@@ -17,11 +19,21 @@ static size_t dtype_value_bytes(weight_dtype dtype) {
     case WEIGHT_F32: return 4;
     case WEIGHT_F16: return 2;
     case WEIGHT_Q8_0: return 1;
+    case WEIGHT_I8:
+    case WEIGHT_I4: break; // packed rows: int_rows_bytes()
     }
     return 0;
 }
 
+// WEIGHT_I8 / WEIGHT_I4 bytes of `rows` rows: packed codes, then 2 bytes per
+// fp16 scale and (asymmetric) 1 per zero-point, one of each per group.
+static uint64_t int_rows_bytes(const weight_matrix* w, uint64_t rows) {
+    uint64_t groups = rows * (uint64_t)(w->cols / w->group_size);
+    return rows * int_row_bytes(w) + groups * sizeof(uint16_t) + (w->zero_points ? groups : 0);
+}
+
 uint64_t weight_matrix_bytes(const weight_matrix* w) {
+    if (w->dtype == WEIGHT_I8 || w->dtype == WEIGHT_I4) return int_rows_bytes(w, (uint64_t)w->rows);
     uint64_t count = (uint64_t)w->rows * (uint64_t)w->cols;
     uint64_t bytes = count * dtype_value_bytes(w->dtype);
     if (w->dtype == WEIGHT_Q8_0) bytes += count / (uint64_t)w->group_size * sizeof(float);
@@ -96,18 +108,62 @@ static void matmul_scalar_range(float* out, const float* in, int n_rows, const w
 #define MATMUL_CHUNKS_PER_THREAD 4
 
 typedef struct matmul_job {
-    float* out;             // (n_rows, w->rows)
-    const float* in;        // (n_rows, w->cols)
-    int n_rows;             // batch rows
-    const weight_matrix* w; // (w->rows, w->cols)
-    cpu_simd_level level;   // already clamped to the CPU
-    int outputs_per_task;   // output features per chunk
+    float* out;              // (n_rows, w->rows)
+    const float* in;         // (n_rows, w->cols)
+    int n_rows;              // batch rows
+    const weight_matrix* w;  // (w->rows, w->cols)
+    cpu_simd_level level;    // already clamped to the CPU
+    int outputs_per_task;    // output features per chunk
+    const int8_t* in_codes;  // W8A8: (n_rows, w->cols) quantized activations; NULL when not allocated
+    const float* in_scales;  // W8A8: (n_rows) their scales
 } matmul_job;
+
+// WEIGHT_I8 / WEIGHT_I4 at the job's level (the orders: matmul_int.c).
+static void matmul_int_range(const matmul_job* job, int o_begin, int o_end) {
+    float* out = job->out;
+    const weight_matrix* w = job->w;
+    const int n_rows = job->n_rows;
+    if (matmul_is_w8a8(w)) {
+        if (!job->in_codes) {
+            matmul_w8a8_unbuffered(out, job->in, n_rows, w, o_begin, o_end);
+            return;
+        }
+#if defined(__x86_64__) || defined(__i386__)
+        if (job->level == CPU_SIMD_AVX512 && cpu_features_get()->avx512vnni) {
+            matmul_w8a8_avx512vnni(out, job->in_codes, job->in_scales, n_rows, w, o_begin, o_end);
+            return;
+        }
+        if (job->level >= CPU_SIMD_AVX2) { // also AVX-512 without VNNI: integer sums, the same bits
+            matmul_w8a8_avx2(out, job->in_codes, job->in_scales, n_rows, w, o_begin, o_end);
+            return;
+        }
+#endif
+        matmul_w8a8_scalar(out, job->in_codes, job->in_scales, n_rows, w, o_begin, o_end);
+        return;
+    }
+#if defined(__x86_64__) || defined(__i386__)
+    if (job->level == CPU_SIMD_AVX512) {
+        if (w->dtype == WEIGHT_I8) matmul_i8_avx512(out, job->in, n_rows, w, o_begin, o_end);
+        else matmul_i4_avx512(out, job->in, n_rows, w, o_begin, o_end);
+        return;
+    }
+    if (job->level == CPU_SIMD_AVX2) {
+        if (w->dtype == WEIGHT_I8) matmul_i8_avx2(out, job->in, n_rows, w, o_begin, o_end);
+        else matmul_i4_avx2(out, job->in, n_rows, w, o_begin, o_end);
+        return;
+    }
+#endif
+    matmul_int_scalar(out, job->in, n_rows, w, o_begin, o_end);
+}
 
 static void matmul_range(const matmul_job* job, int o_begin, int o_end) {
     float* out = job->out;
     const float* in = job->in;
     const weight_matrix* w = job->w;
+    if (w->dtype == WEIGHT_I8 || w->dtype == WEIGHT_I4) {
+        matmul_int_range(job, o_begin, o_end);
+        return;
+    }
 #if defined(__x86_64__) || defined(__i386__)
     if (w->dtype == WEIGHT_F16 && job->level == CPU_SIMD_AVX512) {
         matmul_f16_avx512(out, in, job->n_rows, w, o_begin, o_end);
@@ -137,10 +193,49 @@ static void matmul_task(void* ctx, int task, int thread) {
     matmul_range(job, o_begin, o_end);
 }
 
+// ---- W8A8: quantizing the activations once per call ------------------------
+
+typedef struct quantize_job {
+    int8_t* codes;        // (n_rows, cols)
+    float* scales;        // (n_rows)
+    const float* in;      // (n_rows, cols)
+    int cols;             // values per row
+    cpu_simd_level level; // already clamped to the CPU
+} quantize_job;
+
+static void quantize_task(void* ctx, int task, int thread) {
+    (void)thread;
+    const quantize_job* job = ctx;
+    int8_t* codes = job->codes + (size_t)task * (size_t)job->cols;
+    const float* x = job->in + (size_t)task * (size_t)job->cols;
+#if defined(__x86_64__) || defined(__i386__)
+    if (job->level >= CPU_SIMD_AVX2) {
+        matmul_quantize_row_avx2(codes, &job->scales[task], x, job->cols);
+        return;
+    }
+#endif
+    matmul_quantize_row(codes, &job->scales[task], x, job->cols);
+}
+
+// Quantizes every row of `in` into one block (scales, then codes) that the
+// caller frees; NULL when it cannot be allocated, and the kernels then
+// quantize on the fly (matmul_w8a8_unbuffered, the same bits). Rows are
+// split between threads when there are enough values to pay for it.
+static void* quantize_activations(matmul_job* job, thread_pool* pool) {
+    const size_t cols = (size_t)job->w->cols, n_rows = (size_t)job->n_rows;
+    void* block = malloc(n_rows * sizeof(float) + n_rows * cols);
+    if (!block) return NULL;
+    quantize_job q = {(int8_t*)block + n_rows * sizeof(float), block, job->in, job->w->cols, job->level};
+    thread_pool_run(n_rows * cols >= MATMUL_MIN_PARALLEL_MACS ? pool : NULL, job->n_rows, quantize_task, &q);
+    job->in_codes = q.codes;
+    job->in_scales = q.scales;
+    return block;
+}
+
 void matmul_at_level(float* out, const float* in, int n_rows, const weight_matrix* w, thread_pool* pool,
                      cpu_simd_level level, kernel_traffic* traffic) {
     const int d_out = w->rows, d_in = w->cols;
-    matmul_job job = {out, in, n_rows, w, cpu_simd_level_clamp(level), d_out};
+    matmul_job job = {out, in, n_rows, w, cpu_simd_level_clamp(level), d_out, NULL, NULL};
     if (w->dtype == WEIGHT_F32) job.level = CPU_SIMD_SCALAR; // llama2.c's order, bit for bit
     int n_tasks = d_out > 0 && n_rows > 0 ? 1 : 0;
     uint64_t macs = (uint64_t)n_rows * (uint64_t)d_in * (uint64_t)d_out;
@@ -153,7 +248,9 @@ void matmul_at_level(float* out, const float* in, int n_rows, const weight_matri
         job.outputs_per_task = (per_task + 7) / 8 * 8;
         n_tasks = (d_out + job.outputs_per_task - 1) / job.outputs_per_task;
     }
+    void* codes_block = n_tasks > 0 && matmul_is_w8a8(w) ? quantize_activations(&job, pool) : NULL;
     thread_pool_run(pool, n_tasks, matmul_task, &job);
+    free(codes_block);
     if (traffic) {
         traffic->weight_bytes_read += weight_matrix_bytes(w);
         traffic->activation_bytes += (uint64_t)n_rows * (uint64_t)(d_in + d_out) * sizeof(float);
@@ -171,6 +268,14 @@ void matmul(float* out, const float* in, int n_rows, const weight_matrix* w, ker
 }
 
 void weight_row_to_f32(float* out, const weight_matrix* w, int row, kernel_traffic* traffic) {
+    if (w->dtype == WEIGHT_I8 || w->dtype == WEIGHT_I4) {
+        int_row_to_f32(out, w, row);
+        if (traffic) {
+            traffic->weight_bytes_read += int_rows_bytes(w, 1);
+            traffic->activation_bytes += (uint64_t)w->cols * sizeof(float);
+        }
+        return;
+    }
     size_t offset = (size_t)row * (size_t)w->cols;
     for (int i = 0; i < w->cols; i++) {
         switch (w->dtype) {

@@ -31,16 +31,36 @@ typedef enum weight_dtype {
     WEIGHT_F32 = 0,  // float32 values
     WEIGHT_F16 = 1,  // IEEE half values, widened to fp32 in the kernel
     WEIGHT_Q8_0 = 2, // int8 values + one fp32 scale per group (llama2.c export v2)
+    WEIGHT_I8 = 3,   // servelab INT8: 8-bit codes + fp16 scale (+ zero-point) per group
+    WEIGHT_I4 = 4,   // servelab INT4: two 4-bit codes per byte + fp16 scale (+ zero-point) per group
 } weight_dtype;
 
+// The packed integer formats (WEIGHT_I8, WEIGHT_I4). Groups run along a row
+// (group_size divides cols; per-channel is group_size = cols), so group g of
+// row o covers columns [g * group_size, (g + 1) * group_size).
+//   symmetric:  r_hat = scale * q,              q signed: int8 in [-127, 127];
+//               int4 in [-7, 7] stored as the nibble q + 8
+//   asymmetric: r_hat = scale * (q - zero),     q unsigned: uint8 in [0, 255];
+//               int4 nibble in [0, 15]; zero one uint8 per group
+// INT4 packing: byte j of a row holds column 2j in its low nibble and
+// column 2j + 1 in its high nibble; an odd cols leaves the last high nibble 0;
+// each row starts on a new byte (row stride (cols + 1) / 2 bytes).
+// Bytes: payload + 2 per group scale + (asymmetric) 1 per group zero-point.
 typedef struct weight_matrix {
     weight_dtype dtype;
     int rows;            // output features (d_out)
     int cols;            // input features (d_in)
     int group_size;      // WEIGHT_Q8_0: values per scale over the flattened matrix
-                         // (divides rows * cols; a group may span two rows); else 0
-    const void* values;  // (rows, cols) of float, uint16_t (fp16) or int8_t
+                         // (divides rows * cols; a group may span two rows);
+                         // WEIGHT_I8/I4: values per scale along a row (divides cols); else 0
+    const void* values;  // (rows, cols) of float, uint16_t (fp16), int8_t / uint8_t codes,
+                         // or (rows, (cols + 1) / 2) bytes of packed nibbles for WEIGHT_I4
     const float* scales; // WEIGHT_Q8_0: (rows * cols / group_size) fp32; else NULL
+    const uint16_t* scales_f16;  // WEIGHT_I8/I4: (rows, cols / group_size) fp16 scales; else NULL
+    const uint8_t* zero_points;  // WEIGHT_I8/I4 asymmetric: (rows, cols / group_size); NULL if symmetric
+    int activation_bits;         // 0: fp32 activations; 8: W8A8 (WEIGHT_I8 symmetric only) — each
+                                 // activation row is quantized to int8 at run time (per token,
+                                 // symmetric) and products accumulate in int32
 } weight_matrix;
 
 // Bytes the matrix occupies: payload plus per-group scales.
@@ -63,5 +83,12 @@ void matmul_at_level(float* out, const float* in, int n_rows, const weight_matri
 
 // Widens row `row` of w into out (w->cols floats): the embedding lookup.
 void weight_row_to_f32(float* out, const weight_matrix* w, int row, kernel_traffic* traffic);
+
+// W8A8 (WEIGHT_I8 symmetric, activation_bits 8): the quantization matmul
+// applies to each activation row x (cols floats) before its integer dot
+// products: codes (cols) int8 and *scale = max |x| / 127 (the rules for
+// zero and non-finite rows, and every format's reduction order, are at the
+// top of kernels/cpu/matmul_int.c). For lessons and tests: matmul does this itself.
+void matmul_quantize_row(int8_t* codes, float* scale, const float* x, int cols);
 
 #endif

@@ -19,14 +19,46 @@ void matmul_q8_avx2(float* out, const float* in, int n_rows, const weight_matrix
 void matmul_f16_avx512(float* out, const float* in, int n_rows, const weight_matrix* w, int o_begin, int o_end);
 void matmul_q8_avx512(float* out, const float* in, int n_rows, const weight_matrix* w, int o_begin, int o_end);
 
+// ---- the packed integer formats (WEIGHT_I8, WEIGHT_I4): matmul_int*.c ----------
+//
+// fp32 activations (W8A16, W4A16), per level; the reduction orders are
+// written out at the top of matmul_int.c.
+void matmul_int_scalar(float* out, const float* in, int n_rows, const weight_matrix* w, int o_begin, int o_end);
+void matmul_i8_avx2(float* out, const float* in, int n_rows, const weight_matrix* w, int o_begin, int o_end);
+void matmul_i4_avx2(float* out, const float* in, int n_rows, const weight_matrix* w, int o_begin, int o_end);
+void matmul_i8_avx512(float* out, const float* in, int n_rows, const weight_matrix* w, int o_begin, int o_end);
+void matmul_i4_avx512(float* out, const float* in, int n_rows, const weight_matrix* w, int o_begin, int o_end);
+
+// W8A8 on activations already quantized by matmul_quantize_row: codes
+// (n_rows, w->cols) int8, code_scales (n_rows). The integer group sums are
+// exact and the float combination is w8a8_term() in group order at every
+// level, so all three give the same bits.
+void matmul_w8a8_scalar(float* out, const int8_t* codes, const float* code_scales, int n_rows, const weight_matrix* w,
+                        int o_begin, int o_end);
+void matmul_w8a8_avx2(float* out, const int8_t* codes, const float* code_scales, int n_rows, const weight_matrix* w,
+                      int o_begin, int o_end);
+void matmul_w8a8_avx512vnni(float* out, const int8_t* codes, const float* code_scales, int n_rows,
+                            const weight_matrix* w, int o_begin, int o_end);
+
+// W8A8 straight from fp32 activations, quantizing every value where it is
+// used (no scratch memory; about 5x slower): what matmul_at_level falls back
+// to when it cannot allocate the codes. Same bits as the kernels above.
+void matmul_w8a8_unbuffered(float* out, const float* in, int n_rows, const weight_matrix* w, int o_begin, int o_end);
+
+// matmul_quantize_row with AVX2: the same codes and scale, bit for bit.
+void matmul_quantize_row_avx2(int8_t* codes, float* scale, const float* x, int cols);
+
+// weight_row_to_f32 for WEIGHT_I8 / WEIGHT_I4: out[i] = scale * (q - zero).
+void int_row_to_f32(float* out, const weight_matrix* w, int row);
+
 // `UNROLL_TILE for (...)`: a loop over a tile's outputs or rows (at most
-// 4, a constant at every call site) is unrolled completely, so the tile's
+// 8, a constant at every call site) is unrolled completely, so the tile's
 // accumulators live in registers, not in an array in memory. GCC takes a
 // count; clang's plain "unroll" means completely.
 #if defined(__clang__)
 #define UNROLL_TILE _Pragma("unroll")
 #else
-#define UNROLL_TILE _Pragma("GCC unroll 4")
+#define UNROLL_TILE _Pragma("GCC unroll 8")
 #endif
 
 // Q8_0 tiles may share one column split between several weight rows only
@@ -34,6 +66,65 @@ void matmul_q8_avx512(float* out, const float* in, int n_rows, const weight_matr
 // groups (cols % group_size == 0) or a group holds whole rows.
 static inline int q8_rows_share_segments(const weight_matrix* w) {
     return w->cols % w->group_size == 0 || w->group_size % w->cols == 0;
+}
+
+// ---- packed integer helpers, shared by every level ----------------------------
+
+// W8A8 runs only for symmetric INT8 weights; any other matrix with
+// activation_bits = 8 keeps its activations in fp32.
+static inline bool matmul_is_w8a8(const weight_matrix* w) {
+    return w->dtype == WEIGHT_I8 && w->activation_bits == 8 && w->zero_points == NULL;
+}
+
+// Bytes of one packed row: cols codes, or two INT4 codes per byte.
+static inline size_t int_row_bytes(const weight_matrix* w) {
+    return w->dtype == WEIGHT_I4 ? ((size_t)w->cols + 1) / 2 : (size_t)w->cols;
+}
+
+// The code that decodes to 0 for group `index` of the matrix (row * groups
+// + group): the stored zero-point, 8 for symmetric INT4 (codes stored as
+// q + 8), 0 for symmetric INT8 (whose codes are signed).
+static inline int int_zero_point(const weight_matrix* w, size_t index) {
+    if (w->zero_points) return w->zero_points[index];
+    return w->dtype == WEIGHT_I4 ? 8 : 0;
+}
+
+// The 4-bit code of column `col` of a packed INT4 row.
+static inline int i4_nibble(const uint8_t* row, int col) {
+    uint8_t byte = row[col >> 1];
+    return col & 1 ? byte >> 4 : byte & 0x0f;
+}
+
+// Columns [col, col + n) of a packed INT4 row, repacked into n_bytes bytes
+// as if they started a row (column col in the low nibble of byte 0), the
+// nibbles past n zero. The SIMD kernels' slow path: a group's last partial
+// step, and groups that start at an odd column (odd group_size).
+static inline void repack_i4(uint8_t* bytes, int n_bytes, const uint8_t* row, int col, int n) {
+    for (int j = 0; j < n_bytes; j++) bytes[j] = 0;
+    for (int j = 0; j < n; j++) bytes[j >> 1] |= (uint8_t)(i4_nibble(row, col + j) << (4 * (j & 1)));
+}
+
+// One activation code: x / scale, clamped to [-127, 127] the way MAXPS /
+// MINPS do it (v > lo ? v : lo), rounded half to even by adding and
+// subtracting 1.5 * 2^23 (exact for |v| < 2^22; what CVTPS2DQ does in the
+// default rounding mode). Only called with a finite scale > 0.
+static inline int8_t quantize_activation(float x, float scale) {
+    float v = x / scale;
+    v = v > -127.0f ? v : -127.0f;
+    v = v < 127.0f ? v : 127.0f;
+    v = (v + 12582912.0f) - 12582912.0f;
+    return (int8_t)v;
+}
+
+// One group's share of a W8A8 output: (float)isum * w_scale, rounded, then
+// times a_scale, rounded; the caller adds it to the running total. Separate
+// statements, so no compiler fuses them into an FMA (-std=c11 turns GCC's
+// contraction off; clang contracts only within one expression): every
+// level computes these same three roundings.
+static inline float w8a8_term(int32_t isum, float w_scale, float a_scale) {
+    float term = (float)isum * w_scale;
+    term = term * a_scale;
+    return term;
 }
 
 #endif

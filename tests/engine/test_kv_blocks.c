@@ -239,8 +239,8 @@ static void write_token(harness* h, const test_table* t, int position) {
     int64_t slot = (int64_t)block * BLOCK_SIZE + position % BLOCK_SIZE;
     float key[4], value[4];
     token_row(t->tokens[position], position, key, value);
-    kv_write_row(kv_memory_layer_keys(&h->pool.memory, 0), kv_memory_layer_values(&h->pool.memory, 0), KV_F16, slot,
-                 key, value, h->pool.memory.kv_dim, NULL);
+    kv_write_row(kv_memory_layer_keys(&h->pool.memory, 0), kv_memory_layer_values(&h->pool.memory, 0), NULL, NULL,
+                 KV_F16, slot, key, value, 1, h->pool.memory.kv_dim, NULL);
     kv_block* b = &h->pool.blocks[block];
     if (b->n_filled < position % BLOCK_SIZE + 1) b->n_filled = position % BLOCK_SIZE + 1;
 }
@@ -632,8 +632,8 @@ static void test_copy_on_write_copies_kv(void** state) {
                 key[j] = 100.0f * (float)layer + 10.0f * (float)slot + (float)j + 0.25f;
                 value[j] = -key[j];
             }
-            kv_write_row(kv_memory_layer_keys(&pool.memory, layer), kv_memory_layer_values(&pool.memory, layer), KV_F16,
-                         (int64_t)block * 4 + slot, key, value, kv_dim, NULL);
+            kv_write_row(kv_memory_layer_keys(&pool.memory, layer), kv_memory_layer_values(&pool.memory, layer), NULL,
+                         NULL, KV_F16, (int64_t)block * 4 + slot, key, value, 1, kv_dim, NULL);
         }
     pool.blocks[block].n_filled = 3;
     kv_pool_retain(&pool, block, 2); // a fork

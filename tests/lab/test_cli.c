@@ -313,6 +313,76 @@ static void test_sim_bad_input(void** state) {
     free_result(&r);
 }
 
+// ---- quant ---------------------------------------------------------------------------
+
+static void test_quant_json_reports_every_layer(void** state) {
+    (void)state;
+    char model_path[512], arguments[1024];
+    REQUIRE_SHARED_MODEL(model_path, "stories260K.bin");
+    snprintf(arguments, sizeof arguments, "quant --model %s --scheme w4a16 --group 32 --method awq --json", model_path);
+    command_result r = run_servelab(arguments);
+    if (r.exit_status != 0) fail_msg("quant failed: %s", r.err);
+    const char* keys[] = {"\"weight_bytes\":", "\"weight_bytes_ref\":", "\"kl_mean\":", "\"top1_agreement\":",
+                          "\"ppl\":", "\"ppl_ref\":", "\"layers\":[", "\"name\":\"layers.4.w3\"", "\"scale_mean\":",
+                          "\"mse\":", "\"max_err\":", "\"clipped\":"};
+    for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
+        if (!strstr(r.out, keys[k])) fail_msg("quant --json lacks %s: %s", keys[k], r.out);
+    double bytes = strtod(strstr(r.out, "\"weight_bytes\":") + 15, NULL);
+    double bytes_ref = strtod(strstr(r.out, "\"weight_bytes_ref\":") + 19, NULL);
+    assert_true(bytes_ref == 1040128.0);
+    assert_true(bytes < bytes_ref / 5);
+    double top1 = strtod(strstr(r.out, "\"top1_agreement\":") + 17, NULL);
+    assert_true(top1 > 0.5 && top1 <= 1.0);
+    free_result(&r);
+}
+
+static void test_quant_tensor_prints_levels(void** state) {
+    (void)state;
+    command_result r = run_servelab("quant --model tiny --tensor layers.1.wq --bits 3 --granularity tensor --asym");
+    if (r.exit_status != 0) fail_msg("quant --tensor failed: %s", r.err);
+    assert_non_null(strstr(r.out, "layers.1.wq: (64, 64), 3-bit asymmetric, per tensor, 1 parameter sets"));
+    assert_non_null(strstr(r.out, "every in-range error <= s/2: yes"));
+    assert_non_null(strstr(r.out, "histogram"));
+    // 2^3 = 8 levels are marked in the histogram ('|' after the bin start).
+    int marked = 0;
+    for (const char* p = strstr(r.out, "histogram"); (p = strchr(p, '\n')) != NULL; p++)
+        if (p[1] != '\0' && strlen(p) > 14 && p[13] == '|') marked++;
+    assert_true(marked >= 6 && marked <= 8); // neighbouring levels may share a bin
+    free_result(&r);
+    struct {
+        const char* arguments;
+        const char* expected;
+    } cases[] = {
+        {"quant --model tiny --tensor layers.9.wq --bits 4", "no tensor 'layers.9.wq'"},
+        {"quant --model tiny --tensor layers.0.wq --bits 9", "--bits: expected a whole number from 2 to 8"},
+        {"quant --model tiny --tensor layers.0.wq --bits 4 --granularity group:7", "group"},
+        {"quant --model tiny --scheme w5a16", "expected w8a16, w4a16 or w8a8"},
+        {"quant --model tiny --scheme w8a8 --asym", "symmetric"},
+        {"quant --model tiny", "give --scheme"},
+        {"generate --model tiny --quant w4a16:gx", "group 'gx'"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        command_result bad = run_servelab(cases[i].arguments);
+        if (bad.exit_status != 1 && bad.exit_status != 2)
+            fail_msg("'%s' exited %d (stderr: %s)", cases[i].arguments, bad.exit_status, bad.err);
+        if (!strstr(bad.err, cases[i].expected)) fail_msg("'%s': stderr '%s' lacks '%s'", cases[i].arguments, bad.err, cases[i].expected);
+        free_result(&bad);
+    }
+}
+
+static void test_engine_paths_run_quantized(void** state) {
+    (void)state;
+    command_result r = run_servelab("generate --model tiny --quant w4a16:g32:gptq --prompt Hi -n 8 --seed 1 --temperature 0.7");
+    if (r.exit_status != 0) fail_msg("generate --quant failed: %s", r.err);
+    assert_non_null(strstr(r.err, "tiny (int4"));
+    free_result(&r);
+    r = run_servelab("sim --model tiny --quant w8a8 --requests 4 --prompt-len fixed:8 --output-len fixed:4 --kv paged "
+                     "--kv-dtype int8 --json");
+    if (r.exit_status != 0) fail_msg("sim --quant failed: %s", r.err);
+    assert_int_equal((int)json_field(r.out, "paged", "generated_tokens"), 16);
+    free_result(&r);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_generate_ids_match_golden),
@@ -325,6 +395,9 @@ int main(void) {
         cmocka_unit_test(test_sim_json_reports_both_layouts),
         cmocka_unit_test(test_trace_writes_one_json_object_per_step),
         cmocka_unit_test(test_sim_bad_input),
+        cmocka_unit_test(test_quant_json_reports_every_layer),
+        cmocka_unit_test(test_quant_tensor_prints_levels),
+        cmocka_unit_test(test_engine_paths_run_quantized),
     };
     return cmocka_run_group_tests_name("lab/cli", tests, NULL, NULL);
 }

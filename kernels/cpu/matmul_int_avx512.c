@@ -1,0 +1,424 @@
+// matmul_int_avx512: WEIGHT_I8 / WEIGHT_I4 kernels for AVX-512 (F, BW, VL),
+// and W8A8 with AVX512_VNNI (vpdpbusd).
+//
+// The design of matmul_int_avx2.c with 16-lane vectors, 32 registers (tiles
+// up to 4 x 4) and masked tails. The reduction orders (matmul_int.c):
+//   INT8:  per group a 16-lane accumulator, steps of 16 columns, the tail
+//          loaded masked (as 0); total = fma(acc, scale, total); hsum16.
+//   INT4:  steps of 32 columns = 16 bytes: lane l takes column s + 2l (low
+//          nibble of byte l), then s + 2l + 1 (high nibble); hsum16.
+//   W8A8:  exact int32 group sums, then w8a8_term() per group in order.
+// INT4 decoding is one table lookup per 16 nibbles: vpermps indexes a
+// 16-entry table with the low 4 bits of each dword, so the bytes widened to
+// dwords index it directly (low nibble), and again after a shift by 4 (high
+// nibble); the table holds k - zero for k = 0..15, so the lookup also
+// subtracts the group's zero-point.
+#include "kernels/cpu/matmul_simd.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+
+#define AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+#define AVX512_INLINE static inline __attribute__((always_inline, target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+#define VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+#define VNNI_INLINE                                                                                                    \
+    static inline __attribute__((always_inline, target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+
+// Tiles: up to 4 x 4; a single batch row takes up to 8 outputs, so that
+// 8 accumulator chains hide the FMA latency (~4 cycles) when R = 1.
+#define TILE_MAX 4
+#define TILE_OUTPUTS_MAX 8
+#ifndef PREFETCH_MODE
+#define PREFETCH_MODE 0
+#endif
+#if PREFETCH_MODE == 1 // same offset, next tile
+#define PREFETCH_NEXT_TILE _mm_prefetch((const char*)(p + (size_t)C * row_bytes), _MM_HINT_T0);
+#elif PREFETCH_MODE == 2 // 1 KiB ahead
+#define PREFETCH_NEXT_TILE _mm_prefetch((const char*)(p + 1024), _MM_HINT_T0);
+#elif PREFETCH_MODE == 3 // next tile, one prefetch per line
+#define PREFETCH_NEXT_TILE if ((i & 127) == 0) _mm_prefetch((const char*)(p + (size_t)C * row_bytes), _MM_HINT_T0);
+#elif PREFETCH_MODE == 4 // two tiles ahead
+#define PREFETCH_NEXT_TILE if ((i & 127) == 0) _mm_prefetch((const char*)(p + 2 * (size_t)C * row_bytes), _MM_HINT_T0);
+#elif PREFETCH_MODE == 5 // 4 KiB ahead in the contiguous tile region
+#define PREFETCH_NEXT_TILE if ((i & 127) == 0) _mm_prefetch((const char*)(p + (size_t)C * row_bytes / 2), _MM_HINT_T0);
+#elif PREFETCH_MODE == 6 // next tile, per line, L2 hint
+#define PREFETCH_NEXT_TILE if ((i & 127) == 0) _mm_prefetch((const char*)(p + (size_t)C * row_bytes), _MM_HINT_T1);
+#else
+#define PREFETCH_NEXT_TILE
+#endif
+
+// Fixed horizontal sum: l + (l+8) for l < 8, then
+// ((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7)).
+AVX512_INLINE float hsum16(__m512 v) {
+    __m256 half =
+        _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    __m128 quad = _mm_add_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1));
+    __m128 pair = _mm_add_ps(quad, _mm_movehl_ps(quad, quad));
+    return _mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair)));
+}
+
+// The first n (< 16) lanes.
+AVX512_INLINE __mmask16 first_lanes(int n) { return (__mmask16)((1u << n) - 1u); }
+
+// ---- INT8 codes, fp32 activations (W8A16) -------------------------------------
+
+// 16 code bytes as the floats c = q - zero (exact).
+AVX512_INLINE __m512 widen_i8(__m128i bytes, __m512i zero, int asymmetric) {
+    if (asymmetric) return _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(bytes), zero));
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
+}
+
+// out: (R rows of stride d_out, C outputs); w: (C, cols) codes; scales,
+// zeros: (C, n_groups) (zeros NULL when symmetric); x: (R, cols).
+AVX512_INLINE void i8_tile(float* out, int d_out, const uint8_t* w, const uint16_t* scales, const uint8_t* zeros,
+                           const float* x, int cols, int group_size, int C, int R, int asymmetric) {
+    const int n_groups = cols / group_size;
+    __m512 total[TILE_MAX][TILE_MAX], acc[TILE_MAX][TILE_MAX], xv[TILE_MAX];
+    __m512i zero[TILE_MAX];
+    UNROLL_TILE for (int c = 0; c < C; c++) {
+        UNROLL_TILE for (int r = 0; r < R; r++) total[c][r] = _mm512_setzero_ps();
+    }
+    for (int g = 0; g < n_groups; g++) {
+        const int begin = g * group_size, end = begin + group_size;
+        UNROLL_TILE for (int c = 0; c < C; c++) {
+            zero[c] = asymmetric ? _mm512_set1_epi32(zeros[(size_t)c * (size_t)n_groups + (size_t)g])
+                                 : _mm512_setzero_si512();
+            UNROLL_TILE for (int r = 0; r < R; r++) acc[c][r] = _mm512_setzero_ps();
+        }
+        int i = begin;
+        for (; i + 16 <= end; i += 16) {
+            UNROLL_TILE for (int r = 0; r < R; r++) xv[r] = _mm512_loadu_ps(x + (size_t)r * (size_t)cols + (size_t)i);
+            UNROLL_TILE for (int c = 0; c < C; c++) {
+                __m128i bytes = _mm_loadu_si128((const __m128i*)(w + (size_t)c * (size_t)cols + (size_t)i));
+                __m512 wv = widen_i8(bytes, zero[c], asymmetric);
+                UNROLL_TILE for (int r = 0; r < R; r++) acc[c][r] = _mm512_fmadd_ps(wv, xv[r], acc[c][r]);
+            }
+        }
+        if (i < end) { // the tail: lanes past it are not read, x loads as 0
+            __mmask16 live = first_lanes(end - i);
+            UNROLL_TILE for (int r = 0; r < R; r++) {
+                xv[r] = _mm512_maskz_loadu_ps(live, x + (size_t)r * (size_t)cols + (size_t)i);
+            }
+            UNROLL_TILE for (int c = 0; c < C; c++) {
+                __m128i bytes = _mm_maskz_loadu_epi8(live, w + (size_t)c * (size_t)cols + (size_t)i);
+                __m512 wv = widen_i8(bytes, zero[c], asymmetric);
+                UNROLL_TILE for (int r = 0; r < R; r++) acc[c][r] = _mm512_fmadd_ps(wv, xv[r], acc[c][r]);
+            }
+        }
+        UNROLL_TILE for (int c = 0; c < C; c++) {
+            __m512 scale = _mm512_set1_ps(_cvtsh_ss(scales[(size_t)c * (size_t)n_groups + (size_t)g]));
+            UNROLL_TILE for (int r = 0; r < R; r++) total[c][r] = _mm512_fmadd_ps(acc[c][r], scale, total[c][r]);
+        }
+    }
+    UNROLL_TILE for (int c = 0; c < C; c++) {
+        UNROLL_TILE for (int r = 0; r < R; r++) out[(size_t)r * (size_t)d_out + (size_t)c] = hsum16(total[c][r]);
+    }
+}
+
+static AVX512_TARGET __attribute__((noinline)) void i8_tile_any(float* out, int d_out, const uint8_t* w,
+                                                                const uint16_t* scales, const uint8_t* zeros,
+                                                                const float* x, int cols, int group_size, int C,
+                                                                int R) {
+#define I8_TILE(c, r)                                                                   \
+    (zeros ? i8_tile(out, d_out, w, scales, zeros, x, cols, group_size, c, r, 1)        \
+           : i8_tile(out, d_out, w, scales, zeros, x, cols, group_size, c, r, 0))
+    switch (C * 8 + R) {
+    case 1 * 8 + 1: I8_TILE(1, 1); break;
+    case 1 * 8 + 2: I8_TILE(1, 2); break;
+    case 1 * 8 + 3: I8_TILE(1, 3); break;
+    case 1 * 8 + 4: I8_TILE(1, 4); break;
+    case 2 * 8 + 1: I8_TILE(2, 1); break;
+    case 2 * 8 + 2: I8_TILE(2, 2); break;
+    case 2 * 8 + 3: I8_TILE(2, 3); break;
+    case 2 * 8 + 4: I8_TILE(2, 4); break;
+    case 3 * 8 + 1: I8_TILE(3, 1); break;
+    case 3 * 8 + 2: I8_TILE(3, 2); break;
+    case 4 * 8 + 1: I8_TILE(4, 1); break;
+    case 4 * 8 + 2: I8_TILE(4, 2); break;
+    default: break; // larger tiles are never asked for
+    }
+#undef I8_TILE
+}
+
+AVX512_TARGET void matmul_i8_avx512(float* out, const float* in, int n_rows, const weight_matrix* w, int o_begin,
+                                    int o_end) {
+    const uint8_t* values = (const uint8_t*)w->values;
+    const int d_out = w->rows, cols = w->cols;
+    const size_t n_groups = (size_t)(cols / w->group_size);
+    // Two accumulators per element, at most 16: 4 outputs x 2 rows, or 2 x 4 for a batch.
+    const int max_outputs = n_rows >= 3 ? 2 : TILE_MAX;
+    const int max_rows = n_rows >= 3 ? TILE_MAX : 2;
+    for (int o = o_begin; o < o_end; o += max_outputs) {
+        int C = o_end - o < max_outputs ? o_end - o : max_outputs;
+        const size_t first_group = (size_t)o * n_groups;
+        for (int r = 0; r < n_rows; r += max_rows) {
+            int R = n_rows - r < max_rows ? n_rows - r : max_rows;
+            i8_tile_any(out + (size_t)r * (size_t)d_out + (size_t)o, d_out, values + (size_t)o * (size_t)cols,
+                        w->scales_f16 + first_group, w->zero_points ? w->zero_points + first_group : NULL,
+                        in + (size_t)r * (size_t)cols, cols, w->group_size, C, R);
+        }
+    }
+}
+
+// ---- INT4 codes, fp32 activations (W4A16) -------------------------------------
+//
+// A step is 32 columns from an even column s = 16 packed bytes. Widened to
+// dwords, byte l's low 4 bits are column s + 2l and its next 4 bits column
+// s + 2l + 1; vpermps looks a 16-entry table up with the low 4 bits of each
+// dword, so one lookup turns the low nibbles into floats (the table holds
+// k - zero, so it also subtracts the zero-point) and a shift by 4 and a
+// second lookup do the high nibbles: 6 vector instructions per 32 columns
+// per output with the two FMAs. (That count is what bounds the kernel: a
+// shuffle-free decode by broadcast + variable shifts took 9 and was slower.)
+// The activations are split into even and odd columns once per step for
+// the whole tile.
+//
+// The order: per group, lane l of one accumulator takes, step by step,
+// column s + 2l then s + 2l + 1, both by fma.
+
+// x[0 .. 31] (lanes switched off in lo / hi read as 0) split into even[l] =
+// x[2l] and odd[l] = x[2l + 1].
+AVX512_INLINE void split_x(__m512 lo, __m512 hi, __m512* even, __m512* odd) {
+    const __m512i even_index = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i odd_index = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    *even = _mm512_permutex2var_ps(lo, even_index, hi);
+    *odd = _mm512_permutex2var_ps(lo, odd_index, hi);
+}
+
+// 16 packed bytes as the integers n - zero of their even and odd columns.
+AVX512_INLINE void widen_i4(__m128i packed, __m512 table, __m512* even, __m512* odd) {
+    __m512i bytes = _mm512_cvtepu8_epi32(packed);
+    *even = _mm512_permutexvar_ps(bytes, table);
+    *odd = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table);
+}
+
+// out, x as for i8_tile; w: (C rows of row_bytes) packed nibbles, the
+// tile's rows contiguous; zeros (C, n_groups) when asymmetric (else the
+// zero-point is 8).
+AVX512_INLINE void i4_tile(float* out, int d_out, const uint8_t* w, size_t row_bytes, const uint16_t* scales,
+                           const uint8_t* zeros, const float* x, int cols, int group_size, int C, int R,
+                           int asymmetric) {
+    const int n_groups = cols / group_size;
+    const __m512 nibbles = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512 total[TILE_OUTPUTS_MAX][TILE_MAX], acc[TILE_OUTPUTS_MAX][TILE_MAX], x_even[TILE_MAX], x_odd[TILE_MAX];
+    __m512 table[TILE_OUTPUTS_MAX]; // table[c][k] = k - zero: what nibble k stands for in this group
+    UNROLL_TILE for (int c = 0; c < C; c++) {
+        table[c] = _mm512_sub_ps(nibbles, _mm512_set1_ps(8.0f)); // symmetric: q + 8 stored
+        UNROLL_TILE for (int r = 0; r < R; r++) total[c][r] = _mm512_setzero_ps();
+    }
+    for (int g = 0; g < n_groups; g++) {
+        const int begin = g * group_size, end = begin + group_size;
+        UNROLL_TILE for (int c = 0; c < C; c++) {
+            if (asymmetric) {
+                float zero = (float)zeros[(size_t)c * (size_t)n_groups + (size_t)g];
+                table[c] = _mm512_sub_ps(nibbles, _mm512_set1_ps(zero));
+            }
+            UNROLL_TILE for (int r = 0; r < R; r++) acc[c][r] = _mm512_setzero_ps();
+        }
+        int i = begin;
+        // Full steps from an even column read the packed bytes directly.
+        for (; (begin & 1) == 0 && i + 32 <= end; i += 32) {
+            UNROLL_TILE for (int r = 0; r < R; r++) {
+                const float* p = x + (size_t)r * (size_t)cols + (size_t)i;
+                split_x(_mm512_loadu_ps(p), _mm512_loadu_ps(p + 16), &x_even[r], &x_odd[r]);
+            }
+            UNROLL_TILE for (int c = 0; c < C; c++) {
+                const uint8_t* p = w + (size_t)c * row_bytes + (size_t)(i / 2);
+                PREFETCH_NEXT_TILE
+                __m512 w_even, w_odd;
+                widen_i4(_mm_loadu_si128((const __m128i*)p), table[c], &w_even, &w_odd);
+                UNROLL_TILE for (int r = 0; r < R; r++) {
+                    acc[c][r] = _mm512_fmadd_ps(w_even, x_even[r], acc[c][r]);
+                    acc[c][r] = _mm512_fmadd_ps(w_odd, x_odd[r], acc[c][r]);
+                }
+            }
+        }
+        // The tail (x loaded masked, as 0, so codes past it add 0), and every
+        // step of a group that starts at an odd column (repacked).
+        for (; i < end; i += 32) {
+            const int n = end - i < 32 ? end - i : 32;
+            const __mmask16 live_lo = n >= 16 ? (__mmask16)0xffff : first_lanes(n);
+            const __mmask16 live_hi = n >= 32 ? (__mmask16)0xffff : n > 16 ? first_lanes(n - 16) : 0;
+            UNROLL_TILE for (int r = 0; r < R; r++) {
+                const float* p = x + (size_t)r * (size_t)cols + (size_t)i;
+                split_x(_mm512_maskz_loadu_ps(live_lo, p), _mm512_maskz_loadu_ps(live_hi, p + 16), &x_even[r],
+                        &x_odd[r]);
+            }
+            UNROLL_TILE for (int c = 0; c < C; c++) {
+                const uint8_t* row = w + (size_t)c * row_bytes;
+                __m128i packed;
+                if ((begin & 1) == 0) {
+                    packed = _mm_maskz_loadu_epi8(first_lanes((n + 1) / 2), row + i / 2);
+                } else {
+                    uint8_t repacked[16];
+                    repack_i4(repacked, 16, row, i, n);
+                    packed = _mm_loadu_si128((const __m128i*)repacked);
+                }
+                __m512 w_even, w_odd;
+                widen_i4(packed, table[c], &w_even, &w_odd);
+                UNROLL_TILE for (int r = 0; r < R; r++) {
+                    acc[c][r] = _mm512_fmadd_ps(w_even, x_even[r], acc[c][r]);
+                    acc[c][r] = _mm512_fmadd_ps(w_odd, x_odd[r], acc[c][r]);
+                }
+            }
+        }
+        UNROLL_TILE for (int c = 0; c < C; c++) {
+            __m512 scale = _mm512_set1_ps(_cvtsh_ss(scales[(size_t)c * (size_t)n_groups + (size_t)g]));
+            UNROLL_TILE for (int r = 0; r < R; r++) total[c][r] = _mm512_fmadd_ps(acc[c][r], scale, total[c][r]);
+        }
+    }
+    UNROLL_TILE for (int c = 0; c < C; c++) {
+        UNROLL_TILE for (int r = 0; r < R; r++) out[(size_t)r * (size_t)d_out + (size_t)c] = hsum16(total[c][r]);
+    }
+}
+
+static AVX512_TARGET __attribute__((noinline)) void i4_tile_any(float* out, int d_out, const uint8_t* w,
+                                                                size_t row_bytes, const uint16_t* scales,
+                                                                const uint8_t* zeros, const float* x, int cols,
+                                                                int group_size, int C, int R) {
+#define I4_TILE(c, r)                                                                                        \
+    (zeros ? i4_tile(out, d_out, w, row_bytes, scales, zeros, x, cols, group_size, c, r, 1)                 \
+           : i4_tile(out, d_out, w, row_bytes, scales, zeros, x, cols, group_size, c, r, 0))
+    switch (C * 8 + R) {
+    case 1 * 8 + 1: I4_TILE(1, 1); break;
+    case 1 * 8 + 2: I4_TILE(1, 2); break;
+    case 1 * 8 + 3: I4_TILE(1, 3); break;
+    case 1 * 8 + 4: I4_TILE(1, 4); break;
+    case 2 * 8 + 1: I4_TILE(2, 1); break;
+    case 2 * 8 + 2: I4_TILE(2, 2); break;
+    case 2 * 8 + 3: I4_TILE(2, 3); break;
+    case 2 * 8 + 4: I4_TILE(2, 4); break;
+    case 3 * 8 + 1: I4_TILE(3, 1); break;
+    case 3 * 8 + 2: I4_TILE(3, 2); break;
+    case 4 * 8 + 1: I4_TILE(4, 1); break;
+    case 4 * 8 + 2: I4_TILE(4, 2); break;
+    case 5 * 8 + 1: I4_TILE(5, 1); break;
+    case 6 * 8 + 1: I4_TILE(6, 1); break;
+    case 7 * 8 + 1: I4_TILE(7, 1); break;
+    case 8 * 8 + 1: I4_TILE(8, 1); break;
+    default: break; // larger tiles are never asked for
+    }
+#undef I4_TILE
+}
+
+AVX512_TARGET void matmul_i4_avx512(float* out, const float* in, int n_rows, const weight_matrix* w, int o_begin,
+                                    int o_end) {
+    const uint8_t* values = (const uint8_t*)w->values;
+    const int d_out = w->rows, cols = w->cols;
+    const size_t n_groups = (size_t)(cols / w->group_size), row_bytes = int_row_bytes(w);
+    // Two accumulators per element, two split activations per row and a
+    // table per output: 4 x 2 or 2 x 4 fit the 32 registers.
+    const int max_outputs = n_rows == 1 ? TILE_OUTPUTS_MAX : n_rows >= 3 ? 2 : TILE_MAX;
+    const int max_rows = n_rows >= 3 ? TILE_MAX : 2;
+    for (int o = o_begin; o < o_end; o += max_outputs) {
+        int C = o_end - o < max_outputs ? o_end - o : max_outputs;
+        const size_t first_group = (size_t)o * n_groups;
+        for (int r = 0; r < n_rows; r += max_rows) {
+            int R = n_rows - r < max_rows ? n_rows - r : max_rows;
+            i4_tile_any(out + (size_t)r * (size_t)d_out + (size_t)o, d_out, values + (size_t)o * row_bytes, row_bytes,
+                        w->scales_f16 + first_group, w->zero_points ? w->zero_points + first_group : NULL,
+                        in + (size_t)r * (size_t)cols, cols, w->group_size, C, R);
+        }
+    }
+}
+
+// ---- W8A8 with VNNI ----------------------------------------------------------------
+//
+// vpdpbusd adds products of unsigned by signed bytes, four per int32 lane.
+// The activations are made unsigned by adding 128 (a ^ 0x80 = a + 128 in
+// [1, 255]) and the excess taken back out: sum (a + 128) w - sum 128 w =
+// sum a w, where sum 128 w is one more vpdpbusd per weight vector. Lanes
+// wrap modulo 2^32, which cancels in the difference: isum is exact whenever
+// it fits int32 (as at the other levels). A tail's dead lanes load the
+// weight as 0, so they add nothing to either sum.
+
+// out: (R rows of stride d_out, C outputs); w: (C, cols) int8; a: (R, cols)
+// codes with a_scales (R); scales: (C, n_groups).
+VNNI_INLINE void w8a8_tile(float* out, int d_out, const int8_t* w, const uint16_t* scales, const int8_t* a,
+                           const float* a_scales, int cols, int group_size, int C, int R) {
+    const int n_groups = cols / group_size;
+    const __m512i bias = _mm512_set1_epi8((char)0x80);
+    __m512i acc[TILE_MAX][TILE_MAX], excess[TILE_MAX], biased[TILE_MAX];
+    float total[TILE_MAX][TILE_MAX];
+    UNROLL_TILE for (int c = 0; c < C; c++) {
+        UNROLL_TILE for (int r = 0; r < R; r++) total[c][r] = 0.0f;
+    }
+    for (int g = 0; g < n_groups; g++) {
+        const int begin = g * group_size, end = begin + group_size;
+        UNROLL_TILE for (int c = 0; c < C; c++) {
+            excess[c] = _mm512_setzero_si512();
+            UNROLL_TILE for (int r = 0; r < R; r++) acc[c][r] = _mm512_setzero_si512();
+        }
+        for (int i = begin; i < end; i += 64) {
+            const int n = end - i < 64 ? end - i : 64;
+            const __mmask64 live = n == 64 ? ~(__mmask64)0 : ((__mmask64)1 << n) - 1;
+            UNROLL_TILE for (int r = 0; r < R; r++) {
+                const int8_t* p = a + (size_t)r * (size_t)cols + (size_t)i;
+                __m512i codes = n == 64 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(live, p);
+                biased[r] = _mm512_xor_si512(codes, bias);
+            }
+            UNROLL_TILE for (int c = 0; c < C; c++) {
+                const int8_t* p = w + (size_t)c * (size_t)cols + (size_t)i;
+                __m512i wv = n == 64 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(live, p);
+                excess[c] = _mm512_dpbusd_epi32(excess[c], bias, wv);
+                UNROLL_TILE for (int r = 0; r < R; r++) acc[c][r] = _mm512_dpbusd_epi32(acc[c][r], biased[r], wv);
+            }
+        }
+        UNROLL_TILE for (int c = 0; c < C; c++) {
+            float w_scale = _cvtsh_ss(scales[(size_t)c * (size_t)n_groups + (size_t)g]);
+            UNROLL_TILE for (int r = 0; r < R; r++) {
+                int32_t isum = _mm512_reduce_add_epi32(_mm512_sub_epi32(acc[c][r], excess[c]));
+                total[c][r] += w8a8_term(isum, w_scale, a_scales[r]);
+            }
+        }
+    }
+    UNROLL_TILE for (int c = 0; c < C; c++) {
+        UNROLL_TILE for (int r = 0; r < R; r++) out[(size_t)r * (size_t)d_out + (size_t)c] = total[c][r];
+    }
+}
+
+static VNNI_TARGET __attribute__((noinline)) void w8a8_tile_any(float* out, int d_out, const int8_t* w,
+                                                                const uint16_t* scales, const int8_t* a,
+                                                                const float* a_scales, int cols, int group_size,
+                                                                int C, int R) {
+#define W8A8_TILE(c, r) w8a8_tile(out, d_out, w, scales, a, a_scales, cols, group_size, c, r)
+    switch (C * 8 + R) {
+    case 1 * 8 + 1: W8A8_TILE(1, 1); break;
+    case 1 * 8 + 2: W8A8_TILE(1, 2); break;
+    case 1 * 8 + 3: W8A8_TILE(1, 3); break;
+    case 1 * 8 + 4: W8A8_TILE(1, 4); break;
+    case 2 * 8 + 1: W8A8_TILE(2, 1); break;
+    case 2 * 8 + 2: W8A8_TILE(2, 2); break;
+    case 2 * 8 + 3: W8A8_TILE(2, 3); break;
+    case 2 * 8 + 4: W8A8_TILE(2, 4); break;
+    case 3 * 8 + 1: W8A8_TILE(3, 1); break;
+    case 3 * 8 + 2: W8A8_TILE(3, 2); break;
+    case 3 * 8 + 3: W8A8_TILE(3, 3); break;
+    case 3 * 8 + 4: W8A8_TILE(3, 4); break;
+    case 4 * 8 + 1: W8A8_TILE(4, 1); break;
+    case 4 * 8 + 2: W8A8_TILE(4, 2); break;
+    case 4 * 8 + 3: W8A8_TILE(4, 3); break;
+    case 4 * 8 + 4: W8A8_TILE(4, 4); break;
+    default: break; // larger tiles are never asked for
+    }
+#undef W8A8_TILE
+}
+
+VNNI_TARGET void matmul_w8a8_avx512vnni(float* out, const int8_t* codes, const float* code_scales, int n_rows,
+                                        const weight_matrix* w, int o_begin, int o_end) {
+    const int8_t* values = (const int8_t*)w->values;
+    const int d_out = w->rows, cols = w->cols;
+    const size_t n_groups = (size_t)(cols / w->group_size);
+    // One accumulator per element (16) + 4 excess + 4 activations: 4 x 4.
+    for (int o = o_begin; o < o_end; o += TILE_MAX) {
+        int C = o_end - o < TILE_MAX ? o_end - o : TILE_MAX;
+        for (int r = 0; r < n_rows; r += TILE_MAX) {
+            int R = n_rows - r < TILE_MAX ? n_rows - r : TILE_MAX;
+            w8a8_tile_any(out + (size_t)r * (size_t)d_out + (size_t)o, d_out, values + (size_t)o * (size_t)cols,
+                          w->scales_f16 + (size_t)o * n_groups, codes + (size_t)r * (size_t)cols, code_scales + r,
+                          cols, w->group_size, C, R);
+        }
+    }
+}
+
+#endif
