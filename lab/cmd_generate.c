@@ -60,12 +60,7 @@ static int parse_generate_args(int argc, char** argv, generate_args* args, error
         if (engine_option_match(&cursor, &args->engine, NULL, NULL, &failed, err)) {
         } else if (arg_match(&cursor, "--trace", true, &failed, err)) {
             if (!failed) args->trace_path = cursor.value;
-        } else if (arg_match(&cursor, "--model", true, &failed, err)) {
-            if (!failed) args->request.model_arg = cursor.value;
-        } else if (arg_match(&cursor, "--tokenizer", true, &failed, err)) {
-            if (!failed) args->request.tokenizer_arg = cursor.value;
-        } else if (arg_match(&cursor, "--quant", true, &failed, err)) {
-            if (!failed) args->request.quant = cursor.value;
+        } else if (model_option_match(&cursor, &args->request, &failed, err)) {
         } else if (arg_match(&cursor, "--prompt", true, &failed, err)) {
             if (!failed) args->prompt_text = cursor.value;
         } else if (arg_match(&cursor, "--prompt-ids", true, &failed, err)) {
@@ -79,13 +74,6 @@ static int parse_generate_args(int argc, char** argv, generate_args* args, error
             if (!failed && parse_float_arg("--top-p", cursor.value, 0.0, 1.0, &args->options.top_p, err)) return -1;
         } else if (arg_match(&cursor, "--seed", true, &failed, err)) {
             if (!failed && parse_u64_arg("--seed", cursor.value, &args->options.seed, err)) return -1;
-        } else if (arg_match(&cursor, "--synth-seed", true, &failed, err)) {
-            if (!failed && parse_u64_arg("--synth-seed", cursor.value, &args->request.synth_seed, err)) return -1;
-        } else if (arg_match(&cursor, "--dtype", true, &failed, err)) {
-            if (failed) return -1;
-            if (strcmp(cursor.value, "fp32") == 0) args->request.dtype = MODEL_DTYPE_FP32;
-            else if (strcmp(cursor.value, "fp16") == 0) args->request.dtype = MODEL_DTYPE_FP16;
-            else return error_set(err, "--dtype: expected fp32 or fp16, found '%s'", cursor.value);
         } else if (arg_match(&cursor, "--ids", false, &failed, err)) {
             args->print_ids = true;
         } else {

@@ -68,16 +68,7 @@ static int parse_quant_args(int argc, char** argv, quant_args* a, error_info* er
     arg_cursor cursor = {argc, argv, 1, "servelab quant", NULL};
     for (; cursor.index < argc; cursor.index++) {
         bool failed = false;
-        if (arg_match(&cursor, "--model", true, &failed, err)) {
-            if (!failed) a->request.model_arg = cursor.value;
-        } else if (arg_match(&cursor, "--tokenizer", true, &failed, err)) {
-            if (!failed) a->request.tokenizer_arg = cursor.value;
-        } else if (arg_match(&cursor, "--dtype", true, &failed, err)) {
-            if (!failed) {
-                if (strcmp(cursor.value, "fp32") == 0) a->request.dtype = MODEL_DTYPE_FP32;
-                else if (strcmp(cursor.value, "fp16") == 0) a->request.dtype = MODEL_DTYPE_FP16;
-                else return error_set(err, "--dtype: expected fp32 or fp16, found '%s'", cursor.value);
-            }
+        if (model_option_match(&cursor, &a->request, &failed, err)) {
         } else if (arg_match(&cursor, "--scheme", true, &failed, err)) {
             if (!failed) a->scheme = cursor.value;
         } else if (arg_match(&cursor, "--group", true, &failed, err)) {

@@ -234,18 +234,7 @@ int command_sim(int argc, char** argv) {
         const char* arg = argv[cursor.index];
         if (strncmp(arg, "--kv", 4) == 0 && (arg[4] == '\0' || arg[4] == '=')) kv_given = true;
         if (engine_option_match(&cursor, &config, &kv_both, &batching_both, &failed, &err)) {
-        } else if (arg_match(&cursor, "--model", true, &failed, &err)) {
-            if (!failed) request.model_arg = cursor.value;
-        } else if (arg_match(&cursor, "--tokenizer", true, &failed, &err)) {
-            if (!failed) request.tokenizer_arg = cursor.value;
-        } else if (arg_match(&cursor, "--quant", true, &failed, &err)) {
-            if (!failed) request.quant = cursor.value;
-        } else if (arg_match(&cursor, "--dtype", true, &failed, &err)) {
-            if (!failed) {
-                if (strcmp(cursor.value, "fp32") == 0) request.dtype = MODEL_DTYPE_FP32;
-                else if (strcmp(cursor.value, "fp16") == 0) request.dtype = MODEL_DTYPE_FP16;
-                else failed = error_set(&err, "--dtype: expected fp32 or fp16, found '%s'", cursor.value) != 0;
-            }
+        } else if (model_option_match(&cursor, &request, &failed, &err)) {
         } else if (arg_match(&cursor, "--requests", true, &failed, &err)) {
             if (!failed) failed = parse_int_arg("--requests", cursor.value, 1, 1000000, &spec.n_requests, &err) != 0;
         } else if (arg_match(&cursor, "--prompt-len", true, &failed, &err)) {

@@ -115,3 +115,23 @@ void model_source_close(model_source* source) {
     tok_free(source->tokenizer);
     source->tokenizer = NULL;
 }
+
+bool model_option_match(arg_cursor* cursor, model_request* request, bool* failed, error_info* err) {
+    if (arg_match(cursor, "--model", true, failed, err)) {
+        if (!*failed) request->model_arg = cursor->value;
+    } else if (arg_match(cursor, "--tokenizer", true, failed, err)) {
+        if (!*failed) request->tokenizer_arg = cursor->value;
+    } else if (arg_match(cursor, "--quant", true, failed, err)) {
+        if (!*failed) request->quant = cursor->value;
+    } else if (arg_match(cursor, "--synth-seed", true, failed, err)) {
+        if (!*failed) *failed = parse_u64_arg("--synth-seed", cursor->value, &request->synth_seed, err) != 0;
+    } else if (arg_match(cursor, "--dtype", true, failed, err)) {
+        if (*failed) return true;
+        if (strcmp(cursor->value, "fp32") == 0) request->dtype = MODEL_DTYPE_FP32;
+        else if (strcmp(cursor->value, "fp16") == 0) request->dtype = MODEL_DTYPE_FP16;
+        else *failed = error_set(err, "--dtype: expected fp32 or fp16, found '%s'", cursor->value) != 0;
+    } else {
+        return false;
+    }
+    return true;
+}

@@ -17,6 +17,7 @@
 #include "engine/error.h"
 #include "engine/model.h"
 #include "engine/tokenizer.h"
+#include "lab/cli_args.h"
 
 typedef struct model_request {
     const char* model_arg;     // path or preset; NULL = default
@@ -34,6 +35,12 @@ typedef struct model_source {
 } model_source;
 
 int model_source_open(model_source* out, const model_request* request, error_info* err);
+
+// When argv[cursor->index] is one of --model, --tokenizer, --dtype,
+// --quant, --synth-seed, applies it to request and returns true (*failed
+// set, with err, on a bad value). Shared by every subcommand that loads a
+// model, so the flags mean the same everywhere.
+bool model_option_match(arg_cursor* cursor, model_request* request, bool* failed, error_info* err);
 void model_source_close(model_source* source);
 
 #endif
