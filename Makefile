@@ -131,10 +131,10 @@ test: deps
 check: deps
 	@$(MAKE) --no-print-directory BUILD=build/check SANITIZE=1 CUDA=0 test-run
 
-# Until the dashboard lands, the lab opens as plain generation on the
-# default model (stories260K when ../shared or ./models has it, else small).
+# The dashboard on the default model (stories260K when ../shared or
+# ./models has it, else small).
 run: all
-	$(SERVELAB) generate
+	$(SERVELAB)
 
 deps:
 	@sh scripts/deps.sh $(DEB_PKGS)

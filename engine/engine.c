@@ -175,6 +175,25 @@ int engine_add_request(engine* e, const request_params* p, int32_t* first_sequen
     return 0;
 }
 
+int engine_cancel_sequence(engine* e, int32_t id, error_info* err) {
+    if (id < 0 || id >= e->n_sequences) return error_set(err, "cancel: no sequence %d (0..%d)", id, e->n_sequences - 1);
+    sequence* s = &e->sequences[id];
+    if (s->state == SEQ_FINISHED) return 0;
+    for (int i = 0; i < e->n_waiting; i++) {
+        if (e->waiting[i] != id) continue;
+        memmove(e->waiting + i, e->waiting + i + 1, (size_t)(e->n_waiting - i - 1) * sizeof *e->waiting);
+        e->n_waiting--;
+        break;
+    }
+    block_manager_release(e, s); // a waiting or preempted sequence holds nothing: no-op
+    scheduler_remove_running(e, id);
+    s->pending_forks = 0;
+    s->state = SEQ_FINISHED;
+    s->finish_time = e->clock_seconds;
+    e->n_finished++;
+    return 0;
+}
+
 bool engine_has_work(const engine* e) { return e->n_waiting > 0 || e->n_running > 0; }
 
 void engine_advance_clock(engine* e, double seconds) {

@@ -107,6 +107,12 @@ void engine_free(engine* e);
 // of its first sequence; the others follow consecutively.
 int engine_add_request(engine* e, const request_params* params, int32_t* first_sequence_id, error_info* err);
 
+// Cancels a sequence (a user gave up on it): a waiting one leaves the
+// queue, a running one returns its blocks (or reservation) and leaves the
+// batch; either way it is finished from now on. Its stop reason stays
+// STOP_LENGTH (generate.h has no cancelled reason). Finished: no-op.
+int engine_cancel_sequence(engine* e, int32_t id, error_info* err);
+
 // Runs one step. *record points into the engine until the next step.
 int engine_step(engine* e, const step_record** record, error_info* err);
 

@@ -9,14 +9,15 @@ static const char USAGE[] =
     "usage: servelab <command> [options]\n"
     "\n"
     "commands:\n"
+    "  lab        the dashboard (also what plain 'servelab' opens)\n"
     "  generate   generate text from a model (checkpoint or synthetic preset)\n"
     "  sim        a workload through the engine: paged vs contiguous, continuous vs static\n"
     "  quant      quantize a model (RTN, AWQ, GPTQ) or one tensor and measure the error\n"
     "  info       what this build supports (CUDA, presets)\n"
     "  help       this message\n"
     "\n"
-    "Each command takes --help. The dashboard, lessons, quiz and bench\n"
-    "commands are being built (see README.md).\n";
+    "Each command takes --help. The lessons, quiz and bench commands are\n"
+    "being built (see README.md).\n";
 
 typedef struct command_entry {
     const char* name;
@@ -24,6 +25,7 @@ typedef struct command_entry {
 } command_entry;
 
 static const command_entry COMMANDS[] = {
+    {"lab", command_lab},
     {"generate", command_generate},
     {"sim", command_sim},
     {"quant", command_quant},
@@ -31,7 +33,8 @@ static const command_entry COMMANDS[] = {
 };
 
 int main(int argc, char** argv) {
-    if (argc < 2 || strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+    if (argc < 2) return command_lab(argc, argv); // plain `servelab` opens the dashboard
+    if (strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
         fputs(USAGE, stdout);
         return 0;
     }

@@ -1,0 +1,476 @@
+// servelab lab: the dashboard. Flags and the two loops live here: the
+// terminal loop (ncurses, signals, frame throttling) and the headless
+// replay (--keys / --dump-frame) that tests and docs use. The data side is
+// lab/dashboard.c, the drawing lab/ui_panes.c.
+#include <curses.h>
+#include <langinfo.h>
+#include <locale.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/devices.h"
+#include "engine/model_synth.h"
+#include "lab/commands.h"
+#include "lab/dashboard.h"
+#include "lab/engine_options.h"
+#include "lab/ui_panes.h"
+
+static const char LAB_USAGE[] =
+    "usage: servelab [lab] [options]\n"
+    "\n"
+    "The dashboard: a paged engine and a contiguous one run the same requests\n"
+    "in lockstep; step them one at a time or run them, and watch block tables,\n"
+    "the block pool, fragmentation, memory traffic and quantization step sizes.\n"
+    "Keys are listed in the help overlay (? or F1).\n"
+    "\n"
+    "  --model PATH|PRESET       (default: stories260K when found, else small)\n"
+    "  --tokenizer FILE   --dtype fp32|fp16   --quant SCHEME\n"
+    "  --prompt TEXT             a starting request (repeatable; default two prompts)\n"
+    "  --max-tokens N            new tokens per request (default 96)\n"
+    "  --kv paged|contiguous     which engine the requests and traffic panes follow\n"
+    "  --lesson FILE             (lessons are not implemented yet)\n"
+    "headless:\n"
+    "  --keys KEYS               replay keys: plain characters and <space> <tab> <enter>\n"
+    "                            <esc> <f1> <up> <down> <left> <right> <wait:MS>\n"
+    "  --dump-frame FILE         write the final screen as UTF-8 text (- = stdout)\n"
+    "  --size COLSxROWS          the virtual screen (default 160x50)\n"
+    "\n";
+
+enum {
+    KEY_CODE_UP = 0x1001, KEY_CODE_DOWN, KEY_CODE_LEFT, KEY_CODE_RIGHT, KEY_CODE_F1, KEY_CODE_ENTER,
+    KEY_CODE_TAB, KEY_CODE_ESC, KEY_CODE_BACKSPACE, KEY_CODE_RESIZE, KEY_CODE_WAIT_BASE = 0x100000,
+};
+
+static const int BLOCK_SIZES[] = {1, 2, 4, 8, 16, 32, 64, 128};
+
+typedef struct lab_app {
+    dashboard d;
+    ui_view v;
+    bool quit;
+    double next_step_at; // run mode: monotonic seconds of the next step
+} lab_app;
+
+static volatile sig_atomic_t stop_requested = 0;
+static void on_stop_signal(int signal_number) {
+    (void)signal_number;
+    stop_requested = 1;
+}
+
+static double monotonic_seconds(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static void set_message(lab_app* a, const char* text) { snprintf(a->v.message, sizeof a->v.message, "%s", text); }
+
+static void do_step(lab_app* a) {
+    error_info err = {{0}};
+    if (!dashboard_has_work(&a->d)) {
+        set_message(a, "no work: add a request with a");
+        a->v.running = false;
+        return;
+    }
+    if (dashboard_step(&a->d, &err)) {
+        set_message(a, err.message);
+        a->v.running = false;
+    }
+}
+
+static void change_block_size(lab_app* a, int direction) {
+    int n = (int)(sizeof BLOCK_SIZES / sizeof BLOCK_SIZES[0]), at = 0;
+    for (int i = 0; i < n; i++)
+        if (BLOCK_SIZES[i] == a->d.config.block_size) at = i;
+    at += direction;
+    if (at < 0 || at >= n) return;
+    a->v.pending_block_size = BLOCK_SIZES[at];
+    a->v.mode = UI_MODE_CONFIRM;
+}
+
+// One key, in any mode. Returns nothing: the state says what happened.
+static void handle_key(lab_app* a, int key) {
+    ui_view* v = &a->v;
+    error_info err = {{0}};
+    if (v->mode == UI_MODE_EDIT) {
+        size_t len = strlen(v->edit);
+        if (key == KEY_CODE_ENTER) {
+            v->mode = UI_MODE_NORMAL;
+            if (len && dashboard_add_prompt(&a->d, v->edit, 96, 1, 0.0f, &err)) set_message(a, err.message);
+            v->edit[0] = '\0';
+        } else if (key == KEY_CODE_ESC) {
+            v->mode = UI_MODE_NORMAL;
+            v->edit[0] = '\0';
+        } else if (key == KEY_CODE_BACKSPACE) {
+            if (len) v->edit[len - 1] = '\0';
+        } else if (key >= 0x20 && key < 0x7f && len + 1 < sizeof v->edit) {
+            v->edit[len] = (char)key;
+            v->edit[len + 1] = '\0';
+        }
+        return;
+    }
+    if (v->mode == UI_MODE_CONFIRM) {
+        v->mode = UI_MODE_NORMAL;
+        if (key == 'y' || key == 'Y') {
+            if (dashboard_set_block_size(&a->d, v->pending_block_size, &err)) set_message(a, err.message);
+            else set_message(a, "engines restarted with the new block size; requests replayed");
+        }
+        return;
+    }
+    if (v->help) { // any key closes the overlay
+        v->help = false;
+        return;
+    }
+    v->message[0] = '\0';
+    step_size_view* q = &a->d.step_size;
+    bool on_step_size = v->focus == PANE_STEP_SIZE;
+    int n_devices = 0;
+    device_models(&n_devices);
+    switch (key) {
+    case ' ': case 'n': do_step(a); break;
+    case 'r': v->running = !v->running; a->next_step_at = 0; break;
+    case '+': case '=': if (v->speed_index < 7) v->speed_index++; break;
+    case '-': if (v->speed_index > 0) v->speed_index--; break;
+    case 'a': v->mode = UI_MODE_EDIT; v->edit[0] = '\0'; break;
+    case 'f': if (dashboard_fork_selected(&a->d, &err)) set_message(a, err.message); break;
+    case 'x': if (dashboard_cancel_selected(&a->d, &err)) set_message(a, err.message); break;
+    case '[': change_block_size(a, -1); break;
+    case ']': change_block_size(a, +1); break;
+    case 'd': v->device = (v->device + 1) % n_devices; break;
+    case '?': case KEY_CODE_F1: v->help = true; break;
+    case 'q': a->quit = true; break;
+    case KEY_CODE_TAB:
+        v->focus = (ui_pane)((v->focus + 1) % PANE_COUNT);
+        v->page = ui_pane_page(v->focus);
+        break;
+    case '1': case '2': case '3': case '4': case '5':
+        v->page = key - '1';
+        for (int p = 0; p < PANE_COUNT; p++)
+            if (ui_pane_page((ui_pane)p) == v->page) {
+                v->focus = (ui_pane)p;
+                break;
+            }
+        break;
+    case KEY_CODE_UP: case KEY_CODE_DOWN: {
+        int delta = key == KEY_CODE_UP ? -1 : 1;
+        if (on_step_size) {
+            q->layer += delta;
+            dashboard_update_step_size(&a->d);
+        } else {
+            int n = dashboard_primary(&a->d)->n_sequences;
+            a->d.selected += delta;
+            if (a->d.selected < 0) a->d.selected = 0;
+            if (a->d.selected >= n) a->d.selected = n > 0 ? n - 1 : 0;
+        }
+        break;
+    }
+    case KEY_CODE_LEFT: case KEY_CODE_RIGHT:
+        if (on_step_size) {
+            q->tensor += key == KEY_CODE_LEFT ? -1 : 1;
+            dashboard_update_step_size(&a->d);
+        }
+        break;
+    case 'b': // bits 2..8, cycling
+        q->scheme.bits = q->scheme.bits >= 8 ? 2 : q->scheme.bits + 1;
+        dashboard_update_step_size(&a->d);
+        break;
+    case 'g':
+        q->scheme.granularity = (quant_granularity)((q->scheme.granularity + 1) % 3);
+        q->set_index = 0;
+        dashboard_update_step_size(&a->d);
+        break;
+    case 'm':
+        q->scheme.symmetric = !q->scheme.symmetric;
+        dashboard_update_step_size(&a->d);
+        break;
+    case ',': case '.':
+        q->set_index += key == ',' ? -1 : 1;
+        dashboard_update_step_size(&a->d);
+        break;
+    default: break;
+    }
+}
+
+// Parses the --keys escape syntax into key codes; -1 with err on a bad escape.
+static int parse_keys(const char* text, int* keys, int capacity, int* n, error_info* err) {
+    static const struct { const char* name; int key; } NAMES[] = {
+        {"space", ' '}, {"tab", KEY_CODE_TAB}, {"enter", KEY_CODE_ENTER}, {"esc", KEY_CODE_ESC},
+        {"f1", KEY_CODE_F1}, {"up", KEY_CODE_UP}, {"down", KEY_CODE_DOWN}, {"left", KEY_CODE_LEFT},
+        {"right", KEY_CODE_RIGHT}, {"backspace", KEY_CODE_BACKSPACE}, {"lt", '<'},
+    };
+    *n = 0;
+    for (const char* p = text; *p;) {
+        if (*n == capacity) return error_set(err, "--keys: more than %d keys", capacity);
+        if (*p != '<') {
+            keys[(*n)++] = (unsigned char)*p++;
+            continue;
+        }
+        const char* end = strchr(p, '>');
+        if (!end) return error_set(err, "--keys: '<' without '>' at '%s'", p);
+        char name[32];
+        int len = (int)(end - p - 1);
+        if (len <= 0 || len >= (int)sizeof name) return error_set(err, "--keys: bad escape at '%s'", p);
+        memcpy(name, p + 1, (size_t)len);
+        name[len] = '\0';
+        int key = -1;
+        for (size_t i = 0; i < sizeof NAMES / sizeof NAMES[0]; i++)
+            if (strcmp(name, NAMES[i].name) == 0) key = NAMES[i].key;
+        if (key < 0 && strncmp(name, "wait:", 5) == 0) {
+            int ms = 0;
+            if (parse_int_arg("<wait:MS>", name + 5, 0, 600000, &ms, err)) return -1;
+            key = KEY_CODE_WAIT_BASE + ms;
+        }
+        if (key < 0)
+            return error_set(err, "--keys: unknown key <%s> (expected space tab enter esc f1 up down left right "
+                                  "backspace lt wait:MS)", name);
+        keys[(*n)++] = key;
+        p = end + 1;
+    }
+    return 0;
+}
+
+// Headless: keys in order; <wait:MS> advances a virtual clock, and in run
+// mode the engine takes the steps the speed allows in that time (speed
+// "max" counts as 1000/s), so a replay is deterministic.
+static int run_headless(lab_app* a, const char* keys_text, const char* dump_path, int cols, int rows) {
+    error_info err = {{0}};
+    int capacity = (int)strlen(keys_text) + 1, n = 0;
+    int* keys = malloc((size_t)capacity * sizeof *keys); // (capacity) key codes
+    if (!keys) return 1;
+    if (parse_keys(keys_text, keys, capacity, &n, &err)) {
+        fprintf(stderr, "servelab lab: %s\n", err.message);
+        free(keys);
+        return 2;
+    }
+    for (int i = 0; i < n && !a->quit; i++) {
+        if (keys[i] >= KEY_CODE_WAIT_BASE) {
+            if (!a->v.running) continue;
+            int speed = UI_SPEEDS[a->v.speed_index] ? UI_SPEEDS[a->v.speed_index] : 1000;
+            long steps = (long)(keys[i] - KEY_CODE_WAIT_BASE) * speed / 1000;
+            for (long k = 0; k < steps && a->v.running; k++) do_step(a);
+        } else handle_key(a, keys[i]);
+    }
+    free(keys);
+    ui_screen screen;
+    const char* no_color = getenv("NO_COLOR");
+    if (ui_screen_init(&screen, cols, rows, true, !(no_color && no_color[0]))) return 1;
+    ui_draw(&screen, &a->d, &a->v);
+    int status = 0;
+    if (dump_path) {
+        bool to_stdout = strcmp(dump_path, "-") == 0;
+        char temp[4096];
+        snprintf(temp, sizeof temp, "%s.tmp", dump_path);
+        FILE* out = to_stdout ? stdout : fopen(temp, "w");
+        if (!out) {
+            fprintf(stderr, "servelab lab: %s: cannot create the frame file\n", dump_path);
+            status = 1;
+        } else {
+            int bad = ui_screen_dump(&screen, out);
+            if (!to_stdout) {
+                bad |= fclose(out) != 0;
+                if (bad || rename(temp, dump_path) != 0) {
+                    remove(temp);
+                    fprintf(stderr, "servelab lab: %s: cannot write the frame\n", dump_path);
+                    status = 1;
+                }
+            }
+        }
+    }
+    ui_screen_free(&screen);
+    return status;
+}
+
+// ---- the terminal -------------------------------------------------------------------------
+
+static bool curses_active = false;
+static void restore_terminal(void) {
+    if (curses_active) {
+        endwin();
+        curses_active = false;
+    }
+}
+
+static int translate_key(int c) {
+    switch (c) {
+    case KEY_UP: return KEY_CODE_UP;
+    case KEY_DOWN: return KEY_CODE_DOWN;
+    case KEY_LEFT: return KEY_CODE_LEFT;
+    case KEY_RIGHT: return KEY_CODE_RIGHT;
+    case KEY_F(1): return KEY_CODE_F1;
+    case KEY_ENTER: case '\n': case '\r': return KEY_CODE_ENTER;
+    case '\t': return KEY_CODE_TAB;
+    case 27: return KEY_CODE_ESC;
+    case KEY_BACKSPACE: case 127: case 8: return KEY_CODE_BACKSPACE;
+    case KEY_RESIZE: return KEY_CODE_RESIZE;
+    default: return c;
+    }
+}
+
+static int run_terminal(lab_app* a) {
+    const char* codeset = nl_langinfo(CODESET);
+    bool utf8 = codeset && (strcmp(codeset, "UTF-8") == 0 || strcmp(codeset, "utf8") == 0);
+    struct sigaction action;
+    memset(&action, 0, sizeof action);
+    action.sa_handler = on_stop_signal;
+    sigaction(SIGINT, &action, NULL);
+    sigaction(SIGTERM, &action, NULL);
+    sigaction(SIGHUP, &action, NULL);
+    if (!initscr()) {
+        fprintf(stderr, "servelab lab: cannot open the terminal (use --dump-frame for headless use)\n");
+        return 1;
+    }
+    curses_active = true;
+    atexit(restore_terminal);
+    cbreak();
+    noecho();
+    keypad(stdscr, TRUE);
+    curs_set(0);
+    set_escdelay(25);
+    const char* no_color = getenv("NO_COLOR");
+    bool color = has_colors() && !(no_color && no_color[0]);
+    if (color) ui_screen_init_curses_colors();
+    ui_screen screen;
+    if (ui_screen_init(&screen, COLS, LINES, utf8, color)) {
+        restore_terminal();
+        fprintf(stderr, "servelab lab: out of memory\n");
+        return 1;
+    }
+    // Frames at most every 1/30 s; the engine steps in between.
+    const double frame_interval = 1.0 / 30.0;
+    double last_frame = 0;
+    bool dirty = true;
+    while (!a->quit && !stop_requested) {
+        double now = monotonic_seconds();
+        if (dirty && now - last_frame >= frame_interval) {
+            ui_draw(&screen, &a->d, &a->v);
+            ui_screen_flush_curses(&screen);
+            refresh();
+            last_frame = now;
+            dirty = false;
+        }
+        // Wait for a key until the next step or frame is due.
+        double wait = 0.1;
+        if (a->v.running) {
+            int speed = UI_SPEEDS[a->v.speed_index];
+            if (speed == 0 || now >= a->next_step_at) wait = 0;
+            else wait = a->next_step_at - now;
+        }
+        if (dirty && wait > frame_interval) wait = frame_interval;
+        timeout((int)(wait * 1000));
+        int c = getch();
+        if (c != ERR) {
+            int key = translate_key(c);
+            if (key == KEY_CODE_RESIZE) ui_screen_resize(&screen, COLS, LINES);
+            else handle_key(a, key);
+            dirty = true;
+        }
+        if (a->v.running && !a->quit) {
+            now = monotonic_seconds();
+            int speed = UI_SPEEDS[a->v.speed_index];
+            if (speed == 0 || now >= a->next_step_at) {
+                do_step(a);
+                a->next_step_at = (a->next_step_at > 0 && speed ? a->next_step_at : now) + (speed ? 1.0 / speed : 0);
+                if (a->next_step_at < now - 1.0) a->next_step_at = now; // fell behind: do not burst
+                dirty = true;
+            }
+        }
+    }
+    ui_screen_free(&screen);
+    restore_terminal();
+    return 0;
+}
+
+static int parse_size(const char* text, int* cols, int* rows, error_info* err) {
+    char tail = 0;
+    if (sscanf(text, "%dx%d%c", cols, rows, &tail) != 2 || *cols < 1 || *rows < 1 || *cols > 1000 || *rows > 1000)
+        return error_set(err, "--size: expected COLSxROWS such as 120x40, found '%s'", text);
+    return 0;
+}
+
+int command_lab(int argc, char** argv) {
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            fputs(LAB_USAGE, stdout);
+            fputs(ENGINE_OPTIONS_USAGE, stdout);
+            return 0;
+        }
+    setlocale(LC_ALL, "");
+    error_info err = {{0}};
+    engine_config config = engine_config_default();
+    model_request request = {NULL, NULL, MODEL_DTYPE_DEFAULT, SYNTH_DEFAULT_SEED, NULL};
+    const char* keys = NULL;
+    const char* dump_path = NULL;
+    const char* prompts[16];
+    int n_prompts = 0, cols = 160, rows = 50, max_tokens = 96;
+    arg_cursor cursor = {argc, argv, 1, "servelab lab", NULL};
+    for (; cursor.index < argc; cursor.index++) {
+        bool failed = false;
+        const char* arg = argv[cursor.index];
+        if (engine_option_match(&cursor, &config, NULL, NULL, &failed, &err)) {
+        } else if (arg_match(&cursor, "--model", true, &failed, &err)) {
+            if (!failed) request.model_arg = cursor.value;
+        } else if (arg_match(&cursor, "--tokenizer", true, &failed, &err)) {
+            if (!failed) request.tokenizer_arg = cursor.value;
+        } else if (arg_match(&cursor, "--quant", true, &failed, &err)) {
+            if (!failed) request.quant = cursor.value;
+        } else if (arg_match(&cursor, "--dtype", true, &failed, &err)) {
+            if (!failed) {
+                if (strcmp(cursor.value, "fp32") == 0) request.dtype = MODEL_DTYPE_FP32;
+                else if (strcmp(cursor.value, "fp16") == 0) request.dtype = MODEL_DTYPE_FP16;
+                else failed = error_set(&err, "--dtype: expected fp32 or fp16, found '%s'", cursor.value) != 0;
+            }
+        } else if (arg_match(&cursor, "--prompt", true, &failed, &err)) {
+            if (!failed && n_prompts == 16) failed = error_set(&err, "--prompt: at most 16") != 0;
+            else if (!failed) prompts[n_prompts++] = cursor.value;
+        } else if (arg_match(&cursor, "--max-tokens", true, &failed, &err)) {
+            if (!failed) failed = parse_int_arg("--max-tokens", cursor.value, 1, 1 << 20, &max_tokens, &err) != 0;
+        } else if (arg_match(&cursor, "--keys", true, &failed, &err)) {
+            if (!failed) keys = cursor.value;
+        } else if (arg_match(&cursor, "--dump-frame", true, &failed, &err)) {
+            if (!failed) dump_path = cursor.value;
+        } else if (arg_match(&cursor, "--size", true, &failed, &err)) {
+            if (!failed) failed = parse_size(cursor.value, &cols, &rows, &err) != 0;
+        } else if (arg_match(&cursor, "--lesson", true, &failed, &err)) {
+            if (!failed) failed = error_set(&err, "--lesson: lessons are not implemented yet") != 0;
+        } else {
+            fprintf(stderr, "servelab lab: unknown option '%s' (see servelab lab --help)\n", arg);
+            return 2;
+        }
+        if (failed) {
+            fprintf(stderr, "servelab lab: %s\n", err.message);
+            return 2;
+        }
+    }
+    // Unless told otherwise, a pool of 128 blocks: small enough that every
+    // block is a visible cell in the pool pane and that forks and new
+    // requests make it fill up (the engine's 64 MiB default is 6553 blocks
+    // of stories260K).
+    if (config.num_blocks == 0 && config.kv_mem_bytes == engine_config_default().kv_mem_bytes) config.num_blocks = 128;
+    if (n_prompts == 0) {
+        prompts[n_prompts++] = "Once upon a time, there was a little girl named Lily.";
+        prompts[n_prompts++] = "The dog ran";
+    }
+    lab_app* a = calloc(1, sizeof *a);
+    if (!a) return 1;
+    a->v.speed_index = 3; // 10 steps per second: slow enough to follow
+    if (dashboard_init(&a->d, &request, &config, config.layout, &err)) {
+        fprintf(stderr, "servelab lab: %s\n", err.message);
+        free(a);
+        return 1;
+    }
+    // The requests keep going past EOS only if asked; greedy by default so runs repeat.
+    for (int i = 0; i < n_prompts; i++)
+        if (dashboard_add_prompt(&a->d, prompts[i], max_tokens, 1, 0.0f, &err)) {
+            fprintf(stderr, "servelab lab: --prompt '%s': %s\n", prompts[i], err.message);
+            dashboard_free(&a->d);
+            free(a);
+            return 2;
+        }
+    int status = keys || dump_path ? run_headless(a, keys ? keys : "", dump_path ? dump_path : "-", cols, rows)
+                                   : run_terminal(a);
+    dashboard_free(&a->d);
+    free(a);
+    return status;
+}

@@ -1,0 +1,95 @@
+// dashboard: the lab's data side. Owns a paged engine and a contiguous
+// engine that shadows the same requests in lockstep, the history ring
+// buffers and the step-size pane's quantization; the panes (ui_panes.c)
+// only read it. Nothing here draws.
+#ifndef SERVELAB_DASHBOARD_H
+#define SERVELAB_DASHBOARD_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "engine/engine.h"
+#include "engine/quant.h"
+#include "lab/model_source.h"
+
+enum { HISTORY_STEPS = 256 };
+
+// The last HISTORY_STEPS steps, oldest first from `start`.
+typedef struct step_history {
+    uint64_t bytes[HISTORY_STEPS];  // (HISTORY_STEPS) bytes moved per step
+    int tokens[HISTORY_STEPS];      // (HISTORY_STEPS) tokens computed per step
+    bool prefill[HISTORY_STEPS];    // (HISTORY_STEPS) the step computed prefill tokens
+    int start, count;
+} step_history;
+
+typedef struct saved_request {
+    int32_t* prompt;   // (n_prompt) token ids
+    int n_prompt;
+    int max_new_tokens;
+    int n_samples;
+    float temperature;
+    uint64_t seed;
+} saved_request;
+
+// The step-size pane: one tensor, one scheme, its RTN quantization.
+typedef struct step_size_view {
+    int layer;            // 0..n_layers-1
+    int tensor;           // index into STEP_SIZE_TENSORS (wq wk wv wo w1 w2 w3)
+    quant_scheme scheme;
+    int set_index;        // the parameter set shown (0 = first row / group)
+    int rows, cols;
+    float* weights;       // (rows, cols) the tensor in fp32
+    int32_t* codes;       // (rows, cols)
+    quant_params* params; // (quant_param_count)
+    int n_params;
+    quant_stats set_stats;    // of set_index
+    quant_stats matrix_stats; // of the whole matrix
+    float set_min, set_max;   // the set's value range
+    char name[64];
+    char error[512];      // non-empty when the scheme does not apply
+} step_size_view;
+
+extern const char* const STEP_SIZE_TENSORS[7];
+
+typedef struct dashboard {
+    model_source source;
+    engine_config config;       // layout ignored: both engines run
+    engine paged;
+    engine contiguous;
+    bool have_engines;
+    const step_record* paged_record;      // the last step, or NULL
+    const step_record* contiguous_record;
+    kv_layout primary;          // the layout the requests and traffic panes follow (--kv)
+    saved_request* requests;    // (n_requests) everything added, to replay after a restart
+    int n_requests, requests_capacity;
+    step_history history;
+    step_size_view step_size;
+    int selected;               // sequence id (paged engine) of the selected request row
+    uint64_t steps;
+    double step_seconds_total;  // engine time of all steps (both engines)
+} dashboard;
+
+int dashboard_init(dashboard* d, const model_request* request, const engine_config* config, kv_layout primary,
+                   error_info* err);
+void dashboard_free(dashboard* d);
+
+// Adds a request to both engines. temperature 0 = greedy.
+int dashboard_add_prompt(dashboard* d, const char* text, int max_new_tokens, int n_samples, float temperature,
+                         error_info* err);
+// One lockstep step of both engines (a no-op for one that has no work).
+int dashboard_step(dashboard* d, error_info* err);
+bool dashboard_has_work(const dashboard* d);
+// Cancels the selected sequence's request in both engines and resubmits
+// its tokens so far as a two-sample request: the samples share its blocks
+// (prefix cache for the full ones, fork for the tail) and diverge.
+int dashboard_fork_selected(dashboard* d, error_info* err);
+int dashboard_cancel_selected(dashboard* d, error_info* err);
+// Rebuilds both engines with a new block size and replays every request.
+int dashboard_set_block_size(dashboard* d, int block_size, error_info* err);
+// Recomputes the step-size view after a change of tensor or scheme.
+void dashboard_update_step_size(dashboard* d);
+
+const engine* dashboard_primary(const dashboard* d);
+const step_record* dashboard_primary_record(const dashboard* d);
+
+#endif

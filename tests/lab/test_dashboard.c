@@ -1,0 +1,156 @@
+// The dashboard through its headless replay (servelab lab --keys ...
+// --dump-frame): what the panes say after real engine steps on stories260K.
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <stdlib.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "engine/model_synth.h"
+#include "engine/quant.h"
+#include "engine/tokenizer.h"
+#include "lab/model_source.h"
+#include "tests/test_support.h"
+
+static const char* servelab_binary(void) {
+    const char* bin = getenv("SERVELAB_BIN");
+    return bin ? bin : "bin/servelab";
+}
+
+// Runs the lab headless with `arguments` and returns the dumped frame (malloc'ed).
+static char* dump_frame(const char* arguments) {
+    char frame_path[512], command[4096];
+    snprintf(frame_path, sizeof frame_path, "%s/frame.txt", test_scratch_dir());
+    remove(frame_path);
+    snprintf(command, sizeof command, "%s lab --size 160x50 --dump-frame %s %s </dev/null >/dev/null", servelab_binary(),
+             frame_path, arguments);
+    assert_int_equal(system(command), 0);
+    size_t size = 0;
+    unsigned char* bytes = test_read_file(frame_path, &size);
+    assert_non_null(bytes);
+    char* text = realloc(bytes, size + 1);
+    text[size] = '\0';
+    return text;
+}
+
+static int prompt_tokens(const char* text) {
+    char path[512];
+    assert_true(shared_model_path(path, sizeof path, "tok512.bin"));
+    tokenizer* t = NULL;
+    error_info err = {{0}};
+    assert_int_equal(tok_load(&t, path, 512, &err), 0);
+    int32_t ids[256];
+    int n = 0;
+    assert_int_equal(tok_encode(t, text, true, false, ids, 256, &n, &err), 0);
+    tok_free(t);
+    return n;
+}
+
+static void spaces(char* out, int n) {
+    out[0] = '\0';
+    for (int i = 0; i < n; i++) strcat(out, "<space>");
+}
+
+static void test_block_table_after_steps(void** state) {
+    (void)state;
+    char model_path[512], arguments[2048], keys[1024];
+    REQUIRE_SHARED_MODEL(model_path, "stories260K.bin");
+    const char* prompt = "Once upon a time, there was a little girl named Lily.";
+    int n_prompt = prompt_tokens(prompt);
+    for (int n_steps = 1; n_steps <= 25; n_steps += 8) {
+        spaces(keys, n_steps);
+        snprintf(arguments, sizeof arguments, "--model %s --block-size 16 --prompt '%s' --keys '%s'", model_path, prompt,
+                 keys);
+        char* frame = dump_frame(arguments);
+        // Step 1 computes the prompt; each later step one more token.
+        int context = n_prompt + n_steps - 1;
+        int blocks = (context + 15) / 16, tail = context - 16 * (blocks - 1);
+        char expect[128];
+        snprintf(expect, sizeof expect, "a#0 %s ctx %d blocks %d tail %d/16", n_steps == 1 ? "prefill" : "decode",
+                 context, blocks, tail);
+        if (!strstr(frame, expect)) fail_msg("missing '%s' in\n%s", expect, frame);
+        // The pool pane agrees: one sequence, its blocks in use, the rest free.
+        snprintf(expect, sizeof expect, "used %d shared 0 cached 0 free %d /128", blocks, 128 - blocks);
+        if (!strstr(frame, expect)) fail_msg("missing '%s' in\n%s", expect, frame);
+        free(frame);
+    }
+}
+
+static void test_fork_shares_then_copies(void** state) {
+    (void)state;
+    char model_path[512], arguments[2048];
+    REQUIRE_SHARED_MODEL(model_path, "stories260K.bin");
+    // 19 tokens after 3 steps: one full block and a tail of 3 shared by the two samples.
+    snprintf(arguments, sizeof arguments,
+             "--model %s --block-size 16 --prompt 'Once upon a time, there was a little girl named Lily.' "
+             "--keys '<space><space><space>f<space><space>'",
+             model_path);
+    char* frame = dump_frame(arguments);
+    // The samples share the full block (reference count 2 among the tables)
+    // and the first one to write its tail copies it: copy-on-write.
+    if (!strstr(frame, " x2]")) fail_msg("no block with reference count 2 in\n%s", frame);
+    if (!strstr(frame, "COW ")) fail_msg("no copy-on-write event in\n%s", frame);
+    if (!strstr(frame, "used 3 shared 1 ")) fail_msg("pool counts do not show the shared block in\n%s", frame);
+    free(frame);
+}
+
+static void test_step_size_matches_quantizer(void** state) {
+    (void)state;
+    char model_path[512], arguments[2048];
+    REQUIRE_SHARED_MODEL(model_path, "stories260K.bin");
+    model_source source;
+    model_request request = {model_path, NULL, MODEL_DTYPE_DEFAULT, SYNTH_DEFAULT_SEED, NULL};
+    error_info err = {{0}};
+    assert_int_equal(model_source_open(&source, &request, &err), 0);
+    // The pane after <down> (layer 1) and b (5 bits), asymmetric per tensor.
+    const weight_matrix* w = model_matrix_by_name(&source.model, "layers.1.wq");
+    assert_non_null(w);
+    size_t count = (size_t)w->rows * (size_t)w->cols;
+    float* values = malloc(count * sizeof *values);
+    int32_t* codes = malloc(count * sizeof *codes);
+    for (int r = 0; r < w->rows; r++) weight_row_to_f32(values + (size_t)r * (size_t)w->cols, w, r, NULL);
+    quant_scheme scheme = {5, false, QUANT_PER_TENSOR, 32, false};
+    quant_params params;
+    assert_int_equal(quant_matrix_rtn(values, w->rows, w->cols, &scheme, codes, &params, &err), 0);
+    char expect[128];
+    snprintf(expect, sizeof expect, "s=%.6g z=%d", params.scale, params.zero_point);
+    snprintf(arguments, sizeof arguments, "--model %s --keys '44<down>b'", model_path);
+    char* frame = dump_frame(arguments);
+    if (!strstr(frame, "layers.1.wq (64 x 64)  b=5 asym per-tensor")) fail_msg("wrong tensor or scheme in\n%s", frame);
+    if (!strstr(frame, expect)) fail_msg("missing '%s' in\n%s", expect, frame);
+    free(frame);
+    free(values);
+    free(codes);
+    model_source_close(&source);
+}
+
+static void test_small_terminal_and_bad_keys(void** state) {
+    (void)state;
+    char* frame = dump_frame("--model tiny --size 60x20");
+    assert_non_null(strstr(frame, "terminal too small: need at least 80x24"));
+    free(frame);
+    frame = dump_frame("--model tiny --size 80x24 --keys '3'");
+    assert_non_null(strstr(frame, "3 Memory traffic"));
+    assert_null(strstr(frame, "1 Requests"));
+    free(frame);
+    char command[1024];
+    snprintf(command, sizeof command, "%s lab --model tiny --keys '<nope>' --dump-frame - >/dev/null 2>&1",
+             servelab_binary());
+    int raw = system(command);
+    assert_int_equal(WEXITSTATUS(raw), 2);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_block_table_after_steps),
+        cmocka_unit_test(test_fork_shares_then_copies),
+        cmocka_unit_test(test_step_size_matches_quantizer),
+        cmocka_unit_test(test_small_terminal_and_bad_keys),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
