@@ -44,13 +44,15 @@ uint64_t weight_matrix_bytes(const weight_matrix* w) {
 
 static float dot_f32(const float* weights, const float* x, int n) {
     float sum = 0.0f;
-    for (int i = 0; i < n; i++) sum += weights[i] * x[i];
+    for (int i = 0; i < n; i++)
+        sum += weights[i] * x[i];
     return sum;
 }
 
 static float dot_f16(const uint16_t* weights, const float* x, int n) {
     float sum = 0.0f;
-    for (int i = 0; i < n; i++) sum += fp16_to_fp32(weights[i]) * x[i];
+    for (int i = 0; i < n; i++)
+        sum += fp16_to_fp32(weights[i]) * x[i];
     return sum;
 }
 
@@ -67,7 +69,8 @@ static float dot_q8(const int8_t* weights, const float* scales, const float* x, 
         size_t group_end_flat = (group + 1) * (size_t)group_size;
         int end = group_end_flat - flat_offset < (size_t)n ? (int)(group_end_flat - flat_offset) : n;
         float group_sum = 0.0f;
-        for (; i < end; i++) group_sum += (float)weights[i] * x[i];
+        for (; i < end; i++)
+            group_sum += (float)weights[i] * x[i];
         sum += group_sum * scales[group];
     }
     return sum;
@@ -108,14 +111,14 @@ static void matmul_scalar_range(float* out, const float* in, int n_rows, const w
 #define MATMUL_CHUNKS_PER_THREAD 4
 
 typedef struct matmul_job {
-    float* out;              // (n_rows, w->rows)
-    const float* in;         // (n_rows, w->cols)
-    int n_rows;              // batch rows
-    const weight_matrix* w;  // (w->rows, w->cols)
-    cpu_simd_level level;    // already clamped to the CPU
-    int outputs_per_task;    // output features per chunk
-    const int8_t* in_codes;  // W8A8: (n_rows, w->cols) quantized activations; NULL when not allocated
-    const float* in_scales;  // W8A8: (n_rows) their scales
+    float* out;             // (n_rows, w->rows)
+    const float* in;        // (n_rows, w->cols)
+    int n_rows;             // batch rows
+    const weight_matrix* w; // (w->rows, w->cols)
+    cpu_simd_level level;   // already clamped to the CPU
+    int outputs_per_task;   // output features per chunk
+    const int8_t* in_codes; // W8A8: (n_rows, w->cols) quantized activations; NULL when not allocated
+    const float* in_scales; // W8A8: (n_rows) their scales
 } matmul_job;
 
 // WEIGHT_I8 / WEIGHT_I4 at the job's level (the orders: matmul_int.c).
@@ -143,13 +146,17 @@ static void matmul_int_range(const matmul_job* job, int o_begin, int o_end) {
     }
 #if defined(__x86_64__) || defined(__i386__)
     if (job->level == CPU_SIMD_AVX512) {
-        if (w->dtype == WEIGHT_I8) matmul_i8_avx512(out, job->in, n_rows, w, o_begin, o_end);
-        else matmul_i4_avx512(out, job->in, n_rows, w, o_begin, o_end);
+        if (w->dtype == WEIGHT_I8)
+            matmul_i8_avx512(out, job->in, n_rows, w, o_begin, o_end);
+        else
+            matmul_i4_avx512(out, job->in, n_rows, w, o_begin, o_end);
         return;
     }
     if (job->level == CPU_SIMD_AVX2) {
-        if (w->dtype == WEIGHT_I8) matmul_i8_avx2(out, job->in, n_rows, w, o_begin, o_end);
-        else matmul_i4_avx2(out, job->in, n_rows, w, o_begin, o_end);
+        if (w->dtype == WEIGHT_I8)
+            matmul_i8_avx2(out, job->in, n_rows, w, o_begin, o_end);
+        else
+            matmul_i4_avx2(out, job->in, n_rows, w, o_begin, o_end);
         return;
     }
 #endif
@@ -290,7 +297,8 @@ void weight_row_to_f32(float* out, const weight_matrix* w, int row, kernel_traff
     if (traffic) {
         uint64_t row_bytes = (uint64_t)w->cols * dtype_value_bytes(w->dtype);
         if (w->dtype == WEIGHT_Q8_0) { // the scales of every group the row touches
-            uint64_t first = offset / (size_t)w->group_size, last = (offset + (size_t)w->cols - 1) / (size_t)w->group_size;
+            uint64_t first = offset / (size_t)w->group_size,
+                     last = (offset + (size_t)w->cols - 1) / (size_t)w->group_size;
             row_bytes += (last - first + 1) * sizeof(float);
         }
         traffic->weight_bytes_read += row_bytes;

@@ -17,6 +17,9 @@
 //     per group), or AVX2 / AVX-512 with the fixed vector order described
 //     in matmul_avx2.c and matmul_avx512.c. Different levels round
 //     differently; one level always gives the same bits.
+//   - WEIGHT_I8, WEIGHT_I4 (W8A16, W4A16, W8A8): the per-group order is
+//     documented at the top of matmul_int.c; W8A8's int32 group sums are
+//     exact, so it gives the same bits at every level.
 #ifndef SERVELAB_MATMUL_H
 #define SERVELAB_MATMUL_H
 

@@ -60,11 +60,14 @@ static float dot_int_row(const weight_matrix* w, int o, const float* x) {
         const int zero = int_zero_point(w, first_group + g);
         float group_sum = 0.0f;
         if (w->dtype == WEIGHT_I4) {
-            for (int i = begin; i < end; i++) group_sum += (float)(i4_nibble(row, i) - zero) * x[i];
+            for (int i = begin; i < end; i++)
+                group_sum += (float)(i4_nibble(row, i) - zero) * x[i];
         } else if (asymmetric) {
-            for (int i = begin; i < end; i++) group_sum += (float)(row[i] - zero) * x[i];
+            for (int i = begin; i < end; i++)
+                group_sum += (float)(row[i] - zero) * x[i];
         } else {
-            for (int i = begin; i < end; i++) group_sum += (float)(int8_t)row[i] * x[i];
+            for (int i = begin; i < end; i++)
+                group_sum += (float)(int8_t)row[i] * x[i];
         }
         total += group_sum * fp16_to_fp32(w->scales_f16[first_group + g]);
     }
@@ -86,8 +89,8 @@ void int_row_to_f32(float* out, const weight_matrix* w, int row) {
         size_t g = first_group + (size_t)(i / w->group_size);
         int zero = int_zero_point(w, g);
         int c = w->dtype == WEIGHT_I4 ? i4_nibble(codes, i) - zero
-                : w->zero_points  ? codes[i] - zero
-                                  : (int8_t)codes[i];
+                : w->zero_points      ? codes[i] - zero
+                                      : (int8_t)codes[i];
         out[i] = fp16_to_fp32(w->scales_f16[g]) * (float)c;
     }
 }
@@ -117,7 +120,8 @@ void matmul_quantize_row(int8_t* codes, float* scale, const float* x, int cols) 
         memset(codes, 0, (size_t)(cols > 0 ? cols : 0));
         return;
     }
-    for (int i = 0; i < cols; i++) codes[i] = quantize_activation(x[i], a_scale);
+    for (int i = 0; i < cols; i++)
+        codes[i] = quantize_activation(x[i], a_scale);
 }
 
 // ---- W8A8, scalar ------------------------------------------------------------

@@ -77,7 +77,9 @@ AVX2_INLINE void i8_tile(float* out, int d_out, const uint8_t* w, const uint16_t
         for (; i + 8 <= end; i += 8) {
             UNROLL_TILE for (int r = 0; r < R; r++) xv[r] = _mm256_loadu_ps(x + (size_t)r * (size_t)cols + (size_t)i);
             UNROLL_TILE for (int c = 0; c < C; c++) {
-                __m256 wv = widen_i8(w + (size_t)c * (size_t)cols + (size_t)i, zero[c], asymmetric);
+                const uint8_t* p = w + (size_t)c * (size_t)cols + (size_t)i;
+                if ((i & 63) == 0) prefetch_ahead(p, (size_t)C * (size_t)cols); // the next tile, once per line
+                __m256 wv = widen_i8(p, zero[c], asymmetric);
                 UNROLL_TILE for (int r = 0; r < R; r++) acc[c][r] = _mm256_fmadd_ps(wv, xv[r], acc[c][r]);
             }
         }
@@ -108,8 +110,8 @@ AVX2_INLINE void i8_tile(float* out, int d_out, const uint8_t* w, const uint16_t
 static AVX2_TARGET __attribute__((noinline)) void i8_tile_any(float* out, int d_out, const uint8_t* w,
                                                               const uint16_t* scales, const uint8_t* zeros,
                                                               const float* x, int cols, int group_size, int C, int R) {
-#define I8_TILE(c, r)                                                                   \
-    (zeros ? i8_tile(out, d_out, w, scales, zeros, x, cols, group_size, c, r, 1)        \
+#define I8_TILE(c, r)                                                                                                  \
+    (zeros ? i8_tile(out, d_out, w, scales, zeros, x, cols, group_size, c, r, 1)                                       \
            : i8_tile(out, d_out, w, scales, zeros, x, cols, group_size, c, r, 0))
     switch (C * 8 + R) {
     case 1 * 8 + 1: I8_TILE(1, 1); break;
@@ -184,8 +186,10 @@ AVX2_INLINE void i4_tile(float* out, int d_out, const uint8_t* w, size_t row_byt
                 split_x(x + (size_t)r * (size_t)cols + (size_t)i, &x_even[r], &x_odd[r]);
             }
             UNROLL_TILE for (int c = 0; c < C; c++) {
+                const uint8_t* p = w + (size_t)c * row_bytes + (size_t)(i / 2);
+                if ((i & 127) == 0) prefetch_ahead(p, (size_t)C * row_bytes); // the next tile, once per line
                 __m256 w_even, w_odd;
-                widen_i4(w + (size_t)c * row_bytes + (size_t)(i / 2), zero[c], &w_even, &w_odd);
+                widen_i4(p, zero[c], &w_even, &w_odd);
                 UNROLL_TILE for (int r = 0; r < R; r++) {
                     acc[c][r] = _mm256_fmadd_ps(w_even, x_even[r], acc[c][r]);
                     acc[c][r] = _mm256_fmadd_ps(w_odd, x_odd[r], acc[c][r]);
@@ -222,10 +226,9 @@ AVX2_INLINE void i4_tile(float* out, int d_out, const uint8_t* w, size_t row_byt
     }
 }
 
-static AVX2_TARGET __attribute__((noinline)) void i4_tile_any(float* out, int d_out, const uint8_t* w,
-                                                              size_t row_bytes, const uint16_t* scales,
-                                                              const uint8_t* zeros, const float* x, int cols,
-                                                              int group_size, int C, int R) {
+static AVX2_TARGET __attribute__((noinline)) void i4_tile_any(float* out, int d_out, const uint8_t* w, size_t row_bytes,
+                                                              const uint16_t* scales, const uint8_t* zeros,
+                                                              const float* x, int cols, int group_size, int C, int R) {
 #define I4_TILE(c, r) i4_tile(out, d_out, w, row_bytes, scales, zeros, x, cols, group_size, c, r)
     switch (C * 8 + R) {
     case 1 * 8 + 1: I4_TILE(1, 1); break;
@@ -272,9 +275,7 @@ AVX2_INLINE void w8a8_tile(float* out, int d_out, const int8_t* w, const uint16_
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i acc[TILE_OUTPUTS][TILE_ROWS], codes[TILE_ROWS], magnitude[TILE_ROWS];
     float total[TILE_OUTPUTS][TILE_ROWS];
-    UNROLL_TILE for (int c = 0; c < C; c++) {
-        UNROLL_TILE for (int r = 0; r < R; r++) total[c][r] = 0.0f;
-    }
+    UNROLL_TILE for (int c = 0; c < C; c++) { UNROLL_TILE for (int r = 0; r < R; r++) total[c][r] = 0.0f; }
     for (int g = 0; g < n_groups; g++) {
         const int begin = g * group_size, end = begin + group_size;
         UNROLL_TILE for (int c = 0; c < C; c++) {
@@ -297,6 +298,7 @@ AVX2_INLINE void w8a8_tile(float* out, int d_out, const int8_t* w, const uint16_
                 const int8_t* p = w + (size_t)c * (size_t)cols + (size_t)i;
                 __m256i wv;
                 if (n == 32) {
+                    if ((i & 63) == 0) prefetch_ahead(p, (size_t)C * (size_t)cols); // the next tile, once per line
                     wv = _mm256_loadu_si256((const __m256i*)p);
                 } else {
                     int8_t padded[32] = {0};
@@ -311,7 +313,8 @@ AVX2_INLINE void w8a8_tile(float* out, int d_out, const int8_t* w, const uint16_
         }
         UNROLL_TILE for (int c = 0; c < C; c++) {
             float w_scale = _cvtsh_ss(scales[(size_t)c * (size_t)n_groups + (size_t)g]);
-            UNROLL_TILE for (int r = 0; r < R; r++) total[c][r] += w8a8_term(hsum8_epi32(acc[c][r]), w_scale, a_scales[r]);
+            UNROLL_TILE for (int r = 0; r < R; r++) total[c][r] +=
+                w8a8_term(hsum8_epi32(acc[c][r]), w_scale, a_scales[r]);
         }
     }
     UNROLL_TILE for (int c = 0; c < C; c++) {
@@ -321,8 +324,8 @@ AVX2_INLINE void w8a8_tile(float* out, int d_out, const int8_t* w, const uint16_
 
 static AVX2_TARGET __attribute__((noinline)) void w8a8_tile_any(float* out, int d_out, const int8_t* w,
                                                                 const uint16_t* scales, const int8_t* a,
-                                                                const float* a_scales, int cols, int group_size,
-                                                                int C, int R) {
+                                                                const float* a_scales, int cols, int group_size, int C,
+                                                                int R) {
 #define W8A8_TILE(c, r) w8a8_tile(out, d_out, w, scales, a, a_scales, cols, group_size, c, r)
     switch (C * 8 + R) {
     case 1 * 8 + 1: W8A8_TILE(1, 1); break;
@@ -349,8 +352,8 @@ AVX2_TARGET void matmul_w8a8_avx2(float* out, const int8_t* codes, const float* 
         for (int r = 0; r < n_rows; r += TILE_ROWS) {
             int R = n_rows - r < TILE_ROWS ? n_rows - r : TILE_ROWS;
             w8a8_tile_any(out + (size_t)r * (size_t)d_out + (size_t)o, d_out, values + (size_t)o * (size_t)cols,
-                          w->scales_f16 + (size_t)o * n_groups, codes + (size_t)r * (size_t)cols, code_scales + r,
-                          cols, w->group_size, C, R);
+                          w->scales_f16 + (size_t)o * n_groups, codes + (size_t)r * (size_t)cols, code_scales + r, cols,
+                          w->group_size, C, R);
         }
     }
 }
@@ -376,7 +379,8 @@ AVX2_TARGET void matmul_quantize_row_avx2(int8_t* codes, float* scale, const flo
     _mm256_storeu_ps(lanes, max_abs);
     float max_value = 0.0f;
     int finite = _mm256_movemask_ps(not_finite) == 0;
-    for (int l = 0; l < 8; l++) max_value = lanes[l] > max_value ? lanes[l] : max_value;
+    for (int l = 0; l < 8; l++)
+        max_value = lanes[l] > max_value ? lanes[l] : max_value;
     for (; i < cols; i++) {
         float magnitude = fabsf(x[i]);
         if (!(magnitude <= FLT_MAX)) finite = 0;
@@ -403,7 +407,8 @@ AVX2_TARGET void matmul_quantize_row_avx2(int8_t* codes, float* scale, const flo
         __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(words01, words23), byte_order);
         _mm256_storeu_si256((__m256i*)(codes + i), bytes);
     }
-    for (; i < cols; i++) codes[i] = quantize_activation(x[i], a_scale);
+    for (; i < cols; i++)
+        codes[i] = quantize_activation(x[i], a_scale);
 }
 
 #endif

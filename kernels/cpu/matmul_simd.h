@@ -70,6 +70,17 @@ static inline int q8_rows_share_segments(const weight_matrix* w) {
 
 // ---- packed integer helpers, shared by every level ----------------------------
 
+// Asks for the cache line `ahead` bytes past p (a hint: it never faults, so
+// it may point past the matrix; the address is computed as an integer).
+// The packed kernels read a tile of C whole rows, which lie next to each
+// other in memory, and fetch the next tile's bytes while they work on this
+// one: INT4 rows of 2048 columns are 16 cache lines, too short for the
+// hardware prefetcher to lock on to (the 1-row INT4 matvec went from 21 to
+// 33 GB/s on 2 Zen 5 cores; stream-read is 35).
+static inline void prefetch_ahead(const void* p, size_t ahead) {
+    __builtin_prefetch((const void*)((uintptr_t)p + ahead));
+}
+
 // W8A8 runs only for symmetric INT8 weights; any other matrix with
 // activation_bits = 8 keeps its activations in fp32.
 static inline bool matmul_is_w8a8(const weight_matrix* w) {
@@ -100,8 +111,10 @@ static inline int i4_nibble(const uint8_t* row, int col) {
 // nibbles past n zero. The SIMD kernels' slow path: a group's last partial
 // step, and groups that start at an odd column (odd group_size).
 static inline void repack_i4(uint8_t* bytes, int n_bytes, const uint8_t* row, int col, int n) {
-    for (int j = 0; j < n_bytes; j++) bytes[j] = 0;
-    for (int j = 0; j < n; j++) bytes[j >> 1] |= (uint8_t)(i4_nibble(row, col + j) << (4 * (j & 1)));
+    for (int j = 0; j < n_bytes; j++)
+        bytes[j] = 0;
+    for (int j = 0; j < n; j++)
+        bytes[j >> 1] |= (uint8_t)(i4_nibble(row, col + j) << (4 * (j & 1)));
 }
 
 // One activation code: x / scale, clamped to [-127, 127] the way MAXPS /

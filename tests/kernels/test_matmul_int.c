@@ -65,8 +65,8 @@ static const int_format formats[] = {
 
 // How scales and activations are drawn.
 typedef enum value_kind {
-    VALUES_RANDOM,  // scales 2^[-8, 0) * [0.5, 1), x uniform in [-1, 1)
-    VALUES_DYADIC,  // scales 2^[-2, 0], x in quarters: every fp32 sum is exact for small shapes
+    VALUES_RANDOM, // scales 2^[-8, 0) * [0.5, 1), x uniform in [-1, 1)
+    VALUES_DYADIC, // scales 2^[-2, 0], x in quarters: every fp32 sum is exact for small shapes
 } value_kind;
 
 // A packed matrix, built byte by byte from the format's definition, and
@@ -199,13 +199,14 @@ static void test_cpu_features_vnni(void** state) {
 // order, (cols + 8) * FLT_EPSILON * sum |w_i x_i|: the test cannot flake,
 // and a wrong code, scale or zero-point misses by far more. With
 // `exact_sums` (VALUES_DYADIC) the bound is 0.
-static void check_against_reference(const int_matrix* m, const float* x, int n_rows, const float* out,
-                                    bool exact_sums, const char* what) {
+static void check_against_reference(const int_matrix* m, const float* x, int n_rows, const float* out, bool exact_sums,
+                                    const char* what) {
     for (int r = 0; r < n_rows; r++) {
         for (int o = 0; o < m->w.rows; o++) {
             double sum = 0.0, sum_abs = 0.0;
             for (int i = 0; i < m->w.cols; i++) {
-                double term = m->exact[(size_t)o * (size_t)m->w.cols + (size_t)i] * x[(size_t)r * (size_t)m->w.cols + (size_t)i];
+                double term =
+                    m->exact[(size_t)o * (size_t)m->w.cols + (size_t)i] * x[(size_t)r * (size_t)m->w.cols + (size_t)i];
                 sum += term;
                 sum_abs += fabs(term);
             }
@@ -223,8 +224,10 @@ static float expected_activation_codes(const float* x, int cols, int8_t* codes) 
     float max_abs = 0.0f;
     bool finite = true;
     for (int i = 0; i < cols; i++) {
-        if (!isfinite(x[i])) finite = false;
-        else max_abs = fmaxf(max_abs, fabsf(x[i]));
+        if (!isfinite(x[i]))
+            finite = false;
+        else
+            max_abs = fmaxf(max_abs, fabsf(x[i]));
     }
     float a_scale = finite ? max_abs / 127.0f : NAN;
     for (int i = 0; i < cols; i++) {
@@ -267,7 +270,8 @@ static void check_w8a8_close(const int_matrix* m, const float* x, int n_rows, co
     for (int r = 0; r < n_rows; r++) {
         const float* row = x + (size_t)r * (size_t)cols;
         double max_abs = 0.0;
-        for (int i = 0; i < cols; i++) max_abs = fmax(max_abs, fabs(row[i]));
+        for (int i = 0; i < cols; i++)
+            max_abs = fmax(max_abs, fabs(row[i]));
         for (int o = 0; o < m->w.rows; o++) {
             double sum = 0.0, sum_abs = 0.0, weight_abs = 0.0;
             for (int i = 0; i < cols; i++) {
@@ -295,17 +299,16 @@ typedef struct shape {
 // the middle of a byte), groups shorter than a vector and per-channel
 // groups, row counts that are not multiples of the tiles.
 static const shape odd_shapes[] = {
-    {1, 1, 1},     {5, 3, 3},    {5, 3, 1},     {33, 17, 17},  {7, 33, 11},  {16, 172, 43}, {6, 172, 4},
-    {9, 257, 257}, {13, 256, 32}, {11, 96, 96}, {3, 100, 50},  {19, 130, 65}, {5, 200, 8},  {10, 1000, 125},
-    {2, 64, 64},   {7, 66, 33},
+    {1, 1, 1},     {5, 3, 3},    {5, 3, 1},    {33, 17, 17},  {7, 33, 11}, {16, 172, 43},   {6, 172, 4}, {9, 257, 257},
+    {13, 256, 32}, {11, 96, 96}, {3, 100, 50}, {19, 130, 65}, {5, 200, 8}, {10, 1000, 125}, {2, 64, 64}, {7, 66, 33},
 };
 #define N_ODD_SHAPES (sizeof odd_shapes / sizeof odd_shapes[0])
 
 static void run_and_check(const int_matrix* m, const float* x, int n_rows, cpu_simd_level level, bool exact_sums,
                           const char* format_name) {
     char what[160];
-    snprintf(what, sizeof what, "%s %dx%d group %d, %d rows, %s", format_name, m->w.rows, m->w.cols,
-             m->w.group_size, n_rows, cpu_simd_level_name(level));
+    snprintf(what, sizeof what, "%s %dx%d group %d, %d rows, %s", format_name, m->w.rows, m->w.cols, m->w.group_size,
+             n_rows, cpu_simd_level_name(level));
     float* out = alloc_out(n_rows, m->w.rows);
     matmul_at_level(out, x, n_rows, &m->w, NULL, level, NULL);
     if (m->w.activation_bits == 8) {
@@ -453,8 +456,8 @@ static void test_w8a8_special_rows(void** state) {
     int_matrix m = make_int_matrix(&formats[4], 40, 64, 16, VALUES_RANDOM);
     float* x = random_rows(4, 64, VALUES_RANDOM);
     memset(x + 64, 0, 64 * sizeof(float)); // row 1: zeros
-    x[2 * 64 + 5] = NAN;                    // row 2
-    x[3 * 64 + 63] = INFINITY;              // row 3
+    x[2 * 64 + 5] = NAN;                   // row 2
+    x[3 * 64 + 63] = INFINITY;             // row 3
     float* alone = alloc_out(1, 40);
     float* out = alloc_out(4, 40);
     for (int k = 0; k < N_LEVELS; k++) {
@@ -555,7 +558,8 @@ static void test_batch_invariance(void** state) {
                 int_matrix m = make_int_matrix(&formats[f], sh->rows, sh->cols, sh->group_size, VALUES_RANDOM);
                 for (int k = 0; k < N_LEVELS; k++) {
                     if (!level_available(all_levels[k])) continue;
-                    for (int b = 0; b < 4; b++) check_invariance(&m, formats[f].name, all_levels[k], pool, invariance_batches[b]);
+                    for (int b = 0; b < 4; b++)
+                        check_invariance(&m, formats[f].name, all_levels[k], pool, invariance_batches[b]);
                     if (threads == 2 && s == 1) check_invariance(&m, formats[f].name, all_levels[k], pool, 40);
                 }
                 free_int_matrix(&m);
