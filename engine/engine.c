@@ -189,6 +189,7 @@ int engine_cancel_sequence(engine* e, int32_t id, error_info* err) {
     scheduler_remove_running(e, id);
     s->pending_forks = 0;
     s->state = SEQ_FINISHED;
+    s->stop = STOP_CANCELLED;
     s->finish_time = e->clock_seconds;
     e->n_finished++;
     return 0;

@@ -23,6 +23,7 @@ const char* stop_reason_name(stop_reason reason) {
     case STOP_EOS: return "eos";
     case STOP_BOS: return "bos";
     case STOP_CONTEXT: return "context";
+    case STOP_CANCELLED: return "cancelled";
     }
     return "?";
 }

@@ -26,6 +26,7 @@ typedef enum stop_reason {
     STOP_EOS = 1,     // the model emitted EOS
     STOP_BOS = 2,     // the model emitted BOS after the first token
     STOP_CONTEXT = 3, // the model's max_seq_len was reached
+    STOP_CANCELLED = 4, // cancelled by its owner (engine_cancel_sequence)
 } stop_reason;
 
 typedef struct generate_stats {
