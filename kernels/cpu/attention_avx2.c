@@ -11,28 +11,21 @@
 
 #include "kernels/cpu/attention_simd.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/simd_x86.h"
 
-__attribute__((target("avx2,fma,f16c"))) static inline float horizontal_sum(__m256 v) {
-    __m128 low = _mm256_castps256_ps128(v), high = _mm256_extractf128_ps(v, 1);
-    __m128 sum = _mm_add_ps(low, high);                 // 4 pairs
-    sum = _mm_add_ps(sum, _mm_movehl_ps(sum, sum));     // 2 pairs
-    sum = _mm_add_ss(sum, _mm_shuffle_ps(sum, sum, 1)); // 1
-    return _mm_cvtss_f32(sum);
-}
-
-__attribute__((target("avx2,fma,f16c"))) static float dot_f16(const float* q, const uint16_t* k, int n) {
+AVX2_TARGET static float dot_f16(const float* q, const uint16_t* k, int n) {
     __m256 accumulator = _mm256_setzero_ps();
     int i = 0;
     for (; i + 8 <= n; i += 8) {
         __m256 keys = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(k + i)));
         accumulator = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), keys, accumulator);
     }
-    float sum = horizontal_sum(accumulator);
+    float sum = hsum8(accumulator);
     for (; i < n; i++) sum += q[i] * _cvtsh_ss(k[i]);
     return sum;
 }
 
-__attribute__((target("avx2,fma,f16c"))) static void add_scaled_f16(float* out, float weight, const uint16_t* v,
+AVX2_TARGET static void add_scaled_f16(float* out, float weight, const uint16_t* v,
                                                                     int n) {
     __m256 w = _mm256_set1_ps(weight);
     int i = 0;
@@ -43,7 +36,7 @@ __attribute__((target("avx2,fma,f16c"))) static void add_scaled_f16(float* out, 
     for (; i < n; i++) out[i] = fmaf(weight, _cvtsh_ss(v[i]), out[i]);
 }
 
-__attribute__((target("avx2,fma,f16c"))) void attention_row_f16_avx2(float* out, const float* query,
+AVX2_TARGET void attention_row_f16_avx2(float* out, const float* query,
                                                                      const kv_layer_view* kv, int n_context,
                                                                      int n_heads, int n_kv_heads, int head_dim,
                                                                      float* scores) {

@@ -19,13 +19,12 @@
 // elements run side by side, never how one is computed, so a row's result
 // is the same bits alone or in a batch, in any tile or thread.
 #include "kernels/cpu/matmul_simd.h"
+#include "kernels/cpu/simd_x86.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #include <string.h>
 
-#define AVX2_TARGET __attribute__((target("avx2,fma,f16c")))
-#define AVX2_INLINE static inline __attribute__((always_inline, target("avx2,fma,f16c")))
 
 // Largest tile: 4 outputs x 2 batch rows. For fp16 that is 8 accumulators
 // + 2 activations + 1 weight vector of the 16 ymm registers; 8 independent
@@ -34,12 +33,6 @@
 #define TILE_OUTPUTS 4
 #define TILE_ROWS 2
 
-// Fixed horizontal sum: ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)).
-AVX2_INLINE float hsum8(__m256 v) {
-    __m128 quad = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)); // l + (l+4)
-    __m128 pair = _mm_add_ps(quad, _mm_movehl_ps(quad, quad));                        // q0+q2, q1+q3
-    return _mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair)));                    // p0 + p1
-}
 
 // ---- fp16 ------------------------------------------------------------------
 

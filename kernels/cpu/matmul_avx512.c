@@ -19,26 +19,16 @@
 // total) in column order, then step 3. Tiles and threads only decide which
 // elements run side by side, never how one is computed.
 #include "kernels/cpu/matmul_simd.h"
+#include "kernels/cpu/simd_x86.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 
-#define AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
-#define AVX512_INLINE static inline __attribute__((always_inline, target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 
 // Largest tile: 4 x 4 accumulators + 4 activations + a weight vector fit
 // in the 32 zmm registers.
 #define TILE_MAX 4
 
-// Fixed horizontal sum: l + (l+8) for l < 8, then
-// ((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7)).
-AVX512_INLINE float hsum16(__m512 v) {
-    __m256 half =
-        _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-    __m128 quad = _mm_add_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1));
-    __m128 pair = _mm_add_ps(quad, _mm_movehl_ps(quad, quad));
-    return _mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair)));
-}
 
 // ---- fp16 ------------------------------------------------------------------
 

@@ -14,6 +14,7 @@
 //   W8A8:  exact int32 group sums, then w8a8_term() per group in order:
 //          the same bits as the scalar level.
 #include "kernels/cpu/matmul_simd.h"
+#include "kernels/cpu/simd_x86.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <float.h>
@@ -21,8 +22,6 @@
 #include <math.h>
 #include <string.h>
 
-#define AVX2_TARGET __attribute__((target("avx2,fma,f16c")))
-#define AVX2_INLINE static inline __attribute__((always_inline, target("avx2,fma,f16c")))
 
 // Largest tile: 4 outputs x 2 batch rows (an element holds a group
 // accumulator and a total: 16 ymm registers allow 8 elements only in the
@@ -30,12 +29,6 @@
 #define TILE_OUTPUTS 4
 #define TILE_ROWS 2
 
-// Fixed horizontal sum: ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)).
-AVX2_INLINE float hsum8(__m256 v) {
-    __m128 quad = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    __m128 pair = _mm_add_ps(quad, _mm_movehl_ps(quad, quad));
-    return _mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair)));
-}
 
 // Integer horizontal sum (exact, so the order does not matter).
 AVX2_INLINE int32_t hsum8_epi32(__m256i v) {

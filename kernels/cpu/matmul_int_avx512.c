@@ -13,12 +13,11 @@
 // Measured on 2 Zen 5 cores (35 GB/s stream-read), 5632 x 2048, group 128,
 // 1 row, 2 threads: INT8 43 GB/s, INT4 33 GB/s, W8A8 48 GB/s of packed weights.
 #include "kernels/cpu/matmul_simd.h"
+#include "kernels/cpu/simd_x86.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 
-#define AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
-#define AVX512_INLINE static inline __attribute__((always_inline, target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 #define VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 #define VNNI_INLINE                                                                                                    \
     static inline __attribute__((always_inline, target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
@@ -29,15 +28,6 @@
 #define TILE_MAX 4
 #define TILE_OUTPUTS_MAX 8
 
-// Fixed horizontal sum: l + (l+8) for l < 8, then
-// ((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7)).
-AVX512_INLINE float hsum16(__m512 v) {
-    __m256 half =
-        _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-    __m128 quad = _mm_add_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1));
-    __m128 pair = _mm_add_ps(quad, _mm_movehl_ps(quad, quad));
-    return _mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair)));
-}
 
 // The first n (< 16) lanes.
 AVX512_INLINE __mmask16 first_lanes(int n) { return (__mmask16)((1u << n) - 1u); }
