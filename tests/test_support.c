@@ -1,4 +1,13 @@
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <cmocka.h>
+
 #include "tests/test_support.h"
+
+#include "kernels/cpu/cpu_features.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -53,4 +62,20 @@ bool test_write_file(const char* path, const void* bytes, size_t size) {
     if (!file) return false;
     bool ok = size == 0 || fwrite(bytes, 1, size, file) == size;
     return fclose(file) == 0 && ok;
+}
+
+char* test_read_text(const char* path) {
+    size_t size = 0;
+    unsigned char* bytes = test_read_file(path, &size);
+    if (!bytes) size = 0;
+    char* text = realloc(bytes, size + 1);
+    if (text) text[size] = '\0';
+    return text;
+}
+
+bool test_simd_level_available(int level) {
+    if ((int)cpu_features_get()->best >= level) return true;
+    if (getenv("CI")) fail_msg("CI is set but this CPU lacks SIMD level %s", cpu_simd_level_name((cpu_simd_level)level));
+    print_message("skipping level %s: this CPU lacks it\n", cpu_simd_level_name((cpu_simd_level)level));
+    return false;
 }

@@ -21,6 +21,15 @@ const char* test_scratch_dir(void);
 // Reads a whole file into a malloc'ed buffer; returns NULL on failure.
 unsigned char* test_read_file(const char* path, size_t* out_size);
 
+// Reads a whole file as a NUL-terminated string (malloc'ed); a missing or
+// unreadable file gives an empty string, so callers need no NULL check.
+char* test_read_text(const char* path);
+
+// True when the CPU has SIMD `level`. A missing level is skipped with a
+// message in a user's build, and fails the test under CI (the CI machine
+// has AVX-512 and VNNI). level is a cpu_simd_level from kernels/cpu/cpu_features.h.
+bool test_simd_level_available(int level);
+
 // Writes bytes to path; returns true on success.
 bool test_write_file(const char* path, const void* bytes, size_t size);
 

@@ -212,10 +212,7 @@ static void test_engine_matches_golden(void** state) {
     const model* m = require_model();
     char path[512];
     REQUIRE_SHARED_MODEL(path, "stories260K.golden");
-    size_t size;
-    char* golden = (char*)test_read_file(path, &size);
-    golden = realloc(golden, size + 1);
-    golden[size] = '\0';
+    char* golden = test_read_text(path);
     char* line = strstr(strstr(golden, "prompt: 300 400 100"), "greedy: ") + strlen("greedy: ");
     int32_t expected[200];
     for (int i = 0; i < 200; i++) expected[i] = (int32_t)strtol(line, &line, 10);

@@ -157,10 +157,7 @@ static void test_greedy_ids_match_golden(void** state) {
 static char* golden_text_for(const char* prompt) {
     char path[512];
     if (!shared_model_path(path, sizeof path, "stories260K.golden-text")) return NULL;
-    size_t size;
-    char* all = (char*)test_read_file(path, &size);
-    char* text = realloc(all, size + 1);
-    text[size] = '\0';
+    char* text = test_read_text(path);
     char marker[256];
     snprintf(marker, sizeof marker, "=== prompt: %s\n", prompt);
     char* start = strstr(text, marker);

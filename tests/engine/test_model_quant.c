@@ -30,10 +30,7 @@ typedef struct golden_streams {
 static void load_golden_streams(golden_streams* g) {
     char path[512];
     REQUIRE_SHARED_MODEL(path, "stories260K.golden");
-    size_t size;
-    char* text = (char*)test_read_file(path, &size);
-    text = realloc(text, size + 1);
-    text[size] = '\0';
+    char* text = test_read_text(path);
     char* cursor = text;
     for (int k = 0; k < 2; k++) {
         // Lines start with "prompt:" / "greedy:" (the header comment quotes

@@ -109,15 +109,6 @@ static float* random_rows(int n_rows, int cols) {
 static const cpu_simd_level all_levels[] = {CPU_SIMD_SCALAR, CPU_SIMD_AVX2, CPU_SIMD_AVX512};
 #define N_LEVELS 3
 
-// True when the CPU has `level`. A missing level is skipped with a message
-// in a user's build, and fails under CI (the CI machine has AVX-512).
-static bool level_available(cpu_simd_level level) {
-    if (cpu_features_get()->best >= level) return true;
-    if (getenv("CI")) fail_msg("CI is set but this CPU lacks SIMD level %s", cpu_simd_level_name(level));
-    print_message("skipping level %s: this CPU lacks it\n", cpu_simd_level_name(level));
-    return false;
-}
-
 static void test_cpu_features(void** state) {
     (void)state;
     const cpu_features* f = cpu_features_get();
@@ -148,7 +139,7 @@ static void test_cpu_features(void** state) {
     assert_int_equal(cpu_simd_level_clamp(CPU_SIMD_SCALAR), CPU_SIMD_SCALAR);
     assert_int_equal(cpu_simd_level_clamp(CPU_SIMD_AVX512), f->best);
     for (int k = 0; k < N_LEVELS; k++)
-        level_available(all_levels[k]); // under CI: all must exist
+        test_simd_level_available(all_levels[k]); // under CI: all must exist
 }
 
 // ---- correctness against a double-precision reference -----------------------
@@ -203,7 +194,7 @@ static void test_matches_double_reference(void** state) {
                 float* x = random_rows(n_rows, sh->cols);
                 float* out = malloc((size_t)n_rows * (size_t)sh->rows * sizeof(float));
                 for (int k = 0; k < N_LEVELS; k++) {
-                    if (!level_available(all_levels[k])) continue;
+                    if (!test_simd_level_available(all_levels[k])) continue;
                     char what[128];
                     snprintf(what, sizeof what, "dtype %d %dx%d group %d, %d rows, %s", dtypes[d], sh->rows, sh->cols,
                              m.w.group_size, n_rows, cpu_simd_level_name(all_levels[k]));
@@ -231,7 +222,7 @@ static void test_q8_each_group_uses_its_own_scale(void** state) {
     float* x = random_rows(3, 172);
     float out[3 * 16];
     for (int k = 0; k < N_LEVELS; k++) {
-        if (!level_available(all_levels[k])) continue;
+        if (!test_simd_level_available(all_levels[k])) continue;
         for (int n_rows = 1; n_rows <= 3; n_rows++) {
             matmul_at_level(out, x, n_rows, &m.w, NULL, all_levels[k], NULL);
             check_against_reference(&m, x, n_rows, out, cpu_simd_level_name(all_levels[k]));
@@ -304,7 +295,7 @@ static void test_batch_invariance(void** state) {
                 const shape* sh = &invariance_shapes[s];
                 test_matrix m = make_matrix(dtypes[d], sh->rows, sh->cols, sh->group_size);
                 for (int k = 0; k < N_LEVELS; k++) {
-                    if (!level_available(all_levels[k])) continue;
+                    if (!test_simd_level_available(all_levels[k])) continue;
                     check_invariance(&m, all_levels[k], pool, 13);
                     if (threads == 2 && s == 2) check_invariance(&m, all_levels[k], pool, 64);
                 }

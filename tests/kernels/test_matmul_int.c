@@ -172,15 +172,6 @@ static float* alloc_out(int n_rows, int rows) {
 static const cpu_simd_level all_levels[] = {CPU_SIMD_SCALAR, CPU_SIMD_AVX2, CPU_SIMD_AVX512};
 #define N_LEVELS 3
 
-// True when the CPU has `level`. A missing level is skipped with a message
-// in a user's build, and fails under CI (the CI machine has AVX-512 + VNNI).
-static bool level_available(cpu_simd_level level) {
-    if (cpu_features_get()->best >= level) return true;
-    if (getenv("CI")) fail_msg("CI is set but this CPU lacks SIMD level %s", cpu_simd_level_name(level));
-    print_message("skipping level %s: this CPU lacks it\n", cpu_simd_level_name(level));
-    return false;
-}
-
 static void test_cpu_features_vnni(void** state) {
     (void)state;
     const cpu_features* f = cpu_features_get();
@@ -336,7 +327,7 @@ static void test_matches_reference(void** state) {
             for (int b = 0; b < 4; b++) {
                 float* x = random_rows(batch_sizes[b], sh->cols, VALUES_RANDOM);
                 for (int k = 0; k < N_LEVELS; k++) {
-                    if (!level_available(all_levels[k])) continue;
+                    if (!test_simd_level_available(all_levels[k])) continue;
                     run_and_check(&m, x, batch_sizes[b], all_levels[k], false, formats[f].name);
                 }
                 free(x);
@@ -361,7 +352,7 @@ static void test_exact_when_representable(void** state) {
             int_matrix m = make_int_matrix(&formats[f], sh->rows, sh->cols, sh->group_size, VALUES_DYADIC);
             float* x = random_rows(5, sh->cols, VALUES_DYADIC);
             for (int k = 0; k < N_LEVELS; k++) {
-                if (!level_available(all_levels[k])) continue;
+                if (!test_simd_level_available(all_levels[k])) continue;
                 for (int n_rows = 1; n_rows <= 5; n_rows += 2)
                     run_and_check(&m, x, n_rows, all_levels[k], true, formats[f].name);
             }
@@ -385,7 +376,7 @@ static void test_w8a8_levels_identical(void** state) {
         float* other = alloc_out(n_rows, sh->rows);
         matmul_at_level(scalar, x, n_rows, &m.w, NULL, CPU_SIMD_SCALAR, NULL);
         for (int k = 1; k < N_LEVELS; k++) {
-            if (!level_available(all_levels[k])) continue;
+            if (!test_simd_level_available(all_levels[k])) continue;
             matmul_at_level(other, x, n_rows, &m.w, NULL, all_levels[k], NULL);
             assert_memory_equal(scalar, other, (size_t)n_rows * (size_t)sh->rows * sizeof(float));
         }
@@ -410,7 +401,7 @@ static void check_quantize_row(const float* x, int cols) {
     matmul_quantize_row(codes, &scale, x, cols);
     assert_memory_equal(codes, expected, (size_t)cols);
     assert_true(memcmp(&scale, &expected_scale, sizeof scale) == 0 || (isnan(scale) && isnan(expected_scale)));
-    if (level_available(CPU_SIMD_AVX2)) {
+    if (test_simd_level_available(CPU_SIMD_AVX2)) {
         memset(codes, 0x55, (size_t)cols);
         matmul_quantize_row_avx2(codes, &scale, x, cols);
         assert_memory_equal(codes, expected, (size_t)cols);
@@ -461,7 +452,7 @@ static void test_w8a8_special_rows(void** state) {
     float* alone = alloc_out(1, 40);
     float* out = alloc_out(4, 40);
     for (int k = 0; k < N_LEVELS; k++) {
-        if (!level_available(all_levels[k])) continue;
+        if (!test_simd_level_available(all_levels[k])) continue;
         matmul_at_level(out, x, 4, &m.w, NULL, all_levels[k], NULL);
         matmul_at_level(alone, x, 1, &m.w, NULL, all_levels[k], NULL);
         assert_memory_equal(out, alone, 40 * sizeof(float));
@@ -488,7 +479,7 @@ static void test_activation_bits_ignored_elsewhere(void** state) {
         float* x = random_rows(3, 96, VALUES_RANDOM);
         float a[60], b[60];
         for (int k = 0; k < N_LEVELS; k++) {
-            if (!level_available(all_levels[k])) continue;
+            if (!test_simd_level_available(all_levels[k])) continue;
             m.w.activation_bits = 0;
             matmul_at_level(a, x, 3, &m.w, NULL, all_levels[k], NULL);
             m.w.activation_bits = 8;
@@ -557,7 +548,7 @@ static void test_batch_invariance(void** state) {
             for (int f = 0; f < N_FORMATS; f++) {
                 int_matrix m = make_int_matrix(&formats[f], sh->rows, sh->cols, sh->group_size, VALUES_RANDOM);
                 for (int k = 0; k < N_LEVELS; k++) {
-                    if (!level_available(all_levels[k])) continue;
+                    if (!test_simd_level_available(all_levels[k])) continue;
                     for (int b = 0; b < 4; b++)
                         check_invariance(&m, formats[f].name, all_levels[k], pool, invariance_batches[b]);
                     if (threads == 2 && s == 1) check_invariance(&m, formats[f].name, all_levels[k], pool, 40);

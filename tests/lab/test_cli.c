@@ -24,21 +24,13 @@ static const char* servelab_binary(void) {
     return bin ? bin : "bin/servelab";
 }
 
-static char* read_text(const char* path) {
-    size_t size = 0;
-    unsigned char* bytes = test_read_file(path, &size);
-    char* text = realloc(bytes, size + 1);
-    text[size] = '\0';
-    return text;
-}
-
 static command_result run_servelab(const char* arguments) {
     char out_path[512], err_path[512], command[4096];
     snprintf(out_path, sizeof out_path, "%s/cli.out", test_scratch_dir());
     snprintf(err_path, sizeof err_path, "%s/cli.err", test_scratch_dir());
     snprintf(command, sizeof command, "%s %s >%s 2>%s </dev/null", servelab_binary(), arguments, out_path, err_path);
     int raw = system(command);
-    command_result result = {-1, read_text(out_path), read_text(err_path)};
+    command_result result = {-1, test_read_text(out_path), test_read_text(err_path)};
     // system() runs sh; a signal in the child shows as 128 + signal.
     if (raw != -1 && WIFEXITED(raw) && WEXITSTATUS(raw) < 128) result.exit_status = WEXITSTATUS(raw);
     return result;
@@ -59,7 +51,7 @@ static int count_lines(const char* text) {
 static char* golden_line(int index) {
     char path[512];
     if (!shared_model_path(path, sizeof path, "stories260K.golden")) return NULL;
-    char* text = read_text(path);
+    char* text = test_read_text(path);
     char* line = text;
     for (int k = 0; (line = strstr(line, "greedy: ")) != NULL; k++, line++) {
         if (k == index) {
@@ -104,7 +96,7 @@ static void test_generate_text_matches_golden(void** state) {
              tok_path);
     command_result r = run_servelab(arguments);
     assert_int_equal(r.exit_status, 0);
-    char* golden = read_text(golden_path);
+    char* golden = test_read_text(golden_path);
     const char* marker = "=== prompt: Once upon a time\n";
     char* start = strstr(golden, marker) + strlen(marker);
     size_t length = strstr(start, "\n===") - start;
@@ -254,7 +246,7 @@ static void test_trace_writes_one_json_object_per_step(void** state) {
              model_path, trace_path);
     command_result r = run_servelab(arguments);
     assert_int_equal(r.exit_status, 0);
-    char* trace = read_text(trace_path);
+    char* trace = test_read_text(trace_path);
     // One prefill step then 19 decode steps (the 20th token needs no forward pass).
     assert_int_equal(count_lines(trace), 20);
     assert_true(strncmp(trace, "{\"step\":1,", 10) == 0);
