@@ -242,6 +242,46 @@ static void accept_token(engine* e, sequence* s, int32_t token) {
     else if (s->n_tokens >= s->capacity) finish(e, s, STOP_CONTEXT);
 }
 
+// A new sequence continuing `parent_id`: the same request and tokens, its
+// own sample index, seed and sampling settings. It holds no KV yet and is
+// in no queue; the caller shares blocks or queues it.
+static sequence* clone_sequence(engine* e, int32_t parent_id, int32_t sample_index, uint64_t seed,
+                                float temperature, float top_p, error_info* err) {
+    sequence* child = new_sequence(e, err);
+    if (!child) return NULL;
+    const sequence* parent = &e->sequences[parent_id]; // new_sequence may have moved the array
+    if (sequence_init(child, e->n_sequences, parent->request_id, parent->tokens, parent->n_tokens,
+                      parent->max_new_tokens, e->model->config.max_seq_len, err))
+        return NULL;
+    if (sequence_reserve_table(child, parent->n_table)) {
+        sequence_free(child);
+        error_set(err, "engine: out of memory for a block table");
+        return NULL;
+    }
+    child->n_prompt = parent->n_prompt;
+    child->sample_index = sample_index;
+    child->seed = seed;
+    child->fork_parent = parent->id;
+    child->ignore_eos = parent->ignore_eos;
+    child->arrival_time = parent->arrival_time;
+    if (sampler_init(&child->sampler, e->model->config.vocab_size, temperature, top_p, seed, err)) {
+        sequence_free(child);
+        return NULL;
+    }
+    e->n_sequences++;
+    return child;
+}
+
+// The child shares every block the parent holds and runs from the next step.
+static void share_running(engine* e, int32_t parent_id, sequence* child) {
+    const sequence* parent = &e->sequences[parent_id];
+    child->n_computed = parent->n_computed;
+    child->state = parent->state;
+    child->admit_order = ++e->admit_counter;
+    block_manager_fork(e, parent, child);
+    e->running[e->n_running++] = child->id;
+}
+
 // The other samples of a request start as copies of sample 0 right after
 // its prompt is computed, sharing every block; each then samples its own
 // first token from the same logits.
@@ -252,35 +292,41 @@ static int fork_samples(engine* e, int32_t parent_id, const float* logits, error
     int n_forks = e->sequences[parent_id].pending_forks;
     e->sequences[parent_id].pending_forks = 0;
     for (int k = 1; k <= n_forks; k++) {
-        sequence* child = new_sequence(e, err);
-        if (!child) break;
-        const sequence* parent = &e->sequences[parent_id]; // new_sequence may have moved the array
-        if (sequence_init(child, e->n_sequences, parent->request_id, parent->tokens, parent->n_tokens,
-                          parent->max_new_tokens, e->model->config.max_seq_len, err) ||
-            sequence_reserve_table(child, parent->n_table)) {
+        const sampler* ps = &e->sequences[parent_id].sampler;
+        sequence* child = clone_sequence(e, parent_id, k, e->sequences[parent_id].seed + (uint64_t)k, ps->temperature,
+                                         ps->top_p, err);
+        if (!child) {
             free(row);
             return -1;
         }
-        child->n_prompt = parent->n_prompt;
-        child->sample_index = k;
-        child->seed = parent->seed + (uint64_t)k;
-        child->fork_parent = parent->id;
-        child->ignore_eos = parent->ignore_eos;
-        child->arrival_time = parent->arrival_time;
-        child->n_computed = parent->n_computed;
-        child->admit_order = ++e->admit_counter;
-        if (sampler_init(&child->sampler, vocab, parent->sampler.temperature, parent->sampler.top_p, child->seed,
-                         err)) {
-            free(row);
-            return -1;
-        }
-        block_manager_fork(e, parent, child);
-        e->n_sequences++;
-        e->running[e->n_running++] = child->id;
+        share_running(e, parent_id, child);
         memcpy(row, logits, (size_t)vocab * sizeof *row);
         accept_token(e, child, sampler_sample(&child->sampler, row));
     }
     free(row);
+    return 0;
+}
+
+int engine_fork_sequence(engine* e, int32_t id, float temperature, uint64_t seed, int32_t* child_id,
+                         error_info* err) {
+    if (id < 0 || id >= e->n_sequences) return error_set(err, "fork: no sequence %d (0..%d)", id, e->n_sequences - 1);
+    const sequence* parent = &e->sequences[id];
+    if (parent->state == SEQ_FINISHED) return error_set(err, "fork: sequence %d has finished", id);
+    if (parent->pending_forks > 0)
+        return error_set(err, "fork: sequence %d is still computing its prompt for its own samples", id);
+    int32_t sample_index = 0; // one past the request's highest, so (request, sample) stays unique
+    for (int i = 0; i < e->n_sequences; i++)
+        if (e->sequences[i].request_id == parent->request_id && e->sequences[i].sample_index >= sample_index)
+            sample_index = e->sequences[i].sample_index + 1;
+    bool holds_kv = parent->state == SEQ_PREFILL || parent->state == SEQ_DECODE;
+    sequence* child = clone_sequence(e, id, sample_index, seed, temperature, parent->sampler.top_p, err);
+    if (!child) return -1;
+    if (holds_kv && e->config.layout == KV_LAYOUT_PAGED) share_running(e, id, child);
+    else { // nothing to share (contiguous memory is private, or the parent holds none): compute it again
+        child->state = SEQ_WAITING;
+        e->waiting[e->n_waiting++] = child->id;
+    }
+    if (child_id) *child_id = child->id;
     return 0;
 }
 

@@ -109,9 +109,18 @@ int engine_add_request(engine* e, const request_params* params, int32_t* first_s
 
 // Cancels a sequence (a user gave up on it): a waiting one leaves the
 // queue, a running one returns its blocks (or reservation) and leaves the
-// batch; either way it is finished from now on. Its stop reason stays
-// STOP_LENGTH (generate.h has no cancelled reason). Finished: no-op.
+// batch; either way it is finished from now on. Its stop reason is
+// STOP_CANCELLED. Finished: no-op.
 int engine_cancel_sequence(engine* e, int32_t id, error_info* err);
+
+// Forks a sequence that has not finished into one more sample of its
+// request: same tokens so far, its own sampler (temperature, seed). Paged and
+// holding KV: the child shares every block of the parent and both run from
+// the next step; the first write into a shared tail block copies it
+// (copy-on-write). Contiguous, or a parent holding no KV: the child waits
+// and computes its tokens again (contiguous memory cannot be shared).
+int engine_fork_sequence(engine* e, int32_t id, float temperature, uint64_t seed, int32_t* child_id,
+                         error_info* err);
 
 // Runs one step. *record points into the engine until the next step.
 int engine_step(engine* e, const step_record** record, error_info* err);

@@ -30,6 +30,7 @@ static const char LAB_USAGE[] =
     "  --tokenizer FILE   --dtype fp32|fp16   --quant SCHEME\n"
     "  --prompt TEXT             a starting request (repeatable; default two prompts)\n"
     "  --max-tokens N            new tokens per request (default 96)\n"
+    "  --system TEXT             the system prompt that p requests share\n"
     "  --kv paged|contiguous     which engine the requests and traffic panes follow\n"
     "  --lesson FILE             (lessons are not implemented yet)\n"
     "headless:\n"
@@ -98,7 +99,8 @@ static void handle_key(lab_app* a, int key) {
         size_t len = strlen(v->edit);
         if (key == KEY_CODE_ENTER) {
             v->mode = UI_MODE_NORMAL;
-            if (len && dashboard_add_prompt(&a->d, v->edit, 96, 1, 0.0f, &err)) set_message(a, err.message);
+            if (len && dashboard_add_prompt(&a->d, v->edit, a->d.max_new_tokens, 1, 0.0f, &err))
+                set_message(a, err.message);
             v->edit[0] = '\0';
         } else if (key == KEY_CODE_ESC) {
             v->mode = UI_MODE_NORMAL;
@@ -135,6 +137,7 @@ static void handle_key(lab_app* a, int key) {
     case '-': if (v->speed_index > 0) v->speed_index--; break;
     case 'a': v->mode = UI_MODE_EDIT; v->edit[0] = '\0'; break;
     case 'f': if (dashboard_fork_selected(&a->d, &err)) set_message(a, err.message); break;
+    case 'p': if (dashboard_add_shared_prompt(&a->d, &err)) set_message(a, err.message); break;
     case 'x': if (dashboard_cancel_selected(&a->d, &err)) set_message(a, err.message); break;
     case '[': change_block_size(a, -1); break;
     case ']': change_block_size(a, +1); break;
@@ -403,6 +406,8 @@ int command_lab(int argc, char** argv) {
     const char* keys = NULL;
     const char* dump_path = NULL;
     const char* prompts[16];
+    const char* system_prompt = "Once upon a time, there was a little girl named Lily. She lived in a small house "
+                                "with her mom, her dad and her dog Max.";
     int n_prompts = 0, cols = 160, rows = 50, max_tokens = 96;
     arg_cursor cursor = {argc, argv, 1, "servelab lab", NULL};
     for (; cursor.index < argc; cursor.index++) {
@@ -426,6 +431,8 @@ int command_lab(int argc, char** argv) {
             else if (!failed) prompts[n_prompts++] = cursor.value;
         } else if (arg_match(&cursor, "--max-tokens", true, &failed, &err)) {
             if (!failed) failed = parse_int_arg("--max-tokens", cursor.value, 1, 1 << 20, &max_tokens, &err) != 0;
+        } else if (arg_match(&cursor, "--system", true, &failed, &err)) {
+            if (!failed) system_prompt = cursor.value;
         } else if (arg_match(&cursor, "--keys", true, &failed, &err)) {
             if (!failed) keys = cursor.value;
         } else if (arg_match(&cursor, "--dump-frame", true, &failed, &err)) {
@@ -460,6 +467,8 @@ int command_lab(int argc, char** argv) {
         free(a);
         return 1;
     }
+    snprintf(a->d.system_prompt, sizeof a->d.system_prompt, "%s", system_prompt);
+    a->d.max_new_tokens = max_tokens;
     // The requests keep going past EOS only if asked; greedy by default so runs repeat.
     for (int i = 0; i < n_prompts; i++)
         if (dashboard_add_prompt(&a->d, prompts[i], max_tokens, 1, 0.0f, &err)) {

@@ -80,25 +80,14 @@ static int submit(dashboard* d, const saved_request* q, error_info* err) {
     return engine_add_request(&d->contiguous, &p, &first, err);
 }
 
-static int add_ids(dashboard* d, const int32_t* ids, int n, int max_new_tokens, int n_samples, float temperature,
+
+static int remember_request(dashboard* d, const saved_request* q, error_info* err);
+
+static int add_ids(dashboard* d, int32_t* ids, int n, int max_new_tokens, int n_samples, float temperature,
                    error_info* err) {
-    if (d->n_requests == d->requests_capacity) {
-        int capacity = d->requests_capacity ? 2 * d->requests_capacity : 16;
-        saved_request* grown = realloc(d->requests, (size_t)capacity * sizeof *grown);
-        if (!grown) return error_set(err, "lab: out of memory");
-        d->requests = grown;
-        d->requests_capacity = capacity;
-    }
-    saved_request q = {malloc((size_t)n * sizeof(int32_t)), n, max_new_tokens, n_samples, temperature,
-                       (uint64_t)d->n_requests + 1};
-    if (!q.prompt) return error_set(err, "lab: out of memory");
-    memcpy(q.prompt, ids, (size_t)n * sizeof *ids);
-    if (submit(d, &q, err)) {
-        free(q.prompt);
-        return -1;
-    }
-    d->requests[d->n_requests++] = q;
-    return 0;
+    saved_request q = {ids, n, max_new_tokens, n_samples, temperature, (uint64_t)d->n_requests + 1};
+    if (submit(d, &q, err)) return -1;
+    return remember_request(d, &q, err);
 }
 
 int dashboard_add_prompt(dashboard* d, const char* text, int max_new_tokens, int n_samples, float temperature,
@@ -169,23 +158,55 @@ int dashboard_cancel_selected(dashboard* d, error_info* err) {
     return 0;
 }
 
+// Appends a request to the replay list without submitting it (a fork: it
+// exists in the engines already and is replayed as its own request after a
+// restart, recomputing what it shared).
+static int remember_request(dashboard* d, const saved_request* q, error_info* err) {
+    if (d->n_requests == d->requests_capacity) {
+        int capacity = d->requests_capacity ? 2 * d->requests_capacity : 16;
+        saved_request* grown = realloc(d->requests, (size_t)capacity * sizeof *grown);
+        if (!grown) return error_set(err, "lab: out of memory");
+        d->requests = grown;
+        d->requests_capacity = capacity;
+    }
+    saved_request copy = *q;
+    copy.prompt = malloc((size_t)q->n_prompt * sizeof *copy.prompt);
+    if (!copy.prompt) return error_set(err, "lab: out of memory");
+    memcpy(copy.prompt, q->prompt, (size_t)q->n_prompt * sizeof *copy.prompt);
+    d->requests[d->n_requests++] = copy;
+    return 0;
+}
+
 int dashboard_fork_selected(dashboard* d, error_info* err) {
     const sequence* s = engine_sequence(&d->paged, d->selected);
     if (!s || s->state == SEQ_FINISHED) return error_set(err, "fork: select a request that is still running");
-    int n = s->n_tokens;
-    int32_t* ids = malloc((size_t)n * sizeof *ids); // (n) its tokens so far
-    if (!ids) return error_set(err, "lab: out of memory");
-    memcpy(ids, s->tokens, (size_t)n * sizeof *ids);
-    int remaining = s->max_new_tokens - (s->n_tokens - s->n_prompt);
-    if (remaining < 8) remaining = 8;
-    if (n + remaining >= d->source.model.config.max_seq_len) remaining = d->source.model.config.max_seq_len - n - 1;
-    int status = remaining < 1 ? error_set(err, "fork: the sequence is at the model's max length") : 0;
-    if (status == 0) status = dashboard_cancel_selected(d, err);
-    // Sampled at temperature 0.8 so that the two samples diverge.
-    if (status == 0) status = add_ids(d, ids, n, remaining, 2, 0.8f, err);
-    if (status == 0) d->selected = d->paged.n_sequences - 1;
-    free(ids);
-    return status;
+    if (s->n_tokens >= d->source.model.config.max_seq_len - 1)
+        return error_set(err, "fork: the sequence is at the model's max length");
+    // Sampled at temperature 0.8 so that the child diverges from its parent.
+    const float temperature = 0.8f;
+    uint64_t seed = 1000u + (uint64_t)d->paged.n_sequences;
+    int32_t twin = mirror(d, s), child = -1, twin_child = -1;
+    saved_request replay = {s->tokens, s->n_tokens, s->max_new_tokens - (s->n_tokens - s->n_prompt), 1, temperature,
+                            seed};
+    if (replay.max_new_tokens < 1) replay.max_new_tokens = 1;
+    if (remember_request(d, &replay, err)) return -1;
+    if (engine_fork_sequence(&d->paged, s->id, temperature, seed, &child, err)) return -1;
+    if (twin >= 0 && engine_fork_sequence(&d->contiguous, twin, temperature, seed, &twin_child, err)) return -1;
+    d->selected = child;
+    return 0;
+}
+
+int dashboard_add_shared_prompt(dashboard* d, error_info* err) {
+    // Different questions after one system prompt: the prompts share the
+    // system prompt's full blocks through the prefix cache.
+    static const char* const FOLLOW_UPS[] = {" One day,", " She liked to", " Her friend said", " Then the dog",
+                                             " At night,", " The sun was"};
+    const int n_follow_ups = (int)(sizeof FOLLOW_UPS / sizeof FOLLOW_UPS[0]);
+    char text[sizeof d->system_prompt + 32];
+    snprintf(text, sizeof text, "%s%s", d->system_prompt, FOLLOW_UPS[d->n_shared_prompts % n_follow_ups]);
+    if (dashboard_add_prompt(d, text, d->max_new_tokens, 1, 0.0f, err)) return -1;
+    d->n_shared_prompts++;
+    return 0;
 }
 
 int dashboard_set_block_size(dashboard* d, int block_size, error_info* err) {

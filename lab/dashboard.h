@@ -67,6 +67,9 @@ typedef struct dashboard {
     int selected;               // sequence id (paged engine) of the selected request row
     uint64_t steps;
     double step_seconds_total;  // engine time of all steps (both engines)
+    char system_prompt[512];    // what `p` requests start with (shared through the prefix cache)
+    int n_shared_prompts;       // requests added with `p` so far
+    int max_new_tokens;         // new tokens per request added from the lab
 } dashboard;
 
 int dashboard_init(dashboard* d, const model_request* request, const engine_config* config, kv_layout primary,
@@ -79,10 +82,14 @@ int dashboard_add_prompt(dashboard* d, const char* text, int max_new_tokens, int
 // One lockstep step of both engines (a no-op for one that has no work).
 int dashboard_step(dashboard* d, error_info* err);
 bool dashboard_has_work(const dashboard* d);
-// Cancels the selected sequence's request in both engines and resubmits
-// its tokens so far as a two-sample request: the samples share its blocks
-// (prefix cache for the full ones, fork for the tail) and diverge.
+// Forks the selected sequence in both engines (engine_fork_sequence): in
+// the paged engine the child shares every block and samples at temperature
+// 0.8, so it diverges and its first write copies the shared tail; the
+// contiguous engine recomputes the child in its own reservation.
 int dashboard_fork_selected(dashboard* d, error_info* err);
+// Adds a request made of the system prompt and a short follow-up, so that
+// requests share the system prompt's full blocks (prefix cache).
+int dashboard_add_shared_prompt(dashboard* d, error_info* err);
 int dashboard_cancel_selected(dashboard* d, error_info* err);
 // Rebuilds both engines with a new block size and replays every request.
 int dashboard_set_block_size(dashboard* d, int block_size, error_info* err);

@@ -83,17 +83,36 @@ static void test_fork_shares_then_copies(void** state) {
     (void)state;
     char model_path[512], arguments[2048];
     REQUIRE_SHARED_MODEL(model_path, "stories260K.bin");
-    // 19 tokens after 3 steps: one full block and a tail of 3 shared by the two samples.
+    // 18 tokens computed after 3 steps: one full block and a tail of 2,
+    // shared by parent and child right after the fork; the next step writes
+    // token 19 in both, so the first writer copies the tail.
     snprintf(arguments, sizeof arguments,
              "--model %s --block-size 16 --prompt 'Once upon a time, there was a little girl named Lily.' "
-             "--keys '<space><space><space>f<space><space>'",
+             "--keys '<space><space><space>f<space>'",
              model_path);
     char* frame = dump_frame(arguments);
     // The samples share the full block (reference count 2 among the tables)
     // and the first one to write its tail copies it: copy-on-write.
     if (!strstr(frame, " x2]")) fail_msg("no block with reference count 2 in\n%s", frame);
-    if (!strstr(frame, "COW ")) fail_msg("no copy-on-write event in\n%s", frame);
+    if (!strstr(frame, "COW 1->2(a)")) fail_msg("no copy-on-write event in\n%s", frame);
+    if (!strstr(frame, "  [0 x2][2]") || !strstr(frame, "  [0 x2][1]"))
+        fail_msg("parent and child do not share block 0 with private tails in\n%s", frame);
     if (!strstr(frame, "used 3 shared 1 ")) fail_msg("pool counts do not show the shared block in\n%s", frame);
+    free(frame);
+}
+
+static void test_shared_system_prompt_requests(void** state) {
+    (void)state;
+    char model_path[512], arguments[2048];
+    REQUIRE_SHARED_MODEL(model_path, "stories260K.bin");
+    // Two `p` requests: a 37-token system prompt plus a follow-up each, so
+    // both tables start with the same two full blocks of 16.
+    snprintf(arguments, sizeof arguments,
+             "--model %s --block-size 16 --prompt 'The dog ran' --keys 'pp<space><space><space>'", model_path);
+    char* frame = dump_frame(arguments);
+    if (!strstr(frame, "  [1 x2][2 x2][3]")) fail_msg("first p request does not share two blocks in\n%s", frame);
+    if (!strstr(frame, "  [1 x2][2 x2][4]")) fail_msg("second p request does not share the same blocks in\n%s", frame);
+    if (!strstr(frame, "used 5 shared 2 ")) fail_msg("pool counts do not show the two shared blocks in\n%s", frame);
     free(frame);
 }
 
@@ -149,6 +168,7 @@ int main(void) {
         cmocka_unit_test(test_fork_shares_then_copies),
         cmocka_unit_test(test_step_size_matches_quantizer),
         cmocka_unit_test(test_small_terminal_and_bad_keys),
+        cmocka_unit_test(test_shared_system_prompt_requests),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
