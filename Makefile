@@ -20,7 +20,7 @@ BUILD    ?= build/release
 SANITIZE ?= 0
 
 PKGS      := ncursesw lua5.4 cmocka
-DEB_PKGS  := build-essential pkg-config libncurses-dev liblua5.4-dev libcmocka-dev
+DEB_PKGS  := build-essential pkg-config libncurses-dev liblua5.4-dev libcmocka-dev tmux
 
 WARNINGS := -Wall -Wextra -Wshadow -Wpointer-arith -Wstrict-prototypes -Wmissing-prototypes -Wvla
 ifdef CI

@@ -1,13 +1,12 @@
 #include "engine/model_write.h"
 
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "engine/model_storage.h"
+#include "engine/output_file.h"
 
 typedef struct checkpoint_writer {
     FILE* file;
@@ -123,24 +122,13 @@ int model_write_checkpoint(const model* m, const char* path, model_format format
     if (format == MODEL_FORMAT_EXPORT_V2 && (group_size <= 0 || c->dim % group_size != 0))
         return error_set(err, "%s: group_size: expected a positive divisor of dim %d, found %d", path, c->dim,
                          group_size);
-    char temporary[4096];
-    if (snprintf(temporary, sizeof temporary, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof temporary)
-        return error_set(err, "%s: path too long", path);
-    checkpoint_writer w = {fopen(temporary, "wb"), false, NULL};
-    if (!w.file) return error_set(err, "%s: cannot create: %s", temporary, strerror(errno));
+    output_file out;
+    if (output_file_open(&out, path, err)) return -1;
+    checkpoint_writer w = {out.stream, false, NULL};
     int widest = c->hidden_dim > c->dim ? c->hidden_dim : c->dim;
     w.row = malloc((size_t)widest * sizeof(float));
     int status = w.row ? write_body(&w, m, format, group_size) : -1;
     free(w.row);
-    if (fclose(w.file) != 0) w.failed = true;
-    if (status != 0 || w.failed) {
-        remove(temporary);
-        return error_set(err, "%s: write failed (disk full or out of memory?)", path);
-    }
-    if (rename(temporary, path) != 0) {
-        int saved = errno;
-        remove(temporary);
-        return error_set(err, "%s: cannot rename into place: %s", path, strerror(saved));
-    }
+    if (output_file_commit(&out, status != 0 || w.failed, err)) return -1;
     return 0;
 }

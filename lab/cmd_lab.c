@@ -13,6 +13,7 @@
 
 #include "engine/devices.h"
 #include "engine/model_synth.h"
+#include "engine/output_file.h"
 #include "lab/commands.h"
 #include "lab/dashboard.h"
 #include "lab/engine_options.h"
@@ -52,6 +53,11 @@ typedef struct lab_app {
     ui_view v;
     bool quit;
     double next_step_at; // run mode: monotonic seconds of the next step
+    // Run mode's cost, reported at exit: steps taken while running and the
+    // wall time spent running (drawing and key handling included).
+    uint64_t run_steps;
+    double run_seconds;
+    double run_since;    // monotonic seconds when running last started, 0 when paused
 } lab_app;
 
 static volatile sig_atomic_t stop_requested = 0;
@@ -68,8 +74,28 @@ static double monotonic_seconds(void) {
 
 static void set_message(lab_app* a, const char* text) { snprintf(a->v.message, sizeof a->v.message, "%s", text); }
 
+// Adds the time since running started when the lab is paused; call after
+// anything that may start or stop run mode.
+static void track_run_time(lab_app* a) {
+    double now = monotonic_seconds();
+    if (a->v.running && a->run_since == 0) a->run_since = now;
+    else if (!a->v.running && a->run_since > 0) {
+        a->run_seconds += now - a->run_since;
+        a->run_since = 0;
+    }
+}
+
+static void report_run_rate(lab_app* a, const char* mode) {
+    a->v.running = false;
+    track_run_time(a);
+    if (a->run_steps == 0 || a->run_seconds <= 0) return;
+    fprintf(stderr, "servelab lab: run mode (%s): %llu steps in %.2f s of wall time = %.1f steps/s\n", mode,
+            (unsigned long long)a->run_steps, a->run_seconds, (double)a->run_steps / a->run_seconds);
+}
+
 static void do_step(lab_app* a) {
     error_info err = {{0}};
+    if (a->v.running) a->run_steps++;
     if (!dashboard_has_work(&a->d)) {
         set_message(a, "no work: add a request with a");
         a->v.running = false;
@@ -254,31 +280,23 @@ static int run_headless(lab_app* a, const char* keys_text, const char* dump_path
             long steps = (long)(keys[i] - KEY_CODE_WAIT_BASE) * speed / 1000;
             for (long k = 0; k < steps && a->v.running; k++) do_step(a);
         } else handle_key(a, keys[i]);
+        track_run_time(a);
     }
     free(keys);
+    report_run_rate(a, "headless");
     ui_screen screen;
     const char* no_color = getenv("NO_COLOR");
     if (ui_screen_init(&screen, cols, rows, true, !(no_color && no_color[0]))) return 1;
     ui_draw(&screen, &a->d, &a->v);
     int status = 0;
-    if (dump_path) {
-        bool to_stdout = strcmp(dump_path, "-") == 0;
-        char temp[4096];
-        snprintf(temp, sizeof temp, "%s.tmp", dump_path);
-        FILE* out = to_stdout ? stdout : fopen(temp, "w");
-        if (!out) {
-            fprintf(stderr, "servelab lab: %s: cannot create the frame file\n", dump_path);
+    if (dump_path && strcmp(dump_path, "-") == 0) {
+        if (ui_screen_dump(&screen, stdout) || fflush(stdout) != 0) status = 1;
+    } else if (dump_path) {
+        output_file out;
+        if (output_file_open(&out, dump_path, &err) ||
+            output_file_commit(&out, ui_screen_dump(&screen, out.stream) != 0, &err)) {
+            fprintf(stderr, "servelab lab: --dump-frame: %s\n", err.message);
             status = 1;
-        } else {
-            int bad = ui_screen_dump(&screen, out);
-            if (!to_stdout) {
-                bad |= fclose(out) != 0;
-                if (bad || rename(temp, dump_path) != 0) {
-                    remove(temp);
-                    fprintf(stderr, "servelab lab: %s: cannot write the frame\n", dump_path);
-                    status = 1;
-                }
-            }
         }
     }
     ui_screen_free(&screen);
@@ -367,6 +385,7 @@ static int run_terminal(lab_app* a) {
             int key = translate_key(c);
             if (key == KEY_CODE_RESIZE) ui_screen_resize(&screen, COLS, LINES);
             else handle_key(a, key);
+            track_run_time(a);
             dirty = true;
         }
         if (a->v.running && !a->quit) {
@@ -376,12 +395,14 @@ static int run_terminal(lab_app* a) {
                 do_step(a);
                 a->next_step_at = (a->next_step_at > 0 && speed ? a->next_step_at : now) + (speed ? 1.0 / speed : 0);
                 if (a->next_step_at < now - 1.0) a->next_step_at = now; // fell behind: do not burst
+                track_run_time(a);
                 dirty = true;
             }
         }
     }
     ui_screen_free(&screen);
     restore_terminal();
+    report_run_rate(a, "terminal");
     return 0;
 }
 

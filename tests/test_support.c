@@ -79,3 +79,8 @@ bool test_simd_level_available(int level) {
     print_message("skipping level %s: this CPU lacks it\n", cpu_simd_level_name((cpu_simd_level)level));
     return false;
 }
+
+const char* test_servelab_binary(void) {
+    const char* bin = getenv("SERVELAB_BIN");
+    return bin && bin[0] ? bin : "bin/servelab";
+}

@@ -30,6 +30,10 @@ char* test_read_text(const char* path);
 // has AVX-512 and VNNI). level is a cpu_simd_level from kernels/cpu/cpu_features.h.
 bool test_simd_level_available(int level);
 
+// The servelab binary under test: $SERVELAB_BIN (set by scripts/run-tests.sh)
+// or bin/servelab.
+const char* test_servelab_binary(void);
+
 // Writes bytes to path; returns true on success.
 bool test_write_file(const char* path, const void* bytes, size_t size);
 

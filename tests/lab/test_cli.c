@@ -19,16 +19,11 @@ typedef struct command_result {
     char* err;        // stderr
 } command_result;
 
-static const char* servelab_binary(void) {
-    const char* bin = getenv("SERVELAB_BIN");
-    return bin ? bin : "bin/servelab";
-}
-
 static command_result run_servelab(const char* arguments) {
     char out_path[512], err_path[512], command[4096];
     snprintf(out_path, sizeof out_path, "%s/cli.out", test_scratch_dir());
     snprintf(err_path, sizeof err_path, "%s/cli.err", test_scratch_dir());
-    snprintf(command, sizeof command, "%s %s >%s 2>%s </dev/null", servelab_binary(), arguments, out_path, err_path);
+    snprintf(command, sizeof command, "%s %s >%s 2>%s </dev/null", test_servelab_binary(), arguments, out_path, err_path);
     int raw = system(command);
     command_result result = {-1, test_read_text(out_path), test_read_text(err_path)};
     // system() runs sh; a signal in the child shows as 128 + signal.

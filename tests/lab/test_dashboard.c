@@ -17,17 +17,12 @@
 #include "lab/model_source.h"
 #include "tests/test_support.h"
 
-static const char* servelab_binary(void) {
-    const char* bin = getenv("SERVELAB_BIN");
-    return bin ? bin : "bin/servelab";
-}
-
 // Runs the lab headless with `arguments` and returns the dumped frame (malloc'ed).
 static char* dump_frame(const char* arguments) {
     char frame_path[512], command[4096];
     snprintf(frame_path, sizeof frame_path, "%s/frame.txt", test_scratch_dir());
     remove(frame_path);
-    snprintf(command, sizeof command, "%s lab --size 160x50 --dump-frame %s %s </dev/null >/dev/null", servelab_binary(),
+    snprintf(command, sizeof command, "%s lab --size 160x50 --dump-frame %s %s </dev/null >/dev/null", test_servelab_binary(),
              frame_path, arguments);
     assert_int_equal(system(command), 0);
     char* text = test_read_text(frame_path);
@@ -157,7 +152,7 @@ static void test_small_terminal_and_bad_keys(void** state) {
     free(frame);
     char command[1024];
     snprintf(command, sizeof command, "%s lab --model tiny --keys '<nope>' --dump-frame - >/dev/null 2>&1",
-             servelab_binary());
+             test_servelab_binary());
     int raw = system(command);
     assert_int_equal(WEXITSTATUS(raw), 2);
 }

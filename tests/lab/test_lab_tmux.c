@@ -1,0 +1,175 @@
+// The dashboard in a real terminal: tmux runs `servelab lab` in a detached
+// session on a private server, the test sends keys, captures the pane and
+// checks what a user would see: panes drawn, a step taken, the layout
+// redone on resize (SIGWINCH), a clear message when the terminal is too
+// small, and after `q` or SIGTERM the terminal back in its normal mode
+// (alternate screen off, stty shows canonical mode and echo).
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <stdlib.h>
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/types.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tests/test_support.h"
+
+static char tmux_socket[64];  // private server: -L servelab-test-<pid>
+static char run_marker[96];   // unique --system text to find the lab's pid in /proc
+
+static void skip_without_tmux(void) {
+    if (system("command -v tmux >/dev/null 2>&1") == 0) return;
+    if (getenv("CI")) fail_msg("tmux is not installed and CI is set (make deps installs it)");
+    print_message("skipping: tmux is not installed (make deps installs it)\n");
+    skip();
+}
+
+static int tmux(const char* arguments) {
+    char command[4096];
+    snprintf(command, sizeof command, "tmux -L %s %s >/dev/null 2>&1", tmux_socket, arguments);
+    return system(command);
+}
+
+// Output of a tmux command (malloc'ed, "" on failure).
+static char* tmux_output(const char* arguments) {
+    char path[512], command[4096];
+    snprintf(path, sizeof path, "%s/tmux-out.txt", test_scratch_dir());
+    snprintf(command, sizeof command, "tmux -L %s %s >%s 2>/dev/null", tmux_socket, arguments, path);
+    if (system(command) != 0) remove(path);
+    return test_read_text(path);
+}
+
+static void sleep_ms(int ms) {
+    struct timespec t = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&t, NULL);
+}
+
+// Polls the pane until it contains `text` (up to 15 s); returns the last capture.
+static char* wait_for_text(const char* text) {
+    for (int attempt = 0; attempt < 150; attempt++) {
+        char* screen = tmux_output("capture-pane -p -t lab");
+        if (strstr(screen, text)) return screen;
+        if (attempt == 149) fail_msg("the pane never showed '%s'; last capture:\n%s", text, screen);
+        free(screen);
+        sleep_ms(100);
+    }
+    return NULL;
+}
+
+static bool alternate_screen_on(void) {
+    char* flag = tmux_output("display-message -p -t lab '#{alternate_on}'");
+    bool on = flag[0] == '1';
+    free(flag);
+    return on;
+}
+
+// Starts the lab in a fresh 160x50 session; after it exits the shell saves
+// `stty -a` and prints a marker, then stays so the pane can be captured.
+static void start_lab(const char* stty_path) {
+    snprintf(tmux_socket, sizeof tmux_socket, "servelab-test-%d", (int)getpid());
+    snprintf(run_marker, sizeof run_marker, "tmux-run-%d-%ld", (int)getpid(), (long)time(NULL));
+    remove(stty_path);
+    char arguments[2048];
+    snprintf(arguments, sizeof arguments,
+             "-f /dev/null new-session -d -s lab -x 160 -y 50 \"sh -c '%s lab --model tiny --system %s; "
+             "stty -a > %s; echo LAB-EXITED; sleep 60'\"",
+             test_servelab_binary(), run_marker, stty_path);
+    assert_int_equal(tmux(arguments), 0);
+}
+
+static int stop_server(void** state) {
+    (void)state;
+    tmux("kill-server");
+    return 0;
+}
+
+// The pid of the lab started with our marker, found through /proc.
+static pid_t lab_pid(void) {
+    DIR* proc = opendir("/proc");
+    assert_non_null(proc);
+    pid_t found = -1;
+    for (struct dirent* entry; (entry = readdir(proc)) != NULL && found < 0;) {
+        char path[300];
+        snprintf(path, sizeof path, "/proc/%s/cmdline", entry->d_name);
+        FILE* f = fopen(path, "rb");
+        if (!f) continue;
+        char cmdline[4096];
+        size_t n = fread(cmdline, 1, sizeof cmdline - 1, f);
+        fclose(f);
+        for (size_t i = 0; i < n; i++)
+            if (cmdline[i] == '\0') cmdline[i] = ' ';
+        cmdline[n] = '\0';
+        // The lab itself, not the `sh -c` that started it (whose cmdline holds "stty").
+        if (strstr(cmdline, run_marker) && strstr(cmdline, " lab ") && !strstr(cmdline, "stty"))
+            found = (pid_t)atoi(entry->d_name);
+    }
+    closedir(proc);
+    return found;
+}
+
+static void assert_terminal_restored(const char* stty_path) {
+    free(wait_for_text("LAB-EXITED"));
+    assert_false(alternate_screen_on());
+    char* stty = test_read_text(stty_path);
+    // stty -a lists "-icanon" / "-echo" when curses modes leaked.
+    if (!strstr(stty, " icanon") || strstr(stty, "-icanon") || !strstr(stty, " echo ") || strstr(stty, " -echo "))
+        fail_msg("the terminal was left in curses mode:\n%s", stty);
+    free(stty);
+}
+
+static void test_lab_draws_steps_resizes_and_quits(void** state) {
+    (void)state;
+    skip_without_tmux();
+    char stty_path[512];
+    snprintf(stty_path, sizeof stty_path, "%s/stty-quit.txt", test_scratch_dir());
+    start_lab(stty_path);
+    char* screen = wait_for_text("step 0");
+    static const char* const PANES[] = {"Requests", "Block tables", "Block pool", "Fragmentation", "Memory traffic",
+                                        "Step size", "Lesson"};
+    for (size_t i = 0; i < sizeof PANES / sizeof PANES[0]; i++)
+        if (!strstr(screen, PANES[i])) fail_msg("pane '%s' is not drawn at 160x50:\n%s", PANES[i], screen);
+    free(screen);
+    assert_true(alternate_screen_on());
+    assert_int_equal(tmux("send-keys -t lab Space"), 0);
+    free(wait_for_text("step 1 "));
+    // A smaller window: SIGWINCH, and the page layout at 80x24.
+    assert_int_equal(tmux("resize-window -t lab -x 80 -y 24"), 0);
+    free(wait_for_text("page 1"));
+    assert_int_equal(tmux("resize-window -t lab -x 60 -y 16"), 0);
+    free(wait_for_text("terminal too small: need at least 80x24"));
+    assert_int_equal(tmux("resize-window -t lab -x 160 -y 50"), 0);
+    free(wait_for_text("Memory traffic"));
+    assert_int_equal(tmux("send-keys -t lab q"), 0);
+    assert_terminal_restored(stty_path);
+}
+
+static void test_lab_restores_terminal_on_sigterm(void** state) {
+    (void)state;
+    skip_without_tmux();
+    char stty_path[512];
+    snprintf(stty_path, sizeof stty_path, "%s/stty-term.txt", test_scratch_dir());
+    start_lab(stty_path);
+    free(wait_for_text("step 0"));
+    assert_int_equal(tmux("send-keys -t lab r"), 0); // running: SIGTERM arrives mid-run
+    free(wait_for_text("RUNNING"));
+    pid_t pid = lab_pid();
+    assert_true(pid > 0);
+    assert_int_equal(kill(pid, SIGTERM), 0);
+    assert_terminal_restored(stty_path);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_lab_draws_steps_resizes_and_quits, stop_server),
+        cmocka_unit_test_teardown(test_lab_restores_terminal_on_sigterm, stop_server),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
