@@ -39,6 +39,8 @@ static const char LAB_USAGE[] =
     "                            <esc> <f1> <up> <down> <left> <right> <wait:MS>\n"
     "  --dump-frame FILE         write the final screen as UTF-8 text (- = stdout)\n"
     "  --size COLSxROWS          the virtual screen (default 160x50)\n"
+    "  --measure-machine         measure this CPU's bandwidth and peak FMA rate first\n"
+    "                            (the terminal lab always measures, in the background)\n"
     "\n";
 
 enum {
@@ -362,8 +364,12 @@ static int run_terminal(lab_app* a) {
     const double frame_interval = 1.0 / 30.0;
     double last_frame = 0;
     bool dirty = true;
+    bool machine_shown = false;
     while (!a->quit && !stop_requested) {
         double now = monotonic_seconds();
+        double unused_gb_s, unused_gflop_s;
+        if (!machine_shown && dashboard_machine_figures(&a->d, &unused_gb_s, &unused_gflop_s))
+            machine_shown = dirty = true; // the background measurement just finished: show it
         if (dirty && now - last_frame >= frame_interval) {
             ui_draw(&screen, &a->d, &a->v);
             ui_screen_flush_curses(&screen);
@@ -425,6 +431,7 @@ int command_lab(int argc, char** argv) {
     engine_config config = engine_config_default();
     model_request request = {NULL, NULL, MODEL_DTYPE_DEFAULT, SYNTH_DEFAULT_SEED, NULL};
     const char* keys = NULL;
+    bool measure_machine = false;
     const char* dump_path = NULL;
     const char* prompts[16];
     const char* system_prompt = "Once upon a time, there was a little girl named Lily. She lived in a small house "
@@ -454,6 +461,8 @@ int command_lab(int argc, char** argv) {
             if (!failed) failed = parse_int_arg("--max-tokens", cursor.value, 1, 1 << 20, &max_tokens, &err) != 0;
         } else if (arg_match(&cursor, "--system", true, &failed, &err)) {
             if (!failed) system_prompt = cursor.value;
+        } else if (arg_match(&cursor, "--measure-machine", false, &failed, &err)) {
+            measure_machine = true;
         } else if (arg_match(&cursor, "--keys", true, &failed, &err)) {
             if (!failed) keys = cursor.value;
         } else if (arg_match(&cursor, "--dump-frame", true, &failed, &err)) {
@@ -498,7 +507,9 @@ int command_lab(int argc, char** argv) {
             free(a);
             return 2;
         }
-    int status = keys || dump_path ? run_headless(a, keys ? keys : "", dump_path ? dump_path : "-", cols, rows)
+    bool headless = keys || dump_path;
+    if (!headless || measure_machine) dashboard_measure_machine(&a->d, !headless);
+    int status = headless ? run_headless(a, keys ? keys : "", dump_path ? dump_path : "-", cols, rows)
                                    : run_terminal(a);
     dashboard_free(&a->d);
     free(a);

@@ -1,11 +1,13 @@
 #include "lab/dashboard.h"
 
 #include <float.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine/tokenizer.h"
+#include "kernels/cpu/machine_probe.h"
 #include "kernels/cpu/matmul.h"
 
 const char* const STEP_SIZE_TENSORS[7] = {"wq", "wk", "wv", "wo", "w1", "w2", "w3"};
@@ -53,7 +55,52 @@ int dashboard_init(dashboard* d, const model_request* request, const engine_conf
     return 0;
 }
 
+static void release_machine(machine_figures* m) {
+    if (m && atomic_fetch_sub(&m->owners, 1) == 1) free(m);
+}
+
+// Three repeats: a median that ignores one disturbed run, in about a
+// second on an idle machine.
+static void* measure_machine(void* arg) {
+    machine_figures* m = arg;
+    thread_pool* pool = NULL;
+    if (thread_pool_create(m->n_threads, &pool) != 0) pool = NULL;
+    m->bandwidth_gb_s = machine_stream_read_gb_s(pool, 0, 3);
+    m->peak_gflop_s = machine_peak_fma_gflop_s(pool, 3);
+    thread_pool_free(pool);
+    atomic_store_explicit(&m->measured, true, memory_order_release);
+    release_machine(m);
+    return NULL;
+}
+
+void dashboard_measure_machine(dashboard* d, bool in_background) {
+    if (d->machine) return;
+    machine_figures* m = calloc(1, sizeof *m);
+    if (!m) return; // the pane then says the machine was not measured
+    atomic_init(&m->owners, 2);
+    atomic_init(&m->measured, false);
+    m->n_threads = d->config.n_threads > 0 ? d->config.n_threads : 0;
+    d->machine = m;
+    pthread_attr_t attributes;
+    pthread_t thread;
+    bool started = false;
+    if (in_background && pthread_attr_init(&attributes) == 0) {
+        pthread_attr_setdetachstate(&attributes, PTHREAD_CREATE_DETACHED);
+        started = pthread_create(&thread, &attributes, measure_machine, m) == 0;
+        pthread_attr_destroy(&attributes);
+    }
+    if (!started) measure_machine(m);
+}
+
+bool dashboard_machine_figures(const dashboard* d, double* gb_s, double* gflop_s) {
+    if (!d->machine || !atomic_load_explicit(&d->machine->measured, memory_order_acquire)) return false;
+    *gb_s = d->machine->bandwidth_gb_s;
+    *gflop_s = d->machine->peak_gflop_s;
+    return *gb_s > 0 && *gflop_s > 0;
+}
+
 void dashboard_free(dashboard* d) {
+    release_machine(d->machine);
     stop_engines(d);
     for (int i = 0; i < d->n_requests; i++) free(d->requests[i].prompt);
     free(d->requests);

@@ -5,6 +5,7 @@
 #ifndef SERVELAB_DASHBOARD_H
 #define SERVELAB_DASHBOARD_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -51,6 +52,19 @@ typedef struct step_size_view {
 
 extern const char* const STEP_SIZE_TENSORS[7];
 
+// This machine's streaming-read bandwidth and peak fp32 FMA rate
+// (kernels/cpu/machine_probe.h), measured once in the background so that
+// the lab opens at once; the traffic pane compares each step against them.
+// Shared by the dashboard and the measuring thread (a detached thread, so
+// that quitting never waits for it); the last of the two to let go frees it.
+typedef struct machine_figures {
+    atomic_int owners;      // the dashboard and, while it runs, the measuring thread
+    atomic_bool measured;   // set (release) after the two figures are written
+    double bandwidth_gb_s;  // GB/s, 1e9 bytes
+    double peak_gflop_s;    // fp32 FMA GFLOP/s
+    int n_threads;          // threads to measure with (0: one per online CPU)
+} machine_figures;
+
 typedef struct dashboard {
     model_source source;
     engine_config config;       // layout ignored: both engines run
@@ -70,6 +84,7 @@ typedef struct dashboard {
     char system_prompt[512];    // what `p` requests start with (shared through the prefix cache)
     int n_shared_prompts;       // requests added with `p` so far
     int max_new_tokens;         // new tokens per request added from the lab
+    machine_figures* machine;   // NULL until dashboard_measure_machine
 } dashboard;
 
 int dashboard_init(dashboard* d, const model_request* request, const engine_config* config, kv_layout primary,
@@ -95,6 +110,13 @@ int dashboard_cancel_selected(dashboard* d, error_info* err);
 int dashboard_set_block_size(dashboard* d, int block_size, error_info* err);
 // Recomputes the step-size view after a change of tensor or scheme.
 void dashboard_update_step_size(dashboard* d);
+
+// Measures this machine's bandwidth and peak FMA rate: in a background
+// thread (the terminal lab) or before returning (headless replays that ask
+// for it).
+void dashboard_measure_machine(dashboard* d, bool in_background);
+// True once the machine's figures are there; *gb_s and *gflop_s get them.
+bool dashboard_machine_figures(const dashboard* d, double* gb_s, double* gflop_s);
 
 const engine* dashboard_primary(const dashboard* d);
 const step_record* dashboard_primary_record(const dashboard* d);

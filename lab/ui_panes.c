@@ -246,18 +246,29 @@ static void draw_traffic(ui_screen* s, ui_rect r, const dashboard* d, const ui_v
         ui_printf(s, r.x, r.y + 3, r.w, UI_DEFAULT, UI_BOLD, "step %llu: %s in %.3f ms = %.2f GB/s  (%d prefill + %d decode tok)",
                   (unsigned long long)rec->step, b, seconds * 1e3, seconds > 0 ? (double)total / seconds / 1e9 : 0.0,
                   rec->prefill_tokens, rec->decode_tokens);
+        double machine_gb_s = 0, machine_gflop_s = 0;
+        if (dashboard_machine_figures(d, &machine_gb_s, &machine_gflop_s)) {
+            double machine_ridge = machine_gflop_s / machine_gb_s;
+            ui_printf(s, r.x, r.y + 4, r.w, intensity < machine_ridge ? UI_BAD : UI_GOOD, 0,
+                      "this CPU: %.0f%% of %.1f GB/s measured; ridge %.1f FLOP/B (%.0f GFLOP/s)",
+                      seconds > 0 ? 100.0 * (double)total / seconds / 1e9 / machine_gb_s : 0.0, machine_gb_s,
+                      machine_ridge, machine_gflop_s);
+        } else
+            ui_put(s, r.x, r.y + 4, r.w, UI_DEFAULT, UI_DIM,
+                   d->machine ? "this CPU: measuring its bandwidth and peak FMA rate..."
+                                             : "this CPU: not measured (--measure-machine in headless runs)");
         double ridge = device_ridge_point(dev, 0);
-        ui_printf(s, r.x, r.y + 4, r.w, intensity < ridge ? UI_BAD : UI_GOOD, 0,
+        ui_printf(s, r.x, r.y + 5, r.w, intensity < ridge ? UI_BAD : UI_GOOD, 0,
                   "intensity %.2f FLOP/B vs ridge %.0f on %s: %s-bound", intensity, ridge, dev->name,
                   intensity < ridge ? "memory" : "compute");
         double projected = device_step_seconds(dev, total, flops, 0);
-        ui_printf(s, r.x, r.y + 5, r.w, UI_DEFAULT, 0, "on %s (d cycles): %.2f us  [%.0f GB/s, %.0f GB, %.0f TFLOPS fp16, %.0f TOPS int8]",
+        ui_printf(s, r.x, r.y + 6, r.w, UI_DEFAULT, 0, "on %s (d cycles): %.2f us  [%.0f GB/s, %.0f GB, %.0f TFLOPS fp16, %.0f TOPS int8]",
                   dev->name, projected * 1e6, dev->bandwidth_bytes_per_s / 1e9, dev->capacity_bytes / 1e9,
                   dev->peak_fp16_flops / 1e12, dev->peak_int8_ops / 1e12);
     }
     // History: bytes per step (P prefill, D decode) and tokens per step.
     const step_history* h = &d->history;
-    int height = (r.h - 9) / 2;
+    int height = (r.h - 10) / 2;
     if (height < 2) return;
     int width = r.w - 2;
     int n = h->count < width ? h->count : width;
@@ -270,22 +281,22 @@ static void draw_traffic(ui_screen* s, ui_rect r, const dashboard* d, const ui_v
     }
     char b[32];
     human_bytes(b, sizeof b, (double)max_bytes);
-    ui_printf(s, r.x, r.y + 6, r.w, UI_DEFAULT, UI_BOLD, "bytes/step (max %s)  P=prefill D=decode", b);
-    ui_printf(s, r.x, r.y + 7 + height, r.w, UI_DEFAULT, UI_BOLD, "tokens/step (max %d)", max_tokens);
+    ui_printf(s, r.x, r.y + 7, r.w, UI_DEFAULT, UI_BOLD, "bytes/step (max %s)  P=prefill D=decode", b);
+    ui_printf(s, r.x, r.y + 8 + height, r.w, UI_DEFAULT, UI_BOLD, "tokens/step (max %d)", max_tokens);
     for (int i = 0; i < n; i++) {
         int k = (h->start + h->count - n + i) % HISTORY_STEPS;
         ui_color c = h->prefill[k] ? UI_OWNER1 : UI_OWNER0;
         for (int chart = 0; chart < 2; chart++) {
             double fraction = chart == 0 ? (double)h->bytes[k] / (double)max_bytes : (double)h->tokens[k] / max_tokens;
             int eighths = (int)lround(fraction * height * 8);
-            int top = r.y + 7 + chart * (height + 1);
+            int top = r.y + 8 + chart * (height + 1);
             for (int row = 0; row < height; row++) {
                 int level = eighths - (height - 1 - row) * 8;
                 if (level <= 0) continue;
                 ui_put(s, r.x + i, top + row, 1, c, 0, s->glyphs->eighths[level > 8 ? 8 : level]);
             }
         }
-        ui_put(s, r.x + i, r.y + 7 + 2 * height + 1, 1, c, 0, h->prefill[k] ? "P" : "D");
+        ui_put(s, r.x + i, r.y + 8 + 2 * height + 1, 1, c, 0, h->prefill[k] ? "P" : "D");
     }
 }
 

@@ -140,6 +140,7 @@ static void test_lab_draws_steps_resizes_and_quits(void** state) {
     assert_true(alternate_screen_on());
     assert_int_equal(tmux("send-keys -t lab Space"), 0);
     free(wait_for_text("step 1 "));
+    free(wait_for_text("this CPU: ")); // its bandwidth and FMA rate, measuring or measured
     // A smaller window: SIGWINCH, and the page layout at 80x24.
     assert_int_equal(tmux("resize-window -t lab -x 80 -y 24"), 0);
     free(wait_for_text("page 1"));
