@@ -111,12 +111,49 @@ void dashboard_free(dashboard* d) {
     memset(d, 0, sizeof *d);
 }
 
+const engine* dashboard_view_engine(const dashboard* d, kv_layout layout) {
+    if (d->lesson_engine) return d->lesson_engine->config.layout == layout ? d->lesson_engine : NULL;
+    return layout == KV_LAYOUT_PAGED ? &d->paged : &d->contiguous;
+}
+
+const step_record* dashboard_view_record(const dashboard* d, kv_layout layout) {
+    if (d->lesson_engine) {
+        const engine* e = dashboard_view_engine(d, layout);
+        return e && e->record.step > 0 ? &e->record : NULL;
+    }
+    return layout == KV_LAYOUT_PAGED ? d->paged_record : d->contiguous_record;
+}
+
 const engine* dashboard_primary(const dashboard* d) {
-    return d->primary == KV_LAYOUT_PAGED ? &d->paged : &d->contiguous;
+    return d->lesson_engine ? d->lesson_engine : dashboard_view_engine(d, d->primary);
 }
 
 const step_record* dashboard_primary_record(const dashboard* d) {
-    return d->primary == KV_LAYOUT_PAGED ? d->paged_record : d->contiguous_record;
+    return dashboard_view_record(d, d->lesson_engine ? d->lesson_engine->config.layout : d->primary);
+}
+
+static void remember(step_history* h, const step_record* r);
+
+void dashboard_follow_engine(dashboard* d, const engine* e) {
+    if (e != d->lesson_engine) {
+        d->history.start = d->history.count = 0; // another engine: its own history
+        d->lesson_engine_step = 0;
+        d->selected = 0;
+    }
+    d->lesson_engine = e;
+    if (e && e->record.step > d->lesson_engine_step) {
+        remember(&d->history, &e->record);
+        d->lesson_engine_step = e->record.step;
+    }
+}
+
+void dashboard_lesson_log(dashboard* d, lesson_log_kind kind, const char* text) {
+    lesson_log* log = &d->lesson;
+    int slot = (log->start + log->count) % LESSON_LOG_LINES;
+    if (log->count == LESSON_LOG_LINES) log->start = (log->start + 1) % LESSON_LOG_LINES;
+    else log->count++;
+    snprintf(log->lines[slot], sizeof log->lines[slot], "%s", text);
+    log->kinds[slot] = kind;
 }
 
 static int submit(dashboard* d, const saved_request* q, error_info* err) {

@@ -65,6 +65,20 @@ typedef struct machine_figures {
     int n_threads;          // threads to measure with (0: one per online CPU)
 } machine_figures;
 
+// What a lesson said and checked, for the lesson pane: the last
+// LESSON_LOG_LINES entries, oldest first from `start`.
+enum { LESSON_LOG_LINES = 64, LESSON_LOG_WIDTH = 320 };
+typedef enum lesson_log_kind {
+    LOG_NARRATION = 0, LOG_PASS = 1, LOG_DISAGREE = 2, LOG_FAIL = 3, LOG_STATUS = 4,
+} lesson_log_kind;
+typedef struct lesson_log {
+    char lines[LESSON_LOG_LINES][LESSON_LOG_WIDTH]; // (LESSON_LOG_LINES) UTF-8 text
+    lesson_log_kind kinds[LESSON_LOG_LINES];        // (LESSON_LOG_LINES)
+    int start, count;
+    char title[160];   // the lesson's file, "" when none runs
+    char state[96];    // "paused: space continues", "done: 3 passed, 0 failed", ...
+} lesson_log;
+
 typedef struct dashboard {
     model_source source;
     engine_config config;       // layout ignored: both engines run
@@ -85,6 +99,9 @@ typedef struct dashboard {
     int n_shared_prompts;       // requests added with `p` so far
     int max_new_tokens;         // new tokens per request added from the lab
     machine_figures* machine;   // NULL until dashboard_measure_machine
+    const engine* lesson_engine; // while a lesson runs: the engine it works on (panes draw it), else NULL
+    uint64_t lesson_engine_step; // its last step put into the history
+    lesson_log lesson;
 } dashboard;
 
 int dashboard_init(dashboard* d, const model_request* request, const engine_config* config, kv_layout primary,
@@ -117,6 +134,16 @@ void dashboard_update_step_size(dashboard* d);
 void dashboard_measure_machine(dashboard* d, bool in_background);
 // True once the machine's figures are there; *gb_s and *gflop_s get them.
 bool dashboard_machine_figures(const dashboard* d, double* gb_s, double* gflop_s);
+
+// Panes draw the lesson's engine while a lesson works on one: `e` (NULL:
+// back to the lab's own engines); its newest step joins the history.
+void dashboard_follow_engine(dashboard* d, const engine* e);
+// The engine of a layout the panes draw (the lab's own, or the lesson's when
+// it has that layout), or NULL; and its last step record, NULL before one.
+const engine* dashboard_view_engine(const dashboard* d, kv_layout layout);
+const step_record* dashboard_view_record(const dashboard* d, kv_layout layout);
+// Appends a line to the lesson pane's log.
+void dashboard_lesson_log(dashboard* d, lesson_log_kind kind, const char* text);
 
 const engine* dashboard_primary(const dashboard* d);
 const step_record* dashboard_primary_record(const dashboard* d);

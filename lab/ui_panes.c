@@ -90,9 +90,18 @@ static int table_references(const step_record* rec, int32_t block) {
     return n;
 }
 
+// The paged engine the panes draw, or NULL with a line saying why not.
+static const engine* paged_view(ui_screen* s, ui_rect r, const dashboard* d) {
+    const engine* e = dashboard_view_engine(d, KV_LAYOUT_PAGED);
+    if (!e) ui_put(s, r.x, r.y, r.w, UI_DEFAULT, UI_DIM, "the lesson's engine is contiguous: it has no blocks");
+    return e;
+}
+
 static void draw_block_tables(ui_screen* s, ui_rect r, const dashboard* d) {
-    const step_record* rec = d->paged_record;
-    int block_size = d->paged.pool.block_size;
+    const engine* e = paged_view(s, r, d);
+    if (!e) return;
+    const step_record* rec = dashboard_view_record(d, KV_LAYOUT_PAGED);
+    int block_size = e->pool.block_size;
     if (!rec) {
         ui_printf(s, r.x, r.y, r.w, UI_DEFAULT, 0, "paged, block size %d: no step yet (space steps)", block_size);
         return;
@@ -138,8 +147,10 @@ static void draw_block_tables(ui_screen* s, ui_rect r, const dashboard* d) {
 // ---- Block pool ------------------------------------------------------------------------
 
 static void draw_block_pool(ui_screen* s, ui_rect r, const dashboard* d) {
-    const kv_pool* pool = &d->paged.pool;
-    const step_record* rec = d->paged_record;
+    const engine* e = paged_view(s, r, d);
+    if (!e) return;
+    const kv_pool* pool = &e->pool;
+    const step_record* rec = dashboard_view_record(d, KV_LAYOUT_PAGED);
     int used = 0, shared = 0, cached = 0, free_blocks = 0;
     for (int b = 0; b < pool->n_blocks; b++) {
         const kv_block* k = &pool->blocks[b];
@@ -182,10 +193,13 @@ static void draw_block_pool(ui_screen* s, ui_rect r, const dashboard* d) {
 
 // ---- Fragmentation ---------------------------------------------------------------------
 
-static void fragmentation_rows(ui_screen* s, ui_rect r, int y, const char* label, const step_record* rec) {
+static void fragmentation_rows(ui_screen* s, ui_rect r, int y, const char* label, const dashboard* d,
+                               kv_layout layout) {
+    const step_record* rec = dashboard_view_record(d, layout);
     ui_printf(s, r.x, y, r.w, UI_DEFAULT, UI_BOLD, "%s", label);
     if (!rec) {
-        ui_put(s, r.x + 12, y, r.w - 12, UI_DEFAULT, 0, "(idle)");
+        ui_put(s, r.x + 12, y, r.w - 12, UI_DEFAULT, 0,
+               dashboard_view_engine(d, layout) ? "(idle)" : "(not in the lesson's engine)");
         return;
     }
     const char* names[4] = {"tokens", "tail waste", "reserved", "ext. frag"};
@@ -204,11 +218,13 @@ static void fragmentation_rows(ui_screen* s, ui_rect r, int y, const char* label
 }
 
 static void draw_fragmentation(ui_screen* s, ui_rect r, const dashboard* d) {
-    fragmentation_rows(s, r, r.y, "paged", d->paged_record);
-    if (r.h >= 10) fragmentation_rows(s, r, r.y + 5, "contiguous", d->contiguous_record);
-    if (r.h >= 11)
+    fragmentation_rows(s, r, r.y, "paged", d, KV_LAYOUT_PAGED);
+    if (r.h >= 10) fragmentation_rows(s, r, r.y + 5, "contiguous", d, KV_LAYOUT_CONTIGUOUS);
+    const engine* paged = dashboard_view_engine(d, KV_LAYOUT_PAGED);
+    const engine* contiguous = dashboard_view_engine(d, KV_LAYOUT_CONTIGUOUS);
+    if (r.h >= 11 && paged && contiguous)
         ui_printf(s, r.x, r.y + 10, r.w, UI_DEFAULT, UI_DIM, "slots in pool: paged %lld, contiguous %lld (same bytes)",
-                  (long long)engine_pool_slots(&d->paged), (long long)engine_pool_slots(&d->contiguous));
+                  (long long)engine_pool_slots(paged), (long long)engine_pool_slots(contiguous));
 }
 
 // ---- Memory traffic --------------------------------------------------------------------
@@ -368,9 +384,56 @@ static void draw_step_size(ui_screen* s, ui_rect r, const dashboard* d) {
 
 // ---- Lesson, header, key bar, help -----------------------------------------------------
 
-static void draw_lesson(ui_screen* s, ui_rect r) {
-    ui_put(s, r.x, r.y, r.w, UI_DEFAULT, UI_DIM, "No lesson is running.");
-    if (r.h > 1) ui_put(s, r.x, r.y + 1, r.w, UI_DEFAULT, UI_DIM, "(servelab lesson run FILE, when lessons land)");
+// Rows a log line needs when wrapped at width w (UTF-8: continuation bytes take no column).
+static int wrapped_rows(const char* text, int w) {
+    int columns = 0;
+    for (const unsigned char* c = (const unsigned char*)text; *c; c++) columns += (*c & 0xC0) != 0x80;
+    return columns == 0 ? 1 : (columns + w - 1) / w;
+}
+
+// Draws text wrapped at w columns from row y, skipping the first `skip` rows.
+static void put_wrapped(ui_screen* s, int x, int y, int w, int skip, int rows, ui_color c, int attr, const char* text) {
+    const char* p = text;
+    for (int row = 0; *p && row < skip + rows; row++) {
+        const char* start = p;
+        for (int col = 0; *p && col < w; col++) // one column per UTF-8 character
+            for (p++; (*(const unsigned char*)p & 0xC0) == 0x80; p++) {
+            }
+        if (row < skip) continue;
+        char piece[LESSON_LOG_WIDTH];
+        snprintf(piece, sizeof piece, "%.*s", (int)(p - start), start);
+        ui_put(s, x, y + row - skip, w, c, attr, piece);
+    }
+}
+
+static void draw_lesson(ui_screen* s, ui_rect r, const dashboard* d) {
+    const lesson_log* log = &d->lesson;
+    if (!log->title[0]) {
+        ui_put(s, r.x, r.y, r.w, UI_DEFAULT, UI_DIM, "No lesson is running.");
+        if (r.h > 1) ui_put(s, r.x, r.y + 1, r.w, UI_DEFAULT, UI_DIM, "(servelab lab --lesson FILE runs one here)");
+        return;
+    }
+    ui_printf(s, r.x, r.y, r.w, UI_TITLE, UI_BOLD, "%s", log->title);
+    if (r.h > 1) ui_printf(s, r.x, r.y + 1, r.w, UI_DEFAULT, UI_REVERSE, "%s", log->state);
+    // The newest entries that fit, oldest at the top, each wrapped.
+    int top = r.y + 2, rows = r.h - 2, used = 0, first = log->count;
+    while (first > 0) {
+        int k = (log->start + first - 1) % LESSON_LOG_LINES;
+        int need = wrapped_rows(log->lines[k], r.w);
+        if (used + need > rows && used > 0) break;
+        used += need;
+        first--;
+    }
+    int y = top;
+    for (int i = first; i < log->count && y < top + rows; i++) {
+        int k = (log->start + i) % LESSON_LOG_LINES;
+        static const ui_color COLORS[] = {UI_DEFAULT, UI_GOOD, UI_BAD, UI_BAD, UI_DEFAULT};
+        static const int ATTRS[] = {0, UI_BOLD, UI_BOLD, UI_BOLD, UI_DIM};
+        int need = wrapped_rows(log->lines[k], r.w);
+        int skip = need > top + rows - y ? need - (top + rows - y) : 0; // a line taller than the pane: its end
+        put_wrapped(s, r.x, y, r.w, skip, need - skip, COLORS[log->kinds[k]], ATTRS[log->kinds[k]], log->lines[k]);
+        y += need - skip;
+    }
 }
 
 static const char* const HELP[] = {
@@ -409,7 +472,7 @@ void ui_draw(ui_screen* s, const dashboard* d, const ui_view* v) {
     else snprintf(speed_text, sizeof speed_text, "%s", speed);
     ui_printf(s, 0, 0, s->cols, UI_TITLE, UI_BOLD, "servelab lab  %s  step %llu  %s  speed %s  block size %d  %s%s",
               d->source.model_label, (unsigned long long)d->steps, v->running ? "RUNNING" : "paused", speed_text,
-              d->paged.pool.block_size, l.mode == LAYOUT_PAGES ? "page " : "",
+              dashboard_primary(d)->config.block_size, l.mode == LAYOUT_PAGES ? "page " : "",
               l.mode == LAYOUT_PAGES ? (char[2]){(char)('1' + l.page), 0} : "");
     for (int p = 0; p < PANE_COUNT; p++) {
         if (!l.visible[p]) continue;
@@ -422,7 +485,7 @@ void ui_draw(ui_screen* s, const dashboard* d, const ui_view* v) {
         case PANE_FRAGMENTATION: draw_fragmentation(s, in, d); break;
         case PANE_TRAFFIC: draw_traffic(s, in, d, v); break;
         case PANE_STEP_SIZE: draw_step_size(s, in, d); break;
-        case PANE_LESSON: draw_lesson(s, in); break;
+        case PANE_LESSON: draw_lesson(s, in, d); break;
         case PANE_COUNT: break;
         }
     }
