@@ -122,8 +122,9 @@ static int generate_kv_size(const quiz_model_list* models, quiz_rng* rng, quiz_d
                         : d->in.grouped_query ? "Count the KV heads it really stores (grouped-query attention)."
                                               : "Suppose it had no grouped-query attention: all query heads store K and V.";
     snprintf(d->prompt, sizeof d->prompt,
-             "KV cache size of %s for B = %d sequences of S = %d tokens, p = %d byte%s per value. %s Answer in %s.",
-             model, d->in.batch, d->in.seq_len, d->in.bytes_per_value, d->in.bytes_per_value == 1 ? "" : "s", which,
+             "KV cache size of %s for B = %d sequence%s of S = %d tokens, p = %d byte%s per value. %s Answer in %s.",
+             model, d->in.batch, d->in.batch == 1 ? "" : "s", d->in.seq_len, d->in.bytes_per_value,
+             d->in.bytes_per_value == 1 ? "" : "s", which,
              d->answer.unit);
     char shown[128];
     quiz_format_numeric(&d->answer, shown, sizeof shown);
@@ -206,9 +207,9 @@ static int generate_sequences_fit(const quiz_model_list* models, quiz_rng* rng, 
         char model[256];
         describe_model(m, model, sizeof model);
         snprintf(d->prompt, sizeof d->prompt,
-                 "A %s has %.0f GB (%.0f x 10^9 bytes). It holds %s with N = %.4f billion parameters in FP16 (2 bytes "
-                 "each). The KV cache is FP16 too. How many sequences of S = %d tokens fit in the memory left after "
-                 "the weights? (Ignore activations and other overhead.)",
+                 "GPU: %s, %.0f GB of memory (%.0f x 10^9 bytes). Model: %s, N = %.4f billion parameters in FP16 (2 "
+                 "bytes each). The KV cache is FP16 too. How many sequences of S = %d tokens fit in the memory left "
+                 "after the weights? (Ignore activations and other overhead.)",
                  g->name, g->capacity_bytes / 1e9, g->capacity_bytes / 1e9, model, (double)params / 1e9, d->in.seq_len);
         snprintf(d->explanation, sizeof d->explanation,
                  "Free = %.0f - 2 x %.0f = %.0f bytes. One sequence: 2 x L x n_kv_heads x head_dim x 2 bytes x S = "
@@ -269,6 +270,9 @@ static int generate_quantization(quiz_rng* rng, quiz_drill* d, error_info* err) 
     double s_exact = ((double)d->in.range_max - (double)d->in.range_min) / levels;
     bool clipped = d->in.value < d->in.range_min || d->in.value > d->in.range_max;
     const char* asked = "";
+    char code_note[96];
+    if (clipped) snprintf(code_note, sizeof code_note, ", clamped to q = %d (r lies outside the range)", (int)code);
+    else snprintf(code_note, sizeof code_note, ", so q = %d", (int)code);
     switch (d->kind) {
     case QUIZ_DRILL_QUANT_SCALE:
         set_plain_answer(d, (double)p.scale, QUIZ_DIM_NUMBER, "", 0.01, 0);
@@ -294,11 +298,12 @@ static int generate_quantization(quiz_rng* rng, quiz_drill* d, error_info* err) 
              d->in.bits, levels, (double)d->in.range_min, (double)d->in.range_max, (double)d->in.value, asked);
     snprintf(d->explanation, sizeof d->explanation,
              "s = (r_max - r_min) / (2^%d - 1) = %.4f / %d = %.6g (the engine stores s in FP16, rounded up: %.6g). "
-             "z = round(-r_min / s) = round(%.4f) = %d. q = clamp(round(r / s) + z, 0, %d) = clamp(%.0f + %d) = "
-             "%d%s. r_hat = s (q - z) = %.6g x %d = %.6g.",
+             "z = round(-r_min / s) = round(%.4f) = %d. q = clamp(round(r / s) + z, 0, %d): round(%.4f) + %d = "
+             "%.0f%s. r_hat = s (q - z) = %.6g x %d = %.6g.",
              d->in.bits, (double)d->in.range_max - (double)d->in.range_min, levels, s_exact, (double)p.scale,
-             -(double)d->in.range_min / s_exact, p.zero_point, levels, round((double)d->in.value / s_exact),
-             p.zero_point, code, clipped ? " (r is outside the range: clipped)" : "", (double)p.scale,
+             -(double)d->in.range_min / s_exact, p.zero_point, levels, (double)d->in.value / s_exact, p.zero_point,
+             round((double)d->in.value / s_exact) + p.zero_point,
+             code_note, (double)p.scale,
              code - p.zero_point, (double)r_hat);
     return 0;
 }
@@ -381,7 +386,7 @@ static int generate_decode_time(const quiz_model_list* models, quiz_rng* rng, qu
         describe_weights(d, weights, sizeof weights);
         explain_weight_bytes(d, params, bytes, work, sizeof work);
         snprintf(d->prompt, sizeof d->prompt,
-                 "Batch 1 decode of %s (N = %.4f billion parameters, weights in %s) on a %s with %.0f GB/s of memory "
+                 "Batch-1 decode of %s (N = %.4f billion parameters, weights in %s) on a %s with %.0f GB/s of memory "
                  "bandwidth. Every weight is read once per token; ignore the KV cache and activations. What is the "
                  "lower bound on the time per token, in ms?",
                  m->name, (double)params / 1e9, weights, g->name, g->bandwidth_bytes_per_s / 1e9);

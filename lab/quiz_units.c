@@ -72,9 +72,24 @@ int quiz_parse_quantity(const char* text, quiz_quantity* out, error_info* err) {
     const char* digits = p + (*p == '-' || *p == '+');
     if (!isdigit((unsigned char)*digits) && !(*digits == '.' && isdigit((unsigned char)digits[1])))
         return error_set(err, "'%s' is not a number (expected a number such as 12.5 GiB)", text);
-    char* end = NULL;
+    // The decimal number's extent, [+-]digits[.digits][e[+-]digits], found
+    // by hand: strtod alone would also take hex ("0x10") and "infinity".
+    const char* end = digits;
+    while (isdigit((unsigned char)*end)) end++;
+    if (*end == '.')
+        for (end++; isdigit((unsigned char)*end);) end++;
+    if ((*end == 'e' || *end == 'E')) {
+        const char* exponent = end + 1 + (end[1] == '+' || end[1] == '-');
+        if (isdigit((unsigned char)*exponent)) {
+            for (end = exponent; isdigit((unsigned char)*end);) end++;
+        }
+    }
+    char number[64];
+    if ((size_t)(end - p) >= sizeof number) return error_set(err, "'%s': the number is too long", text);
+    memcpy(number, p, (size_t)(end - p));
+    number[end - p] = '\0';
     errno = 0;
-    double value = strtod(p, &end);
+    double value = strtod(number, NULL);
     if (errno == ERANGE || !isfinite(value)) return error_set(err, "'%s': the number is out of range", text);
     if (*end == ',' && isdigit((unsigned char)end[1]))
         return error_set(err, "'%s': write the number without ',' (use '.' for decimals, no thousands separators)",
@@ -127,7 +142,9 @@ void quiz_format_numeric(const quiz_numeric* n, char* out, int capacity) {
     format_number(n->value / factor, number, sizeof number);
     const char* other = n->dim == QUIZ_DIM_BYTES ? other_family(n->unit) : NULL;
     if (!other) {
-        snprintf(out, (size_t)capacity, "%s%s%s", number, n->unit[0] ? " " : "", n->unit);
+        // "17x" and "45%" read as one word; "3.2 ms" with a space.
+        bool attached = n->dim == QUIZ_DIM_RATIO || n->dim == QUIZ_DIM_PERCENT;
+        snprintf(out, (size_t)capacity, "%s%s%s", number, n->unit[0] && !attached ? " " : "", n->unit);
         return;
     }
     char second[64];
