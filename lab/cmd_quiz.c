@@ -169,6 +169,7 @@ static bool handle_view_key(quiz_run* run, int key, char* input, size_t input_ca
         return s->stage != QUIZ_STAGE_DONE;
     }
     if (s->stage == QUIZ_STAGE_SELF_GRADE) {
+        if (key == 'q') return false;
         if (key != 'y' && key != 'n') return true;
         char answer[2] = {(char)key, '\0'};
         if (quiz_session_input(s, answer, &err) == QUIZ_INPUT_GRADED) save_progress(run);

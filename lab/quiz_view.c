@@ -36,7 +36,7 @@ int quiz_view_wrap(ui_screen* screen, ui_rect r, ui_color color, int attr, const
 static const char* key_bar(const quiz_session* s) {
     switch (s->stage) {
     case QUIZ_STAGE_ASK: return " Enter: answer   Backspace: erase   Esc or Ctrl-C: quit (progress is saved)";
-    case QUIZ_STAGE_SELF_GRADE: return " y: mine matched   n: it did not   Esc: quit";
+    case QUIZ_STAGE_SELF_GRADE: return " y: mine matched   n: it did not   q or Esc: quit";
     case QUIZ_STAGE_FEEDBACK:
         return quiz_session_claim(s) ? " p: prove it (run the lesson check)   Enter or space: next   q: quit"
                                      : " Enter or space: next   q: quit";

@@ -9,6 +9,7 @@
 #include <cmocka.h>
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -399,6 +400,78 @@ static void test_stats_and_usage(void** state) {
     free(c.out);
 }
 
+// ---- the full-screen view on a pseudo-terminal ------------------------------------------
+
+// Runs the quiz on a pseudo-terminal (so it takes the full-screen view),
+// types `keys`, optionally sends `signal_number`, and returns the exit
+// status with everything it drew in *screen_out.
+static int run_on_terminal(const char* home, const char* keys, int signal_number, char** screen_out) {
+    int master = posix_openpt(O_RDWR | O_NOCTTY);
+    assert_true(master >= 0);
+    assert_int_equal(grantpt(master), 0);
+    assert_int_equal(unlockpt(master), 0);
+    char slave_name[128];
+    assert_int_equal(ptsname_r(master, slave_name, sizeof slave_name), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        setsid();
+        int slave = open(slave_name, O_RDWR); // becomes the controlling terminal
+        dup2(slave, 0);
+        dup2(slave, 1);
+        dup2(slave, 2);
+        close(master);
+        setenv("XDG_DATA_HOME", home, 1);
+        setenv("TERM", "xterm", 1);
+        execl(servelab_binary(), servelab_binary(), "quiz", "--only", "bank", "--n", "3", "--seed", "1", (char*)NULL);
+        _exit(127);
+    }
+    quiz_child c = {pid, master, master, calloc(1, 1 << 16), 0, 1 << 16};
+    // Wait for the first frame (the question pane), then type.
+    while (!strstr(c.out, "question") && read_some(&c) > 0) {
+    }
+    for (const char* k = keys; *k; k++) {
+        assert_int_equal(write(master, k, 1), 1);
+        usleep(30000);
+    }
+    if (signal_number) {
+        usleep(100000);
+        kill(pid, signal_number);
+    }
+    int status = 0;
+    for (int waited = 0; waitpid(pid, &status, WNOHANG) == 0; waited++) {
+        struct pollfd p = {master, POLLIN, 0};
+        if (poll(&p, 1, 100) > 0 && read_some(&c) <= 0) usleep(10000);
+        if (waited > 100) fail_msg("the quiz did not exit; screen so far:\n%s", c.out);
+    }
+    struct pollfd p = {master, POLLIN, 0};
+    while (poll(&p, 1, 50) > 0 && read_some(&c) > 0) {
+    }
+    close(master);
+    *screen_out = c.out;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static void test_terminal_is_restored(void** state) {
+    (void)state;
+    static const struct { const char* name; const char* keys; int signal_number; } WAYS[] = {
+        {"q after an answer", "zz\n\x7f\x7f" "a\nq", 0}, // (a bad answer, erased; then an answer)
+        {"Esc", "\x1b", 0},
+        {"Ctrl-C", "\x03", 0},
+        {"SIGTERM", "t", SIGTERM},
+    };
+    for (size_t i = 0; i < sizeof WAYS / sizeof WAYS[0]; i++) {
+        char* screen = NULL;
+        int status = run_on_terminal(data_home("terminal"), WAYS[i].keys, WAYS[i].signal_number, &screen);
+        if (status != 0) fail_msg("%s: exit %d", WAYS[i].name, status);
+        // xterm's "leave the alternate screen" (rmcup) comes last: endwin ran.
+        const char* left = strstr(screen, "\x1b[?1049l");
+        if (!left) fail_msg("%s: the terminal was not restored", WAYS[i].name);
+        assert_non_null(strstr(left, "Progress saved to"));
+        free(screen);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_plain_session_right_and_wrong),
@@ -406,6 +479,7 @@ int main(void) {
         cmocka_unit_test(test_drills_through_the_cli),
         cmocka_unit_test(test_corrupt_progress_is_moved_aside),
         cmocka_unit_test(test_stats_and_usage),
+        cmocka_unit_test(test_terminal_is_restored),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
