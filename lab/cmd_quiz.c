@@ -48,8 +48,9 @@ static const char QUIZ_USAGE[] =
 // this pointer with a wrapper of lesson_prove_claim (see quiz_prove_fn).
 static int prove_not_available(const char* claim_id, FILE* out, error_info* err) {
     (void)out;
-    return error_set(err, "prove it: not available in this build (the lesson runner is not linked); the claim is "
-                          "lesson check '%s' in lessons/",
+    return error_set(err,
+                     "prove it: not available in this build (the lesson runner is not linked); the claim is "
+                     "lesson check '%s' in lessons/",
                      claim_id);
 }
 
@@ -74,7 +75,8 @@ static void save_progress(quiz_run* run) {
 static bool read_line(char** line, size_t* capacity) {
     ssize_t n = getline(line, capacity, stdin);
     if (n < 0) return false;
-    while (n > 0 && ((*line)[n - 1] == '\n' || (*line)[n - 1] == '\r')) (*line)[--n] = '\0';
+    while (n > 0 && ((*line)[n - 1] == '\n' || (*line)[n - 1] == '\r'))
+        (*line)[--n] = '\0';
     return true;
 }
 
@@ -232,8 +234,10 @@ static int run_terminal(quiz_run* run) {
         int key = getch();
         if (key == ERR) continue;
         dirty = true;
-        if (key == KEY_RESIZE) ui_screen_resize(&screen, COLS, LINES);
-        else running = handle_view_key(run, key, input, sizeof input, &notice);
+        if (key == KEY_RESIZE)
+            ui_screen_resize(&screen, COLS, LINES);
+        else
+            running = handle_view_key(run, key, input, sizeof input, &notice);
     }
     free(notice);
     ui_screen_free(&screen);
@@ -265,8 +269,9 @@ static int parse_flags(int argc, char** argv, quiz_flags* flags, error_info* err
             if (failed) return -1;
             int topic = quiz_topic_parse(cursor.value);
             if (topic < 0)
-                return error_set(err, "--topic: unknown topic '%s' (expected kv-sizing, paged, batching, roofline, "
-                                      "quantization, awq-gptq or parallelism)",
+                return error_set(err,
+                                 "--topic: unknown topic '%s' (expected kv-sizing, paged, batching, roofline, "
+                                 "quantization, awq-gptq or parallelism)",
                                  cursor.value);
             flags->topics |= QUIZ_TOPIC_BIT(topic);
         } else if (arg_match(&cursor, "--n", true, &failed, err)) {
@@ -276,14 +281,20 @@ static int parse_flags(int argc, char** argv, quiz_flags* flags, error_info* err
             flags->seed_given = true;
         } else if (arg_match(&cursor, "--lang", true, &failed, err)) {
             if (failed) return -1;
-            if (strcmp(cursor.value, "en") == 0) flags->lang = QUIZ_LANG_EN;
-            else if (strcmp(cursor.value, "hi-en") == 0) flags->lang = QUIZ_LANG_HI_EN;
-            else return error_set(err, "--lang: expected en or hi-en, found '%s'", cursor.value);
+            if (strcmp(cursor.value, "en") == 0)
+                flags->lang = QUIZ_LANG_EN;
+            else if (strcmp(cursor.value, "hi-en") == 0)
+                flags->lang = QUIZ_LANG_HI_EN;
+            else
+                return error_set(err, "--lang: expected en or hi-en, found '%s'", cursor.value);
         } else if (arg_match(&cursor, "--only", true, &failed, err)) {
             if (failed) return -1;
-            if (strcmp(cursor.value, "bank") == 0) flags->bank_only = true;
-            else if (strcmp(cursor.value, "drills") == 0) flags->drills_only = true;
-            else return error_set(err, "--only: expected bank or drills, found '%s'", cursor.value);
+            if (strcmp(cursor.value, "bank") == 0)
+                flags->bank_only = true;
+            else if (strcmp(cursor.value, "drills") == 0)
+                flags->drills_only = true;
+            else
+                return error_set(err, "--only: expected bank or drills, found '%s'", cursor.value);
         } else if (arg_match(&cursor, "--quiz-dir", true, &failed, err)) {
             if (failed) return -1;
             flags->quiz_dir = cursor.value;
@@ -302,7 +313,8 @@ static int parse_flags(int argc, char** argv, quiz_flags* flags, error_info* err
 static int load_everything(quiz_run* run, const quiz_flags* flags) {
     error_info err = {{0}};
     char dir[1024], path[1200], warning[2048];
-    if (flags->quiz_dir) snprintf(dir, sizeof dir, "%s", flags->quiz_dir);
+    if (flags->quiz_dir)
+        snprintf(dir, sizeof dir, "%s", flags->quiz_dir);
     else if (quiz_find_dir(dir, sizeof dir, &err)) {
         fprintf(stderr, "servelab quiz: %s\n", err.message);
         return 1;
@@ -360,8 +372,13 @@ int command_quiz(int argc, char** argv) {
         quiz_stats_print(stdout, &run.bank, &run.progress, now);
     } else if (status == 0) {
         if (!flags.seed_given) flags.seed = (uint64_t)now * 2654435761u ^ (uint64_t)getpid();
-        quiz_session_options options = {flags.topics ? flags.topics : QUIZ_ALL_TOPICS, flags.n_questions, flags.seed,
-                                        flags.lang, now, flags.bank_only, flags.drills_only};
+        quiz_session_options options = {flags.topics ? flags.topics : QUIZ_ALL_TOPICS,
+                                        flags.n_questions,
+                                        flags.seed,
+                                        flags.lang,
+                                        now,
+                                        flags.bank_only,
+                                        flags.drills_only};
         if (quiz_session_start(&run.session, &options, &run.bank, &run.models, &run.progress, &err)) {
             fprintf(stderr, "servelab quiz: %s\n", err.message);
             status = 1;

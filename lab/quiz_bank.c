@@ -57,7 +57,8 @@ static void item_free(quiz_item* item) {
     text_free(&item->prompt);
     text_free(&item->explanation);
     text_free(&item->model_answer);
-    for (int c = 0; c < item->n_choices; c++) text_free(&item->choices[c]);
+    for (int c = 0; c < item->n_choices; c++)
+        text_free(&item->choices[c]);
     memset(item, 0, sizeof *item);
 }
 
@@ -69,7 +70,8 @@ static int read_id(quiz_data_file* f, const char* field, char* out, error_info* 
     if (strlen(text) >= QUIZ_ID_CAPACITY)
         status = error_set(err, "%s: %s: field '%s': longer than %d characters", f->path, f->where, field,
                            QUIZ_ID_CAPACITY - 1);
-    else snprintf(out, QUIZ_ID_CAPACITY, "%s", text);
+    else
+        snprintf(out, QUIZ_ID_CAPACITY, "%s", text);
     free(text);
     return status;
 }
@@ -80,8 +82,9 @@ static int read_topics(quiz_data_file* f, quiz_item* item, error_info* err) {
     for (int k = 0; k < n; k++) {
         int topic = quiz_topic_parse(names[k]);
         if (topic < 0 && status == 0)
-            status = error_set(err, "%s: %s: field 'topics': unknown topic '%s' (expected kv-sizing, paged, batching, "
-                                    "roofline, quantization, awq-gptq or parallelism)",
+            status = error_set(err,
+                               "%s: %s: field 'topics': unknown topic '%s' (expected kv-sizing, paged, batching, "
+                               "roofline, quantization, awq-gptq or parallelism)",
                                f->path, f->where, names[k]);
         if (topic >= 0) item->topics |= QUIZ_TOPIC_BIT(topic);
         free(names[k]);
@@ -97,8 +100,10 @@ static int read_seed(quiz_data_file* f, quiz_item* item, error_info* err) {
     int status = quiz_data_string(f, "section", true, &section, err);
     if (status == 0) {
         int kind = kind_parse(section);
-        if (kind < 0) status = error_set(err, "%s: %s: seed.section '%s' is not a kind", f->path, f->where, section);
-        else item->seed_section = (quiz_kind)kind;
+        if (kind < 0)
+            status = error_set(err, "%s: %s: seed.section '%s' is not a kind", f->path, f->where, section);
+        else
+            item->seed_section = (quiz_kind)kind;
     }
     free(section);
     if (status == 0) status = quiz_data_int(f, "index", true, 1, 1000, &item->seed_index, err);
@@ -113,7 +118,8 @@ static int read_hinglish(quiz_data_file* f, quiz_item* item, error_info* err) {
     if (entered <= 0) return entered;
     int status = quiz_data_string(f, "prompt", false, &item->prompt.hi_en, err);
     if (status == 0) status = quiz_data_string(f, "explanation", false, &item->explanation.hi_en, err);
-    if (status == 0 && item->model_answer.en) status = quiz_data_string(f, "answer", false, &item->model_answer.hi_en, err);
+    if (status == 0 && item->model_answer.en)
+        status = quiz_data_string(f, "answer", false, &item->model_answer.hi_en, err);
     quiz_data_leave(f);
     return status;
 }
@@ -130,7 +136,8 @@ static int read_answer(quiz_data_file* f, quiz_item* item, error_info* err) {
         char* choices[QUIZ_MAX_CHOICES] = {0};
         int n = 0;
         int status = quiz_data_string_list(f, "choices", choices, QUIZ_MAX_CHOICES, &n, err);
-        for (int c = 0; c < n; c++) item->choices[c].en = choices[c];
+        for (int c = 0; c < n; c++)
+            item->choices[c].en = choices[c];
         item->n_choices = n;
         if (status) return -1;
         if (n < 2) return error_set(err, "%s: %s: field 'choices': expected at least 2", f->path, f->where);
@@ -155,10 +162,12 @@ static int read_item(quiz_data_file* f, quiz_item* item, error_info* err) {
     if (status == 0) {
         int k = kind_parse(kind);
         if (k < 0)
-            status = error_set(err, "%s: %s: field 'kind': unknown kind '%s' (expected true_false, spot_error, why, "
-                                    "edge or recall)",
+            status = error_set(err,
+                               "%s: %s: field 'kind': unknown kind '%s' (expected true_false, spot_error, why, "
+                               "edge or recall)",
                                f->path, f->where, kind);
-        else item->kind = (quiz_kind)k;
+        else
+            item->kind = (quiz_kind)k;
     }
     free(kind);
     if (status == 0) status = read_topics(f, item, err);
@@ -176,7 +185,8 @@ int quiz_bank_load(const char* path, quiz_bank* bank, error_info* err) {
     quiz_data_file f;
     if (quiz_data_open(&f, path, err)) return -1;
     int n = quiz_data_count(&f), status = 0;
-    if (n < 1) status = error_set(err, "%s: the bank has no items", path);
+    if (n < 1)
+        status = error_set(err, "%s: the bank has no items", path);
     else if (!(bank->items = calloc((size_t)n, sizeof *bank->items)))
         status = error_set(err, "%s: out of memory", path);
     for (int i = 0; i < n && status == 0; i++) {
@@ -197,7 +207,8 @@ int quiz_bank_load(const char* path, quiz_bank* bank, error_info* err) {
 }
 
 void quiz_bank_free(quiz_bank* bank) {
-    for (int i = 0; i < bank->n_items; i++) item_free(&bank->items[i]);
+    for (int i = 0; i < bank->n_items; i++)
+        item_free(&bank->items[i]);
     free(bank->items);
     bank->items = NULL;
     bank->n_items = 0;

@@ -62,7 +62,7 @@ const char* quiz_text_get(const quiz_text* t, quiz_lang lang);
 enum { QUIZ_MAX_CHOICES = 6, QUIZ_ID_CAPACITY = 32 };
 
 typedef struct quiz_item {
-    char id[QUIZ_ID_CAPACITY];    // "tf1"
+    char id[QUIZ_ID_CAPACITY]; // "tf1"
     quiz_kind kind;
     unsigned topics;              // QUIZ_TOPIC_BIT mask, at least one
     char claim[QUIZ_ID_CAPACITY]; // the lesson check id ("tf1")
@@ -76,10 +76,10 @@ typedef struct quiz_item {
     // The answer, by form: true/false; a choice; or a model answer in text.
     bool has_truth;
     bool truth;
-    int n_choices;                         // 0 when not multiple choice
-    quiz_text choices[QUIZ_MAX_CHOICES];   // (n_choices)
-    int correct_choice;                    // 0-based, valid when n_choices > 0
-    quiz_text model_answer;                // text answers (why, recall); en NULL otherwise
+    int n_choices;                       // 0 when not multiple choice
+    quiz_text choices[QUIZ_MAX_CHOICES]; // (n_choices)
+    int correct_choice;                  // 0-based, valid when n_choices > 0
+    quiz_text model_answer;              // text answers (why, recall); en NULL otherwise
 } quiz_item;
 
 typedef struct quiz_bank {

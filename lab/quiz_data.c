@@ -201,7 +201,8 @@ int quiz_find_dir(char* out, int capacity, error_info* err) {
                 snprintf(out, (size_t)capacity, "%s", candidates[i]);
                 return 0;
             }
-    return error_set(err, "cannot find the quiz data (bank.lua, models.lua): looked in ./quiz, %s/../quiz and "
-                          "%s/../share/servelab/quiz; set SERVELAB_QUIZ_DIR or use --quiz-dir",
+    return error_set(err,
+                     "cannot find the quiz data (bank.lua, models.lua): looked in ./quiz, %s/../quiz and "
+                     "%s/../share/servelab/quiz; set SERVELAB_QUIZ_DIR or use --quiz-dir",
                      exe, exe);
 }

@@ -55,7 +55,9 @@ int quiz_drill_parse_id(const char* id) {
     return -1;
 }
 
-unsigned quiz_drill_topics(quiz_drill_kind kind) { return kind >= 0 && kind < QUIZ_DRILL_COUNT ? DRILLS[kind].topics : 0; }
+unsigned quiz_drill_topics(quiz_drill_kind kind) {
+    return kind >= 0 && kind < QUIZ_DRILL_COUNT ? DRILLS[kind].topics : 0;
+}
 
 double quiz_weight_bytes(uint64_t n_params, quiz_weight_format format, int group_size) {
     double n = (double)n_params;
@@ -114,18 +116,19 @@ static int generate_kv_size(const quiz_model_list* models, quiz_rng* rng, quiz_d
     bool has_gqa = m->n_kv_heads < m->n_heads;
     d->in.grouped_query = has_gqa ? quiz_rng_int(rng, 0, 1) == 1 : true;
     int heads = d->in.grouped_query ? m->n_kv_heads : m->n_heads;
-    double bytes = 2.0 * d->in.batch * d->in.seq_len * m->n_layers * (double)heads * m->head_dim * d->in.bytes_per_value;
+    double bytes =
+        2.0 * d->in.batch * d->in.seq_len * m->n_layers * (double)heads * m->head_dim * d->in.bytes_per_value;
     set_bytes_answer(d, bytes, rng);
     char model[256];
     describe_model(m, model, sizeof model);
     const char* which = !has_gqa ? "It has no grouped-query attention: every head stores its K and V."
-                        : d->in.grouped_query ? "Count the KV heads it really stores (grouped-query attention)."
-                                              : "Suppose it had no grouped-query attention: all query heads store K and V.";
+                        : d->in.grouped_query
+                            ? "Count the KV heads it really stores (grouped-query attention)."
+                            : "Suppose it had no grouped-query attention: all query heads store K and V.";
     snprintf(d->prompt, sizeof d->prompt,
              "KV cache size of %s for B = %d sequence%s of S = %d tokens, p = %d byte%s per value. %s Answer in %s.",
              model, d->in.batch, d->in.batch == 1 ? "" : "s", d->in.seq_len, d->in.bytes_per_value,
-             d->in.bytes_per_value == 1 ? "" : "s", which,
-             d->answer.unit);
+             d->in.bytes_per_value == 1 ? "" : "s", which, d->answer.unit);
     char shown[128];
     quiz_format_numeric(&d->answer, shown, sizeof shown);
     snprintf(d->explanation, sizeof d->explanation,
@@ -146,8 +149,10 @@ static void draw_lengths(quiz_rng* rng, quiz_drill* d) {
     d->in.n_lengths = quiz_rng_int(rng, 2, 4);
     for (int i = 0; i < d->in.n_lengths; i++) {
         // One in four is an exact multiple of the block size (the edge case with no waste).
-        if (quiz_rng_int(rng, 0, 3) == 0) d->in.lengths[i] = d->in.block_size * quiz_rng_int(rng, 1, 40);
-        else d->in.lengths[i] = quiz_rng_int(rng, 1, 2000);
+        if (quiz_rng_int(rng, 0, 3) == 0)
+            d->in.lengths[i] = d->in.block_size * quiz_rng_int(rng, 1, 40);
+        else
+            d->in.lengths[i] = quiz_rng_int(rng, 1, 2000);
     }
 }
 
@@ -173,8 +178,8 @@ static int generate_blocks(quiz_rng* rng, quiz_drill* d, bool waste) {
                              d->in.lengths[i], n, n == 1 ? "" : "s", n * d->in.block_size - d->in.lengths[i]);
     }
     set_plain_answer(d, (double)(waste ? empty : blocks), QUIZ_DIM_NUMBER, "", 0, 0);
-    snprintf(d->prompt, sizeof d->prompt,
-             "Paged KV cache with block_size = %d tokens. Requests hold %s tokens. %s", d->in.block_size, lengths,
+    snprintf(d->prompt, sizeof d->prompt, "Paged KV cache with block_size = %d tokens. Requests hold %s tokens. %s",
+             d->in.block_size, lengths,
              waste ? "How many slots of their last (tail) blocks are empty, in total?"
                    : "How many blocks do they hold, in total?");
     snprintf(d->explanation, sizeof d->explanation,
@@ -214,8 +219,8 @@ static int generate_sequences_fit(const quiz_model_list* models, quiz_rng* rng, 
         snprintf(d->explanation, sizeof d->explanation,
                  "Free = %.0f - 2 x %.0f = %.0f bytes. One sequence: 2 x L x n_kv_heads x head_dim x 2 bytes x S = "
                  "2 x %d x %d x %d x 2 x %d = %.0f bytes. floor(%.0f / %.0f) = %.0f sequences.",
-                 g->capacity_bytes, (double)params, free_bytes, m->n_layers, m->n_kv_heads, m->head_dim,
-                 d->in.seq_len, per_sequence, free_bytes, per_sequence, fit);
+                 g->capacity_bytes, (double)params, free_bytes, m->n_layers, m->n_kv_heads, m->head_dim, d->in.seq_len,
+                 per_sequence, free_bytes, per_sequence, fit);
         return 0;
     }
     return error_set(err, "drill-sequences-fit: no model fits on any device");
@@ -271,8 +276,10 @@ static int generate_quantization(quiz_rng* rng, quiz_drill* d, error_info* err) 
     bool clipped = d->in.value < d->in.range_min || d->in.value > d->in.range_max;
     const char* asked = "";
     char code_note[96];
-    if (clipped) snprintf(code_note, sizeof code_note, ", clamped to q = %d (r lies outside the range)", (int)code);
-    else snprintf(code_note, sizeof code_note, ", so q = %d", (int)code);
+    if (clipped)
+        snprintf(code_note, sizeof code_note, ", clamped to q = %d (r lies outside the range)", (int)code);
+    else
+        snprintf(code_note, sizeof code_note, ", so q = %d", (int)code);
     switch (d->kind) {
     case QUIZ_DRILL_QUANT_SCALE:
         set_plain_answer(d, (double)p.scale, QUIZ_DIM_NUMBER, "", 0.01, 0);
@@ -302,9 +309,8 @@ static int generate_quantization(quiz_rng* rng, quiz_drill* d, error_info* err) 
              "%.0f%s. r_hat = s (q - z) = %.6g x %d = %.6g.",
              d->in.bits, (double)d->in.range_max - (double)d->in.range_min, levels, s_exact, (double)p.scale,
              -(double)d->in.range_min / s_exact, p.zero_point, levels, (double)d->in.value / s_exact, p.zero_point,
-             round((double)d->in.value / s_exact) + p.zero_point,
-             code_note, (double)p.scale,
-             code - p.zero_point, (double)r_hat);
+             round((double)d->in.value / s_exact) + p.zero_point, code_note, (double)p.scale, code - p.zero_point,
+             (double)r_hat);
     return 0;
 }
 

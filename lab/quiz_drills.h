@@ -49,21 +49,21 @@ enum { QUIZ_DRILL_MAX_LENGTHS = 6 };
 
 // What a drill drew. Fields a drill does not use stay 0 (model, device -1).
 typedef struct quiz_drill_inputs {
-    int model;                 // index into the model list
-    int device;                // index into device_models()
-    int batch;                 // B, sequences
-    int seq_len;               // S, tokens
-    int bytes_per_value;       // p
-    bool grouped_query;        // KV width n_kv_heads * head_dim (else n_heads * head_dim = d_model)
-    int block_size;            // tokens per block
+    int model;           // index into the model list
+    int device;          // index into device_models()
+    int batch;           // B, sequences
+    int seq_len;         // S, tokens
+    int bytes_per_value; // p
+    bool grouped_query;  // KV width n_kv_heads * head_dim (else n_heads * head_dim = d_model)
+    int block_size;      // tokens per block
     int n_lengths;
     int lengths[QUIZ_DRILL_MAX_LENGTHS]; // (n_lengths) tokens per request
-    int bits;                  // quantization bits; for the step ratio, the higher bit width
-    int low_bits;              // step ratio: the lower bit width
-    float range_min, range_max; // [r_min, r_max]
-    float value;               // r
-    quiz_weight_format format; // decode time, weight bytes
-    int group_size;            // weights per FP16 scale (INT8, INT4)
+    int bits;                            // quantization bits; for the step ratio, the higher bit width
+    int low_bits;                        // step ratio: the lower bit width
+    float range_min, range_max;          // [r_min, r_max]
+    float value;                         // r
+    quiz_weight_format format;           // decode time, weight bytes
+    int group_size;                      // weights per FP16 scale (INT8, INT4)
 } quiz_drill_inputs;
 
 typedef struct quiz_drill {

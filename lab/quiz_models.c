@@ -12,9 +12,16 @@ static int read_model(quiz_data_file* f, quiz_model* m, error_info* err) {
     snprintf(m->name, sizeof m->name, "%s", name);
     snprintf(f->where, sizeof f->where, "model %s", name);
     free(name);
-    struct { const char* field; int* out; } fields[] = {
-        {"n_layers", &m->n_layers},   {"d_model", &m->d_model},       {"n_heads", &m->n_heads},
-        {"n_kv_heads", &m->n_kv_heads}, {"head_dim", &m->head_dim},   {"vocab_size", &m->vocab_size},
+    struct {
+        const char* field;
+        int* out;
+    } fields[] = {
+        {"n_layers", &m->n_layers},
+        {"d_model", &m->d_model},
+        {"n_heads", &m->n_heads},
+        {"n_kv_heads", &m->n_kv_heads},
+        {"head_dim", &m->head_dim},
+        {"vocab_size", &m->vocab_size},
         {"intermediate_size", &m->intermediate_size},
     };
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
@@ -34,7 +41,8 @@ int quiz_models_load(const char* path, quiz_model_list* list, error_info* err) {
     quiz_data_file f;
     if (quiz_data_open(&f, path, err)) return -1;
     int n = quiz_data_count(&f), status = 0;
-    if (n < 1) status = error_set(err, "%s: no models", path);
+    if (n < 1)
+        status = error_set(err, "%s: no models", path);
     else if (!(list->models = calloc((size_t)n, sizeof *list->models)))
         status = error_set(err, "%s: out of memory", path);
     for (int i = 0; i < n && status == 0; i++) {
@@ -60,7 +68,7 @@ void quiz_models_free(quiz_model_list* list) {
 uint64_t quiz_model_params(const quiz_model* m) {
     uint64_t d = (uint64_t)m->d_model, q_width = (uint64_t)m->n_heads * (uint64_t)m->head_dim;
     uint64_t kv_width = (uint64_t)m->n_kv_heads * (uint64_t)m->head_dim;
-    uint64_t attention = 2 * d * q_width + 2 * d * kv_width;       // wq, wo; wk, wv
+    uint64_t attention = 2 * d * q_width + 2 * d * kv_width;        // wq, wo; wk, wv
     uint64_t feed_forward = 3 * d * (uint64_t)m->intermediate_size; // gate, up, down
     uint64_t per_layer = attention + feed_forward + 2 * d;          // + two norms
     uint64_t embedding = (uint64_t)m->vocab_size * d;

@@ -9,11 +9,11 @@
 
 typedef struct quiz_model {
     char name[48];
-    int n_layers;          // L
-    int d_model;           // hidden size
-    int n_heads;           // query heads
-    int n_kv_heads;        // key/value heads (< n_heads: grouped-query attention)
-    int head_dim;          // n_heads * head_dim = d_model
+    int n_layers;   // L
+    int d_model;    // hidden size
+    int n_heads;    // query heads
+    int n_kv_heads; // key/value heads (< n_heads: grouped-query attention)
+    int head_dim;   // n_heads * head_dim = d_model
     int vocab_size;
     int intermediate_size; // feed-forward width
     bool tied_embeddings;  // the output matrix is the embedding matrix

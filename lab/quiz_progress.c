@@ -162,7 +162,8 @@ int quiz_progress_default_path(char* out, int capacity, error_info* err) {
         return 0;
     }
     const char* home = getenv("HOME");
-    if (!home || home[0] == '\0') return error_set(err, "cannot place the progress file: neither XDG_DATA_HOME nor HOME is set");
+    if (!home || home[0] == '\0')
+        return error_set(err, "cannot place the progress file: neither XDG_DATA_HOME nor HOME is set");
     snprintf(out, (size_t)capacity, "%s/.local/share/servelab/progress", home);
     return 0;
 }
@@ -177,7 +178,8 @@ static int make_parent_dirs(const char* path, error_info* err) {
     for (char* p = dir + 1; *p; p++) {
         if (*p != '/') continue;
         *p = '\0';
-        if (mkdir(dir, 0755) != 0 && errno != EEXIST) return error_set(err, "%s: cannot create: %s", dir, strerror(errno));
+        if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+            return error_set(err, "%s: cannot create: %s", dir, strerror(errno));
         *p = '/';
     }
     if (mkdir(dir, 0755) != 0 && errno != EEXIST) return error_set(err, "%s: cannot create: %s", dir, strerror(errno));

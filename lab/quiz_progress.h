@@ -27,7 +27,7 @@ enum { QUIZ_MAX_BOX = 5 };
 
 typedef struct quiz_record {
     char id[32];
-    int box;           // 0 (never answered) .. QUIZ_MAX_BOX
+    int box; // 0 (never answered) .. QUIZ_MAX_BOX
     int n_correct;
     int n_wrong;
     int64_t last_seen; // Unix seconds of the last answer

@@ -8,9 +8,9 @@
 // ---- choosing the questions ------------------------------------------------------------
 
 typedef struct candidate {
-    const quiz_item* item;  // or
-    int drill_kind;         // -1 for an item
-    double order;           // ascending: asked first
+    const quiz_item* item; // or
+    int drill_kind;        // -1 for an item
+    double order;          // ascending: asked first
     bool due;
 } candidate;
 
@@ -73,7 +73,8 @@ int quiz_session_start(quiz_session* s, const quiz_session_options* options, con
     // Ask the chosen ones in a shuffled order, so that topics and kinds mix.
     int order[512];
     int shown = count < 512 ? count : 512;
-    for (int i = 0; i < shown; i++) order[i] = i;
+    for (int i = 0; i < shown; i++)
+        order[i] = i;
     shuffle_ints(order, shown, &s->rng);
     for (int i = 0; i < shown; i++) {
         const candidate* c = &candidates[order[i]];
@@ -83,7 +84,8 @@ int quiz_session_start(quiz_session* s, const quiz_session_options* options, con
             q->item = c->item;
             q->topics = c->item->topics;
             snprintf(q->id, sizeof q->id, "%s", c->item->id);
-            for (int k = 0; k < c->item->n_choices; k++) q->choice_order[k] = k;
+            for (int k = 0; k < c->item->n_choices; k++)
+                q->choice_order[k] = k;
             shuffle_ints(q->choice_order, c->item->n_choices, &s->rng);
         } else {
             if (quiz_drill_generate((quiz_drill_kind)c->drill_kind, models, &s->rng, &q->drill, err)) {
@@ -131,7 +133,8 @@ const char* quiz_session_input_hint(const quiz_session* s) {
     const quiz_question* q = quiz_session_question(s);
     if (!q) return "";
     if (s->stage == QUIZ_STAGE_SELF_GRADE) return "y or n";
-    if (s->stage == QUIZ_STAGE_FEEDBACK) return quiz_session_claim(s) ? "p to prove it, Enter for the next" : "Enter for the next";
+    if (s->stage == QUIZ_STAGE_FEEDBACK)
+        return quiz_session_claim(s) ? "p to prove it, Enter for the next" : "Enter for the next";
     if (!q->item) return q->drill.answer.unit[0] ? "a number, with a unit or in the unit asked" : "a number";
     if (q->item->has_truth) return "true or false (t/f)";
     if (q->item->n_choices > 0) return "a letter";
@@ -145,9 +148,9 @@ void quiz_session_format_question(const quiz_session* s, char* out, int capacity
     char topics[128];
     quiz_topics_format(q->topics, topics, sizeof topics);
     const char* prompt = q->item ? quiz_text_get(&q->item->prompt, s->options.lang) : q->drill.prompt;
-    int used = snprintf(out, (size_t)capacity, "[%d/%d] %s: %s (%s)%s\n%s\n", s->current + 1, s->n_questions,
-                        kind_label(q), q->id, topics, q->ahead_of_schedule ? " - not due yet, extra practice" : "",
-                        prompt);
+    int used =
+        snprintf(out, (size_t)capacity, "[%d/%d] %s: %s (%s)%s\n%s\n", s->current + 1, s->n_questions, kind_label(q),
+                 q->id, topics, q->ahead_of_schedule ? " - not due yet, extra practice" : "", prompt);
     for (int k = 0; q->item && k < q->item->n_choices && used < capacity; k++)
         used += snprintf(out + used, (size_t)(capacity - used), "  %c) %s\n", 'a' + k,
                          quiz_text_get(&q->item->choices[q->choice_order[k]], s->options.lang));
@@ -162,11 +165,14 @@ const char* quiz_session_claim(const quiz_session* s) {
 
 // The line without surrounding blanks, lower-cased, into out.
 static void normalise(const char* line, char* out, size_t capacity) {
-    while (isspace((unsigned char)*line)) line++;
+    while (isspace((unsigned char)*line))
+        line++;
     size_t n = strlen(line);
-    while (n > 0 && isspace((unsigned char)line[n - 1])) n--;
+    while (n > 0 && isspace((unsigned char)line[n - 1]))
+        n--;
     if (n >= capacity) n = capacity - 1;
-    for (size_t i = 0; i < n; i++) out[i] = (char)tolower((unsigned char)line[i]);
+    for (size_t i = 0; i < n; i++)
+        out[i] = (char)tolower((unsigned char)line[i]);
     out[n] = '\0';
 }
 
@@ -187,8 +193,10 @@ static int parse_truth(const char* word) {
 static quiz_input_result grade(quiz_session* s, bool correct, error_info* err) {
     const quiz_question* q = quiz_session_question(s);
     if (quiz_progress_record(s->progress, q->id, correct, s->options.now, err)) return QUIZ_INPUT_RETRY;
-    if (correct) s->n_correct++;
-    else s->n_wrong++;
+    if (correct)
+        s->n_correct++;
+    else
+        s->n_wrong++;
     s->last_correct = correct;
     s->stage = QUIZ_STAGE_FEEDBACK;
     const char* claim = quiz_session_claim(s);
@@ -269,7 +277,8 @@ quiz_input_result quiz_session_input(quiz_session* s, const char* line, error_in
             return QUIZ_INPUT_RETRY;
         }
         bool correct = s->pending_right && yes == 1;
-        snprintf(s->feedback, sizeof s->feedback, "%s", correct ? "Marked right." : "Marked wrong: review the reason above.");
+        snprintf(s->feedback, sizeof s->feedback, "%s",
+                 correct ? "Marked right." : "Marked wrong: review the reason above.");
         return grade(s, correct, err);
     }
     if (s->stage != QUIZ_STAGE_ASK) return QUIZ_INPUT_RETRY;
@@ -310,15 +319,16 @@ void quiz_stats_print(FILE* out, const quiz_bank* bank, const quiz_progress* pro
     for (int i = 0; i < bank->n_items; i++)
         add_item(totals, bank->items[i].topics, quiz_progress_find(progress, bank->items[i].id), now);
     for (int k = 0; k < QUIZ_DRILL_COUNT; k++)
-        add_item(totals, quiz_drill_topics((quiz_drill_kind)k), quiz_progress_find(progress, quiz_drill_id((quiz_drill_kind)k)),
-                 now);
+        add_item(totals, quiz_drill_topics((quiz_drill_kind)k),
+                 quiz_progress_find(progress, quiz_drill_id((quiz_drill_kind)k)), now);
     fprintf(out, "%-14s %6s %6s %8s %8s %9s %8s\n", "topic", "items", "seen", "right", "wrong", "accuracy", "due now");
     for (int t = 0; t <= QUIZ_TOPIC_COUNT; t++) {
         const topic_totals* x = &totals[t];
         char accuracy[16];
         if (x->correct + x->wrong > 0)
             snprintf(accuracy, sizeof accuracy, "%.0f%%", 100.0 * x->correct / (double)(x->correct + x->wrong));
-        else snprintf(accuracy, sizeof accuracy, "-");
+        else
+            snprintf(accuracy, sizeof accuracy, "-");
         fprintf(out, "%-14s %6d %6d %8d %8d %9s %8d\n", t < QUIZ_TOPIC_COUNT ? quiz_topic_name((quiz_topic)t) : "all",
                 x->items, x->answered_items, x->correct, x->wrong, accuracy, x->due);
     }
@@ -329,5 +339,6 @@ void quiz_stats_print(FILE* out, const quiz_bank* bank, const quiz_progress* pro
         int64_t at = r->last_seen + quiz_box_interval_seconds(r->box);
         if (at > now && (next_due < 0 || at < next_due)) next_due = at;
     }
-    if (next_due > 0) fprintf(out, "next item not yet due falls due in %.1f hours\n", (double)(next_due - now) / 3600.0);
+    if (next_due > 0)
+        fprintf(out, "next item not yet due falls due in %.1f hours\n", (double)(next_due - now) / 3600.0);
 }

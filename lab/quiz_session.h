@@ -27,25 +27,25 @@
 typedef struct quiz_question {
     char id[QUIZ_ID_CAPACITY]; // bank id or drill id: the progress key
     unsigned topics;
-    const quiz_item* item;     // NULL for a drill
-    quiz_drill drill;          // valid when item is NULL
+    const quiz_item* item;              // NULL for a drill
+    quiz_drill drill;                   // valid when item is NULL
     int choice_order[QUIZ_MAX_CHOICES]; // shown position -> item choice index
-    bool ahead_of_schedule;    // not due yet: asked because too few items were due
+    bool ahead_of_schedule;             // not due yet: asked because too few items were due
 } quiz_question;
 
 typedef enum quiz_stage { QUIZ_STAGE_ASK = 0, QUIZ_STAGE_SELF_GRADE, QUIZ_STAGE_FEEDBACK, QUIZ_STAGE_DONE } quiz_stage;
 
 typedef enum quiz_input_result {
-    QUIZ_INPUT_RETRY = 0, // could not read the line: ask again (feedback says why)
-    QUIZ_INPUT_SELF_GRADE,  // now waiting for y/n
-    QUIZ_INPUT_GRADED,      // recorded; stage is FEEDBACK
-    QUIZ_INPUT_QUIT,        // 'q': the session is over
+    QUIZ_INPUT_RETRY = 0,  // could not read the line: ask again (feedback says why)
+    QUIZ_INPUT_SELF_GRADE, // now waiting for y/n
+    QUIZ_INPUT_GRADED,     // recorded; stage is FEEDBACK
+    QUIZ_INPUT_QUIT,       // 'q': the session is over
 } quiz_input_result;
 
 typedef struct quiz_session_options {
-    unsigned topics;  // QUIZ_TOPIC_BIT mask; QUIZ_ALL_TOPICS for all
-    int n_questions;  // at most this many
-    uint64_t seed;    // drills and order
+    unsigned topics; // QUIZ_TOPIC_BIT mask; QUIZ_ALL_TOPICS for all
+    int n_questions; // at most this many
+    uint64_t seed;   // drills and order
     quiz_lang lang;
     int64_t now;      // Unix seconds, for due dates
     bool bank_only;   // leave the drills out
@@ -60,8 +60,8 @@ typedef struct quiz_session {
     int n_questions;
     int current;
     quiz_stage stage;
-    bool pending_right;  // SELF_GRADE after true/false: the true/false part was right
-    bool last_correct;   // FEEDBACK: how the last question was graded
+    bool pending_right; // SELF_GRADE after true/false: the true/false part was right
+    bool last_correct;  // FEEDBACK: how the last question was graded
     int n_correct, n_wrong;
     char feedback[4096]; // what to show after the last input
 } quiz_session;

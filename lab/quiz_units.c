@@ -12,7 +12,7 @@ typedef struct unit_entry {
     const char* spelling;  // as accepted (case-insensitive)
     const char* canonical; // as shown
     quiz_dimension dim;
-    double factor;         // base units per unit
+    double factor; // base units per unit
 } unit_entry;
 
 static const unit_entry UNITS[] = {
@@ -66,7 +66,8 @@ static const char* dimension_words(quiz_dimension dim) {
 int quiz_parse_quantity(const char* text, quiz_quantity* out, error_info* err) {
     memset(out, 0, sizeof *out);
     const char* p = text;
-    while (isspace((unsigned char)*p)) p++;
+    while (isspace((unsigned char)*p))
+        p++;
     if (*p == '\0') return error_set(err, "no answer: type a number, such as 12.5 GiB");
     // strtod also reads "inf", "nan" and hex; accept only decimal digits.
     const char* digits = p + (*p == '-' || *p == '+');
@@ -75,13 +76,16 @@ int quiz_parse_quantity(const char* text, quiz_quantity* out, error_info* err) {
     // The decimal number's extent, [+-]digits[.digits][e[+-]digits], found
     // by hand: strtod alone would also take hex ("0x10") and "infinity".
     const char* end = digits;
-    while (isdigit((unsigned char)*end)) end++;
+    while (isdigit((unsigned char)*end))
+        end++;
     if (*end == '.')
-        for (end++; isdigit((unsigned char)*end);) end++;
+        for (end++; isdigit((unsigned char)*end);)
+            end++;
     if ((*end == 'e' || *end == 'E')) {
         const char* exponent = end + 1 + (end[1] == '+' || end[1] == '-');
         if (isdigit((unsigned char)*exponent)) {
-            for (end = exponent; isdigit((unsigned char)*end);) end++;
+            for (end = exponent; isdigit((unsigned char)*end);)
+                end++;
         }
     }
     char number[64];
@@ -95,10 +99,12 @@ int quiz_parse_quantity(const char* text, quiz_quantity* out, error_info* err) {
         return error_set(err, "'%s': write the number without ',' (use '.' for decimals, no thousands separators)",
                          text);
     const char* unit = end;
-    while (isspace((unsigned char)*unit)) unit++;
+    while (isspace((unsigned char)*unit))
+        unit++;
     char unit_text[32];
     size_t length = strlen(unit);
-    while (length > 0 && isspace((unsigned char)unit[length - 1])) length--;
+    while (length > 0 && isspace((unsigned char)unit[length - 1]))
+        length--;
     if (length >= sizeof unit_text) return error_set(err, "'%s': unknown unit (expected one of %s)", text, UNIT_LIST);
     memcpy(unit_text, unit, length);
     unit_text[length] = '\0';
@@ -120,9 +126,12 @@ int quiz_parse_quantity(const char* text, quiz_quantity* out, error_info* err) {
 // "%.4g" without the exponent for ordinary magnitudes.
 static void format_number(double value, char* out, int capacity) {
     double magnitude = fabs(value);
-    if (value == floor(value) && magnitude < 1e15) snprintf(out, (size_t)capacity, "%.0f", value);
-    else if (magnitude >= 1e-3 && magnitude < 1e6) snprintf(out, (size_t)capacity, "%.4g", value);
-    else snprintf(out, (size_t)capacity, "%.4e", value);
+    if (value == floor(value) && magnitude < 1e15)
+        snprintf(out, (size_t)capacity, "%.0f", value);
+    else if (magnitude >= 1e-3 && magnitude < 1e6)
+        snprintf(out, (size_t)capacity, "%.4g", value);
+    else
+        snprintf(out, (size_t)capacity, "%.4e", value);
 }
 
 // The same size in the other prefix family: GiB <-> GB, MiB <-> MB, ...
@@ -160,7 +169,11 @@ static bool within(double value, double expected, double rel_tolerance, double a
 // When `given` misses `expected` by exactly one decimal/binary prefix factor
 // (2^30 / 10^9 for GB vs GiB, ...), says so in `out` and returns true.
 static bool explain_prefix_mixup(double given, double expected, double rel_tolerance, char* out, int capacity) {
-    static const struct { const char *decimal, *binary; double factor; const char* power; } PREFIXES[] = {
+    static const struct {
+        const char *decimal, *binary;
+        double factor;
+        const char* power;
+    } PREFIXES[] = {
         {"KB", "KiB", 1.024, "2^10 = 1,024"},
         {"MB", "MiB", 1.048576, "2^20 = 1,048,576"},
         {"GB", "GiB", 1.073741824, "2^30 = 1,073,741,824"},
@@ -196,9 +209,12 @@ int quiz_check_numeric(const quiz_numeric* expected, const char* input, quiz_num
     verdict->correct = within(given, expected->value, expected->rel_tolerance, expected->abs_tolerance);
     char answer[128], tolerance[64];
     quiz_format_numeric(expected, answer, sizeof answer);
-    if (expected->rel_tolerance > 0) snprintf(tolerance, sizeof tolerance, "within %g%%", expected->rel_tolerance * 100);
-    else if (expected->abs_tolerance > 0) snprintf(tolerance, sizeof tolerance, "within %g", expected->abs_tolerance);
-    else snprintf(tolerance, sizeof tolerance, "exactly");
+    if (expected->rel_tolerance > 0)
+        snprintf(tolerance, sizeof tolerance, "within %g%%", expected->rel_tolerance * 100);
+    else if (expected->abs_tolerance > 0)
+        snprintf(tolerance, sizeof tolerance, "within %g", expected->abs_tolerance);
+    else
+        snprintf(tolerance, sizeof tolerance, "exactly");
     int used = snprintf(verdict->feedback, sizeof verdict->feedback, "%s: the answer is %s (%s).",
                         verdict->correct ? "Correct" : "Not quite", answer, tolerance);
     if (!verdict->correct && expected->dim == QUIZ_DIM_BYTES && used < (int)sizeof verdict->feedback - 1) {

@@ -26,8 +26,8 @@ typedef struct quiz_quantity {
     double value;       // in the dimension's base unit (bytes, %, x, ms)
     double typed_value; // the number as typed
     quiz_dimension dim;
-    bool has_unit;      // false: a bare number
-    char unit[8];       // the unit's canonical spelling ("GiB"), "" when bare
+    bool has_unit; // false: a bare number
+    char unit[8];  // the unit's canonical spelling ("GiB"), "" when bare
 } quiz_quantity;
 
 // Parses "12.5 GiB", "12.5gib", "1.5e9 B", "17x", "45 %", "3.2 ms", "-0.75".
@@ -40,11 +40,11 @@ double quiz_unit_factor(const char* unit, quiz_dimension* dim);
 
 // An expected numeric answer.
 typedef struct quiz_numeric {
-    double value;           // base units
+    double value; // base units
     quiz_dimension dim;
-    char unit[8];           // the unit the question asks for ("GiB"; "" for plain numbers)
-    double rel_tolerance;   // 0.01 = 1%
-    double abs_tolerance;   // base units; the larger of the two tolerances applies
+    char unit[8];         // the unit the question asks for ("GiB"; "" for plain numbers)
+    double rel_tolerance; // 0.01 = 1%
+    double abs_tolerance; // base units; the larger of the two tolerances applies
 } quiz_numeric;
 
 // value (base units) written in `unit` with 4 significant digits, plus the
@@ -53,14 +53,13 @@ void quiz_format_numeric(const quiz_numeric* n, char* out, int capacity);
 
 typedef struct quiz_numeric_verdict {
     bool correct;
-    bool unit_mixup;     // wrong by exactly a decimal/binary prefix factor (GB vs GiB, ...)
+    bool unit_mixup; // wrong by exactly a decimal/binary prefix factor (GB vs GiB, ...)
     char feedback[1024];
 } quiz_numeric_verdict;
 
 // Grades `input` against `expected`. Returns 0 with *verdict filled, or -1
 // with err when the input cannot be graded (not a number, unknown unit,
 // wrong kind of unit): the caller asks again.
-int quiz_check_numeric(const quiz_numeric* expected, const char* input, quiz_numeric_verdict* verdict,
-                       error_info* err);
+int quiz_check_numeric(const quiz_numeric* expected, const char* input, quiz_numeric_verdict* verdict, error_info* err);
 
 #endif

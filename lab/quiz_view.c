@@ -6,7 +6,8 @@
 // Columns of UTF-8 text (continuation bytes take none).
 static int text_columns(const char* text, int bytes) {
     int columns = 0;
-    for (int i = 0; i < bytes; i++) columns += ((unsigned char)text[i] & 0xc0) != 0x80;
+    for (int i = 0; i < bytes; i++)
+        columns += ((unsigned char)text[i] & 0xc0) != 0x80;
     return columns;
 }
 
@@ -49,7 +50,8 @@ void quiz_view_draw(ui_screen* screen, const quiz_session* s, const char* input,
     int cols = screen->cols, rows = screen->rows;
     ui_rect header = {0, 0, cols, 1};
     ui_fill(screen, header, " ", UI_TITLE, UI_REVERSE);
-    ui_printf(screen, 1, 0, cols - 2, UI_TITLE, UI_REVERSE | UI_BOLD, "servelab quiz   question %d of %d   right %d  wrong %d",
+    ui_printf(screen, 1, 0, cols - 2, UI_TITLE, UI_REVERSE | UI_BOLD,
+              "servelab quiz   question %d of %d   right %d  wrong %d",
               s->current < s->n_questions ? s->current + 1 : s->n_questions, s->n_questions, s->n_correct, s->n_wrong);
     if (rows < 8 || cols < 30) {
         ui_put(screen, 0, rows > 1 ? 1 : 0, cols, UI_BAD, UI_BOLD, "terminal too small for the quiz (30x8 at least)");

@@ -29,9 +29,9 @@ static quiz_bank load_bank(void) {
 // ---- the seed file, split independently of the bank ------------------------------------
 
 typedef struct seed_section {
-    const char* header;  // how the section's heading paragraph starts
+    const char* header; // how the section's heading paragraph starts
     int n_items;
-    char* spans[16];     // (n_items) the text that holds item k's question (malloc'ed)
+    char* spans[16]; // (n_items) the text that holds item k's question (malloc'ed)
 } seed_section;
 
 // Paragraphs (blank-line separated), each with its lines joined by spaces.
@@ -39,7 +39,8 @@ static int split_paragraphs(const char* text, char** out, int capacity) {
     int n = 0;
     const char* p = text;
     while (*p && n < capacity) {
-        while (*p == '\n' || *p == ' ' || *p == '\r') p++;
+        while (*p == '\n' || *p == ' ' || *p == '\r')
+            p++;
         if (!*p) break;
         const char* end = strstr(p, "\n\n");
         if (!end) end = p + strlen(p);
@@ -47,7 +48,8 @@ static int split_paragraphs(const char* text, char** out, int capacity) {
         for (char* c = paragraph; *c; c++)
             if (*c == '\n' || *c == '\r') *c = ' ';
         size_t length = strlen(paragraph);
-        while (length > 0 && isspace((unsigned char)paragraph[length - 1])) paragraph[--length] = '\0';
+        while (length > 0 && isspace((unsigned char)paragraph[length - 1]))
+            paragraph[--length] = '\0';
         out[n++] = paragraph;
         p = end;
     }
@@ -56,7 +58,8 @@ static int split_paragraphs(const char* text, char** out, int capacity) {
 
 static char* join(char** paragraphs, int from, int to) { // [from, to)
     size_t length = 1;
-    for (int i = from; i < to; i++) length += strlen(paragraphs[i]) + 1;
+    for (int i = from; i < to; i++)
+        length += strlen(paragraphs[i]) + 1;
     char* text = calloc(1, length);
     for (int i = from; i < to; i++) {
         strcat(text, paragraphs[i]);
@@ -108,7 +111,8 @@ static void read_seed(seed_section sections[QUIZ_KIND_COUNT]) {
                 previous = i + 1;
             } else if (k == QUIZ_KIND_SPOT_ERROR && p[0] == '"') {
                 int end = i + 1;
-                while (end < to && paragraphs[end][0] != '"') end++;
+                while (end < to && paragraphs[end][0] != '"')
+                    end++;
                 s->spans[s->n_items++] = join(paragraphs, i, end);
             } else if ((k == QUIZ_KIND_WHY || k == QUIZ_KIND_EDGE) && ends_with_question_mark(p)) {
                 s->spans[s->n_items++] = join(paragraphs, previous, i + 1);
@@ -120,12 +124,14 @@ static void read_seed(seed_section sections[QUIZ_KIND_COUNT]) {
             assert_true(s->n_items < 16);
         }
     }
-    for (int i = 0; i < n; i++) free(paragraphs[i]);
+    for (int i = 0; i < n; i++)
+        free(paragraphs[i]);
 }
 
 static void free_seed(seed_section sections[QUIZ_KIND_COUNT]) {
     for (int k = 0; k < QUIZ_KIND_COUNT; k++)
-        for (int i = 0; i < sections[k].n_items; i++) free(sections[k].spans[i]);
+        for (int i = 0; i < sections[k].n_items; i++)
+            free(sections[k].spans[i]);
 }
 
 static void test_seed_items_are_all_in_the_bank(void** state) {
@@ -160,7 +166,8 @@ static void test_seed_items_are_all_in_the_bank(void** state) {
     }
     for (int k = 0; k < QUIZ_KIND_COUNT; k++)
         for (int i = 0; i < sections[k].n_items; i++)
-            if (claimed[k][i] != 1) fail_msg("seed item %d of '%s' is in the bank %d times", i + 1, sections[k].header, claimed[k][i]);
+            if (claimed[k][i] != 1)
+                fail_msg("seed item %d of '%s' is in the bank %d times", i + 1, sections[k].header, claimed[k][i]);
     quiz_bank_free(&bank);
     free_seed(sections);
 }
@@ -196,16 +203,17 @@ static void test_every_item_is_complete(void** state) {
         if (bank.items[i].has_truth) assert_int_equal(bank.items[i].truth, strcmp(bank.items[i].id, "tf8") == 0);
     // Every topic is used, so --topic T always finds bank items.
     unsigned used = 0;
-    for (int i = 0; i < bank.n_items; i++) used |= bank.items[i].topics;
+    for (int i = 0; i < bank.n_items; i++)
+        used |= bank.items[i].topics;
     assert_int_equal(used, QUIZ_ALL_TOPICS);
     quiz_bank_free(&bank);
 }
 
 // Issue 7's claim ids: what the lessons check.
 static const char* const LESSON_CLAIMS[] = {
-    "tf1", "tf2", "tf3", "tf4", "tf5", "tf6", "tf7", "tf8", "tf9", "tf10", "se1", "se2", "se3", "se4", "se5",
-    "se6", "se7", "se8", "why1", "why2", "why3", "why4", "why5", "why6", "edge1", "edge2", "edge3", "edge4", "edge5",
-    "edge6", "edge7", "edge8", "recall1",
+    "tf1",  "tf2",  "tf3",   "tf4",   "tf5",   "tf6",   "tf7",   "tf8",   "tf9",   "tf10",  "se1",
+    "se2",  "se3",  "se4",   "se5",   "se6",   "se7",   "se8",   "why1",  "why2",  "why3",  "why4",
+    "why5", "why6", "edge1", "edge2", "edge3", "edge4", "edge5", "edge6", "edge7", "edge8", "recall1",
 };
 #define N_LESSON_CLAIMS ((int)(sizeof LESSON_CLAIMS / sizeof LESSON_CLAIMS[0]))
 
@@ -230,10 +238,12 @@ static int scan_lesson_ids(const char* text, char ids[][32], int n, int capacity
     for (const char* p = text; (p = strstr(p, "id")) != NULL; p += 2) {
         if (p > text && (isalnum((unsigned char)p[-1]) || p[-1] == '_')) continue; // "valid", "claim_id"
         const char* q = p + 2;
-        while (*q == ' ' || *q == '\t') q++;
+        while (*q == ' ' || *q == '\t')
+            q++;
         if (*q != '=' || q[1] == '=') continue;
         q++;
-        while (*q == ' ' || *q == '\t') q++;
+        while (*q == ' ' || *q == '\t')
+            q++;
         if (*q != '"' && *q != '\'') continue;
         char quote = *q++;
         const char* end = strchr(q, quote);
@@ -265,9 +275,11 @@ static void test_claims_exist_in_lessons(void** state) {
     quiz_bank bank = load_bank();
     for (int i = 0; i < bank.n_items; i++) {
         bool found = false;
-        for (int k = 0; k < n && !found; k++) found = strcmp(ids[k], bank.items[i].claim) == 0;
-        if (!found) fail_msg("%s: claim '%s' has no lab.check{id = \"%s\"} in lessons/*.lua", bank.items[i].id,
-                             bank.items[i].claim, bank.items[i].claim);
+        for (int k = 0; k < n && !found; k++)
+            found = strcmp(ids[k], bank.items[i].claim) == 0;
+        if (!found)
+            fail_msg("%s: claim '%s' has no lab.check{id = \"%s\"} in lessons/*.lua", bank.items[i].id,
+                     bank.items[i].claim, bank.items[i].claim);
     }
     quiz_bank_free(&bank);
 }
@@ -285,7 +297,8 @@ static void expect_bank_error(const char* source, const char* expected) {
     assert_null(bank.items);
 }
 
-#define GOOD_FIELDS "kind = 'why', topics = {'paged'}, claim = 'why5', seed = {section = 'why', index = 5, match = 'x'}, "
+#define GOOD_FIELDS                                                                                                    \
+    "kind = 'why', topics = {'paged'}, claim = 'why5', seed = {section = 'why', index = 5, match = 'x'}, "
 
 static void test_bad_bank_files_are_named_errors(void** state) {
     (void)state;
@@ -316,10 +329,8 @@ static void test_bad_bank_files_are_named_errors(void** state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_seed_items_are_all_in_the_bank),
-        cmocka_unit_test(test_every_item_is_complete),
-        cmocka_unit_test(test_claims_are_lesson_claim_ids),
-        cmocka_unit_test(test_claims_exist_in_lessons),
+        cmocka_unit_test(test_seed_items_are_all_in_the_bank),  cmocka_unit_test(test_every_item_is_complete),
+        cmocka_unit_test(test_claims_are_lesson_claim_ids),     cmocka_unit_test(test_claims_exist_in_lessons),
         cmocka_unit_test(test_bad_bank_files_are_named_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -37,7 +37,10 @@ static void test_models_match_published_sizes(void** state) {
     (void)state;
     quiz_model_list list = load_models();
     // Parameter totals as published on each model card / safetensors index.
-    static const struct { const char* name; double params; } PUBLISHED[] = {
+    static const struct {
+        const char* name;
+        double params;
+    } PUBLISHED[] = {
         {"Llama-2-7B", 6738415616.0}, {"Llama-2-13B", 13015864320.0}, {"Llama-2-70B", 68976648192.0},
         {"Llama-3-8B", 8030261248.0}, {"Mistral-7B", 7241732096.0},   {"Qwen2.5-7B", 7615616512.0},
     };
@@ -113,7 +116,7 @@ static double expected_answer(const quiz_drill* d, const quiz_model_list* models
     case QUIZ_DRILL_WEIGHT_BYTES:
     case QUIZ_DRILL_DECODE_TIME: {
         double n = params_of(m);
-        double bytes = in->format == QUIZ_WEIGHTS_FP16 ? 2 * n
+        double bytes = in->format == QUIZ_WEIGHTS_FP16   ? 2 * n
                        : in->format == QUIZ_WEIGHTS_INT8 ? n + 2 * n / in->group_size
                                                          : n / 2 + 2 * n / in->group_size;
         if (d->kind == QUIZ_DRILL_WEIGHT_BYTES) return bytes;
@@ -159,9 +162,11 @@ static void test_each_generator_matches_an_independent_computation(void** state)
             snprintf(typed, sizeof typed, "%.6g %s", expected / factor, d.answer.unit);
             quiz_numeric_verdict verdict;
             assert_int_equal(quiz_check_numeric(&d.answer, typed, &verdict, &err), 0);
-            if (!verdict.correct) fail_msg("%s: '%s' graded wrong: %s", quiz_drill_id((quiz_drill_kind)kind), typed, verdict.feedback);
+            if (!verdict.correct)
+                fail_msg("%s: '%s' graded wrong: %s", quiz_drill_id((quiz_drill_kind)kind), typed, verdict.feedback);
             assert_true(strlen(d.prompt) > 40 && strlen(d.explanation) > 20);
-            gqa_with += d.in.grouped_query && d.in.model >= 0 && models.models[d.in.model].n_kv_heads < models.models[d.in.model].n_heads;
+            gqa_with += d.in.grouped_query && d.in.model >= 0 &&
+                        models.models[d.in.model].n_kv_heads < models.models[d.in.model].n_heads;
             gqa_without += kind == QUIZ_DRILL_KV_SIZE && !d.in.grouped_query;
             zero_waste += kind == QUIZ_DRILL_TAIL_WASTE && expected == 0;
             clipped += d.in.bits && d.in.range_max > d.in.range_min &&

@@ -136,7 +136,7 @@ static void test_corrupt_and_foreign_files_are_moved_aside(void** state) {
     (void)state;
     const char* contents[] = {
         "servelab-quiz-progress 1\ntf1 2 1 0 1700000000\ntf2 3 1", // torn: no final newline
-        "[Desktop Entry]\nName=something else\n",                 // foreign
+        "[Desktop Entry]\nName=something else\n",                  // foreign
     };
     char dir[512];
     for (int k = 0; k < 2; k++) {
@@ -162,6 +162,7 @@ static void test_corrupt_and_foreign_files_are_moved_aside(void** state) {
         // The fresh progress saves over the old name.
         quiz_progress_record(&p, "tf1", true, 5, &err);
         assert_int_equal(quiz_progress_save(path, &p, &err), 0);
+        quiz_progress_free(&p);
         assert_int_equal(quiz_progress_load(path, &p, warning, sizeof warning, &err), 0);
         assert_string_equal(warning, "");
         assert_int_equal(p.n_records, 1);
@@ -226,7 +227,8 @@ static void test_kill_mid_write_never_truncates(void** state) {
             }
         }
         // Let it complete at least one save, then kill it at a random point.
-        while (access(path, F_OK) != 0) usleep(1000);
+        while (access(path, F_OK) != 0)
+            usleep(1000);
         struct timespec pause = {0, (long)(rand() % 20000) * 1000L};
         nanosleep(&pause, NULL);
         kill(child, SIGKILL);

@@ -55,7 +55,8 @@ static void test_topics_and_count(void** state) {
     for (int t = 0; t < QUIZ_TOPIC_COUNT; t++) {
         quiz_session s = start(f, QUIZ_TOPIC_BIT(t), 100, (uint64_t)t);
         assert_true(s.n_questions > 0);
-        for (int i = 0; i < s.n_questions; i++) assert_true(s.questions[i].topics & QUIZ_TOPIC_BIT(t));
+        for (int i = 0; i < s.n_questions; i++)
+            assert_true(s.questions[i].topics & QUIZ_TOPIC_BIT(t));
         quiz_session_free(&s);
     }
     quiz_session s = start(f, QUIZ_ALL_TOPICS, 100, 1);
@@ -68,7 +69,8 @@ static void test_topics_and_count(void** state) {
     error_info err = {{0}};
     assert_int_equal(quiz_session_start(&s, &o, &f->bank, &f->models, &f->progress, &err), 0);
     assert_int_equal(s.n_questions, f->bank.n_items);
-    for (int i = 0; i < s.n_questions; i++) assert_non_null(s.questions[i].item);
+    for (int i = 0; i < s.n_questions; i++)
+        assert_non_null(s.questions[i].item);
     quiz_session_free(&s);
     o.bank_only = false;
     o.drills_only = true;
@@ -90,7 +92,8 @@ static void test_due_items_come_first(void** state) {
         quiz_progress_record(&f->progress, quiz_drill_id((quiz_drill_kind)k), true, NOW - 10, &err);
     quiz_progress_record(&f->progress, "tf2", false, NOW - 10, &err); // wrong: box 1, due now
     int n_due = 0;
-    for (int i = 0; i < f->bank.n_items; i++) n_due += quiz_record_due(quiz_progress_find(&f->progress, f->bank.items[i].id), NOW);
+    for (int i = 0; i < f->bank.n_items; i++)
+        n_due += quiz_record_due(quiz_progress_find(&f->progress, f->bank.items[i].id), NOW);
     assert_int_equal(n_due, 5 + 1); // items 0, 7, 14, 21, 28 never seen, and tf2
     quiz_session s = start(f, QUIZ_ALL_TOPICS, n_due, 9);
     for (int i = 0; i < s.n_questions; i++) {
@@ -100,7 +103,8 @@ static void test_due_items_come_first(void** state) {
     quiz_session_free(&s);
     s = start(f, QUIZ_ALL_TOPICS, n_total, 9);
     int ahead = 0;
-    for (int i = 0; i < s.n_questions; i++) ahead += s.questions[i].ahead_of_schedule;
+    for (int i = 0; i < s.n_questions; i++)
+        ahead += s.questions[i].ahead_of_schedule;
     assert_int_equal(ahead, n_total - n_due);
     quiz_session_free(&s);
 }
@@ -125,7 +129,9 @@ static quiz_input_result feed(quiz_session* s, const char* line) {
     return quiz_session_input(s, line, &err);
 }
 
-static const quiz_record* record_of(fixture* f, const quiz_question* q) { return quiz_progress_find(&f->progress, q->id); }
+static const quiz_record* record_of(fixture* f, const quiz_question* q) {
+    return quiz_progress_find(&f->progress, q->id);
+}
 
 static void test_true_false_answers(void** state) {
     fixture* f = *state;
@@ -135,7 +141,8 @@ static void test_true_false_answers(void** state) {
     const char* right = q->item->truth ? "true" : "f";
     assert_int_equal(feed(&s, "maybe"), QUIZ_INPUT_RETRY);
     assert_int_equal(feed(&s, right), QUIZ_INPUT_SELF_GRADE);
-    assert_non_null(strstr(s.feedback, quiz_text_get(&q->item->explanation, QUIZ_LANG_EN))); // the justification is shown
+    assert_non_null(
+        strstr(s.feedback, quiz_text_get(&q->item->explanation, QUIZ_LANG_EN))); // the justification is shown
     assert_int_equal(feed(&s, "perhaps"), QUIZ_INPUT_RETRY);
     assert_int_equal(feed(&s, "y"), QUIZ_INPUT_GRADED);
     assert_int_equal(record_of(f, q)->n_correct, 1);
@@ -231,7 +238,8 @@ static void test_stats_per_topic(void** state) {
     FILE* out = open_memstream(&text, &size);
     quiz_stats_print(out, &f->bank, &f->progress, NOW);
     fclose(out);
-    // kv-sizing: 4 bank items (tf3 se1 se2 edge8) + 2 drills; two seen, 3 right of 4; tf3 (box 2) and se1 (box 3) not due.
+    // kv-sizing: 4 bank items (tf3 se1 se2 edge8) + 2 drills; two seen, 3 right of 4; tf3 (box 2) and se1 (box 3) not
+    // due.
     assert_non_null(strstr(text, "kv-sizing           6      2        3        1       75%        4\n"));
     assert_non_null(strstr(text, "parallelism         1      0        0        0         -        1\n"));
     assert_non_null(strstr(text, "falls due in 24.0 hours"));

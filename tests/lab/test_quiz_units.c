@@ -16,7 +16,8 @@ static void expect_quantity(const char* text, double base_value, quiz_dimension 
     quiz_quantity q;
     error_info err = {{0}};
     if (quiz_parse_quantity(text, &q, &err)) fail_msg("'%s': %s", text, err.message);
-    if (fabs(q.value - base_value) > 1e-9 * fabs(base_value)) fail_msg("'%s': %.17g, expected %.17g", text, q.value, base_value);
+    if (fabs(q.value - base_value) > 1e-9 * fabs(base_value))
+        fail_msg("'%s': %.17g, expected %.17g", text, q.value, base_value);
     assert_int_equal(q.dim, dim);
     assert_string_equal(q.unit, unit);
     assert_int_equal(q.has_unit, unit[0] != '\0');
@@ -89,10 +90,10 @@ static void test_grades_within_tolerance(void** state) {
     quiz_numeric expected = gib(8.0);
     quiz_numeric_verdict v;
     assert_true(grade(&expected, "8 GiB", &v));
-    assert_true(grade(&expected, "8.07 GiB", &v));  // 0.9% off
-    assert_false(grade(&expected, "8.1 GiB", &v));  // 1.25% off
-    assert_true(grade(&expected, "8", &v));          // a bare number is in the unit asked
-    assert_true(grade(&expected, "8192 MiB", &v));   // any byte unit works
+    assert_true(grade(&expected, "8.07 GiB", &v)); // 0.9% off
+    assert_false(grade(&expected, "8.1 GiB", &v)); // 1.25% off
+    assert_true(grade(&expected, "8", &v));        // a bare number is in the unit asked
+    assert_true(grade(&expected, "8192 MiB", &v)); // any byte unit works
     assert_true(grade(&expected, "8589934592 B", &v));
     assert_true(grade(&expected, "8.59 GB", &v));
     assert_non_null(strstr(v.feedback, "8 GiB (8.59 GB)"));
@@ -152,10 +153,8 @@ static void test_wrong_kind_of_unit_asks_again(void** state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_parses_numbers_with_units),
-        cmocka_unit_test(test_rejects_bad_input),
-        cmocka_unit_test(test_grades_within_tolerance),
-        cmocka_unit_test(test_explains_gb_versus_gib),
+        cmocka_unit_test(test_parses_numbers_with_units),     cmocka_unit_test(test_rejects_bad_input),
+        cmocka_unit_test(test_grades_within_tolerance),       cmocka_unit_test(test_explains_gb_versus_gib),
         cmocka_unit_test(test_wrong_kind_of_unit_asks_again),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
