@@ -3,9 +3,7 @@
 // plain line-by-line prompts (--plain, or whenever stdin or stdout is not a
 // terminal) and a full-screen view on the dashboard's screen layer.
 #include <curses.h>
-#include <langinfo.h>
 #include <locale.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +15,7 @@
 #include "lab/quiz_data.h"
 #include "lab/quiz_session.h"
 #include "lab/quiz_view.h"
+#include "lab/ui_terminal.h"
 
 static const char QUIZ_USAGE[] =
     "usage: servelab quiz [options]\n"
@@ -125,20 +124,6 @@ static int run_plain(quiz_run* run) {
 
 // ---- the terminal view ------------------------------------------------------------------
 
-static volatile sig_atomic_t stop_requested = 0;
-static void on_stop_signal(int signal_number) {
-    (void)signal_number;
-    stop_requested = 1;
-}
-
-static bool curses_active = false;
-static void restore_terminal(void) {
-    if (curses_active) {
-        endwin();
-        curses_active = false;
-    }
-}
-
 // Runs the prove hook into a string for the feedback pane (malloc'ed).
 static char* prove_to_text(quiz_run* run) {
     char* text = NULL;
@@ -192,38 +177,21 @@ static bool handle_view_key(quiz_run* run, int key, char* input, size_t input_ca
 }
 
 static int run_terminal(quiz_run* run) {
-    const char* codeset = nl_langinfo(CODESET);
-    bool utf8 = codeset && (strcmp(codeset, "UTF-8") == 0 || strcmp(codeset, "utf8") == 0);
-    struct sigaction action;
-    memset(&action, 0, sizeof action);
-    action.sa_handler = on_stop_signal;
-    sigaction(SIGINT, &action, NULL);
-    sigaction(SIGTERM, &action, NULL);
-    sigaction(SIGHUP, &action, NULL);
-    if (!initscr()) {
+    bool utf8 = false, color = false;
+    if (ui_terminal_open(&utf8, &color)) {
         fprintf(stderr, "servelab quiz: cannot open the terminal (use --plain)\n");
         return 1;
     }
-    curses_active = true;
-    atexit(restore_terminal);
-    cbreak();
-    noecho();
-    keypad(stdscr, TRUE);
-    curs_set(0);
-    set_escdelay(25);
-    const char* no_color = getenv("NO_COLOR");
-    bool color = has_colors() && !(no_color && no_color[0]);
-    if (color) ui_screen_init_curses_colors();
     ui_screen screen;
     if (ui_screen_init(&screen, COLS, LINES, utf8, color)) {
-        restore_terminal();
+        ui_terminal_close();
         fprintf(stderr, "servelab quiz: out of memory\n");
         return 1;
     }
     char input[256] = "";
     char* notice = NULL;
     bool running = true, dirty = true;
-    while (running && !stop_requested && run->session.stage != QUIZ_STAGE_DONE) {
+    while (running && !ui_terminal_stop_requested() && run->session.stage != QUIZ_STAGE_DONE) {
         if (dirty) {
             quiz_view_draw(&screen, &run->session, input, notice);
             ui_screen_flush_curses(&screen);
@@ -241,7 +209,7 @@ static int run_terminal(quiz_run* run) {
     }
     free(notice);
     ui_screen_free(&screen);
-    restore_terminal();
+    ui_terminal_close();
     save_progress(run);
     printf("servelab quiz: %d right, %d wrong. Progress saved to %s\n", run->session.n_correct, run->session.n_wrong,
            run->progress_path);

@@ -127,8 +127,6 @@ static const char* kind_label(const quiz_question* q) {
     }
 }
 
-static bool is_text_answer(const quiz_question* q) { return q->item && !q->item->has_truth && q->item->n_choices == 0; }
-
 const char* quiz_session_input_hint(const quiz_session* s) {
     const quiz_question* q = quiz_session_question(s);
     if (!q) return "";
@@ -283,7 +281,6 @@ quiz_input_result quiz_session_input(quiz_session* s, const char* line, error_in
     }
     if (s->stage != QUIZ_STAGE_ASK) return QUIZ_INPUT_RETRY;
     if (!q->item) return answer_numeric(s, q, line, err);
-    if (is_text_answer(q)) return answer_item(s, q, word, err);
     return answer_item(s, q, word, err);
 }
 
