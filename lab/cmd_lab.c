@@ -18,6 +18,7 @@
 #include "lab/dashboard.h"
 #include "lab/engine_options.h"
 #include "lab/ui_panes.h"
+#include "lab/ui_terminal.h"
 
 static const char LAB_USAGE[] =
     "usage: servelab [lab] [options]\n"
@@ -61,12 +62,6 @@ typedef struct lab_app {
     double run_seconds;
     double run_since;    // monotonic seconds when running last started, 0 when paused
 } lab_app;
-
-static volatile sig_atomic_t stop_requested = 0;
-static void on_stop_signal(int signal_number) {
-    (void)signal_number;
-    stop_requested = 1;
-}
 
 static double monotonic_seconds(void) {
     struct timespec t;
@@ -307,14 +302,6 @@ static int run_headless(lab_app* a, const char* keys_text, const char* dump_path
 
 // ---- the terminal -------------------------------------------------------------------------
 
-static bool curses_active = false;
-static void restore_terminal(void) {
-    if (curses_active) {
-        endwin();
-        curses_active = false;
-    }
-}
-
 static int translate_key(int c) {
     switch (c) {
     case KEY_UP: return KEY_CODE_UP;
@@ -332,31 +319,14 @@ static int translate_key(int c) {
 }
 
 static int run_terminal(lab_app* a) {
-    const char* codeset = nl_langinfo(CODESET);
-    bool utf8 = codeset && (strcmp(codeset, "UTF-8") == 0 || strcmp(codeset, "utf8") == 0);
-    struct sigaction action;
-    memset(&action, 0, sizeof action);
-    action.sa_handler = on_stop_signal;
-    sigaction(SIGINT, &action, NULL);
-    sigaction(SIGTERM, &action, NULL);
-    sigaction(SIGHUP, &action, NULL);
-    if (!initscr()) {
+    bool utf8 = false, color = false;
+    if (ui_terminal_open(&utf8, &color)) {
         fprintf(stderr, "servelab lab: cannot open the terminal (use --dump-frame for headless use)\n");
         return 1;
     }
-    curses_active = true;
-    atexit(restore_terminal);
-    cbreak();
-    noecho();
-    keypad(stdscr, TRUE);
-    curs_set(0);
-    set_escdelay(25);
-    const char* no_color = getenv("NO_COLOR");
-    bool color = has_colors() && !(no_color && no_color[0]);
-    if (color) ui_screen_init_curses_colors();
     ui_screen screen;
     if (ui_screen_init(&screen, COLS, LINES, utf8, color)) {
-        restore_terminal();
+        ui_terminal_close();
         fprintf(stderr, "servelab lab: out of memory\n");
         return 1;
     }
@@ -365,7 +335,7 @@ static int run_terminal(lab_app* a) {
     double last_frame = 0;
     bool dirty = true;
     bool machine_shown = false;
-    while (!a->quit && !stop_requested) {
+    while (!a->quit && !ui_terminal_stop_requested()) {
         double now = monotonic_seconds();
         double unused_gb_s, unused_gflop_s;
         if (!machine_shown && dashboard_machine_figures(&a->d, &unused_gb_s, &unused_gflop_s))
@@ -407,7 +377,7 @@ static int run_terminal(lab_app* a) {
         }
     }
     ui_screen_free(&screen);
-    restore_terminal();
+    ui_terminal_close();
     report_run_rate(a, "terminal");
     return 0;
 }

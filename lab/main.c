@@ -13,10 +13,11 @@ static const char USAGE[] =
     "  generate   generate text from a model (checkpoint or synthetic preset)\n"
     "  sim        a workload through the engine: paged vs contiguous, continuous vs static\n"
     "  quant      quantize a model (RTN, AWQ, GPTQ) or one tensor and measure the error\n"
+    "  quiz       quiz yourself: question bank, numeric drills, spaced repetition\n"
     "  info       what this build supports (CUDA, presets)\n"
     "  help       this message\n"
     "\n"
-    "Each command takes --help. The lessons, quiz and bench commands are\n"
+    "Each command takes --help. The lessons and bench commands are\n"
     "being built (see README.md).\n";
 
 typedef struct command_entry {
@@ -29,6 +30,7 @@ static const command_entry COMMANDS[] = {
     {"generate", command_generate},
     {"sim", command_sim},
     {"quant", command_quant},
+    {"quiz", command_quiz},
     {"info", command_info},
 };
 
