@@ -44,8 +44,7 @@ size_t machine_l3_cache_bytes(void) {
         char unit = 0;
         int fields = fscanf(file, "%lu%c", &value, &unit);
         fclose(file);
-        if (fields >= 1 && value > 0)
-            return (size_t)value * (unit == 'K' ? 1024u : unit == 'M' ? 1024u * 1024u : 1u);
+        if (fields >= 1 && value > 0) return (size_t)value * (unit == 'K' ? 1024u : unit == 'M' ? 1024u * 1024u : 1u);
     }
     return 32 * MIB;
 }
@@ -129,9 +128,12 @@ static void stream_task(void* ctx, int task, int thread) {
     }
     uint64_t sum;
 #if defined(__x86_64__) || defined(__i386__)
-    if (job->level == CPU_SIMD_AVX512) sum = sum_avx512(share, end - begin);
-    else if (job->level == CPU_SIMD_AVX2) sum = sum_avx2(share, end - begin);
-    else sum = sum_scalar(share, end - begin);
+    if (job->level == CPU_SIMD_AVX512)
+        sum = sum_avx512(share, end - begin);
+    else if (job->level == CPU_SIMD_AVX2)
+        sum = sum_avx2(share, end - begin);
+    else
+        sum = sum_scalar(share, end - begin);
 #else
     sum = sum_scalar(share, end - begin);
 #endif
@@ -162,12 +164,13 @@ double machine_stream_read_gb_s(thread_pool* pool, size_t buffer_bytes, int repe
     thread_pool_run(pool, n_tasks, stream_task, &job);
     job.touch = false;
     thread_pool_run(pool, n_tasks, stream_task, &job); // warm-up: threads awake, TLB filled
-    volatile uint64_t sink = 0;                       // the sums are used, so no read is dead code
+    volatile uint64_t sink = 0;                        // the sums are used, so no read is dead code
     for (int k = 0; k < repeats; k++) {
         double start = seconds_now();
         thread_pool_run(pool, n_tasks, stream_task, &job);
         double elapsed = seconds_now() - start;
-        for (int t = 0; t < n_tasks; t++) sink += sums[t];
+        for (int t = 0; t < n_tasks; t++)
+            sink += sums[t];
         rates[k] = elapsed > 0 ? (double)buffer_bytes / elapsed * 1e-9 : 0.0;
     }
     (void)sink;
@@ -202,26 +205,30 @@ typedef struct fma_job {
 AVX512_TARGET static float fma_chains_avx512(long iterations) {
     __m512 acc[FMA_CHAINS_AVX512];
     const __m512 factor = _mm512_set1_ps(0.9999f), addend = _mm512_set1_ps(1e-4f);
-    for (int c = 0; c < FMA_CHAINS_AVX512; c++) acc[c] = _mm512_set1_ps((float)c);
+    for (int c = 0; c < FMA_CHAINS_AVX512; c++)
+        acc[c] = _mm512_set1_ps((float)c);
     for (long i = 0; i < iterations; i++) {
         _Pragma("GCC unroll 16") for (int c = 0; c < FMA_CHAINS_AVX512; c++) acc[c] =
             _mm512_fmadd_ps(acc[c], factor, addend);
     }
     __m512 total = acc[0];
-    for (int c = 1; c < FMA_CHAINS_AVX512; c++) total = _mm512_add_ps(total, acc[c]);
+    for (int c = 1; c < FMA_CHAINS_AVX512; c++)
+        total = _mm512_add_ps(total, acc[c]);
     return hsum16(total);
 }
 
 AVX2_TARGET static float fma_chains_avx2(long iterations) {
     __m256 acc[FMA_CHAINS_AVX2];
     const __m256 factor = _mm256_set1_ps(0.9999f), addend = _mm256_set1_ps(1e-4f);
-    for (int c = 0; c < FMA_CHAINS_AVX2; c++) acc[c] = _mm256_set1_ps((float)c);
+    for (int c = 0; c < FMA_CHAINS_AVX2; c++)
+        acc[c] = _mm256_set1_ps((float)c);
     for (long i = 0; i < iterations; i++) {
         _Pragma("GCC unroll 12") for (int c = 0; c < FMA_CHAINS_AVX2; c++) acc[c] =
             _mm256_fmadd_ps(acc[c], factor, addend);
     }
     __m256 total = acc[0];
-    for (int c = 1; c < FMA_CHAINS_AVX2; c++) total = _mm256_add_ps(total, acc[c]);
+    for (int c = 1; c < FMA_CHAINS_AVX2; c++)
+        total = _mm256_add_ps(total, acc[c]);
     return hsum8(total);
 }
 #endif
@@ -230,12 +237,14 @@ AVX2_TARGET static float fma_chains_avx2(long iterations) {
 // and an add per step, counted as the same 2 FLOPs.
 static float fma_chains_scalar(long iterations) {
     float acc[FMA_CHAINS_SCALAR];
-    for (int c = 0; c < FMA_CHAINS_SCALAR; c++) acc[c] = (float)c;
+    for (int c = 0; c < FMA_CHAINS_SCALAR; c++)
+        acc[c] = (float)c;
     for (long i = 0; i < iterations; i++) {
         _Pragma("GCC unroll 8") for (int c = 0; c < FMA_CHAINS_SCALAR; c++) acc[c] = acc[c] * 0.9999f + 1e-4f;
     }
     float total = 0.0f;
-    for (int c = 0; c < FMA_CHAINS_SCALAR; c++) total += acc[c];
+    for (int c = 0; c < FMA_CHAINS_SCALAR; c++)
+        total += acc[c];
     return total;
 }
 
@@ -283,7 +292,8 @@ double machine_peak_fma_gflop_s_at_level(thread_pool* pool, cpu_simd_level level
         double start = seconds_now();
         thread_pool_run(pool, n_tasks, fma_task, &job);
         double elapsed = seconds_now() - start;
-        for (int t = 0; t < n_tasks; t++) sink += results[t];
+        for (int t = 0; t < n_tasks; t++)
+            sink += results[t];
         rates[k] = elapsed > 0 ? fma_flops_per_run(level, job.iterations) * n_tasks / elapsed * 1e-9 : 0.0;
     }
     (void)sink;

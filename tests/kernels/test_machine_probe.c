@@ -41,8 +41,8 @@ static void test_stream_read_is_plausible(void** state) {
     (void)state;
     thread_pool* pool = NULL;
     assert_int_equal(thread_pool_create(2, &pool), 0);
-    check_bandwidth(NULL, (size_t)64 << 20);        // the caller alone
-    check_bandwidth(pool, (size_t)64 << 20);        // every thread
+    check_bandwidth(NULL, (size_t)64 << 20);       // the caller alone
+    check_bandwidth(pool, (size_t)64 << 20);       // every thread
     check_bandwidth(pool, ((size_t)3 << 20) + 13); // a size that is no multiple of the kernel's step
     thread_pool_free(pool);
 }
