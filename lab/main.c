@@ -14,9 +14,11 @@ static const char USAGE[] =
     "  sim        a workload through the engine: paged vs contiguous, continuous vs static\n"
     "  quant      quantize a model (RTN, AWQ, GPTQ) or one tensor and measure the error\n"
     "  info       what this build supports (CUDA, presets)\n"
+    "  synth      write a synthetic preset as a llama2.c checkpoint\n"
+    "  bench      performance: bandwidth, decode, prefill, batch scaling, attention\n"
     "  help       this message\n"
     "\n"
-    "Each command takes --help. The lessons, quiz and bench commands are\n"
+    "Each command takes --help. The lessons and quiz commands are\n"
     "being built (see README.md).\n";
 
 typedef struct command_entry {
@@ -30,6 +32,8 @@ static const command_entry COMMANDS[] = {
     {"sim", command_sim},
     {"quant", command_quant},
     {"info", command_info},
+    {"synth", command_synth},
+    {"bench", command_bench},
 };
 
 int main(int argc, char** argv) {

@@ -19,8 +19,7 @@ static double seconds_now(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-// Median of n values (sorts them in place).
-static double median_of(double* values, int n) {
+double probe_median(double* values, int n) {
     for (int i = 1; i < n; i++) // insertion sort: n is a handful of repeats
         for (int j = i; j > 0 && values[j - 1] > values[j]; j--) {
             double swap = values[j];
@@ -174,7 +173,7 @@ double machine_stream_read_gb_s(thread_pool* pool, size_t buffer_bytes, int repe
         rates[k] = elapsed > 0 ? (double)buffer_bytes / elapsed * 1e-9 : 0.0;
     }
     (void)sink;
-    double median = median_of(rates, repeats);
+    double median = probe_median(rates, repeats);
     free(rates);
     free(sums);
     free(buffer);
@@ -297,7 +296,7 @@ double machine_peak_fma_gflop_s_at_level(thread_pool* pool, cpu_simd_level level
         rates[k] = elapsed > 0 ? fma_flops_per_run(level, job.iterations) * n_tasks / elapsed * 1e-9 : 0.0;
     }
     (void)sink;
-    double median = median_of(rates, repeats);
+    double median = probe_median(rates, repeats);
     free(rates);
     free(results);
     return median;
