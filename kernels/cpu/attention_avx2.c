@@ -22,8 +22,63 @@
 #include <string.h>
 
 #include "kernels/cpu/attention_simd.h"
-#include "kernels/cpu/ops.h"
 #include "kernels/cpu/simd_x86.h"
+
+// ---- softmax with a vector exp ------------------------------------------------
+//
+// softmax() in ops.c calls libm's expf once per score: at stories260K's
+// size that was a fifth of a decode step. This one computes exp 8 lanes at
+// a time (Cephes' expf: x = n ln2 + r, a degree-6 polynomial in r, 2^n put
+// in the exponent; within 2 ulp of expf) and sums in a fixed order: the
+// 8 lanes over full vectors, hsum8(), then the tail in order. Only the fp16
+// kernels use it, so the fp32 path keeps llama2.c's bits; within this level
+// a row's result still depends on nothing but its scores.
+
+AVX2_INLINE __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.33654f)), _mm256_set1_ps(88.37626f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x); // x - n ln2, ln2 in two parts
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+    __m256i exponent = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(exponent));
+}
+
+AVX2_INLINE void softmax8(float* x, int size) {
+    float max_value = x[0];
+    for (int i = 1; i < size; i++)
+        max_value = x[i] > max_value ? x[i] : max_value;
+    const __m256 max_vector = _mm256_set1_ps(max_value);
+    __m256 sum_vector = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= size; i += 8) {
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), max_vector));
+        _mm256_storeu_ps(x + i, e);
+        sum_vector = _mm256_add_ps(sum_vector, e);
+    }
+    float sum = hsum8(sum_vector);
+    if (i < size) { // the tail through one padded vector; only its live lanes are kept
+        float tail[8] = {0};
+        memcpy(tail, x + i, (size_t)(size - i) * sizeof(float));
+        _mm256_storeu_ps(tail, exp8(_mm256_sub_ps(_mm256_loadu_ps(tail), max_vector)));
+        for (int k = 0; k < size - i; k++)
+            sum += x[i + k] = tail[k];
+    }
+    const __m256 sum_broadcast = _mm256_set1_ps(sum);
+    for (i = 0; i + 8 <= size; i += 8)
+        _mm256_storeu_ps(x + i, _mm256_div_ps(_mm256_loadu_ps(x + i), sum_broadcast));
+    for (; i < size; i++)
+        x[i] /= sum;
+}
+
+// ---- q.k and p.v ----------------------------------------------------------------
 
 AVX2_INLINE float dot_f16(const float* q, const uint16_t* k, int n) {
     __m256 accumulator = _mm256_setzero_ps();
@@ -69,7 +124,7 @@ AVX2_TARGET static void attention_slot_major(float* out, const float* query, con
                     scale;
     }
     for (int h = 0; h < n_heads; h++)
-        softmax(all_scores + (size_t)h * (size_t)n_context, n_context);
+        softmax8(all_scores + (size_t)h * (size_t)n_context, n_context);
     memset(out, 0, (size_t)n_heads * (size_t)head_dim * sizeof(float));
     for (int t0 = 0, b = 0; t0 < n_context; t0 += block_size, b++) {
         const uint16_t* slot_values = values + (size_t)kv->block_table[b] * (size_t)block_size * (size_t)kv_dim;
@@ -97,7 +152,7 @@ AVX2_TARGET static void attention_head_major(float* out, const float* query, con
             int64_t slot = kv_slot_of_position(kv->block_table, kv->block_size, t);
             scores[t] = dot_f16(q, keys + (size_t)slot * (size_t)kv_dim + head_offset, head_dim) / scale;
         }
-        softmax(scores, n_context);
+        softmax8(scores, n_context);
         float* out_head = out + (size_t)h * (size_t)head_dim;
         memset(out_head, 0, (size_t)head_dim * sizeof(float));
         for (int t = 0; t < n_context; t++) {
