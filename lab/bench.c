@@ -202,9 +202,13 @@ static int bench_decode_section(bench_run_state* run, const model* m, const benc
 static int bench_prefill_section(bench_run_state* run, const model* m, const bench_variant* v, error_info* err) {
     bench_report* report = run->report;
     for (int i = 0; i < 2; i++) {
-        int tokens = PREFILL_TOKENS[i] < m->config.max_seq_len - 1 ? PREFILL_TOKENS[i] : m->config.max_seq_len - 1;
+        int room = m->config.max_seq_len - 2; // the prompt and the one token after it
+        int tokens = PREFILL_TOKENS[i] < room ? PREFILL_TOKENS[i] : room;
         run_totals totals;
-        if (measure_runs(m, run->options, 1, tokens, 1, true, &totals, err)) return -1;
+        // max_new 2 and room for it: the request outlives its prefill step
+        // (engine.c's record_sequences() passes a NULL table to memcpy when
+        // every sequence of a step has already released its blocks).
+        if (measure_runs(m, run->options, 1, tokens, 2, true, &totals, err)) return -1;
         bench_prefill* p = &report->prefill[report->n_prefill++];
         snprintf(p->dtype, sizeof p->dtype, "%s", v->label);
         p->tokens = tokens;

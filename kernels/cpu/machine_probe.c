@@ -79,7 +79,9 @@ AVX512_TARGET static uint64_t sum_avx512(const unsigned char* p, size_t n_bytes)
         c = _mm512_add_epi64(c, _mm512_load_si512((const void*)(p + i + 128)));
         d = _mm512_add_epi64(d, _mm512_load_si512((const void*)(p + i + 192)));
     }
-    return (uint64_t)_mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(a, b), _mm512_add_epi64(c, d)));
+    uint64_t lanes[8]; // summed as unsigned: the sum is a checksum, its wrap-around is meant
+    _mm512_storeu_si512((void*)lanes, _mm512_add_epi64(_mm512_add_epi64(a, b), _mm512_add_epi64(c, d)));
+    return lanes[0] + lanes[1] + lanes[2] + lanes[3] + lanes[4] + lanes[5] + lanes[6] + lanes[7];
 }
 
 AVX2_TARGET static uint64_t sum_avx2(const unsigned char* p, size_t n_bytes) {
