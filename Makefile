@@ -4,6 +4,7 @@
 #   make run        build and open the lab on its default model
 #   make test       install missing packages, build, run every test
 #   make check      the same tests under AddressSanitizer + UBSan (build/check)
+#   make bench      servelab bench on stories110m (BENCH_ARGS="--json --threads 2")
 #   make deps       install missing Debian packages (root) or print the command
 #   make models     fetch stories260K/stories15M into ./models (needs internet)
 #   make install    PREFIX=/usr/local DESTDIR=
@@ -89,7 +90,7 @@ endif
 # Keep intermediate objects (test_support.o) instead of rebuilding them.
 .SECONDARY:
 
-.PHONY: all run test check deps models install clean check-pkgs tests-build test-run
+.PHONY: all run test check deps models install clean check-pkgs tests-build test-run bench
 all: check-pkgs $(SERVELAB)
 
 check-pkgs:
@@ -135,6 +136,11 @@ check: deps
 # ./models has it, else small).
 run: all
 	$(SERVELAB)
+
+# The performance harness (README: Bench); the build is the portable one.
+BENCH_ARGS ?=
+bench: all
+	$(SERVELAB) bench $(BENCH_ARGS)
 
 deps:
 	@sh scripts/deps.sh $(DEB_PKGS)

@@ -15,10 +15,11 @@ static const char USAGE[] =
     "  quant      quantize a model (RTN, AWQ, GPTQ) or one tensor and measure the error\n"
     "  quiz       quiz yourself: question bank, numeric drills, spaced repetition\n"
     "  info       what this build supports (CUDA, presets)\n"
+    "  synth      write a synthetic preset as a llama2.c checkpoint\n"
+    "  bench      performance: bandwidth, decode, prefill, batch scaling, attention\n"
     "  help       this message\n"
     "\n"
-    "Each command takes --help. The lessons and bench commands are\n"
-    "being built (see README.md).\n";
+    "Each command takes --help.\n";
 
 typedef struct command_entry {
     const char* name;
@@ -32,6 +33,8 @@ static const command_entry COMMANDS[] = {
     {"quant", command_quant},
     {"quiz", command_quiz},
     {"info", command_info},
+    {"synth", command_synth},
+    {"bench", command_bench},
 };
 
 int main(int argc, char** argv) {
