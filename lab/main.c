@@ -13,6 +13,7 @@ static const char USAGE[] =
     "  generate   generate text from a model (checkpoint or synthetic preset)\n"
     "  sim        a workload through the engine: paged vs contiguous, continuous vs static\n"
     "  quant      quantize a model (RTN, AWQ, GPTQ) or one tensor and measure the error\n"
+    "  lesson     Lua lessons: run, list, new, check (lessons/README.md)\n"
     "  info       what this build supports (CUDA, presets)\n"
     "  help       this message\n"
     "\n"
@@ -29,6 +30,7 @@ static const command_entry COMMANDS[] = {
     {"generate", command_generate},
     {"sim", command_sim},
     {"quant", command_quant},
+    {"lesson", command_lesson},
     {"info", command_info},
 };
 
