@@ -23,6 +23,12 @@ static uint64_t now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+static double cpu_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 static int compare_doubles(const void* a, const void* b) {
     double x = *(const double*)a, y = *(const double*)b;
     return (x > y) - (x < y);
@@ -130,6 +136,7 @@ static int lab_time(lua_State* L) {
     t->initialised = true;
 
     double* seconds = lua_newuserdatauv(L, (size_t)(repeats + 1) * sizeof *seconds, 0);
+    double* cpu = lua_newuserdatauv(L, (size_t)(repeats + 1) * sizeof *cpu, 0);
     kernel_traffic traffic = {0};
     uint64_t rng = 0x5EED0000u + (uint64_t)tokens * 131u + (uint64_t)batch;
     // One untimed round first: caches, page faults and thread start-up.
@@ -139,17 +146,22 @@ static int lab_time(lua_State* L) {
         add_batch(L, e, batch, prompt_length, phase == 0 ? 1 : tokens + 1, &rng);
         const step_record* r = NULL;
         uint64_t elapsed = 0;
+        double elapsed_cpu = 0;
         kernel_traffic round_traffic = {0};
         if (phase == 0) {
+            double cpu_start = cpu_seconds();
             if (engine_step(e, &r, &err)) lab_error(L, "lab.time: %s", err.message);
+            elapsed_cpu = cpu_seconds() - cpu_start;
             if (r->prefill_tokens != batch * tokens)
                 lab_error(L, "lab.time: the prefill step computed %d tokens, expected %d", r->prefill_tokens, batch * tokens);
             elapsed = r->wall_ns;
             round_traffic = r->traffic;
         } else {
             while (engine_has_work(e)) { // the prefill step is not timed
+                double cpu_start = cpu_seconds();
                 if (engine_step(e, &r, &err)) lab_error(L, "lab.time: %s", err.message);
                 if (r->prefill_tokens == 0 && r->decode_tokens == batch) {
+                    elapsed_cpu += cpu_seconds() - cpu_start;
                     elapsed += r->wall_ns;
                     traffic_add(&round_traffic, &r->traffic);
                 }
@@ -159,6 +171,7 @@ static int lab_time(lua_State* L) {
             if (engine_step(e, &r, &err)) lab_error(L, "lab.time: %s", err.message);
         if (round > 0) {
             seconds[round - 1] = (double)elapsed * 1e-9;
+            cpu[round - 1] = elapsed_cpu;
             traffic = round_traffic;
         }
     }
@@ -168,6 +181,7 @@ static int lab_time(lua_State* L) {
         lua_rawseti(L, -2, i + 1);
     }
     double median = median_of(seconds, repeats);
+    double median_cpu = median_of(cpu, repeats);
     lua_createtable(L, 0, 10);
     lua_insert(L, -2);
     lua_setfield(L, -2, "samples");
@@ -176,6 +190,10 @@ static int lab_time(lua_State* L) {
     lab_set_integer(L, "batch", batch);
     lab_set_number(L, "seconds", median);
     lab_set_number(L, "tokens_per_s", median > 0 ? (double)tokens * batch / median : 0.0);
+    // CPU time of the whole process over the timed steps: with threads = 1 it
+    // is the work itself, unaffected by other programs taking the cores.
+    lab_set_number(L, "cpu_seconds", median_cpu);
+    lab_set_number(L, "cpu_tokens_per_s", median_cpu > 0 ? (double)tokens * batch / median_cpu : 0.0);
     lab_set_number(L, "seconds_per_step", phase == 0 ? median : median / tokens);
     uint64_t bytes = traffic.weight_bytes_read + traffic.kv_bytes_read + traffic.kv_bytes_written + traffic.activation_bytes;
     uint64_t flops = traffic.matmul_flops + traffic.attention_flops;
