@@ -343,10 +343,19 @@ static void read_task(void* ctx, int task, int thread) {
     job->sums[thread] += a ^ b ^ c ^ d; // keeps the reads from being optimised away
 }
 
-enum { STREAM_BYTES = 64 << 20, PEAK_ROWS = 1024, PEAK_COLS = 1024, PEAK_BATCH = 128, MACHINE_REPEATS = 7 };
+enum { STREAM_BYTES = 64 << 20, PEAK_ROWS = 1024, PEAK_COLS = 1024, PEAK_BATCH = 128, MACHINE_REPEATS = 15 };
 
-// Streams a 64 MiB buffer (twice the 32 MiB L3) with every core: the median
-// of 7 reads, in bytes per second.
+// The best of a machine's samples: a peak is what the hardware can do, and
+// on a shared machine every other program only ever makes a sample slower.
+static double best_of(const double* samples, int n) {
+    double best = samples[0];
+    for (int i = 1; i < n; i++)
+        if (samples[i] > best) best = samples[i];
+    return best;
+}
+
+// Streams a 64 MiB buffer (twice the 32 MiB L3) with every core: the best
+// of 15 reads, in bytes per second.
 static double measure_bandwidth(uint64_t* data, thread_pool* pool) {
     for (size_t i = 0; i < STREAM_BYTES / 8; i++) data[i] = i;
     read_job job = {data, STREAM_BYTES / 8, thread_pool_size(pool) * 4, {0}};
@@ -356,11 +365,11 @@ static double measure_bandwidth(uint64_t* data, thread_pool* pool) {
         thread_pool_run(pool, job.n_tasks, read_task, &job);
         samples[r] = (double)STREAM_BYTES / ((double)(now_ns() - start) * 1e-9);
     }
-    return median_of(samples, MACHINE_REPEATS);
+    return best_of(samples, MACHINE_REPEATS);
 }
 
 // The fp16 matmul kernel on a 1024 x 1024 matrix and 128 rows (compute
-// bound: 128 FLOP per weight byte): the median of 7, in FLOP per second.
+// bound: 128 FLOP per weight byte): the best of 15, in FLOP per second.
 static double measure_peak_flops(uint16_t* weights, float* in, float* out, thread_pool* pool) {
     uint64_t rng = 7;
     for (size_t i = 0; i < (size_t)PEAK_ROWS * PEAK_COLS; i++)
@@ -373,7 +382,7 @@ static double measure_peak_flops(uint16_t* weights, float* in, float* out, threa
         matmul_parallel(out, in, PEAK_BATCH, &w, pool, NULL);
         samples[r] = 2.0 * PEAK_BATCH * PEAK_ROWS * PEAK_COLS / ((double)(now_ns() - start) * 1e-9);
     }
-    return median_of(samples, MACHINE_REPEATS);
+    return best_of(samples, MACHINE_REPEATS);
 }
 
 // lab.machine() -> {name, bandwidth, peak_flops, ridge}, measured once per lesson.

@@ -200,6 +200,8 @@ static int lab_quantize(lua_State* L) {
     lab_set_integer(L, "clipped", clipped);
     lab_set_boolean(L, "within_half_step", within_half);
     lab_set_integer(L, "not_nearest", not_nearest);
+    // Bytes of the packed format (codes + fp16 scales + zero-points) for 8 and 4 bits.
+    if (scheme.bits == 8 || scheme.bits == 4) lab_set_integer(L, "packed_bytes", (lua_Integer)quant_packed_bytes(rows, cols, &scheme));
     lua_createtable(L, n_sets, 0);
     for (int k = 0; k < n_sets; k++) {
         lua_pushnumber(L, params[k].scale);
