@@ -20,7 +20,7 @@ end
 lab.pause()
 
 local model = lab.model(lab.full and "medium" or "small")
-local prompt = lab.full and 512 or 256
+local prompt = lab.full and 512 or 128
 local prefill = lab.time{model = model, phase = "prefill", tokens = prompt, repeats = 3, threads = 1}
 local decode = lab.time{model = model, phase = "decode", tokens = 8, repeats = 3, threads = 1}
 local decode_step_s = decode.cpu_seconds / 8
