@@ -108,7 +108,7 @@ static void copy_text(char* out, size_t capacity, const char* text) {
     out[n] = '\0';
 }
 
-static bool path_inside(const char* path, const char* dir) {
+bool lesson_path_inside(const char* path, const char* dir) {
     size_t n = strlen(dir);
     return strncmp(path, dir, n) == 0 && (path[n] == '/' || path[n] == '\0');
 }
@@ -143,7 +143,7 @@ static const char* sandbox_path(lua_State* L, const char* name, bool write, char
     snprintf(out, capacity, "%s/%s", resolved, slash + 1);
     char file_resolved[PATH_MAX];
     if (realpath(out, file_resolved)) snprintf(out, capacity, "%s", file_resolved);
-    if (!path_inside(out, base) || strcmp(slash + 1, "..") == 0 || strcmp(slash + 1, ".") == 0)
+    if (!lesson_path_inside(out, base) || strcmp(slash + 1, "..") == 0 || strcmp(slash + 1, ".") == 0)
         lab_error(L, "io.open: '%s' is outside the %s ('%s'); lessons may read only inside their own folder "
                       "and write only inside the output folder",
                    name, write ? "output folder" : "lesson's folder", base);

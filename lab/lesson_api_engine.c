@@ -6,6 +6,7 @@
 //   id = e:add{prompt = "Once", max_tokens = 16, n = 2, prefix = "System: ..."}
 //   r = e:step();  e:run{stop_when = function(r) return r.running == 0 end}
 //   e:record(), e:pool(), e:sequence(id), e:sequences(), e:queues(), e:totals(), e:logits(id)
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -189,12 +190,44 @@ lab_model* lab_push_model(lua_State* L, const model_request* request) {
     return m;
 }
 
+// A model or tokenizer file a lesson may read: inside the lesson's folder,
+// or in the model folders servelab itself looks in (./models,
+// ../shared/models). Relative paths are tried from the lesson's folder
+// first, then from the working directory. Writes the resolved path.
+static void check_model_file(lua_State* L, int arg, const char* field, const char* path, char* out, size_t capacity) {
+    lesson* l = lesson_of(L);
+    char joined[PATH_MAX + 1200], resolved[PATH_MAX];
+    snprintf(joined, sizeof joined, "%s/%s", l->lesson_dir, path);
+    bool found = path[0] != '/' && realpath(joined, resolved);
+    if (!found && !realpath(path, resolved))
+        lab_field_error(L, arg, field, "'%s' is neither a preset (tiny, small, medium, large) nor a file", path);
+    const char* roots[] = {"models", "../shared/models"};
+    bool allowed = lesson_path_inside(resolved, l->lesson_dir);
+    for (size_t i = 0; i < sizeof roots / sizeof roots[0] && !allowed; i++) {
+        char root[PATH_MAX];
+        allowed = realpath(roots[i], root) && lesson_path_inside(resolved, root);
+    }
+    if (!allowed)
+        lab_field_error(L, arg, field, "'%s' is outside the lesson's folder and the model folders (models, ../shared/models)", path);
+    snprintf(out, capacity, "%s", resolved);
+}
+
 // Loads a model described by the model fields of table `arg` and pushes its handle.
 static lab_model* push_new_model(lua_State* L, int arg) {
     model_request request = {0};
     request.synth_seed = SYNTH_DEFAULT_SEED;
     apply_fields(L, arg, MODEL_FIELDS, match_model_flag, &request);
     if (!request.model_arg) lab_field_error(L, arg, "model", "expected a preset (tiny, small, medium, large) or a checkpoint path");
+    char model_path[PATH_MAX], tokenizer_path[PATH_MAX];
+    struct stat st;
+    if (!synth_find_preset(request.model_arg) || stat(request.model_arg, &st) == 0) {
+        check_model_file(L, arg, "model", request.model_arg, model_path, sizeof model_path);
+        request.model_arg = model_path;
+    }
+    if (request.tokenizer_arg) {
+        check_model_file(L, arg, "tokenizer", request.tokenizer_arg, tokenizer_path, sizeof tokenizer_path);
+        request.tokenizer_arg = tokenizer_path;
+    }
     return lab_push_model(L, &request);
 }
 

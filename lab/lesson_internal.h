@@ -110,6 +110,9 @@ void lesson_release_bytes(lesson* l, uint64_t bytes);
 // loops that run many engine steps between Lua instructions).
 void lesson_check_time(lua_State* L);
 
+// True when `path` (resolved) is `dir` or inside it (lesson.c).
+bool lesson_path_inside(const char* path, const char* dir);
+
 // Narration and checks (lesson.c).
 void lesson_say(lesson* l, const char* text);
 
