@@ -270,7 +270,7 @@ static void test_quant_and_formula_api(void** state) {
         "lab.say(string.format('time %d %s %s', #timing.samples, tostring(timing.seconds > 0), tostring(timing.cpu_seconds > 0)))\n"
         "local decode = lab.time{model = m, phase = 'decode', tokens = 4, repeats = 1}\n"
         "lab.say(string.format('decode %s', tostring(decode.intensity < timing.intensity)))\n"
-        "lab.check{id = 'c1', claim = 'c', bank_answer = false, measure = function() return q.z == 1, 'z ' .. q.z end}\n";
+        "lab.check{id = 'c1', claim = 'c', bank_answer = false, measure = function() return q.z == 4, 'z ' .. q.z end}\n";
     captured* c = calloc(1, sizeof *c);
     assert_int_equal(run_source("quant_api", source, NULL, c), LESSON_DONE);
     const char* expected[] = {
