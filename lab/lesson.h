@@ -19,9 +19,10 @@
 //
 // The lesson's checks arrive through on_check as they happen; claims the
 // lesson declared (lab.lesson{claims = {...}}) but never checked are
-// reported as FAIL when it ends (lesson_finish). A failing lesson never
-// takes its host down: Lua errors, the time limit and the memory cap all
-// come back as LESSON_FAILED with a message.
+// reported as FAIL through on_check when it ends (lesson_resume calls
+// lesson_finish on DONE and FAILED). A failing lesson never takes its host
+// down: Lua errors, the time limit and the memory cap all come back as
+// LESSON_FAILED with a message, and lesson_close frees everything.
 //
 // Sandbox (lessons are shared between people): the base library without
 // dofile/loadfile/load of binary chunks, string, table, math, utf8,
@@ -97,8 +98,9 @@ const engine* lesson_focus_engine(const lesson* l);
 // Counts so far (DISAGREE and FAIL count as failed).
 void lesson_counts(const lesson* l, int* passed, int* failed);
 
-// Reports every declared claim that was not checked as FAIL (once; called
-// by lesson_close too, so hosts need it only to get the counts first).
+// Reports every declared claim that was not checked as FAIL (once).
+// lesson_resume calls it when the lesson ends; a host that abandons a
+// paused lesson and wants its remaining claims reported may call it.
 void lesson_finish(lesson* l);
 
 // Closes the Lua state and frees every engine and model it made.
