@@ -28,7 +28,7 @@ lesson_options lesson_options_default(void) {
     };
 }
 
-static double process_cpu_seconds(void) {
+double lesson_cpu_seconds(void) {
     struct timespec ts;
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
@@ -85,7 +85,7 @@ static void raise_time_limit(lua_State* L) {
 static void time_hook(lua_State* L, lua_Debug* ar) {
     (void)ar;
     lesson* l = lesson_of(L);
-    if (l->time_exceeded || process_cpu_seconds() - l->cpu_start_s > l->options.time_limit_s) {
+    if (l->time_exceeded || lesson_cpu_seconds() - l->cpu_start_s > l->options.time_limit_s) {
         // From now on every instruction raises: a pcall that catches the
         // error cannot keep the lesson alive.
         lua_sethook(L, time_hook, LUA_MASKCOUNT, 1);
@@ -95,7 +95,7 @@ static void time_hook(lua_State* L, lua_Debug* ar) {
 
 void lesson_check_time(lua_State* L) {
     lesson* l = lesson_of(L);
-    if (l->time_exceeded || process_cpu_seconds() - l->cpu_start_s > l->options.time_limit_s) raise_time_limit(L);
+    if (l->time_exceeded || lesson_cpu_seconds() - l->cpu_start_s > l->options.time_limit_s) raise_time_limit(L);
 }
 
 // ---- the sandbox ----------------------------------------------------------------------------
@@ -592,7 +592,7 @@ lesson_status lesson_resume(lesson* l) {
     if (l->status != LESSON_PAUSED) return l->status;
     if (!l->started) {
         l->started = true;
-        l->cpu_start_s = process_cpu_seconds();
+        l->cpu_start_s = lesson_cpu_seconds();
     }
     int n_results = 0;
     int status = lua_resume(l->thread, l->L, 0, &n_results);

@@ -12,21 +12,17 @@
 #include <time.h>
 
 #include "engine/devices.h"
+#include "engine/sampler.h"
 #include "kernels/cpu/fp16.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/thread_pool.h"
 #include "lab/lesson_internal.h"
 
-static uint64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static double cpu_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+// Seconds on the monotonic clock (the machine measurements' wall time).
+static double wall_seconds(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (double)now.tv_sec + 1e-9 * (double)now.tv_nsec;
 }
 
 static int compare_doubles(const void* a, const void* b) {
@@ -51,15 +47,6 @@ static int lab_median(lua_State* L) {
 
 // ---- timing prefill and decode ------------------------------------------------------------
 
-// splitmix64: distinct, reproducible prompt tokens, so that no prompt
-// shares a block with another (prefix caching is off anyway).
-static uint64_t next_random(uint64_t* state) {
-    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 typedef struct timing_engine {
     engine engine;
     bool initialised;
@@ -75,13 +62,16 @@ static int timing_engine_gc(lua_State* L) {
     return 0;
 }
 
-// Adds `batch` requests of `prompt_length` random tokens (BOS first).
+// Adds `batch` requests of `prompt_length` random tokens (BOS first):
+// reproducible (the sampler's generator, seeded) and distinct, so that no
+// prompt shares a block with another (prefix caching is off anyway).
 static void add_batch(lua_State* L, engine* e, int batch, int prompt_length, int max_new_tokens, uint64_t* rng) {
     int vocab = e->model->config.vocab_size;
     int32_t* prompt = lua_newuserdatauv(L, (size_t)prompt_length * sizeof *prompt, 0);
     for (int b = 0; b < batch; b++) {
         prompt[0] = 1;
-        for (int i = 1; i < prompt_length; i++) prompt[i] = 3 + (int32_t)(next_random(rng) % (uint64_t)(vocab - 3));
+        for (int i = 1; i < prompt_length; i++)
+            prompt[i] = 3 + (int32_t)(sampler_random_unit(rng) * (float)(vocab - 3));
         request_params p = {prompt, prompt_length, max_new_tokens, 1, 0.0f, 0.0f, 1, 0.0, true};
         error_info err = {{0}};
         if (engine_add_request(e, &p, NULL, &err)) lab_error(L, "lab.time: %s", err.message);
@@ -149,19 +139,19 @@ static int lab_time(lua_State* L) {
         double elapsed_cpu = 0;
         kernel_traffic round_traffic = {0};
         if (phase == 0) {
-            double cpu_start = cpu_seconds();
+            double cpu_start = lesson_cpu_seconds();
             if (engine_step(e, &r, &err)) lab_error(L, "lab.time: %s", err.message);
-            elapsed_cpu = cpu_seconds() - cpu_start;
+            elapsed_cpu = lesson_cpu_seconds() - cpu_start;
             if (r->prefill_tokens != batch * tokens)
                 lab_error(L, "lab.time: the prefill step computed %d tokens, expected %d", r->prefill_tokens, batch * tokens);
             elapsed = r->wall_ns;
             round_traffic = r->traffic;
         } else {
             while (engine_has_work(e)) { // the prefill step is not timed
-                double cpu_start = cpu_seconds();
+                double cpu_start = lesson_cpu_seconds();
                 if (engine_step(e, &r, &err)) lab_error(L, "lab.time: %s", err.message);
                 if (r->prefill_tokens == 0 && r->decode_tokens == batch) {
-                    elapsed_cpu += cpu_seconds() - cpu_start;
+                    elapsed_cpu += lesson_cpu_seconds() - cpu_start;
                     elapsed += r->wall_ns;
                     traffic_add(&round_traffic, &r->traffic);
                 }
@@ -361,9 +351,9 @@ static double measure_bandwidth(uint64_t* data, thread_pool* pool) {
     read_job job = {data, STREAM_BYTES / 8, thread_pool_size(pool) * 4, {0}};
     double samples[MACHINE_REPEATS];
     for (int r = 0; r < MACHINE_REPEATS; r++) {
-        uint64_t start = now_ns();
+        double start = wall_seconds();
         thread_pool_run(pool, job.n_tasks, read_task, &job);
-        samples[r] = (double)STREAM_BYTES / ((double)(now_ns() - start) * 1e-9);
+        samples[r] = (double)STREAM_BYTES / (wall_seconds() - start);
     }
     return best_of(samples, MACHINE_REPEATS);
 }
@@ -373,14 +363,14 @@ static double measure_bandwidth(uint64_t* data, thread_pool* pool) {
 static double measure_peak_flops(uint16_t* weights, float* in, float* out, thread_pool* pool) {
     uint64_t rng = 7;
     for (size_t i = 0; i < (size_t)PEAK_ROWS * PEAK_COLS; i++)
-        weights[i] = fp32_to_fp16((float)((double)(next_random(&rng) >> 11) / 9007199254740992.0 - 0.5));
+        weights[i] = fp32_to_fp16(sampler_random_unit(&rng) - 0.5f);
     for (size_t i = 0; i < (size_t)PEAK_BATCH * PEAK_COLS; i++) in[i] = (float)((i % 17) * 0.01);
     weight_matrix w = {WEIGHT_F16, PEAK_ROWS, PEAK_COLS, 0, weights, NULL, NULL, NULL, 0};
     double samples[MACHINE_REPEATS];
     for (int r = 0; r < MACHINE_REPEATS; r++) {
-        uint64_t start = now_ns();
+        double start = wall_seconds();
         matmul_parallel(out, in, PEAK_BATCH, &w, pool, NULL);
-        samples[r] = 2.0 * PEAK_BATCH * PEAK_ROWS * PEAK_COLS / ((double)(now_ns() - start) * 1e-9);
+        samples[r] = 2.0 * PEAK_BATCH * PEAK_ROWS * PEAK_COLS / (wall_seconds() - start);
     }
     return best_of(samples, MACHINE_REPEATS);
 }

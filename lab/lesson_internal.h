@@ -106,6 +106,9 @@ lesson* lesson_of(lua_State* L);
 void lesson_reserve_bytes(lua_State* L, uint64_t bytes, const char* what);
 void lesson_release_bytes(lesson* l, uint64_t bytes);
 
+// CPU seconds the whole process has used (every thread).
+double lesson_cpu_seconds(void);
+
 // Raises "time limit of N s CPU exceeded" once the limit is spent (for C
 // loops that run many engine steps between Lua instructions).
 void lesson_check_time(lua_State* L);
