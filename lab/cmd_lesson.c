@@ -97,32 +97,21 @@ static void check_to_terminal(void* user, const lesson_check_result* result) {
     lesson_print_check(stdout, result);
 }
 
+static void wait_for_enter(void* user) {
+    (void)user;
+    printf("-- press Enter to continue --");
+    fflush(stdout);
+    int c;
+    while ((c = getchar()) != '\n' && c != EOF) {
+    }
+}
+
 static int run_in_terminal(const run_args* a) {
     lesson_options options = a->options;
     options.interactive = isatty(STDIN_FILENO);
     options.on_say = say_to_terminal;
     options.on_check = check_to_terminal;
-    lesson* l = NULL;
-    error_info err = {{0}};
-    if (lesson_open(&l, a->path, &options, &err)) {
-        fprintf(stderr, "%s\n", err.message);
-        return 1;
-    }
-    lesson_status status;
-    while ((status = lesson_resume(l)) == LESSON_PAUSED) {
-        printf("-- press Enter to continue --");
-        fflush(stdout);
-        int c;
-        while ((c = getchar()) != '\n' && c != EOF) {
-        }
-    }
-    if (status == LESSON_FAILED) fprintf(stderr, "%s\n", lesson_error(l));
-    int passed = 0, failed = 0;
-    lesson_counts(l, &passed, &failed);
-    lesson_close(l);
-    if (status == LESSON_FAILED && passed + failed == 0) failed = 1;
-    printf("%d passed, %d failed\n", passed, failed);
-    return failed == 0 && status == LESSON_DONE ? 0 : 1;
+    return lesson_run_file(a->path, &options, wait_for_enter, NULL, stdout, stderr, true);
 }
 
 static int command_run(int argc, char** argv) {

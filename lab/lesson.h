@@ -134,6 +134,13 @@ int lesson_list_folder(const char* folder, lesson_file_name* names, int capacity
 //   FAIL <id> <claim> -- <error>
 void lesson_print_check(FILE* out, const lesson_check_result* result);
 
+// Runs a lesson to its end with `options` as given (callbacks included),
+// calling on_pause (may be NULL) at every pause; prints errors to `errors`
+// and, when summary is set, "N passed, M failed" to `out`. Returns 0 when
+// every reported check passed and the lesson did not fail, 1 otherwise.
+int lesson_run_file(const char* path, const lesson_options* options, void (*on_pause)(void* user), void* pause_user,
+                    FILE* out, FILE* errors, bool summary);
+
 // Runs a lesson headless, printing its check lines (only claim only_claim's
 // when set) and, unless only_claim is set, the summary "N passed, M failed".
 // Errors go to `errors` as "FILE:LINE: message". Returns 0 when every

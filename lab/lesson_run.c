@@ -18,27 +18,18 @@ void lesson_print_check(FILE* out, const lesson_check_result* r) {
 
 static void print_check(void* user, const lesson_check_result* result) { lesson_print_check(user, result); }
 
-// Runs to the end (pauses are no-ops headless). Returns the final status.
-static lesson_status run_to_end(lesson* l) {
-    lesson_status status;
-    while ((status = lesson_resume(l)) == LESSON_PAUSED) {
-    }
-    return status;
-}
-
-static int run_headless(const char* path, const lesson_options* given, FILE* out, FILE* errors, bool summary) {
-    lesson_options options = *given;
-    options.interactive = false;
-    options.on_check = print_check;
-    options.user = out;
+int lesson_run_file(const char* path, const lesson_options* options, void (*on_pause)(void* user), void* pause_user,
+                    FILE* out, FILE* errors, bool summary) {
     lesson* l = NULL;
     error_info err = {{0}};
-    if (lesson_open(&l, path, &options, &err)) {
+    if (lesson_open(&l, path, options, &err)) {
         fprintf(errors, "%s\n", err.message);
         if (summary) fprintf(out, "0 passed, 1 failed\n");
         return 1;
     }
-    lesson_status status = run_to_end(l);
+    lesson_status status;
+    while ((status = lesson_resume(l)) == LESSON_PAUSED)
+        if (on_pause) on_pause(pause_user);
     if (status == LESSON_FAILED) fprintf(errors, "%s\n", lesson_error(l));
     int passed = 0, failed = 0;
     lesson_counts(l, &passed, &failed);
@@ -46,6 +37,14 @@ static int run_headless(const char* path, const lesson_options* given, FILE* out
     if (status == LESSON_FAILED && passed + failed == 0) failed = 1; // a lesson that failed before any check
     if (summary) fprintf(out, "%d passed, %d failed\n", passed, failed);
     return failed == 0 && status == LESSON_DONE ? 0 : 1;
+}
+
+static int run_headless(const char* path, const lesson_options* given, FILE* out, FILE* errors, bool summary) {
+    lesson_options options = *given;
+    options.interactive = false; // lab.pause() is a no-op
+    options.on_check = print_check;
+    options.user = out;
+    return lesson_run_file(path, &options, NULL, NULL, out, errors, summary);
 }
 
 int lesson_run_headless(const char* path, const lesson_options* options, FILE* out, FILE* errors) {
