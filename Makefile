@@ -5,6 +5,7 @@
 #   make test       install missing packages, build, run every test
 #   make check      the same tests under AddressSanitizer + UBSan (build/check)
 #   make bench      servelab bench on stories110m (BENCH_ARGS="--json --threads 2")
+#   make lessons    every Lua lesson headless with its full-size scenarios (minutes)
 #   make deps       install missing Debian packages (root) or print the command
 #   make models     fetch stories260K/stories15M into ./models (needs internet)
 #   make install    PREFIX=/usr/local DESTDIR=
@@ -90,7 +91,7 @@ endif
 # Keep intermediate objects (test_support.o) instead of rebuilding them.
 .SECONDARY:
 
-.PHONY: all run test check deps models install clean check-pkgs tests-build test-run bench
+.PHONY: all run test check deps models install clean check-pkgs tests-build test-run bench lessons
 all: check-pkgs $(SERVELAB)
 
 check-pkgs:
@@ -131,6 +132,13 @@ test: deps
 # CUDA runtime and ASan's shadow memory do not mix without extra options.
 check: deps
 	@$(MAKE) --no-print-directory BUILD=build/check SANITIZE=1 CUDA=0 test-run
+
+# Every lesson headless with lab.full set: the full-size measurements (the
+# memory-bound medium preset) that `make test` leaves out to stay fast.
+lessons: all
+	@status=0; for f in lessons/*.lua; do \
+	    $(SERVELAB) lesson run $$f --headless --full --time-limit 900 --memory-limit 1GiB || status=1; \
+	done; exit $$status
 
 # The dashboard on the default model (stories260K when ../shared or
 # ./models has it, else small).

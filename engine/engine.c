@@ -395,7 +395,9 @@ static int record_sequences(engine* e, const schedule_result* plan, step_record*
         out->tail_fill = e->config.layout == KV_LAYOUT_PAGED && s->n_computed > 0
                              ? (s->n_computed - 1) % e->config.block_size + 1
                              : 0;
-        memcpy(r->block_ids + offset, s->block_table, (size_t)s->n_table * sizeof(int32_t));
+        // A sequence that finished this step has released its table (n_table 0,
+        // and block_ids may still be NULL): memcpy must not see NULL even for 0 bytes.
+        if (s->n_table > 0) memcpy(r->block_ids + offset, s->block_table, (size_t)s->n_table * sizeof(int32_t));
         offset += s->n_table;
     }
     return 0;

@@ -12,6 +12,7 @@
 
 #include "lab/cli_args.h"
 #include "lab/commands.h"
+#include "lab/lesson.h"
 #include "lab/quiz_data.h"
 #include "lab/quiz_session.h"
 #include "lab/quiz_view.h"
@@ -43,14 +44,15 @@ static const char QUIZ_USAGE[] =
     "answer, p proves the claim with its lesson check. q quits.\n"
     "Progress: $XDG_DATA_HOME/servelab/progress (default ~/.local/share/servelab/progress).\n";
 
-// "Prove it" until lab/lesson.h is linked in: says so. The lead replaces
-// this pointer with a wrapper of lesson_prove_claim (see quiz_prove_fn).
-static int prove_not_available(const char* claim_id, FILE* out, error_info* err) {
-    (void)out;
-    return error_set(err,
-                     "prove it: not available in this build (the lesson runner is not linked); the claim is "
-                     "lesson check '%s' in lessons/",
-                     claim_id);
+// "Prove it": the lessons folder beside the quiz data (quiz/../lessons), set
+// once the quiz data is found; the prove hook has no user pointer.
+static char prove_lessons_dir[1100] = "lessons";
+
+static int prove_with_lessons(const char* claim_id, FILE* out, error_info* err) {
+    fprintf(out, "running the lesson check for %s in %s (headless)...\n", claim_id, prove_lessons_dir);
+    fflush(out);
+    int status = lesson_prove_claim(prove_lessons_dir, claim_id, out, err);
+    return status < 0 ? -1 : 0; // a DISAGREE or FAIL line is the answer, not an error
 }
 
 typedef struct quiz_run {
@@ -287,6 +289,7 @@ static int load_everything(quiz_run* run, const quiz_flags* flags) {
         fprintf(stderr, "servelab quiz: %s\n", err.message);
         return 1;
     }
+    snprintf(prove_lessons_dir, sizeof prove_lessons_dir, "%.1000s/../lessons", dir);
     snprintf(path, sizeof path, "%s/bank.lua", dir);
     if (quiz_bank_load(path, &run->bank, &err)) {
         fprintf(stderr, "servelab quiz: %s\n", err.message);
@@ -332,7 +335,7 @@ int command_quiz(int argc, char** argv) {
     }
     quiz_run run;
     memset(&run, 0, sizeof run);
-    run.prove = prove_not_available;
+    run.prove = prove_with_lessons;
     int status = load_everything(&run, &flags);
     int64_t now = (int64_t)time(NULL);
     if (status == 0 && flags.stats) {

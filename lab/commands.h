@@ -12,5 +12,6 @@ int command_lab(int argc, char** argv);
 int command_quiz(int argc, char** argv);
 int command_synth(int argc, char** argv);
 int command_bench(int argc, char** argv);
+int command_lesson(int argc, char** argv);
 
 #endif

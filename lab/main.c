@@ -14,6 +14,7 @@ static const char USAGE[] =
     "  sim        a workload through the engine: paged vs contiguous, continuous vs static\n"
     "  quant      quantize a model (RTN, AWQ, GPTQ) or one tensor and measure the error\n"
     "  quiz       quiz yourself: question bank, numeric drills, spaced repetition\n"
+    "  lesson     Lua lessons: run, list, new, check (lessons/README.md)\n"
     "  info       what this build supports (CUDA, presets)\n"
     "  synth      write a synthetic preset as a llama2.c checkpoint\n"
     "  bench      performance: bandwidth, decode, prefill, batch scaling, attention\n"
@@ -32,6 +33,7 @@ static const command_entry COMMANDS[] = {
     {"sim", command_sim},
     {"quant", command_quant},
     {"quiz", command_quiz},
+    {"lesson", command_lesson},
     {"info", command_info},
     {"synth", command_synth},
     {"bench", command_bench},

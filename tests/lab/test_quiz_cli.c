@@ -263,8 +263,19 @@ static void test_plain_session_right_and_wrong(void** state) {
     assert_int_equal(n, 8);
     assert_non_null(strstr(c.out, "Session over: 4 right, 4 wrong."));
     assert_non_null(strstr(c.out, "seed 11"));
-    // 'p' asked for the proof; this build says plainly that it cannot run it.
-    assert_non_null(strstr(c.out, "not available in this build"));
+    // 'p' ran the claim's lesson check live: its PASS line (or DISAGREE,
+    // which a sanitizer build's skewed timings can give) with the evidence.
+    const char* proof = strstr(c.out, "running the lesson check for ");
+    if (!proof) fail_msg("p did not run a lesson check:\n%s", c.out);
+    char claim[32] = "", line_start[64];
+    assert_int_equal(sscanf(proof, "running the lesson check for %31s", claim), 1);
+    const char* result = strchr(proof, '\n') + 1;
+    snprintf(line_start, sizeof line_start, "PASS %s ", claim);
+    bool passed = strncmp(result, line_start, strlen(line_start)) == 0;
+    snprintf(line_start, sizeof line_start, "DISAGREE %s ", claim);
+    bool disagreed = strncmp(result, line_start, strlen(line_start)) == 0;
+    if (!passed && !disagreed) fail_msg("no check line for %s after 'p':\n%s", claim, result);
+    assert_non_null(strstr(result, " -- ")); // the measured evidence follows
     check_progress(home, log, n);
     // The same seed asks the same questions... (new progress home, same order)
     quiz_child again;
