@@ -90,8 +90,8 @@ int engine_init(engine* e, const model* m, const engine_config* config, error_in
         return error_set(err, "--threads %d: cannot start the worker threads (error %d)", c->n_threads, pool_status);
     }
     if (forward_state_set_pool(&e->forward, e->workers, err) ||
-        forward_state_set_tensor_parallel(&e->forward, m, c->tp_shards, threads_per_shard > 1 ? threads_per_shard : 1,
-                                          err)) {
+        forward_state_set_tensor_parallel(&e->forward, m, c->tp_shards,
+                                          threads_per_shard > 1 ? threads_per_shard : 1, err)) {
         engine_free(e);
         return -1;
     }
@@ -393,7 +393,8 @@ static void record_tensor_parallel(const engine* e, step_record* r) {
     for (int k = 0; k < f->n_shards; k++) r->shard_traffic[k] = f->shards[k].traffic;
     r->n_allreduces = f->n_allreduces;
     r->allreduce_bytes = f->allreduce_bytes;
-    r->allreduce_seconds = link_allreduce_seconds(link_model_get(e->config.tp_link), f->n_allreduces, f->allreduce_bytes);
+    r->allreduce_seconds =
+        link_allreduce_seconds(link_model_get(e->config.tp_link), f->n_allreduces, f->allreduce_bytes);
 }
 
 // ---- one step ------------------------------------------------------------------------------

@@ -12,10 +12,19 @@
 
 // Without sharding, shard 0 is the whole model working in the state's own arrays.
 static void alias_single_shard(forward_state* s, const model_config* c) {
-    s->shards[0] = (forward_shard){0,         c->n_heads, 0,         c->n_kv_heads,     c->hidden_dim,
-                                   s->query,  s->key,     s->value,  s->attention,      s->hidden,
-                                   s->hidden_up, s->xb2,  s->scores, s->n_thread_slots, s->pool,
-                                   {0}};
+    s->shards[0] = (forward_shard){.n_heads = c->n_heads,
+                                   .n_kv_heads = c->n_kv_heads,
+                                   .hidden_size = c->hidden_dim,
+                                   .query = s->query,
+                                   .key = s->key,
+                                   .value = s->value,
+                                   .attention = s->attention,
+                                   .hidden = s->hidden,
+                                   .hidden_up = s->hidden_up,
+                                   .partial = s->xb2,
+                                   .scores = s->scores,
+                                   .n_thread_slots = s->n_thread_slots,
+                                   .pool = s->pool};
 }
 
 int forward_state_init(forward_state* s, const model_config* c, int max_rows, int max_context, error_info* err) {
@@ -230,12 +239,13 @@ typedef struct shard_kv {
 
 static shard_kv shard_kv_of(const layer_run* run, const forward_shard* shard) {
     const kv_memory* kv = run->kv;
-    const size_t element_offset = (size_t)shard->kv_head_begin * (size_t)kv->head_dim;
+    const size_t byte_offset =
+        (size_t)shard->kv_head_begin * (size_t)kv->head_dim * (size_t)kv_dtype_bytes(kv->dtype);
     float* key_scales = kv_memory_layer_key_scales(kv, run->layer);
     float* value_scales = kv_memory_layer_value_scales(kv, run->layer);
     return (shard_kv){kv->dtype,
-                      (char*)kv_memory_layer_keys(kv, run->layer) + element_offset * (size_t)kv_dtype_bytes(kv->dtype),
-                      (char*)kv_memory_layer_values(kv, run->layer) + element_offset * (size_t)kv_dtype_bytes(kv->dtype),
+                      (char*)kv_memory_layer_keys(kv, run->layer) + byte_offset,
+                      (char*)kv_memory_layer_values(kv, run->layer) + byte_offset,
                       key_scales ? key_scales + shard->kv_head_begin : NULL,
                       value_scales ? value_scales + shard->kv_head_begin : NULL,
                       run->state->n_shards > 1 ? 1 : kv->block_size,
@@ -309,7 +319,8 @@ static void attention_sublayer(void* context, int k, int thread) {
     attention_job job = {&view, shard, head_dim, s->max_context, per_thread_traffic};
     thread_pool_run(shard->pool, n, attention_task, &job);
     for (int t = 0; t < shard->n_thread_slots; t++) traffic_add(traffic, &per_thread_traffic[t]);
-    if (s->capture) s->capture(s->capture_user, run->layer, CAPTURE_ATTENTION_OUTPUT, shard->attention, n, (int)query_width);
+    if (s->capture)
+        s->capture(s->capture_user, run->layer, CAPTURE_ATTENTION_OUTPUT, shard->attention, n, (int)query_width);
     matmul_parallel(shard->partial, shard->attention, n, &w->wo, shard->pool, traffic);
 }
 
@@ -345,7 +356,8 @@ static void all_reduce_residual(forward_state* s, int n_rows, const model_config
     for (int k = 0; k < s->n_shards; k++) partials[k] = s->shards[k].partial;
     residual_rmsnorm(s->xb, s->x, partials, s->n_shards, norm_weight, n_rows, c->dim, MODEL_RMS_EPS, traffic);
     if (s->n_shards > 1) {
-        s->allreduce_bytes += link_ring_allreduce_bytes(s->n_shards, (uint64_t)n_rows * (uint64_t)c->dim * sizeof(float));
+        uint64_t message_bytes = (uint64_t)n_rows * (uint64_t)c->dim * sizeof(float); // fp32 partial sums
+        s->allreduce_bytes += link_ring_allreduce_bytes(s->n_shards, message_bytes);
         s->n_allreduces++;
     }
 }

@@ -28,7 +28,8 @@ void step_record_write_json(const step_record* r, FILE* out) {
             r->step, r->clock_seconds, r->wall_ns, r->prefill_tokens, r->decode_tokens);
     fputc(',', out);
     write_traffic(&r->traffic, out);
-    fprintf(out, ",\"tp\":{\"shards\":%d,\"link\":\"%s\",\"allreduces\":%d,\"allreduce_bytes\":%" PRIu64
+    fprintf(out,
+            ",\"tp\":{\"shards\":%d,\"link\":\"%s\",\"allreduces\":%d,\"allreduce_bytes\":%" PRIu64
             ",\"allreduce_s\":%.9f,\"shard_traffic\":[",
             r->tp_shards, r->tp_link ? r->tp_link : "", r->n_allreduces, r->allreduce_bytes, r->allreduce_seconds);
     for (int k = 0; k < r->tp_shards && k < MAX_TP_SHARDS; k++) {

@@ -172,7 +172,8 @@ static int split_shapes(tp_plan* plan, const model* m, int n_shards, error_info*
         shard->n_kv_heads = c->n_kv_heads / n_shards;
         shard->kv_head_begin = s * shard->n_kv_heads;
         // As even as the units allow: shard s gets units [s n / N, (s + 1) n / N).
-        int unit_begin = (int)((long long)s * n_units / n_shards), unit_end = (int)((long long)(s + 1) * n_units / n_shards);
+        int unit_begin = (int)((long long)s * n_units / n_shards);
+        int unit_end = (int)((long long)(s + 1) * n_units / n_shards);
         shard->hidden_begin = unit_begin * unit;
         shard->hidden_size = (unit_end - unit_begin) * unit;
     }
@@ -212,7 +213,8 @@ int tp_plan_build(tp_plan* plan, const model* m, int n_shards, error_info* err) 
     if (split_shapes(plan, m, n_shards, err)) return -1;
     plan->n_shards = n_shards;
     for (int l = 0; l < m->config.n_layers; l++)
-        for (int i = 0; i < 7; i++) plan->sharded_weight_bytes += weight_matrix_bytes(model_storage_layer_matrix(&m->layers[l], i));
+        for (int i = 0; i < 7; i++)
+            plan->sharded_weight_bytes += weight_matrix_bytes(model_storage_layer_matrix(&m->layers[l], i));
     if (n_shards == 1) { // the model's own layers: nothing to copy
         plan->shards[0].layers = m->layers;
         return 0;

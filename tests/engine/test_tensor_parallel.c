@@ -316,7 +316,8 @@ static void check_tiny(const model* m, const char* label, int n_new, double tole
     run_one(m, 1, LINK_NVLINK, 6, n_new, &reference);
     run_one(m, 2, LINK_NVLINK, 6, n_new, &sharded);
     double difference = compare_greedy(&sharded, &reference, n_new);
-    print_message("tiny %s --tp 2: %d greedy ids equal, logits max relative difference %.3g\n", label, n_new, difference);
+    print_message("tiny %s --tp 2: %d greedy ids equal, logits max relative difference %.3g\n", label, n_new,
+                  difference);
     assert_true(difference < tolerance);
     check_allreduce(&sharded.last, &m->config, 2, 1, LINK_NVLINK);
     // Whatever the split, the shards together read the layers' bytes once.
