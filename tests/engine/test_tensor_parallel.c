@@ -178,6 +178,23 @@ static void test_stories_sharded_equals_unsharded(void** state) {
     free_run(&reference);
 }
 
+// Shards with their own pools (4 threads, 2 per shard) give the same bits
+// as shards of one thread each: the split of the work is thread-invariant.
+static void test_shard_threads_do_not_change_bits(void** state) {
+    (void)state;
+    const model* m = require_stories();
+    const int n_prompt = 11;
+    engine_config c = tp_config(2, LINK_NVLINK);
+    tp_run one_thread_each, two_threads_each;
+    run_requests(m, &c, &n_prompt, 1, 0, 30, &one_thread_each);
+    c.n_threads = 4;
+    run_requests(m, &c, &n_prompt, 1, 0, 30, &two_threads_each);
+    assert_int_equal(two_threads_each.n_logits[0], 30);
+    assert_memory_equal(one_thread_each.logits, two_threads_each.logits, (size_t)30 * MAX_VOCAB * sizeof(float));
+    free_run(&one_thread_each);
+    free_run(&two_threads_each);
+}
+
 // Each shard streams exactly 1/N of every layer's matrices and does 1/N of
 // their FLOPs and of the attention; shards + replicated parts = unsharded.
 static void check_shares(const step_record* sharded, const step_record* reference, int n_shards,
@@ -410,6 +427,7 @@ static void test_tiny_q8_0(void** state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stories_sharded_equals_unsharded),
+        cmocka_unit_test(test_shard_threads_do_not_change_bits),
         cmocka_unit_test(test_stories_shard_traffic_and_allreduce),
         cmocka_unit_test(test_sharded_batch_invariance),
         cmocka_unit_test(test_bad_shard_counts),
