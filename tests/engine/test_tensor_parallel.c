@@ -195,6 +195,46 @@ static void test_shard_threads_do_not_change_bits(void** state) {
     free_run(&two_threads_each);
 }
 
+// A shard's view of the KV cache (its heads' elements and, for int8, their
+// scales) works for every element type and for the contiguous layout.
+static void test_sharded_kv_dtypes_and_layouts(void** state) {
+    (void)state;
+    const model* m = require_stories();
+    // The shards' k and v differ from the unsharded ones by fp32 rounding
+    // (after layer 0, whose input went through row-parallel sums); storing
+    // them as fp16 or int8 can round such a value to the neighbouring
+    // code, so those caches agree to their own precision, not fp32's.
+    const struct {
+        kv_layout layout;
+        kv_dtype dtype;
+        double tolerance;
+    } cases[3] = {{KV_LAYOUT_CONTIGUOUS, KV_F32, 1e-4},
+                  {KV_LAYOUT_PAGED, KV_F16, 2e-3},
+                  {KV_LAYOUT_PAGED, KV_I8, 1e-2}};
+    const int n_prompt = 13, n_new = 60;
+    for (int i = 0; i < 3; i++) {
+        engine_config c = tp_config(1, LINK_NVLINK);
+        c.layout = cases[i].layout;
+        c.kv_dtype = cases[i].dtype;
+        if (c.layout == KV_LAYOUT_CONTIGUOUS) {
+            c.num_blocks = 0; // the contiguous pool is sized in bytes
+            c.kv_mem_bytes = 4u << 20;
+        }
+        tp_run reference, sharded;
+        run_requests(m, &c, &n_prompt, 1, 0, n_new, &reference);
+        c.tp_shards = 2;
+        run_requests(m, &c, &n_prompt, 1, 0, n_new, &sharded);
+        double difference = compare_greedy(&sharded, &reference, n_new);
+        print_message("stories260K --tp 2, %s KV, %s: logits max relative difference %.3g\n",
+                      kv_dtype_name(c.kv_dtype), c.layout == KV_LAYOUT_PAGED ? "paged" : "contiguous", difference);
+        assert_true(difference < cases[i].tolerance);
+        assert_int_equal(sharded.last.shard_traffic[0].kv_bytes_read * 2,
+                         reference.last.shard_traffic[0].kv_bytes_read);
+        free_run(&reference);
+        free_run(&sharded);
+    }
+}
+
 // Each shard streams exactly 1/N of every layer's matrices and does 1/N of
 // their FLOPs and of the attention; shards + replicated parts = unsharded.
 static void check_shares(const step_record* sharded, const step_record* reference, int n_shards,
@@ -428,6 +468,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stories_sharded_equals_unsharded),
         cmocka_unit_test(test_shard_threads_do_not_change_bits),
+        cmocka_unit_test(test_sharded_kv_dtypes_and_layouts),
         cmocka_unit_test(test_stories_shard_traffic_and_allreduce),
         cmocka_unit_test(test_sharded_batch_invariance),
         cmocka_unit_test(test_bad_shard_counts),
