@@ -14,6 +14,17 @@
 // The embedding, the RMSNorms, the residual stream and the classifier stay
 // replicated (every GPU would hold and compute them; they are counted once).
 //
+// The all-reduce sums fp32 partials (4 bytes per value: rows x dim x 4 per
+// message; a bf16 deployment would send half) in shard order 0, 1, ...,
+// fused with the residual add (kernels/cpu/ops.h residual_rmsnorm), so the
+// results differ from the unsharded run only by fp32 rounding: the
+// column-parallel outputs are bit-identical, the row-parallel sums are
+// associated differently. W8A8 is the exception: each shard quantizes its
+// own slice of wo's / w2's input with its own scale, as a real deployment
+// would, so its results differ by that quantization too.
+// Threads: the shards run as tasks of the engine's pool, one per shard,
+// each with its own pool of n_threads / N threads (engine_config).
+//
 // Weights: a column-parallel slice is a view into the model's matrix (its
 // rows are contiguous); a row-parallel slice is copied into the plan's own
 // storage (its columns are not), as each GPU would hold its own shard.
