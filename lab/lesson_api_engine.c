@@ -107,6 +107,8 @@ static const field_flag ENGINE_FIELDS[] = {
     {"max_seqs", "--max-seqs", false},
     {"max_batched_tokens", "--max-batched-tokens", false},
     {"threads", "--threads", false},
+    {"tp", "--tp", false},
+    {"tp_link", "--tp-link", false},
     {"chunked_prefill", "--no-chunked-prefill", true},
     {"prefix_caching", "--no-prefix-caching", true},
     {NULL, NULL, false},
@@ -421,7 +423,7 @@ static int lab_engine_new(lua_State* L) {
     static const char* const fields[] = {"model", "tokenizer", "dtype", "quant", "seed", "kv", "block_size",
                                          "kv_mem", "num_blocks", "kv_dtype", "reserve", "batching", "max_seqs",
                                          "max_batched_tokens", "threads", "chunked_prefill", "prefix_caching",
-                                         "watermark_blocks", NULL};
+                                         "watermark_blocks", "tp", "tp_link", NULL};
     lab_check_fields(L, 1, fields);
     lesson* l = lesson_of(L);
     engine_config config = engine_config_default();
@@ -616,6 +618,23 @@ static void push_record(lua_State* L, const step_record* r) {
     lua_setfield(L, -2, "sequences");
     lab_push_int32_array(L, r->finished_ids, (size_t)r->n_finished_now);
     lua_setfield(L, -2, "finished_ids");
+    // Simulated tensor parallelism: each shard's own traffic (same shape as
+    // the step's bytes/flops/intensity) and the all-reduces between them.
+    lua_createtable(L, 0, 6);
+    lab_set_integer(L, "shards", r->tp_shards);
+    lab_set_string(L, "link", r->tp_link ? r->tp_link : "");
+    lab_set_integer(L, "allreduces", r->n_allreduces);
+    lab_set_integer(L, "allreduce_bytes", (lua_Integer)r->allreduce_bytes);
+    lab_set_number(L, "allreduce_seconds", r->allreduce_seconds);
+    int n_shards = r->tp_shards > 1 ? r->tp_shards : 0;
+    lua_createtable(L, n_shards, 0);
+    for (int i = 0; i < n_shards; i++) {
+        lua_createtable(L, 0, 3);
+        push_traffic(L, &r->shard_traffic[i]);
+        lua_rawseti(L, -2, i + 1);
+    }
+    lua_setfield(L, -2, "shard");
+    lua_setfield(L, -2, "tp");
 }
 
 static void accumulate(lab_totals* t, const step_record* r) {
@@ -871,6 +890,8 @@ static int engine_config_lua(lua_State* L) {
     lab_set_boolean(L, "prefix_caching", c->prefix_caching);
     lab_set_integer(L, "watermark_blocks", c->watermark_blocks);
     lab_set_integer(L, "threads", c->n_threads);
+    lab_set_integer(L, "tp", c->tp_shards);
+    lab_set_string(L, "tp_link", link_model_get(c->tp_link)->name);
     return 1;
 }
 

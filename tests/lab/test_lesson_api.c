@@ -90,6 +90,8 @@ static const bad_case BAD_CASES[] = {
     {"lab.engine{model = 'tiny', prefix_caching = 'no'}", "field 'prefix_caching': expected true or false"},
     {"lab.engine{model = 'tiny', blocksize = 8}", "field 'blocksize': unknown field"},
     {"lab.engine{}", "field 'model'"},
+    {"lab.engine{model = 'tiny', tp = 3}", "--tp 3: tiny has 4 query heads and 2 KV heads"},
+    {"lab.engine{model = 'tiny', tp_link = 'wifi'}", "field 'tp_link': --tp-link: expected nvlink or pcie"},
     {"lab.engine{model = TINY, dtype = 'fp32'}", "field 'dtype': set it in lab.model{}"},
     {"E:add{max_tokens = 4}", "field 'prompt': give exactly one of prompt"},
     {"E:add{prompt = 'x', ids = {1}}", "field 'prompt': give exactly one"},
@@ -209,6 +211,11 @@ static void test_engine_api_reports_what_ran(void** state) {
         "local first = f:add{prompt = 'abcdef', max_tokens = 4, n = 3, temperature = 1, seed = 3}\n"
         "f:run{stop_when = function(rec) return rec.decode_tokens > 0 end}\n"
         "lab.say(string.format('fork %d', #f:sequences()))\n"
+        "local sharded = lab.engine{model = m, num_blocks = 32, tp = 2, tp_link = 'pcie'}\n"
+        "sharded:add{prompt = 'abcdef', max_tokens = 2}\n"
+        "local sr = sharded:step()\n"
+        "lab.say(string.format('tp %d %d %s %d %s %d', sr.tp.shards, #sr.tp.shard, sr.tp.link, sr.tp.allreduces,\n"
+        "    tostring(sr.tp.shard[1].bytes.weights < sr.bytes.weights), #r.tp.shard))\n"
         "lab.check{id = 'c1', claim = 'c', bank_answer = true, verdict = t.generated_tokens == 3, evidence = 'n'}\n";
     captured* c = calloc(1, sizeof *c);
     assert_int_equal(run_source("engine_api", source, NULL, c), LESSON_DONE);
@@ -227,6 +234,7 @@ static void test_engine_api_reports_what_ran(void** state) {
         "encode 3 1 107 hi",  // BOS, 'h' = 104 + 3, 'i'
         "cancel finished cancelled false",
         "fork 3",
+        "tp 2 2 pcie 4 true 0", // 2 all-reduces per layer x 2 layers; each shard streams part of the weights
     };
     assert_int_equal(c->n_said, (int)(sizeof expected / sizeof expected[0]));
     for (size_t i = 0; i < sizeof expected / sizeof expected[0]; i++) assert_string_equal(c->said[i], expected[i]);
