@@ -5,6 +5,8 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <termios.h>
+#include <unistd.h>
 
 #include "lab/ui_screen.h"
 
@@ -26,6 +28,26 @@ void ui_terminal_close(void) {
 
 bool ui_terminal_stop_requested(void) { return stop_requested != 0; }
 
+// A crash (SIGSEGV, SIGABRT, ...) must not leave the user's shell in raw
+// mode on the alternate screen. endwin() is not safe in a signal handler, so
+// the handler does what is: it writes the escape sequences that leave the
+// alternate screen and show the cursor, puts back the terminal modes saved
+// before curses started, then lets the signal take its default course (a
+// core dump, the exit status) by raising it again.
+static struct termios saved_modes;
+static bool have_saved_modes = false;
+
+static void on_fatal_signal(int signal_number) {
+    static const char reset[] = "\033[?1049l\033[?25h\033[0m\r\n";
+    if (curses_active) {
+        ssize_t ignored = write(STDOUT_FILENO, reset, sizeof reset - 1);
+        (void)ignored;
+        if (have_saved_modes) tcsetattr(STDIN_FILENO, TCSANOW, &saved_modes);
+    }
+    signal(signal_number, SIG_DFL);
+    raise(signal_number);
+}
+
 int ui_terminal_open(bool* utf8, bool* color) {
     const char* codeset = nl_langinfo(CODESET);
     *utf8 = codeset && (strcmp(codeset, "UTF-8") == 0 || strcmp(codeset, "utf8") == 0);
@@ -35,6 +57,13 @@ int ui_terminal_open(bool* utf8, bool* color) {
     sigaction(SIGINT, &action, NULL);
     sigaction(SIGTERM, &action, NULL);
     sigaction(SIGHUP, &action, NULL);
+    have_saved_modes = tcgetattr(STDIN_FILENO, &saved_modes) == 0;
+    struct sigaction fatal;
+    memset(&fatal, 0, sizeof fatal);
+    fatal.sa_handler = on_fatal_signal;
+    fatal.sa_flags = (int)SA_RESETHAND;
+    static const int FATAL_SIGNALS[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
+    for (size_t i = 0; i < sizeof FATAL_SIGNALS / sizeof FATAL_SIGNALS[0]; i++) sigaction(FATAL_SIGNALS[i], &fatal, NULL);
     if (!initscr()) return -1;
     curses_active = true;
     if (!restore_registered) atexit(ui_terminal_close);
