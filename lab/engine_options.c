@@ -1,5 +1,7 @@
 #include "lab/engine_options.h"
 
+#include "kernels/cuda/cuda_info.h"
+
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,7 +21,8 @@ const char ENGINE_OPTIONS_USAGE[] =
     "  --max-batched-tokens N    tokens per step (default 512)\n"
     "  --no-chunked-prefill      compute each prompt in one step\n"
     "  --no-prefix-caching       never share cached prompt blocks\n"
-    "  --threads N               worker threads for the kernels (default: one per CPU)\n";
+    "  --threads N               worker threads for the kernels (default: one per CPU)\n"
+    "  --backend cpu|cuda        where the forward pass runs (default cpu)\n";
 
 int parse_size_arg(const char* flag, const char* text, uint64_t* out, error_info* err) {
     char* end = NULL;
@@ -37,6 +40,21 @@ int parse_size_arg(const char* flag, const char* text, uint64_t* out, error_info
                 return 0;
             }
     return error_set(err, "%s: expected a size such as 64MiB, 1GiB or 4096 (bytes), found '%s'", flag, text);
+}
+
+// --backend: cpu runs as always. cuda says why it cannot run: no device,
+// a build without CUDA, or (with a device) that the engine's CUDA forward
+// pass is not part of this build yet (the kernels are: kernels/cuda).
+static int backend_option(const char* value, error_info* err) {
+    if (strcmp(value, "cpu") == 0) return 0;
+    if (strcmp(value, "cuda") != 0) return error_set(err, "--backend: expected cpu or cuda, found '%s'", value);
+    char message[256];
+    if (cuda_device_count(message, sizeof message) == 0)
+        return error_set(err, "--backend cuda: no CUDA device found (%s); use --backend cpu", message);
+    return error_set(err,
+                     "--backend cuda: the engine cannot run on the GPU in this build yet (device: %s); "
+                     "use --backend cpu",
+                     message);
 }
 
 bool engine_option_match(arg_cursor* cursor, engine_config* c, bool* kv_both, bool* batching_both, bool* failed,
@@ -101,6 +119,10 @@ bool engine_option_match(arg_cursor* cursor, engine_config* c, bool* kv_both, bo
     }
     if (arg_match(cursor, "--threads", true, failed, err)) {
         if (!*failed) *failed = parse_int_arg("--threads", cursor->value, 0, 256, &c->n_threads, err) != 0;
+        return true;
+    }
+    if (arg_match(cursor, "--backend", true, failed, err)) {
+        if (!*failed) *failed = backend_option(cursor->value, err) != 0;
         return true;
     }
     if (arg_match(cursor, "--no-chunked-prefill", false, failed, err)) {
