@@ -488,6 +488,8 @@ static int run_cublaslt_i8(cuda_context* context, int32_t* sums, const int8_t* c
                                 workspace, context->stream);
         if (status == CUBLAS_STATUS_SUCCESS)
             result = 0;
+        else if (status == CUBLAS_STATUS_NOT_SUPPORTED)
+            result = 1; // the dp4a kernel takes over
         else
             result = error_set(err, "cublasLtMatmul (int8, %d x %d x %d) failed at %s:%d: %s", w->rows, n_rows, w->cols,
                                __FILE__, __LINE__, cublasGetStatusString(status));
