@@ -28,6 +28,11 @@ typedef enum batching_policy {
     BATCHING_STATIC = 1,     // admit a batch only when the previous one has fully finished
 } batching_policy;
 
+typedef enum engine_backend {
+    BACKEND_CPU = 0,  // forward() on the CPU kernels
+    BACKEND_CUDA = 1, // forward_cuda_run() on the GPU (engine/forward_cuda.h)
+} engine_backend;
+
 typedef struct engine_config {
     kv_layout layout;
     kv_dtype kv_dtype;          // KV_F16 (default) or KV_F32
@@ -42,6 +47,7 @@ typedef struct engine_config {
     bool prefix_caching;        // reuse cached full blocks of equal prefixes (paged)
     int watermark_blocks;       // blocks kept free at admission for running sequences to grow
     int n_threads;              // worker threads for the kernels; 0 = one per online CPU
+    engine_backend backend;     // where the forward pass runs (default BACKEND_CPU)
 } engine_config;
 
 // The defaults: paged, fp16 KV, block size 16, 64 MiB, continuous batching,
@@ -70,6 +76,7 @@ typedef struct engine {
     kv_pool pool;               // paged layout
     kv_contiguous contiguous;   // contiguous layout
     forward_state forward;
+    struct forward_cuda* cuda;  // BACKEND_CUDA: weights, KV pool and activations on the GPU; else NULL
     thread_pool* workers;       // the kernels' worker threads (owned)
     sequence* sequences;        // (n_sequences) every sequence ever added, by id
     int n_sequences;

@@ -17,6 +17,7 @@ const char* block_event_name(block_event_kind kind) {
 void step_record_write_json(const step_record* r, FILE* out) {
     fprintf(out, "{\"step\":%" PRIu64 ",\"clock_s\":%.6f,\"wall_ns\":%" PRIu64 ",\"prefill_tokens\":%d,\"decode_tokens\":%d",
             r->step, r->clock_seconds, r->wall_ns, r->prefill_tokens, r->decode_tokens);
+    if (r->device_ns) fprintf(out, ",\"device_ns\":%" PRIu64, r->device_ns); // --backend cuda only
     fprintf(out,
             ",\"weight_bytes\":%" PRIu64 ",\"kv_bytes_read\":%" PRIu64 ",\"kv_bytes_written\":%" PRIu64
             ",\"activation_bytes\":%" PRIu64 ",\"matmul_flops\":%" PRIu64 ",\"attention_flops\":%" PRIu64,

@@ -42,19 +42,22 @@ int parse_size_arg(const char* flag, const char* text, uint64_t* out, error_info
     return error_set(err, "%s: expected a size such as 64MiB, 1GiB or 4096 (bytes), found '%s'", flag, text);
 }
 
-// --backend: cpu runs as always. cuda says why it cannot run: no device,
-// a build without CUDA, or (with a device) that the engine's CUDA forward
-// pass is not part of this build yet (the kernels are: kernels/cuda).
-static int backend_option(const char* value, error_info* err) {
-    if (strcmp(value, "cpu") == 0) return 0;
+// --backend: cpu, or cuda when this build has the CUDA backend and a
+// device is there; otherwise one line says which of the two is missing.
+static int backend_option(const char* value, engine_config* c, error_info* err) {
+    if (strcmp(value, "cpu") == 0) {
+        c->backend = BACKEND_CPU;
+        return 0;
+    }
     if (strcmp(value, "cuda") != 0) return error_set(err, "--backend: expected cpu or cuda, found '%s'", value);
     char message[256];
+    if (!cuda_backend_built())
+        return error_set(err, "--backend cuda: this servelab was built without CUDA (nvcc was not found; rebuild "
+                              "with CUDA=1); use --backend cpu");
     if (cuda_device_count(message, sizeof message) == 0)
         return error_set(err, "--backend cuda: no CUDA device found (%s); use --backend cpu", message);
-    return error_set(err,
-                     "--backend cuda: the engine cannot run on the GPU in this build yet (device: %s); "
-                     "use --backend cpu",
-                     message);
+    c->backend = BACKEND_CUDA;
+    return 0;
 }
 
 bool engine_option_match(arg_cursor* cursor, engine_config* c, bool* kv_both, bool* batching_both, bool* failed,
@@ -122,7 +125,7 @@ bool engine_option_match(arg_cursor* cursor, engine_config* c, bool* kv_both, bo
         return true;
     }
     if (arg_match(cursor, "--backend", true, failed, err)) {
-        if (!*failed) *failed = backend_option(cursor->value, err) != 0;
+        if (!*failed) *failed = backend_option(cursor->value, c, err) != 0;
         return true;
     }
     if (arg_match(cursor, "--no-chunked-prefill", false, failed, err)) {

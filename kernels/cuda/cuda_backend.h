@@ -141,6 +141,11 @@ int cuda_rope(cuda_context* context, float* device_query, float* device_key, con
               int n_rows, int n_heads, int n_kv_heads, int head_dim, int query_stride, int key_stride,
               kernel_traffic* traffic, error_info* err);
 
+// out[i] = in[row_indices[i]] for i < n_rows: rows of `width` floats.
+// device_row_indices: (n_rows) int32.
+int cuda_gather_rows(cuda_context* context, float* device_out, const float* device_in,
+                     const int32_t* device_row_indices, int n_rows, int width, error_info* err);
+
 // gate[i] = silu(gate[i]) * up[i]; (count) floats.
 int cuda_swiglu(cuda_context* context, float* device_gate, const float* device_up, int64_t count,
                 kernel_traffic* traffic, error_info* err);

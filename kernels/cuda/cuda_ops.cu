@@ -76,6 +76,20 @@ __global__ void rope_kernel(float* query, float* key, const int32_t* positions, 
     }
 }
 
+__global__ void gather_rows_kernel(float* out, const float* in, const int32_t* row_indices, int width) {
+    const float* source = in + (size_t)row_indices[blockIdx.x] * (size_t)width;
+    for (int i = threadIdx.x; i < width; i += blockDim.x)
+        out[(size_t)blockIdx.x * (size_t)width + i] = source[i];
+}
+
+extern "C" int cuda_gather_rows(cuda_context* context, float* device_out, const float* device_in,
+                                const int32_t* device_row_indices, int n_rows, int width, error_info* err) {
+    if (n_rows <= 0) return 0;
+    gather_rows_kernel<<<(unsigned)n_rows, 256, 0, context->stream>>>(device_out, device_in, device_row_indices, width);
+    LAUNCH_CHECK("gather_rows_kernel", err);
+    return 0; // a copy, as forward.c's memcpy: no traffic counted
+}
+
 extern "C" int cuda_rmsnorm(cuda_context* context, float* device_out, const float* device_x, const float* device_weight,
                             int n_rows, int size, float eps, kernel_traffic* traffic, error_info* err) {
     if (n_rows <= 0 || size <= 0) return 0;

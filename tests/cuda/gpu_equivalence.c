@@ -15,12 +15,19 @@
 //   paged attention: block sizes 8/16/32, fp32/fp16/int8 KV, grouped heads,
 //     contexts 1 to 32768 (one partition, and split + reduce), random
 //     block tables;
-//   RMSNorm, fused residual + RMSNorm, RoPE, SwiGLU, residual add.
+//   RMSNorm, fused residual + RMSNorm, RoPE, SwiGLU, residual add;
+//   the engine with --backend cuda against --backend cpu on stories260K:
+//     greedy ids equal (fp32 and fp16 KV, a batch of prompts, greedy forks
+//     that copy-on-write their shared tail block), and the step records'
+//     bytes and FLOPs equal. The model is looked up in $SERVELAB_MODELS,
+//     ../shared/models and ./models; without it those checks are skipped
+//     (reported as skipped, never as passed).
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/engine.h"
 #include "engine/model.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/fp16.h"
@@ -29,7 +36,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_info.h"
 
-static int n_passed, n_failed;
+static int n_passed, n_failed, n_skipped;
 static cuda_context* gpu;
 
 // ---- small helpers ------------------------------------------------------------
@@ -673,6 +680,130 @@ static void test_ops(void) {
     free(got_qkv);
 }
 
+// ---- the engine: --backend cuda against --backend cpu ---------------------------
+
+static int find_model(char* path, size_t capacity, const char* name) {
+    const char* directories[] = {getenv("SERVELAB_MODELS"), "../shared/models", "models"};
+    for (size_t i = 0; i < sizeof directories / sizeof directories[0]; i++) {
+        if (!directories[i]) continue;
+        snprintf(path, capacity, "%s/%s", directories[i], name);
+        FILE* file = fopen(path, "rb");
+        if (file) {
+            fclose(file);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+typedef struct engine_run {
+    int32_t ids[8][160]; // (sequences, tokens) every sequence's tokens at the end
+    int n_ids[8];
+    int n_sequences;
+    kernel_traffic traffic; // summed over the steps
+    uint64_t device_ns;     // summed over the steps (CUDA only)
+    int n_steps;
+} engine_run;
+
+// Runs `n_prompts` greedy requests (n_samples each) to the end on `backend`.
+static int run_engine(engine_run* out, const model* m, engine_backend backend, kv_dtype dtype, int n_prompts,
+                      int n_samples, error_info* err) {
+    static const int32_t prompts[3][6] = {{1, 403, 407, 261, 378, 0}, {1, 50, 60, 70, 0, 0}, {1, 403, 407, 0, 0, 0}};
+    static const int prompt_lengths[3] = {5, 4, 3};
+    memset(out, 0, sizeof *out);
+    engine_config config = engine_config_default();
+    config.backend = backend;
+    config.kv_dtype = dtype;
+    config.block_size = 8;
+    config.n_threads = 1;
+    engine e;
+    if (engine_init(&e, m, &config, err)) return -1;
+    for (int i = 0; i < n_prompts; i++) {
+        request_params p = {prompts[i], prompt_lengths[i], 120, n_samples, 0.0f, 0.0f, (uint64_t)i, 0.0, true};
+        if (engine_add_request(&e, &p, NULL, err)) {
+            engine_free(&e);
+            return -1;
+        }
+    }
+    while (engine_has_work(&e)) {
+        const step_record* r;
+        if (engine_step(&e, &r, err)) {
+            engine_free(&e);
+            return -1;
+        }
+        traffic_add(&out->traffic, &r->traffic);
+        out->device_ns += r->device_ns;
+        out->n_steps++;
+    }
+    out->n_sequences = e.n_sequences < 8 ? e.n_sequences : 8;
+    for (int i = 0; i < out->n_sequences; i++) {
+        const sequence* s = engine_sequence(&e, i);
+        out->n_ids[i] = s->n_tokens < 160 ? s->n_tokens : 160;
+        memcpy(out->ids[i], s->tokens, (size_t)out->n_ids[i] * sizeof(int32_t));
+    }
+    engine_free(&e);
+    return 0;
+}
+
+static void test_engine_backends(void) {
+    char path[512];
+    if (!find_model(path, sizeof path, "stories260K.bin")) {
+        n_skipped++;
+        printf("[  SKIPPED ] engine --backend cuda on stories260K: stories260K.bin not found in $SERVELAB_MODELS, "
+               "../shared/models or ./models\n");
+        return;
+    }
+    model m;
+    error_info err = {{0}};
+    if (model_load(&m, path, MODEL_DTYPE_FP32, &err)) {
+        check(0, "engine: load stories260K", err.message);
+        return;
+    }
+    static const struct {
+        kv_dtype dtype;
+        int n_prompts, n_samples;
+        const char* name;
+    } cases[] = {{KV_F32, 1, 1, "stories260K greedy ids, fp32 KV, one prompt"},
+                 {KV_F16, 3, 1, "stories260K greedy ids, fp16 KV, three prompts batched"},
+                 {KV_F16, 2, 2, "stories260K greedy forks (copy-on-write on the device pool)"},
+                 {KV_I8, 1, 1, "stories260K greedy ids, int8 KV"}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        static engine_run cpu, gpu_run;
+        char detail[512];
+        if (run_engine(&cpu, &m, BACKEND_CPU, cases[c].dtype, cases[c].n_prompts, cases[c].n_samples, &err) ||
+            run_engine(&gpu_run, &m, BACKEND_CUDA, cases[c].dtype, cases[c].n_prompts, cases[c].n_samples, &err)) {
+            check(0, cases[c].name, err.message);
+            continue;
+        }
+        int same = cpu.n_sequences == gpu_run.n_sequences && cpu.n_sequences > 0;
+        int first_sequence = -1, first_token = -1;
+        for (int i = 0; same && i < cpu.n_sequences; i++) {
+            for (int t = 0; t < cpu.n_ids[i] && t < gpu_run.n_ids[i]; t++)
+                if (cpu.ids[i][t] != gpu_run.ids[i][t]) {
+                    first_sequence = i, first_token = t;
+                    break;
+                }
+            same = first_sequence < 0 && cpu.n_ids[i] == gpu_run.n_ids[i];
+        }
+        snprintf(detail, sizeof detail, "%d sequences; first difference at sequence %d, token %d (cpu %d, gpu %d)",
+                 cpu.n_sequences, first_sequence, first_token,
+                 first_sequence >= 0 ? cpu.ids[first_sequence][first_token] : -1,
+                 first_sequence >= 0 ? gpu_run.ids[first_sequence][first_token] : -1);
+        check(same, cases[c].name, detail);
+        char name[160];
+        snprintf(name, sizeof name, "%s: step-record bytes and FLOPs equal the CPU's", cases[c].name);
+        snprintf(detail, sizeof detail, "weights %llu vs %llu, KV read %llu vs %llu, activations %llu vs %llu",
+                 (unsigned long long)gpu_run.traffic.weight_bytes_read,
+                 (unsigned long long)cpu.traffic.weight_bytes_read, (unsigned long long)gpu_run.traffic.kv_bytes_read,
+                 (unsigned long long)cpu.traffic.kv_bytes_read, (unsigned long long)gpu_run.traffic.activation_bytes,
+                 (unsigned long long)cpu.traffic.activation_bytes);
+        check(same && memcmp(&cpu.traffic, &gpu_run.traffic, sizeof cpu.traffic) == 0 && gpu_run.device_ns > 0 &&
+                  cpu.device_ns == 0,
+              name, detail);
+    }
+    model_free(&m);
+}
+
 int main(void) {
     char message[256];
     if (cuda_device_count(message, sizeof message) == 0) {
@@ -690,9 +821,11 @@ int main(void) {
     test_kv_write();
     test_attention();
     test_ops();
+    test_engine_backends();
     cuda_context_destroy(gpu);
     printf("[==========] %d test(s) run.\n", n_passed + n_failed);
     printf("[  PASSED  ] %d test(s).\n", n_passed);
+    if (n_skipped) printf("[  SKIPPED ] %d test(s), listed above.\n", n_skipped);
     if (n_failed) printf("[  FAILED  ] %d test(s), listed above.\n", n_failed);
     return n_failed ? 1 : 0;
 }
