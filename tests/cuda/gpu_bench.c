@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "engine/engine.h"
 #include "engine/model_quant.h"
@@ -259,11 +260,18 @@ static void bench_decode(const model* m, const char* scheme, int batch, double* 
     }
 }
 
+static double seconds_now(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (double)now.tv_sec + (double)now.tv_nsec * 1e-9;
+}
+
 static void bench_decode_schemes(void) {
     static const char* schemes[] = {"fp16", "w8a16", "w4a16", "w8a8"};
     double batch1[4] = {0};
     for (int s = 0; s < 4; s++) {
         model m;
+        const double prepare_start = seconds_now();
         TRY(model_synthesize(&m, "large", 259, MODEL_DTYPE_FP16, SYNTH_DEFAULT_SEED, &err));
         if (s > 0) {
             model_quant_spec spec;
@@ -273,6 +281,8 @@ static void bench_decode_schemes(void) {
             TRY(model_quantize(&m, &spec, NULL, NULL, 0, pool, NULL, &err));
             thread_pool_free(pool);
         }
+        printf("  (large %s: synthesized%s on the host in %.1f s)\n", schemes[s], s > 0 ? " and quantized (RTN)" : "",
+               seconds_now() - prepare_start);
         bench_decode(&m, schemes[s], 1, &batch1[s]);
         double batch32 = 0.0;
         bench_decode(&m, schemes[s], 32, &batch32);
