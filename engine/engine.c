@@ -24,6 +24,8 @@ engine_config engine_config_default(void) {
         .prefix_caching = true,
         .watermark_blocks = -1, // -1: 1% of the pool, at least 1
         .n_threads = 0,
+        .tp_shards = 1,
+        .tp_link = LINK_NVLINK,
     };
 }
 
@@ -72,14 +74,32 @@ int engine_init(engine* e, const model* m, const engine_config* config, error_in
         engine_free(e);
         return -1;
     }
+    if (c->tp_shards < 1 || c->tp_shards > MAX_TP_SHARDS) {
+        engine_free(e);
+        return error_set(err, "--tp: expected 1..%d shards, found %d", MAX_TP_SHARDS, c->tp_shards);
+    }
     int pool_status = thread_pool_create(c->n_threads, &e->workers);
+    int n_threads = thread_pool_size(e->workers), threads_per_shard = n_threads / c->tp_shards;
+    if (pool_status == 0 && c->tp_shards > 1 && n_threads > c->tp_shards) {
+        // Sharded: the pool runs one task per shard; the rest of the threads
+        // go to the shards' own pools (forward_state_set_tensor_parallel).
+        thread_pool_free(e->workers);
+        pool_status = thread_pool_create(c->tp_shards, &e->workers);
+    }
     if (pool_status != 0) {
         engine_free(e);
         return error_set(err, "--threads %d: cannot start the worker threads (error %d)", c->n_threads, pool_status);
     }
-    if (forward_state_set_pool(&e->forward, e->workers, err)) {
+    if (forward_state_set_pool(&e->forward, e->workers, err) ||
+        forward_state_set_tensor_parallel(&e->forward, m, c->tp_shards,
+                                          threads_per_shard > 1 ? threads_per_shard : 1, err)) {
         engine_free(e);
         return -1;
+    }
+    if (c->backend == BACKEND_CUDA && c->tp_shards > 1) {
+        engine_free(e);
+        return error_set(err, "--tp %d: tensor parallelism is simulated on the CPU backend only (drop --backend cuda)",
+                         c->tp_shards);
     }
     if (c->backend == BACKEND_CUDA &&
         forward_cuda_init(&e->cuda, m, c->layout == KV_LAYOUT_PAGED ? &e->pool.memory : &e->contiguous.memory,
@@ -109,6 +129,7 @@ void engine_free(engine* e) {
     free(e->logits);
     free(e->rows);
     free(e->tables);
+    free(e->plan_items);
     free(e->mark);
     free(e->record.sequences);
     free(e->record.finished_ids);
@@ -403,7 +424,9 @@ static int record_sequences(engine* e, const schedule_result* plan, step_record*
         out->tail_fill = e->config.layout == KV_LAYOUT_PAGED && s->n_computed > 0
                              ? (s->n_computed - 1) % e->config.block_size + 1
                              : 0;
-        memcpy(r->block_ids + offset, s->block_table, (size_t)s->n_table * sizeof(int32_t));
+        // A sequence that finished this step has released its table (n_table 0,
+        // and block_ids may still be NULL): memcpy must not see NULL even for 0 bytes.
+        if (s->n_table > 0) memcpy(r->block_ids + offset, s->block_table, (size_t)s->n_table * sizeof(int32_t));
         offset += s->n_table;
     }
     return 0;
@@ -416,11 +439,23 @@ static int ensure_step_capacity(engine* e, int n) {
     if (sequences) e->record.sequences = sequences;
     const int32_t** tables = realloc(e->tables, (size_t)n * sizeof *tables);
     if (tables) e->tables = tables;
+    scheduled_sequence* plan_items = realloc(e->plan_items, (size_t)n * sizeof *plan_items);
+    if (plan_items) e->plan_items = plan_items;
     float* logits = realloc(e->logits, (size_t)n * (size_t)e->model->config.vocab_size * sizeof *logits);
     if (logits) e->logits = logits;
-    if (!sequences || !tables || !logits) return -1;
+    if (!sequences || !tables || !plan_items || !logits) return -1;
     e->step_capacity = n;
     return 0;
+}
+
+// Each shard's traffic and the all-reduces of the forward pass just run.
+static void record_tensor_parallel(const engine* e, step_record* r) {
+    const forward_state* f = &e->forward;
+    for (int k = 0; k < f->n_shards; k++) r->shard_traffic[k] = f->shards[k].traffic;
+    r->n_allreduces = f->n_allreduces;
+    r->allreduce_bytes = f->allreduce_bytes;
+    r->allreduce_seconds =
+        link_allreduce_seconds(link_model_get(e->config.tp_link), f->n_allreduces, f->allreduce_bytes);
 }
 
 // ---- one step ------------------------------------------------------------------------------
@@ -434,23 +469,26 @@ int engine_step(engine* e, const step_record** record_out, error_info* err) {
     r->sequences = sequences;
     r->finished_ids = finished_ids;
     r->step = ++e->step_counter;
+    r->tp_shards = e->config.tp_shards;
+    r->tp_link = link_model_get(e->config.tp_link)->name;
     if (e->config.layout == KV_LAYOUT_PAGED) kv_pool_clear_events(&e->pool);
     // Room for every sequence that could finish this step (forks included).
-    int32_t* ids = realloc(r->finished_ids, (size_t)(e->n_sequences + e->config.max_seqs + 1) * sizeof *ids);
-    if (!ids) return error_set(err, "engine: out of memory");
-    r->finished_ids = ids;
+    int finished_needed = e->n_sequences + e->config.max_seqs + 1;
+    if (finished_needed > e->finished_capacity) {
+        int capacity = finished_needed > 2 * e->finished_capacity ? finished_needed : 2 * e->finished_capacity;
+        int32_t* ids = realloc(r->finished_ids, (size_t)capacity * sizeof *ids);
+        if (!ids) return error_set(err, "engine: out of memory");
+        r->finished_ids = ids;
+        e->finished_capacity = capacity;
+    }
     uint64_t preemptions_before = e->total_preemptions;
 
     // A step runs at most every running sequence plus the newly admitted
     // ones (forks can push running past max_seqs).
     int max_items = e->n_running + e->config.max_seqs;
     if (ensure_step_capacity(e, max_items)) return error_set(err, "engine: out of memory");
-    schedule_result plan = {malloc((size_t)max_items * sizeof(scheduled_sequence)), 0, 0, 0};
-    if (!plan.items) return error_set(err, "engine: out of memory");
-    if (scheduler_schedule(e, &plan, err)) {
-        free(plan.items);
-        return -1;
-    }
+    schedule_result plan = {e->plan_items, 0, 0, 0};
+    if (scheduler_schedule(e, &plan, err)) return -1;
 
     // ---- run: one forward pass over every scheduled row
     int n_rows = 0, n_logit_rows = 0;
@@ -470,13 +508,14 @@ int engine_step(engine* e, const step_record** record_out, error_info* err) {
         kv_memory* memory = e->config.layout == KV_LAYOUT_PAGED ? &e->pool.memory : &e->contiguous.memory;
         forward_batch batch = {n_rows, e->rows, plan.n_items, e->tables};
         // --backend cuda: the same batch on the GPU, after this step's copy-on-write copies.
-        const bool paged = e->config.layout == KV_LAYOUT_PAGED;
-        int failed = e->cuda ? forward_cuda_run(e->cuda, e->model, &batch, paged ? e->pool.events : NULL,
-                                                paged ? e->pool.n_events : 0, e->logits, &r->traffic, &r->device_ns, err)
-                             : forward(e->model, &e->forward, memory, &batch, e->logits, &r->traffic, err);
-        if (failed) {
-            free(plan.items);
-            return -1;
+        if (e->cuda) {
+            const bool paged = e->config.layout == KV_LAYOUT_PAGED;
+            if (forward_cuda_run(e->cuda, e->model, &batch, paged ? e->pool.events : NULL, paged ? e->pool.n_events : 0,
+                                 e->logits, &r->traffic, &r->device_ns, err))
+                return -1;
+        } else {
+            if (forward(e->model, &e->forward, memory, &batch, e->logits, &r->traffic, err)) return -1;
+            record_tensor_parallel(e, r);
         }
     }
 
@@ -494,10 +533,7 @@ int engine_step(engine* e, const step_record** record_out, error_info* err) {
         if (s->n_computed < s->n_tokens) continue; // more prompt to go
         float* logits = e->logits + (size_t)(logit_row++) * (size_t)vocab;
         if (e->observer) e->observer(e->observer_user, id, s->n_tokens - 1, logits, vocab);
-        if (s->pending_forks > 0 && fork_samples(e, id, logits, err)) {
-            free(plan.items);
-            return -1;
-        }
+        if (s->pending_forks > 0 && fork_samples(e, id, logits, err)) return -1;
         s = &e->sequences[id]; // forking may have moved the array
         accept_token(e, s, sampler_sample(&s->sampler, logits));
     }
@@ -506,11 +542,7 @@ int engine_step(engine* e, const step_record** record_out, error_info* err) {
     r->prefix_hit_tokens = plan.prefix_hit_tokens;
     e->total_prefix_hit_tokens += (uint64_t)plan.prefix_hit_tokens;
     r->n_preempted = (int)(e->total_preemptions - preemptions_before);
-    if (record_sequences(e, &plan, r)) {
-        free(plan.items);
-        return error_set(err, "engine: out of memory");
-    }
-    free(plan.items);
+    if (record_sequences(e, &plan, r)) return error_set(err, "engine: out of memory");
     measure_pool(e, r);
     r->n_waiting = e->n_waiting;
     r->n_running = e->n_running;

@@ -14,6 +14,7 @@
 #include "engine/forward.h"
 #include "engine/kv_blocks.h"
 #include "engine/kv_contiguous.h"
+#include "engine/links.h"
 #include "engine/model.h"
 #include "engine/sequence.h"
 #include "engine/step_record.h"
@@ -47,11 +48,19 @@ typedef struct engine_config {
     bool prefix_caching;        // reuse cached full blocks of equal prefixes (paged)
     int watermark_blocks;       // blocks kept free at admission for running sequences to grow
     int n_threads;              // worker threads for the kernels; 0 = one per online CPU
+    int tp_shards;              // simulated tensor parallelism: shards per layer, 1 = off (engine/tensor_parallel.h)
+    link_kind tp_link;          // the link the all-reduces are timed on (engine/links.h)
     engine_backend backend;     // where the forward pass runs (default BACKEND_CPU)
 } engine_config;
 
 // The defaults: paged, fp16 KV, block size 16, 64 MiB, continuous batching,
-// 128 sequences, 512 tokens per step, chunked prefill and prefix caching on.
+// 128 sequences, 512 tokens per step, chunked prefill and prefix caching on,
+// no tensor parallelism (1 shard; NVLink when sharded).
+//
+// With tp_shards = N > 1 the n_threads threads are split between the shards:
+// the shards run as N tasks of one pool of min(N, n_threads) threads, and
+// each shard has its own pool of n_threads / N threads (at least 1) for its
+// matmuls and attention rows, so each shard is "one GPU" with its own cores.
 engine_config engine_config_default(void);
 
 typedef struct request_params {
@@ -93,6 +102,8 @@ typedef struct engine {
     float* logits;              // (step_capacity, vocab) one row per sequence sampling this step
     batch_row* rows;            // (max_batched_tokens + max_seqs)
     const int32_t** tables;     // (step_capacity) block table per batch sequence
+    struct scheduled_sequence* plan_items; // (step_capacity) the scheduler's output, reused every step
+    int finished_capacity;      // room in record.finished_ids
     int step_capacity;          // sequences one step can hold (grown on demand)
     step_record record;         // the last step's record (arrays owned here)
     int32_t* record_block_ids;

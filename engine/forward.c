@@ -3,9 +3,29 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/links.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/ops.h"
+
+// ---- state ----------------------------------------------------------------------------------
+
+// Without sharding, shard 0 is the whole model working in the state's own arrays.
+static void alias_single_shard(forward_state* s, const model_config* c) {
+    s->shards[0] = (forward_shard){.n_heads = c->n_heads,
+                                   .n_kv_heads = c->n_kv_heads,
+                                   .hidden_size = c->hidden_dim,
+                                   .query = s->query,
+                                   .key = s->key,
+                                   .value = s->value,
+                                   .attention = s->attention,
+                                   .hidden = s->hidden,
+                                   .hidden_up = s->hidden_up,
+                                   .partial = s->xb2,
+                                   .scores = s->scores,
+                                   .n_thread_slots = s->n_thread_slots,
+                                   .pool = s->pool};
+}
 
 int forward_state_init(forward_state* s, const model_config* c, int max_rows, int max_context, error_info* err) {
     memset(s, 0, sizeof *s);
@@ -24,17 +44,45 @@ int forward_state_init(forward_state* s, const model_config* c, int max_rows, in
     s->attention = calloc(rows * (size_t)c->dim, sizeof(float));
     s->hidden = calloc(rows * (size_t)c->hidden_dim, sizeof(float));
     s->hidden_up = calloc(rows * (size_t)c->hidden_dim, sizeof(float));
+    s->rotations = calloc(rows * (size_t)c->head_dim, sizeof(float));
     s->scores = calloc((size_t)max_context, sizeof(float));
     s->n_thread_slots = 1;
+    s->n_shards = 1;
     if (!s->x || !s->xb || !s->xb2 || !s->query || !s->key || !s->value || !s->attention || !s->hidden ||
-        !s->hidden_up || !s->scores) {
+        !s->hidden_up || !s->rotations || !s->scores) {
         forward_state_free(s);
         return error_set(err, "forward: out of memory for %d rows", max_rows);
     }
+    alias_single_shard(s, c);
     return 0;
 }
 
+static void free_shards(forward_state* s) {
+    if (s->n_shards > 1)
+        for (int k = 0; k < s->n_shards; k++) {
+            forward_shard* shard = &s->shards[k];
+            free(shard->query);
+            free(shard->key);
+            free(shard->value);
+            free(shard->attention);
+            free(shard->hidden);
+            free(shard->hidden_up);
+            free(shard->partial);
+            free(shard->scores);
+            thread_pool_free(shard->pool);
+        }
+    memset(s->shards, 0, sizeof s->shards);
+    tp_plan_free(&s->tp);
+    free(s->shard_slots);
+    free(s->shard_slot_offsets);
+    s->shard_slots = NULL;
+    s->shard_slot_offsets = NULL;
+    s->shard_slots_capacity = s->shard_offsets_capacity = 0;
+    s->n_shards = 1;
+}
+
 void forward_state_free(forward_state* s) {
+    free_shards(s);
     free(s->x);
     free(s->xb);
     free(s->xb2);
@@ -44,6 +92,7 @@ void forward_state_free(forward_state* s) {
     free(s->attention);
     free(s->hidden);
     free(s->hidden_up);
+    free(s->rotations);
     free(s->scores);
     memset(s, 0, sizeof *s);
 }
@@ -56,36 +105,57 @@ int forward_state_set_pool(forward_state* s, thread_pool* pool, error_info* err)
     s->scores = scores;
     s->n_thread_slots = n_threads;
     s->pool = pool;
+    if (s->n_shards == 1) {
+        s->shards[0].scores = scores;
+        s->shards[0].n_thread_slots = n_threads;
+        s->shards[0].pool = pool;
+    }
     return 0;
 }
 
-// Attention of one row, run as a thread-pool task: rows are independent
-// (their keys and values were all written before), and each thread has its
-// own score scratch and traffic tally.
-typedef struct attention_job {
-    const model_config* config;
-    forward_state* state;
-    const forward_batch* batch;
-    kv_dtype dtype;
-    const void* layer_keys;
-    const void* layer_values;
-    int block_size;
-    const float* key_scales;            // KV_I8: (n_slots, n_kv_heads); else NULL
-    const float* value_scales;
-    kernel_traffic* per_thread_traffic; // (n_thread_slots)
-} attention_job;
-
-static void attention_task(void* context, int row_index, int thread) {
-    const attention_job* job = context;
-    const model_config* c = job->config;
-    const batch_row* row = &job->batch->rows[row_index];
-    kv_layer_view view = {job->dtype,      job->layer_keys,  job->layer_values, job->batch->block_tables[row->sequence],
-                          job->block_size, job->key_scales, job->value_scales};
-    attention_row(job->state->attention + (size_t)row_index * (size_t)c->dim,
-                  job->state->query + (size_t)row_index * (size_t)c->dim, &view, row->position + 1, c->n_heads,
-                  c->n_kv_heads, c->head_dim, job->state->scores + (size_t)thread * (size_t)job->state->max_context,
-                  &job->per_thread_traffic[thread]);
+static int init_shard(forward_shard* shard, const tp_shard* geometry, const model_config* c, int max_rows,
+                      int max_context, int n_threads) {
+    const size_t rows = (size_t)max_rows, query_width = (size_t)geometry->n_heads * (size_t)c->head_dim,
+                 kv_width = (size_t)geometry->n_kv_heads * (size_t)c->head_dim;
+    *shard = (forward_shard){.head_begin = geometry->head_begin,
+                             .n_heads = geometry->n_heads,
+                             .kv_head_begin = geometry->kv_head_begin,
+                             .n_kv_heads = geometry->n_kv_heads,
+                             .hidden_size = geometry->hidden_size};
+    shard->query = calloc(rows * query_width, sizeof(float));
+    shard->key = calloc(rows * kv_width, sizeof(float));
+    shard->value = calloc(rows * kv_width, sizeof(float));
+    shard->attention = calloc(rows * query_width, sizeof(float));
+    shard->hidden = calloc(rows * (size_t)geometry->hidden_size, sizeof(float));
+    shard->hidden_up = calloc(rows * (size_t)geometry->hidden_size, sizeof(float));
+    shard->partial = calloc(rows * (size_t)c->dim, sizeof(float));
+    if (n_threads > 1 && thread_pool_create(n_threads, &shard->pool) != 0) return -1;
+    shard->n_thread_slots = thread_pool_size(shard->pool);
+    shard->scores = calloc((size_t)shard->n_thread_slots * (size_t)max_context, sizeof(float));
+    return shard->query && shard->key && shard->value && shard->attention && shard->hidden && shard->hidden_up &&
+                   shard->partial && shard->scores
+               ? 0
+               : -1;
 }
+
+int forward_state_set_tensor_parallel(forward_state* s, const model* m, int n_shards, int threads_per_shard,
+                                      error_info* err) {
+    free_shards(s);
+    alias_single_shard(s, &m->config);
+    if (n_shards == 1) return 0;
+    if (s->capture) return error_set(err, "--tp %d: activation capture runs without sharding only", n_shards);
+    if (tp_plan_build(&s->tp, m, n_shards, err)) return -1;
+    s->n_shards = n_shards;
+    for (int k = 0; k < n_shards; k++)
+        if (init_shard(&s->shards[k], &s->tp.shards[k], &m->config, s->max_rows, s->max_context, threads_per_shard)) {
+            free_shards(s);
+            alias_single_shard(s, &m->config);
+            return error_set(err, "--tp %d: out of memory or threads for shard %d", n_shards, k);
+        }
+    return 0;
+}
+
+// ---- batch checks and the shards' slot tables -------------------------------------------------
 
 static int check_batch(const model* m, const forward_state* s, const kv_memory* kv, const forward_batch* b,
                        error_info* err) {
@@ -105,76 +175,254 @@ static int check_batch(const model* m, const forward_state* s, const kv_memory* 
         if (block < 0 || block >= kv->n_blocks)
             return error_set(err, "forward: row %d: block %d outside the pool of %d", r, block, kv->n_blocks);
     }
+    if (s->n_shards > 1 && (int64_t)kv->n_blocks * kv->block_size * s->n_shards > INT32_MAX)
+        return error_set(err, "--tp %d: a pool of %d blocks of %d slots is too large to shard", s->n_shards,
+                         kv->n_blocks, kv->block_size);
     return 0;
 }
+
+// A shard sees the KV cache of its own heads only. Its keys of slot t are
+// kv_dim / n_shards elements at t x kv_dim + (its first KV head) x head_dim
+// of the layer's array, so viewing that array as (n_slots x n_shards) rows
+// of its width, slot t is row t x n_shards. The attention kernel then runs
+// unchanged on block tables of one slot per block holding t x n_shards for
+// every position of each batch sequence (built once per forward() call).
+static int build_shard_slots(forward_state* s, const kv_memory* kv, const forward_batch* b, error_info* err) {
+    if (b->n_sequences + 1 > s->shard_offsets_capacity) {
+        int64_t* offsets = realloc(s->shard_slot_offsets, (size_t)(b->n_sequences + 1) * sizeof *offsets);
+        if (!offsets) return error_set(err, "forward: out of memory for %d sequences", b->n_sequences);
+        s->shard_slot_offsets = offsets;
+        s->shard_offsets_capacity = b->n_sequences + 1;
+    }
+    int64_t* offsets = s->shard_slot_offsets; // first the length each sequence needs, then where it starts
+    memset(offsets, 0, (size_t)(b->n_sequences + 1) * sizeof *offsets);
+    for (int r = 0; r < b->n_rows; r++)
+        if (b->rows[r].position + 1 > offsets[b->rows[r].sequence + 1])
+            offsets[b->rows[r].sequence + 1] = b->rows[r].position + 1;
+    for (int q = 0; q < b->n_sequences; q++) offsets[q + 1] += offsets[q];
+    int64_t total = offsets[b->n_sequences];
+    if (total > s->shard_slots_capacity) {
+        if (total > INT32_MAX) return error_set(err, "forward: too many positions in one batch");
+        int32_t* slots = realloc(s->shard_slots, (size_t)total * sizeof *slots);
+        if (!slots) return error_set(err, "forward: out of memory for %lld slots", (long long)total);
+        s->shard_slots = slots;
+        s->shard_slots_capacity = (int)total;
+    }
+    for (int q = 0; q < b->n_sequences; q++)
+        for (int64_t p = 0; p < offsets[q + 1] - offsets[q]; p++)
+            s->shard_slots[offsets[q] + p] =
+                (int32_t)(kv_slot_of_position(b->block_tables[q], kv->block_size, (int)p) * s->n_shards);
+    return 0;
+}
+
+// ---- the sublayers of one shard ----------------------------------------------------------------
+
+typedef struct layer_run {
+    const model* m;
+    forward_state* state;
+    kv_memory* kv;
+    const forward_batch* batch;
+    int layer;
+} layer_run;
+
+// One shard's view of a layer's KV cache (see build_shard_slots).
+typedef struct shard_kv {
+    kv_dtype dtype;
+    void* keys;          // its first element of slot 0
+    void* values;
+    float* key_scales;   // KV_I8: its first scale of slot 0; else NULL
+    float* value_scales;
+    int block_size;      // slots per block of the tables below
+    const forward_batch* batch;
+    const forward_state* state;
+} shard_kv;
+
+static shard_kv shard_kv_of(const layer_run* run, const forward_shard* shard) {
+    const kv_memory* kv = run->kv;
+    const size_t byte_offset =
+        (size_t)shard->kv_head_begin * (size_t)kv->head_dim * (size_t)kv_dtype_bytes(kv->dtype);
+    float* key_scales = kv_memory_layer_key_scales(kv, run->layer);
+    float* value_scales = kv_memory_layer_value_scales(kv, run->layer);
+    return (shard_kv){kv->dtype,
+                      (char*)kv_memory_layer_keys(kv, run->layer) + byte_offset,
+                      (char*)kv_memory_layer_values(kv, run->layer) + byte_offset,
+                      key_scales ? key_scales + shard->kv_head_begin : NULL,
+                      value_scales ? value_scales + shard->kv_head_begin : NULL,
+                      run->state->n_shards > 1 ? 1 : kv->block_size,
+                      run->batch,
+                      run->state};
+}
+
+// The block table of batch row r in the shard's view.
+static const int32_t* shard_table(const shard_kv* view, int r) {
+    int sequence = view->batch->rows[r].sequence;
+    if (view->state->n_shards == 1) return view->batch->block_tables[sequence];
+    return view->state->shard_slots + view->state->shard_slot_offsets[sequence];
+}
+
+// Attention of one row of one shard, run as a task of the shard's threads:
+// rows are independent (their keys and values were all written before),
+// and each thread has its own score scratch and traffic tally.
+typedef struct attention_job {
+    const shard_kv* view;
+    const forward_shard* shard;
+    int head_dim;
+    int max_context;
+    kernel_traffic* per_thread_traffic; // (shard->n_thread_slots)
+} attention_job;
+
+static void attention_task(void* context, int row_index, int thread) {
+    const attention_job* job = context;
+    const shard_kv* view = job->view;
+    const forward_shard* shard = job->shard;
+    const size_t width = (size_t)shard->n_heads * (size_t)job->head_dim;
+    kv_layer_view layer = {view->dtype,      view->keys,        view->values,       shard_table(view, row_index),
+                           view->block_size, view->key_scales, view->value_scales};
+    attention_row(shard->attention + (size_t)row_index * width, shard->query + (size_t)row_index * width, &layer,
+                  view->batch->rows[row_index].position + 1, shard->n_heads, shard->n_kv_heads, job->head_dim,
+                  shard->scores + (size_t)thread * (size_t)job->max_context, &job->per_thread_traffic[thread]);
+}
+
+static const layer_weights* shard_weights(const layer_run* run, int k) {
+    const forward_state* s = run->state;
+    return s->n_shards == 1 ? &run->m->layers[run->layer] : &s->tp.shards[k].layers[run->layer];
+}
+
+// q, k, v of the shard's heads, RoPE, the KV cache writes, attention, and
+// its partial sums of wo: partial = wo[:, its columns] . attention.
+static void attention_sublayer(void* context, int k, int thread) {
+    (void)thread; // a shard's result depends only on its number
+    const layer_run* run = context;
+    forward_state* s = run->state;
+    forward_shard* shard = &s->shards[k];
+    const layer_weights* w = shard_weights(run, k);
+    const int n = run->batch->n_rows, head_dim = run->m->config.head_dim;
+    const size_t query_width = (size_t)shard->n_heads * (size_t)head_dim,
+                 kv_width = (size_t)shard->n_kv_heads * (size_t)head_dim;
+    kernel_traffic* traffic = &shard->traffic;
+    matmul_parallel(shard->query, s->xb, n, &w->wq, shard->pool, traffic);
+    matmul_parallel(shard->key, s->xb, n, &w->wk, shard->pool, traffic);
+    matmul_parallel(shard->value, s->xb, n, &w->wv, shard->pool, traffic);
+    // Keys and values of every row are stored first, so that a row of a
+    // prompt can attend to the rows before it in the same batch.
+    shard_kv view = shard_kv_of(run, shard);
+    for (int r = 0; r < n; r++) {
+        float* key = shard->key + (size_t)r * kv_width;
+        rope_rotate(shard->query + (size_t)r * query_width, key, s->rotations + (size_t)r * (size_t)head_dim,
+                    shard->n_heads, shard->n_kv_heads, head_dim, traffic);
+        int64_t slot = kv_slot_of_position(shard_table(&view, r), view.block_size, run->batch->rows[r].position);
+        kv_write_row(view.keys, view.values, view.key_scales, view.value_scales, view.dtype, slot, key,
+                     shard->value + (size_t)r * kv_width, shard->n_kv_heads, head_dim, traffic);
+    }
+    kernel_traffic per_thread_traffic[THREAD_POOL_MAX_THREADS];
+    memset(per_thread_traffic, 0, (size_t)shard->n_thread_slots * sizeof *per_thread_traffic);
+    attention_job job = {&view, shard, head_dim, s->max_context, per_thread_traffic};
+    thread_pool_run(shard->pool, n, attention_task, &job);
+    for (int t = 0; t < shard->n_thread_slots; t++) traffic_add(traffic, &per_thread_traffic[t]);
+    if (s->capture)
+        s->capture(s->capture_user, run->layer, CAPTURE_ATTENTION_OUTPUT, shard->attention, n, (int)query_width);
+    matmul_parallel(shard->partial, shard->attention, n, &w->wo, shard->pool, traffic);
+}
+
+// The SwiGLU of the shard's hidden features and its partial sums of w2.
+static void ffn_sublayer(void* context, int k, int thread) {
+    (void)thread;
+    const layer_run* run = context;
+    forward_state* s = run->state;
+    forward_shard* shard = &s->shards[k];
+    const layer_weights* w = shard_weights(run, k);
+    const int n = run->batch->n_rows, hidden = shard->hidden_size;
+    kernel_traffic* traffic = &shard->traffic;
+    matmul_parallel(shard->hidden, s->xb, n, &w->w1, shard->pool, traffic);
+    matmul_parallel(shard->hidden_up, s->xb, n, &w->w3, shard->pool, traffic);
+    for (int r = 0; r < n; r++)
+        swiglu(shard->hidden + (size_t)r * hidden, shard->hidden_up + (size_t)r * hidden, hidden, traffic);
+    if (s->capture) s->capture(s->capture_user, run->layer, CAPTURE_FFN_HIDDEN, shard->hidden, n, hidden);
+    matmul_parallel(shard->partial, shard->hidden, n, &w->w2, shard->pool, traffic);
+}
+
+// Runs a sublayer on every shard: each shard is one task of the state's
+// pool, so shards run side by side, each on its own threads.
+static void run_shards(forward_state* s, layer_run* run, thread_pool_task_fn sublayer) {
+    if (s->n_shards == 1) sublayer(run, 0, 0);
+    else thread_pool_run(s->pool, s->n_shards, sublayer, run);
+}
+
+// The all-reduce of the shards' partial sums, fused with the residual add
+// and the RMSNorm that follows it (norm_weight NULL: no norm).
+static void all_reduce_residual(forward_state* s, int n_rows, const model_config* c, const float* norm_weight,
+                                kernel_traffic* traffic) {
+    const float* partials[MAX_TP_SHARDS];
+    for (int k = 0; k < s->n_shards; k++) partials[k] = s->shards[k].partial;
+    residual_rmsnorm(s->xb, s->x, partials, s->n_shards, norm_weight, n_rows, c->dim, MODEL_RMS_EPS, traffic);
+    if (s->n_shards > 1) {
+        uint64_t message_bytes = (uint64_t)n_rows * (uint64_t)c->dim * sizeof(float); // fp32 partial sums
+        s->allreduce_bytes += link_ring_allreduce_bytes(s->n_shards, message_bytes);
+        s->n_allreduces++;
+    }
+}
+
+// ---- the forward pass ------------------------------------------------------------------------
 
 int forward(const model* m, forward_state* s, kv_memory* kv, const forward_batch* b, float* logits,
             kernel_traffic* traffic, error_info* err) {
     if (check_batch(m, s, kv, b, err)) return -1;
+    if (s->n_shards > 1 && s->capture)
+        return error_set(err, "forward: activation capture runs without sharding only");
+    if (s->n_shards > 1 && build_shard_slots(s, kv, b, err)) return -1;
     const model_config* c = &m->config;
-    const int n = b->n_rows, dim = c->dim, kv_dim = c->kv_dim, hidden = c->hidden_dim;
+    const int n = b->n_rows, dim = c->dim;
+    for (int k = 0; k < s->n_shards; k++) memset(&s->shards[k].traffic, 0, sizeof s->shards[k].traffic);
+    s->allreduce_bytes = 0;
+    s->n_allreduces = 0;
+    kernel_traffic replicated = {0}; // embedding, norms, residual stream, classifier
 
-    // Token embeddings into the residual stream.
-    for (int r = 0; r < n; r++) weight_row_to_f32(s->x + (size_t)r * dim, &m->token_embedding, b->rows[r].token, traffic);
+    // Token embeddings into the residual stream, and each row's RoPE angles
+    // (the same in every layer).
+    for (int r = 0; r < n; r++) {
+        weight_row_to_f32(s->x + (size_t)r * dim, &m->token_embedding, b->rows[r].token, &replicated);
+        rope_rotations(s->rotations + (size_t)r * (size_t)c->head_dim, b->rows[r].position, c->head_dim);
+    }
+    rmsnorm(s->xb, s->x, m->layers[0].rms_attention, n, dim, MODEL_RMS_EPS, &replicated);
 
+    int n_logit_rows = 0;
+    for (int r = 0; r < n; r++) n_logit_rows += b->rows[r].wants_logits;
+    bool every_row_logits = n_logit_rows == n;
     for (int l = 0; l < c->n_layers; l++) {
-        const layer_weights* layer = &m->layers[l];
-        void* layer_keys = kv_memory_layer_keys(kv, l);
-        void* layer_values = kv_memory_layer_values(kv, l);
-        float* layer_key_scales = kv_memory_layer_key_scales(kv, l);
-        float* layer_value_scales = kv_memory_layer_value_scales(kv, l);
-
-        // ---- attention: x += wo . attention(rope(wq xb), rope(wk xb), wv xb)
-        rmsnorm(s->xb, s->x, layer->rms_attention, n, dim, MODEL_RMS_EPS, traffic);
+        layer_run run = {m, s, kv, b, l};
+        // ---- attention: x += wo . attention(rope(wq xb), rope(wk xb), wv xb); xb = rmsnorm(x)
         if (s->capture) s->capture(s->capture_user, l, CAPTURE_ATTENTION_INPUT, s->xb, n, dim);
-        matmul_parallel(s->query, s->xb, n, &layer->wq, s->pool, traffic);
-        matmul_parallel(s->key, s->xb, n, &layer->wk, s->pool, traffic);
-        matmul_parallel(s->value, s->xb, n, &layer->wv, s->pool, traffic);
-        // Keys and values of every row are stored first, so that a row of a
-        // prompt can attend to the rows before it in the same batch.
-        for (int r = 0; r < n; r++) {
-            const batch_row* row = &b->rows[r];
-            float* key = s->key + (size_t)r * kv_dim;
-            rope(s->query + (size_t)r * dim, key, row->position, c->n_heads, c->n_kv_heads, c->head_dim, traffic);
-            int64_t slot = kv_slot_of_position(b->block_tables[row->sequence], kv->block_size, row->position);
-            kv_write_row(layer_keys, layer_values, layer_key_scales, layer_value_scales, kv->dtype, slot, key,
-                         s->value + (size_t)r * kv_dim, c->n_kv_heads, c->head_dim, traffic);
-        }
-        kernel_traffic per_thread_traffic[THREAD_POOL_MAX_THREADS];
-        memset(per_thread_traffic, 0, (size_t)s->n_thread_slots * sizeof *per_thread_traffic);
-        attention_job job = {c,         s, b, kv->dtype, layer_keys, layer_values, kv->block_size, layer_key_scales,
-                             layer_value_scales, per_thread_traffic};
-        thread_pool_run(s->pool, n, attention_task, &job);
-        if (traffic)
-            for (int t = 0; t < s->n_thread_slots; t++) traffic_add(traffic, &per_thread_traffic[t]);
-        if (s->capture) s->capture(s->capture_user, l, CAPTURE_ATTENTION_OUTPUT, s->attention, n, dim);
-        matmul_parallel(s->xb2, s->attention, n, &layer->wo, s->pool, traffic);
-        for (int r = 0; r < n; r++) residual_add(s->x + (size_t)r * dim, s->xb2 + (size_t)r * dim, dim, traffic);
+        run_shards(s, &run, attention_sublayer);
+        all_reduce_residual(s, n, c, m->layers[l].rms_ffn, &replicated);
 
-        // ---- feed-forward: x += w2 . (silu(w1 xb) * (w3 xb))
-        rmsnorm(s->xb, s->x, layer->rms_ffn, n, dim, MODEL_RMS_EPS, traffic);
+        // ---- feed-forward: x += w2 . (silu(w1 xb) * (w3 xb)); xb = rmsnorm(x) for what follows
         if (s->capture) s->capture(s->capture_user, l, CAPTURE_FFN_INPUT, s->xb, n, dim);
-        matmul_parallel(s->hidden, s->xb, n, &layer->w1, s->pool, traffic);
-        matmul_parallel(s->hidden_up, s->xb, n, &layer->w3, s->pool, traffic);
-        for (int r = 0; r < n; r++)
-            swiglu(s->hidden + (size_t)r * hidden, s->hidden_up + (size_t)r * hidden, hidden, traffic);
-        if (s->capture) s->capture(s->capture_user, l, CAPTURE_FFN_HIDDEN, s->hidden, n, hidden);
-        matmul_parallel(s->xb2, s->hidden, n, &layer->w2, s->pool, traffic);
-        for (int r = 0; r < n; r++) residual_add(s->x + (size_t)r * dim, s->xb2 + (size_t)r * dim, dim, traffic);
+        run_shards(s, &run, ffn_sublayer);
+        const float* next_norm = l + 1 < c->n_layers ? m->layers[l + 1].rms_attention
+                                 : every_row_logits  ? m->rms_final
+                                                     : NULL;
+        all_reduce_residual(s, n, c, next_norm, &replicated);
     }
 
     // Final norm and classifier, only for the rows whose logits are wanted
-    // (gathered into xb so that the classifier streams once for all of them).
-    int n_logit_rows = 0;
-    for (int r = 0; r < n; r++) {
-        if (!b->rows[r].wants_logits) continue;
-        memcpy(s->xb2 + (size_t)n_logit_rows * dim, s->x + (size_t)r * dim, (size_t)dim * sizeof(float));
-        n_logit_rows++;
+    // (gathered so that the classifier streams once for all of them). When
+    // every row wants them, the last residual add already normed them all.
+    if (n_logit_rows > 0 && !every_row_logits) {
+        int gathered = 0;
+        for (int r = 0; r < n; r++) {
+            if (!b->rows[r].wants_logits) continue;
+            memcpy(s->xb2 + (size_t)gathered * dim, s->x + (size_t)r * dim, (size_t)dim * sizeof(float));
+            gathered++;
+        }
+        rmsnorm(s->xb, s->xb2, m->rms_final, n_logit_rows, dim, MODEL_RMS_EPS, &replicated);
     }
     if (n_logit_rows > 0) {
-        rmsnorm(s->xb, s->xb2, m->rms_final, n_logit_rows, dim, MODEL_RMS_EPS, traffic);
         if (s->capture) s->capture(s->capture_user, -1, CAPTURE_CLASSIFIER_INPUT, s->xb, n_logit_rows, dim);
-        matmul_parallel(logits, s->xb, n_logit_rows, &m->classifier, s->pool, traffic);
+        matmul_parallel(logits, s->xb, n_logit_rows, &m->classifier, s->pool, &replicated);
+    }
+    if (traffic) {
+        traffic_add(traffic, &replicated);
+        for (int k = 0; k < s->n_shards; k++) traffic_add(traffic, &s->shards[k].traffic);
     }
     return 0;
 }

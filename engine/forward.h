@@ -16,6 +16,7 @@
 #include "engine/error.h"
 #include "engine/kv_memory.h"
 #include "engine/model.h"
+#include "engine/tensor_parallel.h"
 #include "kernels/cpu/kernel_traffic.h"
 #include "kernels/cpu/thread_pool.h"
 
@@ -46,6 +47,26 @@ typedef enum capture_site {
 // rows: (n_rows, width) floats, valid only during the call.
 typedef void (*forward_capture_fn)(void* user, int layer, capture_site site, const float* rows, int n_rows, int width);
 
+// One tensor-parallel shard's activations and threads (engine/tensor_parallel.h).
+// Without sharding, shard 0 is the whole model and its arrays are the
+// state's own (query, key, ..., xb2 as the partial sums, scores, pool).
+typedef struct forward_shard {
+    int head_begin, n_heads;       // its query heads
+    int kv_head_begin, n_kv_heads; // its KV heads
+    int hidden_size;               // its hidden features
+    float* query;      // (max_rows, n_heads * head_dim)
+    float* key;        // (max_rows, n_kv_heads * head_dim)
+    float* value;      // (max_rows, n_kv_heads * head_dim)
+    float* attention;  // (max_rows, n_heads * head_dim) attention output of its heads
+    float* hidden;     // (max_rows, hidden_size) gate, then SwiGLU output
+    float* hidden_up;  // (max_rows, hidden_size)
+    float* partial;    // (max_rows, dim) its partial sums of wo or w2 (before the all-reduce)
+    float* scores;     // (n_thread_slots, max_context) attention weights of one head, per thread
+    int n_thread_slots;
+    thread_pool* pool; // its threads; NULL: the one thread that runs the shard
+    kernel_traffic traffic; // what it read, wrote and computed in the last forward() call
+} forward_shard;
+
 // Scratch activations for up to max_rows rows and contexts up to
 // max_context tokens. All (rows, width) arrays are row-major floats.
 typedef struct forward_state {
@@ -60,11 +81,24 @@ typedef struct forward_state {
     float* attention;  // (max_rows, dim) attention output per row
     float* hidden;     // (max_rows, hidden_dim) gate, then SwiGLU output
     float* hidden_up;  // (max_rows, hidden_dim)
+    float* rotations;  // (max_rows, head_dim) RoPE cos, sin of each row's position (ops.h)
     float* scores;     // (n_thread_slots, max_context) attention weights of one head, per thread
     int n_thread_slots;
     thread_pool* pool; // shared worker threads (not owned); NULL = the calling thread only
-    forward_capture_fn capture; // NULL: no capture
+    forward_capture_fn capture; // NULL: no capture (only without sharding)
     void* capture_user;
+    // Tensor parallelism (1 shard: off). With n_shards > 1 each shard runs
+    // as one task on `pool`, on its own threads (shards[k].pool, owned).
+    int n_shards;
+    tp_plan tp;                          // the split; its weights (unused with 1 shard)
+    forward_shard shards[MAX_TP_SHARDS]; // (n_shards)
+    int32_t* shard_slots;   // (shard_slots_capacity) per batch sequence, the slot of each position x n_shards
+    int64_t* shard_slot_offsets; // (shard_offsets_capacity) where each batch sequence's slots start
+    int shard_slots_capacity;
+    int shard_offsets_capacity;
+    // Tallies of the last forward() call, besides its kernel_traffic:
+    uint64_t allreduce_bytes; // bytes each shard sent in its ring all-reduces (engine/links.h)
+    int n_allreduces;         // all-reduces run: 2 per layer when sharded, else 0
 } forward_state;
 
 int forward_state_init(forward_state* state, const model_config* config, int max_rows, int max_context,
@@ -75,9 +109,19 @@ void forward_state_free(forward_state* state);
 // Results are bit-identical for any number of threads.
 int forward_state_set_pool(forward_state* state, thread_pool* pool, error_info* err);
 
+// Splits the model's layers into n_shards (engine/tensor_parallel.h) and
+// gives each shard its activations and threads_per_shard threads (1: the
+// one pool thread that runs it). Call after forward_state_set_pool: the
+// shards run as tasks of that pool, one per shard. n_shards 1 turns
+// sharding off. Returns -1 (with err) when the model does not split.
+int forward_state_set_tensor_parallel(forward_state* state, const model* m, int n_shards, int threads_per_shard,
+                                      error_info* err);
+
 // Runs the batch, writing each row's keys and values into kv, and the
 // logits of the rows with wants_logits, in row order, into logits:
-// (number of such rows, vocab_size). Adds the work done to traffic.
+// (number of such rows, vocab_size). Adds the work done to traffic (every
+// shard's work and the replicated parts); each shard's own share is also in
+// state->shards[k].traffic, and the all-reduces in state->allreduce_bytes.
 // Returns -1 (with err) when the batch does not fit the state or the model.
 int forward(const model* m, forward_state* state, kv_memory* kv, const forward_batch* batch, float* logits,
             kernel_traffic* traffic, error_info* err);

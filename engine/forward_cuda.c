@@ -1,5 +1,6 @@
 #include "engine/forward_cuda.h"
 
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -324,20 +325,21 @@ static size_t stage_batch(forward_cuda* fc, const forward_batch* b, int* n_logit
     return bytes;
 }
 
+// The layers, in engine/forward.c's order and with its fusions, so that
+// the traffic figures are the CPU's: the residual add after each sublayer
+// is fused with the RMSNorm that follows it (after the last layer: the
+// final norm when every row wants logits, else no norm).
 static int run_layers(forward_cuda* fc, int n, const batch_metadata* device, const batch_metadata* host,
-                      int max_context, kernel_traffic* traffic, error_info* err) {
+                      int max_context, bool every_row_logits, kernel_traffic* traffic, error_info* err) {
     const model_config* c = &fc->config;
     cuda_context* gpu = fc->gpu;
     const int dim = c->dim;
-    if (cuda_embed_rows(gpu, fc->x, device->tokens, n, &fc->embedding, traffic, err)) return -1;
+    if (cuda_embed_rows(gpu, fc->x, device->tokens, n, &fc->embedding, traffic, err) ||
+        cuda_rmsnorm(gpu, fc->xb, fc->x, fc->layers[0].rms_attention, n, dim, MODEL_RMS_EPS, traffic, err))
+        return -1;
     for (int l = 0; l < c->n_layers; l++) {
         const cuda_layer* layer = &fc->layers[l];
-        // ---- attention: x += wo . attention(rope(wq xb), rope(wk xb), wv xb);
-        // the previous layer's residual add is fused into this norm.
-        if (l == 0 ? cuda_rmsnorm(gpu, fc->xb, fc->x, layer->rms_attention, n, dim, MODEL_RMS_EPS, traffic, err)
-                   : cuda_residual_rmsnorm(gpu, fc->xb, fc->x, fc->xb2, layer->rms_attention, n, dim, MODEL_RMS_EPS,
-                                           traffic, err))
-            return -1;
+        // ---- attention: x += wo . attention(rope(wq xb), rope(wk xb), wv xb); xb = rmsnorm(x)
         if (cuda_matmul(gpu, fc->query, fc->xb, n, &layer->wq, traffic, err) ||
             cuda_matmul(gpu, fc->key, fc->xb, n, &layer->wk, traffic, err) ||
             cuda_matmul(gpu, fc->value, fc->xb, n, &layer->wv, traffic, err) ||
@@ -347,17 +349,24 @@ static int run_layers(forward_cuda* fc, int n, const batch_metadata* device, con
             cuda_paged_attention(gpu, fc->attention, fc->query, dim, &fc->kv_layers[l], device->tables,
                                  device->table_offsets, device->context_lengths, n, max_context, c->n_heads,
                                  host->context_lengths, traffic, err) ||
-            cuda_matmul(gpu, fc->xb2, fc->attention, n, &layer->wo, traffic, err))
+            cuda_matmul(gpu, fc->xb2, fc->attention, n, &layer->wo, traffic, err) ||
+            cuda_residual_rmsnorm(gpu, fc->xb, fc->x, fc->xb2, layer->rms_ffn, n, dim, MODEL_RMS_EPS, traffic, err))
             return -1;
-        // ---- feed-forward: x += w2 . (silu(w1 xb) * (w3 xb))
-        if (cuda_residual_rmsnorm(gpu, fc->xb, fc->x, fc->xb2, layer->rms_ffn, n, dim, MODEL_RMS_EPS, traffic, err) ||
-            cuda_matmul(gpu, fc->hidden, fc->xb, n, &layer->w1, traffic, err) ||
+        // ---- feed-forward: x += w2 . (silu(w1 xb) * (w3 xb)); xb = rmsnorm(x) for what follows
+        if (cuda_matmul(gpu, fc->hidden, fc->xb, n, &layer->w1, traffic, err) ||
             cuda_matmul(gpu, fc->hidden_up, fc->xb, n, &layer->w3, traffic, err) ||
             cuda_swiglu(gpu, fc->hidden, fc->hidden_up, (int64_t)n * c->hidden_dim, traffic, err) ||
             cuda_matmul(gpu, fc->xb2, fc->hidden, n, &layer->w2, traffic, err))
             return -1;
+        const float* next_norm = l + 1 < c->n_layers ? fc->layers[l + 1].rms_attention
+                                 : every_row_logits  ? fc->rms_final
+                                                     : NULL;
+        if (next_norm
+                ? cuda_residual_rmsnorm(gpu, fc->xb, fc->x, fc->xb2, next_norm, n, dim, MODEL_RMS_EPS, traffic, err)
+                : cuda_residual_add(gpu, fc->x, fc->xb2, (int64_t)n * dim, traffic, err))
+            return -1;
     }
-    return cuda_residual_add(gpu, fc->x, fc->xb2, (int64_t)n * dim, traffic, err);
+    return 0;
 }
 
 int forward_cuda_run(forward_cuda* fc, const model* m, const forward_batch* batch, const block_event* events,
@@ -373,14 +382,18 @@ int forward_cuda_run(forward_cuda* fc, const model* m, const forward_batch* batc
     const batch_metadata device = metadata_at(fc->metadata, batch->n_rows, n_logit_rows);
     const model_config* c = &fc->config;
     double elapsed_ms = 0.0;
-    if (cuda_timer_start(fc->gpu, err) || run_layers(fc, batch->n_rows, &device, &host, max_context, traffic, err))
+    const bool every_row_logits = n_logit_rows == batch->n_rows;
+    if (cuda_timer_start(fc->gpu, err) ||
+        run_layers(fc, batch->n_rows, &device, &host, max_context, every_row_logits, traffic, err))
         return -1;
-    // Final norm and classifier for the rows whose logits are wanted,
-    // gathered first so that the classifier streams once for all of them.
-    if (n_logit_rows > 0 &&
+    // Final norm (unless the last residual add did it for every row) and
+    // the classifier for the rows whose logits are wanted, gathered first
+    // so that the classifier streams once for all of them.
+    if (n_logit_rows > 0 && !every_row_logits &&
         (cuda_gather_rows(fc->gpu, fc->xb2, fc->x, device.logit_rows, n_logit_rows, c->dim, err) ||
-         cuda_rmsnorm(fc->gpu, fc->xb, fc->xb2, fc->rms_final, n_logit_rows, c->dim, MODEL_RMS_EPS, traffic, err) ||
-         cuda_matmul(fc->gpu, fc->logits, fc->xb, n_logit_rows, &fc->classifier, traffic, err)))
+         cuda_rmsnorm(fc->gpu, fc->xb, fc->xb2, fc->rms_final, n_logit_rows, c->dim, MODEL_RMS_EPS, traffic, err)))
+        return -1;
+    if (n_logit_rows > 0 && cuda_matmul(fc->gpu, fc->logits, fc->xb, n_logit_rows, &fc->classifier, traffic, err))
         return -1;
     if (cuda_timer_stop(fc->gpu, &elapsed_ms, err)) return -1;
     if (device_ns) *device_ns = (uint64_t)(elapsed_ms * 1e6);

@@ -18,6 +18,12 @@ static const synth_preset PRESETS[] = {
      {.dim = 768, .hidden_dim = 2048, .n_layers = 16, .n_heads = 12, .n_kv_heads = 4, .max_seq_len = 1024}},
     {"large", "~1B parameters (22 layers, dim 2048, TinyLlama's shape): ~1.8 GiB in fp16",
      {.dim = 2048, .hidden_dim = 5632, .n_layers = 22, .n_heads = 32, .n_kv_heads = 4, .max_seq_len = 2048}},
+    // The benchmark shape of the CPU performance issue: llama2.c's stories110M
+    // (and llama.cpp's figures for it), with its 32000-token vocabulary so
+    // that the classifier streams the same bytes per token.
+    {"stories110m", "~110M parameters (12 layers, dim 768, 12 heads, vocab 32000): stories110M's shape, the benchmark model",
+     {.dim = 768, .hidden_dim = 2048, .n_layers = 12, .n_heads = 12, .n_kv_heads = 12, .vocab_size = 32000,
+      .max_seq_len = 1024}},
     {NULL, NULL, {0}},
 };
 
@@ -104,9 +110,10 @@ int model_synthesize(model* out, const char* name, int vocab_size, model_dtype_c
                      error_info* err) {
     memset(out, 0, sizeof *out);
     const synth_preset* preset = synth_find_preset(name);
-    if (!preset) return error_set(err, "%s: not a file and not a preset (tiny, small, medium, large)", name);
+    if (!preset)
+        return error_set(err, "%s: not a file and not a preset (tiny, small, medium, large, stories110m)", name);
     model_config config = preset->shape;
-    config.vocab_size = vocab_size;
+    if (config.vocab_size == 0) config.vocab_size = vocab_size; // else the preset fixes it
     config.shared_classifier = true;
     if (model_config_validate(&config, name, err)) return -1;
     weight_dtype dtype = dtype_choice == MODEL_DTYPE_FP32 ? WEIGHT_F32 : WEIGHT_F16;

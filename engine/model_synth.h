@@ -31,7 +31,7 @@
 typedef struct synth_preset {
     const char* name;
     const char* summary;  // one line for --help
-    model_config shape;   // vocab_size is left 0: the tokenizer decides it
+    model_config shape;   // vocab_size 0: the tokenizer decides it; else fixed (stories110m: 32000)
 } synth_preset;
 
 // The preset called name, or NULL.
@@ -41,7 +41,9 @@ const synth_preset* synth_find_preset(const char* name);
 const synth_preset* synth_presets(void);
 
 // Generates preset `name` with vocab_size tokens (259 for the byte-level
-// tokenizer, 512 with tok512). dtype DEFAULT means fp16.
+// tokenizer, 512 with tok512), unless the preset fixes its vocabulary
+// (stories110m: 32000; a smaller tokenizer then simply never produces the
+// upper ids). dtype DEFAULT means fp16.
 int model_synthesize(model* out, const char* name, int vocab_size, model_dtype_choice dtype, uint64_t seed,
                      error_info* err);
 

@@ -14,15 +14,31 @@ const char* block_event_name(block_event_kind kind) {
     return "?";
 }
 
+// The kernel_traffic fields as JSON members (no braces).
+static void write_traffic(const kernel_traffic* t, FILE* out) {
+    fprintf(out,
+            "\"weight_bytes\":%" PRIu64 ",\"kv_bytes_read\":%" PRIu64 ",\"kv_bytes_written\":%" PRIu64
+            ",\"activation_bytes\":%" PRIu64 ",\"matmul_flops\":%" PRIu64 ",\"attention_flops\":%" PRIu64,
+            t->weight_bytes_read, t->kv_bytes_read, t->kv_bytes_written, t->activation_bytes, t->matmul_flops,
+            t->attention_flops);
+}
+
 void step_record_write_json(const step_record* r, FILE* out) {
     fprintf(out, "{\"step\":%" PRIu64 ",\"clock_s\":%.6f,\"wall_ns\":%" PRIu64 ",\"prefill_tokens\":%d,\"decode_tokens\":%d",
             r->step, r->clock_seconds, r->wall_ns, r->prefill_tokens, r->decode_tokens);
     if (r->device_ns) fprintf(out, ",\"device_ns\":%" PRIu64, r->device_ns); // --backend cuda only
+    fputc(',', out);
+    write_traffic(&r->traffic, out);
     fprintf(out,
-            ",\"weight_bytes\":%" PRIu64 ",\"kv_bytes_read\":%" PRIu64 ",\"kv_bytes_written\":%" PRIu64
-            ",\"activation_bytes\":%" PRIu64 ",\"matmul_flops\":%" PRIu64 ",\"attention_flops\":%" PRIu64,
-            r->traffic.weight_bytes_read, r->traffic.kv_bytes_read, r->traffic.kv_bytes_written,
-            r->traffic.activation_bytes, r->traffic.matmul_flops, r->traffic.attention_flops);
+            ",\"tp\":{\"shards\":%d,\"link\":\"%s\",\"allreduces\":%d,\"allreduce_bytes\":%" PRIu64
+            ",\"allreduce_s\":%.9f,\"shard_traffic\":[",
+            r->tp_shards, r->tp_link ? r->tp_link : "", r->n_allreduces, r->allreduce_bytes, r->allreduce_seconds);
+    for (int k = 0; k < r->tp_shards && k < MAX_TP_SHARDS; k++) {
+        fputs(k ? ",{" : "{", out);
+        write_traffic(&r->shard_traffic[k], out);
+        fputc('}', out);
+    }
+    fputs("]}", out);
     fprintf(out,
             ",\"pool\":{\"blocks_total\":%d,\"blocks_free\":%d,\"blocks_used\":%d,\"blocks_cached\":%d,"
             "\"slots_total\":%" PRId64 ",\"slots_used\":%" PRId64 ",\"slots_allocated\":%" PRId64

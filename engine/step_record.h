@@ -10,6 +10,7 @@
 #include <stdio.h>
 
 #include "engine/kv_blocks.h"
+#include "engine/tensor_parallel.h"
 #include "kernels/cpu/kernel_traffic.h"
 
 typedef enum step_phase { PHASE_PREFILL = 0, PHASE_DECODE = 1 } step_phase;
@@ -35,7 +36,19 @@ typedef struct step_record {
     int32_t* block_ids;            // (sum of n_table) the tables, concatenated
     int prefill_tokens;
     int decode_tokens;
-    kernel_traffic traffic;        // bytes and FLOPs reported by the kernels
+    kernel_traffic traffic;        // bytes and FLOPs reported by the kernels (every shard + replicated parts)
+    // Tensor parallelism (engine_config.tp_shards; engine/tensor_parallel.h).
+    // shard_traffic[k] is what shard k's kernels did: its slices of wq..w3,
+    // RoPE, KV writes and attention of its heads, SwiGLU of its hidden
+    // slice. `traffic` = the sum over shards + the replicated parts
+    // (embedding, RMSNorms, residual adds with the all-reduce sums,
+    // classifier). With 1 shard, shard 0 is all of the layers' work.
+    int tp_shards;                 // 1 = no sharding
+    const char* tp_link;           // link model name (engine/links.h)
+    kernel_traffic shard_traffic[MAX_TP_SHARDS]; // (tp_shards)
+    int n_allreduces;              // 2 per layer when sharded, else 0
+    uint64_t allreduce_bytes;      // bytes each shard sent: per all-reduce 2 (N - 1) / N x rows x dim x 4 (fp32)
+    double allreduce_seconds;      // analytic link time: n_allreduces x latency + allreduce_bytes / bandwidth
     // Paged pool (zeros for contiguous):
     int blocks_total;
     int blocks_free;

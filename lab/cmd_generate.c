@@ -195,6 +195,9 @@ int command_generate(int argc, char** argv) {
                              args.options.top_p, args.options.seed, 0.0, false};
     int32_t id = 0;
     uint64_t prefill_ns = 0, decode_ns = 0, decode_weight_bytes = 0;
+    kernel_traffic decode_shard0 = {0}; // --tp: shard 0's work over the decode steps
+    uint64_t decode_allreduce_bytes = 0;
+    double decode_allreduce_seconds = 0.0;
     int decode_steps = 0;
     if (args.options.max_new_tokens > 0 && engine_add_request(&e, &params, &id, &err)) {
         fprintf(stderr, "servelab generate: %s\n", err.message);
@@ -215,6 +218,9 @@ int command_generate(int argc, char** argv) {
             decode_ns += r->wall_ns;
             decode_steps++;
             decode_weight_bytes += r->traffic.weight_bytes_read;
+            traffic_add(&decode_shard0, &r->shard_traffic[0]);
+            decode_allreduce_bytes += r->allreduce_bytes;
+            decode_allreduce_seconds += r->allreduce_seconds;
         }
         const sequence* s = engine_sequence(&e, id);
         for (; printed < s->n_tokens; printed++) {
@@ -247,6 +253,17 @@ int command_generate(int argc, char** argv) {
             (unsigned long long)source.model.weight_bytes, n_prompt, prefill_rate, n_generated, decode_rate,
             decode_steps ? (unsigned long long)(decode_weight_bytes / (uint64_t)decode_steps) : 0ull,
             stop_reason_name(stop));
+    if (args.engine.tp_shards > 1 && decode_steps > 0) {
+        uint64_t shard_bytes = decode_shard0.weight_bytes_read / (uint64_t)decode_steps;
+        uint64_t shard_flops = (decode_shard0.matmul_flops + decode_shard0.attention_flops) / (uint64_t)decode_steps;
+        fprintf(stderr,
+                "servelab: --tp %d over %s: per decode token shard 0 read %llu weight bytes and did %llu FLOPs "
+                "(%.2f FLOP/byte); each shard sent %llu all-reduce bytes, %.1f us on the link\n",
+                args.engine.tp_shards, link_model_get(args.engine.tp_link)->name, (unsigned long long)shard_bytes,
+                (unsigned long long)shard_flops, shard_bytes ? (double)shard_flops / (double)shard_bytes : 0.0,
+                (unsigned long long)(decode_allreduce_bytes / (uint64_t)decode_steps),
+                decode_allreduce_seconds / decode_steps * 1e6);
+    }
     status = 0;
 done:
     free(prompt);

@@ -17,7 +17,9 @@
 #include "lab/commands.h"
 #include "lab/dashboard.h"
 #include "lab/engine_options.h"
+#include "lab/lesson.h"
 #include "lab/ui_panes.h"
+#include "lab/ui_terminal.h"
 
 static const char LAB_USAGE[] =
     "usage: servelab [lab] [options]\n"
@@ -33,7 +35,8 @@ static const char LAB_USAGE[] =
     "  --max-tokens N            new tokens per request (default 96)\n"
     "  --system TEXT             the system prompt that p requests share\n"
     "  --kv paged|contiguous     which engine the requests and traffic panes follow\n"
-    "  --lesson FILE             (lessons are not implemented yet)\n"
+    "  --lesson FILE             run a Lua lesson: space continues it at each pause, the\n"
+    "                            panes draw its engine and the Lesson pane its checks\n"
     "headless:\n"
     "  --keys KEYS               replay keys: plain characters and <space> <tab> <enter>\n"
     "                            <esc> <f1> <up> <down> <left> <right> <wait:MS>\n"
@@ -60,13 +63,14 @@ typedef struct lab_app {
     uint64_t run_steps;
     double run_seconds;
     double run_since;    // monotonic seconds when running last started, 0 when paused
+    // --lesson: the lesson drives its own engines; space resumes it until it
+    // ends, and the panes draw the engine it works on.
+    lesson* lesson;
+    lesson_status lesson_state;
+    bool lesson_started;
+    bool lesson_resume_pending; // the terminal draws "running" before the (blocking) resume
+    bool in_terminal;
 } lab_app;
-
-static volatile sig_atomic_t stop_requested = 0;
-static void on_stop_signal(int signal_number) {
-    (void)signal_number;
-    stop_requested = 1;
-}
 
 static double monotonic_seconds(void) {
     struct timespec t;
@@ -95,8 +99,78 @@ static void report_run_rate(lab_app* a, const char* mode) {
             (unsigned long long)a->run_steps, a->run_seconds, (double)a->run_steps / a->run_seconds);
 }
 
+// ---- a lesson in the dashboard ------------------------------------------------------------
+
+static void lesson_said(void* user, const char* text) { dashboard_lesson_log(user, LOG_NARRATION, text); }
+
+static void lesson_checked(void* user, const lesson_check_result* result) {
+    char* line = NULL;
+    size_t size = 0;
+    FILE* out = open_memstream(&line, &size);
+    if (!out) return;
+    lesson_print_check(out, result); // the same line as the headless runner prints
+    fclose(out);
+    if (size && line[size - 1] == '\n') line[size - 1] = '\0';
+    static const lesson_log_kind KINDS[] = {LOG_PASS, LOG_DISAGREE, LOG_FAIL};
+    dashboard_lesson_log(user, KINDS[result->outcome], line);
+    free(line);
+}
+
+static bool lesson_active(const lab_app* a) { return a->lesson && a->lesson_state == LESSON_PAUSED; }
+
+// Runs the lesson to its next pause, its end or an error; the dashboard keeps
+// running whatever happens in the lesson.
+static void resume_lesson(lab_app* a) {
+    lesson_log* log = &a->d.lesson;
+    a->lesson_resume_pending = false;
+    a->lesson_state = lesson_resume(a->lesson);
+    a->lesson_started = true;
+    dashboard_follow_engine(&a->d, lesson_focus_engine(a->lesson));
+    int passed = 0, failed = 0;
+    if (a->lesson_state == LESSON_PAUSED) {
+        snprintf(log->state, sizeof log->state, "paused: space continues the lesson");
+        return;
+    }
+    if (a->lesson_state == LESSON_FAILED) dashboard_lesson_log(&a->d, LOG_FAIL, lesson_error(a->lesson));
+    lesson_finish(a->lesson);
+    lesson_counts(a->lesson, &passed, &failed);
+    snprintf(log->state, sizeof log->state, "%s: %d passed, %d failed; space returns to the lab's engines",
+             a->lesson_state == LESSON_DONE ? "done" : "failed", passed, failed);
+}
+
+static int open_lesson(lab_app* a, const char* path, error_info* err) {
+    lesson_options options = lesson_options_default();
+    options.interactive = true; // lab.pause() waits for space
+    options.on_say = lesson_said;
+    options.on_check = lesson_checked;
+    options.user = &a->d;
+    snprintf(a->d.lesson.title, sizeof a->d.lesson.title, "lesson %s", path);
+    if (lesson_open(&a->lesson, path, &options, err)) {
+        // The lab still opens: the pane shows what is wrong with the lesson.
+        dashboard_lesson_log(&a->d, LOG_FAIL, err->message);
+        snprintf(a->d.lesson.state, sizeof a->d.lesson.state, "cannot run: fix the lesson and open it again");
+        a->lesson = NULL;
+        return -1;
+    }
+    a->lesson_state = LESSON_PAUSED;
+    snprintf(a->d.lesson.state, sizeof a->d.lesson.state, "ready: space starts the lesson");
+    return 0;
+}
+
 static void do_step(lab_app* a) {
     error_info err = {{0}};
+    if (lesson_active(a)) { // space belongs to the lesson until it ends
+        if (a->in_terminal) { // show that it runs before it blocks the loop
+            a->lesson_resume_pending = true;
+            snprintf(a->d.lesson.state, sizeof a->d.lesson.state, "running the lesson...");
+        } else resume_lesson(a);
+        return;
+    }
+    if (a->d.lesson_engine) { // the lesson ended: back to the lab's own engines
+        dashboard_follow_engine(&a->d, NULL);
+        set_message(a, "back to the lab's engines");
+        return;
+    }
     if (a->v.running) a->run_steps++;
     if (!dashboard_has_work(&a->d)) {
         set_message(a, "no work: add a request with a");
@@ -160,7 +234,11 @@ static void handle_key(lab_app* a, int key) {
     device_models(&n_devices);
     switch (key) {
     case ' ': case 'n': do_step(a); break;
-    case 'r': v->running = !v->running; a->next_step_at = 0; break;
+    case 'r':
+        if (lesson_active(a)) set_message(a, "a lesson is running: space continues it");
+        else v->running = !v->running;
+        a->next_step_at = 0;
+        break;
     case '+': case '=': if (v->speed_index < 7) v->speed_index++; break;
     case '-': if (v->speed_index > 0) v->speed_index--; break;
     case 'a': v->mode = UI_MODE_EDIT; v->edit[0] = '\0'; break;
@@ -307,14 +385,6 @@ static int run_headless(lab_app* a, const char* keys_text, const char* dump_path
 
 // ---- the terminal -------------------------------------------------------------------------
 
-static bool curses_active = false;
-static void restore_terminal(void) {
-    if (curses_active) {
-        endwin();
-        curses_active = false;
-    }
-}
-
 static int translate_key(int c) {
     switch (c) {
     case KEY_UP: return KEY_CODE_UP;
@@ -332,31 +402,14 @@ static int translate_key(int c) {
 }
 
 static int run_terminal(lab_app* a) {
-    const char* codeset = nl_langinfo(CODESET);
-    bool utf8 = codeset && (strcmp(codeset, "UTF-8") == 0 || strcmp(codeset, "utf8") == 0);
-    struct sigaction action;
-    memset(&action, 0, sizeof action);
-    action.sa_handler = on_stop_signal;
-    sigaction(SIGINT, &action, NULL);
-    sigaction(SIGTERM, &action, NULL);
-    sigaction(SIGHUP, &action, NULL);
-    if (!initscr()) {
+    bool utf8 = false, color = false;
+    if (ui_terminal_open(&utf8, &color)) {
         fprintf(stderr, "servelab lab: cannot open the terminal (use --dump-frame for headless use)\n");
         return 1;
     }
-    curses_active = true;
-    atexit(restore_terminal);
-    cbreak();
-    noecho();
-    keypad(stdscr, TRUE);
-    curs_set(0);
-    set_escdelay(25);
-    const char* no_color = getenv("NO_COLOR");
-    bool color = has_colors() && !(no_color && no_color[0]);
-    if (color) ui_screen_init_curses_colors();
     ui_screen screen;
     if (ui_screen_init(&screen, COLS, LINES, utf8, color)) {
-        restore_terminal();
+        ui_terminal_close();
         fprintf(stderr, "servelab lab: out of memory\n");
         return 1;
     }
@@ -365,7 +418,7 @@ static int run_terminal(lab_app* a) {
     double last_frame = 0;
     bool dirty = true;
     bool machine_shown = false;
-    while (!a->quit && !stop_requested) {
+    while (!a->quit && !ui_terminal_stop_requested()) {
         double now = monotonic_seconds();
         double unused_gb_s, unused_gflop_s;
         if (!machine_shown && dashboard_machine_figures(&a->d, &unused_gb_s, &unused_gflop_s))
@@ -376,6 +429,11 @@ static int run_terminal(lab_app* a) {
             refresh();
             last_frame = now;
             dirty = false;
+        }
+        if (a->lesson_resume_pending && !dirty) { // its "running" frame is on the screen
+            resume_lesson(a);
+            dirty = true;
+            continue;
         }
         // Wait for a key until the next step or frame is due.
         double wait = 0.1;
@@ -407,7 +465,7 @@ static int run_terminal(lab_app* a) {
         }
     }
     ui_screen_free(&screen);
-    restore_terminal();
+    ui_terminal_close();
     report_run_rate(a, "terminal");
     return 0;
 }
@@ -432,6 +490,7 @@ int command_lab(int argc, char** argv) {
     model_request request = {NULL, NULL, MODEL_DTYPE_DEFAULT, SYNTH_DEFAULT_SEED, NULL};
     const char* keys = NULL;
     bool measure_machine = false;
+    const char* lesson_path = NULL;
     const char* dump_path = NULL;
     const char* prompts[16];
     const char* system_prompt = "Once upon a time, there was a little girl named Lily. She lived in a small house "
@@ -470,7 +529,7 @@ int command_lab(int argc, char** argv) {
         } else if (arg_match(&cursor, "--size", true, &failed, &err)) {
             if (!failed) failed = parse_size(cursor.value, &cols, &rows, &err) != 0;
         } else if (arg_match(&cursor, "--lesson", true, &failed, &err)) {
-            if (!failed) failed = error_set(&err, "--lesson: lessons are not implemented yet") != 0;
+            if (!failed) lesson_path = cursor.value;
         } else {
             fprintf(stderr, "servelab lab: unknown option '%s' (see servelab lab --help)\n", arg);
             return 2;
@@ -508,9 +567,13 @@ int command_lab(int argc, char** argv) {
             return 2;
         }
     bool headless = keys || dump_path;
+    a->in_terminal = !headless;
+    if (lesson_path) open_lesson(a, lesson_path, &err); // a broken lesson shows in its pane; the lab runs on
     if (!headless || measure_machine) dashboard_measure_machine(&a->d, !headless);
     int status = headless ? run_headless(a, keys ? keys : "", dump_path ? dump_path : "-", cols, rows)
                                    : run_terminal(a);
+    dashboard_follow_engine(&a->d, NULL); // the lesson's engines go with it
+    if (a->lesson) lesson_close(a->lesson);
     dashboard_free(&a->d);
     free(a);
     return status;

@@ -9,5 +9,9 @@ int command_info(int argc, char** argv);
 int command_sim(int argc, char** argv);
 int command_quant(int argc, char** argv);
 int command_lab(int argc, char** argv);
+int command_quiz(int argc, char** argv);
+int command_synth(int argc, char** argv);
+int command_bench(int argc, char** argv);
+int command_lesson(int argc, char** argv);
 
 #endif

@@ -22,6 +22,9 @@ const char ENGINE_OPTIONS_USAGE[] =
     "  --no-chunked-prefill      compute each prompt in one step\n"
     "  --no-prefix-caching       never share cached prompt blocks\n"
     "  --threads N               worker threads for the kernels (default: one per CPU)\n"
+    "  --tp N                    simulated tensor parallelism: split each layer into N shards\n"
+    "                            (N divides the query and KV heads; default 1 = off)\n"
+    "  --tp-link nvlink|pcie     link model timing the all-reduces (default nvlink)\n"
     "  --backend cpu|cuda        where the forward pass runs (default cpu)\n";
 
 int parse_size_arg(const char* flag, const char* text, uint64_t* out, error_info* err) {
@@ -122,6 +125,15 @@ bool engine_option_match(arg_cursor* cursor, engine_config* c, bool* kv_both, bo
     }
     if (arg_match(cursor, "--threads", true, failed, err)) {
         if (!*failed) *failed = parse_int_arg("--threads", cursor->value, 0, 256, &c->n_threads, err) != 0;
+        return true;
+    }
+    if (arg_match(cursor, "--tp", true, failed, err)) {
+        if (!*failed) *failed = parse_int_arg("--tp", cursor->value, 1, MAX_TP_SHARDS, &c->tp_shards, err) != 0;
+        return true;
+    }
+    if (arg_match(cursor, "--tp-link", true, failed, err)) {
+        if (!*failed && link_kind_parse(cursor->value, &c->tp_link) != 0)
+            *failed = error_set(err, "--tp-link: expected nvlink or pcie, found '%s'", cursor->value) != 0;
         return true;
     }
     if (arg_match(cursor, "--backend", true, failed, err)) {

@@ -5,7 +5,8 @@
 //   --num-blocks N          --kv-dtype fp16|fp32  --reserve max|request
 //   --batching continuous|static                  --max-seqs N
 //   --max-batched-tokens N  --no-chunked-prefill  --no-prefix-caching
-//   --threads N             --backend cpu|cuda
+//   --threads N             --tp N                --tp-link nvlink|pcie
+//   --backend cpu|cuda
 #ifndef SERVELAB_ENGINE_OPTIONS_H
 #define SERVELAB_ENGINE_OPTIONS_H
 

@@ -13,11 +13,14 @@ static const char USAGE[] =
     "  generate   generate text from a model (checkpoint or synthetic preset)\n"
     "  sim        a workload through the engine: paged vs contiguous, continuous vs static\n"
     "  quant      quantize a model (RTN, AWQ, GPTQ) or one tensor and measure the error\n"
+    "  quiz       quiz yourself: question bank, numeric drills, spaced repetition\n"
+    "  lesson     Lua lessons: run, list, new, check (lessons/README.md)\n"
     "  info       what this build supports (CUDA, presets)\n"
+    "  synth      write a synthetic preset as a llama2.c checkpoint\n"
+    "  bench      performance: bandwidth, decode, prefill, batch scaling, attention\n"
     "  help       this message\n"
     "\n"
-    "Each command takes --help. The lessons, quiz and bench commands are\n"
-    "being built (see README.md).\n";
+    "Each command takes --help.\n";
 
 typedef struct command_entry {
     const char* name;
@@ -29,7 +32,11 @@ static const command_entry COMMANDS[] = {
     {"generate", command_generate},
     {"sim", command_sim},
     {"quant", command_quant},
+    {"quiz", command_quiz},
+    {"lesson", command_lesson},
     {"info", command_info},
+    {"synth", command_synth},
+    {"bench", command_bench},
 };
 
 int main(int argc, char** argv) {

@@ -441,7 +441,7 @@ static void draw_lesson(ui_screen* s, ui_rect r, const dashboard* d) {
 }
 
 static const char* const HELP[] = {
-    "space/n  one engine step          r  run / pause",
+    "space/n  one engine step, or continue a lesson    r  run / pause",
     "+ / -    speed                    a  add a request (type, Enter)",
     "f        fork selected (shares)   x  cancel selected request",
     "p        add a request sharing the system prompt",
@@ -475,7 +475,8 @@ void ui_draw(ui_screen* s, const dashboard* d, const ui_view* v) {
     if (UI_SPEEDS[v->speed_index]) snprintf(speed_text, sizeof speed_text, "%d/s", UI_SPEEDS[v->speed_index]);
     else snprintf(speed_text, sizeof speed_text, "%s", speed);
     ui_printf(s, 0, 0, s->cols, UI_TITLE, UI_BOLD, "servelab lab  %s  step %llu  %s  speed %s  block size %d  %s%s",
-              d->source.model_label, (unsigned long long)d->steps, v->running ? "RUNNING" : "paused", speed_text,
+              d->lesson_engine ? "(the lesson's engine)" : d->source.model_label,
+              (unsigned long long)(d->lesson_engine ? d->lesson_engine->record.step : d->steps), v->running ? "RUNNING" : "paused", speed_text,
               dashboard_primary(d)->config.block_size, l.mode == LAYOUT_PAGES ? "page " : "",
               l.mode == LAYOUT_PAGES ? (char[2]){(char)('1' + l.page), 0} : "");
     for (int p = 0; p < PANE_COUNT; p++) {

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static bool file_exists(const char* path) {
@@ -83,4 +84,22 @@ bool test_simd_level_available(int level) {
 const char* test_servelab_binary(void) {
     const char* bin = getenv("SERVELAB_BIN");
     return bin && bin[0] ? bin : "bin/servelab";
+}
+
+command_result run_servelab(const char* arguments) {
+    char out_path[512], err_path[512], command[4096];
+    snprintf(out_path, sizeof out_path, "%s/cli.out", test_scratch_dir());
+    snprintf(err_path, sizeof err_path, "%s/cli.err", test_scratch_dir());
+    snprintf(command, sizeof command, "%s %s >%s 2>%s </dev/null", test_servelab_binary(), arguments, out_path,
+             err_path);
+    int raw = system(command);
+    command_result result = {-1, test_read_text(out_path), test_read_text(err_path)};
+    // system() runs sh; a signal in the child shows as 128 + signal.
+    if (raw != -1 && WIFEXITED(raw) && WEXITSTATUS(raw) < 128) result.exit_status = WEXITSTATUS(raw);
+    return result;
+}
+
+void free_result(command_result* result) {
+    free(result->out);
+    free(result->err);
 }

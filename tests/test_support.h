@@ -37,6 +37,17 @@ const char* test_servelab_binary(void);
 // Writes bytes to path; returns true on success.
 bool test_write_file(const char* path, const void* bytes, size_t size);
 
+// One run of the servelab binary ($SERVELAB_BIN, else bin/servelab) with
+// `arguments` (shell words), stdin empty, stdout and stderr captured.
+typedef struct command_result {
+    int exit_status; // -1 when killed by a signal
+    char* out;       // stdout (malloc'ed, never NULL)
+    char* err;       // stderr (malloc'ed, never NULL)
+} command_result;
+
+command_result run_servelab(const char* arguments);
+void free_result(command_result* result);
+
 // Resolves a shared model file into `path_buffer` or skips (fails under CI).
 #define REQUIRE_SHARED_MODEL(path_buffer, name)                                              \
     do {                                                                                     \

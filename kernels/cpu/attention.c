@@ -1,6 +1,7 @@
 #include "kernels/cpu/attention.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/cpu/attention_simd.h"
@@ -23,8 +24,9 @@ static void attention_row_scalar(float* out, const float* query, const kv_layer_
     for (int h = 0; h < n_heads; h++) {
         const float* q = query + (size_t)h * (size_t)head_dim;
         const size_t head_offset = (size_t)(h / queries_per_kv_head) * (size_t)head_dim;
-        for (int t = 0; t < n_context; t++) {
-            int64_t slot = kv_slot_of_position(kv->block_table, kv->block_size, t);
+        for (int t = 0, b = 0, s = 0; t < n_context; t++, s++) { // slot = block b's slot s, no division
+            if (s == kv->block_size) s = 0, b++;
+            int64_t slot = (int64_t)kv->block_table[b] * kv->block_size + s;
             size_t k = (size_t)slot * (size_t)kv_dim + head_offset;
             float score = 0.0f;
             for (int i = 0; i < head_dim; i++) score += q[i] * kv_element(kv->key_slots, kv->dtype, k + (size_t)i);
@@ -35,8 +37,9 @@ static void attention_row_scalar(float* out, const float* query, const kv_layer_
         softmax(scores, n_context);
         float* out_head = out + (size_t)h * (size_t)head_dim;
         memset(out_head, 0, (size_t)head_dim * sizeof(float));
-        for (int t = 0; t < n_context; t++) {
-            int64_t slot = kv_slot_of_position(kv->block_table, kv->block_size, t);
+        for (int t = 0, b = 0, s = 0; t < n_context; t++, s++) {
+            if (s == kv->block_size) s = 0, b++;
+            int64_t slot = (int64_t)kv->block_table[b] * kv->block_size + s;
             size_t v = (size_t)slot * (size_t)kv_dim + head_offset;
             float weight = scores[t];
             if (kv->dtype == KV_I8)
@@ -51,9 +54,13 @@ void attention_row(float* out, const float* query, const kv_layer_view* kv, int 
                    int n_kv_heads, int head_dim, float* scores, kernel_traffic* traffic) {
     // fp16 caches use the vector kernel where the CPU has one; fp32 caches
     // keep the scalar order of llama2.c (exact reference results).
-    if (kv->dtype == KV_F16 && cpu_simd_level_selected() >= CPU_SIMD_AVX2)
-        attention_row_f16_avx2(out, query, kv, n_context, n_heads, n_kv_heads, head_dim, scores);
-    else
+    if (kv->dtype == KV_F16 && cpu_simd_level_selected() >= CPU_SIMD_AVX2) {
+        // Every head's scores, so the cache is read in one pass in slot
+        // order (attention_avx2.c); without the memory, head by head.
+        float* all_scores = malloc((size_t)n_heads * (size_t)n_context * sizeof(float)); // (n_heads, n_context)
+        attention_row_f16_avx2(out, query, kv, n_context, n_heads, n_kv_heads, head_dim, scores, all_scores);
+        free(all_scores);
+    } else
         attention_row_scalar(out, query, kv, n_context, n_heads, n_kv_heads, head_dim, scores);
     if (traffic) {
         // Every cached key and value of this sequence is read once per row

@@ -5,15 +5,82 @@
 // 8-lane accumulator over head_dim in order, then a fixed horizontal sum,
 // then the scalar tail. Every row is computed the same way whatever the
 // batch, block size or layout, so batch invariance holds within this level.
+//
+// Memory order. A cached slot holds every KV head side by side (kv_dim
+// elements, 1.5 KiB for stories110M in fp16). Walking one head at a time
+// over the whole context reads 128 bytes of every slot and comes back for
+// the next head, n_heads passes over memory with a 1.5 KiB stride. When the
+// caller's scratch holds every head's scores, the kernel instead walks the
+// slots once, in position order, and does every head at each slot: one
+// sequential pass over the keys and one over the values, block after block,
+// so a paged cache and a contiguous one are read the same way. Each
+// element's operations and their order are unchanged (a score is the same
+// dot product; out_h still adds p[t] v_t for t = 0, 1, ...), so the bits are
+// the same in either order.
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
 
 #include "kernels/cpu/attention_simd.h"
-#include "kernels/cpu/ops.h"
 #include "kernels/cpu/simd_x86.h"
 
-AVX2_TARGET static float dot_f16(const float* q, const uint16_t* k, int n) {
+// ---- softmax with a vector exp ------------------------------------------------
+//
+// softmax() in ops.c calls libm's expf once per score: at stories260K's
+// size that was a fifth of a decode step. This one computes exp 8 lanes at
+// a time (Cephes' expf: x = n ln2 + r, a degree-6 polynomial in r, 2^n put
+// in the exponent; within 2 ulp of expf) and sums in a fixed order: the
+// 8 lanes over full vectors, hsum8(), then the tail in order. Only the fp16
+// kernels use it, so the fp32 path keeps llama2.c's bits; within this level
+// a row's result still depends on nothing but its scores.
+
+AVX2_INLINE __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.33654f)), _mm256_set1_ps(88.37626f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x); // x - n ln2, ln2 in two parts
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+    __m256i exponent = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(exponent));
+}
+
+AVX2_INLINE void softmax8(float* x, int size) {
+    float max_value = x[0];
+    for (int i = 1; i < size; i++)
+        max_value = x[i] > max_value ? x[i] : max_value;
+    const __m256 max_vector = _mm256_set1_ps(max_value);
+    __m256 sum_vector = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= size; i += 8) {
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), max_vector));
+        _mm256_storeu_ps(x + i, e);
+        sum_vector = _mm256_add_ps(sum_vector, e);
+    }
+    float sum = hsum8(sum_vector);
+    if (i < size) { // the tail through one padded vector; only its live lanes are kept
+        float tail[8] = {0};
+        memcpy(tail, x + i, (size_t)(size - i) * sizeof(float));
+        _mm256_storeu_ps(tail, exp8(_mm256_sub_ps(_mm256_loadu_ps(tail), max_vector)));
+        for (int k = 0; k < size - i; k++)
+            sum += x[i + k] = tail[k];
+    }
+    const __m256 sum_broadcast = _mm256_set1_ps(sum);
+    for (i = 0; i + 8 <= size; i += 8)
+        _mm256_storeu_ps(x + i, _mm256_div_ps(_mm256_loadu_ps(x + i), sum_broadcast));
+    for (; i < size; i++)
+        x[i] /= sum;
+}
+
+// ---- q.k and p.v ----------------------------------------------------------------
+
+AVX2_INLINE float dot_f16(const float* q, const uint16_t* k, int n) {
     __m256 accumulator = _mm256_setzero_ps();
     int i = 0;
     for (; i + 8 <= n; i += 8) {
@@ -21,25 +88,58 @@ AVX2_TARGET static float dot_f16(const float* q, const uint16_t* k, int n) {
         accumulator = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), keys, accumulator);
     }
     float sum = hsum8(accumulator);
-    for (; i < n; i++) sum += q[i] * _cvtsh_ss(k[i]);
+    for (; i < n; i++)
+        sum += q[i] * _cvtsh_ss(k[i]);
     return sum;
 }
 
-AVX2_TARGET static void add_scaled_f16(float* out, float weight, const uint16_t* v,
-                                                                    int n) {
+AVX2_INLINE void add_scaled_f16(float* out, float weight, const uint16_t* v, int n) {
     __m256 w = _mm256_set1_ps(weight);
     int i = 0;
     for (; i + 8 <= n; i += 8) {
         __m256 values = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(v + i)));
         _mm256_storeu_ps(out + i, _mm256_fmadd_ps(w, values, _mm256_loadu_ps(out + i)));
     }
-    for (; i < n; i++) out[i] = fmaf(weight, _cvtsh_ss(v[i]), out[i]);
+    for (; i < n; i++)
+        out[i] = fmaf(weight, _cvtsh_ss(v[i]), out[i]);
 }
 
-AVX2_TARGET void attention_row_f16_avx2(float* out, const float* query,
-                                                                     const kv_layer_view* kv, int n_context,
-                                                                     int n_heads, int n_kv_heads, int head_dim,
-                                                                     float* scores) {
+// Every head at once, slots in position order. all_scores: (n_heads, n_context).
+AVX2_TARGET static void attention_slot_major(float* out, const float* query, const kv_layer_view* kv, int n_context,
+                                             int n_heads, int n_kv_heads, int head_dim, float* all_scores) {
+    const int kv_dim = n_kv_heads * head_dim;
+    const int queries_per_kv_head = n_heads / n_kv_heads;
+    const uint16_t* keys = kv->key_slots;
+    const uint16_t* values = kv->value_slots;
+    const float scale = sqrtf((float)head_dim);
+    const int block_size = kv->block_size;
+    for (int t0 = 0, b = 0; t0 < n_context; t0 += block_size, b++) {
+        const uint16_t* slot_keys = keys + (size_t)kv->block_table[b] * (size_t)block_size * (size_t)kv_dim;
+        int n_slots = n_context - t0 < block_size ? n_context - t0 : block_size;
+        for (int s = 0; s < n_slots; s++, slot_keys += kv_dim)
+            for (int h = 0; h < n_heads; h++)
+                all_scores[(size_t)h * (size_t)n_context + (size_t)(t0 + s)] =
+                    dot_f16(query + (size_t)h * (size_t)head_dim,
+                            slot_keys + (size_t)(h / queries_per_kv_head) * (size_t)head_dim, head_dim) /
+                    scale;
+    }
+    for (int h = 0; h < n_heads; h++)
+        softmax8(all_scores + (size_t)h * (size_t)n_context, n_context);
+    memset(out, 0, (size_t)n_heads * (size_t)head_dim * sizeof(float));
+    for (int t0 = 0, b = 0; t0 < n_context; t0 += block_size, b++) {
+        const uint16_t* slot_values = values + (size_t)kv->block_table[b] * (size_t)block_size * (size_t)kv_dim;
+        int n_slots = n_context - t0 < block_size ? n_context - t0 : block_size;
+        for (int s = 0; s < n_slots; s++, slot_values += kv_dim)
+            for (int h = 0; h < n_heads; h++)
+                add_scaled_f16(out + (size_t)h * (size_t)head_dim,
+                               all_scores[(size_t)h * (size_t)n_context + (size_t)(t0 + s)],
+                               slot_values + (size_t)(h / queries_per_kv_head) * (size_t)head_dim, head_dim);
+    }
+}
+
+// One head at a time, with scratch for one head's scores: (n_context).
+AVX2_TARGET static void attention_head_major(float* out, const float* query, const kv_layer_view* kv, int n_context,
+                                             int n_heads, int n_kv_heads, int head_dim, float* scores) {
     const int kv_dim = n_kv_heads * head_dim;
     const int queries_per_kv_head = n_heads / n_kv_heads;
     const uint16_t* keys = kv->key_slots;
@@ -52,7 +152,7 @@ AVX2_TARGET void attention_row_f16_avx2(float* out, const float* query,
             int64_t slot = kv_slot_of_position(kv->block_table, kv->block_size, t);
             scores[t] = dot_f16(q, keys + (size_t)slot * (size_t)kv_dim + head_offset, head_dim) / scale;
         }
-        softmax(scores, n_context);
+        softmax8(scores, n_context);
         float* out_head = out + (size_t)h * (size_t)head_dim;
         memset(out_head, 0, (size_t)head_dim * sizeof(float));
         for (int t = 0; t < n_context; t++) {
@@ -60,4 +160,12 @@ AVX2_TARGET void attention_row_f16_avx2(float* out, const float* query,
             add_scaled_f16(out_head, scores[t], values + (size_t)slot * (size_t)kv_dim + head_offset, head_dim);
         }
     }
+}
+
+void attention_row_f16_avx2(float* out, const float* query, const kv_layer_view* kv, int n_context, int n_heads,
+                            int n_kv_heads, int head_dim, float* scores, float* all_scores) {
+    if (all_scores)
+        attention_slot_major(out, query, kv, n_context, n_heads, n_kv_heads, head_dim, all_scores);
+    else
+        attention_head_major(out, query, kv, n_context, n_heads, n_kv_heads, head_dim, scores);
 }

@@ -5,7 +5,9 @@
 #include "kernels/cpu/attention.h"
 
 // fp16 keys and values; callable only when the CPU has AVX2, FMA and F16C.
+// scores: (n_context) scratch; all_scores: (n_heads, n_context) scratch, or
+// NULL to go head by head with `scores` alone (the same bits either way).
 void attention_row_f16_avx2(float* out, const float* query, const kv_layer_view* kv, int n_context, int n_heads,
-                            int n_kv_heads, int head_dim, float* scores);
+                            int n_kv_heads, int head_dim, float* scores, float* all_scores);
 
 #endif

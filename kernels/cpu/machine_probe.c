@@ -19,8 +19,7 @@ static double seconds_now(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-// Median of n values (sorts them in place).
-static double median_of(double* values, int n) {
+double probe_median(double* values, int n) {
     for (int i = 1; i < n; i++) // insertion sort: n is a handful of repeats
         for (int j = i; j > 0 && values[j - 1] > values[j]; j--) {
             double swap = values[j];
@@ -80,7 +79,9 @@ AVX512_TARGET static uint64_t sum_avx512(const unsigned char* p, size_t n_bytes)
         c = _mm512_add_epi64(c, _mm512_load_si512((const void*)(p + i + 128)));
         d = _mm512_add_epi64(d, _mm512_load_si512((const void*)(p + i + 192)));
     }
-    return (uint64_t)_mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(a, b), _mm512_add_epi64(c, d)));
+    uint64_t lanes[8]; // summed as unsigned: the sum is a checksum, its wrap-around is meant
+    _mm512_storeu_si512((void*)lanes, _mm512_add_epi64(_mm512_add_epi64(a, b), _mm512_add_epi64(c, d)));
+    return lanes[0] + lanes[1] + lanes[2] + lanes[3] + lanes[4] + lanes[5] + lanes[6] + lanes[7];
 }
 
 AVX2_TARGET static uint64_t sum_avx2(const unsigned char* p, size_t n_bytes) {
@@ -174,7 +175,7 @@ double machine_stream_read_gb_s(thread_pool* pool, size_t buffer_bytes, int repe
         rates[k] = elapsed > 0 ? (double)buffer_bytes / elapsed * 1e-9 : 0.0;
     }
     (void)sink;
-    double median = median_of(rates, repeats);
+    double median = probe_median(rates, repeats);
     free(rates);
     free(sums);
     free(buffer);
@@ -297,7 +298,7 @@ double machine_peak_fma_gflop_s_at_level(thread_pool* pool, cpu_simd_level level
         rates[k] = elapsed > 0 ? fma_flops_per_run(level, job.iterations) * n_tasks / elapsed * 1e-9 : 0.0;
     }
     (void)sink;
-    double median = median_of(rates, repeats);
+    double median = probe_median(rates, repeats);
     free(rates);
     free(results);
     return median;

@@ -42,4 +42,8 @@ double machine_peak_fma_gflop_s(thread_pool* pool, int repeats);
 // The same at an explicit level (lowered to what the CPU has).
 double machine_peak_fma_gflop_s_at_level(thread_pool* pool, cpu_simd_level level, int repeats);
 
+// The median of n > 0 values (sorts them in place): how every repeated
+// measurement here and in `servelab bench` is summarised.
+double probe_median(double* values, int n);
+
 #endif

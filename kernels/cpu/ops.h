@@ -3,6 +3,11 @@
 // Each follows the equation in its comment, in fp32, with reductions in
 // index order (the same order as llama2.c's run.c, so that greedy decoding
 // of a real checkpoint reproduces its tokens exactly).
+//
+// Fused forms (residual_rmsnorm, rope_rotate with precomputed rotations)
+// do the same arithmetic in the same order as the separate steps, so they
+// give the same bits; they only save passes over memory or repeated
+// transcendental calls.
 #ifndef SERVELAB_OPS_H
 #define SERVELAB_OPS_H
 
@@ -14,6 +19,17 @@
 void rmsnorm(float* out, const float* x, const float* weight, int n_rows, int size, float eps,
              kernel_traffic* traffic);
 
+// Residual connection fused with the sum of partial results and the next
+// RMSNorm, in one pass over x instead of three:
+//   x[r][i] += (deltas[0][r][i] + deltas[1][r][i] + ...)   (k in order)
+//   out[r] = rmsnorm(x[r]) with `weight`                   (skipped when weight is NULL)
+// With one delta this is residual_add then rmsnorm, bit for bit; with n
+// deltas it is the reduction of n tensor-parallel partial sums (an
+// all-reduce) done where the residual is added anyway.
+// x, out: (n_rows, size) floats; deltas: (n_deltas) arrays of (n_rows, size).
+void residual_rmsnorm(float* out, float* x, const float* const* deltas, int n_deltas, const float* weight, int n_rows,
+                      int size, float eps, kernel_traffic* traffic);
+
 // In-place softmax over x: (size) floats.
 void softmax(float* x, int size);
 
@@ -22,8 +38,17 @@ void softmax(float* x, int size);
 // query: (n_heads * head_dim) floats; key: (n_kv_heads * head_dim) floats.
 void rope(float* query, float* key, int position, int n_heads, int n_kv_heads, int head_dim, kernel_traffic* traffic);
 
-// SwiGLU gate: gate[i] = silu(gate[i]) * up[i], silu(v) = v / (1 + e^-v).
-// gate, up: (size) floats.
+// The rotations of one position, computed once and reused by every layer:
+// rotations: (head_dim) floats, cos then sin of pair p at [2p], [2p + 1].
+void rope_rotations(float* rotations, int position, int head_dim);
+
+// rope() with the rotations of rope_rotations(): the same bits, without a
+// powf and a sincosf per pair, head and layer.
+void rope_rotate(float* query, float* key, const float* rotations, int n_heads, int n_kv_heads, int head_dim,
+                 kernel_traffic* traffic);
+
+// SwiGLU gate: gate[i] = silu(gate[i]) * up[i], silu(v) = v / (1 + e^-v),
+// one pass over both. gate, up: (size) floats.
 void swiglu(float* gate, const float* up, int size, kernel_traffic* traffic);
 
 // Residual connection: x[i] += delta[i]; x, delta: (size) floats.

@@ -124,7 +124,8 @@ int cuda_embed_rows(cuda_context* context, float* device_out, const int32_t* dev
 int cuda_rmsnorm(cuda_context* context, float* device_out, const float* device_x, const float* device_weight,
                  int n_rows, int size, float eps, kernel_traffic* traffic, error_info* err);
 
-// Fused residual add + RMSNorm, one pass: x += delta, then out = rmsnorm(x).
+// Fused residual add + RMSNorm, one pass: x += delta, then out = rmsnorm(x)
+// (kernels/cpu/ops.h residual_rmsnorm with one delta, and its traffic).
 // x: (n_rows, size) updated in place; delta, out: (n_rows, size).
 int cuda_residual_rmsnorm(cuda_context* context, float* device_out, float* device_x, const float* device_delta,
                           const float* device_weight, int n_rows, int size, float eps, kernel_traffic* traffic,

@@ -110,11 +110,9 @@ extern "C" int cuda_residual_rmsnorm(cuda_context* context, float* device_out, f
     rmsnorm_kernel<true><<<(unsigned)n_rows, NORM_THREADS, 0, context->stream>>>(device_out, device_x, device_delta,
                                                                                  device_weight, size, eps);
     LAUNCH_CHECK("rmsnorm_kernel (fused residual)", err);
-    if (traffic) { // what residual_add and rmsnorm would count apart: the fusion saves real traffic, not counted
-                   // traffic
-        traffic->activation_bytes += 3ull * (uint64_t)n_rows * (uint64_t)size * sizeof(float);
+    if (traffic) { // kernels/cpu/ops.c residual_rmsnorm with one delta: read x and delta, write x and out
+        traffic->activation_bytes += 4ull * (uint64_t)n_rows * (uint64_t)size * sizeof(float);
         traffic->weight_bytes_read += (uint64_t)size * sizeof(float);
-        traffic->activation_bytes += 2ull * (uint64_t)n_rows * (uint64_t)size * sizeof(float);
     }
     return 0;
 }

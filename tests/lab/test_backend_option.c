@@ -11,36 +11,20 @@
 
 #include <stdio.h>
 #include <string.h>
-#include <sys/wait.h>
 
 #include "kernels/cuda/cuda_info.h"
 #include "tests/test_support.h"
 
-// Exit status of `servelab <arguments>` (-1 when killed by a signal);
-// stderr's text in *err (malloc'ed).
-static int run_servelab(const char* arguments, char** out, char** err) {
-    char out_path[512], err_path[512], command[2048];
-    snprintf(out_path, sizeof out_path, "%s/backend.out", test_scratch_dir());
-    snprintf(err_path, sizeof err_path, "%s/backend.err", test_scratch_dir());
-    snprintf(command, sizeof command, "%s %s >%s 2>%s </dev/null", test_servelab_binary(), arguments, out_path,
-             err_path);
-    int raw = system(command);
-    *out = test_read_text(out_path);
-    *err = test_read_text(err_path);
-    return raw != -1 && WIFEXITED(raw) && WEXITSTATUS(raw) < 128 ? WEXITSTATUS(raw) : -1;
-}
-
 static void test_backend_cpu_runs(void** state) {
     (void)state;
-    char *out, *err;
-    int status = run_servelab("generate --model tiny --backend cpu --prompt-ids \"1 2 3\" -n 4 --ids", &out, &err);
-    if (status != 0) fail_msg("--backend cpu exited %d: %s", status, err);
-    assert_true(strlen(out) > 0);
-    char *plain_out, *plain_err; // the same run without the flag: the same ids
-    assert_int_equal(run_servelab("generate --model tiny --prompt-ids \"1 2 3\" -n 4 --ids", &plain_out, &plain_err),
-                     0);
-    assert_string_equal(out, plain_out);
-    free(out), free(err), free(plain_out), free(plain_err);
+    command_result r = run_servelab("generate --model tiny --backend cpu --prompt-ids \"1 2 3\" -n 4 --ids");
+    if (r.exit_status != 0) fail_msg("--backend cpu exited %d: %s", r.exit_status, r.err);
+    assert_true(strlen(r.out) > 0);
+    command_result plain = run_servelab("generate --model tiny --prompt-ids \"1 2 3\" -n 4 --ids");
+    assert_int_equal(plain.exit_status, 0); // the same run without the flag: the same ids
+    assert_string_equal(r.out, plain.out);
+    free_result(&r);
+    free_result(&plain);
 }
 
 static void test_backend_cuda_fails_clearly_without_a_device(void** state) {
@@ -49,8 +33,9 @@ static void test_backend_cuda_fails_clearly_without_a_device(void** state) {
     const int n_devices = cuda_device_count(message, sizeof message);
     const char* commands[] = {"generate --model tiny --backend cuda -n 4", "sim --model tiny --backend cuda"};
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
-        char *out, *err;
-        int status = run_servelab(commands[i], &out, &err);
+        command_result r = run_servelab(commands[i]);
+        const int status = r.exit_status;
+        const char *out = r.out, *err = r.err;
         if (n_devices > 0) { // a GPU machine: it runs
             if (status != 0) fail_msg("'%s' exited %d on a machine with a CUDA device: %s", commands[i], status, err);
         } else if (!cuda_backend_built()) {
@@ -63,19 +48,20 @@ static void test_backend_cuda_fails_clearly_without_a_device(void** state) {
                          message);
             assert_string_equal(out, "");
         }
-        free(out), free(err);
+        free_result(&r);
     }
 }
 
 static void test_backend_unknown_value(void** state) {
     (void)state;
-    char *out, *err;
-    assert_int_equal(run_servelab("generate --model tiny --backend tpu", &out, &err), 2);
-    assert_non_null(strstr(err, "--backend: expected cpu or cuda, found 'tpu'"));
-    free(out), free(err);
-    assert_int_equal(run_servelab("generate --model tiny --backend", &out, &err), 2);
-    assert_non_null(strstr(err, "--backend needs a value"));
-    free(out), free(err);
+    command_result r = run_servelab("generate --model tiny --backend tpu");
+    assert_int_equal(r.exit_status, 2);
+    assert_non_null(strstr(r.err, "--backend: expected cpu or cuda, found 'tpu'"));
+    free_result(&r);
+    r = run_servelab("generate --model tiny --backend");
+    assert_int_equal(r.exit_status, 2);
+    assert_non_null(strstr(r.err, "--backend needs a value"));
+    free_result(&r);
 }
 
 int main(void) {

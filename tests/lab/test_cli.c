@@ -9,32 +9,8 @@
 
 #include <stdio.h>
 #include <string.h>
-#include <sys/wait.h>
 
 #include "tests/test_support.h"
-
-typedef struct command_result {
-    int exit_status;  // -1 when killed by a signal
-    char* out;        // stdout
-    char* err;        // stderr
-} command_result;
-
-static command_result run_servelab(const char* arguments) {
-    char out_path[512], err_path[512], command[4096];
-    snprintf(out_path, sizeof out_path, "%s/cli.out", test_scratch_dir());
-    snprintf(err_path, sizeof err_path, "%s/cli.err", test_scratch_dir());
-    snprintf(command, sizeof command, "%s %s >%s 2>%s </dev/null", test_servelab_binary(), arguments, out_path, err_path);
-    int raw = system(command);
-    command_result result = {-1, test_read_text(out_path), test_read_text(err_path)};
-    // system() runs sh; a signal in the child shows as 128 + signal.
-    if (raw != -1 && WIFEXITED(raw) && WEXITSTATUS(raw) < 128) result.exit_status = WEXITSTATUS(raw);
-    return result;
-}
-
-static void free_result(command_result* r) {
-    free(r->out);
-    free(r->err);
-}
 
 static int count_lines(const char* text) {
     int n = 0;

@@ -113,6 +113,71 @@ static void test_shared_system_prompt_requests(void** state) {
     free(frame);
 }
 
+// Writes a lesson into the scratch folder and returns its path (static buffer).
+static const char* write_lesson(const char* name, const char* source) {
+    static char path[512];
+    snprintf(path, sizeof path, "%s/%s", test_scratch_dir(), name);
+    assert_true(test_write_file(path, source, strlen(source)));
+    return path;
+}
+
+static void test_lesson_runs_in_the_dashboard(void** state) {
+    (void)state;
+    const char* lesson = write_lesson(
+        "pane-lesson.lua",
+        "lab.lesson{title = 'pane', claims = {'k1'}}\n"
+        "local e = lab.engine{model = 'tiny', block_size = 4, num_blocks = 16}\n"
+        "e:add{prompt = 'abcdef', max_tokens = 4}\n"
+        "local r = e:step()\n"
+        "lab.say('prefilled ' .. r.prefill_tokens .. ' tokens')\n"
+        "lab.pause()\n"
+        "e:step()\n"
+        "lab.check{id = 'k1', claim = 'one decode token', bank_answer = true, verdict = e:totals().decode_tokens == 1,\n"
+        "          evidence = 'decode tokens ' .. e:totals().decode_tokens}\n"
+        "lab.pause()\n");
+    char arguments[2048];
+    // One space: the lesson runs to its first pause; the panes draw its engine.
+    snprintf(arguments, sizeof arguments, "--model tiny --lesson %s --keys '<space>'", lesson);
+    char* frame = dump_frame(arguments);
+    if (!strstr(frame, "prefilled 7 tokens")) fail_msg("no narration in\n%s", frame);
+    if (!strstr(frame, "paused: space continues the lesson")) fail_msg("not paused in\n%s", frame);
+    if (!strstr(frame, "(the lesson's engine)  step 1 ")) fail_msg("header does not follow the lesson in\n%s", frame);
+    if (!strstr(frame, "ctx 7 blocks 2 tail 3/4")) fail_msg("block tables do not show the lesson's engine in\n%s", frame);
+    free(frame);
+    // Two more: the check, then the end; a fourth returns to the lab's own engines.
+    snprintf(arguments, sizeof arguments, "--model tiny --lesson %s --keys '<space><space><space>'", lesson);
+    frame = dump_frame(arguments);
+    if (!strstr(frame, "PASS k1 one decode token -- decode tokens 1")) fail_msg("no check line in\n%s", frame);
+    if (!strstr(frame, "done: 1 passed, 0 failed")) fail_msg("no summary in\n%s", frame);
+    free(frame);
+    snprintf(arguments, sizeof arguments, "--model tiny --lesson %s --keys '<space><space><space><space><space>'",
+             lesson);
+    frame = dump_frame(arguments);
+    if (!strstr(frame, "servelab lab  tiny  step 1 ")) fail_msg("the lab's engines did not step after the lesson in\n%s",
+                                                          frame);
+    free(frame);
+}
+
+static void test_broken_lessons_leave_the_lab_running(void** state) {
+    (void)state;
+    char arguments[2048];
+    const char* syntax = write_lesson("syntax.lua", "lab.lesson{title = 'x', claims = {'k'}}\nlocal = 3\n");
+    snprintf(arguments, sizeof arguments, "--model tiny --lesson %s --keys '<space>'", syntax);
+    char* frame = dump_frame(arguments);
+    if (!strstr(frame, "syntax.lua:2:")) fail_msg("the syntax error is not named with its line in\n%s", frame);
+    if (!strstr(frame, "servelab lab  tiny  step 1 ")) fail_msg("the lab did not step in\n%s", frame);
+    free(frame);
+    const char* runtime = write_lesson("runtime.lua",
+                                       "lab.lesson{title = 'x', claims = {'k'}}\nlab.say('before')\nerror('boom')\n");
+    snprintf(arguments, sizeof arguments, "--model tiny --lesson %s --keys '<space><space>'", runtime);
+    frame = dump_frame(arguments);
+    if (!strstr(frame, "runtime.lua:3: boom")) fail_msg("the error is not shown in\n%s", frame);
+    if (!strstr(frame, "failed: 0 passed, 1 failed")) fail_msg("no failure summary in\n%s", frame);
+    // The first space ran the lesson into its error; the second stepped the lab.
+    if (!strstr(frame, "servelab lab  tiny  step 1 ")) fail_msg("the lab did not come back in\n%s", frame);
+    free(frame);
+}
+
 static void test_step_size_matches_quantizer(void** state) {
     (void)state;
     char model_path[512], arguments[2048];
@@ -166,6 +231,8 @@ int main(void) {
         cmocka_unit_test(test_step_size_matches_quantizer),
         cmocka_unit_test(test_small_terminal_and_bad_keys),
         cmocka_unit_test(test_shared_system_prompt_requests),
+        cmocka_unit_test(test_lesson_runs_in_the_dashboard),
+        cmocka_unit_test(test_broken_lessons_leave_the_lab_running),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2,7 +2,7 @@
 // session on a private server, the test sends keys, captures the pane and
 // checks what a user would see: panes drawn, a step taken, the layout
 // redone on resize (SIGWINCH), a clear message when the terminal is too
-// small, and after `q` or SIGTERM the terminal back in its normal mode
+// small, and after `q`, SIGTERM or a crash the terminal back in its normal mode
 // (alternate screen off, stty shows canonical mode and echo).
 #include <stdarg.h>
 #include <stddef.h>
@@ -75,7 +75,8 @@ static bool alternate_screen_on(void) {
 // `stty -a` and prints a marker, then stays so the pane can be captured.
 static void start_lab(const char* stty_path) {
     snprintf(tmux_socket, sizeof tmux_socket, "servelab-test-%d", (int)getpid());
-    snprintf(run_marker, sizeof run_marker, "tmux-run-%d-%ld", (int)getpid(), (long)time(NULL));
+    static int runs = 0; // unique per start, even within one second
+    snprintf(run_marker, sizeof run_marker, "tmux-run-%d-%ld-%d", (int)getpid(), (long)time(NULL), ++runs);
     remove(stty_path);
     char arguments[2048];
     snprintf(arguments, sizeof arguments,
@@ -131,7 +132,8 @@ static void test_lab_draws_steps_resizes_and_quits(void** state) {
     char stty_path[512];
     snprintf(stty_path, sizeof stty_path, "%s/stty-quit.txt", test_scratch_dir());
     start_lab(stty_path);
-    char* screen = wait_for_text("step 0");
+    free(wait_for_text("step 0"));
+    char* screen = wait_for_text("Lesson"); // the last pane drawn: the frame is complete
     static const char* const PANES[] = {"Requests", "Block tables", "Block pool", "Fragmentation", "Memory traffic",
                                         "Step size", "Lesson"};
     for (size_t i = 0; i < sizeof PANES / sizeof PANES[0]; i++)
@@ -167,10 +169,25 @@ static void test_lab_restores_terminal_on_sigterm(void** state) {
     assert_terminal_restored(stty_path);
 }
 
+// A crash: the lab dies of the signal, and the terminal is still given back.
+static void test_lab_restores_terminal_on_a_crash(void** state) {
+    (void)state;
+    skip_without_tmux();
+    char stty_path[512];
+    snprintf(stty_path, sizeof stty_path, "%s/stty-crash.txt", test_scratch_dir());
+    start_lab(stty_path);
+    free(wait_for_text("step 0"));
+    pid_t pid = lab_pid();
+    assert_true(pid > 0);
+    assert_int_equal(kill(pid, SIGSEGV), 0);
+    assert_terminal_restored(stty_path);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_lab_draws_steps_resizes_and_quits, stop_server),
         cmocka_unit_test_teardown(test_lab_restores_terminal_on_sigterm, stop_server),
+        cmocka_unit_test_teardown(test_lab_restores_terminal_on_a_crash, stop_server),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

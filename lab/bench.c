@@ -1,0 +1,420 @@
+#include "lab/bench.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/engine.h"
+#include "engine/model_synth.h"
+#include "engine/tokenizer.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/fp16.h"
+#include "kernels/cpu/machine_probe.h"
+#include "lab/model_source.h"
+
+// ---- what is measured ------------------------------------------------------------
+
+// The weight formats of the issue, each with the sections it takes part in.
+// Quantized variants start from fp16 weights (RTN: no calibration run).
+typedef struct bench_variant {
+    const char* label;
+    model_dtype_choice dtype;
+    const char* quant; // model_quant_spec text, or NULL
+    bool prefill;      // "W4A16 helps decode, not prefill": fp16, W4A16, W8A8
+    bool batch;        // batch scaling runs on fp16
+} bench_variant;
+
+static const bench_variant VARIANTS[BENCH_MAX_DECODE] = {
+    {"fp32", MODEL_DTYPE_FP32, NULL, false, false},
+    {"fp16", MODEL_DTYPE_FP16, NULL, true, true},
+    {"w8a16", MODEL_DTYPE_FP16, "w8a16:rtn:sym", false, false},
+    {"w4a16 g128", MODEL_DTYPE_FP16, "w4a16:g128:rtn:sym", true, false},
+    {"w8a8", MODEL_DTYPE_FP16, "w8a8:rtn", true, false},
+};
+
+static const int PREFILL_TOKENS[2] = {128, 512};
+static const int BATCH_SIZES[BENCH_MAX_BATCH] = {1, 2, 4, 8, 16, 32, 64};
+static const int ATTENTION_CONTEXTS[3] = {512, 2048, 8192};
+
+// Prompt tokens before decoding starts (decode runs), and decode steps per
+// batch-scaling run.
+#define DECODE_PROMPT_TOKENS 8
+#define PAGED_BLOCK_SIZE 16
+
+typedef struct bench_run_state {
+    const bench_options* options;
+    bench_report* report;
+    bench_progress_fn progress;
+    void* progress_user;
+} bench_run_state;
+
+static void say(const bench_run_state* run, const char* format, ...) __attribute__((format(printf, 2, 3)));
+
+static void say(const bench_run_state* run, const char* format, ...) {
+    if (!run->progress) return;
+    char line[256];
+    va_list args;
+    va_start(args, format);
+    vsnprintf(line, sizeof line, format, args);
+    va_end(args);
+    run->progress(run->progress_user, line);
+}
+
+// ---- running requests through the engine --------------------------------------
+
+// What the measured steps of one run added up to.
+typedef struct run_totals {
+    uint64_t tokens; // tokens computed by the measured steps
+    uint64_t ns;     // their wall time (step records' wall_ns)
+    uint64_t bytes;  // weights + KV read + KV written
+    uint64_t flops;  // matmul + attention
+} run_totals;
+
+// An engine for up to max_seqs sequences of tokens_per_sequence tokens each:
+// exactly enough blocks (plus slack) that nothing is ever preempted, a step
+// budget of step_tokens, no prefix caching (a repeated prompt must be
+// computed again, not found in the cache).
+static int bench_engine_init(engine* e, const model* m, int n_threads, int max_seqs, int tokens_per_sequence,
+                             int step_tokens, error_info* err) {
+    engine_config config = engine_config_default();
+    config.n_threads = n_threads;
+    config.max_seqs = max_seqs;
+    config.max_batched_tokens = step_tokens > 512 ? step_tokens : 512;
+    config.prefix_caching = false;
+    int blocks_per_sequence = (tokens_per_sequence + PAGED_BLOCK_SIZE) / PAGED_BLOCK_SIZE + 1;
+    config.block_size = PAGED_BLOCK_SIZE;
+    config.num_blocks = max_seqs * blocks_per_sequence + max_seqs + 2;
+    return engine_init(e, m, &config, err);
+}
+
+// Queues `batch` requests of prompt_tokens tokens (BOS, then ids drawn from
+// `seed`) that each generate max_new tokens, runs the engine until all are
+// done, and sums the steps that are pure prefill (prefill = true) or that
+// decode every one of the batch's sequences and nothing else.
+static int run_requests(engine* e, int batch, int prompt_tokens, int max_new, bool prefill, uint64_t seed,
+                        run_totals* totals, error_info* err) {
+    const int vocab = e->model->config.vocab_size;
+    int32_t* prompt = malloc((size_t)prompt_tokens * sizeof *prompt); // (prompt_tokens) ids
+    if (!prompt) return error_set(err, "bench: out of memory");
+    uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
+    for (int r = 0; r < batch; r++) {
+        prompt[0] = TOK_BOS_ID;
+        for (int i = 1; i < prompt_tokens; i++) {
+            state = state * 6364136223846793005ull + 1442695040888963407ull;
+            prompt[i] = TOK_BYTE_OFFSET + (int32_t)((state >> 33) % (uint64_t)(vocab - TOK_BYTE_OFFSET));
+        }
+        request_params params = {prompt, prompt_tokens, max_new, 1, 0.0f, 1.0f, seed, 0.0, true};
+        if (engine_add_request(e, &params, NULL, err)) {
+            free(prompt);
+            return -1;
+        }
+    }
+    free(prompt);
+    *totals = (run_totals){0, 0, 0, 0};
+    while (engine_has_work(e)) {
+        const step_record* r;
+        if (engine_step(e, &r, err)) return -1;
+        bool measured = prefill ? r->prefill_tokens > 0 && r->decode_tokens == 0
+                                : r->prefill_tokens == 0 && r->decode_tokens == batch;
+        if (!measured) continue;
+        const kernel_traffic* t = &r->traffic;
+        totals->tokens += (uint64_t)(r->prefill_tokens + r->decode_tokens);
+        totals->ns += r->wall_ns;
+        totals->bytes += t->weight_bytes_read + t->kv_bytes_read + t->kv_bytes_written;
+        totals->flops += t->matmul_flops + t->attention_flops;
+    }
+    return 0;
+}
+
+// amount (tokens, bytes, FLOPs) per second of the run's measured steps.
+static double rate_of(const run_totals* t, uint64_t amount) {
+    return t->ns > 0 ? (double)amount / ((double)t->ns * 1e-9) : 0.0;
+}
+
+// Runs the same requests `repeats` times on a fresh engine and keeps the
+// run with the median rate (tokens / second); *median_totals is that run.
+static int measure_runs(const model* m, const bench_options* options, int batch, int prompt_tokens, int max_new,
+                        bool prefill, run_totals* median_totals, error_info* err) {
+    engine e;
+    int step_tokens = prefill ? prompt_tokens : batch * prompt_tokens;
+    if (bench_engine_init(&e, m, options->n_threads, batch, prompt_tokens + max_new + 1, step_tokens, err)) return -1;
+    int repeats = options->repeats;
+    run_totals* runs = calloc((size_t)repeats, sizeof *runs); // (repeats)
+    double* rates = calloc((size_t)repeats, sizeof *rates);   // (repeats) tokens per second
+    if (!runs || !rates) {
+        free(runs);
+        free(rates);
+        engine_free(&e);
+        return error_set(err, "bench: out of memory");
+    }
+    int status = 0;
+    for (int k = 0; k < repeats && status == 0; k++) {
+        status = run_requests(&e, batch, prompt_tokens, max_new, prefill, (uint64_t)k + 1, &runs[k], err);
+        rates[k] = rate_of(&runs[k], runs[k].tokens);
+    }
+    if (status == 0) {
+        // The run whose rate is closest to the median (rates[] is sorted by probe_median).
+        double median = probe_median(rates, repeats);
+        int chosen = 0;
+        for (int k = 1; k < repeats; k++)
+            if (fabs(rate_of(&runs[k], runs[k].tokens) - median) <
+                fabs(rate_of(&runs[chosen], runs[chosen].tokens) - median))
+                chosen = k;
+        *median_totals = runs[chosen];
+        if (median_totals->tokens == 0)
+            status = error_set(err, "bench: no step of the run was %s", prefill ? "a prefill" : "a full decode");
+    }
+    free(runs);
+    free(rates);
+    engine_free(&e);
+    return status;
+}
+
+// ---- the sections ---------------------------------------------------------------------
+
+static int decode_tokens_for(const model* m, const bench_options* options) {
+    int wanted = options->quick ? 16 : 128;
+    int room = m->config.max_seq_len - DECODE_PROMPT_TOKENS - 2;
+    return wanted < room ? wanted : room;
+}
+
+static int bench_decode_section(bench_run_state* run, const model* m, const bench_variant* v, run_totals* totals,
+                                error_info* err) {
+    bench_report* report = run->report;
+    int n_tokens = decode_tokens_for(m, run->options);
+    report->decode_tokens = n_tokens;
+    // max_new = n_tokens + 1: the prefill step samples the first token.
+    if (measure_runs(m, run->options, 1, DECODE_PROMPT_TOKENS, n_tokens + 1, false, totals, err)) return -1;
+    bench_decode* d = &report->decode[report->n_decode++];
+    snprintf(d->dtype, sizeof d->dtype, "%s", v->label);
+    d->tok_s = rate_of(totals, totals->tokens);
+    d->gb_s = rate_of(totals, totals->bytes) * 1e-9;
+    d->frac_of_bw = report->bandwidth_gb_s > 0 ? d->gb_s / report->bandwidth_gb_s : 0.0;
+    d->bytes_per_token = (double)totals->bytes / (double)totals->tokens;
+    say(run, "decode %-10s %8.1f tok/s  %6.1f GB/s  %3.0f%% of bandwidth", d->dtype, d->tok_s, d->gb_s,
+        100.0 * d->frac_of_bw);
+    return 0;
+}
+
+static int bench_prefill_section(bench_run_state* run, const model* m, const bench_variant* v, error_info* err) {
+    bench_report* report = run->report;
+    for (int i = 0; i < 2; i++) {
+        int room = m->config.max_seq_len - 2; // the prompt and the one token after it
+        int tokens = PREFILL_TOKENS[i] < room ? PREFILL_TOKENS[i] : room;
+        run_totals totals;
+        // max_new 2 and room for it: the request outlives its prefill step
+        // (engine.c's record_sequences() passes a NULL table to memcpy when
+        // every sequence of a step has already released its blocks).
+        if (measure_runs(m, run->options, 1, tokens, 2, true, &totals, err)) return -1;
+        bench_prefill* p = &report->prefill[report->n_prefill++];
+        snprintf(p->dtype, sizeof p->dtype, "%s", v->label);
+        p->tokens = tokens;
+        p->tok_s = rate_of(&totals, totals.tokens);
+        p->gflop_s = rate_of(&totals, totals.flops) * 1e-9;
+        p->frac_of_peak = report->peak_gflop_s > 0 ? p->gflop_s / report->peak_gflop_s : 0.0;
+        say(run, "prefill %-10s %4d tokens %8.1f tok/s  %6.1f GFLOP/s  %3.0f%% of peak", p->dtype, tokens, p->tok_s,
+            p->gflop_s, 100.0 * p->frac_of_peak);
+    }
+    return 0;
+}
+
+static int bench_batch_section(bench_run_state* run, const model* m, const bench_variant* v,
+                               const run_totals* batch1_decode, error_info* err) {
+    bench_report* report = run->report;
+    snprintf(report->batch_dtype, sizeof report->batch_dtype, "%s", v->label);
+    int steps = run->options->quick ? 4 : 16;
+    for (int i = 0; i < BENCH_MAX_BATCH; i++) {
+        run_totals totals;
+        if (measure_runs(m, run->options, BATCH_SIZES[i], DECODE_PROMPT_TOKENS, steps + 1, false, &totals, err))
+            return -1;
+        bench_batch* b = &report->batch[report->n_batch++];
+        b->batch = BATCH_SIZES[i];
+        b->tok_s = rate_of(&totals, totals.tokens);
+        say(run, "batch %3d %-10s %8.1f tok/s", b->batch, v->label, b->tok_s);
+    }
+    // The roofline: a step streams the weights once (bytes/token at batch 1)
+    // and computes B tokens' FLOPs; throughput stops growing where the
+    // compute time catches up with the streaming time.
+    double bytes_per_token = (double)batch1_decode->bytes / (double)batch1_decode->tokens;
+    double flops_per_token = (double)batch1_decode->flops / (double)batch1_decode->tokens;
+    if (report->bandwidth_gb_s > 0 && flops_per_token > 0)
+        report->roofline_flat_batch =
+            (bytes_per_token / (report->bandwidth_gb_s * 1e9)) / (flops_per_token / (report->peak_gflop_s * 1e9));
+    return 0;
+}
+
+static int bench_variant_sections(bench_run_state* run, const bench_variant* v, model_config* shape, error_info* err) {
+    const bench_options* options = run->options;
+    model_request request = {options->model_arg, NULL, v->dtype, options->synth_seed, v->quant};
+    model_source source;
+    say(run, "preparing %s weights of %s", v->label, options->model_arg);
+    if (model_source_open(&source, &request, err)) return -1;
+    *shape = source.model.config;
+    run_totals decode_totals;
+    int status = bench_decode_section(run, &source.model, v, &decode_totals, err);
+    if (status == 0 && v->prefill) status = bench_prefill_section(run, &source.model, v, err);
+    if (status == 0 && v->batch) status = bench_batch_section(run, &source.model, v, &decode_totals, err);
+    model_source_close(&source);
+    return status;
+}
+
+// ---- attention: paged against contiguous ----------------------------------------------
+
+static double seconds_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+// One decode token's attention through every layer at `context`, on one
+// thread as the engine runs a single row, reading fp16 keys and values
+// through `table`. Returns seconds.
+static double time_attention(const model_config* c, const uint16_t* keys, const uint16_t* values, size_t layer_slots,
+                             const int32_t* table, int block_size, int context, const float* query, float* out,
+                             float* scores) {
+    double start = seconds_now();
+    for (int l = 0; l < c->n_layers; l++) {
+        size_t layer_offset = (size_t)l * layer_slots * (size_t)c->kv_dim;
+        kv_layer_view view = {KV_F16, keys + layer_offset, values + layer_offset, table, block_size, NULL, NULL};
+        attention_row(out, query, &view, context, c->n_heads, c->n_kv_heads, c->head_dim, scores, NULL);
+    }
+    return seconds_now() - start;
+}
+
+static int bench_attention_section(bench_run_state* run, const model_config* c, error_info* err) {
+    bench_report* report = run->report;
+    const int max_context = ATTENTION_CONTEXTS[2];
+    const size_t slots = (size_t)max_context, elements = (size_t)c->n_layers * slots * (size_t)c->kv_dim;
+    uint16_t* keys = malloc(elements * sizeof *keys);                  // (n_layers, slots, kv_dim) fp16
+    uint16_t* values = malloc(elements * sizeof *values);              // (n_layers, slots, kv_dim) fp16
+    int32_t* contiguous = malloc(slots * sizeof *contiguous);          // (max_context) slot ids, block size 1
+    int32_t* paged = malloc(slots / PAGED_BLOCK_SIZE * sizeof *paged); // (max_context / 16) block ids
+    float* query = malloc((size_t)c->dim * sizeof *query);             // (n_heads * head_dim)
+    float* out = malloc((size_t)c->dim * sizeof *out);                 // (n_heads * head_dim)
+    float* scores = malloc(slots * sizeof *scores);                    // (max_context)
+    double* contiguous_s = calloc((size_t)run->options->repeats, sizeof(double));
+    double* paged_s = calloc((size_t)run->options->repeats, sizeof(double));
+    int status = 0;
+    if (!keys || !values || !contiguous || !paged || !query || !out || !scores || !contiguous_s || !paged_s) {
+        status = error_set(err, "bench: out of memory for %d tokens of KV", max_context);
+        goto done;
+    }
+    uint64_t state = 12345;
+    for (size_t i = 0; i < elements; i++) { // values in [-1, 1): realistic, finite softmax inputs
+        state = state * 6364136223846793005ull + 1442695040888963407ull;
+        keys[i] = fp32_to_fp16((float)(state >> 40) / 8388608.0f - 1.0f);
+        values[i] = fp32_to_fp16((float)((state >> 16) & 0xffffff) / 8388608.0f - 1.0f);
+    }
+    for (int i = 0; i < c->dim; i++)
+        query[i] = (float)((i * 37) % 17) / 17.0f - 0.5f;
+    for (size_t i = 0; i < slots; i++)
+        contiguous[i] = (int32_t)i;
+    // Paged: the blocks of a pool after some churn, in a shuffled order.
+    int n_blocks = max_context / PAGED_BLOCK_SIZE;
+    for (int b = 0; b < n_blocks; b++)
+        paged[b] = b;
+    for (int b = n_blocks - 1; b > 0; b--) {
+        state = state * 6364136223846793005ull + 1442695040888963407ull;
+        int other = (int)((state >> 33) % (uint64_t)(b + 1));
+        int32_t swap = paged[b];
+        paged[b] = paged[other];
+        paged[other] = swap;
+    }
+    for (int i = 0; i < 3; i++) {
+        int context = ATTENTION_CONTEXTS[i];
+        // Both layouts alternate within each repeat, so a noisy moment hits both.
+        for (int k = 0; k < run->options->repeats; k++) {
+            contiguous_s[k] = time_attention(c, keys, values, slots, contiguous, 1, context, query, out, scores);
+            paged_s[k] = time_attention(c, keys, values, slots, paged, PAGED_BLOCK_SIZE, context, query, out, scores);
+        }
+        bench_attention* a = &report->attention[report->n_attention++];
+        *a = (bench_attention){"paged", context, probe_median(paged_s, run->options->repeats) * 1e6};
+        bench_attention* b = &report->attention[report->n_attention++];
+        *b = (bench_attention){"contiguous", context, probe_median(contiguous_s, run->options->repeats) * 1e6};
+        say(run, "attention %5d tokens: paged %.1f us, contiguous %.1f us per token", context, a->us_per_token,
+            b->us_per_token);
+    }
+done:
+    free(keys);
+    free(values);
+    free(contiguous);
+    free(paged);
+    free(query);
+    free(out);
+    free(scores);
+    free(contiguous_s);
+    free(paged_s);
+    return status;
+}
+
+// ---- per-token fixed costs: the tiny stories260K checkpoint ------------------------------
+
+// Decodes with the default model when it is stories260K (found in ./models
+// or ../shared/models): at 260K parameters a token is a few microseconds of
+// arithmetic, so what it measures is the engine's fixed cost per step.
+static int bench_small_model_section(bench_run_state* run, error_info* err) {
+    bench_small_model* small = &run->report->small_model;
+    model_request request = {NULL, NULL, MODEL_DTYPE_DEFAULT, run->options->synth_seed, NULL};
+    model_source source;
+    if (model_source_open(&source, &request, err)) return -1;
+    if (!strstr(source.model_label, "stories260K")) {
+        model_source_close(&source);
+        say(run, "stories260K not found in ./models or ../shared/models: skipping the fixed-cost line");
+        return 0;
+    }
+    snprintf(small->path, sizeof small->path, "%s", source.model_label);
+    int n_tokens = 256 < source.model.config.max_seq_len - DECODE_PROMPT_TOKENS - 2
+                       ? 256
+                       : source.model.config.max_seq_len - DECODE_PROMPT_TOKENS - 2;
+    run_totals totals;
+    int status = measure_runs(&source.model, run->options, 1, DECODE_PROMPT_TOKENS, n_tokens + 1, false, &totals, err);
+    if (status == 0) {
+        small->measured = true;
+        small->tok_s = rate_of(&totals, totals.tokens);
+        small->us_per_token = small->tok_s > 0 ? 1e6 / small->tok_s : 0.0;
+        say(run, "stories260K decode %.0f tok/s (%.1f us per token)", small->tok_s, small->us_per_token);
+    }
+    model_source_close(&source);
+    return status;
+}
+
+// ---- the whole run ------------------------------------------------------------------------
+
+int bench_run(const bench_options* options, bench_report* report, bench_progress_fn progress, void* progress_user,
+              error_info* err) {
+    memset(report, 0, sizeof *report);
+    bench_options effective = *options;
+    if (!effective.model_arg) effective.model_arg = "stories110m";
+    if (effective.repeats < 1) effective.repeats = 1;
+    bench_run_state run = {&effective, report, progress, progress_user};
+    snprintf(report->model, sizeof report->model, "%s", effective.model_arg);
+
+    thread_pool* pool = NULL;
+    int pool_status = thread_pool_create(effective.n_threads, &pool);
+    if (pool_status != 0)
+        return error_set(err, "--threads %d: cannot start the threads (error %d)", effective.n_threads, pool_status);
+    report->n_threads = thread_pool_size(pool);
+    effective.n_threads = report->n_threads;
+    report->simd_level = cpu_simd_level_name(cpu_simd_level_selected());
+    // A smoke test reads 64 MiB (mostly cache on a large-L3 machine): the
+    // number is then only a placeholder, and labelled by its buffer size.
+    report->stream_buffer_bytes = effective.quick ? (size_t)64 << 20 : machine_stream_default_bytes();
+    say(&run, "machine: streaming read over %zu MiB, %d threads", report->stream_buffer_bytes >> 20, report->n_threads);
+    report->bandwidth_gb_s = machine_stream_read_gb_s(pool, report->stream_buffer_bytes, effective.repeats + 2);
+    report->peak_gflop_s = machine_peak_fma_gflop_s(pool, effective.repeats + 2);
+    thread_pool_free(pool);
+    if (report->bandwidth_gb_s <= 0 || report->peak_gflop_s <= 0)
+        return error_set(err, "bench: the machine probes failed (out of memory for %zu bytes?)",
+                         report->stream_buffer_bytes);
+    say(&run, "machine: %.1f GB/s streaming read, %.1f GFLOP/s fp32 FMA peak (%s)", report->bandwidth_gb_s,
+        report->peak_gflop_s, report->simd_level);
+
+    model_config shape = {0};
+    for (int i = 0; i < BENCH_MAX_DECODE; i++)
+        if (bench_variant_sections(&run, &VARIANTS[i], &shape, err)) return -1;
+    if (bench_attention_section(&run, &shape, err)) return -1;
+    return bench_small_model_section(&run, err);
+}

@@ -1,0 +1,212 @@
+// servelab bench: the performance harness (lab/bench.h measures, this file
+// parses the flags and prints a table or JSON).
+#include <stdio.h>
+#include <string.h>
+
+#include "engine/model_synth.h"
+#include "lab/bench.h"
+#include "lab/cli_args.h"
+#include "lab/commands.h"
+
+static const char BENCH_USAGE[] =
+    "usage: servelab bench [--json] [--model M|PRESET] [--threads N] [--repeats R] [--quick]\n"
+    "\n"
+    "Measures, side by side in one run (each figure the median of R runs):\n"
+    "  machine    streaming-read bandwidth (buffer 8x the L3) and peak fp32 FMA rate\n"
+    "  decode     batch 1 through the engine: fp32, fp16, W8A16, W4A16 g128, W8A8;\n"
+    "             tok/s, GB/s streamed and the fraction of the measured bandwidth\n"
+    "  prefill    128 and 512 tokens: fp16, W4A16, W8A8; tok/s, GFLOP/s against peak\n"
+    "  batch      fp16 decode at batch 1..64, and where the roofline says it flattens\n"
+    "  attention  paged (block 16, scattered) against contiguous KV, us per token\n"
+    "             at contexts 512, 2048, 8192 (fp16 KV, one thread, every layer)\n"
+    "  fixed cost stories260K decode, when found in ./models or ../shared/models\n"
+    "\n"
+    "  --model M|PRESET  checkpoint or preset (default stories110m: dim 768, 12 layers)\n"
+    "  --threads N       worker threads (default: one per online CPU)\n"
+    "  --repeats R       runs per figure (default 3)\n"
+    "  --quick           16 decode tokens, 4 batch steps, 64 MiB bandwidth buffer, 1 repeat\n"
+    "                    unless --repeats: a smoke test, not a measurement\n"
+    "  --json            one JSON object on stdout instead of the table\n"
+    "\n"
+    "Progress goes to stderr. The reference columns are the figures published in\n"
+    "the CPU-performance issue for llama.cpp and llama2.c on a 2-core AVX-512 EPYC;\n"
+    "they were not measured here.\n";
+
+typedef struct bench_args {
+    bench_options options;
+    bool json;
+} bench_args;
+
+static int parse_bench_args(int argc, char** argv, bench_args* args, error_info* err) {
+    memset(args, 0, sizeof *args);
+    args->options.synth_seed = SYNTH_DEFAULT_SEED;
+    bool repeats_given = false;
+    arg_cursor cursor = {argc, argv, 1, "servelab bench", NULL};
+    for (; cursor.index < argc; cursor.index++) {
+        bool failed = false;
+        if (arg_match(&cursor, "--json", false, &failed, err)) {
+            args->json = true;
+        } else if (arg_match(&cursor, "--quick", false, &failed, err)) {
+            args->options.quick = true;
+        } else if (arg_match(&cursor, "--model", true, &failed, err)) {
+            if (!failed) args->options.model_arg = cursor.value;
+        } else if (arg_match(&cursor, "--threads", true, &failed, err)) {
+            if (!failed && parse_int_arg("--threads", cursor.value, 1, 256, &args->options.n_threads, err)) return -1;
+        } else if (arg_match(&cursor, "--repeats", true, &failed, err)) {
+            if (!failed && parse_int_arg("--repeats", cursor.value, 1, 1000, &args->options.repeats, err)) return -1;
+            repeats_given = true;
+        } else {
+            return error_set(err, "servelab bench: unknown option '%s' (see servelab bench --help)",
+                             argv[cursor.index]);
+        }
+        if (failed) return -1;
+    }
+    if (!repeats_given) args->options.repeats = args->options.quick ? 1 : 3;
+    return 0;
+}
+
+static void print_progress(void* user, const char* line) {
+    fprintf((FILE*)user, "bench: %s\n", line);
+    fflush((FILE*)user);
+}
+
+// ---- the reference figures of the issue (not measured here) ---------------------
+
+typedef struct reference_decode {
+    const char* dtype;  // ours
+    const char* engine; // theirs: "llama.cpp f16"
+    double tok_s, frac_of_bw;
+} reference_decode;
+
+static const reference_decode REFERENCE_DECODE[] = {
+    {"fp32", "llama2.c run.c fp32", 31, 0.35},
+    {"fp16", "llama.cpp f16", 136, 0.78},
+    {"w8a16", "llama.cpp q8_0", 169, 0.52},
+    {"w4a16 g128", "llama.cpp q4_0", 282, 0.50},
+};
+
+static const reference_decode* reference_for(const char* dtype) {
+    for (size_t i = 0; i < sizeof REFERENCE_DECODE / sizeof REFERENCE_DECODE[0]; i++)
+        if (strcmp(REFERENCE_DECODE[i].dtype, dtype) == 0) return &REFERENCE_DECODE[i];
+    return NULL;
+}
+
+// llama.cpp's prefill of 128 tokens: f16 1180 tok/s, q4_0 1510.
+static double reference_prefill_tok_s(const bench_prefill* p) {
+    if (p->tokens != 128) return 0.0;
+    if (strcmp(p->dtype, "fp16") == 0) return 1180;
+    if (strcmp(p->dtype, "w4a16 g128") == 0) return 1510;
+    return 0.0;
+}
+
+// ---- output -------------------------------------------------------------------------
+
+static void print_table(const bench_report* r) {
+    printf("servelab bench: model %s, %d threads, SIMD %s\n\n", r->model, r->n_threads, r->simd_level);
+    printf("machine\n");
+    printf("  streaming read   %8.1f GB/s     (buffer %zu MiB)\n", r->bandwidth_gb_s, r->stream_buffer_bytes >> 20);
+    printf("  fp32 FMA peak    %8.1f GFLOP/s\n\n", r->peak_gflop_s);
+
+    const double fp16_tok_s = r->n_decode > 1 ? r->decode[1].tok_s : 0.0;
+    printf("decode, batch 1, %d tokens            | reference (issue, not measured here)\n", r->decode_tokens);
+    printf("  %-11s %9s %8s %7s %6s %8s | %-20s %7s %6s\n", "dtype", "tok/s", "GB/s", "of bw", "x fp16", "MB/tok",
+           "engine", "tok/s", "of bw");
+    for (int i = 0; i < r->n_decode; i++) {
+        const bench_decode* d = &r->decode[i];
+        const reference_decode* ref = reference_for(d->dtype);
+        printf("  %-11s %9.1f %8.1f %6.0f%% %6.2f %8.1f |", d->dtype, d->tok_s, d->gb_s, 100.0 * d->frac_of_bw,
+               fp16_tok_s > 0 ? d->tok_s / fp16_tok_s : 0.0, d->bytes_per_token / 1e6);
+        if (ref)
+            printf(" %-20s %7.0f %5.0f%%\n", ref->engine, ref->tok_s, 100.0 * ref->frac_of_bw);
+        else
+            printf(" %-20s %7s %6s\n", "-", "-", "-");
+    }
+    printf("\nprefill\n  %-11s %6s %9s %9s %7s | reference tok/s (llama.cpp, issue)\n", "dtype", "tokens", "tok/s",
+           "GFLOP/s", "of peak");
+    for (int i = 0; i < r->n_prefill; i++) {
+        const bench_prefill* p = &r->prefill[i];
+        double ref = reference_prefill_tok_s(p);
+        printf("  %-11s %6d %9.1f %9.1f %6.0f%% |", p->dtype, p->tokens, p->tok_s, p->gflop_s, 100.0 * p->frac_of_peak);
+        if (ref > 0)
+            printf(" %.0f\n", ref);
+        else
+            printf(" -\n");
+    }
+    printf("\nbatch scaling, %s decode (roofline: flattens near batch %.1f)\n  %5s %9s %8s\n", r->batch_dtype,
+           r->roofline_flat_batch, "batch", "tok/s", "x b=1");
+    for (int i = 0; i < r->n_batch; i++)
+        printf("  %5d %9.1f %8.2f\n", r->batch[i].batch, r->batch[i].tok_s,
+               r->batch[0].tok_s > 0 ? r->batch[i].tok_s / r->batch[0].tok_s : 0.0);
+    printf("\nattention, fp16 KV, one query through every layer, one thread\n  %7s %12s %12s %8s\n", "context",
+           "paged us", "contig. us", "paged/c");
+    for (int i = 0; i + 1 < r->n_attention; i += 2) {
+        const bench_attention* paged = &r->attention[i];
+        const bench_attention* contiguous = &r->attention[i + 1];
+        printf("  %7d %12.1f %12.1f %8.3f\n", paged->context, paged->us_per_token, contiguous->us_per_token,
+               contiguous->us_per_token > 0 ? paged->us_per_token / contiguous->us_per_token : 0.0);
+    }
+    printf("\nfixed cost per token\n");
+    if (r->small_model.measured)
+        printf("  %s decode: %.0f tok/s (%.1f us per token) | reference: llama2.c run.c ~9900 tok/s (issue)\n",
+               r->small_model.path, r->small_model.tok_s, r->small_model.us_per_token);
+    else
+        printf("  stories260K not found: not measured\n");
+}
+
+static void print_json(const bench_report* r) {
+    printf("{\"model\": \"%s\", \"threads\": %d, \"simd\": \"%s\", \"stream_buffer_bytes\": %zu, ", r->model,
+           r->n_threads, r->simd_level, r->stream_buffer_bytes);
+    printf("\"bandwidth_gb_s\": %.3f, \"peak_gflop_s\": %.3f, \"decode_tokens\": %d, \"decode\": [", r->bandwidth_gb_s,
+           r->peak_gflop_s, r->decode_tokens);
+    for (int i = 0; i < r->n_decode; i++) {
+        const bench_decode* d = &r->decode[i];
+        printf(
+            "%s{\"dtype\": \"%s\", \"tok_s\": %.3f, \"gb_s\": %.3f, \"frac_of_bw\": %.4f, \"bytes_per_token\": %.0f}",
+            i ? ", " : "", d->dtype, d->tok_s, d->gb_s, d->frac_of_bw, d->bytes_per_token);
+    }
+    printf("], \"prefill\": [");
+    for (int i = 0; i < r->n_prefill; i++) {
+        const bench_prefill* p = &r->prefill[i];
+        printf("%s{\"dtype\": \"%s\", \"tokens\": %d, \"tok_s\": %.3f, \"gflop_s\": %.3f, \"frac_of_peak\": %.4f}",
+               i ? ", " : "", p->dtype, p->tokens, p->tok_s, p->gflop_s, p->frac_of_peak);
+    }
+    printf("], \"batch_dtype\": \"%s\", \"roofline_flat_batch\": %.3f, \"batch_scaling\": [", r->batch_dtype,
+           r->roofline_flat_batch);
+    for (int i = 0; i < r->n_batch; i++)
+        printf("%s{\"batch\": %d, \"tok_s\": %.3f}", i ? ", " : "", r->batch[i].batch, r->batch[i].tok_s);
+    printf("], \"attention\": [");
+    for (int i = 0; i < r->n_attention; i++)
+        printf("%s{\"layout\": \"%s\", \"context\": %d, \"us_per_token\": %.3f}", i ? ", " : "", r->attention[i].layout,
+               r->attention[i].context, r->attention[i].us_per_token);
+    printf("], \"small_model\": ");
+    if (r->small_model.measured)
+        printf("{\"path\": \"%s\", \"tok_s\": %.3f, \"us_per_token\": %.3f}", r->small_model.path, r->small_model.tok_s,
+               r->small_model.us_per_token);
+    else
+        printf("null");
+    printf("}\n");
+}
+
+int command_bench(int argc, char** argv) {
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            fputs(BENCH_USAGE, stdout);
+            return 0;
+        }
+    error_info err = {{0}};
+    bench_args args;
+    if (parse_bench_args(argc, argv, &args, &err)) {
+        fprintf(stderr, "%s\n", err.message);
+        return 2;
+    }
+    bench_report report;
+    if (bench_run(&args.options, &report, print_progress, stderr, &err)) {
+        fprintf(stderr, "servelab bench: %s\n", err.message);
+        return 1;
+    }
+    if (args.json)
+        print_json(&report);
+    else
+        print_table(&report);
+    return 0;
+}

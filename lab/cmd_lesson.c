@@ -1,0 +1,260 @@
+// servelab lesson run|list|new|check: Lua lessons that drive the engine
+// and check the question bank's claims against its measurements.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "lab/cli_args.h"
+#include "lab/commands.h"
+#include "lab/engine_options.h"
+#include "lab/lesson.h"
+
+static const char LESSON_USAGE[] =
+    "usage: servelab lesson run FILE [--headless] [--full] [--only ID] [--time-limit S]\n"
+    "                           [--memory-limit SIZE] [--output DIR] [--verbose]\n"
+    "       servelab lesson list [DIR]        title and claims of each lesson (default lessons/)\n"
+    "       servelab lesson new NAME          write a commented skeleton NAME.lua\n"
+    "       servelab lesson check FILE...     syntax and declaration, without running\n"
+    "\n"
+    "run: narration and checks in the terminal (lab.pause() waits for Enter when\n"
+    "stdin is a terminal). --headless prints one line per check:\n"
+    "  PASS <id> <claim> -- <evidence>       the measurement agrees with the bank\n"
+    "  DISAGREE <id> <claim> -- <evidence>   the measurement contradicts the bank\n"
+    "  FAIL <id> <claim> -- <error>          the check itself failed\n"
+    "then 'N passed, M failed'; the exit status is 0 only when every check passed.\n"
+    "\n"
+    "  --full               the full-size scenarios (lab.full = true; make lessons)\n"
+    "  --only ID            report only claim ID's check\n"
+    "  --time-limit S       CPU seconds before the lesson is stopped (default 60)\n"
+    "  --memory-limit SIZE  Lua heap + engines + models (default 512MiB)\n"
+    "  --output DIR         the one folder lessons may write to (default lesson-output)\n"
+    "  --verbose            headless: print the narration too, as '# ' lines\n"
+    "\n"
+    "Writing lessons: lessons/README.md.\n";
+
+typedef struct run_args {
+    const char* path;
+    bool headless;
+    bool verbose;
+    lesson_options options;
+} run_args;
+
+static int parse_run_args(int argc, char** argv, run_args* a, error_info* err) {
+    a->options = lesson_options_default();
+    arg_cursor cursor = {argc, argv, 2, "servelab lesson run", NULL};
+    for (; cursor.index < argc; cursor.index++) {
+        bool failed = false;
+        if (arg_match(&cursor, "--headless", false, &failed, err)) a->headless = true;
+        else if (arg_match(&cursor, "--verbose", false, &failed, err)) a->verbose = true;
+        else if (arg_match(&cursor, "--full", false, &failed, err)) a->options.full = true;
+        else if (arg_match(&cursor, "--only", true, &failed, err)) {
+            if (!failed) a->options.only_claim = cursor.value;
+        } else if (arg_match(&cursor, "--output", true, &failed, err)) {
+            if (!failed) a->options.output_dir = cursor.value;
+        } else if (arg_match(&cursor, "--time-limit", true, &failed, err)) {
+            float seconds = 0;
+            if (!failed && parse_float_arg("--time-limit", cursor.value, 0.01, 86400, &seconds, err)) return -1;
+            a->options.time_limit_s = seconds;
+        } else if (arg_match(&cursor, "--memory-limit", true, &failed, err)) {
+            if (!failed && parse_size_arg("--memory-limit", cursor.value, &a->options.memory_limit_bytes, err)) return -1;
+            if (a->options.memory_limit_bytes < (4u << 20))
+                return error_set(err, "--memory-limit: expected at least 4MiB, found '%s'", cursor.value);
+        } else if (argv[cursor.index][0] == '-') {
+            return error_set(err, "servelab lesson run: unknown option '%s' (see servelab lesson --help)", argv[cursor.index]);
+        } else if (!a->path) {
+            a->path = argv[cursor.index];
+        } else {
+            return error_set(err, "servelab lesson run: one lesson file at a time ('%s' and '%s')", a->path,
+                             argv[cursor.index]);
+        }
+        if (failed) return -1;
+    }
+    if (!a->path) return error_set(err, "servelab lesson run: which lesson? (servelab lesson run lessons/01-kv-sizing.lua)");
+    return 0;
+}
+
+static void say_to_terminal(void* user, const char* text) {
+    (void)user;
+    printf("%s\n", text);
+    fflush(stdout);
+}
+
+static void say_as_comment(void* user, const char* text) {
+    (void)user;
+    // Every line of the narration becomes a '# ' line (the check lines stay parseable).
+    for (const char* line = text; *line;) {
+        size_t length = strcspn(line, "\n");
+        printf("# %.*s\n", (int)length, line);
+        line += length + (line[length] == '\n');
+    }
+    fflush(stdout);
+}
+
+static void check_to_terminal(void* user, const lesson_check_result* result) {
+    (void)user;
+    lesson_print_check(stdout, result);
+}
+
+static void wait_for_enter(void* user) {
+    (void)user;
+    printf("-- press Enter to continue --");
+    fflush(stdout);
+    int c;
+    while ((c = getchar()) != '\n' && c != EOF) {
+    }
+}
+
+static int run_in_terminal(const run_args* a) {
+    lesson_options options = a->options;
+    options.interactive = isatty(STDIN_FILENO);
+    options.on_say = say_to_terminal;
+    options.on_check = check_to_terminal;
+    return lesson_run_file(a->path, &options, wait_for_enter, NULL, stdout, stderr, true);
+}
+
+static int command_run(int argc, char** argv) {
+    run_args a = {0};
+    error_info err = {{0}};
+    if (parse_run_args(argc, argv, &a, &err)) {
+        fprintf(stderr, "%s\n", err.message);
+        return 2;
+    }
+    if (!a.headless) return run_in_terminal(&a);
+    if (a.verbose) a.options.on_say = say_as_comment;
+    return lesson_run_headless(a.path, &a.options, stdout, stderr);
+}
+
+static int command_list(int argc, char** argv) {
+    if (argc > 3) {
+        fprintf(stderr, "servelab lesson list: expected at most one folder\n");
+        return 2;
+    }
+    const char* folder = argc == 3 ? argv[2] : "lessons";
+    static lesson_file_name names[LESSON_MAX_FILES];
+    int n = lesson_list_folder(folder, names, LESSON_MAX_FILES);
+    if (n < 0) {
+        fprintf(stderr, "servelab lesson list: %s: no such folder\n", folder);
+        return 1;
+    }
+    int status = 0;
+    for (int i = 0; i < n; i++) {
+        char path[1400];
+        snprintf(path, sizeof path, "%.1000s/%.255s", folder, names[i]);
+        lesson_info info;
+        error_info err = {{0}};
+        if (lesson_read_info(path, &info, &err)) {
+            fprintf(stderr, "%s\n", err.message);
+            status = 1;
+        } else {
+            printf("%-28s %s\n%28s claims:", names[i], info.title, "");
+            for (int k = 0; k < info.n_claims; k++) printf(" %s", info.claims[k]);
+            printf("\n");
+        }
+    }
+    return status;
+}
+
+static int command_check(int argc, char** argv) {
+    if (argc < 3) {
+        fprintf(stderr, "servelab lesson check: which lesson files?\n");
+        return 2;
+    }
+    int status = 0;
+    for (int i = 2; i < argc; i++) {
+        lesson_info info;
+        error_info err = {{0}};
+        if (lesson_read_info(argv[i], &info, &err)) {
+            fprintf(stderr, "%s\n", err.message);
+            status = 1;
+            continue;
+        }
+        printf("%s: ok: \"%s\", %d claims:", argv[i], info.title, info.n_claims);
+        for (int k = 0; k < info.n_claims; k++) printf(" %s", info.claims[k]);
+        printf("\n");
+    }
+    return status;
+}
+
+static const char SKELETON[] =
+    "-- %s: a servelab lesson (see lessons/README.md for the whole lab API).\n"
+    "--\n"
+    "-- Run it:   servelab lesson run %s --headless\n"
+    "-- Check it: servelab lesson check %s\n"
+    "\n"
+    "-- 1. Declare the lesson first: its title and every claim id it checks.\n"
+    "lab.lesson{\n"
+    "    title = \"My lesson\",\n"
+    "    claims = {\"mine1\"},\n"
+    "}\n"
+    "\n"
+    "-- 2. Build a scenario. Presets run without files: tiny, small, medium, large.\n"
+    "local e = lab.engine{model = \"tiny\", block_size = 16, num_blocks = 64}\n"
+    "local id = e:add{prompt = \"Hello\", max_tokens = 8}\n"
+    "lab.say(\"One request of \" .. e:sequence(id).n_prompt .. \" prompt tokens.\")\n"
+    "lab.pause() -- waits for a key in the dashboard; does nothing headless\n"
+    "\n"
+    "-- 3. Measure. Every step returns its record: tokens, bytes, FLOPs, pool figures.\n"
+    "local written = {}\n"
+    "e:run{stop_when = function(r)\n"
+    "    written[#written + 1] = r.bytes.kv_written\n"
+    "    return false\n"
+    "end}\n"
+    "\n"
+    "-- 4. Check the claim with a verdict computed from the measurement, and\n"
+    "--    evidence that carries the numbers. Never write the verdict by hand.\n"
+    "local per_token = written[#written]\n"
+    "local same = true\n"
+    "for step = 2, #written do same = same and written[step] == per_token end\n"
+    "lab.check{\n"
+    "    id = \"mine1\",\n"
+    "    claim = \"every decode step writes the same number of KV bytes (one token's keys and values)\",\n"
+    "    bank_answer = true,\n"
+    "    verdict = same,\n"
+    "    evidence = string.format(\"%%d decode steps, each wrote %%d bytes\", #written - 1, per_token),\n"
+    "}\n";
+
+static int command_new(int argc, char** argv) {
+    if (argc != 3) {
+        fprintf(stderr, "servelab lesson new: expected one NAME (writes NAME.lua)\n");
+        return 2;
+    }
+    char path[1024], temporary[1100];
+    size_t length = strlen(argv[2]);
+    bool has_suffix = length > 4 && strcmp(argv[2] + length - 4, ".lua") == 0;
+    snprintf(path, sizeof path, "%s%s", argv[2], has_suffix ? "" : ".lua");
+    struct stat st;
+    if (stat(path, &st) == 0) {
+        fprintf(stderr, "servelab lesson new: %s already exists (not overwritten)\n", path);
+        return 1;
+    }
+    snprintf(temporary, sizeof temporary, "%s.tmp%ld", path, (long)getpid());
+    FILE* f = fopen(temporary, "w");
+    if (!f) {
+        fprintf(stderr, "servelab lesson new: cannot write %s\n", path);
+        return 1;
+    }
+    fprintf(f, SKELETON, path, path, path);
+    if (fclose(f) != 0 || rename(temporary, path) != 0) {
+        remove(temporary);
+        fprintf(stderr, "servelab lesson new: cannot write %s\n", path);
+        return 1;
+    }
+    printf("wrote %s\n", path);
+    return 0;
+}
+
+int command_lesson(int argc, char** argv) {
+    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
+        (argc > 2 && (strcmp(argv[2], "--help") == 0 || strcmp(argv[2], "-h") == 0))) {
+        fputs(LESSON_USAGE, argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (strcmp(argv[1], "run") == 0) return command_run(argc, argv);
+    if (strcmp(argv[1], "list") == 0) return command_list(argc, argv);
+    if (strcmp(argv[1], "new") == 0) return command_new(argc, argv);
+    if (strcmp(argv[1], "check") == 0) return command_check(argc, argv);
+    fprintf(stderr, "servelab lesson: unknown subcommand '%s' (run, list, new, check)\n", argv[1]);
+    return 2;
+}

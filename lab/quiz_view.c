@@ -1,0 +1,91 @@
+#include "lab/quiz_view.h"
+
+#include <stdio.h>
+#include <string.h>
+
+// Columns of UTF-8 text (continuation bytes take none).
+static int text_columns(const char* text, int bytes) {
+    int columns = 0;
+    for (int i = 0; i < bytes; i++)
+        columns += ((unsigned char)text[i] & 0xc0) != 0x80;
+    return columns;
+}
+
+int quiz_view_wrap(ui_screen* screen, ui_rect r, ui_color color, int attr, const char* text) {
+    int row = 0;
+    char line[1024];
+    const char* p = text;
+    while (*p && row < r.h) {
+        // The longest run of words that fits in r.w columns, up to a newline.
+        int end = 0, last_break = -1;
+        while (p[end] && p[end] != '\n' && text_columns(p, end + 1) <= r.w && end < (int)sizeof line - 1) {
+            if (p[end] == ' ') last_break = end;
+            end++;
+        }
+        bool line_ends = p[end] == '\0' || p[end] == '\n';
+        int take = !line_ends && last_break > 0 ? last_break : end;
+        memcpy(line, p, (size_t)take);
+        line[take] = '\0';
+        ui_put(screen, r.x, r.y + row, r.w, color, attr, line);
+        row++;
+        p += take;
+        if (*p == ' ' || *p == '\n') p++;
+    }
+    return row;
+}
+
+static const char* key_bar(const quiz_session* s) {
+    switch (s->stage) {
+    case QUIZ_STAGE_ASK: return " Enter: answer   Backspace: erase   Esc or Ctrl-C: quit (progress is saved)";
+    case QUIZ_STAGE_SELF_GRADE: return " y: mine matched   n: it did not   q or Esc: quit";
+    case QUIZ_STAGE_FEEDBACK:
+        return quiz_session_claim(s) ? " p: prove it (run the lesson check)   Enter or space: next   q: quit"
+                                     : " Enter or space: next   q: quit";
+    default: return " any key: leave";
+    }
+}
+
+void quiz_view_draw(ui_screen* screen, const quiz_session* s, const char* input, const char* notice) {
+    ui_screen_clear(screen);
+    int cols = screen->cols, rows = screen->rows;
+    ui_rect header = {0, 0, cols, 1};
+    ui_fill(screen, header, " ", UI_TITLE, UI_REVERSE);
+    ui_printf(screen, 1, 0, cols - 2, UI_TITLE, UI_REVERSE | UI_BOLD,
+              "servelab quiz   question %d of %d   right %d  wrong %d",
+              s->current < s->n_questions ? s->current + 1 : s->n_questions, s->n_questions, s->n_correct, s->n_wrong);
+    if (rows < 8 || cols < 30) {
+        ui_put(screen, 0, rows > 1 ? 1 : 0, cols, UI_BAD, UI_BOLD, "terminal too small for the quiz (30x8 at least)");
+        return;
+    }
+    int body_height = rows - 2; // between the header and the key bar
+    if (s->stage == QUIZ_STAGE_DONE) {
+        ui_rect done = {0, 1, cols, body_height};
+        ui_box(screen, done, "done", true);
+        char summary[256];
+        snprintf(summary, sizeof summary, "Session over: %d right, %d wrong. Progress is saved.", s->n_correct,
+                 s->n_wrong);
+        quiz_view_wrap(screen, (ui_rect){2, 2, cols - 4, body_height - 2}, UI_DEFAULT, UI_PLAIN, summary);
+    } else {
+        char question[4096];
+        quiz_session_format_question(s, question, sizeof question);
+        int question_height = body_height * 2 / 5;
+        if (question_height < 4) question_height = 4;
+        ui_rect question_box = {0, 1, cols, question_height};
+        ui_box(screen, question_box, "question", s->stage == QUIZ_STAGE_ASK);
+        quiz_view_wrap(screen, (ui_rect){2, 2, cols - 4, question_height - 2}, UI_DEFAULT, UI_PLAIN, question);
+        ui_rect answer_box = {0, 1 + question_height, cols, 3};
+        ui_box(screen, answer_box, quiz_session_input_hint(s), s->stage == QUIZ_STAGE_ASK);
+        ui_printf(screen, 2, answer_box.y + 1, cols - 4, UI_DEFAULT, UI_BOLD, "> %s%s", input ? input : "",
+                  s->stage == QUIZ_STAGE_ASK ? "_" : "");
+        int feedback_y = answer_box.y + 3, feedback_height = rows - 1 - feedback_y;
+        if (feedback_height >= 3) {
+            ui_rect feedback_box = {0, feedback_y, cols, feedback_height};
+            bool graded = s->stage == QUIZ_STAGE_FEEDBACK;
+            ui_box(screen, feedback_box, notice ? "prove it" : "feedback", s->stage != QUIZ_STAGE_ASK);
+            ui_color color = notice || !graded ? UI_DEFAULT : (s->last_correct ? UI_GOOD : UI_BAD);
+            quiz_view_wrap(screen, (ui_rect){2, feedback_y + 1, cols - 4, feedback_height - 2}, color, UI_PLAIN,
+                           notice ? notice : s->feedback);
+        }
+    }
+    ui_put(screen, 0, rows - 1, cols, UI_DEFAULT, UI_REVERSE, key_bar(s));
+}

@@ -1,0 +1,19 @@
+// quiz_view: the full-screen quiz, drawn into the dashboard's virtual
+// screen (lab/ui_screen.h), so it can be flushed to ncurses or dumped as
+// text in tests. Drawing only: the session decides what there is to show.
+#ifndef SERVELAB_QUIZ_VIEW_H
+#define SERVELAB_QUIZ_VIEW_H
+
+#include "lab/quiz_session.h"
+#include "lab/ui_screen.h"
+
+// Draws the header (question k/n, score), the question, the answer being
+// typed (`input`), the feedback (or `notice`, e.g. the prove-it output,
+// when not NULL) and a key bar for the stage.
+void quiz_view_draw(ui_screen* screen, const quiz_session* s, const char* input, const char* notice);
+
+// Writes `text` into r, wrapped at spaces, '\n' starting a new line.
+// Returns the rows used (the text is cut at the rectangle's bottom).
+int quiz_view_wrap(ui_screen* screen, ui_rect r, ui_color color, int attr, const char* text);
+
+#endif

@@ -1,0 +1,26 @@
+// ui_terminal: taking over the terminal for a full-screen view, and always
+// giving it back.
+//
+// One place for what every full-screen command needs (the dashboard, the
+// quiz): SIGINT, SIGTERM and SIGHUP only raise a flag that the key loop
+// polls (so the loop ends and restores the screen itself), ncurses in
+// cbreak mode without echo, keypad keys, a hidden cursor, a short Esc
+// delay, colour pairs unless NO_COLOR is set or the terminal has none, and
+// endwin() registered at exit as a last resort.
+#ifndef SERVELAB_UI_TERMINAL_H
+#define SERVELAB_UI_TERMINAL_H
+
+#include <stdbool.h>
+
+// Opens the terminal. *utf8: the locale's codeset is UTF-8 (call
+// setlocale first); *color: colour pairs are set up. 0, or -1 when there is
+// no terminal to open (ncurses could not start).
+int ui_terminal_open(bool* utf8, bool* color);
+
+// Gives the terminal back (endwin). Safe to call more than once.
+void ui_terminal_close(void);
+
+// True once SIGINT, SIGTERM or SIGHUP arrived after ui_terminal_open.
+bool ui_terminal_stop_requested(void);
+
+#endif

@@ -1,0 +1,171 @@
+// attention_row: correct against a double-precision reference, the same bits
+// for a paged cache (scattered blocks) as for a contiguous one, and the
+// AVX2 kernel's one-pass slot order equal to its head-by-head order, bit
+// for bit (batch invariance does not depend on which one runs).
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <stdlib.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <string.h>
+
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/attention_simd.h"
+#include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/fp16.h"
+#include "tests/test_support.h"
+
+// Grouped-query heads and a head_dim that is no multiple of 8 (the SIMD tail).
+enum { N_HEADS = 6, N_KV_HEADS = 3, HEAD_DIM = 20, KV_DIM = N_KV_HEADS * HEAD_DIM, CONTEXT = 77, BLOCK = 16 };
+enum { N_BLOCKS = (CONTEXT + BLOCK - 1) / BLOCK + 3 }; // a few spare blocks: the table skips some
+
+static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
+static float random_uniform(void) { // in [-1, 1)
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (float)((rng_state >> 40) & 0xffffff) / 8388608.0f - 1.0f;
+}
+
+typedef struct caches {
+    float keys[CONTEXT][KV_DIM], values[CONTEXT][KV_DIM]; // position order, fp32
+    float query[N_HEADS * HEAD_DIM];
+    int32_t contiguous_table[CONTEXT]; // block size 1: slot = position
+    int32_t paged_table[N_BLOCKS];     // block size 16, scattered
+    void* contiguous_keys;             // (CONTEXT, KV_DIM) of the dtype
+    void* contiguous_values;
+    void* paged_keys; // (N_BLOCKS * BLOCK, KV_DIM) of the dtype
+    void* paged_values;
+} caches;
+
+static void store(void* slots, kv_dtype dtype, size_t index, float value) {
+    if (dtype == KV_F16)
+        ((uint16_t*)slots)[index] = fp32_to_fp16(value);
+    else
+        ((float*)slots)[index] = value;
+}
+
+static void build(caches* c, kv_dtype dtype) {
+    size_t element = (size_t)kv_dtype_bytes(dtype);
+    c->contiguous_keys = calloc((size_t)CONTEXT * KV_DIM, element);
+    c->contiguous_values = calloc((size_t)CONTEXT * KV_DIM, element);
+    c->paged_keys = calloc((size_t)N_BLOCKS * BLOCK * KV_DIM, element);
+    c->paged_values = calloc((size_t)N_BLOCKS * BLOCK * KV_DIM, element);
+    assert_non_null(c->paged_values);
+    for (int b = 0; b < N_BLOCKS; b++)
+        c->paged_table[b] = (N_BLOCKS - 1 - b) * 5 % N_BLOCKS; // 5 is coprime to N_BLOCKS
+    for (int t = 0; t < CONTEXT; t++) {
+        c->contiguous_table[t] = t;
+        int64_t paged_slot = kv_slot_of_position(c->paged_table, BLOCK, t);
+        for (int i = 0; i < KV_DIM; i++) {
+            c->keys[t][i] = random_uniform();
+            c->values[t][i] = random_uniform();
+            if (dtype == KV_F16) { // what the cache holds, exactly
+                c->keys[t][i] = fp16_to_fp32(fp32_to_fp16(c->keys[t][i]));
+                c->values[t][i] = fp16_to_fp32(fp32_to_fp16(c->values[t][i]));
+            }
+            store(c->contiguous_keys, dtype, (size_t)t * KV_DIM + (size_t)i, c->keys[t][i]);
+            store(c->contiguous_values, dtype, (size_t)t * KV_DIM + (size_t)i, c->values[t][i]);
+            store(c->paged_keys, dtype, (size_t)paged_slot * KV_DIM + (size_t)i, c->keys[t][i]);
+            store(c->paged_values, dtype, (size_t)paged_slot * KV_DIM + (size_t)i, c->values[t][i]);
+        }
+    }
+    for (int i = 0; i < N_HEADS * HEAD_DIM; i++)
+        c->query[i] = 2.0f * random_uniform();
+}
+
+static void release(caches* c) {
+    free(c->contiguous_keys);
+    free(c->contiguous_values);
+    free(c->paged_keys);
+    free(c->paged_values);
+}
+
+static kv_layer_view contiguous_view(const caches* c, kv_dtype dtype) {
+    return (kv_layer_view){dtype, c->contiguous_keys, c->contiguous_values, c->contiguous_table, 1, NULL, NULL};
+}
+
+static kv_layer_view paged_view(const caches* c, kv_dtype dtype) {
+    return (kv_layer_view){dtype, c->paged_keys, c->paged_values, c->paged_table, BLOCK, NULL, NULL};
+}
+
+static void check_against_reference(const caches* c, const float* out) {
+    const int group = N_HEADS / N_KV_HEADS;
+    for (int h = 0; h < N_HEADS; h++) {
+        double scores[CONTEXT], max_score = -INFINITY, sum = 0.0;
+        for (int t = 0; t < CONTEXT; t++) {
+            double dot = 0.0;
+            for (int i = 0; i < HEAD_DIM; i++)
+                dot += (double)c->query[h * HEAD_DIM + i] * c->keys[t][(h / group) * HEAD_DIM + i];
+            scores[t] = dot / sqrt((double)HEAD_DIM);
+            max_score = fmax(max_score, scores[t]);
+        }
+        for (int t = 0; t < CONTEXT; t++)
+            sum += scores[t] = exp(scores[t] - max_score);
+        for (int i = 0; i < HEAD_DIM; i++) {
+            double expected = 0.0;
+            for (int t = 0; t < CONTEXT; t++)
+                expected += scores[t] / sum * c->values[t][(h / group) * HEAD_DIM + i];
+            assert_true(fabs(out[h * HEAD_DIM + i] - expected) < 1e-5);
+        }
+    }
+}
+
+static void check_layouts(kv_dtype dtype) {
+    caches* c = calloc(1, sizeof *c);
+    assert_non_null(c);
+    build(c, dtype);
+    float scores[CONTEXT], contiguous_out[N_HEADS * HEAD_DIM], paged_out[N_HEADS * HEAD_DIM];
+    kv_layer_view contiguous = contiguous_view(c, dtype), paged = paged_view(c, dtype);
+    kernel_traffic traffic = {0};
+    attention_row(contiguous_out, c->query, &contiguous, CONTEXT, N_HEADS, N_KV_HEADS, HEAD_DIM, scores, &traffic);
+    attention_row(paged_out, c->query, &paged, CONTEXT, N_HEADS, N_KV_HEADS, HEAD_DIM, scores, NULL);
+    check_against_reference(c, contiguous_out);
+    assert_memory_equal(contiguous_out, paged_out, sizeof paged_out); // the layout changes where, not what
+    assert_int_equal(traffic.kv_bytes_read, 2ull * CONTEXT * (uint64_t)kv_slot_bytes(dtype, N_KV_HEADS, HEAD_DIM));
+    assert_int_equal(traffic.attention_flops, 4ull * N_HEADS * CONTEXT * HEAD_DIM);
+    release(c);
+    free(c);
+}
+
+static void test_paged_equals_contiguous_fp16(void** state) {
+    (void)state;
+    check_layouts(KV_F16);
+}
+
+static void test_paged_equals_contiguous_fp32(void** state) {
+    (void)state;
+    check_layouts(KV_F32);
+}
+
+static void test_slot_order_equals_head_order(void** state) {
+    (void)state;
+    if (!test_simd_level_available(CPU_SIMD_AVX2)) return;
+    caches* c = calloc(1, sizeof *c);
+    assert_non_null(c);
+    build(c, KV_F16);
+    float scores[CONTEXT], all_scores[N_HEADS * CONTEXT];
+    float head_order[N_HEADS * HEAD_DIM], slot_order[N_HEADS * HEAD_DIM];
+    for (int layout = 0; layout < 2; layout++) {
+        kv_layer_view view = layout ? paged_view(c, KV_F16) : contiguous_view(c, KV_F16);
+        for (int n = 1; n <= CONTEXT; n += 19) { // partial last blocks too
+            attention_row_f16_avx2(head_order, c->query, &view, n, N_HEADS, N_KV_HEADS, HEAD_DIM, scores, NULL);
+            attention_row_f16_avx2(slot_order, c->query, &view, n, N_HEADS, N_KV_HEADS, HEAD_DIM, scores, all_scores);
+            assert_memory_equal(head_order, slot_order, sizeof slot_order);
+        }
+    }
+    release(c);
+    free(c);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_paged_equals_contiguous_fp16),
+        cmocka_unit_test(test_paged_equals_contiguous_fp32),
+        cmocka_unit_test(test_slot_order_equals_head_order),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,234 @@
+// servelab synth and servelab bench as a user runs them: a written preset
+// loads back as the same weights through the legacy loader; the stories110m
+// preset has the benchmark's exact shape; bench --quick --json has every key
+// of the issue with positive values that agree with each other (bytes,
+// FLOPs and ratios, never how fast this machine is); bad flags exit 2.
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <stdlib.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/model.h"
+#include "engine/model_storage.h"
+#include "engine/model_synth.h"
+#include "engine/tokenizer.h"
+#include "tests/test_support.h"
+
+// ---- synth ---------------------------------------------------------------------
+
+static void assert_same_matrix(const weight_matrix* a, const weight_matrix* b) {
+    assert_int_equal(a->dtype, WEIGHT_F32);
+    assert_int_equal(b->dtype, WEIGHT_F32);
+    assert_int_equal(a->rows, b->rows);
+    assert_int_equal(a->cols, b->cols);
+    assert_memory_equal(a->values, b->values, (size_t)a->rows * (size_t)a->cols * sizeof(float));
+}
+
+static void test_synth_round_trip(void** state) {
+    (void)state;
+    char path[512], arguments[1024];
+    snprintf(path, sizeof path, "%s/tiny7.bin", test_scratch_dir());
+    snprintf(arguments, sizeof arguments, "synth tiny --out %s --seed 7", path);
+    command_result r = run_servelab(arguments);
+    assert_int_equal(r.exit_status, 0);
+    assert_non_null(strstr(r.out, "preset tiny"));
+    free_result(&r);
+
+    error_info err = {{0}};
+    model loaded, expected;
+    assert_int_equal(model_load(&loaded, path, MODEL_DTYPE_FP32, &err), 0);
+    assert_int_equal(model_synthesize(&expected, "tiny", TOK_MIN_VOCAB_SIZE, MODEL_DTYPE_FP32, 7, &err), 0);
+    assert_int_equal(loaded.format, MODEL_FORMAT_LEGACY);
+    const model_config *a = &loaded.config, *b = &expected.config;
+    assert_int_equal(a->dim, b->dim);
+    assert_int_equal(a->hidden_dim, b->hidden_dim);
+    assert_int_equal(a->n_layers, b->n_layers);
+    assert_int_equal(a->n_heads, b->n_heads);
+    assert_int_equal(a->n_kv_heads, b->n_kv_heads);
+    assert_int_equal(a->vocab_size, b->vocab_size);
+    assert_int_equal(a->max_seq_len, b->max_seq_len);
+    assert_true(a->shared_classifier);
+    assert_same_matrix(&loaded.token_embedding, &expected.token_embedding);
+    for (int l = 0; l < a->n_layers; l++) {
+        for (int k = 0; k < 7; k++)
+            assert_same_matrix(model_storage_layer_matrix(&loaded.layers[l], k),
+                               model_storage_layer_matrix(&expected.layers[l], k));
+        assert_memory_equal(loaded.layers[l].rms_attention, expected.layers[l].rms_attention, (size_t)a->dim * 4);
+        assert_memory_equal(loaded.layers[l].rms_ffn, expected.layers[l].rms_ffn, (size_t)a->dim * 4);
+    }
+    assert_memory_equal(loaded.rms_final, expected.rms_final, (size_t)a->dim * 4);
+    model_free(&loaded);
+    model_free(&expected);
+    // Another seed, other weights: the seed really reaches the generator.
+    snprintf(arguments, sizeof arguments, "synth tiny --out %s --seed 8", path);
+    r = run_servelab(arguments);
+    assert_int_equal(r.exit_status, 0);
+    free_result(&r);
+    assert_int_equal(model_load(&loaded, path, MODEL_DTYPE_FP32, &err), 0);
+    assert_int_equal(model_synthesize(&expected, "tiny", TOK_MIN_VOCAB_SIZE, MODEL_DTYPE_FP32, 7, &err), 0);
+    assert_memory_not_equal(loaded.layers[0].wq.values, expected.layers[0].wq.values,
+                            (size_t)loaded.layers[0].wq.rows * (size_t)loaded.layers[0].wq.cols * sizeof(float));
+    model_free(&loaded);
+    model_free(&expected);
+}
+
+static void test_stories110m_preset_shape(void** state) {
+    (void)state;
+    const synth_preset* p = synth_find_preset("stories110m");
+    assert_non_null(p);
+    model_config c = p->shape;
+    assert_int_equal(c.dim, 768);
+    assert_int_equal(c.hidden_dim, 2048);
+    assert_int_equal(c.n_layers, 12);
+    assert_int_equal(c.n_heads, 12);
+    assert_int_equal(c.n_kv_heads, 12);
+    assert_int_equal(c.vocab_size, 32000); // fixed by the preset, whatever the tokenizer
+    c.shared_classifier = true;
+    error_info err = {{0}};
+    assert_int_equal(model_config_validate(&c, "stories110m", &err), 0);
+    assert_int_equal(c.head_dim, 64);
+    uint64_t d = 768, h = 2048;
+    uint64_t params = 32000 * d + 12 * (4 * d * d + 3 * d * h + 2 * d) + d; // tied classifier
+    assert_true(params > 109000000 && params < 110000000);
+}
+
+static void test_synth_bad_input(void** state) {
+    (void)state;
+    const char* usage_errors[] = {"synth",
+                                  "synth tiny",
+                                  "synth nosuchpreset --out x.bin",
+                                  "synth tiny --out",
+                                  "synth tiny --out x.bin --seed -1",
+                                  "synth tiny --out x.bin --bogus"};
+    for (size_t i = 0; i < sizeof usage_errors / sizeof usage_errors[0]; i++) {
+        command_result r = run_servelab(usage_errors[i]);
+        assert_int_equal(r.exit_status, 2);
+        assert_true(strlen(r.err) > 0);
+        free_result(&r);
+    }
+    command_result r = run_servelab("synth tiny --out /nonexistent-dir/x.bin");
+    assert_int_equal(r.exit_status, 1);
+    assert_non_null(strstr(r.err, "/nonexistent-dir/x.bin"));
+    free_result(&r);
+}
+
+// ---- bench ---------------------------------------------------------------------
+
+// The number after "key": at or after *cursor; moves the cursor past it.
+static double next_number(const char** cursor, const char* key) {
+    char quoted[64];
+    snprintf(quoted, sizeof quoted, "\"%s\": ", key);
+    const char* at = strstr(*cursor, quoted);
+    if (!at) fail_msg("key %s not found", key);
+    char* end = NULL;
+    double value = strtod(at + strlen(quoted), &end);
+    if (end == at + strlen(quoted)) fail_msg("key %s has no number", key);
+    *cursor = end;
+    return value;
+}
+
+static const char* array_of(const char* json, const char* key) {
+    char quoted[64];
+    snprintf(quoted, sizeof quoted, "\"%s\": [", key);
+    const char* at = strstr(json, quoted);
+    if (!at) fail_msg("array %s not found", key);
+    return at;
+}
+
+static bool close_to(double a, double b, double relative) { return fabs(a - b) <= relative * fabs(b); }
+
+static void test_bench_quick_json(void** state) {
+    (void)state;
+    command_result r = run_servelab("bench --quick --json --model tiny --threads 2");
+    assert_int_equal(r.exit_status, 0);
+    const char* json = r.out;
+    const char* cursor = json;
+    double bandwidth = next_number(&cursor, "bandwidth_gb_s");
+    double peak = next_number(&cursor, "peak_gflop_s");
+    assert_true(bandwidth > 0 && peak > 0);
+
+    const char* dtypes[5] = {"fp32", "fp16", "w8a16", "w4a16 g128", "w8a8"};
+    double bytes_per_token[5];
+    cursor = array_of(json, "decode");
+    for (int i = 0; i < 5; i++) {
+        char expected[64];
+        snprintf(expected, sizeof expected, "{\"dtype\": \"%s\"", dtypes[i]);
+        cursor = strstr(cursor, expected);
+        assert_non_null(cursor);
+        double tok_s = next_number(&cursor, "tok_s"), gb_s = next_number(&cursor, "gb_s");
+        double frac = next_number(&cursor, "frac_of_bw");
+        bytes_per_token[i] = next_number(&cursor, "bytes_per_token");
+        assert_true(tok_s > 0 && gb_s > 0 && frac > 0);
+        assert_true(close_to(gb_s, tok_s * bytes_per_token[i] * 1e-9, 0.01)); // GB/s = bytes/token x tok/s
+        assert_true(close_to(frac, gb_s / bandwidth, 0.01));
+    }
+    // The bytes the kernels count shrink with the weight format.
+    assert_true(bytes_per_token[0] > 1.9 * bytes_per_token[1] - 1e5);
+    assert_true(bytes_per_token[1] > bytes_per_token[2]);
+    assert_true(bytes_per_token[2] > bytes_per_token[3]);
+
+    cursor = array_of(json, "prefill");
+    double flops_per_token[6];
+    for (int i = 0; i < 6; i++) {
+        double tokens = next_number(&cursor, "tokens"), tok_s = next_number(&cursor, "tok_s");
+        double gflop_s = next_number(&cursor, "gflop_s");
+        assert_true(tokens >= 128 && tok_s > 0 && gflop_s > 0);
+        flops_per_token[i] = gflop_s * 1e9 / tok_s;
+    }
+    // The same prompt costs the same FLOPs in every weight format: fp16, W4A16, W8A8.
+    assert_true(close_to(flops_per_token[2], flops_per_token[0], 0.01));
+    assert_true(close_to(flops_per_token[4], flops_per_token[0], 0.01));
+
+    cursor = array_of(json, "batch_scaling");
+    const int batches[7] = {1, 2, 4, 8, 16, 32, 64};
+    for (int i = 0; i < 7; i++) {
+        assert_int_equal((int)next_number(&cursor, "batch"), batches[i]);
+        assert_true(next_number(&cursor, "tok_s") > 0);
+    }
+    cursor = json;
+    assert_true(next_number(&cursor, "roofline_flat_batch") > 0);
+
+    cursor = array_of(json, "attention");
+    const int contexts[3] = {512, 2048, 8192};
+    for (int i = 0; i < 6; i++) {
+        assert_non_null(strstr(cursor, i % 2 ? "\"layout\": \"contiguous\"" : "\"layout\": \"paged\""));
+        assert_int_equal((int)next_number(&cursor, "context"), contexts[i / 2]);
+        assert_true(next_number(&cursor, "us_per_token") > 0);
+    }
+    free_result(&r);
+}
+
+static void test_bench_table_and_bad_flags(void** state) {
+    (void)state;
+    command_result r = run_servelab("bench --quick --model tiny");
+    assert_int_equal(r.exit_status, 0);
+    assert_non_null(strstr(r.out, "streaming read"));
+    assert_non_null(strstr(r.out, "llama.cpp q4_0")); // the issue's reference column, labelled
+    free_result(&r);
+    const char* usage_errors[] = {"bench --threads 0", "bench --repeats x", "bench --bogus", "bench --model"};
+    for (size_t i = 0; i < sizeof usage_errors / sizeof usage_errors[0]; i++) {
+        r = run_servelab(usage_errors[i]);
+        assert_int_equal(r.exit_status, 2);
+        free_result(&r);
+    }
+    r = run_servelab("bench --quick --model /nonexistent.bin");
+    assert_int_equal(r.exit_status, 1);
+    assert_non_null(strstr(r.err, "/nonexistent.bin"));
+    free_result(&r);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_synth_round_trip),          cmocka_unit_test(test_stories110m_preset_shape),
+        cmocka_unit_test(test_synth_bad_input),           cmocka_unit_test(test_bench_quick_json),
+        cmocka_unit_test(test_bench_table_and_bad_flags),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,574 @@
+// The lesson host (lab/lesson.h) and the lab module: every function on good
+// arguments (real values) and on bad ones (a Lua error naming the argument
+// or field, never a crash), the sandbox and the limits, pauses, checks.
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "lab/lesson.h"
+#include "tests/test_support.h"
+
+// What a lesson said and checked, in order.
+typedef struct captured {
+    char said[96][600];
+    int n_said;
+    lesson_check_result checks[16];
+    char check_text[16][3][600]; // id, claim, evidence (the callback's strings die with the call)
+    int n_checks;
+    int pauses;
+    char error[1200];
+    bool had_focus;
+} captured;
+
+static void on_say(void* user, const char* text) {
+    captured* c = user;
+    if (c->n_said < 96) snprintf(c->said[c->n_said++], sizeof c->said[0], "%s", text);
+}
+
+static void on_check(void* user, const lesson_check_result* r) {
+    captured* c = user;
+    if (c->n_checks >= 16) return;
+    int k = c->n_checks++;
+    snprintf(c->check_text[k][0], 600, "%s", r->id);
+    snprintf(c->check_text[k][1], 600, "%s", r->claim);
+    snprintf(c->check_text[k][2], 600, "%s", r->evidence);
+    c->checks[k] = *r;
+    c->checks[k].id = c->check_text[k][0];
+    c->checks[k].claim = c->check_text[k][1];
+    c->checks[k].evidence = c->check_text[k][2];
+}
+
+// Writes `source` as NAME.lua in the scratch folder and runs it to the end
+// (resuming after every pause). Returns the final status.
+static lesson_status run_source(const char* name, const char* source, lesson_options* options, captured* c) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s.lua", test_scratch_dir(), name);
+    assert_true(test_write_file(path, source, strlen(source)));
+    memset(c, 0, sizeof *c);
+    lesson_options o = options ? *options : lesson_options_default();
+    o.on_say = on_say;
+    o.on_check = on_check;
+    o.user = c;
+    lesson* l = NULL;
+    error_info err = {{0}};
+    if (lesson_open(&l, path, &o, &err)) {
+        snprintf(c->error, sizeof c->error, "%s", err.message);
+        return LESSON_FAILED;
+    }
+    lesson_status status;
+    while ((status = lesson_resume(l)) == LESSON_PAUSED) c->pauses++;
+    c->had_focus = lesson_focus_engine(l) != NULL;
+    snprintf(c->error, sizeof c->error, "%s", lesson_error(l));
+    lesson_close(l);
+    return status;
+}
+
+// ---- bad arguments: each case must raise an error holding `expected` --------------------
+
+typedef struct bad_case {
+    const char* body;     // Lua statements run inside pcall
+    const char* expected; // a substring of the error message
+} bad_case;
+
+static const bad_case BAD_CASES[] = {
+    {"lab.model{model = 'nonsense'}", "field 'model': 'nonsense' is neither a preset"},
+    {"lab.model{model = '/etc/passwd'}", "field 'model': '/etc/passwd' is outside the lesson's folder"},
+    {"lab.model{model = 'tiny', dtype = 'fp8'}", "--dtype: expected fp32 or fp16"},
+    {"lab.model{name = 'tiny'}", "field 'name': unknown field"},
+    {"lab.model(42)", "bad argument #1 to 'model'"},
+    {"lab.engine{model = 'tiny', block_size = 0}", "field 'block_size'"},
+    {"lab.engine{model = 'tiny', block_size = 1.5}", "field 'block_size': expected an integer"},
+    {"lab.engine{model = 'tiny', kv = 'paper'}", "field 'kv': --kv: expected paged, contiguous"},
+    {"lab.engine{model = 'tiny', batching = 'dynamic'}", "field 'batching'"},
+    {"lab.engine{model = 'tiny', prefix_caching = 'no'}", "field 'prefix_caching': expected true or false"},
+    {"lab.engine{model = 'tiny', blocksize = 8}", "field 'blocksize': unknown field"},
+    {"lab.engine{}", "field 'model'"},
+    {"lab.engine{model = 'tiny', tp = 3}", "--tp 3: tiny has 4 query heads and 2 KV heads"},
+    {"lab.engine{model = 'tiny', tp_link = 'wifi'}", "field 'tp_link': --tp-link: expected nvlink or pcie"},
+    {"lab.engine{model = TINY, dtype = 'fp32'}", "field 'dtype': set it in lab.model{}"},
+    {"E:add{max_tokens = 4}", "field 'prompt': give exactly one of prompt"},
+    {"E:add{prompt = 'x', ids = {1}}", "field 'prompt': give exactly one"},
+    {"E:add{ids = {1, 'a'}}", "field 'ids': element 2: expected a number"},
+    {"E:add{ids = {1, 2.5}}", "field 'ids': element 2 is not an integer"},
+    {"E:add{ids = {1, 99999}}", "outside the vocabulary"},
+    {"E:add{prompt = 'x', max_tokens = 0}", "field 'max_tokens': expected 1..1048576, got 0"},
+    {"E:add{prompt = 'x', temperature = -1}", "field 'temperature'"},
+    {"E:add{prompt = 'x', n = 0}", "field 'n'"},
+    {"E:add{prompt = 'x', prefix = true}", "field 'prefix'"},
+    {"E.add(42, {prompt = 'x'})", "bad argument #1 to 'add'"},
+    {"E:run{stop_when = 3}", "field 'stop_when': expected a function"},
+    {"E:run{max_steps = 0}", "field 'max_steps'"},
+    {"E:cancel(12345)", "cancel: no sequence 12345"},
+    {"lab.engine{model = TINY, num_blocks = 2}:add{ids = {1}, max_tokens = 100}", "could never run"},
+    {"E:sequence(-1)", "no sequence -1"},
+    {"E:sequence('x')", "bad argument #1 to 'sequence'"},
+    {"E:logits(0)", "has not sampled a token yet"},
+    {"TINY:tensor('layers.9.wq')", "no tensor 'layers.9.wq'"},
+    {"TINY:decode({'a'})", "expected an array of token ids"},
+    {"lab.quantize{values = {}, bits = 4}", "field 'values': expected a non-empty array"},
+    {"lab.quantize{values = {1, 2}, bits = 9}", "field 'bits': expected 2..8, got 9"},
+    {"lab.quantize{values = {1, 2}, granularity = 'row'}", "field 'granularity': expected tensor, channel or group"},
+    {"lab.quantize{values = {1, 2}, granularity = 'group'}", "field 'group_size'"},
+    {"lab.quantize{values = {1, 2, 3}, rows = 2}", "field 'rows': 2 rows do not divide 3 values"},
+    {"lab.quantize{values = {1, 2}, range = {3, 1}}", "field 'range': expected {r_min, r_max}"},
+    {"lab.quantize{values = {1, 2}, method = 'awq'}", "field 'inputs': awq and gptq need calibration inputs"},
+    {"lab.quantize{tensor = 'layers.0.wq'}", "field 'model'"},
+    {"lab.quantize{values = {0/0}}", "field 'values': element 1 is not finite"},
+    {"lab.quantize_model(TINY, 'w3a16')", "bad argument #2 to 'quantize_model'"},
+    {"lab.quantize_model('tiny', 'w4a16')", "bad argument #1 to 'quantize_model'"},
+    {"lab.compare(TINY, 5)", "bad argument #2 to 'compare'"},
+    {"lab.time{model = TINY, phase = 'decode'}", "field 'tokens'"},
+    {"lab.time{model = TINY, phase = 'train', tokens = 4}", "field 'phase'"},
+    {"lab.time{model = 'tiny', phase = 'decode', tokens = 4}", "field 'model'"},
+    {"lab.time{model = TINY, phase = 'decode', tokens = 4, batch = 0}", "field 'batch'"},
+    {"lab.kv_bytes{seq = 4}", "field 'n_layers'"},
+    {"lab.kv_bytes{n_layers = 2, kv_dim = 8}", "field 'seq'"},
+    {"lab.roofline{bytes = 1, flops = 1, device = 'TPU'}", "field 'device': no device 'TPU'"},
+    {"lab.roofline{flops = 1, device = 'H100'}", "field 'bytes'"},
+    {"lab.median{}", "expected a non-empty array"},
+    {"lab.say()", "bad argument #1 to 'say'"},
+    {"lab.check{claim = 'c', bank_answer = true, verdict = true, evidence = 'e'}", "field 'id'"},
+    {"lab.check{id = 'Bad Id', claim = 'c', bank_answer = true, verdict = true, evidence = 'e'}", "field 'id'"},
+    {"lab.check{id = 'c1', claim = 'c', verdict = true, evidence = 'e'}", "field 'bank_answer'"},
+    {"lab.check{id = 'c1', claim = 'c', bank_answer = true, verdict = true, evidence = 'e', extra = 1}", "field 'extra'"},
+    {"lab.lesson{title = 'again', claims = {'x'}}", "lab.lesson{} may be called once"},
+    {"local closed = lab.engine{model = TINY, num_blocks = 4}; closed:close(); closed:step()", "the engine was closed"},
+};
+
+static void test_bad_arguments_raise_named_errors(void** state) {
+    (void)state;
+    size_t n = sizeof BAD_CASES / sizeof BAD_CASES[0];
+    size_t capacity = 64 * 1024;
+    char* source = malloc(capacity);
+    assert_non_null(source);
+    size_t used = (size_t)snprintf(source, capacity,
+                                   "lab.lesson{title = 'bad arguments', claims = {'c1'}}\n"
+                                   "TINY = lab.model('tiny')\n"
+                                   "E = lab.engine{model = TINY, num_blocks = 16}\n"
+                                   "E:add{prompt = 'x', max_tokens = 2}\n"
+                                   "local function try(f)\n"
+                                   "  local ok, message = pcall(f)\n"
+                                   "  lab.say(ok and 'NO ERROR' or tostring(message))\n"
+                                   "end\n");
+    for (size_t i = 0; i < n; i++)
+        used += (size_t)snprintf(source + used, capacity - used, "try(function() %s end)\n", BAD_CASES[i].body);
+    captured* c = calloc(1, sizeof *c);
+    assert_int_equal(run_source("bad_arguments", source, NULL, c), LESSON_DONE);
+    assert_int_equal(c->n_said, (int)n);
+    for (size_t i = 0; i < n; i++) {
+        if (!strstr(c->said[i], BAD_CASES[i].expected))
+            fail_msg("case %zu `%s`: expected an error holding \"%s\", got \"%s\"", i, BAD_CASES[i].body,
+                     BAD_CASES[i].expected, c->said[i]);
+        // Errors carry the lesson's line: "FILE:LINE: ...".
+        assert_non_null(strstr(c->said[i], "bad_arguments.lua:"));
+    }
+    free(c);
+    free(source);
+}
+
+// ---- good arguments: real values ------------------------------------------------------------
+
+static void test_engine_api_reports_what_ran(void** state) {
+    (void)state;
+    const char* source =
+        "lab.lesson{title = 'engine', claims = {'c1'}}\n"
+        "local m = lab.model{model = 'tiny', dtype = 'fp32'}\n"
+        "local info = m:info()\n"
+        "lab.say(string.format('info %d %d %d %d', info.n_layers, info.dim, info.kv_dim, info.vocab_size))\n"
+        "local e = lab.engine{model = m, block_size = 4, num_blocks = 32}\n"
+        "local id = e:add{prompt = 'abcdef', max_tokens = 3}\n"
+        "lab.say(string.format('add %d %d', id, e:sequence(id).n_prompt))\n"
+        "lab.say(string.format('queues %d %d', #e:queues().waiting, #e:queues().running))\n"
+        "local r = e:step()\n"
+        "lab.say(string.format('step %d %d %d %d', r.prefill_tokens, r.bytes.kv_written, #r.sequences, #r.sequences[1].block_table))\n"
+        "local steps = e:run()\n"
+        "local t = e:totals()\n"
+        "lab.say(string.format('totals %d %d %d %d', steps, t.steps, t.generated_tokens, t.prefill_tokens))\n"
+        "local s = e:sequence(id)\n"
+        "lab.say(string.format('sequence %s %s %d', s.state, s.stop, #s.tokens))\n"
+        "local logits, position = e:logits(id)\n"
+        "lab.say(string.format('logits %d %d', #logits, position))\n"
+        "local p = e:pool()\n"
+        "lab.say(string.format('pool %s %d %d %d %d', p.layout, p.blocks_total, p.blocks_free, p.blocks_evictable, p.bytes_per_slot))\n"
+        "lab.say(string.format('config %s %d %s', e:config().kv, e:config().block_size, tostring(e:has_work())))\n"
+        "lab.say('model ' .. tostring(e:model() == m))\n"
+        "local w, rows, cols = m:tensor('layers.0.wq')\n"
+        "lab.say(string.format('tensor %d %d %d', #w, rows, cols))\n"
+        "local ids = m:encode('hi')\n"
+        "lab.say(string.format('encode %d %d %d %s', #ids, ids[1], ids[2], m:decode({ids[2], ids[3]})))\n"
+        "local c = lab.engine{model = m, kv = 'contiguous', num_blocks = 32}\n"
+        "local cid = c:add{prompt = 'abcdef', max_tokens = 8}\n"
+        "c:step(); c:cancel(cid)\n"
+        "lab.say(string.format('cancel %s %s %s', c:sequence(cid).state, c:sequence(cid).stop, tostring(c:has_work())))\n"
+        "local f = lab.engine{model = m, num_blocks = 32}\n"
+        "local first = f:add{prompt = 'abcdef', max_tokens = 4, n = 3, temperature = 1, seed = 3}\n"
+        "f:run{stop_when = function(rec) return rec.decode_tokens > 0 end}\n"
+        "lab.say(string.format('fork %d', #f:sequences()))\n"
+        "local sharded = lab.engine{model = m, num_blocks = 32, tp = 2, tp_link = 'pcie'}\n"
+        "sharded:add{prompt = 'abcdef', max_tokens = 2}\n"
+        "local sr = sharded:step()\n"
+        "lab.say(string.format('tp %d %d %s %d %s %d', sr.tp.shards, #sr.tp.shard, sr.tp.link, sr.tp.allreduces,\n"
+        "    tostring(sr.tp.shard[1].bytes.weights < sr.bytes.weights), #r.tp.shard))\n"
+        "lab.check{id = 'c1', claim = 'c', bank_answer = true, verdict = t.generated_tokens == 3, evidence = 'n'}\n";
+    captured* c = calloc(1, sizeof *c);
+    assert_int_equal(run_source("engine_api", source, NULL, c), LESSON_DONE);
+    const char* expected[] = {
+        "info 2 64 32 259",   // tiny: 2 layers, dim 64, 2 KV heads of 16, byte-level vocabulary
+        "add 0 7",            // BOS + 6 bytes
+        "queues 1 0",
+        "step 7 1792 1 2",    // 7 prompt tokens; 7 x 2 x 2 layers x 32 x 2 bytes; 2 blocks of 4
+        "totals 2 3 3 7",     // 2 more steps; 3 generated tokens
+        "sequence finished length 10",
+        "logits 259 8",       // the logits of position 8 (the last sampled)
+        "pool paged 32 30 2 256", // 2 full blocks stay in the prefix cache; 2 x 2 layers x 32 x 2 bytes per slot
+        "config paged 4 false",
+        "model true",
+        "tensor 4096 64 64",
+        "encode 3 1 107 hi",  // BOS, 'h' = 104 + 3, 'i'
+        "cancel finished cancelled false",
+        "fork 3",
+        "tp 2 2 pcie 4 true 0", // 2 all-reduces per layer x 2 layers; each shard streams part of the weights
+    };
+    assert_int_equal(c->n_said, (int)(sizeof expected / sizeof expected[0]));
+    for (size_t i = 0; i < sizeof expected / sizeof expected[0]; i++) assert_string_equal(c->said[i], expected[i]);
+    assert_int_equal(c->n_checks, 1);
+    assert_int_equal(c->checks[0].outcome, CHECK_PASS);
+    assert_true(c->had_focus);
+    free(c);
+}
+
+static void test_quant_and_formula_api(void** state) {
+    (void)state;
+    const char* source =
+        "lab.lesson{title = 'quant', claims = {'c1'}}\n"
+        "local q = lab.quantize{values = {-1, 0, 3, 100}, bits = 4, range = {-1, 3}}\n"
+        "lab.say(string.format('range %.4f %d %d %d %d %d %g %d', q.s, q.z, q.q[1], q.q[2], q.q[3], q.q[4], q.r_hat[2], q.clipped))\n"
+        "local g = lab.quantize{values = {1, 2, 3, 4, 5, 6, 7, 8}, rows = 2, bits = 8, granularity = 'group', group_size = 2}\n"
+        "lab.say(string.format('groups %d %d %d %s', g.sets, g.rows, g.cols, tostring(g.within_half_step)))\n"
+        "local m = lab.model('tiny')\n"
+        "local t = lab.quantize{model = m, tensor = 'layers.0.w1', bits = 4, granularity = 'channel', symmetric = true}\n"
+        "lab.say(string.format('tensor %d %d %d %d', t.sets, t.z, t.q_min, t.q_max))\n"
+        "local inputs = {}\n"
+        "for s = 1, 8 do local row = {} for c = 1, 64 do row[c] = math.sin(s * c) end inputs[s] = row end\n"
+        "local a = lab.quantize{model = m, tensor = 'layers.0.wq', bits = 4, granularity = 'group', group_size = 16, method = 'awq', inputs = inputs}\n"
+        "local p = lab.quantize{model = m, tensor = 'layers.0.wq', bits = 4, granularity = 'group', group_size = 16, method = 'gptq', inputs = inputs}\n"
+        "lab.say(string.format('methods %d %s %s %s', a.not_nearest, tostring(a.alpha >= 0 and a.alpha <= 1), tostring(p.output_mse >= 0), tostring(#a.channel_scales == 64)))\n"
+        "local w4, report = lab.quantize_model(m, 'w4a16:g16')\n"
+        "lab.say(string.format('model %s %s %d', w4:info().dtype, tostring(report.weight_bytes_after < report.weight_bytes_before), #report.layers))\n"
+        "local cmp = lab.compare(m, w4)\n"
+        "lab.say(string.format('compare %s %s %s', tostring(cmp.kl > 0), tostring(cmp.top1 > 0 and cmp.top1 <= 1), tostring(cmp.ppl_test > 1)))\n"
+        "lab.say(string.format('kv %d', lab.kv_bytes{n_layers = 2, kv_dim = 32, batch = 3, seq = 10}))\n"
+        "lab.say(string.format('kvm %d', lab.kv_bytes{model = m, seq = 1}))\n"
+        "local r = lab.roofline{bytes = 3.35e12, flops = 1e12, device = 'H100'}\n"
+        "lab.say(string.format('roofline %s %.3f %.0f', r.bound, r.seconds, r.ridge))\n"
+        "local custom = lab.roofline{bytes = 10, flops = 1000, device = {bandwidth = 10, peak_flops = 100}}\n"
+        "lab.say(string.format('custom %s %g', custom.bound, custom.seconds))\n"
+        "lab.say(string.format('devices %d %s', #lab.devices(), lab.devices()[2].name))\n"
+        "local machine = lab.machine()\n"
+        "lab.say(string.format('machine %s', tostring(machine.bandwidth > 1e8 and machine.peak_flops > 1e8)))\n"
+        "lab.say(string.format('median %g %g', lab.median{3, 1, 2}, lab.median{4, 1, 3, 2}))\n"
+        "local timing = lab.time{model = m, phase = 'prefill', tokens = 16, batch = 2, repeats = 3, threads = 1}\n"
+        "lab.say(string.format('time %d %s %s', #timing.samples, tostring(timing.seconds > 0), tostring(timing.cpu_seconds > 0)))\n"
+        "local decode = lab.time{model = m, phase = 'decode', tokens = 4, repeats = 1}\n"
+        "lab.say(string.format('decode %s', tostring(decode.intensity < timing.intensity)))\n"
+        "lab.check{id = 'c1', claim = 'c', bank_answer = false, measure = function() return q.z == 4, 'z ' .. q.z end}\n";
+    captured* c = calloc(1, sizeof *c);
+    assert_int_equal(run_source("quant_api", source, NULL, c), LESSON_DONE);
+    const char* expected[] = {
+        "range 0.2668 4 0 4 15 15 0 1", // s = 4/15 in fp16, z = round(1/s) = 4, 100 clipped to 15
+        "groups 4 2 4 true",             // 2 rows x 2 groups of 2
+        "tensor 176 0 -7 7",            // one scale per output channel; symmetric 4-bit codes
+        "methods 0 true true true",     // AWQ rounds its scaled weights to the nearest level
+        "model int4 true 15",             // 14 layer matrices + the embedding
+        "compare true true true",
+        "kv 7680",                      // 2 x 3 x 10 x 2 x 32 x 2
+        "kvm 256",                      // 2 x 1 x 1 x 2 x 32 x 2
+        "roofline memory 1.000 295",
+        "custom compute 10",
+        "devices 5 H100 SXM",
+        "machine true",
+        "median 2 2.5",
+        "time 3 true true",
+        "decode true",
+    };
+    if (c->n_said != (int)(sizeof expected / sizeof expected[0])) fail_msg("said %d lines; error: %s", c->n_said, c->error);
+    for (size_t i = 0; i < sizeof expected / sizeof expected[0]; i++) assert_string_equal(c->said[i], expected[i]);
+    assert_int_equal(c->n_checks, 1);
+    assert_int_equal(c->checks[0].outcome, CHECK_DISAGREE); // measured true, bank false
+    assert_string_equal(c->checks[0].evidence, "z 4");
+    free(c);
+}
+
+// ---- checks, pauses, declarations -------------------------------------------------------
+
+static void test_checks_pass_disagree_fail_and_unreached(void** state) {
+    (void)state;
+    const char* source =
+        "lab.lesson{title = 'checks', claims = {'a1', 'a2', 'a3', 'a4', 'a5'}}\n"
+        "lab.check{id = 'a1', claim = 'one', bank_answer = true, verdict = 1 + 1 == 2, evidence = '2'}\n"
+        "lab.check{id = 'a2', claim = 'two', bank_answer = true, verdict = false, evidence = 'measured'}\n"
+        "lab.check{id = 'a3', claim = 'three', bank_answer = true, verdict = nil, evidence = 'x'}\n"
+        "lab.check{id = 'a4', claim = 'four', bank_answer = true, measure = function() error('broken meter') end}\n"
+        "lab.check{id = 'zz', claim = 'undeclared', bank_answer = true, verdict = true, evidence = 'x'}\n"
+        "lab.pause()\n"
+        "lab.say('after pause')\n";
+    captured* c = calloc(1, sizeof *c);
+    lesson_options o = lesson_options_default();
+    o.interactive = true;
+    assert_int_equal(run_source("checks", source, &o, c), LESSON_DONE);
+    assert_int_equal(c->pauses, 1);
+    assert_int_equal(c->n_said, 1);
+    assert_int_equal(c->n_checks, 6);
+    assert_int_equal(c->checks[0].outcome, CHECK_PASS);
+    assert_int_equal(c->checks[1].outcome, CHECK_DISAGREE);
+    assert_int_equal(c->checks[2].outcome, CHECK_FAIL);
+    assert_non_null(strstr(c->checks[2].evidence, "verdict: expected a boolean"));
+    assert_int_equal(c->checks[3].outcome, CHECK_FAIL);
+    assert_non_null(strstr(c->checks[3].evidence, "checks.lua:5: broken meter"));
+    assert_int_equal(c->checks[4].outcome, CHECK_FAIL);
+    assert_non_null(strstr(c->checks[4].evidence, "not declared"));
+    assert_string_equal(c->checks[5].id, "a5"); // declared, never checked
+    assert_int_equal(c->checks[5].outcome, CHECK_FAIL);
+    free(c);
+
+    // Headless: the same pause is a no-op.
+    c = calloc(1, sizeof *c);
+    assert_int_equal(run_source("checks", source, NULL, c), LESSON_DONE);
+    assert_int_equal(c->pauses, 0);
+    free(c);
+}
+
+static void test_headless_output_format(void** state) {
+    (void)state;
+    const char* source =
+        "lab.lesson{title = 'format', claims = {'f1', 'f2'}}\n"
+        "lab.check{id = 'f1', claim = 'one is one', bank_answer = true, verdict = true, evidence = 'n = 1'}\n"
+        "lab.check{id = 'f2', claim = 'two is three', bank_answer = true, verdict = 2 == 3, evidence = 'n = 2'}\n";
+    char path[512], out_path[512];
+    snprintf(path, sizeof path, "%s/format.lua", test_scratch_dir());
+    snprintf(out_path, sizeof out_path, "%s/format.out", test_scratch_dir());
+    assert_true(test_write_file(path, source, strlen(source)));
+    FILE* out = fopen(out_path, "w");
+    assert_non_null(out);
+    lesson_options o = lesson_options_default();
+    int status = lesson_run_headless(path, &o, out, stderr);
+    fclose(out);
+    assert_int_equal(status, 1);
+    char* text = test_read_text(out_path);
+    assert_string_equal(text, "PASS f1 one is one -- n = 1\n"
+                              "DISAGREE f2 two is three -- n = 2 (the measurement contradicts the bank: bank says true, "
+                              "measured false)\n"
+                              "1 passed, 1 failed\n");
+    free(text);
+}
+
+static void test_read_info_and_prove_claim(void** state) {
+    (void)state;
+    char dir[512], path[600];
+    snprintf(dir, sizeof dir, "%s/prove", test_scratch_dir());
+    mkdir(dir, 0755);
+    const char* a = "lab.lesson{title = 'A', claims = {'p1'}}\n"
+                    "lab.check{id = 'p1', claim = 'c', bank_answer = true, verdict = true, evidence = 'ok'}\n";
+    const char* b = "lab.lesson{title = 'B lesson', claims = {'p2', 'p3'}}\n"
+                    "lab.check{id = 'p2', claim = 'c2', bank_answer = true, verdict = #lab.devices() == 5, evidence = 'five'}\n"
+                    "lab.check{id = 'p3', claim = 'c3', bank_answer = true, verdict = false, evidence = 'no'}\n";
+    snprintf(path, sizeof path, "%s/01-a.lua", dir);
+    assert_true(test_write_file(path, a, strlen(a)));
+    snprintf(path, sizeof path, "%s/02-b.lua", dir);
+    assert_true(test_write_file(path, b, strlen(b)));
+    lesson_info info;
+    error_info err = {{0}};
+    assert_int_equal(lesson_read_info(path, &info, &err), 0);
+    assert_string_equal(info.title, "B lesson");
+    assert_int_equal(info.n_claims, 2);
+    assert_string_equal(info.claims[1], "p3");
+
+    char out_path[600];
+    snprintf(out_path, sizeof out_path, "%s/prove.out", test_scratch_dir());
+    FILE* out = fopen(out_path, "w");
+    assert_int_equal(lesson_prove_claim(dir, "p2", out, &err), 0);
+    assert_int_equal(lesson_prove_claim(dir, "p3", out, &err), 1);
+    assert_int_equal(lesson_prove_claim(dir, "p9", out, &err), -1);
+    assert_non_null(strstr(err.message, "no lesson"));
+    fclose(out);
+    char* text = test_read_text(out_path);
+    assert_string_equal(text, "PASS p2 c2 -- five\n"
+                              "DISAGREE p3 c3 -- no (the measurement contradicts the bank: bank says true, measured false)\n");
+    free(text);
+
+    // A lab call before the declaration is refused in info mode.
+    const char* late = "local e = lab.engine{model = 'tiny'}\nlab.lesson{title = 'late', claims = {'x'}}\n";
+    snprintf(path, sizeof path, "%s/late.lua", test_scratch_dir());
+    assert_true(test_write_file(path, late, strlen(late)));
+    assert_int_equal(lesson_read_info(path, &info, &err), -1);
+    assert_non_null(strstr(err.message, "late.lua:1: lab.engine used before lab.lesson"));
+}
+
+// ---- the sandbox and the limits ----------------------------------------------------------------
+
+typedef struct sandbox_case {
+    const char* name;
+    const char* body;
+    const char* expected; // in the error, after "NAME.lua:LINE: "
+} sandbox_case;
+
+static void test_sandbox_stops_each_escape(void** state) {
+    (void)state;
+    static const sandbox_case cases[] = {
+        {"execute", "os.execute('touch /tmp/servelab-escaped')", "os.execute is not available to lessons"},
+        {"popen", "io.popen('ls')", "io.popen is not available to lessons"},
+        {"passwd", "io.open('/etc/passwd')", "'/etc/passwd' is outside the lesson's folder"},
+        {"dotdot", "io.open('../../../../../../../../../../../../etc/passwd')", "is outside the lesson's folder"},
+        {"lines", "io.lines('/etc/passwd')", "outside the lesson's folder"},
+        {"write", "io.open('/tmp/servelab-escaped', 'w')", "is outside the output folder"},
+        {"loadlib", "package.loadlib('libc.so.6', 'system')", "package.loadlib is not available"},
+        {"cmodule", "require('io')", "require 'io': cannot open"},
+        {"dofile", "dofile('/etc/passwd')", "global 'dofile'"},
+        {"bytecode", "load('\\27Lua')", "attempt to load a binary chunk"},
+        {"dump", "string.dump(print)", "field 'dump'"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char source[512];
+        // load() returns nil + message instead of raising: turn that into an error.
+        snprintf(source, sizeof source,
+                 "lab.lesson{title = 'escape', claims = {'s1'}}\n"
+                 "local ok, problem = %s\n"
+                 "if ok == nil and problem then error(problem) end\n",
+                 cases[i].body);
+        captured* c = calloc(1, sizeof *c);
+        assert_int_equal(run_source(cases[i].name, source, NULL, c), LESSON_FAILED);
+        char prefix[128];
+        snprintf(prefix, sizeof prefix, "%s.lua:", cases[i].name);
+        if (!strstr(c->error, prefix) || !strstr(c->error, cases[i].expected))
+            fail_msg("%s: expected \"%s...%s\", got \"%s\"", cases[i].name, prefix, cases[i].expected, c->error);
+        // The declared claim is reported as failed, naming the error.
+        assert_int_equal(c->n_checks, 1);
+        assert_int_equal(c->checks[0].outcome, CHECK_FAIL);
+        free(c);
+    }
+    FILE* escaped = fopen("/tmp/servelab-escaped", "r");
+    assert_null(escaped);
+}
+
+static void test_reads_and_writes_inside_the_allowed_folders(void** state) {
+    (void)state;
+    char data[512], output[512];
+    snprintf(data, sizeof data, "%s/data.txt", test_scratch_dir());
+    assert_true(test_write_file(data, "42\n", 3));
+    snprintf(output, sizeof output, "%s/out", test_scratch_dir());
+    const char* helper = "return {answer = function() return 7 end}\n";
+    char helper_path[512];
+    snprintf(helper_path, sizeof helper_path, "%s/helper.lua", test_scratch_dir());
+    assert_true(test_write_file(helper_path, helper, strlen(helper)));
+    const char* source = "lab.lesson{title = 'files', claims = {'f1'}}\n"
+                         "local f = assert(io.open('data.txt'))\n"
+                         "local n = f:read('n') f:close()\n"
+                         "local w = assert(io.open('result.txt', 'w')) w:write('wrote ', n) w:close()\n"
+                         "lab.say(string.format('%d %d', n, require('helper').answer()))\n";
+    captured* c = calloc(1, sizeof *c);
+    lesson_options o = lesson_options_default();
+    o.output_dir = output;
+    assert_int_equal(run_source("files", source, &o, c), LESSON_DONE);
+    assert_string_equal(c->said[0], "42 7");
+    char result_path[600];
+    snprintf(result_path, sizeof result_path, "%s/result.txt", output);
+    char* text = test_read_text(result_path);
+    assert_string_equal(text, "wrote 42");
+    free(text);
+    free(c);
+}
+
+static void test_time_limit_stops_a_runaway_loop(void** state) {
+    (void)state;
+    // pcall cannot keep it alive: once over the limit every instruction raises.
+    const char* source = "lab.lesson{title = 'loop', claims = {'l1'}}\n"
+                         "while true do pcall(function() while true do end end) end\n";
+    lesson_options o = lesson_options_default();
+    o.time_limit_s = 0.3;
+    captured* c = calloc(1, sizeof *c);
+    assert_int_equal(run_source("loop", source, &o, c), LESSON_FAILED);
+    assert_non_null(strstr(c->error, "loop.lua:2: time limit of 0.3 s CPU exceeded"));
+    free(c);
+    // C loops check it too: an engine run that would take long.
+    const char* engine_loop = "lab.lesson{title = 'loop', claims = {'l1'}}\n"
+                              "local e = lab.engine{model = 'tiny', num_blocks = 1024}\n"
+                              "for i = 1, 2000 do e:add{prompt = 'x', max_tokens = 200} end\n"
+                              "e:run()\n";
+    c = calloc(1, sizeof *c);
+    assert_int_equal(run_source("engine_loop", engine_loop, &o, c), LESSON_FAILED);
+    assert_non_null(strstr(c->error, "engine_loop.lua:4: time limit"));
+    free(c);
+}
+
+static void test_memory_cap_stops_a_hog(void** state) {
+    (void)state;
+    lesson_options o = lesson_options_default();
+    o.memory_limit_bytes = 32u << 20;
+    const char* hog = "lab.lesson{title = 'hog', claims = {'h1'}}\n"
+                      "local t = {}\n"
+                      "for i = 1, 1e9 do t[i] = string.rep('x', 64) .. i end\n";
+    captured* c = calloc(1, sizeof *c);
+    assert_int_equal(run_source("hog", hog, &o, c), LESSON_FAILED);
+    assert_non_null(strstr(c->error, "hog.lua:3: memory limit of 32 MiB reached"));
+    free(c);
+    // Engines and models count against the same cap, before they allocate.
+    const char* big = "lab.lesson{title = 'big', claims = {'h1'}}\n"
+                      "local e = lab.engine{model = 'tiny', kv_mem = '100GiB'}\n";
+    c = calloc(1, sizeof *c);
+    assert_int_equal(run_source("big", big, &o, c), LESSON_FAILED);
+    assert_non_null(strstr(c->error, "big.lua:2: memory limit of 32 MiB: this engine"));
+    free(c);
+    const char* large = "lab.lesson{title = 'large', claims = {'h1'}}\n"
+                        "local m = lab.model('large')\n";
+    c = calloc(1, sizeof *c);
+    assert_int_equal(run_source("large", large, NULL, c), LESSON_FAILED);
+    assert_non_null(strstr(c->error, "large.lua:2: memory limit of 512 MiB: this model needs"));
+    free(c);
+    // Engines nobody holds are collected to make room: 40 engines of ~9 MiB in turn fit a 64 MiB cap.
+    o.memory_limit_bytes = 64u << 20;
+    const char* churn = "lab.lesson{title = 'churn', claims = {'h1'}}\n"
+                        "local m = lab.model('tiny')\n"
+                        "for i = 1, 40 do local e = lab.engine{model = m, kv_mem = '8MiB'} end\n"
+                        "lab.say('done')\n";
+    c = calloc(1, sizeof *c);
+    assert_int_equal(run_source("churn", churn, &o, c), LESSON_DONE);
+    assert_string_equal(c->said[0], "done");
+    free(c);
+}
+
+static void test_syntax_error_names_file_and_line(void** state) {
+    (void)state;
+    const char* source = "lab.lesson{title = 'syntax', claims = {'x1'}}\nlocal e = = 3\n";
+    captured* c = calloc(1, sizeof *c);
+    assert_int_equal(run_source("syntax", source, NULL, c), LESSON_FAILED);
+    assert_non_null(strstr(c->error, "syntax.lua:2:"));
+    free(c);
+    error_info err = {{0}};
+    lesson* l = NULL;
+    assert_int_equal(lesson_open(&l, "no/such/lesson.lua", NULL, &err), -1);
+    assert_non_null(strstr(err.message, "no/such/lesson.lua: no such lesson file"));
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bad_arguments_raise_named_errors),
+        cmocka_unit_test(test_engine_api_reports_what_ran),
+        cmocka_unit_test(test_quant_and_formula_api),
+        cmocka_unit_test(test_checks_pass_disagree_fail_and_unreached),
+        cmocka_unit_test(test_headless_output_format),
+        cmocka_unit_test(test_read_info_and_prove_claim),
+        cmocka_unit_test(test_sandbox_stops_each_escape),
+        cmocka_unit_test(test_reads_and_writes_inside_the_allowed_folders),
+        cmocka_unit_test(test_time_limit_stops_a_runaway_loop),
+        cmocka_unit_test(test_memory_cap_stops_a_hog),
+        cmocka_unit_test(test_syntax_error_names_file_and_line),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,198 @@
+// servelab lesson as a user runs it: every lesson in lessons/ passes
+// headless, together they check every claim of the question bank (why6
+// waits for the tensor-parallel mode), and list/check/new/run behave.
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "lab/lesson.h"
+#include "tests/test_support.h"
+
+// Sanitizers slow the kernels unevenly, so timing verdicts there may
+// honestly come out the other way: under them a DISAGREE is allowed (the
+// run still has to finish without FAIL, leak or crash).
+#if defined(__SANITIZE_ADDRESS__)
+#define UNDER_SANITIZER 1
+#else
+#define UNDER_SANITIZER 0
+#endif
+
+// Runs `servelab ARGUMENTS` with stdout and stderr in one file; returns the
+// exit status (-1 when killed) and the output in *output (malloc'ed).
+static int servelab(const char* arguments, char** output) {
+    const char* bin = getenv("SERVELAB_BIN") ? getenv("SERVELAB_BIN") : "bin/servelab";
+    char path[512], command[2048];
+    snprintf(path, sizeof path, "%s/lesson-cli.out", test_scratch_dir());
+    snprintf(command, sizeof command, "%s %s >%s 2>&1 </dev/null", bin, arguments, path);
+    int raw = system(command);
+    *output = test_read_text(path);
+    return raw != -1 && WIFEXITED(raw) && WEXITSTATUS(raw) < 128 ? WEXITSTATUS(raw) : -1;
+}
+
+static const char* const BANK_CLAIMS[] = {
+    "tf1",  "tf2",  "tf3",  "tf4",  "tf5",  "tf6",  "tf7",  "tf8",  "tf9",  "tf10", "se1",  "se2",
+    "se3",  "se4",  "se5",  "se6",  "se7",  "se8",  "why1", "why2", "why3", "why4", "why5", "edge1",
+    "edge2", "edge3", "edge4", "edge5", "edge6", "edge7", "edge8", "recall1",
+};
+
+static void test_every_lesson_passes_and_covers_the_bank(void** state) {
+    (void)state;
+    static lesson_file_name names[LESSON_MAX_FILES];
+    int n = lesson_list_folder("lessons", names, LESSON_MAX_FILES);
+    assert_true(n >= 7);
+    bool seen[sizeof BANK_CLAIMS / sizeof BANK_CLAIMS[0]] = {false};
+    for (int i = 0; i < n; i++) {
+        char path[400], arguments[600];
+        snprintf(path, sizeof path, "lessons/%.255s", names[i]);
+        lesson_info info;
+        error_info err = {{0}};
+        assert_int_equal(lesson_read_info(path, &info, &err), 0);
+        snprintf(arguments, sizeof arguments, "lesson run %s --headless --time-limit %d", path, UNDER_SANITIZER ? 900 : 60);
+        char* out = NULL;
+        int status = servelab(arguments, &out);
+        print_message("%s", out);
+        // One line per declared claim, then the summary.
+        int passes = 0;
+        for (const char* line = out; *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : line + strlen(line)) {
+            if (strncmp(line, "FAIL ", 5) == 0) fail_msg("%s: a check failed: %.300s", path, line);
+            if (strncmp(line, "DISAGREE ", 9) == 0 && !UNDER_SANITIZER) fail_msg("%s: %.300s", path, line);
+            if (strncmp(line, "PASS ", 5) != 0 && strncmp(line, "DISAGREE ", 9) != 0) continue;
+            passes += line[0] == 'P';
+            char id[16] = "";
+            sscanf(line + (line[0] == 'P' ? 5 : 9), "%15s", id);
+            for (size_t k = 0; k < sizeof BANK_CLAIMS / sizeof BANK_CLAIMS[0]; k++)
+                if (strcmp(id, BANK_CLAIMS[k]) == 0) seen[k] = true;
+            // Evidence carries numbers.
+            const char* evidence = strstr(line, " -- ");
+            assert_non_null(evidence);
+            assert_true(strcspn(evidence, "0123456789") < strcspn(evidence, "\n"));
+        }
+        char summary[64];
+        snprintf(summary, sizeof summary, "%d passed, %d failed\n", passes, info.n_claims - passes);
+        size_t length = strlen(out), summary_length = strlen(summary);
+        assert_true(length >= summary_length);
+        assert_string_equal(out + length - summary_length, summary);
+        if (!UNDER_SANITIZER) {
+            assert_int_equal(status, 0);
+            assert_int_equal(passes, info.n_claims);
+        }
+        free(out);
+    }
+    for (size_t k = 0; k < sizeof BANK_CLAIMS / sizeof BANK_CLAIMS[0]; k++)
+        if (!seen[k]) fail_msg("no lesson checks claim %s", BANK_CLAIMS[k]);
+}
+
+static void test_list_shows_titles_and_claims(void** state) {
+    (void)state;
+    char* out = NULL;
+    assert_int_equal(servelab("lesson list", &out), 0);
+    assert_non_null(strstr(out, "01-kv-sizing.lua"));
+    assert_non_null(strstr(out, "claims: tf3 se1 se2 edge8"));
+    free(out);
+    assert_int_equal(servelab("lesson list no/such/folder", &out), 1);
+    assert_non_null(strstr(out, "no such folder"));
+    free(out);
+}
+
+static void test_check_reports_syntax_errors_with_line(void** state) {
+    (void)state;
+    char path[512], arguments[700];
+    snprintf(path, sizeof path, "%s/broken.lua", test_scratch_dir());
+    const char* broken = "lab.lesson{title = 'broken', claims = {'b1'}}\n\nlocal x = (1 + \n";
+    assert_true(test_write_file(path, broken, strlen(broken)));
+    snprintf(arguments, sizeof arguments, "lesson check %s", path);
+    char* out = NULL;
+    assert_int_equal(servelab(arguments, &out), 1);
+    char expected[600];
+    snprintf(expected, sizeof expected, "%s:4:", path);
+    if (!strstr(out, expected)) fail_msg("expected '%s' in: %s", expected, out);
+    free(out);
+    snprintf(arguments, sizeof arguments, "lesson run %s --headless", path);
+    assert_int_equal(servelab(arguments, &out), 1);
+    assert_non_null(strstr(out, expected));
+    assert_non_null(strstr(out, "0 passed, 1 failed"));
+    free(out);
+    assert_int_equal(servelab("lesson check lessons/05-quantization-basics.lua", &out), 0);
+    assert_non_null(strstr(out, "ok: \"Quantization basics"));
+    free(out);
+}
+
+static void test_new_writes_a_skeleton_that_runs(void** state) {
+    (void)state;
+    char name[512], arguments[700];
+    snprintf(name, sizeof name, "%s/my-lesson", test_scratch_dir());
+    char path[600];
+    snprintf(path, sizeof path, "%s.lua", name);
+    remove(path);
+    char* out = NULL;
+    snprintf(arguments, sizeof arguments, "lesson new %s", name);
+    assert_int_equal(servelab(arguments, &out), 0);
+    free(out);
+    snprintf(arguments, sizeof arguments, "lesson check %s", path);
+    assert_int_equal(servelab(arguments, &out), 0);
+    assert_non_null(strstr(out, "1 claims: mine1"));
+    free(out);
+    snprintf(arguments, sizeof arguments, "lesson run %s --headless", path);
+    assert_int_equal(servelab(arguments, &out), 0);
+    assert_non_null(strstr(out, "PASS mine1 "));
+    assert_non_null(strstr(out, "1 passed, 0 failed\n"));
+    free(out);
+    snprintf(arguments, sizeof arguments, "lesson new %s", name);
+    assert_int_equal(servelab(arguments, &out), 1); // never overwritten
+    assert_non_null(strstr(out, "already exists"));
+    free(out);
+}
+
+static void test_run_flags_and_failures(void** state) {
+    (void)state;
+    char* out = NULL;
+    assert_int_equal(servelab("lesson", &out), 2);
+    free(out);
+    assert_int_equal(servelab("lesson dance", &out), 2);
+    assert_non_null(strstr(out, "unknown subcommand"));
+    free(out);
+    assert_int_equal(servelab("lesson run", &out), 2);
+    free(out);
+    assert_int_equal(servelab("lesson run lessons/01-kv-sizing.lua --time-limit soon", &out), 2);
+    assert_non_null(strstr(out, "--time-limit"));
+    free(out);
+    assert_int_equal(servelab("lesson run lessons/01-kv-sizing.lua --memory-limit 1KiB", &out), 2);
+    free(out);
+    assert_int_equal(servelab("lesson --help", &out), 0);
+    assert_non_null(strstr(out, "PASS <id> <claim> -- <evidence>"));
+    free(out);
+    // --only reports one claim.
+    assert_int_equal(servelab("lesson run lessons/03-prefix-sharing.lua --headless --only edge6", &out), 0);
+    assert_null(strstr(out, "tf10"));
+    assert_non_null(strstr(out, "PASS edge6 "));
+    assert_non_null(strstr(out, "1 passed, 0 failed\n"));
+    free(out);
+    // A lesson that escapes the sandbox fails with its line; the process exits normally.
+    char path[512], arguments[700];
+    snprintf(path, sizeof path, "%s/escape.lua", test_scratch_dir());
+    const char* escape = "lab.lesson{title = 'escape', claims = {'e1'}}\nos.execute('true')\n";
+    assert_true(test_write_file(path, escape, strlen(escape)));
+    snprintf(arguments, sizeof arguments, "lesson run %s --headless", path);
+    assert_int_equal(servelab(arguments, &out), 1);
+    assert_non_null(strstr(out, "escape.lua:2: os.execute is not available to lessons"));
+    assert_non_null(strstr(out, "FAIL e1 "));
+    free(out);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_list_shows_titles_and_claims),
+        cmocka_unit_test(test_check_reports_syntax_errors_with_line),
+        cmocka_unit_test(test_new_writes_a_skeleton_that_runs),
+        cmocka_unit_test(test_run_flags_and_failures),
+        cmocka_unit_test(test_every_lesson_passes_and_covers_the_bank),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
