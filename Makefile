@@ -71,16 +71,30 @@ LAB_SRCS    := $(filter-out lab/main.c,$(wildcard lab/*.c))
 ifeq ($(USE_CUDA),1)
   CUDA_SRCS := $(wildcard kernels/cuda/*.cu)
   ALL_CFLAGS += -DSERVELAB_CUDA=1
-  LDLIBS += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
+  # cuBLAS / cuBLASLt ship as shared libraries only; the rpath finds them
+  # where the toolkit is, without LD_LIBRARY_PATH.
+  LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcublasLt -lcudart_static -ldl -lrt -lstdc++
+  # The GPU equivalence test and benchmark (tests/cuda): plain programs, not
+  # cmocka tests; without a device the test says "GPU tests NOT RUN" and
+  # exits 77, which scripts/run-tests.sh reports as not run, never as passed.
+  GPU_TEST_BINS := $(BUILD)/tests/cuda/gpu_equivalence
+  GPU_PROGRAMS  := $(GPU_TEST_BINS) $(BUILD)/tests/cuda/gpu_bench
 else
   CUDA_SRCS :=
   KERNEL_SRCS += kernels/cuda/cuda_absent.c
+  GPU_TEST_BINS :=
+  GPU_PROGRAMS  :=
 endif
 
 LIB_OBJS  := $(patsubst %.c,$(BUILD)/obj/%.o,$(KERNEL_SRCS) $(ENGINE_SRCS) $(LAB_SRCS)) \
              $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(CUDA_SRCS))
 MAIN_OBJ  := $(BUILD)/obj/lab/main.o
 LIB       := $(BUILD)/libservelab.a
+# kernels + engine only (no ncurses / Lua): what the GPU programs link, so
+# that a GPU machine without the lab's packages can build them.
+CORE_OBJS := $(patsubst %.c,$(BUILD)/obj/%.o,$(KERNEL_SRCS) $(ENGINE_SRCS)) \
+             $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(CUDA_SRCS))
+CORE_LIB  := $(BUILD)/libservelab_core.a
 
 TEST_SRCS    := $(wildcard tests/*/test_*.c)
 TEST_SUPPORT := $(patsubst %.c,$(BUILD)/obj/%.o,tests/test_support.c)
@@ -95,7 +109,7 @@ endif
 # Keep intermediate objects (test_support.o) instead of rebuilding them.
 .SECONDARY:
 
-.PHONY: all run test check deps models install clean check-pkgs tests-build test-run bench lessons
+.PHONY: all run test check deps models install clean check-pkgs tests-build test-run bench lessons gpu-programs
 all: check-pkgs $(SERVELAB)
 
 check-pkgs:
@@ -114,6 +128,16 @@ $(LIB): $(LIB_OBJS)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
+$(CORE_LIB): $(CORE_OBJS)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/tests/cuda/%: tests/cuda/%.c $(CORE_LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -MMD -MP -o $@ $< $(CORE_LIB) $(LDLIBS)
+
+gpu-programs: $(GPU_PROGRAMS)
+
 $(SERVELAB): $(MAIN_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $(ALL_CFLAGS) -o $@ $^ $(PKG_LIBS) $(LDLIBS)
@@ -122,12 +146,13 @@ $(BUILD)/tests/%: tests/%.c $(TEST_SUPPORT) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(PKG_CFLAGS) $(LDFLAGS) -MMD -MP -o $@ $< $(TEST_SUPPORT) $(LIB) $(CMOCKA_LIBS) $(PKG_LIBS) $(LDLIBS)
 
-tests-build: check-pkgs $(SERVELAB) $(TEST_BINS)
+tests-build: check-pkgs $(SERVELAB) $(TEST_BINS) $(GPU_PROGRAMS)
 
 # Runs every test binary from the repository root; prints each cmocka summary
 # and one total line. Exits non-zero when any test failed or crashed.
 test-run: tests-build
-	@SERVELAB_BIN=$(SERVELAB) sh scripts/run-tests.sh $(TEST_BINS)
+	@SERVELAB_BIN=$(SERVELAB) sh scripts/run-tests.sh $(TEST_BINS) $(GPU_TEST_BINS)
+	@$(if $(GPU_TEST_BINS),,echo "GPU tests NOT RUN: built without CUDA (CUDA=$(CUDA))")
 
 test: deps
 	@$(MAKE) --no-print-directory test-run

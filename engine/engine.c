@@ -5,6 +5,7 @@
 #include <time.h>
 
 #include "engine/block_manager.h"
+#include "engine/forward_cuda.h"
 #include "engine/scheduler.h"
 #include "engine/tokenizer.h"
 
@@ -95,6 +96,17 @@ int engine_init(engine* e, const model* m, const engine_config* config, error_in
         engine_free(e);
         return -1;
     }
+    if (c->backend == BACKEND_CUDA && c->tp_shards > 1) {
+        engine_free(e);
+        return error_set(err, "--tp %d: tensor parallelism is simulated on the CPU backend only (drop --backend cuda)",
+                         c->tp_shards);
+    }
+    if (c->backend == BACKEND_CUDA &&
+        forward_cuda_init(&e->cuda, m, c->layout == KV_LAYOUT_PAGED ? &e->pool.memory : &e->contiguous.memory,
+                          max_rows, err)) {
+        engine_free(e);
+        return -1;
+    }
     e->rows = malloc((size_t)max_rows * sizeof *e->rows);
     e->mark = calloc((size_t)(c->layout == KV_LAYOUT_PAGED ? n_blocks : 1), sizeof *e->mark);
     if (!e->rows || !e->mark || ensure_step_capacity(e, 2 * c->max_seqs)) {
@@ -112,6 +124,7 @@ void engine_free(engine* e) {
     if (e->config.layout == KV_LAYOUT_PAGED) kv_pool_free(&e->pool);
     else kv_contiguous_free(&e->contiguous);
     forward_state_free(&e->forward);
+    forward_cuda_free(e->cuda);
     thread_pool_free(e->workers);
     free(e->logits);
     free(e->rows);
@@ -494,8 +507,16 @@ int engine_step(engine* e, const step_record** record_out, error_info* err) {
     if (n_rows > 0) {
         kv_memory* memory = e->config.layout == KV_LAYOUT_PAGED ? &e->pool.memory : &e->contiguous.memory;
         forward_batch batch = {n_rows, e->rows, plan.n_items, e->tables};
-        if (forward(e->model, &e->forward, memory, &batch, e->logits, &r->traffic, err)) return -1;
-        record_tensor_parallel(e, r);
+        // --backend cuda: the same batch on the GPU, after this step's copy-on-write copies.
+        if (e->cuda) {
+            const bool paged = e->config.layout == KV_LAYOUT_PAGED;
+            if (forward_cuda_run(e->cuda, e->model, &batch, paged ? e->pool.events : NULL, paged ? e->pool.n_events : 0,
+                                 e->logits, &r->traffic, &r->device_ns, err))
+                return -1;
+        } else {
+            if (forward(e->model, &e->forward, memory, &batch, e->logits, &r->traffic, err)) return -1;
+            record_tensor_parallel(e, r);
+        }
     }
 
     // ---- postprocess: advance, sample, fork, retire

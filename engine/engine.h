@@ -29,6 +29,11 @@ typedef enum batching_policy {
     BATCHING_STATIC = 1,     // admit a batch only when the previous one has fully finished
 } batching_policy;
 
+typedef enum engine_backend {
+    BACKEND_CPU = 0,  // forward() on the CPU kernels
+    BACKEND_CUDA = 1, // forward_cuda_run() on the GPU (engine/forward_cuda.h)
+} engine_backend;
+
 typedef struct engine_config {
     kv_layout layout;
     kv_dtype kv_dtype;          // KV_F16 (default) or KV_F32
@@ -45,6 +50,7 @@ typedef struct engine_config {
     int n_threads;              // worker threads for the kernels; 0 = one per online CPU
     int tp_shards;              // simulated tensor parallelism: shards per layer, 1 = off (engine/tensor_parallel.h)
     link_kind tp_link;          // the link the all-reduces are timed on (engine/links.h)
+    engine_backend backend;     // where the forward pass runs (default BACKEND_CPU)
 } engine_config;
 
 // The defaults: paged, fp16 KV, block size 16, 64 MiB, continuous batching,
@@ -79,6 +85,7 @@ typedef struct engine {
     kv_pool pool;               // paged layout
     kv_contiguous contiguous;   // contiguous layout
     forward_state forward;
+    struct forward_cuda* cuda;  // BACKEND_CUDA: weights, KV pool and activations on the GPU; else NULL
     thread_pool* workers;       // the kernels' worker threads (owned)
     sequence* sequences;        // (n_sequences) every sequence ever added, by id
     int n_sequences;

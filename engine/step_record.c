@@ -26,6 +26,7 @@ static void write_traffic(const kernel_traffic* t, FILE* out) {
 void step_record_write_json(const step_record* r, FILE* out) {
     fprintf(out, "{\"step\":%" PRIu64 ",\"clock_s\":%.6f,\"wall_ns\":%" PRIu64 ",\"prefill_tokens\":%d,\"decode_tokens\":%d",
             r->step, r->clock_seconds, r->wall_ns, r->prefill_tokens, r->decode_tokens);
+    if (r->device_ns) fprintf(out, ",\"device_ns\":%" PRIu64, r->device_ns); // --backend cuda only
     fputc(',', out);
     write_traffic(&r->traffic, out);
     fprintf(out,

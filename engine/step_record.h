@@ -30,6 +30,7 @@ typedef struct step_record {
     uint64_t step;                 // 1, 2, ...
     double clock_seconds;          // engine clock at the end of the step
     uint64_t wall_ns;              // wall time of the step
+    uint64_t device_ns;            // --backend cuda: the forward pass on the GPU (CUDA events); 0 on the CPU
     int n_sequences;               // sequences that ran
     step_sequence* sequences;      // (n_sequences)
     int32_t* block_ids;            // (sum of n_table) the tables, concatenated

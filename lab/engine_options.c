@@ -1,5 +1,7 @@
 #include "lab/engine_options.h"
 
+#include "kernels/cuda/cuda_info.h"
+
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,7 +24,8 @@ const char ENGINE_OPTIONS_USAGE[] =
     "  --threads N               worker threads for the kernels (default: one per CPU)\n"
     "  --tp N                    simulated tensor parallelism: split each layer into N shards\n"
     "                            (N divides the query and KV heads; default 1 = off)\n"
-    "  --tp-link nvlink|pcie     link model timing the all-reduces (default nvlink)\n";
+    "  --tp-link nvlink|pcie     link model timing the all-reduces (default nvlink)\n"
+    "  --backend cpu|cuda        where the forward pass runs (default cpu)\n";
 
 int parse_size_arg(const char* flag, const char* text, uint64_t* out, error_info* err) {
     char* end = NULL;
@@ -40,6 +43,24 @@ int parse_size_arg(const char* flag, const char* text, uint64_t* out, error_info
                 return 0;
             }
     return error_set(err, "%s: expected a size such as 64MiB, 1GiB or 4096 (bytes), found '%s'", flag, text);
+}
+
+// --backend: cpu, or cuda when this build has the CUDA backend and a
+// device is there; otherwise one line says which of the two is missing.
+static int backend_option(const char* value, engine_config* c, error_info* err) {
+    if (strcmp(value, "cpu") == 0) {
+        c->backend = BACKEND_CPU;
+        return 0;
+    }
+    if (strcmp(value, "cuda") != 0) return error_set(err, "--backend: expected cpu or cuda, found '%s'", value);
+    char message[256];
+    if (!cuda_backend_built())
+        return error_set(err, "--backend cuda: this servelab was built without CUDA (nvcc was not found; rebuild "
+                              "with CUDA=1); use --backend cpu");
+    if (cuda_device_count(message, sizeof message) == 0)
+        return error_set(err, "--backend cuda: no CUDA device found (%s); use --backend cpu", message);
+    c->backend = BACKEND_CUDA;
+    return 0;
 }
 
 bool engine_option_match(arg_cursor* cursor, engine_config* c, bool* kv_both, bool* batching_both, bool* failed,
@@ -113,6 +134,10 @@ bool engine_option_match(arg_cursor* cursor, engine_config* c, bool* kv_both, bo
     if (arg_match(cursor, "--tp-link", true, failed, err)) {
         if (!*failed && link_kind_parse(cursor->value, &c->tp_link) != 0)
             *failed = error_set(err, "--tp-link: expected nvlink or pcie, found '%s'", cursor->value) != 0;
+        return true;
+    }
+    if (arg_match(cursor, "--backend", true, failed, err)) {
+        if (!*failed) *failed = backend_option(cursor->value, c, err) != 0;
         return true;
     }
     if (arg_match(cursor, "--no-chunked-prefill", false, failed, err)) {

@@ -263,7 +263,11 @@ static void draw_traffic(ui_screen* s, ui_rect r, const dashboard* d, const ui_v
                   (unsigned long long)rec->step, b, seconds * 1e3, seconds > 0 ? (double)total / seconds / 1e9 : 0.0,
                   rec->prefill_tokens, rec->decode_tokens);
         double machine_gb_s = 0, machine_gflop_s = 0;
-        if (dashboard_machine_figures(d, &machine_gb_s, &machine_gflop_s)) {
+        if (rec->device_ns > 0) { // --backend cuda: the forward pass timed on the GPU with CUDA events
+            double device_seconds = (double)rec->device_ns * 1e-9;
+            ui_printf(s, r.x, r.y + 4, r.w, UI_DEFAULT, 0, "GPU: forward %.3f ms (CUDA events) = %.3f TB/s",
+                      device_seconds * 1e3, (double)total / device_seconds / 1e12);
+        } else if (dashboard_machine_figures(d, &machine_gb_s, &machine_gflop_s)) {
             double machine_ridge = machine_gflop_s / machine_gb_s;
             ui_printf(s, r.x, r.y + 4, r.w, intensity < machine_ridge ? UI_BAD : UI_GOOD, 0,
                       "this CPU: %.0f%% of %.1f GB/s measured; ridge %.1f FLOP/B (%.0f GFLOP/s)",

@@ -12,11 +12,12 @@ extern "C" int cuda_device_count(char* message, size_t message_capacity) {
     int count = 0;
     cudaError_t status = cudaGetDeviceCount(&count);
     if (status != cudaSuccess) {
-        snprintf(message, message_capacity, "no CUDA device: cudaGetDeviceCount failed at %s:%d: %s", __FILE__,
-                 __LINE__, cudaGetErrorString(status));
+        snprintf(message, message_capacity, "cudaGetDeviceCount failed at %s:%d: %s", __FILE__, __LINE__,
+                 cudaGetErrorString(status));
         return 0;
     }
-    if (count == 0) snprintf(message, message_capacity, "no CUDA device found");
+    if (count == 0)
+        snprintf(message, message_capacity, "cudaGetDeviceCount reported 0 devices");
     else {
         cudaDeviceProp properties;
         status = cudaGetDeviceProperties(&properties, 0);
