@@ -18,6 +18,7 @@
 #include "lab/dashboard.h"
 #include "lab/engine_options.h"
 #include "lab/lesson.h"
+#include "lab/quiz_app.h"
 #include "lab/ui_panes.h"
 #include "lab/ui_terminal.h"
 
@@ -42,6 +43,7 @@ static const char LAB_USAGE[] =
     "                            <esc> <f1> <up> <down> <left> <right> <wait:MS>\n"
     "  --dump-frame FILE         write the final screen as UTF-8 text (- = stdout)\n"
     "  --size COLSxROWS          the virtual screen (default 160x50)\n"
+    "  --quiz-seed N             the questions of the quiz page (z), for repeatable runs\n"
     "  --measure-machine         measure this CPU's bandwidth and peak FMA rate first\n"
     "                            (the terminal lab always measures, in the background)\n"
     "\n";
@@ -70,6 +72,11 @@ typedef struct lab_app {
     bool lesson_started;
     bool lesson_resume_pending; // the terminal draws "running" before the (blocking) resume
     bool in_terminal;
+    // The quiz page (z): the quiz drawn in place of the panes until it ends
+    // or Esc; the engines wait meanwhile.
+    quiz_app quiz;
+    bool quiz_loaded, quiz_open;
+    uint64_t quiz_seed;  // 0: from the clock
 } lab_app;
 
 static double monotonic_seconds(void) {
@@ -193,10 +200,53 @@ static void change_block_size(lab_app* a, int direction) {
     a->v.mode = UI_MODE_CONFIRM;
 }
 
+// ---- the quiz page ----------------------------------------------------------------------
+
+static void open_quiz(lab_app* a) {
+    error_info err = {{0}};
+    char warning[1024] = "";
+    if (!a->quiz_loaded && quiz_app_load(&a->quiz, NULL, warning, sizeof warning, &err)) {
+        set_message(a, err.message);
+        return;
+    }
+    a->quiz_loaded = true;
+    int64_t now = (int64_t)time(NULL);
+    quiz_session_options options = {QUIZ_ALL_TOPICS, 10, a->quiz_seed ? a->quiz_seed : (uint64_t)now, QUIZ_LANG_EN,
+                                    now, false, false};
+    if (quiz_app_start(&a->quiz, &options, &err)) {
+        set_message(a, err.message);
+        return;
+    }
+    a->v.running = false;
+    a->quiz_open = true;
+    if (warning[0]) set_message(a, warning);
+}
+
+static void quiz_key(lab_app* a, int key) {
+    int code = key == KEY_CODE_ENTER ? '\n' : key == KEY_CODE_ESC ? 27 : key == KEY_CODE_BACKSPACE ? 127 : key;
+    if (key >= KEY_CODE_UP && key != KEY_CODE_ENTER && key != KEY_CODE_ESC && key != KEY_CODE_BACKSPACE) return;
+    if (quiz_app_key(&a->quiz, code) && a->quiz.session.stage != QUIZ_STAGE_DONE) return;
+    a->quiz_open = false;
+    quiz_app_save(&a->quiz, NULL);
+    char text[sizeof a->v.message];
+    snprintf(text, sizeof text, "quiz: %d right, %d wrong; progress saved to %.400s", a->quiz.session.n_correct,
+             a->quiz.session.n_wrong, a->quiz.progress_path);
+    set_message(a, text);
+}
+
+static void draw_lab(ui_screen* screen, const lab_app* a) {
+    if (a->quiz_open) quiz_app_draw(screen, &a->quiz);
+    else ui_draw(screen, &a->d, &a->v);
+}
+
 // One key, in any mode. Returns nothing: the state says what happened.
 static void handle_key(lab_app* a, int key) {
     ui_view* v = &a->v;
     error_info err = {{0}};
+    if (a->quiz_open) {
+        quiz_key(a, key);
+        return;
+    }
     if (v->mode == UI_MODE_EDIT) {
         size_t len = strlen(v->edit);
         if (key == KEY_CODE_ENTER) {
@@ -248,6 +298,7 @@ static void handle_key(lab_app* a, int key) {
     case '[': change_block_size(a, -1); break;
     case ']': change_block_size(a, +1); break;
     case 'd': v->device = (v->device + 1) % n_devices; break;
+    case 'z': open_quiz(a); break;
     case '?': case KEY_CODE_F1: v->help = true; break;
     case 'q': a->quit = true; break;
     case KEY_CODE_TAB:
@@ -367,7 +418,7 @@ static int run_headless(lab_app* a, const char* keys_text, const char* dump_path
     ui_screen screen;
     const char* no_color = getenv("NO_COLOR");
     if (ui_screen_init(&screen, cols, rows, true, !(no_color && no_color[0]))) return 1;
-    ui_draw(&screen, &a->d, &a->v);
+    draw_lab(&screen, a);
     int status = 0;
     if (dump_path && strcmp(dump_path, "-") == 0) {
         if (ui_screen_dump(&screen, stdout) || fflush(stdout) != 0) status = 1;
@@ -424,7 +475,7 @@ static int run_terminal(lab_app* a) {
         if (!machine_shown && dashboard_machine_figures(&a->d, &unused_gb_s, &unused_gflop_s))
             machine_shown = dirty = true; // the background measurement just finished: show it
         if (dirty && now - last_frame >= frame_interval) {
-            ui_draw(&screen, &a->d, &a->v);
+            draw_lab(&screen, a);
             ui_screen_flush_curses(&screen);
             refresh();
             last_frame = now;
@@ -491,6 +542,7 @@ int command_lab(int argc, char** argv) {
     const char* keys = NULL;
     bool measure_machine = false;
     const char* lesson_path = NULL;
+    uint64_t quiz_seed = 0;
     const char* dump_path = NULL;
     const char* prompts[16];
     const char* system_prompt = "Once upon a time, there was a little girl named Lily. She lived in a small house "
@@ -520,6 +572,8 @@ int command_lab(int argc, char** argv) {
             if (!failed) failed = parse_int_arg("--max-tokens", cursor.value, 1, 1 << 20, &max_tokens, &err) != 0;
         } else if (arg_match(&cursor, "--system", true, &failed, &err)) {
             if (!failed) system_prompt = cursor.value;
+        } else if (arg_match(&cursor, "--quiz-seed", true, &failed, &err)) {
+            if (!failed) failed = parse_u64_arg("--quiz-seed", cursor.value, &quiz_seed, &err) != 0;
         } else if (arg_match(&cursor, "--measure-machine", false, &failed, &err)) {
             measure_machine = true;
         } else if (arg_match(&cursor, "--keys", true, &failed, &err)) {
@@ -568,12 +622,14 @@ int command_lab(int argc, char** argv) {
         }
     bool headless = keys || dump_path;
     a->in_terminal = !headless;
+    a->quiz_seed = quiz_seed;
     if (lesson_path) open_lesson(a, lesson_path, &err); // a broken lesson shows in its pane; the lab runs on
     if (!headless || measure_machine) dashboard_measure_machine(&a->d, !headless);
     int status = headless ? run_headless(a, keys ? keys : "", dump_path ? dump_path : "-", cols, rows)
                                    : run_terminal(a);
     dashboard_follow_engine(&a->d, NULL); // the lesson's engines go with it
     if (a->lesson) lesson_close(a->lesson);
+    if (a->quiz_loaded) quiz_app_free(&a->quiz);
     dashboard_free(&a->d);
     free(a);
     return status;

@@ -12,10 +12,7 @@
 
 #include "lab/cli_args.h"
 #include "lab/commands.h"
-#include "lab/lesson.h"
-#include "lab/quiz_data.h"
-#include "lab/quiz_session.h"
-#include "lab/quiz_view.h"
+#include "lab/quiz_app.h"
 #include "lab/ui_terminal.h"
 
 static const char QUIZ_USAGE[] =
@@ -44,32 +41,6 @@ static const char QUIZ_USAGE[] =
     "answer, p proves the claim with its lesson check. q quits.\n"
     "Progress: $XDG_DATA_HOME/servelab/progress (default ~/.local/share/servelab/progress).\n";
 
-// "Prove it": the lessons folder beside the quiz data (quiz/../lessons), set
-// once the quiz data is found; the prove hook has no user pointer.
-static char prove_lessons_dir[1100] = "lessons";
-
-static int prove_with_lessons(const char* claim_id, FILE* out, error_info* err) {
-    fprintf(out, "running the lesson check for %s in %s (headless)...\n", claim_id, prove_lessons_dir);
-    fflush(out);
-    int status = lesson_prove_claim(prove_lessons_dir, claim_id, out, err);
-    return status < 0 ? -1 : 0; // a DISAGREE or FAIL line is the answer, not an error
-}
-
-typedef struct quiz_run {
-    quiz_bank bank;
-    quiz_model_list models;
-    quiz_progress progress;
-    quiz_session session;
-    char progress_path[1024];
-    quiz_prove_fn prove;
-} quiz_run;
-
-static void save_progress(quiz_run* run) {
-    error_info err = {{0}};
-    if (quiz_progress_save(run->progress_path, &run->progress, &err))
-        fprintf(stderr, "servelab quiz: warning: %s\n", err.message);
-}
-
 // ---- plain prompts --------------------------------------------------------------------
 
 // One line from stdin without its newline; false at end of input.
@@ -86,7 +57,7 @@ static void prompt(const char* hint) {
     fflush(stdout);
 }
 
-static int run_plain(quiz_run* run) {
+static int run_plain(quiz_app* run) {
     quiz_session* s = &run->session;
     char* line = NULL;
     size_t capacity = 0;
@@ -103,7 +74,7 @@ static int run_plain(quiz_run* run) {
             quiz_input_result result = quiz_session_input(s, line, &err);
             if (result == QUIZ_INPUT_QUIT) break;
             printf("%s\n", s->feedback);
-            if (result == QUIZ_INPUT_GRADED) save_progress(run);
+            if (result == QUIZ_INPUT_GRADED) quiz_app_save(run, stderr);
         }
         if (!input_open || s->stage == QUIZ_STAGE_DONE) break;
         // Graded: p proves the claim (as often as asked), anything else moves on.
@@ -126,59 +97,7 @@ static int run_plain(quiz_run* run) {
 
 // ---- the terminal view ------------------------------------------------------------------
 
-// Runs the prove hook into a string for the feedback pane (malloc'ed).
-static char* prove_to_text(quiz_run* run) {
-    char* text = NULL;
-    size_t size = 0;
-    FILE* out = open_memstream(&text, &size);
-    if (!out) return NULL;
-    error_info err = {{0}};
-    if (run->prove(quiz_session_claim(&run->session), out, &err)) fprintf(out, "%s\n", err.message);
-    fclose(out);
-    return text;
-}
-
-// One key in the view. Returns false when the session should end.
-static bool handle_view_key(quiz_run* run, int key, char* input, size_t input_capacity, char** notice) {
-    quiz_session* s = &run->session;
-    size_t length = strlen(input);
-    error_info err = {{0}};
-    if (key == 27) return false; // Esc
-    if (s->stage == QUIZ_STAGE_FEEDBACK) {
-        if (key == 'q') return false;
-        if (key == 'p' && quiz_session_claim(s)) {
-            free(*notice);
-            *notice = prove_to_text(run);
-        } else if (key == '\n' || key == '\r' || key == KEY_ENTER || key == ' ' || key == 'n') {
-            free(*notice);
-            *notice = NULL;
-            quiz_session_next(s);
-            input[0] = '\0';
-        }
-        return s->stage != QUIZ_STAGE_DONE;
-    }
-    if (s->stage == QUIZ_STAGE_SELF_GRADE) {
-        if (key == 'q') return false;
-        if (key != 'y' && key != 'n') return true;
-        char answer[2] = {(char)key, '\0'};
-        if (quiz_session_input(s, answer, &err) == QUIZ_INPUT_GRADED) save_progress(run);
-        return true;
-    }
-    if (key == '\n' || key == '\r' || key == KEY_ENTER) {
-        quiz_input_result result = quiz_session_input(s, input, &err);
-        if (result == QUIZ_INPUT_QUIT) return false;
-        if (result == QUIZ_INPUT_GRADED) save_progress(run);
-        if (result == QUIZ_INPUT_RETRY) input[0] = '\0';
-    } else if (key == KEY_BACKSPACE || key == 127 || key == 8) {
-        if (length) input[length - 1] = '\0';
-    } else if (key >= 0x20 && key < 0x7f && length + 1 < input_capacity) {
-        input[length] = (char)key;
-        input[length + 1] = '\0';
-    }
-    return true;
-}
-
-static int run_terminal(quiz_run* run) {
+static int run_terminal(quiz_app* run) {
     bool utf8 = false, color = false;
     if (ui_terminal_open(&utf8, &color)) {
         fprintf(stderr, "servelab quiz: cannot open the terminal (use --plain)\n");
@@ -190,12 +109,10 @@ static int run_terminal(quiz_run* run) {
         fprintf(stderr, "servelab quiz: out of memory\n");
         return 1;
     }
-    char input[256] = "";
-    char* notice = NULL;
     bool running = true, dirty = true;
     while (running && !ui_terminal_stop_requested() && run->session.stage != QUIZ_STAGE_DONE) {
         if (dirty) {
-            quiz_view_draw(&screen, &run->session, input, notice);
+            quiz_app_draw(&screen, run);
             ui_screen_flush_curses(&screen);
             refresh();
             dirty = false;
@@ -207,12 +124,11 @@ static int run_terminal(quiz_run* run) {
         if (key == KEY_RESIZE)
             ui_screen_resize(&screen, COLS, LINES);
         else
-            running = handle_view_key(run, key, input, sizeof input, &notice);
+            running = quiz_app_key(run, key == KEY_ENTER ? '\n' : key == KEY_BACKSPACE ? 127 : key);
     }
-    free(notice);
     ui_screen_free(&screen);
     ui_terminal_close();
-    save_progress(run);
+    quiz_app_save(run, stderr);
     printf("servelab quiz: %d right, %d wrong. Progress saved to %s\n", run->session.n_correct, run->session.n_wrong,
            run->progress_path);
     return 0;
@@ -279,43 +195,6 @@ static int parse_flags(int argc, char** argv, quiz_flags* flags, error_info* err
     return 0;
 }
 
-// Loads the bank, the models and the progress. 0, or the exit status.
-static int load_everything(quiz_run* run, const quiz_flags* flags) {
-    error_info err = {{0}};
-    char dir[1024], path[1200], warning[2048];
-    if (flags->quiz_dir)
-        snprintf(dir, sizeof dir, "%s", flags->quiz_dir);
-    else if (quiz_find_dir(dir, sizeof dir, &err)) {
-        fprintf(stderr, "servelab quiz: %s\n", err.message);
-        return 1;
-    }
-    snprintf(prove_lessons_dir, sizeof prove_lessons_dir, "%.1000s/../lessons", dir);
-    snprintf(path, sizeof path, "%s/bank.lua", dir);
-    if (quiz_bank_load(path, &run->bank, &err)) {
-        fprintf(stderr, "servelab quiz: %s\n", err.message);
-        return 1;
-    }
-    snprintf(path, sizeof path, "%s/models.lua", dir);
-    if (quiz_models_load(path, &run->models, &err)) {
-        fprintf(stderr, "servelab quiz: %s\n", err.message);
-        return 1;
-    }
-    if (quiz_progress_default_path(run->progress_path, sizeof run->progress_path, &err) ||
-        quiz_progress_load(run->progress_path, &run->progress, warning, sizeof warning, &err)) {
-        fprintf(stderr, "servelab quiz: %s\n", err.message);
-        return 1;
-    }
-    if (warning[0]) fprintf(stderr, "servelab quiz: warning: %s\n", warning);
-    return 0;
-}
-
-static void free_run(quiz_run* run) {
-    quiz_session_free(&run->session);
-    quiz_progress_free(&run->progress);
-    quiz_models_free(&run->models);
-    quiz_bank_free(&run->bank);
-}
-
 int command_quiz(int argc, char** argv) {
     for (int i = 1; i < argc; i++)
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -333,10 +212,14 @@ int command_quiz(int argc, char** argv) {
         fprintf(stderr, "servelab quiz: --only: give bank or drills, not both\n");
         return 2;
     }
-    quiz_run run;
-    memset(&run, 0, sizeof run);
-    run.prove = prove_with_lessons;
-    int status = load_everything(&run, &flags);
+    quiz_app run;
+    char warning[2048] = "";
+    int status = 0;
+    if (quiz_app_load(&run, flags.quiz_dir, warning, sizeof warning, &err)) {
+        fprintf(stderr, "servelab quiz: %s\n", err.message);
+        return 1;
+    }
+    if (warning[0]) fprintf(stderr, "servelab quiz: warning: %s\n", warning);
     int64_t now = (int64_t)time(NULL);
     if (status == 0 && flags.stats) {
         printf("progress: %s\n", run.progress_path);
@@ -350,7 +233,7 @@ int command_quiz(int argc, char** argv) {
                                         now,
                                         flags.bank_only,
                                         flags.drills_only};
-        if (quiz_session_start(&run.session, &options, &run.bank, &run.models, &run.progress, &err)) {
+        if (quiz_app_start(&run, &options, &err)) {
             fprintf(stderr, "servelab quiz: %s\n", err.message);
             status = 1;
         } else if (flags.plain || !isatty(STDIN_FILENO) || !isatty(STDOUT_FILENO)) {
@@ -361,6 +244,6 @@ int command_quiz(int argc, char** argv) {
             status = run_terminal(&run);
         }
     }
-    free_run(&run);
+    quiz_app_free(&run);
     return status;
 }

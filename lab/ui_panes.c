@@ -445,11 +445,12 @@ static const char* const HELP[] = {
     "+ / -    speed                    a  add a request (type, Enter)",
     "f        fork selected (shares)   x  cancel selected request",
     "p        add a request sharing the system prompt",
-    "[ / ]    block size (confirm y)   d  cycle device model",
+    "[ / ]    block size (confirm y)",
     "Tab      next pane / page         1-5  page (small terminals)",
     "up/down  select request (Requests) or layer (Step size)",
     "left/right  tensor (Step size)    b  bits   g  granularity",
     "m        sym / asym (Step size)   ,/.  parameter set",
+    "z        quiz page (Esc returns)  d  cycle device model",
     "? / F1   this help                q  quit",
 };
 
@@ -494,7 +495,7 @@ void ui_draw(ui_screen* s, const dashboard* d, const ui_view* v) {
         case PANE_COUNT: break;
         }
     }
-    const char* bar_text = "spc step  r run  +/- speed  a add  p shared  f fork  x cancel  [/] block  Tab focus  ? help  q quit";
+    const char* bar_text = "spc step  r run  +/- speed  a add  p shared  f fork  x cancel  [/] block  z quiz  Tab focus  ? help  q quit";
     if (v->mode == UI_MODE_EDIT)
         ui_printf(s, 0, l.key_bar.y, s->cols, UI_TITLE, UI_REVERSE, "new prompt: %s_  (Enter adds, Esc cancels)", v->edit);
     else if (v->mode == UI_MODE_CONFIRM)

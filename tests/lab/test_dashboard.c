@@ -9,6 +9,7 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/wait.h>
 
 #include "engine/model_synth.h"
@@ -178,6 +179,36 @@ static void test_broken_lessons_leave_the_lab_running(void** state) {
     free(frame);
 }
 
+static void test_quiz_page_in_the_lab(void** state) {
+    (void)state;
+    char home[600], cwd[256], arguments[512];
+    assert_non_null(getcwd(cwd, sizeof cwd));
+    snprintf(home, sizeof home, "%s/%s/quiz-home", cwd, test_scratch_dir());
+    char command[700];
+    snprintf(command, sizeof command, "rm -rf '%s'", home);
+    assert_int_equal(system(command), 0);
+    setenv("XDG_DATA_HOME", home, 1);
+    // z opens the quiz in place of the panes; a wrong answer is graded.
+    snprintf(arguments, sizeof arguments, "--model tiny --quiz-seed 3 --keys 'z0<enter>'");
+    char* frame = dump_frame(arguments);
+    if (!strstr(frame, "servelab quiz   question 1 of 10   right 0  wrong 1"))
+        fail_msg("the quiz page did not grade the answer in\n%s", frame);
+    free(frame);
+    assert_int_equal(system(command), 0);
+    // Esc goes back to the lab, which says what was saved where.
+    snprintf(arguments, sizeof arguments, "--model tiny --quiz-seed 3 --keys 'z0<enter><esc>'");
+    frame = dump_frame(arguments);
+    if (!strstr(frame, "quiz: 0 right, 1 wrong; progress saved to ")) fail_msg("no quiz summary in\n%s", frame);
+    if (!strstr(frame, "1 Requests")) fail_msg("the panes are not back in\n%s", frame);
+    free(frame);
+    char progress[700];
+    snprintf(progress, sizeof progress, "%s/servelab/progress", home);
+    char* saved = test_read_text(progress);
+    assert_true(saved[0] != '\0');
+    free(saved);
+    unsetenv("XDG_DATA_HOME");
+}
+
 static void test_step_size_matches_quantizer(void** state) {
     (void)state;
     char model_path[512], arguments[2048];
@@ -233,6 +264,7 @@ int main(void) {
         cmocka_unit_test(test_shared_system_prompt_requests),
         cmocka_unit_test(test_lesson_runs_in_the_dashboard),
         cmocka_unit_test(test_broken_lessons_leave_the_lab_running),
+        cmocka_unit_test(test_quiz_page_in_the_lab),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

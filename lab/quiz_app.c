@@ -1,0 +1,122 @@
+#include "lab/quiz_app.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "lab/lesson.h"
+#include "lab/quiz_view.h"
+
+// "Prove it": the lessons folder beside the quiz data (quiz/../lessons), set
+// when the quiz data is loaded; the prove hook has no user pointer.
+static char prove_lessons_dir[1100] = "lessons";
+
+static int prove_with_lessons(const char* claim_id, FILE* out, error_info* err) {
+    fprintf(out, "running the lesson check for %s in %s (headless)...\n", claim_id, prove_lessons_dir);
+    fflush(out);
+    int status = lesson_prove_claim(prove_lessons_dir, claim_id, out, err);
+    return status < 0 ? -1 : 0; // a DISAGREE or FAIL line is the answer, not an error
+}
+
+int quiz_app_load(quiz_app* app, const char* quiz_dir, char* warning, size_t capacity, error_info* err) {
+    memset(app, 0, sizeof *app);
+    app->prove = prove_with_lessons;
+    char dir[1024], path[1200];
+    if (quiz_dir) snprintf(dir, sizeof dir, "%s", quiz_dir);
+    else if (quiz_find_dir(dir, sizeof dir, err)) return -1;
+    snprintf(prove_lessons_dir, sizeof prove_lessons_dir, "%.1000s/../lessons", dir);
+    snprintf(path, sizeof path, "%s/bank.lua", dir);
+    if (quiz_bank_load(path, &app->bank, err)) return -1;
+    snprintf(path, sizeof path, "%s/models.lua", dir);
+    if (quiz_models_load(path, &app->models, err)) {
+        quiz_bank_free(&app->bank);
+        return -1;
+    }
+    if (quiz_progress_default_path(app->progress_path, sizeof app->progress_path, err) ||
+        quiz_progress_load(app->progress_path, &app->progress, warning, capacity, err)) {
+        quiz_models_free(&app->models);
+        quiz_bank_free(&app->bank);
+        return -1;
+    }
+    return 0;
+}
+
+int quiz_app_start(quiz_app* app, const quiz_session_options* options, error_info* err) {
+    if (app->session_started) quiz_session_free(&app->session);
+    app->session_started = false;
+    app->input[0] = '\0';
+    free(app->notice);
+    app->notice = NULL;
+    if (quiz_session_start(&app->session, options, &app->bank, &app->models, &app->progress, err)) return -1;
+    app->session_started = true;
+    return 0;
+}
+
+void quiz_app_save(quiz_app* app, FILE* warnings) {
+    error_info err = {{0}};
+    if (quiz_progress_save(app->progress_path, &app->progress, &err) && warnings)
+        fprintf(warnings, "servelab quiz: warning: %s\n", err.message);
+}
+
+// Runs the prove hook into a string for the feedback area (malloc'ed).
+static char* prove_to_text(quiz_app* app) {
+    char* text = NULL;
+    size_t size = 0;
+    FILE* out = open_memstream(&text, &size);
+    if (!out) return NULL;
+    error_info err = {{0}};
+    if (app->prove(quiz_session_claim(&app->session), out, &err)) fprintf(out, "%s\n", err.message);
+    fclose(out);
+    return text;
+}
+
+bool quiz_app_key(quiz_app* app, int key) {
+    quiz_session* s = &app->session;
+    size_t length = strlen(app->input);
+    error_info err = {{0}};
+    if (key == 27) return false; // Esc
+    if (s->stage == QUIZ_STAGE_FEEDBACK) {
+        if (key == 'q') return false;
+        if (key == 'p' && quiz_session_claim(s)) {
+            free(app->notice);
+            app->notice = prove_to_text(app);
+        } else if (key == '\n' || key == '\r' || key == ' ' || key == 'n') {
+            free(app->notice);
+            app->notice = NULL;
+            quiz_session_next(s);
+            app->input[0] = '\0';
+        }
+        return s->stage != QUIZ_STAGE_DONE;
+    }
+    if (s->stage == QUIZ_STAGE_SELF_GRADE) {
+        if (key == 'q') return false;
+        if (key != 'y' && key != 'n') return true;
+        char answer[2] = {(char)key, '\0'};
+        if (quiz_session_input(s, answer, &err) == QUIZ_INPUT_GRADED) quiz_app_save(app, stderr);
+        return true;
+    }
+    if (key == '\n' || key == '\r') {
+        quiz_input_result result = quiz_session_input(s, app->input, &err);
+        if (result == QUIZ_INPUT_QUIT) return false;
+        if (result == QUIZ_INPUT_GRADED) quiz_app_save(app, stderr);
+        if (result == QUIZ_INPUT_RETRY) app->input[0] = '\0';
+    } else if (key == 127 || key == 8) {
+        if (length) app->input[length - 1] = '\0';
+    } else if (key >= 0x20 && key < 0x7f && length + 1 < sizeof app->input) {
+        app->input[length] = (char)key;
+        app->input[length + 1] = '\0';
+    }
+    return true;
+}
+
+void quiz_app_draw(ui_screen* screen, const quiz_app* app) {
+    quiz_view_draw(screen, &app->session, app->input, app->notice);
+}
+
+void quiz_app_free(quiz_app* app) {
+    free(app->notice);
+    if (app->session_started) quiz_session_free(&app->session);
+    quiz_progress_free(&app->progress);
+    quiz_models_free(&app->models);
+    quiz_bank_free(&app->bank);
+    memset(app, 0, sizeof *app);
+}

@@ -1,0 +1,48 @@
+// quiz_app: one quiz session with everything it needs (the bank, the model
+// shapes, the progress file, the "prove it" hook), shared by the two hosts
+// that show it full screen: `servelab quiz` and the lab's quiz page (key z).
+// The plain line-by-line front end (cmd_quiz.c) uses it too.
+#ifndef SERVELAB_QUIZ_APP_H
+#define SERVELAB_QUIZ_APP_H
+
+#include <stdbool.h>
+#include <stdio.h>
+
+#include "engine/error.h"
+#include "lab/quiz_data.h"
+#include "lab/quiz_session.h"
+#include "lab/ui_screen.h"
+
+typedef struct quiz_app {
+    quiz_bank bank;
+    quiz_model_list models;
+    quiz_progress progress;
+    quiz_session session;
+    bool session_started;
+    char progress_path[1024];
+    quiz_prove_fn prove;  // runs the lesson check of a claim (lessons beside the quiz data)
+    char input[256];      // the answer being typed (full-screen view)
+    char* notice;         // the prove-it output shown instead of the feedback, or NULL (malloc'ed)
+} quiz_app;
+
+// Loads the bank and models from quiz_dir (NULL: found as quiz_find_dir
+// does) and the progress file. A corrupt progress file is moved aside:
+// `warning` (capacity bytes) then says so. -1 with err on failure.
+int quiz_app_load(quiz_app* app, const char* quiz_dir, char* warning, size_t capacity, error_info* err);
+
+// Starts a session (the app must be loaded).
+int quiz_app_start(quiz_app* app, const quiz_session_options* options, error_info* err);
+
+// Saves the progress atomically; a failure is reported on `warnings` (may be NULL).
+void quiz_app_save(quiz_app* app, FILE* warnings);
+
+// One key of the full-screen view (curses key codes: '\n', 27 for Esc,
+// 127 for backspace). Returns false when the session should end.
+bool quiz_app_key(quiz_app* app, int key);
+
+// Draws the full-screen view.
+void quiz_app_draw(ui_screen* screen, const quiz_app* app);
+
+void quiz_app_free(quiz_app* app);
+
+#endif
