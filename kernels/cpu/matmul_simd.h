@@ -87,6 +87,12 @@ static inline void prefetch_ahead(const void* p, size_t ahead) {
 // ~9 GB/s on one busy Sapphire Rapids core (its streaming read: ~12.5).
 #define F16_PREFETCH_TILES 2
 
+// From this many batch rows the AVX-512 fp16 kernel widens a panel of
+// weights to fp32 once and runs 4 x 6 register tiles over it (prefill,
+// large batches); below it, each weight is widened where it is used. Both
+// give the same bits (matmul_avx512.c), so the switch is invisible.
+#define F16_PACKED_MIN_ROWS 8
+
 // W8A8 runs only for symmetric INT8 weights; any other matrix with
 // activation_bits = 8 keeps its activations in fp32.
 static inline bool matmul_is_w8a8(const weight_matrix* w) {
