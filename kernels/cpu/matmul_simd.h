@@ -18,6 +18,9 @@ void matmul_f16_avx2(float* out, const float* in, int n_rows, const weight_matri
 void matmul_q8_avx2(float* out, const float* in, int n_rows, const weight_matrix* w, int o_begin, int o_end);
 void matmul_f16_avx512(float* out, const float* in, int n_rows, const weight_matrix* w, int o_begin, int o_end);
 void matmul_q8_avx512(float* out, const float* in, int n_rows, const weight_matrix* w, int o_begin, int o_end);
+// WEIGHT_F32 in the scalar loop's exact order (matmul_avx512.c), outputs
+// [o_begin, o_begin + 16 * n_blocks).
+void matmul_f32_avx512(float* out, const float* in, int n_rows, const weight_matrix* w, int o_begin, int n_blocks);
 
 // ---- the packed integer formats (WEIGHT_I8, WEIGHT_I4): matmul_int*.c ----------
 //
