@@ -144,9 +144,12 @@ static void matmul_scalar_range(float* out, const float* in, int n_rows, const w
 // ---- splitting the outputs between threads ---------------------------------
 
 // Below this many multiply-adds a call runs on the calling thread: handing
-// out work costs a few microseconds, about what ~30k SIMD multiply-adds take
-// (a 64x64 matrix of the stories260K model is 4096).
-#define MATMUL_MIN_PARALLEL_MACS (1 << 15)
+// out work and waking a worker costs several microseconds, about what ~100k
+// SIMD multiply-adds take. Every matmul of stories260K (the largest, its
+// 512x64 classifier, is 32768) then runs without a handshake; at 2^15 the
+// classifier went to the pool and the idle worker's spinning was 18% of
+// the process's CPU time on a 2-core machine that other jobs share.
+#define MATMUL_MIN_PARALLEL_MACS (1 << 17)
 
 // Chunks per thread: more than one so a thread that finishes early takes
 // another chunk instead of idling; few enough that each chunk is a long
