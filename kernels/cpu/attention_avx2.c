@@ -104,36 +104,142 @@ AVX2_INLINE void add_scaled_f16(float* out, float weight, const uint16_t* v, int
         out[i] = fmaf(weight, _cvtsh_ss(v[i]), out[i]);
 }
 
-// Every head at once, slots in position order. all_scores: (n_heads, n_context).
+// ---- every head at once, in runs of positions -------------------------------------
+//
+// The slot-major pass reads the cache in position order, POSITION_RUN slots
+// at a time (their addresses gathered from the block table once, so a
+// paged and a contiguous cache run the same code), and does every head on
+// the run before moving on. Two things make it faster than a dot product
+// and an add per (slot, head), with the same bits:
+//   - scores: 8 slots' q.k side by side, and their 8 hsum8() trees at once
+//     (hsum8_x8: the same additions, the same first operands);
+//   - values: a head's output stays in registers over the whole run
+//     instead of being loaded and stored once per slot (each element still
+//     gets fma(p[t], v_t, out) for t = 0, 1, ...).
+
+#define POSITION_RUN 16
+
+// Loops over 8 slots or 4 vectors are unrolled so that their accumulators
+// live in registers (GCC's plain -O2 kept them in memory: 3x slower).
+#define UNROLL8 _Pragma("GCC unroll 8")
+
+// hsum8() of 8 vectors at once: lane k of the result is hsum8(v[k]).
+AVX2_INLINE __m256 hsum8_x8(const __m256* v) {
+    __m256 quads[4], pairs[2];
+    // quads[j]: lanes 0-3 hold v[2j]'s l + (l+4), lanes 4-7 v[2j+1]'s.
+    UNROLL8 for (int j = 0; j < 4; j++)
+        quads[j] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * j], v[2 * j + 1], 0x20),
+                                 _mm256_permute2f128_ps(v[2 * j], v[2 * j + 1], 0x31));
+    // pairs[m]: 128-bit half k holds q0+q2, q1+q3 of v[4m + k], then of v[4m + 2 + k].
+    UNROLL8 for (int m = 0; m < 2; m++)
+        pairs[m] = _mm256_add_ps(_mm256_shuffle_ps(quads[2 * m], quads[2 * m + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm256_shuffle_ps(quads[2 * m], quads[2 * m + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    // Lane 4k + j holds pair0 + pair1 of v[2j + k]; put v[k]'s in lane k.
+    __m256 sums = _mm256_add_ps(_mm256_shuffle_ps(pairs[0], pairs[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                _mm256_shuffle_ps(pairs[0], pairs[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm256_permutevar8x32_ps(sums, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+// scores[s] = dot_f16(q, keys[s], head_dim) / scale for s < n (n <= 8):
+// the same accumulator, tail and division as dot_f16, 8 slots side by side.
+AVX2_INLINE void scores_x8(float* scores, const float* q, const uint16_t* const* keys, int n, int head_dim,
+                           float scale) {
+    const uint16_t* k[8];
+    UNROLL8 for (int s = 0; s < 8; s++) k[s] = keys[s < n ? s : 0];
+    __m256 acc[8];
+    UNROLL8 for (int s = 0; s < 8; s++) acc[s] = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= head_dim; i += 8) {
+        __m256 qv = _mm256_loadu_ps(q + i);
+        UNROLL8 for (int s = 0; s < 8; s++)
+            acc[s] = _mm256_fmadd_ps(qv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(k[s] + i))), acc[s]);
+    }
+    float sums[8];
+    _mm256_storeu_ps(sums, hsum8_x8(acc));
+    for (int s = 0; s < n; s++) {
+        float sum = sums[s];
+        for (int t = i; t < head_dim; t++) sum += q[t] * _cvtsh_ss(k[s][t]);
+        scores[s] = sum / scale;
+    }
+}
+
+// out[i] = fma(p[s], v_s[i], out[i]) for s = 0 .. n-1 in order, every i of
+// the head: add_scaled_f16 per slot, with out held in registers, 32
+// elements (4 vectors) at a time, then 8, then the scalar tail.
+AVX2_INLINE void add_scaled_run(float* out, const float* p, const uint16_t* const* v, int n, int head_dim) {
+    int i = 0;
+    for (; i + 32 <= head_dim; i += 32) {
+        __m256 a0 = _mm256_loadu_ps(out + i), a1 = _mm256_loadu_ps(out + i + 8), a2 = _mm256_loadu_ps(out + i + 16),
+               a3 = _mm256_loadu_ps(out + i + 24);
+        for (int s = 0; s < n; s++) {
+            const uint16_t* values = v[s] + i;
+            __m256 w = _mm256_set1_ps(p[s]);
+            a0 = _mm256_fmadd_ps(w, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)values)), a0);
+            a1 = _mm256_fmadd_ps(w, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(values + 8))), a1);
+            a2 = _mm256_fmadd_ps(w, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(values + 16))), a2);
+            a3 = _mm256_fmadd_ps(w, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(values + 24))), a3);
+        }
+        _mm256_storeu_ps(out + i, a0);
+        _mm256_storeu_ps(out + i + 8, a1);
+        _mm256_storeu_ps(out + i + 16, a2);
+        _mm256_storeu_ps(out + i + 24, a3);
+    }
+    for (; i + 8 <= head_dim; i += 8) {
+        __m256 a = _mm256_loadu_ps(out + i);
+        for (int s = 0; s < n; s++)
+            a = _mm256_fmadd_ps(_mm256_set1_ps(p[s]), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(v[s] + i))), a);
+        _mm256_storeu_ps(out + i, a);
+    }
+    for (; i < head_dim; i++) {
+        float a = out[i];
+        for (int s = 0; s < n; s++) a = fmaf(p[s], _cvtsh_ss(v[s][i]), a);
+        out[i] = a;
+    }
+}
+
+// The slots of positions [t0, t0 + n) (n <= POSITION_RUN): slots[s] is the
+// first element of position t0 + s's keys (or values) in `base`.
+static void gather_run(const uint16_t** slots, const uint16_t* base, const kv_layer_view* kv, int t0, int n,
+                       int kv_dim) {
+    int b = t0 / kv->block_size, offset = t0 % kv->block_size; // once per run, not per position
+    for (int s = 0; s < n; s++) {
+        slots[s] = base + ((size_t)kv->block_table[b] * (size_t)kv->block_size + (size_t)offset) * (size_t)kv_dim;
+        if (++offset == kv->block_size) offset = 0, b++;
+    }
+}
+
+// Every head at once, positions in order. all_scores: (n_heads, n_context).
 AVX2_TARGET static void attention_slot_major(float* out, const float* query, const kv_layer_view* kv, int n_context,
                                              int n_heads, int n_kv_heads, int head_dim, float* all_scores) {
     const int kv_dim = n_kv_heads * head_dim;
     const int queries_per_kv_head = n_heads / n_kv_heads;
-    const uint16_t* keys = kv->key_slots;
-    const uint16_t* values = kv->value_slots;
     const float scale = sqrtf((float)head_dim);
-    const int block_size = kv->block_size;
-    for (int t0 = 0, b = 0; t0 < n_context; t0 += block_size, b++) {
-        const uint16_t* slot_keys = keys + (size_t)kv->block_table[b] * (size_t)block_size * (size_t)kv_dim;
-        int n_slots = n_context - t0 < block_size ? n_context - t0 : block_size;
-        for (int s = 0; s < n_slots; s++, slot_keys += kv_dim)
-            for (int h = 0; h < n_heads; h++)
-                all_scores[(size_t)h * (size_t)n_context + (size_t)(t0 + s)] =
-                    dot_f16(query + (size_t)h * (size_t)head_dim,
-                            slot_keys + (size_t)(h / queries_per_kv_head) * (size_t)head_dim, head_dim) /
-                    scale;
+    const uint16_t* slots[POSITION_RUN];
+    const uint16_t* heads[POSITION_RUN];
+    for (int t0 = 0; t0 < n_context; t0 += POSITION_RUN) {
+        int n = n_context - t0 < POSITION_RUN ? n_context - t0 : POSITION_RUN;
+        gather_run(slots, kv->key_slots, kv, t0, n, kv_dim);
+        for (int h = 0; h < n_heads; h++) {
+            const size_t head_offset = (size_t)(h / queries_per_kv_head) * (size_t)head_dim;
+            for (int s = 0; s < n; s++) heads[s] = slots[s] + head_offset;
+            float* scores = all_scores + (size_t)h * (size_t)n_context + (size_t)t0;
+            for (int s = 0; s < n; s += 8)
+                scores_x8(scores + s, query + (size_t)h * (size_t)head_dim, heads + s, n - s < 8 ? n - s : 8,
+                          head_dim, scale);
+        }
     }
     for (int h = 0; h < n_heads; h++)
         softmax8(all_scores + (size_t)h * (size_t)n_context, n_context);
     memset(out, 0, (size_t)n_heads * (size_t)head_dim * sizeof(float));
-    for (int t0 = 0, b = 0; t0 < n_context; t0 += block_size, b++) {
-        const uint16_t* slot_values = values + (size_t)kv->block_table[b] * (size_t)block_size * (size_t)kv_dim;
-        int n_slots = n_context - t0 < block_size ? n_context - t0 : block_size;
-        for (int s = 0; s < n_slots; s++, slot_values += kv_dim)
-            for (int h = 0; h < n_heads; h++)
-                add_scaled_f16(out + (size_t)h * (size_t)head_dim,
-                               all_scores[(size_t)h * (size_t)n_context + (size_t)(t0 + s)],
-                               slot_values + (size_t)(h / queries_per_kv_head) * (size_t)head_dim, head_dim);
+    for (int t0 = 0; t0 < n_context; t0 += POSITION_RUN) {
+        int n = n_context - t0 < POSITION_RUN ? n_context - t0 : POSITION_RUN;
+        gather_run(slots, kv->value_slots, kv, t0, n, kv_dim);
+        for (int h = 0; h < n_heads; h++) {
+            const size_t head_offset = (size_t)(h / queries_per_kv_head) * (size_t)head_dim;
+            for (int s = 0; s < n; s++) heads[s] = slots[s] + head_offset;
+            add_scaled_run(out + (size_t)h * (size_t)head_dim,
+                           all_scores + (size_t)h * (size_t)n_context + (size_t)t0, heads, n, head_dim);
+        }
     }
 }
 

@@ -105,6 +105,15 @@ static void dot_f32_x8(float* out, const float* weights, const float* x, int n) 
 static void matmul_scalar_range(float* out, const float* in, int n_rows, const weight_matrix* w, int o_begin,
                                 int o_end) {
     const int d_out = w->rows, d_in = w->cols;
+#if defined(__x86_64__) || defined(__i386__)
+    // Sixteen outputs in the lanes of AVX-512 vectors, still llama2.c's
+    // order (matmul_avx512.c); SERVELAB_SIMD=scalar turns it off.
+    if (w->dtype == WEIGHT_F32 && d_in >= 16 && cpu_simd_level_selected() == CPU_SIMD_AVX512) {
+        int n_blocks = (o_end - o_begin) / 16;
+        matmul_f32_avx512(out, in, n_rows, w, o_begin, n_blocks);
+        o_begin += 16 * n_blocks;
+    }
+#endif
     if (w->dtype == WEIGHT_F32) { // eight outputs at a time (same bits as one at a time)
         for (; o_begin + 8 <= o_end; o_begin += 8)
             for (int r = 0; r < n_rows; r++) {
@@ -135,9 +144,12 @@ static void matmul_scalar_range(float* out, const float* in, int n_rows, const w
 // ---- splitting the outputs between threads ---------------------------------
 
 // Below this many multiply-adds a call runs on the calling thread: handing
-// out work costs a few microseconds, about what ~30k SIMD multiply-adds take
-// (a 64x64 matrix of the stories260K model is 4096).
-#define MATMUL_MIN_PARALLEL_MACS (1 << 15)
+// out work and waking a worker costs several microseconds, about what ~100k
+// SIMD multiply-adds take. Every matmul of stories260K (the largest, its
+// 512x64 classifier, is 32768) then runs without a handshake; at 2^15 the
+// classifier went to the pool and the idle worker's spinning was 18% of
+// the process's CPU time on a 2-core machine that other jobs share.
+#define MATMUL_MIN_PARALLEL_MACS (1 << 17)
 
 // Chunks per thread: more than one so a thread that finishes early takes
 // another chunk instead of idling; few enough that each chunk is a long

@@ -23,6 +23,7 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#include <stdbool.h>
 
 
 // Largest tile: 4 x 4 accumulators + 4 activations + a weight vector fit
@@ -87,10 +88,187 @@ static AVX512_TARGET __attribute__((noinline)) void f16_tile_any(float* out, int
     }
 }
 
+// ---- fp16, many rows: a panel of weights widened once ------------------------
+//
+// Prefill and large batches reuse every weight across many rows, so the
+// tile above, which widens each weight once per 4 rows and holds 16
+// accumulators for 8 loads per step, leaves the FMA units half idle. Here a
+// panel of PANEL_OUTPUTS weight rows is widened to fp32 once (exact), into
+// scratch that stays in L2, and a 4 x 6 register tile (24 accumulators, 4
+// weight + 6 activation loads per 24 FMAs) runs over it. The 24 sums are
+// finished with one transposed tree (hsum16_many) that adds exactly the
+// pairs hsum16 adds. Each output is still: one 16-lane accumulator from +0,
+// fma(W[o][i..i+15], x[r][i..i+15], acc) for i = 0, 16, ..., the tail as
+// one more fma of zero-padded lanes (the panel's padding is +0, the
+// activations load masked), then hsum16's tree: the bits of f16_tile.
+
+#define PANEL_OUTPUTS 32        // weight rows widened at once, at most
+#define PANEL_FLOATS (32 * 1024) // the panel's scratch on the stack: 128 KiB, in L2
+#define PACKED_OUTPUTS 4  // tile outputs
+#define PACKED_ROWS 6     // tile batch rows: 24 accumulators + 4 weights + 1 activation of 32 registers
+#define PACKED_COLUMNS 768 // columns per slice: 6 rows x 768 x 4 bytes = 18 KiB of activations in L1
+
+// hsum16() of 16 vectors at once: results[k] = hsum16(v[k]), the same
+// additions with the same operands first, on 16 vectors side by side.
+AVX512_INLINE void hsum16_x16(float* results, const __m512* v) {
+    __m512 halves[8], quads[4], pairs[2];
+    // halves[j]: lanes 0-7 hold v[2j]'s l + (l+8), lanes 8-15 v[2j+1]'s.
+    UNROLL_TILE for (int j = 0; j < 8; j++) halves[j] =
+        _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                      _mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    // quads[m]: 128-bit chunk k holds v[4m + k]'s l + (l+4) of its halves.
+    UNROLL_TILE for (int m = 0; m < 4; m++) quads[m] =
+        _mm512_add_ps(_mm512_shuffle_f32x4(halves[2 * m], halves[2 * m + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                      _mm512_shuffle_f32x4(halves[2 * m], halves[2 * m + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    // pairs[p]: chunk k holds q0+q2, q1+q3 of v[8p + k], then of v[8p + 4 + k].
+    UNROLL_TILE for (int p = 0; p < 2; p++) pairs[p] =
+        _mm512_add_ps(_mm512_shuffle_ps(quads[2 * p], quads[2 * p + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                      _mm512_shuffle_ps(quads[2 * p], quads[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    // Lane 4k + j holds pair0 + pair1 of v[4j + k]; a 4 x 4 transpose puts
+    // v[k]'s sum in lane k.
+    __m512 sums = _mm512_add_ps(_mm512_shuffle_ps(pairs[0], pairs[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                _mm512_shuffle_ps(pairs[0], pairs[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512i transpose = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    _mm512_storeu_ps(results, _mm512_permutexvar_ps(transpose, sums));
+}
+
+// Columns [k_begin, k_end) of a tile: out (rows of stride d_out, n_outputs
+// <= 4 outputs, n_live_rows <= 6 of the 6 rows in x_rows); panel: 4 rows of
+// `stride` fp32 (zero past cols). Rows past n_live_rows repeat row 0 and
+// outputs past n_outputs read the panel's zero padding: computed, never
+// stored. k_begin is 0 or where the last call stopped, whose accumulators
+// are in `saved` (24 vectors); k_end is a multiple of 16 before cols (the
+// accumulators go back to `saved`, bit for bit) or cols (the tile is
+// finished and stored). Callers guarantee cols >= 16.
+AVX512_INLINE void packed_tile(float* out, int d_out, const float* panel, size_t stride, const float* const* x_rows,
+                               int cols, int k_begin, int k_end, __m512* saved, int n_outputs, int n_live_rows) {
+    __m512 acc[PACKED_OUTPUTS * PACKED_ROWS]; // [c * PACKED_ROWS + r]
+    int i = k_begin;
+    if (k_begin == 0) {
+        // The first step sets the accumulators: fma(w, x, +0), the same as
+        // from zeroed ones, without GCC zeroing an in-memory copy per tile (-6%).
+        __m512 wv[PACKED_OUTPUTS];
+        UNROLL_TILE for (int c = 0; c < PACKED_OUTPUTS; c++) wv[c] = _mm512_load_ps(panel + (size_t)c * stride);
+        UNROLL_TILE for (int r = 0; r < PACKED_ROWS; r++) {
+            __m512 xv = _mm512_loadu_ps(x_rows[r]);
+            UNROLL_TILE for (int c = 0; c < PACKED_OUTPUTS; c++)
+                acc[c * PACKED_ROWS + r] = _mm512_fmadd_ps(wv[c], xv, _mm512_setzero_ps());
+        }
+        i = 16;
+    } else {
+        UNROLL_TILE for (int k = 0; k < PACKED_OUTPUTS * PACKED_ROWS; k++) acc[k] = saved[k];
+    }
+    for (; i + 16 <= k_end; i += 16) {
+        __m512 wv[PACKED_OUTPUTS];
+        UNROLL_TILE for (int c = 0; c < PACKED_OUTPUTS; c++) wv[c] = _mm512_load_ps(panel + (size_t)c * stride + i);
+        UNROLL_TILE for (int r = 0; r < PACKED_ROWS; r++) {
+            __m512 xv = _mm512_loadu_ps(x_rows[r] + i);
+            UNROLL_TILE for (int c = 0; c < PACKED_OUTPUTS; c++)
+                acc[c * PACKED_ROWS + r] = _mm512_fmadd_ps(wv[c], xv, acc[c * PACKED_ROWS + r]);
+        }
+    }
+    if (k_end < cols) {
+        UNROLL_TILE for (int k = 0; k < PACKED_OUTPUTS * PACKED_ROWS; k++) saved[k] = acc[k];
+        return;
+    }
+    if (i < cols) { // the tail: padded weights are +0, activations past the end load as 0
+        __mmask16 live = (__mmask16)((1u << (cols - i)) - 1u);
+        __m512 wv[PACKED_OUTPUTS];
+        UNROLL_TILE for (int c = 0; c < PACKED_OUTPUTS; c++) wv[c] = _mm512_load_ps(panel + (size_t)c * stride + i);
+        UNROLL_TILE for (int r = 0; r < PACKED_ROWS; r++) {
+            __m512 xv = _mm512_maskz_loadu_ps(live, x_rows[r] + i);
+            UNROLL_TILE for (int c = 0; c < PACKED_OUTPUTS; c++)
+                acc[c * PACKED_ROWS + r] = _mm512_fmadd_ps(wv[c], xv, acc[c * PACKED_ROWS + r]);
+        }
+    }
+    // Copies, so that acc itself never has its address taken and stays in registers.
+    __m512 first[16], rest[16];
+    UNROLL_TILE for (int k = 0; k < 16; k++) first[k] = acc[k];
+    UNROLL_TILE for (int k = 0; k < 8; k++) rest[k] = acc[16 + k], rest[8 + k] = _mm512_setzero_ps();
+    float sums[32];
+    hsum16_x16(sums, first);
+    hsum16_x16(sums + 16, rest);
+    for (int c = 0; c < n_outputs; c++)
+        for (int r = 0; r < n_live_rows; r++) out[(size_t)r * (size_t)d_out + (size_t)c] = sums[c * PACKED_ROWS + r];
+}
+
+// Widens weight rows [o, o + n) (n <= PANEL_OUTPUTS) into panel rows of
+// `stride` floats, zero past cols, and zero rows up to a multiple of 4.
+static AVX512_TARGET void widen_panel(float* panel, size_t stride, const uint16_t* w, int cols, int n) {
+    int padded = (n + PACKED_OUTPUTS - 1) / PACKED_OUTPUTS * PACKED_OUTPUTS;
+    for (int c = 0; c < padded; c++) {
+        float* row = panel + (size_t)c * stride;
+        const uint16_t* source = w + (size_t)c * (size_t)cols;
+        int i = 0;
+        if (c < n)
+            for (; i + 16 <= cols; i += 16)
+                _mm512_store_ps(row + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(source + i))));
+        for (; i < (int)stride; i += 16) {
+            __mmask16 live = c < n && i < cols ? (__mmask16)((1u << (cols - i)) - 1u) : 0;
+            _mm512_store_ps(row + i, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(live, source + i)));
+        }
+    }
+}
+
+// The many-rows path; returns false (nothing done) when 4 weight rows do
+// not fit the panel (cols > 8192) or a row is shorter than one vector, and
+// the caller uses f16_tile.
+static AVX512_TARGET bool matmul_f16_packed(float* out, const float* in, int n_rows, const weight_matrix* w,
+                                            int o_begin, int o_end) {
+    const uint16_t* values = (const uint16_t*)w->values;
+    const int d_out = w->rows, cols = w->cols;
+    const size_t stride = ((size_t)cols + 15) / 16 * 16;
+    size_t fitting = PANEL_FLOATS / stride / PACKED_OUTPUTS * PACKED_OUTPUTS;
+    const int panel_outputs = fitting < PANEL_OUTPUTS ? (int)fitting : PANEL_OUTPUTS;
+    if (panel_outputs < PACKED_OUTPUTS || cols < 16) return false;
+    // (panel_outputs, stride) fp32; on the stack, so no call pays for fresh pages.
+    float panel[PANEL_FLOATS] __attribute__((aligned(64)));
+    __m512 saved[PANEL_OUTPUTS * PACKED_ROWS]; // each tile's accumulators between column slices
+    for (int p = o_begin; p < o_end; p += panel_outputs) {
+        int n_panel = o_end - p < panel_outputs ? o_end - p : panel_outputs;
+        widen_panel(panel, stride, values + (size_t)p * (size_t)cols, cols, n_panel);
+        // The next panel's weights, a share per row block, are fetched
+        // while this one computes (widening waited on memory: 9% of the time).
+        const char* next = (const char*)(values + (size_t)(p + n_panel) * (size_t)cols);
+        const size_t next_bytes = p + n_panel < o_end ? (size_t)(o_end - p - n_panel < panel_outputs
+                                                                      ? o_end - p - n_panel
+                                                                      : panel_outputs) *
+                                                            (size_t)cols * sizeof(uint16_t)
+                                                      : 0;
+        const size_t n_blocks = ((size_t)n_rows + PACKED_ROWS - 1) / PACKED_ROWS;
+        const size_t share = (next_bytes / n_blocks + 63) / 64 * 64;
+        // Rows outer, tiles inner: 6 activation rows stay in L1 while the
+        // panel's tiles pass over them.
+        for (int r = 0; r < n_rows; r += PACKED_ROWS) {
+            size_t begin = (size_t)(r / PACKED_ROWS) * share;
+            for (size_t b = begin; b < begin + share && b < next_bytes; b += 64) _mm_prefetch(next + b, _MM_HINT_T0);
+            int n_live_rows = n_rows - r < PACKED_ROWS ? n_rows - r : PACKED_ROWS;
+            const float* x_rows[PACKED_ROWS];
+            for (int k = 0; k < PACKED_ROWS; k++)
+                x_rows[k] = in + (size_t)(r + (k < n_live_rows ? k : 0)) * (size_t)cols;
+            // Columns in slices of PACKED_COLUMNS, so that the 6 rows' slice
+            // stays in L1 (48 KiB) while every tile of the panel uses it;
+            // each tile's accumulators wait in `saved` between slices.
+            for (int k = 0; k < cols; k += PACKED_COLUMNS) {
+                int k_end = cols - k <= PACKED_COLUMNS ? cols : k + PACKED_COLUMNS;
+                for (int c = 0; c < n_panel; c += PACKED_OUTPUTS) {
+                    int n_outputs = n_panel - c < PACKED_OUTPUTS ? n_panel - c : PACKED_OUTPUTS;
+                    packed_tile(out + (size_t)r * (size_t)d_out + (size_t)(p + c), d_out,
+                                panel + (size_t)c * stride, stride, x_rows, cols, k, k_end,
+                                saved + (size_t)(c / PACKED_OUTPUTS) * PACKED_OUTPUTS * PACKED_ROWS, n_outputs,
+                                n_live_rows);
+                }
+            }
+        }
+    }
+    return true;
+}
+
 AVX512_TARGET void matmul_f16_avx512(float* out, const float* in, int n_rows, const weight_matrix* w, int o_begin,
                                      int o_end) {
     const uint16_t* values = (const uint16_t*)w->values;
     const int d_out = w->rows, cols = w->cols;
+    if (n_rows >= F16_PACKED_MIN_ROWS && matmul_f16_packed(out, in, n_rows, w, o_begin, o_end)) return;
     // Outputs outermost: a tile's 4 weight rows stay in L1 while every batch
     // row passes over them, so weights stream from memory once per call.
     for (int o = o_begin; o < o_end; o += TILE_MAX) {
@@ -200,6 +378,90 @@ AVX512_TARGET void matmul_q8_avx512(float* out, const float* in, int n_rows, con
             q8_tile_any(out + (size_t)r * (size_t)d_out + (size_t)o, d_out, values + row_offset, w->scales, row_offset,
                         group_size, in + (size_t)r * (size_t)cols, cols, C, R);
         }
+    }
+}
+
+// ---- fp32: llama2.c's order, 16 outputs in the lanes -------------------------------
+//
+// WEIGHT_F32 must give the bits of the scalar loop sum += W[o][i] * x[i]
+// (a multiply rounded, then an add rounded; i = 0, 1, ...). That order
+// allows no split of one sum, but 16 sums side by side: lane k of one
+// accumulator is output o + k. A 16 x 16 block of weights is transposed in
+// registers so that vector j holds column i + j of the 16 rows, and then
+// acc = acc + (column_j * x[i + j]) for j in order: separate multiply and
+// add instructions, never an FMA. The columns past the last full block go
+// through the scalar loop, continuing each lane's sum. 2-3x fewer cycles
+// per multiply-add than dot_f32_x8 (the transposition is 64 shuffles per
+// 256 multiply-adds), which is most of stories260K's matmul time.
+
+// r[j] = column j of the 16 rows in r (the classic three-stage transpose).
+AVX512_INLINE void transpose16(__m512* r) {
+    __m512 t[16];
+    UNROLL_TILE for (int k = 0; k < 8; k++) {
+        t[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+        t[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+    }
+    UNROLL_TILE for (int k = 0; k < 4; k++) {
+        __m512d a = _mm512_castps_pd(t[4 * k]), b = _mm512_castps_pd(t[4 * k + 1]);
+        __m512d c = _mm512_castps_pd(t[4 * k + 2]), d = _mm512_castps_pd(t[4 * k + 3]);
+        r[4 * k] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+        r[4 * k + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+        r[4 * k + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+        r[4 * k + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+    }
+    UNROLL_TILE for (int k = 0; k < 4; k++) {
+        t[k] = _mm512_shuffle_f32x4(r[k], r[k + 4], 0x88);
+        t[k + 4] = _mm512_shuffle_f32x4(r[k], r[k + 4], 0xdd);
+        t[k + 8] = _mm512_shuffle_f32x4(r[k + 8], r[k + 12], 0x88);
+        t[k + 12] = _mm512_shuffle_f32x4(r[k + 8], r[k + 12], 0xdd);
+    }
+    UNROLL_TILE for (int k = 0; k < 8; k++) {
+        r[k] = _mm512_shuffle_f32x4(t[k], t[k + 8], 0x88);
+        r[k + 8] = _mm512_shuffle_f32x4(t[k], t[k + 8], 0xdd);
+    }
+}
+
+// Outputs [o, o + 16) for n_rows <= F32_ROWS batch rows: out (rows of
+// stride d_out); w: the 16 weight rows (stride cols); x: (n_rows, cols).
+#define F32_ROWS 8
+static AVX512_TARGET void f32_block16(float* out, int d_out, const float* w, const float* x, int cols, int n_rows) {
+    __m512 acc[F32_ROWS];
+    UNROLL_TILE for (int r = 0; r < F32_ROWS; r++) acc[r] = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= cols; i += 16) {
+        __m512 column[16];
+        UNROLL_TILE for (int k = 0; k < 16; k++) column[k] = _mm512_loadu_ps(w + (size_t)k * (size_t)cols + i);
+        transpose16(column);
+        for (int r = 0; r < n_rows; r++) {
+            const float* xr = x + (size_t)r * (size_t)cols + i;
+            __m512 sum = acc[r];
+            UNROLL_TILE for (int j = 0; j < 16; j++) sum = _mm512_add_ps(sum, _mm512_mul_ps(column[j], _mm512_set1_ps(xr[j])));
+            acc[r] = sum;
+        }
+    }
+    for (int r = 0; r < n_rows; r++) {
+        float sums[16];
+        _mm512_storeu_ps(sums, acc[r]);
+        const float* xr = x + (size_t)r * (size_t)cols;
+        for (int k = 0; k < 16; k++) {
+            float sum = sums[k];
+            const float* row = w + (size_t)k * (size_t)cols;
+            for (int t = i; t < cols; t++) sum += row[t] * xr[t];
+            out[(size_t)r * (size_t)d_out + (size_t)k] = sum;
+        }
+    }
+}
+
+// Outputs [o_begin, o_begin + 16 * n_blocks) of every batch row.
+AVX512_TARGET void matmul_f32_avx512(float* out, const float* in, int n_rows, const weight_matrix* w, int o_begin,
+                                     int n_blocks) {
+    const float* values = (const float*)w->values;
+    const int d_out = w->rows, cols = w->cols;
+    for (int b = 0; b < n_blocks; b++) {
+        int o = o_begin + 16 * b;
+        for (int r = 0; r < n_rows; r += F32_ROWS)
+            f32_block16(out + (size_t)r * (size_t)d_out + (size_t)o, d_out, values + (size_t)o * (size_t)cols,
+                        in + (size_t)r * (size_t)cols, cols, n_rows - r < F32_ROWS ? n_rows - r : F32_ROWS);
     }
 }
 

@@ -18,6 +18,9 @@ void matmul_f16_avx2(float* out, const float* in, int n_rows, const weight_matri
 void matmul_q8_avx2(float* out, const float* in, int n_rows, const weight_matrix* w, int o_begin, int o_end);
 void matmul_f16_avx512(float* out, const float* in, int n_rows, const weight_matrix* w, int o_begin, int o_end);
 void matmul_q8_avx512(float* out, const float* in, int n_rows, const weight_matrix* w, int o_begin, int o_end);
+// WEIGHT_F32 in the scalar loop's exact order (matmul_avx512.c), outputs
+// [o_begin, o_begin + 16 * n_blocks).
+void matmul_f32_avx512(float* out, const float* in, int n_rows, const weight_matrix* w, int o_begin, int n_blocks);
 
 // ---- the packed integer formats (WEIGHT_I8, WEIGHT_I4): matmul_int*.c ----------
 //
@@ -86,6 +89,12 @@ static inline void prefetch_ahead(const void* p, size_t ahead) {
 // on to; fetching two tiles ahead took the 1-row fp16 matvec from ~6 to
 // ~9 GB/s on one busy Sapphire Rapids core (its streaming read: ~12.5).
 #define F16_PREFETCH_TILES 2
+
+// From this many batch rows the AVX-512 fp16 kernel widens a panel of
+// weights to fp32 once and runs 4 x 6 register tiles over it (prefill,
+// large batches); below it, each weight is widened where it is used. Both
+// give the same bits (matmul_avx512.c), so the switch is invisible.
+#define F16_PACKED_MIN_ROWS 8
 
 // W8A8 runs only for symmetric INT8 weights; any other matrix with
 // activation_bits = 8 keeps its activations in fp32.

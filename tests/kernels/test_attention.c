@@ -18,8 +18,11 @@
 #include "kernels/cpu/fp16.h"
 #include "tests/test_support.h"
 
-// Grouped-query heads and a head_dim that is no multiple of 8 (the SIMD tail).
-enum { N_HEADS = 6, N_KV_HEADS = 3, HEAD_DIM = 20, KV_DIM = N_KV_HEADS * HEAD_DIM, CONTEXT = 77, BLOCK = 16 };
+// Grouped-query heads and a head_dim that exercises every part of the AVX2
+// kernel: 44 = one 32-element run of 4 vectors, one more vector, and a
+// scalar tail of 4 (no multiple of 8). Contexts 1, 20, 39, 58, 77 end runs
+// of 16 positions and groups of 8 scores part-way.
+enum { N_HEADS = 6, N_KV_HEADS = 3, HEAD_DIM = 44, KV_DIM = N_KV_HEADS * HEAD_DIM, CONTEXT = 77, BLOCK = 16 };
 enum { N_BLOCKS = (CONTEXT + BLOCK - 1) / BLOCK + 3 }; // a few spare blocks: the table skips some
 
 static uint64_t rng_state = 0x2545F4914F6CDD1Dull;

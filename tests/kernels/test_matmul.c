@@ -306,6 +306,33 @@ static void test_batch_invariance(void** state) {
     }
 }
 
+// fp16 with many rows takes the packed path at AVX-512 (a panel of weights
+// widened once, 4 x 6 tiles, column slices of 768, a transposed hsum): every
+// row must still have the bits it has alone. Shapes with every kind of
+// edge: outputs not a multiple of the tile's 4, columns with a tail and
+// more than one slice (1555 = 97 x 16 + 3), exactly one vector, one
+// vector and a tail, less than a vector (the fallback); row counts below,
+// at and above the switch, not multiples of 6.
+static void test_f16_many_rows_same_bits(void** state) {
+    (void)state;
+    static const int shapes[][2] = {{37, 1555}, {130, 16}, {9, 17}, {12, 7}, {41, 768}};
+    static const int row_counts[] = {7, 8, 13, 31};
+    for (int threads = 1; threads <= 2; threads++) {
+        thread_pool* pool;
+        assert_int_equal(thread_pool_create(threads, &pool), 0);
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            test_matrix m = make_matrix(WEIGHT_F16, shapes[s][0], shapes[s][1], 0);
+            for (int k = 0; k < N_LEVELS; k++) {
+                if (!test_simd_level_available(all_levels[k])) continue;
+                for (size_t n = 0; n < sizeof row_counts / sizeof row_counts[0]; n++)
+                    check_invariance(&m, all_levels[k], pool, row_counts[n]);
+            }
+            free_matrix(&m);
+        }
+        thread_pool_free(pool);
+    }
+}
+
 // matmul() and matmul_parallel() use the process's level and give the same
 // bits as matmul_at_level at that level, on any pool.
 static void test_entry_points_agree(void** state) {
@@ -505,6 +532,7 @@ int main(void) {
         cmocka_unit_test(test_matches_double_reference),
         cmocka_unit_test(test_q8_each_group_uses_its_own_scale),
         cmocka_unit_test(test_batch_invariance),
+        cmocka_unit_test(test_f16_many_rows_same_bits),
         cmocka_unit_test(test_entry_points_agree),
         cmocka_unit_test(test_f32_is_the_sequential_loop),
         cmocka_unit_test(test_traffic_counts),
