@@ -21,6 +21,7 @@
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/fp16.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/matmul_simd.h"
 #include "kernels/cpu/thread_pool.h"
 #include "tests/test_support.h"
 
@@ -316,7 +317,8 @@ static void test_batch_invariance(void** state) {
 static void test_f16_many_rows_same_bits(void** state) {
     (void)state;
     static const int shapes[][2] = {{37, 1555}, {130, 16}, {9, 17}, {12, 7}, {41, 768}};
-    static const int row_counts[] = {7, 8, 13, 31};
+    static const int row_counts[] = {F16_PACKED_MIN_ROWS - 1, F16_PACKED_MIN_ROWS, F16_PACKED_MIN_ROWS + 5,
+                                     2 * F16_PACKED_MIN_ROWS - 1};
     for (int threads = 1; threads <= 2; threads++) {
         thread_pool* pool;
         assert_int_equal(thread_pool_create(threads, &pool), 0);
