@@ -22,11 +22,6 @@
 #include "lab/quiz_progress.h"
 #include "tests/test_support.h"
 
-static const char* servelab_binary(void) {
-    const char* bin = getenv("SERVELAB_BIN");
-    return bin ? bin : "bin/servelab";
-}
-
 // A fresh XDG_DATA_HOME for one test (one buffer per name, kept for the run).
 static const char* data_home(const char* name) {
     static char paths[8][512];
@@ -68,7 +63,7 @@ static void spawn(quiz_child* c, const char* home, const char* const* args) {
         setenv("XDG_DATA_HOME", home, 1);
         char* argv[32];
         int n = 0;
-        argv[n++] = (char*)servelab_binary();
+        argv[n++] = (char*)test_servelab_binary();
         argv[n++] = "quiz";
         for (int i = 0; args[i] && n < 31; i++)
             argv[n++] = (char*)args[i];
@@ -442,7 +437,7 @@ static int run_on_terminal(const char* home, const char* keys, int signal_number
         close(master);
         setenv("XDG_DATA_HOME", home, 1);
         setenv("TERM", "xterm", 1);
-        execl(servelab_binary(), servelab_binary(), "quiz", "--only", "bank", "--n", "3", "--seed", "1", (char*)NULL);
+        execl(test_servelab_binary(), test_servelab_binary(), "quiz", "--only", "bank", "--n", "3", "--seed", "1", (char*)NULL);
         _exit(127);
     }
     quiz_child c = {pid, master, master, calloc(1, 1 << 16), 0, 1 << 16};
