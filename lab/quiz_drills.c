@@ -236,11 +236,14 @@ static float two_decimals(double x) { return (float)(round(x * 100.0) / 100.0); 
 // Draws bits, a range and a value whose s, z, q and r_hat by hand (exact
 // decimal arithmetic) agree with engine/quant.h, which stores s rounded up
 // to fp16: draws near a rounding tie, where the two could differ, are drawn
-// again, so the student's arithmetic and the engine's quantizer give one answer.
+// again, so the student's arithmetic and the engine's quantizer give one
+// answer. A third of the drills (not the zero-point one: z is 0 there) are
+// symmetric: s = max(|r_min|, |r_max|) / (2^(b-1) - 1), q = clamp(round(r / s)).
 static int draw_quantization(quiz_rng* rng, quiz_drill* d, quant_params* p, int32_t* code, float* r_hat) {
     static const int BITS[] = {2, 3, 4, 4, 4, 8, 8, 8};
     for (int attempt = 0; attempt < 1000; attempt++) {
         d->in.bits = pick(rng, BITS, 8);
+        d->in.symmetric = d->kind != QUIZ_DRILL_QUANT_ZERO_POINT && quiz_rng_int(rng, 0, 2) == 0;
         d->in.range_min = two_decimals(-(0.05 + 3.95 * quiz_rng_unit(rng)));
         d->in.range_max = two_decimals(0.05 + 3.95 * quiz_rng_unit(rng));
         double width = (double)d->in.range_max - (double)d->in.range_min;
@@ -249,15 +252,24 @@ static int draw_quantization(quiz_rng* rng, quiz_drill* d, quant_params* p, int3
             r = quiz_rng_int(rng, 0, 1) ? (double)d->in.range_max + 0.1 + 2.0 * quiz_rng_unit(rng)
                                         : (double)d->in.range_min - 0.1 - 2.0 * quiz_rng_unit(rng);
         d->in.value = (float)(round(r * 1000.0) / 1000.0);
-        int levels = (1 << d->in.bits) - 1;
-        double s_exact = width / levels;
-        double z_exact = -(double)d->in.range_min / s_exact;
-        double q_exact = (double)d->in.value / s_exact;
-        if (distance_to_tie(z_exact) < 0.05 || distance_to_tie(q_exact) < 0.05) continue;
-        double z_hand = round(z_exact);
-        double q_hand = fmin(fmax(round(q_exact) + z_hand, 0.0), (double)levels);
-        *p = quant_params_for_range(d->in.range_min, d->in.range_max, d->in.bits, false);
-        *code = quant_quantize(d->in.value, p, d->in.bits, false, NULL);
+        double z_hand = 0, q_hand = 0;
+        if (d->in.symmetric) {
+            int code_max = (1 << (d->in.bits - 1)) - 1;
+            double s_exact = fmax(-(double)d->in.range_min, (double)d->in.range_max) / code_max;
+            double q_exact = (double)d->in.value / s_exact;
+            if (distance_to_tie(q_exact) < 0.05) continue;
+            q_hand = fmin(fmax(round(q_exact), (double)-code_max), (double)code_max);
+        } else {
+            int levels = (1 << d->in.bits) - 1;
+            double s_exact = width / levels;
+            double z_exact = -(double)d->in.range_min / s_exact;
+            double q_exact = (double)d->in.value / s_exact;
+            if (distance_to_tie(z_exact) < 0.05 || distance_to_tie(q_exact) < 0.05) continue;
+            z_hand = round(z_exact);
+            q_hand = fmin(fmax(round(q_exact) + z_hand, 0.0), (double)levels);
+        }
+        *p = quant_params_for_range(d->in.range_min, d->in.range_max, d->in.bits, d->in.symmetric);
+        *code = quant_quantize(d->in.value, p, d->in.bits, d->in.symmetric, NULL);
         *r_hat = quant_dequantize(*code, p);
         if ((double)p->zero_point != z_hand || (double)*code != q_hand) continue;
         return 0;
@@ -271,9 +283,13 @@ static int generate_quantization(quiz_rng* rng, quiz_drill* d, error_info* err) 
     float r_hat = 0;
     if (draw_quantization(rng, d, &p, &code, &r_hat))
         return error_set(err, "%s: no draw agreed with the engine's quantizer", quiz_drill_id(d->kind));
-    int levels = (1 << d->in.bits) - 1;
-    double s_exact = ((double)d->in.range_max - (double)d->in.range_min) / levels;
-    bool clipped = d->in.value < d->in.range_min || d->in.value > d->in.range_max;
+    const bool sym = d->in.symmetric;
+    int code_min = quant_code_min(d->in.bits, sym), code_max = quant_code_max(d->in.bits, sym);
+    double magnitude = fmax(-(double)d->in.range_min, (double)d->in.range_max);
+    double s_exact = sym ? magnitude / code_max : ((double)d->in.range_max - (double)d->in.range_min) / code_max;
+    // Symmetric codes cover [-max|r|, max|r|], asymmetric ones [r_min, r_max].
+    bool clipped = sym ? fabs((double)d->in.value) > magnitude
+                       : d->in.value < d->in.range_min || d->in.value > d->in.range_max;
     const char* asked = "";
     char code_note[96];
     if (clipped)
@@ -300,17 +316,27 @@ static int generate_quantization(quiz_rng* rng, quiz_drill* d, error_info* err) 
         break;
     }
     snprintf(d->prompt, sizeof d->prompt,
-             "Asymmetric %d-bit quantization (codes 0 to %d) of the range [r_min, r_max] = [%.2f, %.2f]. For the "
+             "%s %d-bit quantization (codes %d to %d%s) of the range [r_min, r_max] = [%.2f, %.2f]. For the "
              "real value r = %.3f, what is %s?",
-             d->in.bits, levels, (double)d->in.range_min, (double)d->in.range_max, (double)d->in.value, asked);
-    snprintf(d->explanation, sizeof d->explanation,
-             "s = (r_max - r_min) / (2^%d - 1) = %.4f / %d = %.6g (the engine stores s in FP16, rounded up: %.6g). "
-             "z = round(-r_min / s) = round(%.4f) = %d. q = clamp(round(r / s) + z, 0, %d): round(%.4f) + %d = "
-             "%.0f%s. r_hat = s (q - z) = %.6g x %d = %.6g.",
-             d->in.bits, (double)d->in.range_max - (double)d->in.range_min, levels, s_exact, (double)p.scale,
-             -(double)d->in.range_min / s_exact, p.zero_point, levels, (double)d->in.value / s_exact, p.zero_point,
-             round((double)d->in.value / s_exact) + p.zero_point, code_note, (double)p.scale, code - p.zero_point,
-             (double)r_hat);
+             sym ? "Symmetric" : "Asymmetric", d->in.bits, code_min, code_max, sym ? ", z = 0" : "",
+             (double)d->in.range_min, (double)d->in.range_max, (double)d->in.value, asked);
+    if (sym)
+        snprintf(d->explanation, sizeof d->explanation,
+                 "s = max(|r_min|, |r_max|) / (2^%d - 1) = %.4f / %d = %.6g (the engine stores s in FP16, rounded "
+                 "up: %.6g). z = 0. q = clamp(round(r / s), %d, %d): round(%.4f) = %.0f%s. r_hat = s q = %.6g x %d "
+                 "= %.6g.",
+                 d->in.bits - 1, magnitude, code_max, s_exact, (double)p.scale, code_min, code_max,
+                 (double)d->in.value / s_exact, round((double)d->in.value / s_exact), code_note, (double)p.scale,
+                 code, (double)r_hat);
+    else
+        snprintf(d->explanation, sizeof d->explanation,
+                 "s = (r_max - r_min) / (2^%d - 1) = %.4f / %d = %.6g (the engine stores s in FP16, rounded up: "
+                 "%.6g). z = round(-r_min / s) = round(%.4f) = %d. q = clamp(round(r / s) + z, 0, %d): round(%.4f) "
+                 "+ %d = %.0f%s. r_hat = s (q - z) = %.6g x %d = %.6g.",
+                 d->in.bits, (double)d->in.range_max - (double)d->in.range_min, code_max, s_exact, (double)p.scale,
+                 -(double)d->in.range_min / s_exact, p.zero_point, code_max, (double)d->in.value / s_exact,
+                 p.zero_point, round((double)d->in.value / s_exact) + p.zero_point, code_note, (double)p.scale,
+                 code - p.zero_point, (double)r_hat);
     return 0;
 }
 

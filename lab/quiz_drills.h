@@ -62,6 +62,7 @@ typedef struct quiz_drill_inputs {
     int low_bits;                        // step ratio: the lower bit width
     float range_min, range_max;          // [r_min, r_max]
     float value;                         // r
+    bool symmetric;                      // quantization: codes -(2^(b-1)-1) .. 2^(b-1)-1 and z = 0
     quiz_weight_format format;           // decode time, weight bytes
     int group_size;                      // weights per FP16 scale (INT8, INT4)
 } quiz_drill_inputs;

@@ -123,6 +123,15 @@ static double expected_answer(const quiz_drill* d, const quiz_model_list* models
         return bytes / devices[in->device].bandwidth_bytes_per_s * 1000.0;
     }
     default: { // quantization by hand, exact decimal arithmetic
+        if (in->symmetric) { // codes -(2^(b-1)-1) .. 2^(b-1)-1, z = 0
+            double code_max = pow(2, in->bits - 1) - 1;
+            double s = fmax(fabs((double)in->range_min), fabs((double)in->range_max)) / code_max;
+            double q = fmin(fmax(round((double)in->value / s), -code_max), code_max);
+            if (d->kind == QUIZ_DRILL_QUANT_SCALE) return s;
+            if (d->kind == QUIZ_DRILL_QUANT_ZERO_POINT) return 0;
+            if (d->kind == QUIZ_DRILL_QUANT_CODE) return q;
+            return s * q;
+        }
         double levels = pow(2, in->bits) - 1;
         double s = ((double)in->range_max - (double)in->range_min) / levels;
         double z = round(-(double)in->range_min / s);
@@ -139,7 +148,7 @@ static void test_each_generator_matches_an_independent_computation(void** state)
     (void)state;
     quiz_model_list models = load_models();
     for (int kind = 0; kind < QUIZ_DRILL_COUNT; kind++) {
-        int gqa_with = 0, gqa_without = 0, zero_waste = 0, clipped = 0, distinct = 0;
+        int gqa_with = 0, gqa_without = 0, zero_waste = 0, clipped = 0, distinct = 0, symmetric = 0;
         double previous = -1;
         for (int draw = 0; draw < DRAWS; draw++) {
             quiz_rng rng;
@@ -172,6 +181,7 @@ static void test_each_generator_matches_an_independent_computation(void** state)
             clipped += d.in.bits && d.in.range_max > d.in.range_min &&
                        (d.in.value < d.in.range_min || d.in.value > d.in.range_max);
             distinct += got != previous;
+            symmetric += d.in.symmetric;
             previous = got;
         }
         // Fresh numbers each time, and the interesting cases do come up.
@@ -179,6 +189,10 @@ static void test_each_generator_matches_an_independent_computation(void** state)
         if (kind == QUIZ_DRILL_KV_SIZE) assert_true(gqa_with > 20 && gqa_without > 20);
         if (kind == QUIZ_DRILL_TAIL_WASTE) assert_true(zero_waste > 0);
         if (kind == QUIZ_DRILL_QUANT_CODE) assert_true(clipped > 20);
+        // Symmetric and asymmetric drills both come up (the zero point only asymmetric: z = 0 otherwise).
+        if (kind >= QUIZ_DRILL_QUANT_SCALE && kind <= QUIZ_DRILL_QUANT_RHAT && kind != QUIZ_DRILL_QUANT_ZERO_POINT)
+            assert_true(symmetric > DRAWS / 5 && symmetric < DRAWS / 2);
+        if (kind == QUIZ_DRILL_QUANT_ZERO_POINT) assert_int_equal(symmetric, 0);
     }
     quiz_models_free(&models);
 }
@@ -194,8 +208,8 @@ static void test_quantization_drills_agree_with_the_engine(void** state) {
             quiz_drill d;
             error_info err = {{0}};
             assert_int_equal(quiz_drill_generate((quiz_drill_kind)kind, &models, &rng, &d, &err), 0);
-            quant_params p = quant_params_for_range(d.in.range_min, d.in.range_max, d.in.bits, false);
-            int32_t q = quant_quantize(d.in.value, &p, d.in.bits, false, NULL);
+            quant_params p = quant_params_for_range(d.in.range_min, d.in.range_max, d.in.bits, d.in.symmetric);
+            int32_t q = quant_quantize(d.in.value, &p, d.in.bits, d.in.symmetric, NULL);
             double engine[] = {p.scale, p.zero_point, q, quant_dequantize(q, &p)};
             assert_true(d.answer.value == engine[kind - QUIZ_DRILL_QUANT_SCALE]);
         }
