@@ -3,40 +3,29 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define STORAGE_ALIGNMENT 64 // one cache line: every tensor starts on its own line
-
-typedef struct storage_cursor {
-    unsigned char* base; // NULL while only measuring
-    size_t used;         // bytes handed out so far
-} storage_cursor;
-
-static void* take(storage_cursor* cursor, size_t bytes) {
-    size_t start = (cursor->used + STORAGE_ALIGNMENT - 1) / STORAGE_ALIGNMENT * STORAGE_ALIGNMENT;
-    cursor->used = start + bytes;
-    return cursor->base ? cursor->base + start : NULL;
-}
+#include "engine/arena.h"
 
 static size_t dtype_bytes(weight_dtype dtype) { return dtype == WEIGHT_F32 ? 4 : dtype == WEIGHT_F16 ? 2 : 1; }
 
-static void bind_matrix(storage_cursor* cursor, weight_matrix* w, weight_dtype dtype, int rows, int cols,
+static void bind_matrix(arena_cursor* cursor, weight_matrix* w, weight_dtype dtype, int rows, int cols,
                         int group_size) {
     size_t count = (size_t)rows * (size_t)cols;
     w->dtype = dtype;
     w->rows = rows;
     w->cols = cols;
     w->group_size = dtype == WEIGHT_Q8_0 ? group_size : 0;
-    w->values = take(cursor, count * dtype_bytes(dtype));
-    w->scales = dtype == WEIGHT_Q8_0 ? take(cursor, count / (size_t)group_size * sizeof(float)) : NULL;
+    w->values = arena_take(cursor, count * dtype_bytes(dtype));
+    w->scales = dtype == WEIGHT_Q8_0 ? arena_take(cursor, count / (size_t)group_size * sizeof(float)) : NULL;
 }
 
 // Points every tensor of m into cursor's block (or only measures it).
-static void bind_all(storage_cursor* cursor, model* m, weight_dtype dtype, int group_size) {
+static void bind_all(arena_cursor* cursor, model* m, weight_dtype dtype, int group_size) {
     const model_config* c = &m->config;
     bind_matrix(cursor, &m->token_embedding, dtype, c->vocab_size, c->dim, group_size);
     for (int l = 0; l < c->n_layers; l++) {
         layer_weights* layer = &m->layers[l];
-        layer->rms_attention = take(cursor, (size_t)c->dim * sizeof(float));
-        layer->rms_ffn = take(cursor, (size_t)c->dim * sizeof(float));
+        layer->rms_attention = arena_take(cursor, (size_t)c->dim * sizeof(float));
+        layer->rms_ffn = arena_take(cursor, (size_t)c->dim * sizeof(float));
         bind_matrix(cursor, &layer->wq, dtype, c->dim, c->dim, group_size);
         bind_matrix(cursor, &layer->wk, dtype, c->kv_dim, c->dim, group_size);
         bind_matrix(cursor, &layer->wv, dtype, c->kv_dim, c->dim, group_size);
@@ -45,7 +34,7 @@ static void bind_all(storage_cursor* cursor, model* m, weight_dtype dtype, int g
         bind_matrix(cursor, &layer->w2, dtype, c->dim, c->hidden_dim, group_size);
         bind_matrix(cursor, &layer->w3, dtype, c->hidden_dim, c->dim, group_size);
     }
-    m->rms_final = take(cursor, (size_t)c->dim * sizeof(float));
+    m->rms_final = arena_take(cursor, (size_t)c->dim * sizeof(float));
     if (c->shared_classifier)
         m->classifier = m->token_embedding;
     else
@@ -60,16 +49,16 @@ int model_storage_allocate(model* out, const model_config* config, weight_dtype 
     out->layers = calloc((size_t)config->n_layers, sizeof *out->layers);
     if (!out->layers) return error_set(err, "out of memory for %d layers", config->n_layers);
 
-    storage_cursor measure = {NULL, 0};
+    arena_cursor measure = {NULL, 0};
     bind_all(&measure, out, dtype, group_size);
-    size_t total = (measure.used + STORAGE_ALIGNMENT - 1) / STORAGE_ALIGNMENT * STORAGE_ALIGNMENT;
-    out->storage = aligned_alloc(STORAGE_ALIGNMENT, total);
+    size_t total = arena_total(&measure);
+    out->storage = aligned_alloc(ARENA_ALIGNMENT, total); // every tensor starts on its own cache line
     if (!out->storage) {
         free(out->layers);
         out->layers = NULL;
         return error_set(err, "out of memory: the weights need %zu bytes", total);
     }
-    storage_cursor cursor = {out->storage, 0};
+    arena_cursor cursor = {out->storage, 0};
     bind_all(&cursor, out, dtype, group_size);
 
     // Exact accounting: every matrix once (a shared classifier is the

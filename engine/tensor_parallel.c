@@ -3,9 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/arena.h"
 #include "engine/model_storage.h"
-
-#define SLICE_ALIGNMENT 64 // each copied slice starts on a cache line, as the model's tensors do
 
 // Bytes of one stored row of w's codes or values.
 static size_t row_bytes(const weight_matrix* w) {
@@ -51,17 +50,6 @@ static int view_rows(weight_matrix* out, const weight_matrix* w, int row_begin, 
 
 // ---- row-parallel: a slice of input columns is copied -------------------------------------
 
-typedef struct slice_cursor {
-    unsigned char* base; // NULL while measuring
-    size_t used;         // bytes handed out so far
-} slice_cursor;
-
-static void* take(slice_cursor* cursor, size_t bytes) {
-    size_t start = (cursor->used + SLICE_ALIGNMENT - 1) / SLICE_ALIGNMENT * SLICE_ALIGNMENT;
-    cursor->used = start + bytes;
-    return cursor->base ? cursor->base + start : NULL;
-}
-
 static int check_column_slice(const weight_matrix* w, int col_begin, int col_end, const char* name, int layer,
                               int n_shards, error_info* err) {
     if (w->dtype == WEIGHT_F32 || w->dtype == WEIGHT_F16) return 0;
@@ -76,12 +64,13 @@ static int check_column_slice(const weight_matrix* w, int col_begin, int col_end
 
 // Copies columns [col_begin, col_end) of w into storage taken from cursor
 // (measuring only when cursor->base is NULL). The caller checked the slice.
-static void copy_columns(weight_matrix* out, const weight_matrix* w, int col_begin, int col_end, slice_cursor* cursor) {
+static void copy_columns(weight_matrix* out, const weight_matrix* w, int col_begin, int col_end,
+                         arena_cursor* cursor) {
     *out = *w;
     const int width = col_end - col_begin;
     out->cols = width;
     const size_t rows = (size_t)w->rows, source_row = row_bytes(w), target_row = row_bytes(out);
-    unsigned char* values = take(cursor, rows * target_row);
+    unsigned char* values = arena_take(cursor, rows * target_row);
     out->values = values;
     size_t n_groups = 0, first_group = 0, source_groups = 0;
     if (w->dtype != WEIGHT_F32 && w->dtype != WEIGHT_F16) {
@@ -89,10 +78,10 @@ static void copy_columns(weight_matrix* out, const weight_matrix* w, int col_beg
         first_group = (size_t)col_begin / (size_t)w->group_size;
         source_groups = (size_t)w->cols / (size_t)w->group_size;
     }
-    float* q8_scales = w->dtype == WEIGHT_Q8_0 ? take(cursor, rows * n_groups * sizeof(float)) : NULL;
+    float* q8_scales = w->dtype == WEIGHT_Q8_0 ? arena_take(cursor, rows * n_groups * sizeof(float)) : NULL;
     bool packed = w->dtype == WEIGHT_I8 || w->dtype == WEIGHT_I4;
-    uint16_t* scales_f16 = packed ? take(cursor, rows * n_groups * sizeof(uint16_t)) : NULL;
-    uint8_t* zero_points = packed && w->zero_points ? take(cursor, rows * n_groups) : NULL;
+    uint16_t* scales_f16 = packed ? arena_take(cursor, rows * n_groups * sizeof(uint16_t)) : NULL;
+    uint8_t* zero_points = packed && w->zero_points ? arena_take(cursor, rows * n_groups) : NULL;
     if (w->dtype == WEIGHT_Q8_0) out->scales = q8_scales;
     if (packed) {
         out->scales_f16 = scales_f16;
@@ -181,7 +170,7 @@ static int split_shapes(tp_plan* plan, const model* m, int n_shards, error_info*
 }
 
 // Fills every shard's layers (storage NULL: measures the copies only).
-static int split_layers(tp_plan* plan, const model* m, slice_cursor* cursor, error_info* err) {
+static int split_layers(tp_plan* plan, const model* m, arena_cursor* cursor, error_info* err) {
     const int n = plan->n_shards, head_dim = m->config.head_dim;
     for (int s = 0; s < n; s++) {
         const tp_shard* shard = &plan->shards[s];
@@ -226,18 +215,19 @@ int tp_plan_build(tp_plan* plan, const model* m, int n_shards, error_info* err) 
             return error_set(err, "--tp %d: out of memory", n_shards);
         }
     }
-    slice_cursor measure = {NULL, 0};
+    arena_cursor measure = {NULL, 0};
     if (split_layers(plan, m, &measure, err)) {
         tp_plan_free(plan);
         return -1;
     }
-    size_t total = (measure.used + SLICE_ALIGNMENT - 1) / SLICE_ALIGNMENT * SLICE_ALIGNMENT;
-    plan->storage = aligned_alloc(SLICE_ALIGNMENT, total > 0 ? total : SLICE_ALIGNMENT);
+    // Each copied slice starts on a cache line, as the model's tensors do.
+    size_t total = arena_total(&measure);
+    plan->storage = aligned_alloc(ARENA_ALIGNMENT, total);
     if (!plan->storage) {
         tp_plan_free(plan);
         return error_set(err, "--tp %d: out of memory for %zu bytes of row-parallel weight slices", n_shards, total);
     }
-    slice_cursor cursor = {plan->storage, 0};
+    arena_cursor cursor = {plan->storage, 0};
     split_layers(plan, m, &cursor, err); // the same checks passed while measuring
     return 0;
 }
