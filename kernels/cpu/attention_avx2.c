@@ -140,34 +140,53 @@ AVX2_INLINE __m256 hsum8_x8(const __m256* v) {
     return _mm256_permutevar8x32_ps(sums, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
-// scores[s] = dot_f16(q, keys[s], head_dim) / scale for s < n (n <= 8):
-// the same accumulator, tail and division as dot_f16, 8 slots side by side.
-AVX2_INLINE void scores_x8(float* scores, const float* q, const uint16_t* const* keys, int n, int head_dim,
-                           float scale) {
+// dots[j] = dot_f16(q[j], keys[j], head_dim) / scale for j < n (n <= 8):
+// the same accumulator, tail and division as dot_f16, 8 dot products side
+// by side (8 heads of one slot, each with its own query).
+AVX2_INLINE void dots_x8(float* dots, const float* const* q, const uint16_t* const* keys, int n, int head_dim,
+                         float scale) {
     const uint16_t* k[8];
-    UNROLL8 for (int s = 0; s < 8; s++) k[s] = keys[s < n ? s : 0];
+    const float* qs[8];
+    UNROLL8 for (int j = 0; j < 8; j++) k[j] = keys[j < n ? j : 0], qs[j] = q[j < n ? j : 0];
     __m256 acc[8];
-    UNROLL8 for (int s = 0; s < 8; s++) acc[s] = _mm256_setzero_ps();
+    UNROLL8 for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
     int i = 0;
     for (; i + 8 <= head_dim; i += 8) {
-        __m256 qv = _mm256_loadu_ps(q + i);
-        UNROLL8 for (int s = 0; s < 8; s++)
-            acc[s] = _mm256_fmadd_ps(qv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(k[s] + i))), acc[s]);
+        UNROLL8 for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(
+            _mm256_loadu_ps(qs[j] + i), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(k[j] + i))), acc[j]);
     }
     float sums[8];
+    if (i == head_dim) { // no tail: the 8 divisions as one vector (each lane rounds as divss does)
+        _mm256_storeu_ps(sums, _mm256_div_ps(hsum8_x8(acc), _mm256_set1_ps(scale)));
+        memcpy(dots, sums, (size_t)n * sizeof(float));
+        return;
+    }
     _mm256_storeu_ps(sums, hsum8_x8(acc));
-    for (int s = 0; s < n; s++) {
-        float sum = sums[s];
-        for (int t = i; t < head_dim; t++) sum += q[t] * _cvtsh_ss(k[s][t]);
-        scores[s] = sum / scale;
+    for (int j = 0; j < n; j++) {
+        float sum = sums[j];
+        for (int t = i; t < head_dim; t++) sum += qs[j][t] * _cvtsh_ss(k[j][t]);
+        dots[j] = sum / scale;
     }
 }
 
 // out[i] = fma(p[s], v_s[i], out[i]) for s = 0 .. n-1 in order, every i of
 // the head: add_scaled_f16 per slot, with out held in registers, 32
-// elements (4 vectors) at a time, then 8, then the scalar tail.
+// elements (8 vectors) at a time, then 32, 8, and the scalar tail. Each
+// vector of out is a chain of n dependent FMAs (4 cycles each), so the
+// more vectors are in flight at once, the closer to 2 FMAs per cycle.
 AVX2_INLINE void add_scaled_run(float* out, const float* p, const uint16_t* const* v, int n, int head_dim) {
     int i = 0;
+    for (; i + 64 <= head_dim; i += 64) {
+        __m256 a[8];
+        UNROLL8 for (int k = 0; k < 8; k++) a[k] = _mm256_loadu_ps(out + i + 8 * k);
+        for (int s = 0; s < n; s++) {
+            const uint16_t* values = v[s] + i;
+            __m256 w = _mm256_set1_ps(p[s]);
+            UNROLL8 for (int k = 0; k < 8; k++)
+                a[k] = _mm256_fmadd_ps(w, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(values + 8 * k))), a[k]);
+        }
+        UNROLL8 for (int k = 0; k < 8; k++) _mm256_storeu_ps(out + i + 8 * k, a[k]);
+    }
     for (; i + 32 <= head_dim; i += 32) {
         __m256 a0 = _mm256_loadu_ps(out + i), a1 = _mm256_loadu_ps(out + i + 8), a2 = _mm256_loadu_ps(out + i + 16),
                a3 = _mm256_loadu_ps(out + i + 24);
@@ -208,6 +227,18 @@ static void gather_run(const uint16_t** slots, const uint16_t* base, const kv_la
     }
 }
 
+// Asks for every cache line of rows[first .. last), kv_dim fp16 each. A
+// run is one block of a paged cache (or parts of two), and the hardware
+// prefetcher loses the stream at every jump to another block; fetching
+// the next run while this one is computed lets a paged cache stream like a
+// contiguous one. Spread over the run, not all at once, so the loads of
+// the current run are not queued behind them.
+static void prefetch_rows(const uint16_t* const* rows, int first, int last, int kv_dim) {
+    const size_t row_bytes = (size_t)kv_dim * sizeof(uint16_t);
+    for (int s = first; s < last; s++)
+        for (size_t b = 0; b < row_bytes; b += 64) _mm_prefetch((const char*)rows[s] + b, _MM_HINT_T0);
+}
+
 // Every head at once, positions in order. all_scores: (n_heads, n_context).
 AVX2_TARGET static void attention_slot_major(float* out, const float* query, const kv_layer_view* kv, int n_context,
                                              int n_heads, int n_kv_heads, int head_dim, float* all_scores) {
@@ -215,17 +246,29 @@ AVX2_TARGET static void attention_slot_major(float* out, const float* query, con
     const int queries_per_kv_head = n_heads / n_kv_heads;
     const float scale = sqrtf((float)head_dim);
     const uint16_t* slots[POSITION_RUN];
+    const uint16_t* next_slots[POSITION_RUN];
     const uint16_t* heads[POSITION_RUN];
     for (int t0 = 0; t0 < n_context; t0 += POSITION_RUN) {
         int n = n_context - t0 < POSITION_RUN ? n_context - t0 : POSITION_RUN;
         gather_run(slots, kv->key_slots, kv, t0, n, kv_dim);
-        for (int h = 0; h < n_heads; h++) {
-            const size_t head_offset = (size_t)(h / queries_per_kv_head) * (size_t)head_dim;
-            for (int s = 0; s < n; s++) heads[s] = slots[s] + head_offset;
-            float* scores = all_scores + (size_t)h * (size_t)n_context + (size_t)t0;
-            for (int s = 0; s < n; s += 8)
-                scores_x8(scores + s, query + (size_t)h * (size_t)head_dim, heads + s, n - s < 8 ? n - s : 8,
-                          head_dim, scale);
+        int n_next = n_context - (t0 + n) < POSITION_RUN ? n_context - (t0 + n) : POSITION_RUN;
+        if (n_next > 0) gather_run(next_slots, kv->key_slots, kv, t0 + n, n_next, kv_dim);
+        // Keys slot by slot, 8 heads at a time: each slot's kv_dim elements
+        // are read front to back, so a block streams like one array.
+        for (int s = 0; s < n; s++) {
+            if (s < n_next) prefetch_rows(next_slots, s, s + 1, kv_dim);
+            for (int h0 = 0; h0 < n_heads; h0 += 8) {
+                int m = n_heads - h0 < 8 ? n_heads - h0 : 8;
+                const float* q[8];
+                const uint16_t* keys[8];
+                float dots[8];
+                for (int j = 0; j < m; j++) {
+                    q[j] = query + (size_t)(h0 + j) * (size_t)head_dim;
+                    keys[j] = slots[s] + (size_t)((h0 + j) / queries_per_kv_head) * (size_t)head_dim;
+                }
+                dots_x8(dots, q, keys, m, head_dim, scale);
+                for (int j = 0; j < m; j++) all_scores[(size_t)(h0 + j) * (size_t)n_context + (size_t)(t0 + s)] = dots[j];
+            }
         }
     }
     for (int h = 0; h < n_heads; h++)
@@ -234,7 +277,10 @@ AVX2_TARGET static void attention_slot_major(float* out, const float* query, con
     for (int t0 = 0; t0 < n_context; t0 += POSITION_RUN) {
         int n = n_context - t0 < POSITION_RUN ? n_context - t0 : POSITION_RUN;
         gather_run(slots, kv->value_slots, kv, t0, n, kv_dim);
+        int n_next = n_context - (t0 + n) < POSITION_RUN ? n_context - (t0 + n) : POSITION_RUN;
+        if (n_next > 0) gather_run(next_slots, kv->value_slots, kv, t0 + n, n_next, kv_dim);
         for (int h = 0; h < n_heads; h++) {
+            prefetch_rows(next_slots, h * n_next / n_heads, (h + 1) * n_next / n_heads, kv_dim);
             const size_t head_offset = (size_t)(h / queries_per_kv_head) * (size_t)head_dim;
             for (int s = 0; s < n; s++) heads[s] = slots[s] + head_offset;
             add_scaled_run(out + (size_t)h * (size_t)head_dim,

@@ -22,7 +22,9 @@
 //            lane-wise, groups in order, and hsum8(total) at the end.
 //   AVX-512: the same with 16 lanes: INT8 steps of 16 columns, INT4 steps of
 //            32 (lane l: s + 2l, then s + 2l + 1); tails loaded masked, as 0;
-//            hsum16 at the end.
+//            hsum16 at the end. INT4 with a group size that is a multiple
+//            of 128: steps of 128 columns, lane l takes s + 8l, s + 8l + 1,
+//            ..., s + 8l + 7 in that order (the phase kernel).
 // Each level rounds differently (they agree to about cols * 2^-24 relative
 // to sum |w x|); one level always gives the same bits, whatever the batch,
 // the tile, the row's position or the thread count.

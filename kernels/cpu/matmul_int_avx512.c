@@ -8,7 +8,9 @@
 //   INT8:  per group a 16-lane accumulator, steps of 16 columns, the tail
 //          loaded masked (as 0); total = fma(acc, scale, total); hsum16.
 //   INT4:  steps of 32 columns = 16 bytes: lane l takes column s + 2l (low
-//          nibble of byte l), then s + 2l + 1 (high nibble); hsum16.
+//          nibble of byte l), then s + 2l + 1 (high nibble); hsum16. Groups
+//          of a multiple of 128: steps of 128 columns = 64 bytes, lane l
+//          takes s + 8l .. s + 8l + 7 in order (the phase kernel below).
 //   W8A8:  exact int32 group sums, then w8a8_term() per group in order.
 // Measured on 2 Zen 5 cores (35 GB/s stream-read), 5632 x 2048, group 128,
 // 1 row, 2 threads: INT8 43 GB/s, INT4 33 GB/s, W8A8 48 GB/s of packed weights.
@@ -17,6 +19,7 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#include <stdbool.h>
 
 #define VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 #define VNNI_INLINE                                                                                                    \
@@ -279,10 +282,147 @@ static AVX512_TARGET __attribute__((noinline)) void i4_tile_any(float* out, int 
 #undef I4_TILE
 }
 
+// ---- INT4, groups of a multiple of 128 columns: 8 phases per 64 bytes ----------
+//
+// The kernel above spends 3 shuffles per 32 columns (a byte-to-dword
+// widening and two table lookups), and shuffles are what bound it. Here a
+// step is 128 columns = 64 packed bytes loaded as 16 dwords: dword l holds
+// the 8 nibbles of columns s + 8l .. s + 8l + 7, so shifting it right by
+// 4k and looking the low 4 bits up in the table gives column s + 8l + k in
+// lane l. 8 lookups and 7 shifts per 128 columns, no widening: a third
+// fewer shuffles. The activations are put in the same order once per row
+// and call (x_phase: lane l of phase k = x[s + 8l + k]), not per output.
+//
+// The order: per group, lane l of one accumulator takes, step by step,
+// columns s + 8l, s + 8l + 1, ..., s + 8l + 7 by fma; then as above
+// total = fma(acc, scale, total) per group, and hsum16. Used whenever the
+// group size is a multiple of 128, for every batch row alike.
+
+#define PHASE_STEP 128 // columns per step: 64 bytes of codes
+#define PHASE_ROWS_MAX 4
+#define PHASE_SCRATCH_FLOATS 8192 // rows x cols of reordered activations on the stack (32 KiB)
+
+// phased: (cols) the row x reordered per step: phased[s + 16k + l] = x[s + 8l + k].
+AVX512_INLINE void phase_order(float* phased, const float* x, int cols) {
+    const __m512i gather = _mm512_setr_epi32(0, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120);
+    for (int s = 0; s < cols; s += PHASE_STEP)
+        for (int k = 0; k < 8; k++)
+            _mm512_storeu_ps(phased + s + 16 * k,
+                             _mm512_i32gather_ps(_mm512_add_epi32(gather, _mm512_set1_epi32(k)), x + s, 4));
+}
+
+// out, scales, zeros as for i4_tile; x_phase: (R rows of cols) in phase order.
+AVX512_INLINE void i4_phase_tile(float* out, int d_out, const uint8_t* w, size_t row_bytes, const uint16_t* scales,
+                                 const uint8_t* zeros, const float* x_phase, int cols, int group_size, int C, int R,
+                                 int asymmetric) {
+    const int n_groups = cols / group_size;
+    const __m512 nibbles = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512 total[TILE_OUTPUTS_MAX][TILE_MAX], acc[TILE_OUTPUTS_MAX][TILE_MAX];
+    __m512 table[TILE_OUTPUTS_MAX]; // table[c][k] = k - zero
+    UNROLL_TILE for (int c = 0; c < C; c++) {
+        table[c] = _mm512_sub_ps(nibbles, _mm512_set1_ps(8.0f));
+        UNROLL_TILE for (int r = 0; r < R; r++) total[c][r] = _mm512_setzero_ps();
+    }
+    for (int g = 0; g < n_groups; g++) {
+        const int begin = g * group_size, end = begin + group_size;
+        UNROLL_TILE for (int c = 0; c < C; c++) {
+            if (asymmetric) {
+                float zero = (float)zeros[(size_t)c * (size_t)n_groups + (size_t)g];
+                table[c] = _mm512_sub_ps(nibbles, _mm512_set1_ps(zero));
+            }
+            UNROLL_TILE for (int r = 0; r < R; r++) acc[c][r] = _mm512_setzero_ps();
+        }
+        for (int i = begin; i < end; i += PHASE_STEP) {
+            __m512i codes[TILE_OUTPUTS_MAX];
+            UNROLL_TILE for (int c = 0; c < C; c++) {
+                const uint8_t* p = w + (size_t)c * row_bytes + (size_t)(i / 2);
+                prefetch_ahead(p, (size_t)C * row_bytes);
+                codes[c] = _mm512_loadu_si512((const void*)p);
+            }
+            UNROLL_TILE for (int k = 0; k < 8; k++) {
+                __m512 xv[TILE_MAX];
+                UNROLL_TILE for (int r = 0; r < R; r++)
+                    xv[r] = _mm512_loadu_ps(x_phase + (size_t)r * (size_t)cols + (size_t)(i + 16 * k));
+                UNROLL_TILE for (int c = 0; c < C; c++) {
+                    __m512 wv = _mm512_permutexvar_ps(k ? _mm512_srli_epi32(codes[c], 4 * k) : codes[c], table[c]);
+                    UNROLL_TILE for (int r = 0; r < R; r++) acc[c][r] = _mm512_fmadd_ps(wv, xv[r], acc[c][r]);
+                }
+            }
+        }
+        UNROLL_TILE for (int c = 0; c < C; c++) {
+            __m512 scale = _mm512_set1_ps(_cvtsh_ss(scales[(size_t)c * (size_t)n_groups + (size_t)g]));
+            UNROLL_TILE for (int r = 0; r < R; r++) total[c][r] = _mm512_fmadd_ps(acc[c][r], scale, total[c][r]);
+        }
+    }
+    UNROLL_TILE for (int c = 0; c < C; c++) {
+        UNROLL_TILE for (int r = 0; r < R; r++) out[(size_t)r * (size_t)d_out + (size_t)c] = hsum16(total[c][r]);
+    }
+}
+
+static AVX512_TARGET __attribute__((noinline)) void i4_phase_tile_any(float* out, int d_out, const uint8_t* w,
+                                                                      size_t row_bytes, const uint16_t* scales,
+                                                                      const uint8_t* zeros, const float* x_phase,
+                                                                      int cols, int group_size, int C, int R) {
+#define I4_PHASE_TILE(c, r)                                                                                            \
+    (zeros ? i4_phase_tile(out, d_out, w, row_bytes, scales, zeros, x_phase, cols, group_size, c, r, 1)                \
+           : i4_phase_tile(out, d_out, w, row_bytes, scales, zeros, x_phase, cols, group_size, c, r, 0))
+    switch (C * 8 + R) {
+    case 1 * 8 + 1: I4_PHASE_TILE(1, 1); break;
+    case 1 * 8 + 2: I4_PHASE_TILE(1, 2); break;
+    case 1 * 8 + 3: I4_PHASE_TILE(1, 3); break;
+    case 1 * 8 + 4: I4_PHASE_TILE(1, 4); break;
+    case 2 * 8 + 1: I4_PHASE_TILE(2, 1); break;
+    case 2 * 8 + 2: I4_PHASE_TILE(2, 2); break;
+    case 2 * 8 + 3: I4_PHASE_TILE(2, 3); break;
+    case 2 * 8 + 4: I4_PHASE_TILE(2, 4); break;
+    case 3 * 8 + 1: I4_PHASE_TILE(3, 1); break;
+    case 3 * 8 + 2: I4_PHASE_TILE(3, 2); break;
+    case 4 * 8 + 1: I4_PHASE_TILE(4, 1); break;
+    case 4 * 8 + 2: I4_PHASE_TILE(4, 2); break;
+    case 5 * 8 + 1: I4_PHASE_TILE(5, 1); break;
+    case 6 * 8 + 1: I4_PHASE_TILE(6, 1); break;
+    case 7 * 8 + 1: I4_PHASE_TILE(7, 1); break;
+    case 8 * 8 + 1: I4_PHASE_TILE(8, 1); break;
+    default: break; // larger tiles are never asked for
+    }
+#undef I4_PHASE_TILE
+}
+
+// The phase kernel over outputs [o_begin, o_end): batch rows in tiles of up
+// to PHASE_ROWS_MAX, each tile's activations reordered once, then every
+// output over them (the chunk's weights, a few KiB per output, stay in L2
+// for the next row tile). Returns false when the scratch would not fit.
+static AVX512_TARGET bool matmul_i4_phase(float* out, const float* in, int n_rows, const weight_matrix* w,
+                                          int o_begin, int o_end) {
+    const uint8_t* values = (const uint8_t*)w->values;
+    const int d_out = w->rows, cols = w->cols;
+    const size_t n_groups = (size_t)(cols / w->group_size), row_bytes = int_row_bytes(w);
+    int rows_per_tile = PHASE_SCRATCH_FLOATS / cols < PHASE_ROWS_MAX ? PHASE_SCRATCH_FLOATS / cols : PHASE_ROWS_MAX;
+    if (rows_per_tile < 1) return false;
+    float x_phase[PHASE_SCRATCH_FLOATS];
+    for (int r = 0; r < n_rows; r += rows_per_tile) {
+        const int R_tile = n_rows - r < rows_per_tile ? n_rows - r : rows_per_tile;
+        for (int k = 0; k < R_tile; k++)
+            phase_order(x_phase + (size_t)k * (size_t)cols, in + (size_t)(r + k) * (size_t)cols, cols);
+        // Same register budget as i4_tile: 8 x 1, 4 x 2, 2 x 3 or 2 x 4.
+        const int max_outputs = R_tile == 1 ? TILE_OUTPUTS_MAX : R_tile >= 3 ? 2 : TILE_MAX;
+        for (int o = o_begin; o < o_end; o += max_outputs) {
+            const int C = o_end - o < max_outputs ? o_end - o : max_outputs;
+            const size_t first_group = (size_t)o * n_groups;
+            i4_phase_tile_any(out + (size_t)r * (size_t)d_out + (size_t)o, d_out, values + (size_t)o * row_bytes,
+                              row_bytes, w->scales_f16 + first_group,
+                              w->zero_points ? w->zero_points + first_group : NULL, x_phase, cols, w->group_size, C,
+                              R_tile);
+        }
+    }
+    return true;
+}
+
 AVX512_TARGET void matmul_i4_avx512(float* out, const float* in, int n_rows, const weight_matrix* w, int o_begin,
                                     int o_end) {
     const uint8_t* values = (const uint8_t*)w->values;
     const int d_out = w->rows, cols = w->cols;
+    if (w->group_size % PHASE_STEP == 0 && matmul_i4_phase(out, in, n_rows, w, o_begin, o_end)) return;
     const size_t n_groups = (size_t)(cols / w->group_size), row_bytes = int_row_bytes(w);
     // Two accumulators per element, two split activations per row and a
     // table per output: 4 x 2 or 2 x 4 fit the 32 registers.

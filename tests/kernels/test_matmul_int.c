@@ -288,10 +288,14 @@ typedef struct shape {
 // cols not a multiple of 8, 16, 32 or 64 (1, 3, 17, 33, 172, 257), odd cols
 // (a half-used last INT4 byte), odd group sizes (INT4 groups that start in
 // the middle of a byte), groups shorter than a vector and per-channel
-// groups, row counts that are not multiples of the tiles.
+// groups, row counts that are not multiples of the tiles. Groups of a
+// multiple of 128 take the AVX-512 INT4 phase kernel (256 / 128, 512 /
+// 256); 8320 columns are more than its activation scratch holds, so that
+// shape takes the general kernel instead.
 static const shape odd_shapes[] = {
     {1, 1, 1},     {5, 3, 3},    {5, 3, 1},    {33, 17, 17},  {7, 33, 11}, {16, 172, 43},   {6, 172, 4}, {9, 257, 257},
     {13, 256, 32}, {11, 96, 96}, {3, 100, 50}, {19, 130, 65}, {5, 200, 8}, {10, 1000, 125}, {2, 64, 64}, {7, 66, 33},
+    {6, 256, 128}, {5, 512, 256}, {3, 8320, 128},
 };
 #define N_ODD_SHAPES (sizeof odd_shapes / sizeof odd_shapes[0])
 
