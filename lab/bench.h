@@ -70,8 +70,10 @@ typedef struct bench_report {
     int n_threads;              // threads used
     const char* simd_level;     // "avx512", "avx2", "scalar"
     size_t stream_buffer_bytes; // buffer of the bandwidth probe
-    double bandwidth_gb_s;      // streaming read, all threads
-    double peak_gflop_s;        // fp32 FMA, all threads
+    double bandwidth_gb_s;      // streaming read, all threads: the higher of the two probes
+    double peak_gflop_s;        // fp32 FMA, all threads: the higher of the two probes
+    double probe_bandwidth_gb_s[2]; // the streaming-read probe before the sections and after them
+    double probe_peak_gflop_s[2];   // the same for the FMA probe
     int decode_tokens;          // tokens per decode run
     bench_decode decode[BENCH_MAX_DECODE];
     int n_decode;
@@ -81,6 +83,8 @@ typedef struct bench_report {
     bench_batch batch[BENCH_MAX_BATCH];
     int n_batch;
     double roofline_flat_batch; // batch where B x FLOPs/token / peak = bytes/token / bandwidth
+    double roofline_bytes_per_token; // batch-1 fp16 decode: weight + KV bytes per token
+    double roofline_flops_per_token; // and FLOPs per token
     bench_attention attention[BENCH_MAX_ATTENTION];
     int n_attention;
     bench_small_model small_model;

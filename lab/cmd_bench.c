@@ -104,8 +104,11 @@ static double reference_prefill_tok_s(const bench_prefill* p) {
 static void print_table(const bench_report* r) {
     printf("servelab bench: model %s, %d threads, SIMD %s\n\n", r->model, r->n_threads, r->simd_level);
     printf("machine\n");
-    printf("  streaming read   %8.1f GB/s     (buffer %zu MiB)\n", r->bandwidth_gb_s, r->stream_buffer_bytes >> 20);
-    printf("  fp32 FMA peak    %8.1f GFLOP/s\n\n", r->peak_gflop_s);
+    printf("  streaming read   %8.1f GB/s     (buffer %zu MiB; probes before / after the run %.1f / %.1f)\n",
+           r->bandwidth_gb_s, r->stream_buffer_bytes >> 20, r->probe_bandwidth_gb_s[0], r->probe_bandwidth_gb_s[1]);
+    printf("  fp32 FMA peak    %8.1f GFLOP/s  (probes before / after %.1f / %.1f)\n", r->peak_gflop_s,
+           r->probe_peak_gflop_s[0], r->probe_peak_gflop_s[1]);
+    printf("  (fractions below are of the higher probe)\n\n");
 
     const double fp16_tok_s = r->n_decode > 1 ? r->decode[1].tok_s : 0.0;
     printf("decode, batch 1, %d tokens            | reference (issue, not measured here)\n", r->decode_tokens);
@@ -156,8 +159,10 @@ static void print_table(const bench_report* r) {
 static void print_json(const bench_report* r) {
     printf("{\"model\": \"%s\", \"threads\": %d, \"simd\": \"%s\", \"stream_buffer_bytes\": %zu, ", r->model,
            r->n_threads, r->simd_level, r->stream_buffer_bytes);
-    printf("\"bandwidth_gb_s\": %.3f, \"peak_gflop_s\": %.3f, \"decode_tokens\": %d, \"decode\": [", r->bandwidth_gb_s,
-           r->peak_gflop_s, r->decode_tokens);
+    printf("\"bandwidth_gb_s\": %.3f, \"peak_gflop_s\": %.3f, ", r->bandwidth_gb_s, r->peak_gflop_s);
+    printf("\"bandwidth_probes_gb_s\": [%.3f, %.3f], \"peak_probes_gflop_s\": [%.3f, %.3f], ", r->probe_bandwidth_gb_s[0],
+           r->probe_bandwidth_gb_s[1], r->probe_peak_gflop_s[0], r->probe_peak_gflop_s[1]);
+    printf("\"decode_tokens\": %d, \"decode\": [", r->decode_tokens);
     for (int i = 0; i < r->n_decode; i++) {
         const bench_decode* d = &r->decode[i];
         printf(

@@ -35,6 +35,23 @@
 // The first n (< 16) lanes.
 AVX512_INLINE __mmask16 first_lanes(int n) { return (__mmask16)((1u << n) - 1u); }
 
+// The end of group g of a tile: total = fma(acc, scale_g, total) per
+// element; scales: (C, n_groups) fp16.
+AVX512_INLINE void add_group_to_totals(__m512 total[][TILE_MAX], __m512 acc[][TILE_MAX], const uint16_t* scales,
+                                       int n_groups, int g, int C, int R) {
+    UNROLL_TILE for (int c = 0; c < C; c++) {
+        __m512 scale = _mm512_set1_ps(_cvtsh_ss(scales[(size_t)c * (size_t)n_groups + (size_t)g]));
+        UNROLL_TILE for (int r = 0; r < R; r++) total[c][r] = _mm512_fmadd_ps(acc[c][r], scale, total[c][r]);
+    }
+}
+
+// The end of a tile: out[r][c] = hsum16(total[c][r]) (out rows of stride d_out).
+AVX512_INLINE void store_totals(float* out, int d_out, __m512 total[][TILE_MAX], int C, int R) {
+    UNROLL_TILE for (int c = 0; c < C; c++) {
+        UNROLL_TILE for (int r = 0; r < R; r++) out[(size_t)r * (size_t)d_out + (size_t)c] = hsum16(total[c][r]);
+    }
+}
+
 // ---- INT8 codes, fp32 activations (W8A16) -------------------------------------
 
 // 16 code bytes as the floats c = q - zero (exact).
@@ -81,14 +98,9 @@ AVX512_INLINE void i8_tile(float* out, int d_out, const uint8_t* w, const uint16
                 UNROLL_TILE for (int r = 0; r < R; r++) acc[c][r] = _mm512_fmadd_ps(wv, xv[r], acc[c][r]);
             }
         }
-        UNROLL_TILE for (int c = 0; c < C; c++) {
-            __m512 scale = _mm512_set1_ps(_cvtsh_ss(scales[(size_t)c * (size_t)n_groups + (size_t)g]));
-            UNROLL_TILE for (int r = 0; r < R; r++) total[c][r] = _mm512_fmadd_ps(acc[c][r], scale, total[c][r]);
-        }
+        add_group_to_totals(total, acc, scales, n_groups, g, C, R);
     }
-    UNROLL_TILE for (int c = 0; c < C; c++) {
-        UNROLL_TILE for (int r = 0; r < R; r++) out[(size_t)r * (size_t)d_out + (size_t)c] = hsum16(total[c][r]);
-    }
+    store_totals(out, d_out, total, C, R);
 }
 
 static AVX512_TARGET __attribute__((noinline)) void i8_tile_any(float* out, int d_out, const uint8_t* w,
@@ -173,6 +185,19 @@ AVX512_INLINE void widen_i4(__m128i packed, __m512 table, __m512* even, __m512* 
     *odd = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table);
 }
 
+// The start of group g of an INT4 tile: table[c][k] = k - zero (what
+// nibble k stands for: zero 8 when symmetric, q + 8 stored; else the
+// group's zero-point from zeros (C, n_groups)) and the accumulators at +0.
+AVX512_INLINE void start_i4_group(__m512* table, __m512 acc[][TILE_MAX], const uint8_t* zeros, int n_groups, int g,
+                                  int C, int R, int asymmetric) {
+    const __m512 nibbles = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    UNROLL_TILE for (int c = 0; c < C; c++) {
+        float zero = asymmetric ? (float)zeros[(size_t)c * (size_t)n_groups + (size_t)g] : 8.0f;
+        table[c] = _mm512_sub_ps(nibbles, _mm512_set1_ps(zero));
+        UNROLL_TILE for (int r = 0; r < R; r++) acc[c][r] = _mm512_setzero_ps();
+    }
+}
+
 // out, x as for i8_tile; w: (C rows of row_bytes) packed nibbles, the
 // tile's rows contiguous; zeros (C, n_groups) when asymmetric (else the
 // zero-point is 8).
@@ -180,22 +205,14 @@ AVX512_INLINE void i4_tile(float* out, int d_out, const uint8_t* w, size_t row_b
                            const uint8_t* zeros, const float* x, int cols, int group_size, int C, int R,
                            int asymmetric) {
     const int n_groups = cols / group_size;
-    const __m512 nibbles = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     __m512 total[TILE_OUTPUTS_MAX][TILE_MAX], acc[TILE_OUTPUTS_MAX][TILE_MAX], x_even[TILE_MAX], x_odd[TILE_MAX];
     __m512 table[TILE_OUTPUTS_MAX]; // table[c][k] = k - zero: what nibble k stands for in this group
     UNROLL_TILE for (int c = 0; c < C; c++) {
-        table[c] = _mm512_sub_ps(nibbles, _mm512_set1_ps(8.0f)); // symmetric: q + 8 stored
         UNROLL_TILE for (int r = 0; r < R; r++) total[c][r] = _mm512_setzero_ps();
     }
     for (int g = 0; g < n_groups; g++) {
         const int begin = g * group_size, end = begin + group_size;
-        UNROLL_TILE for (int c = 0; c < C; c++) {
-            if (asymmetric) {
-                float zero = (float)zeros[(size_t)c * (size_t)n_groups + (size_t)g];
-                table[c] = _mm512_sub_ps(nibbles, _mm512_set1_ps(zero));
-            }
-            UNROLL_TILE for (int r = 0; r < R; r++) acc[c][r] = _mm512_setzero_ps();
-        }
+        start_i4_group(table, acc, zeros, n_groups, g, C, R, asymmetric);
         int i = begin;
         // Full steps from an even column read the packed bytes directly.
         for (; (begin & 1) == 0 && i + 32 <= end; i += 32) {
@@ -243,14 +260,9 @@ AVX512_INLINE void i4_tile(float* out, int d_out, const uint8_t* w, size_t row_b
                 }
             }
         }
-        UNROLL_TILE for (int c = 0; c < C; c++) {
-            __m512 scale = _mm512_set1_ps(_cvtsh_ss(scales[(size_t)c * (size_t)n_groups + (size_t)g]));
-            UNROLL_TILE for (int r = 0; r < R; r++) total[c][r] = _mm512_fmadd_ps(acc[c][r], scale, total[c][r]);
-        }
+        add_group_to_totals(total, acc, scales, n_groups, g, C, R);
     }
-    UNROLL_TILE for (int c = 0; c < C; c++) {
-        UNROLL_TILE for (int r = 0; r < R; r++) out[(size_t)r * (size_t)d_out + (size_t)c] = hsum16(total[c][r]);
-    }
+    store_totals(out, d_out, total, C, R);
 }
 
 static AVX512_TARGET __attribute__((noinline)) void i4_tile_any(float* out, int d_out, const uint8_t* w,
@@ -316,22 +328,14 @@ AVX512_INLINE void i4_phase_tile(float* out, int d_out, const uint8_t* w, size_t
                                  const uint8_t* zeros, const float* x_phase, int cols, int group_size, int C, int R,
                                  int asymmetric) {
     const int n_groups = cols / group_size;
-    const __m512 nibbles = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     __m512 total[TILE_OUTPUTS_MAX][TILE_MAX], acc[TILE_OUTPUTS_MAX][TILE_MAX];
     __m512 table[TILE_OUTPUTS_MAX]; // table[c][k] = k - zero
     UNROLL_TILE for (int c = 0; c < C; c++) {
-        table[c] = _mm512_sub_ps(nibbles, _mm512_set1_ps(8.0f));
         UNROLL_TILE for (int r = 0; r < R; r++) total[c][r] = _mm512_setzero_ps();
     }
     for (int g = 0; g < n_groups; g++) {
         const int begin = g * group_size, end = begin + group_size;
-        UNROLL_TILE for (int c = 0; c < C; c++) {
-            if (asymmetric) {
-                float zero = (float)zeros[(size_t)c * (size_t)n_groups + (size_t)g];
-                table[c] = _mm512_sub_ps(nibbles, _mm512_set1_ps(zero));
-            }
-            UNROLL_TILE for (int r = 0; r < R; r++) acc[c][r] = _mm512_setzero_ps();
-        }
+        start_i4_group(table, acc, zeros, n_groups, g, C, R, asymmetric);
         for (int i = begin; i < end; i += PHASE_STEP) {
             __m512i codes[TILE_OUTPUTS_MAX];
             UNROLL_TILE for (int c = 0; c < C; c++) {
@@ -349,14 +353,9 @@ AVX512_INLINE void i4_phase_tile(float* out, int d_out, const uint8_t* w, size_t
                 }
             }
         }
-        UNROLL_TILE for (int c = 0; c < C; c++) {
-            __m512 scale = _mm512_set1_ps(_cvtsh_ss(scales[(size_t)c * (size_t)n_groups + (size_t)g]));
-            UNROLL_TILE for (int r = 0; r < R; r++) total[c][r] = _mm512_fmadd_ps(acc[c][r], scale, total[c][r]);
-        }
+        add_group_to_totals(total, acc, scales, n_groups, g, C, R);
     }
-    UNROLL_TILE for (int c = 0; c < C; c++) {
-        UNROLL_TILE for (int r = 0; r < R; r++) out[(size_t)r * (size_t)d_out + (size_t)c] = hsum16(total[c][r]);
-    }
+    store_totals(out, d_out, total, C, R);
 }
 
 static AVX512_TARGET __attribute__((noinline)) void i4_phase_tile_any(float* out, int d_out, const uint8_t* w,

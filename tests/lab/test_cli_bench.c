@@ -153,6 +153,15 @@ static void test_bench_quick_json(void** state) {
     double bandwidth = next_number(&cursor, "bandwidth_gb_s");
     double peak = next_number(&cursor, "peak_gflop_s");
     assert_true(bandwidth > 0 && peak > 0);
+    // The machine is probed before and after the sections; every fraction
+    // is of the higher probe.
+    cursor = array_of(json, "bandwidth_probes_gb_s") + strlen("\"bandwidth_probes_gb_s\": [");
+    double bandwidth_before = strtod(cursor, NULL), bandwidth_after = strtod(strchr(cursor, ',') + 1, NULL);
+    cursor = array_of(json, "peak_probes_gflop_s") + strlen("\"peak_probes_gflop_s\": [");
+    double peak_before = strtod(cursor, NULL), peak_after = strtod(strchr(cursor, ',') + 1, NULL);
+    assert_true(bandwidth_before > 0 && bandwidth_after > 0 && peak_before > 0 && peak_after > 0);
+    assert_true(close_to(bandwidth, fmax(bandwidth_before, bandwidth_after), 1e-3));
+    assert_true(close_to(peak, fmax(peak_before, peak_after), 1e-3));
 
     const char* dtypes[5] = {"fp32", "fp16", "w8a16", "w4a16 g128", "w8a8"};
     double bytes_per_token[5];
@@ -180,6 +189,7 @@ static void test_bench_quick_json(void** state) {
         double tokens = next_number(&cursor, "tokens"), tok_s = next_number(&cursor, "tok_s");
         double gflop_s = next_number(&cursor, "gflop_s");
         assert_true(tokens >= 128 && tok_s > 0 && gflop_s > 0);
+        assert_true(fabs(next_number(&cursor, "frac_of_peak") - gflop_s / peak) <= 1e-4); // printed with 4 decimals
         flops_per_token[i] = gflop_s * 1e9 / tok_s;
     }
     // The same prompt costs the same FLOPs in every weight format: fp16, W4A16, W8A8.
