@@ -911,6 +911,20 @@ static int model_tostring(lua_State* L) {
     return 1;
 }
 
+// A metatable `name` whose __index holds `methods`, with __gc and __tostring.
+static void register_userdata_type(lua_State* L, const char* name, const luaL_Reg* methods, lua_CFunction gc,
+                                   lua_CFunction tostring) {
+    luaL_newmetatable(L, name);
+    lua_newtable(L); // luaL_newlib needs the array itself, not a pointer to it
+    luaL_setfuncs(L, methods, 0);
+    lua_setfield(L, -2, "__index");
+    lua_pushcfunction(L, gc);
+    lua_setfield(L, -2, "__gc");
+    lua_pushcfunction(L, tostring);
+    lua_setfield(L, -2, "__tostring");
+    lua_pop(L, 1);
+}
+
 void lab_open_engine_api(lua_State* L) {
     static const luaL_Reg model_methods[] = {{"info", model_info},     {"tensor", model_tensor},
                                              {"encode", model_encode}, {"decode", model_decode},
@@ -922,22 +936,8 @@ void lab_open_engine_api(lua_State* L) {
         {"queues", engine_queues},   {"totals", engine_totals},         {"logits", engine_logits},
         {"config", engine_config_lua}, {"model", engine_model},         {"close", engine_close},
         {NULL, NULL}};
-    luaL_newmetatable(L, LAB_MODEL_TYPE);
-    luaL_newlib(L, model_methods);
-    lua_setfield(L, -2, "__index");
-    lua_pushcfunction(L, model_gc);
-    lua_setfield(L, -2, "__gc");
-    lua_pushcfunction(L, model_tostring);
-    lua_setfield(L, -2, "__tostring");
-    lua_pop(L, 1);
-    luaL_newmetatable(L, LAB_ENGINE_TYPE);
-    luaL_newlib(L, engine_methods);
-    lua_setfield(L, -2, "__index");
-    lua_pushcfunction(L, engine_gc);
-    lua_setfield(L, -2, "__gc");
-    lua_pushcfunction(L, engine_tostring);
-    lua_setfield(L, -2, "__tostring");
-    lua_pop(L, 1);
+    register_userdata_type(L, LAB_MODEL_TYPE, model_methods, model_gc, model_tostring);
+    register_userdata_type(L, LAB_ENGINE_TYPE, engine_methods, engine_gc, engine_tostring);
     lua_pushcfunction(L, lab_model_new);
     lua_setfield(L, -2, "model");
     lua_pushcfunction(L, lab_engine_new);
