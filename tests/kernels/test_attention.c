@@ -164,11 +164,44 @@ static void test_slot_order_equals_head_order(void** state) {
     free(c);
 }
 
+// The AVX2 kernel's other paths: head_dim 72 (a 64-element value run of 8
+// vectors, then one vector; no scalar tail, so the 8 scores are divided as
+// one vector) and 10 heads (8 heads' dot products side by side, then 2).
+// Slot order against head order, bit for bit.
+enum { WIDE_HEADS = 10, WIDE_KV_HEADS = 5, WIDE_DIM = 72, WIDE_KV = WIDE_KV_HEADS * WIDE_DIM, WIDE_CONTEXT = 53 };
+
+static void test_wide_heads_slot_order(void** state) {
+    (void)state;
+    if (!test_simd_level_available(CPU_SIMD_AVX2)) return;
+    uint16_t* keys = malloc((size_t)WIDE_CONTEXT * WIDE_KV * sizeof *keys);   // (WIDE_CONTEXT, WIDE_KV)
+    uint16_t* values = malloc((size_t)WIDE_CONTEXT * WIDE_KV * sizeof *values); // (WIDE_CONTEXT, WIDE_KV)
+    assert_non_null(keys);
+    assert_non_null(values);
+    int32_t table[WIDE_CONTEXT];
+    float query[WIDE_HEADS * WIDE_DIM], scores[WIDE_CONTEXT], all_scores[WIDE_HEADS * WIDE_CONTEXT];
+    float head_order[WIDE_HEADS * WIDE_DIM], slot_order[WIDE_HEADS * WIDE_DIM];
+    for (int t = 0; t < WIDE_CONTEXT; t++) table[t] = WIDE_CONTEXT - 1 - t; // reversed slots
+    for (int i = 0; i < WIDE_CONTEXT * WIDE_KV; i++) {
+        keys[i] = fp32_to_fp16(random_uniform());
+        values[i] = fp32_to_fp16(random_uniform());
+    }
+    for (int i = 0; i < WIDE_HEADS * WIDE_DIM; i++) query[i] = 0.5f * random_uniform();
+    kv_layer_view view = {KV_F16, keys, values, table, 1, NULL, NULL};
+    for (int n = 1; n <= WIDE_CONTEXT; n += 13) {
+        attention_row_f16_avx2(head_order, query, &view, n, WIDE_HEADS, WIDE_KV_HEADS, WIDE_DIM, scores, NULL);
+        attention_row_f16_avx2(slot_order, query, &view, n, WIDE_HEADS, WIDE_KV_HEADS, WIDE_DIM, scores, all_scores);
+        assert_memory_equal(head_order, slot_order, sizeof slot_order);
+    }
+    free(keys);
+    free(values);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_paged_equals_contiguous_fp16),
         cmocka_unit_test(test_paged_equals_contiguous_fp32),
         cmocka_unit_test(test_slot_order_equals_head_order),
+        cmocka_unit_test(test_wide_heads_slot_order),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
