@@ -30,13 +30,25 @@
 // in the 32 zmm registers.
 #define TILE_MAX 4
 
+// The fp16 tile goes up to 4 outputs x 6 rows: 24 accumulators + 6
+// activations + the widened weight vector = 31 registers, and 4 widenings
+// per 24 FMAs instead of per 16 (a batch's FMAs share the ports with them).
+// Batches are blocked: F16_ROW_BLOCK rows of activations (12 x 768 x 4
+// bytes = 36 KiB) stay in L1 while a group of F16_OUTPUT_GROUP outputs'
+// weights (64 x 1.5 KiB in fp16) waits in L2 for the next block of rows.
+// Without the blocking, 16 rows (48 KiB) no longer fit beside the weights
+// in a 48 KiB L1.
+#define F16_TILE_ROWS_MAX 6
+#define F16_ROW_BLOCK 12
+#define F16_OUTPUT_GROUP 64
+
 
 // ---- fp16 ------------------------------------------------------------------
 
 // out: (R rows of stride d_out, C consecutive outputs); w: (C, cols) halves;
 // x: (R, cols) floats. C and R are constants at every call site.
 AVX512_INLINE void f16_tile(float* out, int d_out, const uint16_t* w, const float* x, int cols, int C, int R) {
-    __m512 acc[TILE_MAX][TILE_MAX], xv[TILE_MAX];
+    __m512 acc[TILE_MAX][F16_TILE_ROWS_MAX], xv[F16_TILE_ROWS_MAX];
     UNROLL_TILE for (int c = 0; c < C; c++) { UNROLL_TILE for (int r = 0; r < R; r++) acc[c][r] = _mm512_setzero_ps(); }
     int i = 0;
     for (; i + 16 <= cols; i += 16) {
@@ -84,6 +96,14 @@ static AVX512_TARGET __attribute__((noinline)) void f16_tile_any(float* out, int
     case 4 * 8 + 2: f16_tile(out, d_out, w, x, cols, 4, 2); break;
     case 4 * 8 + 3: f16_tile(out, d_out, w, x, cols, 4, 3); break;
     case 4 * 8 + 4: f16_tile(out, d_out, w, x, cols, 4, 4); break;
+    case 1 * 8 + 5: f16_tile(out, d_out, w, x, cols, 1, 5); break;
+    case 2 * 8 + 5: f16_tile(out, d_out, w, x, cols, 2, 5); break;
+    case 3 * 8 + 5: f16_tile(out, d_out, w, x, cols, 3, 5); break;
+    case 4 * 8 + 5: f16_tile(out, d_out, w, x, cols, 4, 5); break;
+    case 1 * 8 + 6: f16_tile(out, d_out, w, x, cols, 1, 6); break;
+    case 2 * 8 + 6: f16_tile(out, d_out, w, x, cols, 2, 6); break;
+    case 3 * 8 + 6: f16_tile(out, d_out, w, x, cols, 3, 6); break;
+    case 4 * 8 + 6: f16_tile(out, d_out, w, x, cols, 4, 6); break;
     default: break; // larger tiles are never asked for
     }
 }
@@ -269,14 +289,25 @@ AVX512_TARGET void matmul_f16_avx512(float* out, const float* in, int n_rows, co
     const uint16_t* values = (const uint16_t*)w->values;
     const int d_out = w->rows, cols = w->cols;
     if (n_rows >= F16_PACKED_MIN_ROWS && matmul_f16_packed(out, in, n_rows, w, o_begin, o_end)) return;
-    // Outputs outermost: a tile's 4 weight rows stay in L1 while every batch
-    // row passes over them, so weights stream from memory once per call.
-    for (int o = o_begin; o < o_end; o += TILE_MAX) {
-        int C = o_end - o < TILE_MAX ? o_end - o : TILE_MAX;
-        for (int r = 0; r < n_rows; r += TILE_MAX) {
-            int R = n_rows - r < TILE_MAX ? n_rows - r : TILE_MAX;
-            f16_tile_any(out + (size_t)r * (size_t)d_out + (size_t)o, d_out, values + (size_t)o * (size_t)cols,
-                         in + (size_t)r * (size_t)cols, cols, C, R);
+    // A group of outputs' weights (L2) meets a block of batch rows (L1):
+    // each tile's 4 weight rows stay in L1 while the block's rows pass over
+    // them, and the group's weights stream from memory once per call.
+    for (int og = o_begin; og < o_end; og += F16_OUTPUT_GROUP) {
+        const int og_end = o_end - og < F16_OUTPUT_GROUP ? o_end : og + F16_OUTPUT_GROUP;
+        for (int rb = 0; rb < n_rows; rb += F16_ROW_BLOCK) {
+            const int block_rows = n_rows - rb < F16_ROW_BLOCK ? n_rows - rb : F16_ROW_BLOCK;
+            // The block's rows in as few tiles of at most F16_TILE_ROWS_MAX
+            // as possible, of even heights (8 rows: 4 + 4, not 6 + 2).
+            const int n_tiles = (block_rows + F16_TILE_ROWS_MAX - 1) / F16_TILE_ROWS_MAX;
+            for (int o = og; o < og_end; o += TILE_MAX) {
+                int C = og_end - o < TILE_MAX ? og_end - o : TILE_MAX;
+                for (int t = 0, r = rb; t < n_tiles; t++) {
+                    int R = block_rows / n_tiles + (t < block_rows % n_tiles);
+                    f16_tile_any(out + (size_t)r * (size_t)d_out + (size_t)o, d_out,
+                                 values + (size_t)o * (size_t)cols, in + (size_t)r * (size_t)cols, cols, C, R);
+                    r += R;
+                }
+            }
         }
     }
 }
