@@ -37,9 +37,13 @@ static uint32_t random_u32(uint64_t* state) {
 float sampler_random_unit(uint64_t* state) { return (float)(random_u32(state) >> 8) / 16777216.0f; }
 
 int32_t sampler_argmax(const float* values, int n) {
+    // The best value kept in a register, not reloaded through `best` every
+    // step (which the compiler must do: a load that depends on the last
+    // comparison). The first index of the maximum wins; NaN never does.
     int32_t best = 0;
+    float best_value = values[0];
     for (int i = 1; i < n; i++)
-        if (values[i] > values[best]) best = i;
+        if (values[i] > best_value) best_value = values[i], best = i;
     return best;
 }
 
