@@ -165,6 +165,7 @@ typedef struct matmul_job {
     int outputs_per_task;   // output features per chunk
     const int8_t* in_codes; // W8A8: (n_rows, w->cols) quantized activations; NULL when not allocated
     const float* in_scales; // W8A8: (n_rows) their scales
+    const float* in_phased; // INT4 phase kernel: (n_rows, w->cols) in its column order; NULL when not allocated
 } matmul_job;
 
 // WEIGHT_I8 / WEIGHT_I4 at the job's level (the orders: matmul_int.c).
@@ -192,7 +193,9 @@ static void matmul_int_range(const matmul_job* job, int o_begin, int o_end) {
     }
 #if defined(__x86_64__) || defined(__i386__)
     if (job->level == CPU_SIMD_AVX512) {
-        if (w->dtype == WEIGHT_I8)
+        if (job->in_phased)
+            matmul_i4_phased_avx512(out, job->in_phased, n_rows, w, o_begin, o_end);
+        else if (w->dtype == WEIGHT_I8)
             matmul_i8_avx512(out, job->in, n_rows, w, o_begin, o_end);
         else
             matmul_i4_avx512(out, job->in, n_rows, w, o_begin, o_end);
@@ -246,49 +249,62 @@ static void matmul_task(void* ctx, int task, int thread) {
     matmul_range(job, o_begin, o_end);
 }
 
-// ---- W8A8: quantizing the activations once per call ------------------------
+// ---- inputs prepared once per call: W8A8 codes, INT4 phase order -----------
 
-typedef struct quantize_job {
-    int8_t* codes;        // (n_rows, cols)
-    float* scales;        // (n_rows)
-    const float* in;      // (n_rows, cols)
-    int cols;             // values per row
-    cpu_simd_level level; // already clamped to the CPU
-} quantize_job;
+typedef struct prepare_job {
+    matmul_job* matmul; // what the rows are for
+    void* block;        // W8A8: (n_rows) scales then (n_rows, cols) codes; INT4: (n_rows, cols) floats
+} prepare_job;
 
-static void quantize_task(void* ctx, int task, int thread) {
+static void prepare_task(void* ctx, int task, int thread) {
     (void)thread;
-    const quantize_job* job = ctx;
-    int8_t* codes = job->codes + (size_t)task * (size_t)job->cols;
-    const float* x = job->in + (size_t)task * (size_t)job->cols;
+    const prepare_job* job = ctx;
+    const matmul_job* m = job->matmul;
+    const size_t cols = (size_t)m->w->cols, n_rows = (size_t)m->n_rows;
+    const float* x = m->in + (size_t)task * cols;
+    if (!matmul_is_w8a8(m->w)) {
 #if defined(__x86_64__) || defined(__i386__)
-    if (job->level >= CPU_SIMD_AVX2) {
-        matmul_quantize_row_avx2(codes, &job->scales[task], x, job->cols);
+        matmul_i4_phase_order_avx512((float*)job->block + (size_t)task * cols, x, 1, m->w->cols);
+#endif
+        return;
+    }
+    float* scale = (float*)job->block + task;
+    int8_t* codes = (int8_t*)job->block + n_rows * sizeof(float) + (size_t)task * cols;
+#if defined(__x86_64__) || defined(__i386__)
+    if (m->level >= CPU_SIMD_AVX2) {
+        matmul_quantize_row_avx2(codes, scale, x, m->w->cols);
         return;
     }
 #endif
-    matmul_quantize_row(codes, &job->scales[task], x, job->cols);
+    matmul_quantize_row(codes, scale, x, m->w->cols);
 }
 
-// Quantizes every row of `in` into one block (scales, then codes) that the
-// caller frees; NULL when it cannot be allocated, and the kernels then
-// quantize on the fly (matmul_w8a8_unbuffered, the same bits). Rows are
-// split between threads when there are enough values to pay for it.
-static void* quantize_activations(matmul_job* job, thread_pool* pool) {
+// Puts the activations in the form the kernel reads them in, once per call
+// instead of once per chunk: W8A8 quantizes them (codes and a scale per
+// row), the INT4 phase kernel reorders them. Returns the block the caller
+// frees, or NULL when there is nothing to prepare or no memory (the kernels
+// then do it on the fly, with the same bits). Rows are split between
+// threads when there are enough values to pay for it.
+static void* prepare_input(matmul_job* job, thread_pool* pool) {
     const size_t cols = (size_t)job->w->cols, n_rows = (size_t)job->n_rows;
-    void* block = malloc(n_rows * sizeof(float) + n_rows * cols);
-    if (!block) return NULL;
-    quantize_job q = {(int8_t*)block + n_rows * sizeof(float), block, job->in, job->w->cols, job->level};
-    thread_pool_run(n_rows * cols >= MATMUL_MIN_PARALLEL_MACS ? pool : NULL, job->n_rows, quantize_task, &q);
-    job->in_codes = q.codes;
-    job->in_scales = q.scales;
-    return block;
+    const bool w8a8 = matmul_is_w8a8(job->w);
+    const bool phased = job->level == CPU_SIMD_AVX512 && matmul_i4_uses_phase_order(job->w);
+    if (n_rows == 0 || (!w8a8 && !phased)) return NULL;
+    prepare_job p = {job, malloc(w8a8 ? n_rows * sizeof(float) + n_rows * cols : n_rows * cols * sizeof(float))};
+    if (!p.block) return NULL;
+    thread_pool_run(n_rows * cols >= MATMUL_MIN_PARALLEL_MACS ? pool : NULL, job->n_rows, prepare_task, &p);
+    if (w8a8) {
+        job->in_scales = p.block;
+        job->in_codes = (const int8_t*)p.block + n_rows * sizeof(float);
+    } else
+        job->in_phased = p.block;
+    return p.block;
 }
 
 void matmul_at_level(float* out, const float* in, int n_rows, const weight_matrix* w, thread_pool* pool,
                      cpu_simd_level level, kernel_traffic* traffic) {
     const int d_out = w->rows, d_in = w->cols;
-    matmul_job job = {out, in, n_rows, w, cpu_simd_level_clamp(level), d_out, NULL, NULL};
+    matmul_job job = {out, in, n_rows, w, cpu_simd_level_clamp(level), d_out, NULL, NULL, NULL};
     if (w->dtype == WEIGHT_F32) job.level = CPU_SIMD_SCALAR; // llama2.c's order, bit for bit
     int n_tasks = d_out > 0 && n_rows > 0 ? 1 : 0;
     uint64_t macs = (uint64_t)n_rows * (uint64_t)d_in * (uint64_t)d_out;
@@ -301,9 +317,9 @@ void matmul_at_level(float* out, const float* in, int n_rows, const weight_matri
         job.outputs_per_task = (per_task + 7) / 8 * 8;
         n_tasks = (d_out + job.outputs_per_task - 1) / job.outputs_per_task;
     }
-    void* codes_block = n_tasks > 0 && matmul_is_w8a8(w) ? quantize_activations(&job, pool) : NULL;
+    void* prepared = n_tasks > 0 ? prepare_input(&job, pool) : NULL;
     thread_pool_run(pool, n_tasks, matmul_task, &job);
-    free(codes_block);
+    free(prepared);
     if (traffic) {
         traffic->weight_bytes_read += weight_matrix_bytes(w);
         traffic->activation_bytes += (uint64_t)n_rows * (uint64_t)(d_in + d_out) * sizeof(float);

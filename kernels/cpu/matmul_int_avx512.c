@@ -387,32 +387,52 @@ static AVX512_TARGET __attribute__((noinline)) void i4_phase_tile_any(float* out
 #undef I4_PHASE_TILE
 }
 
-// The phase kernel over outputs [o_begin, o_end): batch rows in tiles of up
-// to PHASE_ROWS_MAX, each tile's activations reordered once, then every
-// output over them (the chunk's weights, a few KiB per output, stay in L2
-// for the next row tile). Returns false when the scratch would not fit.
-static AVX512_TARGET bool matmul_i4_phase(float* out, const float* in, int n_rows, const weight_matrix* w,
-                                          int o_begin, int o_end) {
+// Every output of [o_begin, o_end) for one tile of R_tile <= PHASE_ROWS_MAX
+// rows (x_phase: (R_tile, cols) in phase order; out: the tile's first row).
+static AVX512_TARGET void i4_phase_outputs(float* out, const float* x_phase, int R_tile, const weight_matrix* w,
+                                           int o_begin, int o_end) {
     const uint8_t* values = (const uint8_t*)w->values;
-    const int d_out = w->rows, cols = w->cols;
-    const size_t n_groups = (size_t)(cols / w->group_size), row_bytes = int_row_bytes(w);
+    const size_t n_groups = (size_t)(w->cols / w->group_size), row_bytes = int_row_bytes(w);
+    // Same register budget as i4_tile: 8 x 1, 4 x 2, 2 x 3 or 2 x 4.
+    const int max_outputs = R_tile == 1 ? TILE_OUTPUTS_MAX : R_tile >= 3 ? 2 : TILE_MAX;
+    for (int o = o_begin; o < o_end; o += max_outputs) {
+        const int C = o_end - o < max_outputs ? o_end - o : max_outputs;
+        const size_t first_group = (size_t)o * n_groups;
+        i4_phase_tile_any(out + o, w->rows, values + (size_t)o * row_bytes, row_bytes, w->scales_f16 + first_group,
+                          w->zero_points ? w->zero_points + first_group : NULL, x_phase, w->cols, w->group_size, C,
+                          R_tile);
+    }
+}
+
+AVX512_TARGET void matmul_i4_phase_order_avx512(float* phased, const float* in, int n_rows, int cols) {
+    for (int r = 0; r < n_rows; r++)
+        phase_order(phased + (size_t)r * (size_t)cols, in + (size_t)r * (size_t)cols, cols);
+}
+
+AVX512_TARGET void matmul_i4_phased_avx512(float* out, const float* x_phase, int n_rows, const weight_matrix* w,
+                                           int o_begin, int o_end) {
+    // Row tiles outside, outputs inside: the chunk's weights, a few KiB per
+    // output, stay in L2 for the next row tile.
+    for (int r = 0; r < n_rows; r += PHASE_ROWS_MAX) {
+        const int R_tile = n_rows - r < PHASE_ROWS_MAX ? n_rows - r : PHASE_ROWS_MAX;
+        i4_phase_outputs(out + (size_t)r * (size_t)w->rows, x_phase + (size_t)r * (size_t)w->cols, R_tile, w, o_begin,
+                         o_end);
+    }
+}
+
+// The phase kernel without a prepared input (matmul_at_level could not
+// allocate one): each tile of rows is reordered into a stack scratch, per
+// call. Returns false when even one row does not fit the scratch.
+static AVX512_TARGET bool matmul_i4_phase_unprepared(float* out, const float* in, int n_rows, const weight_matrix* w,
+                                                     int o_begin, int o_end) {
+    const int cols = w->cols;
     int rows_per_tile = PHASE_SCRATCH_FLOATS / cols < PHASE_ROWS_MAX ? PHASE_SCRATCH_FLOATS / cols : PHASE_ROWS_MAX;
     if (rows_per_tile < 1) return false;
-    float x_phase[PHASE_SCRATCH_FLOATS];
+    float x_phase[PHASE_SCRATCH_FLOATS]; // (rows_per_tile, cols)
     for (int r = 0; r < n_rows; r += rows_per_tile) {
         const int R_tile = n_rows - r < rows_per_tile ? n_rows - r : rows_per_tile;
-        for (int k = 0; k < R_tile; k++)
-            phase_order(x_phase + (size_t)k * (size_t)cols, in + (size_t)(r + k) * (size_t)cols, cols);
-        // Same register budget as i4_tile: 8 x 1, 4 x 2, 2 x 3 or 2 x 4.
-        const int max_outputs = R_tile == 1 ? TILE_OUTPUTS_MAX : R_tile >= 3 ? 2 : TILE_MAX;
-        for (int o = o_begin; o < o_end; o += max_outputs) {
-            const int C = o_end - o < max_outputs ? o_end - o : max_outputs;
-            const size_t first_group = (size_t)o * n_groups;
-            i4_phase_tile_any(out + (size_t)r * (size_t)d_out + (size_t)o, d_out, values + (size_t)o * row_bytes,
-                              row_bytes, w->scales_f16 + first_group,
-                              w->zero_points ? w->zero_points + first_group : NULL, x_phase, cols, w->group_size, C,
-                              R_tile);
-        }
+        matmul_i4_phase_order_avx512(x_phase, in + (size_t)r * (size_t)cols, R_tile, cols);
+        i4_phase_outputs(out + (size_t)r * (size_t)w->rows, x_phase, R_tile, w, o_begin, o_end);
     }
     return true;
 }
@@ -421,7 +441,7 @@ AVX512_TARGET void matmul_i4_avx512(float* out, const float* in, int n_rows, con
                                     int o_end) {
     const uint8_t* values = (const uint8_t*)w->values;
     const int d_out = w->rows, cols = w->cols;
-    if (w->group_size % PHASE_STEP == 0 && matmul_i4_phase(out, in, n_rows, w, o_begin, o_end)) return;
+    if (matmul_i4_uses_phase_order(w) && matmul_i4_phase_unprepared(out, in, n_rows, w, o_begin, o_end)) return;
     const size_t n_groups = (size_t)(cols / w->group_size), row_bytes = int_row_bytes(w);
     // Two accumulators per element, two split activations per row and a
     // table per output: 4 x 2 or 2 x 4 fit the 32 registers.

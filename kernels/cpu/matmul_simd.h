@@ -32,6 +32,16 @@ void matmul_i4_avx2(float* out, const float* in, int n_rows, const weight_matrix
 void matmul_i8_avx512(float* out, const float* in, int n_rows, const weight_matrix* w, int o_begin, int o_end);
 void matmul_i4_avx512(float* out, const float* in, int n_rows, const weight_matrix* w, int o_begin, int o_end);
 
+// INT4 with a group size that is a multiple of 128 (matmul_i4_uses_phase_order)
+// at AVX-512 has its own column order (matmul_int.c, "the phase kernel"):
+// the activations are put in that order once per call, by
+// matmul_i4_phase_order_avx512 into phased (n_rows, cols), and
+// matmul_i4_phased_avx512 takes them in that order. matmul_i4_avx512 on
+// plain activations gives the same bits (it reorders per call itself).
+void matmul_i4_phase_order_avx512(float* phased, const float* in, int n_rows, int cols);
+void matmul_i4_phased_avx512(float* out, const float* x_phase, int n_rows, const weight_matrix* w, int o_begin,
+                             int o_end);
+
 // W8A8 on activations already quantized by matmul_quantize_row: codes
 // (n_rows, w->cols) int8, code_scales (n_rows). The integer group sums are
 // exact and the float combination is w8a8_term() in group order at every
@@ -106,6 +116,12 @@ static inline void prefetch_ahead(const void* p, size_t ahead) {
 // activation_bits = 8 keeps its activations in fp32.
 static inline bool matmul_is_w8a8(const weight_matrix* w) {
     return w->dtype == WEIGHT_I8 && w->activation_bits == 8 && w->zero_points == NULL;
+}
+
+// Whether WEIGHT_I4 at AVX-512 runs the phase kernel: groups of a multiple
+// of 128 columns (one step of the kernel is 128 columns).
+static inline bool matmul_i4_uses_phase_order(const weight_matrix* w) {
+    return w->dtype == WEIGHT_I4 && w->group_size % 128 == 0;
 }
 
 // Bytes of one packed row: cols codes, or two INT4 codes per byte.

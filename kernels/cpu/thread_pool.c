@@ -13,6 +13,14 @@
 // pool sleeps almost at once.
 #define SPIN_ROUNDS 2000
 
+// The tasks one thread starts with: [front, back) of the task numbers,
+// packed in one word (front in the low 32 bits) so that the owner taking
+// from the front and a thief taking from the back agree by one CAS. Each
+// span on its own cache line: the owner's CAS touches no other thread's line.
+typedef struct task_span {
+    _Alignas(64) _Atomic unsigned long long front_back;
+} task_span;
+
 struct thread_pool {
     int n_threads;      // threads per run, the caller included
     pthread_t* workers; // (n_threads - 1) worker threads
@@ -28,10 +36,9 @@ struct thread_pool {
     // bump orders them (and the mutex does the same for sleepers).
     thread_pool_task_fn fn;
     void* ctx;
-    int n_tasks;
     atomic_uint generation;    // runs posted so far
-    atomic_int next_task;      // next task number to hand out
     atomic_int workers_active; // workers not yet finished with this run
+    task_span* spans;          // (n_threads) the run's tasks, a contiguous span per thread
 };
 
 static void cpu_relax(void) {
@@ -40,12 +47,33 @@ static void cpu_relax(void) {
 #endif
 }
 
-// Hands out tasks until none are left; any thread may call it.
-static void run_tasks(thread_pool* pool, int thread) {
+static unsigned long long pack_span(unsigned front, unsigned back) {
+    return (unsigned long long)front | (unsigned long long)back << 32;
+}
+
+// Takes the next task of `span`: its front (owner) or its back (thief).
+// Returns -1 when the span is empty.
+static int take_task(task_span* span, bool from_back) {
+    unsigned long long now = atomic_load(&span->front_back);
     for (;;) {
-        int task = atomic_fetch_add(&pool->next_task, 1);
-        if (task >= pool->n_tasks) return;
+        unsigned front = (unsigned)now, back = (unsigned)(now >> 32);
+        if (front >= back) return -1;
+        unsigned long long next = from_back ? pack_span(front, back - 1) : pack_span(front + 1, back);
+        if (atomic_compare_exchange_weak(&span->front_back, &now, next)) return from_back ? (int)back - 1 : (int)front;
+    }
+}
+
+// Runs the thread's own span front to back (a kernel's chunks in memory
+// order: one long stream for the hardware prefetcher), then takes tasks
+// from the back of the other spans until none are left: a thread that
+// finishes early shares the rest instead of waiting.
+static void run_tasks(thread_pool* pool, int thread) {
+    for (int task; (task = take_task(&pool->spans[thread], false)) >= 0;)
         pool->fn(pool->ctx, task, thread);
+    for (int k = 1; k < pool->n_threads; k++) {
+        task_span* other = &pool->spans[(thread + k) % pool->n_threads];
+        for (int task; (task = take_task(other, true)) >= 0;)
+            pool->fn(pool->ctx, task, thread);
     }
 }
 
@@ -101,8 +129,13 @@ int thread_pool_create(int n_threads, thread_pool** out) {
     pthread_cond_init(&pool->work_posted, NULL);
     pthread_cond_init(&pool->work_done, NULL);
     atomic_init(&pool->generation, 0u);
-    atomic_init(&pool->next_task, 0);
     atomic_init(&pool->workers_active, 0);
+    pool->spans = aligned_alloc(_Alignof(task_span), (size_t)n_threads * sizeof *pool->spans);
+    if (!pool->spans) {
+        thread_pool_free(pool);
+        return ENOMEM;
+    }
+    for (int t = 0; t < n_threads; t++) atomic_init(&pool->spans[t].front_back, 0ull);
     if (n_threads > 1) {
         pool->workers = calloc((size_t)(n_threads - 1), sizeof *pool->workers);
         if (!pool->workers) {
@@ -142,6 +175,7 @@ void thread_pool_free(thread_pool* pool) {
     pthread_cond_destroy(&pool->work_posted);
     pthread_mutex_destroy(&pool->lock);
     free(pool->workers);
+    free(pool->spans);
     free(pool);
 }
 
@@ -156,8 +190,11 @@ void thread_pool_run(thread_pool* pool, int n_tasks, thread_pool_task_fn fn, voi
     }
     pool->fn = fn;
     pool->ctx = ctx;
-    pool->n_tasks = n_tasks;
-    atomic_store(&pool->next_task, 0);
+    // Thread t starts with tasks [t * n / T, (t + 1) * n / T).
+    for (int t = 0; t < pool->n_threads; t++)
+        atomic_store(&pool->spans[t].front_back,
+                     pack_span((unsigned)((long long)n_tasks * t / pool->n_threads),
+                               (unsigned)((long long)n_tasks * (t + 1) / pool->n_threads)));
     atomic_store(&pool->workers_active, pool->n_threads - 1);
     pthread_mutex_lock(&pool->lock); // post the run (sleeping workers hold no lock)
     atomic_fetch_add(&pool->generation, 1u);

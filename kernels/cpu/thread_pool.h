@@ -4,9 +4,11 @@
 // for every task in 0 .. n_tasks-1 and returns when all have finished. The
 // calling thread works too (it is thread 0; workers are 1 .. n_threads-1),
 // so a pool of one thread is the caller alone and runs every task inline.
-// Tasks are handed out in order to whichever thread is free, so which
-// thread runs a task varies from run to run: a task's result must depend
-// only on its number, never on `thread` (use `thread` for scratch space).
+// Each thread starts with a contiguous span of the task numbers (thread t:
+// [t * n / T, (t + 1) * n / T)) and runs it in order; a thread whose span
+// is done takes tasks from the back of the others' spans. So which thread
+// runs a task varies from run to run: a task's result must depend only on
+// its number, never on `thread` (use `thread` for scratch space).
 //
 // Idle workers spin for a few tens of microseconds (a decode step calls
 // run() every ~0.1 ms, and waking a sleeping thread costs about as much),

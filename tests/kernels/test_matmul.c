@@ -507,6 +507,45 @@ static void test_pool_uses_every_thread(void** state) {
     thread_pool_free(pool);
 }
 
+// Each thread starts on its own contiguous span, in order, and a thread that
+// is held up does not hold up the run: the other one takes its tasks from
+// the back. Task 0 (the caller's first) waits until the worker has run more
+// than its own half, which only stealing makes possible.
+typedef struct steal_ctx {
+    atomic_int runs_by_worker;   // tasks run by thread 1
+    atomic_int timed_out;        // task 0 gave up waiting
+    int n_tasks;
+    int worker_order[64];        // (n_tasks) the tasks thread 1 ran, in the order it ran them
+} steal_ctx;
+
+static void steal_task(void* ctx, int task, int thread) {
+    steal_ctx* c = ctx;
+    if (thread == 1) c->worker_order[atomic_fetch_add(&c->runs_by_worker, 1)] = task;
+    if (task != 0 || thread != 0) return;
+    for (int waited_ms = 0; atomic_load(&c->runs_by_worker) <= c->n_tasks / 2; waited_ms++) {
+        if (waited_ms == 10000) {
+            atomic_store(&c->timed_out, 1);
+            return;
+        }
+        usleep(1000);
+    }
+}
+
+static void test_pool_threads_run_spans_and_take_a_held_up_threads_tasks(void** state) {
+    (void)state;
+    thread_pool* pool;
+    assert_int_equal(thread_pool_create(2, &pool), 0);
+    steal_ctx c = {0, 0, 64, {0}};
+    thread_pool_run(pool, c.n_tasks, steal_task, &c);
+    assert_int_equal(atomic_load(&c.timed_out), 0);
+    int worker_runs = atomic_load(&c.runs_by_worker);
+    assert_true(worker_runs > c.n_tasks / 2);
+    // Its own span 32..63 in order, then the caller's from the back: 31, 30, ...
+    for (int k = 0; k < worker_runs; k++)
+        assert_int_equal(c.worker_order[k], k < 32 ? 32 + k : 31 - (k - 32));
+    thread_pool_free(pool);
+}
+
 static void test_pool_sizes(void** state) {
     (void)state;
     static int not_a_pool;
@@ -543,6 +582,7 @@ int main(void) {
         cmocka_unit_test(test_empty_batch),
         cmocka_unit_test(test_pool_runs_every_task_once),
         cmocka_unit_test(test_pool_uses_every_thread),
+        cmocka_unit_test(test_pool_threads_run_spans_and_take_a_held_up_threads_tasks),
         cmocka_unit_test(test_pool_sizes),
     };
     return cmocka_run_group_tests_name("kernels/matmul", tests, NULL, NULL);

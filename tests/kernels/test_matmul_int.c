@@ -290,8 +290,8 @@ typedef struct shape {
 // the middle of a byte), groups shorter than a vector and per-channel
 // groups, row counts that are not multiples of the tiles. Groups of a
 // multiple of 128 take the AVX-512 INT4 phase kernel (256 / 128, 512 /
-// 256); 8320 columns are more than its activation scratch holds, so that
-// shape takes the general kernel instead.
+// 256, 8320 / 128: more columns than the kernel's own stack scratch holds,
+// which matmul_at_level's once-per-call reordering does not need).
 static const shape odd_shapes[] = {
     {1, 1, 1},     {5, 3, 3},    {5, 3, 1},    {33, 17, 17},  {7, 33, 11}, {16, 172, 43},   {6, 172, 4}, {9, 257, 257},
     {13, 256, 32}, {11, 96, 96}, {3, 100, 50}, {19, 130, 65}, {5, 200, 8}, {10, 1000, 125}, {2, 64, 64}, {7, 66, 33},
@@ -564,6 +564,38 @@ static void test_batch_invariance(void** state) {
     }
 }
 
+// The INT4 phase kernel reorders the activations once per call
+// (matmul_at_level) or, without that buffer, per chunk into its own scratch
+// (matmul_i4_avx512 on plain rows): both give the same bits.
+static void test_i4_phase_order_prepared_or_not(void** state) {
+    (void)state;
+    if (!test_simd_level_available(CPU_SIMD_AVX512)) {
+        print_message("skipping: no AVX-512 on this CPU, so no phase kernel to compare\n");
+        skip();
+    }
+    const shape phase_shapes[] = {{6, 256, 128}, {37, 512, 256}, {9, 1024, 512}};
+    for (int f = 2; f <= 3; f++) { // W4A16 sym and asym
+        for (int s = 0; s < 3; s++) {
+            const shape* sh = &phase_shapes[s];
+            int_matrix m = make_int_matrix(&formats[f], sh->rows, sh->cols, sh->group_size, VALUES_RANDOM);
+            for (int n_rows = 1; n_rows <= 6; n_rows++) {
+                float* x = random_rows(n_rows, sh->cols, VALUES_RANDOM);
+                float* prepared = alloc_out(n_rows, sh->rows);
+                float* per_chunk = alloc_out(n_rows, sh->rows);
+                matmul_at_level(prepared, x, n_rows, &m.w, NULL, CPU_SIMD_AVX512, NULL);
+                matmul_i4_avx512(per_chunk, x, n_rows, &m.w, 0, sh->rows);
+                if (memcmp(prepared, per_chunk, (size_t)n_rows * (size_t)sh->rows * sizeof(float)) != 0)
+                    fail_msg("%s %dx%d group %d, %d rows: prepared and per-chunk phase order differ",
+                             formats[f].name, sh->rows, sh->cols, sh->group_size, n_rows);
+                free(per_chunk);
+                free(prepared);
+                free(x);
+            }
+            free_int_matrix(&m);
+        }
+    }
+}
+
 // matmul() and matmul_parallel() use the process's level.
 static void test_entry_points_agree(void** state) {
     (void)state;
@@ -665,6 +697,7 @@ int main(void) {
         cmocka_unit_test(test_w8a8_special_rows),
         cmocka_unit_test(test_activation_bits_ignored_elsewhere),
         cmocka_unit_test(test_batch_invariance),
+        cmocka_unit_test(test_i4_phase_order_prepared_or_not),
         cmocka_unit_test(test_entry_points_agree),
         cmocka_unit_test(test_traffic_counts),
         cmocka_unit_test(test_row_to_f32),
