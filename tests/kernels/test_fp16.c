@@ -122,6 +122,56 @@ static void test_matches_hardware_converter(void** state) {
 #endif
 }
 
+// The array conversions (F16C, 8 at a time, where the selected level has
+// it) give the same bits as the scalar ones, tails included: every count
+// from 0 to 40 over random bit patterns, then every half value.
+static void test_arrays_match_scalar(void** state) {
+    (void)state;
+    enum { MAX_COUNT = 40 };
+    uint64_t rng = 0x9e3779b97f4a7c15ull;
+    float in[MAX_COUNT];
+    uint16_t halves[MAX_COUNT + 1];
+    for (int round = 0; round < 2000; round++) {
+        int count = round % (MAX_COUNT + 1);
+        for (int i = 0; i < count; i++) {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            in[i] = float_of((uint32_t)rng);
+        }
+        halves[count] = 0xbeef; // must not be written
+        fp16_from_fp32_array(halves, in, (size_t)count);
+        assert_int_equal(halves[count], 0xbeef);
+        for (int i = 0; i < count; i++) {
+            uint16_t expected = fp32_to_fp16(in[i]);
+            if (isnan(in[i])) {
+                assert_true((halves[i] & 0x7c00) == 0x7c00 && (halves[i] & 0x3ff));
+                continue;
+            }
+            if (halves[i] != expected)
+                fail_msg("count %d, value %d (bits of %a): array 0x%04x, scalar 0x%04x", count, i, (double)in[i],
+                         halves[i], expected);
+        }
+    }
+    uint16_t* every = malloc(65536 * sizeof *every);
+    float* widened = malloc(65536 * sizeof *widened);
+    assert_non_null(every);
+    assert_non_null(widened);
+    for (int h = 0; h < 65536; h++) every[h] = (uint16_t)h;
+    fp16_to_fp32_array(widened, every, 65535); // odd count: a tail of 7
+    for (int h = 0; h < 65535; h++) {
+        float expected = fp16_to_fp32((uint16_t)h);
+        if (isnan(expected)) {
+            assert_true(isnan(widened[h]));
+            continue;
+        }
+        if (memcmp(&widened[h], &expected, sizeof expected) != 0)
+            fail_msg("half 0x%04x: array %a, scalar %a", h, (double)widened[h], (double)expected);
+    }
+    free(widened);
+    free(every);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_known_values),
@@ -129,6 +179,7 @@ int main(void) {
         cmocka_unit_test(test_inf_and_nan),
         cmocka_unit_test(test_every_half_round_trips),
         cmocka_unit_test(test_matches_hardware_converter),
+        cmocka_unit_test(test_arrays_match_scalar),
     };
     return cmocka_run_group_tests_name("kernels/fp16", tests, NULL, NULL);
 }
