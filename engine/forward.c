@@ -46,10 +46,11 @@ int forward_state_init(forward_state* s, const model_config* c, int max_rows, in
     s->hidden_up = calloc(rows * (size_t)c->hidden_dim, sizeof(float));
     s->rotations = calloc(rows * (size_t)c->head_dim, sizeof(float));
     s->scores = calloc((size_t)max_context, sizeof(float));
+    s->attention_groups = calloc(rows + 1, sizeof(int));
     s->n_thread_slots = 1;
     s->n_shards = 1;
     if (!s->x || !s->xb || !s->xb2 || !s->query || !s->key || !s->value || !s->attention || !s->hidden ||
-        !s->hidden_up || !s->rotations || !s->scores) {
+        !s->hidden_up || !s->rotations || !s->scores || !s->attention_groups) {
         forward_state_free(s);
         return error_set(err, "forward: out of memory for %d rows", max_rows);
     }
@@ -94,6 +95,7 @@ void forward_state_free(forward_state* s) {
     free(s->hidden_up);
     free(s->rotations);
     free(s->scores);
+    free(s->attention_groups);
     memset(s, 0, sizeof *s);
 }
 
@@ -268,19 +270,42 @@ typedef struct attention_job {
     const forward_shard* shard;
     int head_dim;
     int max_context;
+    const int* groups;                  // (n_groups + 1) forward_state.attention_groups
     kernel_traffic* per_thread_traffic; // (shard->n_thread_slots)
 } attention_job;
 
-static void attention_task(void* context, int row_index, int thread) {
+// Task = one group of rows (forward_state.attention_groups): a decode row
+// alone, or up to ATTENTION_ROWS_MAX consecutive rows of one prompt, which
+// attention_rows runs together (each row's bits are those of the row alone).
+static void attention_task(void* context, int group, int thread) {
     const attention_job* job = context;
     const shard_kv* view = job->view;
     const forward_shard* shard = job->shard;
     const size_t width = (size_t)shard->n_heads * (size_t)job->head_dim;
-    kv_layer_view layer = {view->dtype,      view->keys,        view->values,       shard_table(view, row_index),
+    const int first = job->groups[group], n_rows = job->groups[group + 1] - first;
+    kv_layer_view layer = {view->dtype,      view->keys,        view->values,       shard_table(view, first),
                            view->block_size, view->key_scales, view->value_scales};
-    attention_row(shard->attention + (size_t)row_index * width, shard->query + (size_t)row_index * width, &layer,
-                  view->batch->rows[row_index].position + 1, shard->n_heads, shard->n_kv_heads, job->head_dim,
-                  shard->scores + (size_t)thread * (size_t)job->max_context, &job->per_thread_traffic[thread]);
+    attention_rows(shard->attention + (size_t)first * width, shard->query + (size_t)first * width, &layer,
+                   view->batch->rows[first].position + 1, n_rows, shard->n_heads, shard->n_kv_heads, job->head_dim,
+                   shard->scores + (size_t)thread * (size_t)job->max_context, &job->per_thread_traffic[thread]);
+}
+
+// Splits the batch into attention_task's groups: runs of rows of one
+// sequence at consecutive positions (a prompt, or a chunk of one), at most
+// ATTENTION_ROWS_MAX long. groups: (n_rows + 1); returns the group count.
+static int group_attention_rows(int* groups, const forward_batch* b) {
+    int n_groups = 0;
+    for (int r = 0; r < b->n_rows;) {
+        int size = 1;
+        while (size < ATTENTION_ROWS_MAX && r + size < b->n_rows &&
+               b->rows[r + size].sequence == b->rows[r].sequence &&
+               b->rows[r + size].position == b->rows[r].position + size)
+            size++;
+        groups[n_groups++] = r;
+        r += size;
+    }
+    groups[n_groups] = b->n_rows;
+    return n_groups;
 }
 
 static const layer_weights* shard_weights(const layer_run* run, int k) {
@@ -316,8 +341,8 @@ static void attention_sublayer(void* context, int k, int thread) {
     }
     kernel_traffic per_thread_traffic[THREAD_POOL_MAX_THREADS];
     memset(per_thread_traffic, 0, (size_t)shard->n_thread_slots * sizeof *per_thread_traffic);
-    attention_job job = {&view, shard, head_dim, s->max_context, per_thread_traffic};
-    thread_pool_run(shard->pool, n, attention_task, &job);
+    attention_job job = {&view, shard, head_dim, s->max_context, s->attention_groups, per_thread_traffic};
+    thread_pool_run(shard->pool, s->n_attention_groups, attention_task, &job);
     for (int t = 0; t < shard->n_thread_slots; t++) traffic_add(traffic, &per_thread_traffic[t]);
     if (s->capture)
         s->capture(s->capture_user, run->layer, CAPTURE_ATTENTION_OUTPUT, shard->attention, n, (int)query_width);
@@ -370,6 +395,7 @@ int forward(const model* m, forward_state* s, kv_memory* kv, const forward_batch
     if (s->n_shards > 1 && s->capture)
         return error_set(err, "forward: activation capture runs without sharding only");
     if (s->n_shards > 1 && build_shard_slots(s, kv, b, err)) return -1;
+    s->n_attention_groups = group_attention_rows(s->attention_groups, b);
     const model_config* c = &m->config;
     const int n = b->n_rows, dim = c->dim;
     for (int k = 0; k < s->n_shards; k++) memset(&s->shards[k].traffic, 0, sizeof s->shards[k].traffic);

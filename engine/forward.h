@@ -83,6 +83,8 @@ typedef struct forward_state {
     float* hidden_up;  // (max_rows, hidden_dim)
     float* rotations;  // (max_rows, head_dim) RoPE cos, sin of each row's position (ops.h)
     float* scores;     // (n_thread_slots, max_context) attention weights of one head, per thread
+    int* attention_groups; // (max_rows + 1) first row of each group of rows attended together, then n_rows
+    int n_attention_groups; // groups in the current forward() call
     int n_thread_slots;
     thread_pool* pool; // shared worker threads (not owned); NULL = the calling thread only
     forward_capture_fn capture; // NULL: no capture (only without sharding)

@@ -50,6 +50,18 @@ static void attention_row_scalar(float* out, const float* query, const kv_layer_
     }
 }
 
+// What one row's attention reports: every cached key and value of its
+// context read once (grouped heads share the same loads), whether or not
+// the kernel shared those loads with other rows of the same prompt (the
+// step record counts KV per row, as the CUDA path does).
+static void count_row_traffic(kernel_traffic* traffic, kv_dtype dtype, int n_context, int n_heads, int n_kv_heads,
+                              int head_dim) {
+    if (!traffic) return;
+    traffic->kv_bytes_read += 2ull * (uint64_t)n_context * (uint64_t)kv_slot_bytes(dtype, n_kv_heads, head_dim);
+    traffic->attention_flops += 4ull * (uint64_t)n_heads * (uint64_t)n_context * (uint64_t)head_dim;
+    traffic->activation_bytes += 2ull * (uint64_t)n_heads * (uint64_t)head_dim * sizeof(float);
+}
+
 void attention_row(float* out, const float* query, const kv_layer_view* kv, int n_context, int n_heads,
                    int n_kv_heads, int head_dim, float* scores, kernel_traffic* traffic) {
     // fp16 caches use the vector kernel where the CPU has one; fp32 caches
@@ -62,14 +74,27 @@ void attention_row(float* out, const float* query, const kv_layer_view* kv, int 
         free(all_scores);
     } else
         attention_row_scalar(out, query, kv, n_context, n_heads, n_kv_heads, head_dim, scores);
-    if (traffic) {
-        // Every cached key and value of this sequence is read once per row
-        // (grouped heads share the same loads).
-        traffic->kv_bytes_read +=
-            2ull * (uint64_t)n_context * (uint64_t)kv_slot_bytes(kv->dtype, n_kv_heads, head_dim);
-        traffic->attention_flops += 4ull * (uint64_t)n_heads * (uint64_t)n_context * (uint64_t)head_dim;
-        traffic->activation_bytes += 2ull * (uint64_t)n_heads * (uint64_t)head_dim * sizeof(float);
+    count_row_traffic(traffic, kv->dtype, n_context, n_heads, n_kv_heads, head_dim);
+}
+
+void attention_rows(float* out, const float* query, const kv_layer_view* kv, int n_context, int n_rows,
+                    int n_heads, int n_kv_heads, int head_dim, float* scores, kernel_traffic* traffic) {
+    const size_t width = (size_t)n_heads * (size_t)head_dim;
+    if (n_rows >= 2 && n_rows <= ATTENTION_ROWS_MAX && kv->dtype == KV_F16 &&
+        cpu_simd_level_selected() >= CPU_SIMD_AVX2) {
+        // (n_rows, n_heads, n_context + n_rows - 1): every row's scores.
+        float* all_scores = malloc((size_t)n_rows * (size_t)n_heads * (size_t)(n_context + n_rows - 1) * sizeof(float));
+        if (all_scores) {
+            attention_rows_f16_avx2(out, query, kv, n_context, n_rows, n_heads, n_kv_heads, head_dim, all_scores);
+            free(all_scores);
+            for (int j = 0; j < n_rows; j++)
+                count_row_traffic(traffic, kv->dtype, n_context + j, n_heads, n_kv_heads, head_dim);
+            return;
+        }
     }
+    for (int j = 0; j < n_rows; j++)
+        attention_row(out + (size_t)j * width, query + (size_t)j * width, kv, n_context + j, n_heads, n_kv_heads,
+                      head_dim, scores, traffic);
 }
 
 // Symmetric int8 per head: scale = max|x| / 127 (0 for an all-zero head,

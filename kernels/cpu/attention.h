@@ -55,6 +55,19 @@ typedef struct kv_layer_view {
 void attention_row(float* out, const float* query, const kv_layer_view* kv, int n_context, int n_heads,
                    int n_kv_heads, int head_dim, float* scores, kernel_traffic* traffic);
 
+// Most rows attention_rows takes at once.
+#define ATTENTION_ROWS_MAX 4
+
+// attention_row for n_rows consecutive rows of one sequence (a prompt):
+// row j attends to the first n_context + j positions. out, query:
+// (n_rows, n_heads * head_dim); scores: scratch of (n_context + n_rows - 1)
+// floats. Each row gets exactly the bits attention_row gives it alone; with
+// an fp16 cache on AVX2 (2 .. ATTENTION_ROWS_MAX rows) the keys and values
+// the rows share are read and widened once for all of them. Traffic is
+// reported per row, as n_rows calls of attention_row would.
+void attention_rows(float* out, const float* query, const kv_layer_view* kv, int n_context, int n_rows,
+                    int n_heads, int n_kv_heads, int head_dim, float* scores, kernel_traffic* traffic);
+
 // Slot index (block * block_size + offset) holding `position` of a sequence.
 static inline int64_t kv_slot_of_position(const int32_t* block_table, int block_size, int position) {
     return (int64_t)block_table[position / block_size] * block_size + position % block_size;

@@ -289,6 +289,184 @@ AVX2_TARGET static void attention_slot_major(float* out, const float* query, con
     }
 }
 
+// ---- several rows of one sequence at once (a prompt) ---------------------------
+//
+// Rows j = 0 .. R-1 of a prompt sit at consecutive positions: row j attends
+// to positions 0 .. n_context + j - 1. Positions below n_context are shared
+// by all R rows, so each of their keys and values is loaded and widened
+// once for the R rows instead of once per row: R times less cache traffic
+// and widening in the passes that dominate a long prompt's attention. Every
+// dot product, softmax and output element is computed by the same
+// operations in the same order as attention_slot_major does for the row
+// alone (the loops are only interleaved), so the bits are the same.
+
+// dots[j][h] = dot_f16(query_j head h, that head's key in `slot`) / scale
+// for the R rows (queries: (R, n_heads * head_dim)) and heads
+// [h0, h0 + G), G * R <= 8: dots_x8's accumulator, tail and division per
+// dot product, with each key vector widened once for the R rows.
+AVX2_INLINE void dots_rows(float* dots, size_t dots_row_stride, const float* queries, size_t query_row_stride,
+                           const uint16_t* slot, int R, int h0, int G, int queries_per_kv_head, int head_dim,
+                           float scale) {
+    const uint16_t* k[8];
+    const float* q[8]; // [g * R + j]
+    __m256 acc[8];
+    UNROLL8 for (int a = 0; a < 8; a++) {
+        int g = a / R < G ? a / R : 0, j = a % R;
+        k[a] = slot + (size_t)((h0 + g) / queries_per_kv_head) * (size_t)head_dim;
+        q[a] = queries + (size_t)j * query_row_stride + (size_t)(h0 + g) * (size_t)head_dim;
+        acc[a] = _mm256_setzero_ps();
+    }
+    const int live = G * R;
+    int i = 0;
+    for (; i + 8 <= head_dim; i += 8) {
+        __m256 keys[8];
+        // One widening per head, shared by its R rows.
+        UNROLL8 for (int a = 0; a < 8; a++) keys[a] = a % R == 0
+            ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(k[a] + i))) : _mm256_setzero_ps();
+        UNROLL8 for (int a = 0; a < 8; a++) if (a < live) acc[a] =
+            _mm256_fmadd_ps(_mm256_loadu_ps(q[a] + i), keys[a - a % R], acc[a]);
+    }
+    float sums[8];
+    if (i == head_dim) {
+        _mm256_storeu_ps(sums, _mm256_div_ps(hsum8_x8(acc), _mm256_set1_ps(scale)));
+        for (int a = 0; a < live; a++) dots[(size_t)(a % R) * dots_row_stride + (size_t)(a / R)] = sums[a];
+        return;
+    }
+    _mm256_storeu_ps(sums, hsum8_x8(acc));
+    for (int a = 0; a < live; a++) {
+        float sum = sums[a];
+        for (int t = i; t < head_dim; t++) sum += q[a][t] * _cvtsh_ss(k[a][t]);
+        dots[(size_t)(a % R) * dots_row_stride + (size_t)(a / R)] = sum / scale;
+    }
+}
+
+// outs[j][i] = fma(p_j[s], v_s[i], outs[j][i]) for s = 0 .. n-1 in order,
+// every i of the head, for the R rows (p_j = p + j * p_row_stride, outs_j =
+// out + j * out_row_stride): add_scaled_run's chain per element, with each
+// value vector widened once for the R rows. Columns go in blocks of
+// 8 * (8 / R) (R * (8 / R) <= 8 accumulators), then 8 at a time, then one
+// by one.
+AVX2_INLINE void add_scaled_rows(float* out, size_t out_row_stride, const float* p, size_t p_row_stride,
+                                 const uint16_t* const* v, int n, int R, int head_dim) {
+    const int vectors = 8 / R, block = 8 * vectors, live = R * vectors; // per row: vectors, columns
+    int i = 0;
+    for (; i + block <= head_dim; i += block) {
+        __m256 a[8]; // [j * vectors + k]: row j, columns i + 8k ..
+        UNROLL8 for (int x = 0; x < 8; x++) a[x] = x < live ? _mm256_loadu_ps(out + (size_t)(x / vectors) * out_row_stride +
+                                                                                (size_t)i + (size_t)(8 * (x % vectors)))
+                                                       : _mm256_setzero_ps();
+        for (int s = 0; s < n; s++) {
+            const uint16_t* values = v[s] + i;
+            __m256 wide[8];
+            UNROLL8 for (int x = 0; x < 8; x++) wide[x] = x < vectors
+                ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(values + 8 * x))) : _mm256_setzero_ps();
+            UNROLL8 for (int x = 0; x < 8; x++) if (x < live) a[x] = _mm256_fmadd_ps(
+                _mm256_set1_ps(p[(size_t)(x / vectors) * p_row_stride + (size_t)s]), wide[x % vectors], a[x]);
+        }
+        UNROLL8 for (int x = 0; x < 8; x++) if (x < live) _mm256_storeu_ps(
+            out + (size_t)(x / vectors) * out_row_stride + (size_t)i + (size_t)(8 * (x % vectors)), a[x]);
+    }
+    for (; i + 8 <= head_dim; i += 8) {
+        for (int j = 0; j < R; j++) {
+            float* o = out + (size_t)j * out_row_stride + (size_t)i;
+            __m256 a = _mm256_loadu_ps(o);
+            for (int s = 0; s < n; s++)
+                a = _mm256_fmadd_ps(_mm256_set1_ps(p[(size_t)j * p_row_stride + (size_t)s]),
+                                    _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(v[s] + i))), a);
+            _mm256_storeu_ps(o, a);
+        }
+    }
+    for (; i < head_dim; i++) {
+        for (int j = 0; j < R; j++) {
+            float* o = out + (size_t)j * out_row_stride + (size_t)i;
+            float a = *o;
+            for (int s = 0; s < n; s++) a = fmaf(p[(size_t)j * p_row_stride + (size_t)s], _cvtsh_ss(v[s][i]), a);
+            *o = a;
+        }
+    }
+}
+
+// R rows (2 <= R <= ATTENTION_ROWS_MAX) of one sequence; out, query:
+// (R, n_heads * head_dim); all_scores: (R, n_heads, n_context + R - 1).
+// R is a constant at each call site, so the register loops unroll.
+AVX2_INLINE void attention_rows_slot_major(float* out, const float* query, const kv_layer_view* kv,
+                                                  int n_context, int R, int n_heads, int n_kv_heads, int head_dim,
+                                                  float* all_scores) {
+    const int kv_dim = n_kv_heads * head_dim, last_context = n_context + R - 1;
+    const int queries_per_kv_head = n_heads / n_kv_heads;
+    const size_t width = (size_t)n_heads * (size_t)head_dim;
+    const size_t row_scores = (size_t)n_heads * (size_t)last_context; // one row's (n_heads, last_context)
+    const float scale = sqrtf((float)head_dim);
+    const int G = 8 / R; // heads per dots_rows call
+    const uint16_t* slots[POSITION_RUN];
+    const uint16_t* next_slots[POSITION_RUN];
+    const uint16_t* heads[POSITION_RUN];
+    float dots[ATTENTION_ROWS_MAX * 8]; // (R, G): one slot's dots of a head group
+    // Keys: the shared positions for every row at once, then each row's own.
+    for (int t0 = 0; t0 < last_context; t0 += POSITION_RUN) {
+        int n = last_context - t0 < POSITION_RUN ? last_context - t0 : POSITION_RUN;
+        gather_run(slots, kv->key_slots, kv, t0, n, kv_dim);
+        int n_next = last_context - (t0 + n) < POSITION_RUN ? last_context - (t0 + n) : POSITION_RUN;
+        if (n_next > 0) gather_run(next_slots, kv->key_slots, kv, t0 + n, n_next, kv_dim);
+        for (int s = 0; s < n; s++) {
+            if (s < n_next) prefetch_rows(next_slots, s, s + 1, kv_dim);
+            const int t = t0 + s;
+            const int first_row = t < n_context ? 0 : t - n_context + 1; // rows that see position t
+            const int rows = R - first_row;
+            for (int h0 = 0; h0 < n_heads; h0 += rows == R ? G : 8) {
+                if (rows == R) {
+                    int m = n_heads - h0 < G ? n_heads - h0 : G;
+                    dots_rows(dots, 8, query, width, slots[s], R, h0, m, queries_per_kv_head, head_dim, scale);
+                    for (int j = 0; j < R; j++)
+                        for (int g = 0; g < m; g++)
+                            all_scores[(size_t)j * row_scores + (size_t)(h0 + g) * (size_t)last_context + (size_t)t] =
+                                dots[j * 8 + g];
+                    continue;
+                }
+                int m = n_heads - h0 < 8 ? n_heads - h0 : 8;
+                for (int j = first_row; j < R; j++) { // a position only the later rows see: row by row
+                    dots_rows(dots, 8, query + (size_t)j * width, width, slots[s], 1, h0, m, queries_per_kv_head,
+                              head_dim, scale);
+                    for (int g = 0; g < m; g++)
+                        all_scores[(size_t)j * row_scores + (size_t)(h0 + g) * (size_t)last_context + (size_t)t] =
+                            dots[g];
+                }
+            }
+        }
+    }
+    for (int j = 0; j < R; j++)
+        for (int h = 0; h < n_heads; h++)
+            softmax8(all_scores + (size_t)j * row_scores + (size_t)h * (size_t)last_context, n_context + j);
+    memset(out, 0, (size_t)R * width * sizeof(float));
+    // Values: runs of the shared positions for all rows, then the rest row by row.
+    for (int t0 = 0; t0 < n_context; t0 += POSITION_RUN) {
+        int n = n_context - t0 < POSITION_RUN ? n_context - t0 : POSITION_RUN;
+        gather_run(slots, kv->value_slots, kv, t0, n, kv_dim);
+        int n_next = n_context - (t0 + n) < POSITION_RUN ? n_context - (t0 + n) : POSITION_RUN;
+        if (n_next > 0) gather_run(next_slots, kv->value_slots, kv, t0 + n, n_next, kv_dim);
+        for (int h = 0; h < n_heads; h++) {
+            prefetch_rows(next_slots, h * n_next / n_heads, (h + 1) * n_next / n_heads, kv_dim);
+            const size_t head_offset = (size_t)(h / queries_per_kv_head) * (size_t)head_dim;
+            for (int s = 0; s < n; s++) heads[s] = slots[s] + head_offset;
+            add_scaled_rows(out + (size_t)h * (size_t)head_dim, width,
+                            all_scores + (size_t)h * (size_t)last_context + (size_t)t0, row_scores, heads, n, R,
+                            head_dim);
+        }
+    }
+    if (R > 1) {
+        gather_run(slots, kv->value_slots, kv, n_context, R - 1, kv_dim);
+        for (int j = 1; j < R; j++)
+            for (int h = 0; h < n_heads; h++) {
+                const size_t head_offset = (size_t)(h / queries_per_kv_head) * (size_t)head_dim;
+                for (int s = 0; s < j; s++) heads[s] = slots[s] + head_offset;
+                add_scaled_run(out + (size_t)j * width + (size_t)h * (size_t)head_dim,
+                               all_scores + (size_t)j * row_scores + (size_t)h * (size_t)last_context +
+                                   (size_t)n_context,
+                               heads, j, head_dim);
+            }
+    }
+}
+
 // One head at a time, with scratch for one head's scores: (n_context).
 AVX2_TARGET static void attention_head_major(float* out, const float* query, const kv_layer_view* kv, int n_context,
                                              int n_heads, int n_kv_heads, int head_dim, float* scores) {
@@ -311,6 +489,17 @@ AVX2_TARGET static void attention_head_major(float* out, const float* query, con
             int64_t slot = kv_slot_of_position(kv->block_table, kv->block_size, t);
             add_scaled_f16(out_head, scores[t], values + (size_t)slot * (size_t)kv_dim + head_offset, head_dim);
         }
+    }
+}
+
+AVX2_TARGET void attention_rows_f16_avx2(float* out, const float* query, const kv_layer_view* kv, int n_context,
+                                         int n_rows, int n_heads, int n_kv_heads, int head_dim, float* all_scores) {
+    switch (n_rows) {
+    case 1: attention_slot_major(out, query, kv, n_context, n_heads, n_kv_heads, head_dim, all_scores); break;
+    case 2: attention_rows_slot_major(out, query, kv, n_context, 2, n_heads, n_kv_heads, head_dim, all_scores); break;
+    case 3: attention_rows_slot_major(out, query, kv, n_context, 3, n_heads, n_kv_heads, head_dim, all_scores); break;
+    case 4: attention_rows_slot_major(out, query, kv, n_context, 4, n_heads, n_kv_heads, head_dim, all_scores); break;
+    default: break; // larger groups are never asked for (ATTENTION_ROWS_MAX)
     }
 }
 

@@ -10,4 +10,11 @@
 void attention_row_f16_avx2(float* out, const float* query, const kv_layer_view* kv, int n_context, int n_heads,
                             int n_kv_heads, int head_dim, float* scores, float* all_scores);
 
+// attention_rows for fp16 with AVX2: n_rows (1 .. ATTENTION_ROWS_MAX) rows
+// of one sequence, row j at context n_context + j; all_scores: (n_rows,
+// n_heads, n_context + n_rows - 1) scratch. Each row gets the bits
+// attention_row_f16_avx2 gives it alone.
+void attention_rows_f16_avx2(float* out, const float* query, const kv_layer_view* kv, int n_context, int n_rows,
+                             int n_heads, int n_kv_heads, int head_dim, float* all_scores);
+
 #endif

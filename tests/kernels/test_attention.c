@@ -196,12 +196,77 @@ static void test_wide_heads_slot_order(void** state) {
     free(values);
 }
 
+// attention_rows: each of up to ATTENTION_ROWS_MAX rows of a prompt gets
+// the bits attention_row gives it alone, for every row count, a context
+// that ends runs of 16 positions anywhere, grouped-query heads, head sizes
+// with and without a scalar tail (44: 32 + 8 + 4; 64; 20: 16 + 4), a
+// paged (scattered, block 5) and a contiguous table, fp16 and fp32 caches.
+typedef struct rows_shape {
+    int n_heads, n_kv_heads, head_dim;
+} rows_shape;
+
+static void check_rows_shape(const rows_shape* shape, kv_dtype dtype, int block_size) {
+    enum { MAX_POSITIONS = 70 };
+    const int kv_dim = shape->n_kv_heads * shape->head_dim, width = shape->n_heads * shape->head_dim;
+    const int n_blocks = (MAX_POSITIONS + block_size - 1) / block_size;
+    const size_t element = (size_t)kv_dtype_bytes(dtype);
+    void* keys = calloc((size_t)n_blocks * (size_t)block_size * (size_t)kv_dim, element);
+    void* values = calloc((size_t)n_blocks * (size_t)block_size * (size_t)kv_dim, element);
+    int32_t* table = malloc((size_t)n_blocks * sizeof *table);
+    float* query = malloc((size_t)ATTENTION_ROWS_MAX * (size_t)width * sizeof *query);
+    float* together = malloc((size_t)ATTENTION_ROWS_MAX * (size_t)width * sizeof *together);
+    float* alone = malloc((size_t)width * sizeof *alone);
+    float scores[MAX_POSITIONS];
+    assert_true(keys && values && table && query && together && alone);
+    for (int b = 0; b < n_blocks; b++) table[b] = block_size == 1 ? b : (n_blocks - 1 - b) * 7 % n_blocks;
+    for (size_t i = 0; i < (size_t)n_blocks * (size_t)block_size * (size_t)kv_dim; i++) {
+        store(keys, dtype, i, random_uniform());
+        store(values, dtype, i, random_uniform());
+    }
+    for (int i = 0; i < ATTENTION_ROWS_MAX * width; i++) query[i] = 2.0f * random_uniform();
+    kv_layer_view view = {dtype, keys, values, table, block_size, NULL, NULL};
+    for (int n_rows = 1; n_rows <= ATTENTION_ROWS_MAX; n_rows++) {
+        for (int n_context = 1; n_context + n_rows - 1 <= MAX_POSITIONS; n_context += 3) {
+            kernel_traffic traffic_together = {0}, traffic_alone = {0};
+            attention_rows(together, query, &view, n_context, n_rows, shape->n_heads, shape->n_kv_heads,
+                           shape->head_dim, scores, &traffic_together);
+            for (int j = 0; j < n_rows; j++) {
+                attention_row(alone, query + (size_t)j * (size_t)width, &view, n_context + j, shape->n_heads,
+                              shape->n_kv_heads, shape->head_dim, scores, &traffic_alone);
+                if (memcmp(alone, together + (size_t)j * (size_t)width, (size_t)width * sizeof(float)) != 0)
+                    fail_msg("%s, %d heads / %d KV heads of %d, block %d: row %d of %d at context %d differs from "
+                             "the row alone",
+                             kv_dtype_name(dtype), shape->n_heads, shape->n_kv_heads, shape->head_dim, block_size, j,
+                             n_rows, n_context + j);
+            }
+            assert_memory_equal(&traffic_together, &traffic_alone, sizeof traffic_alone);
+        }
+    }
+    free(keys);
+    free(values);
+    free(table);
+    free(query);
+    free(together);
+    free(alone);
+}
+
+static void test_rows_equal_each_row_alone(void** state) {
+    (void)state;
+    const rows_shape shapes[] = {{6, 3, 44}, {12, 12, 64}, {5, 5, 20}, {8, 2, 16}};
+    for (int s = 0; s < 4; s++) {
+        check_rows_shape(&shapes[s], KV_F16, 1);
+        check_rows_shape(&shapes[s], KV_F16, 5);
+        check_rows_shape(&shapes[s], KV_F32, 5);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_paged_equals_contiguous_fp16),
         cmocka_unit_test(test_paged_equals_contiguous_fp32),
         cmocka_unit_test(test_slot_order_equals_head_order),
         cmocka_unit_test(test_wide_heads_slot_order),
+        cmocka_unit_test(test_rows_equal_each_row_alone),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
