@@ -1,5 +1,6 @@
 #include "engine/forward.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,6 +28,18 @@ static void alias_single_shard(forward_state* s, const model_config* c) {
                                    .pool = s->pool};
 }
 
+// Zeroed activations of `count` floats, 64-byte aligned: the kernels read
+// rows with 64-byte vector loads, and every row here is a multiple of 16
+// floats long in the models that matter, so aligned rows never split a
+// load over two cache lines (malloc aligns to 16 bytes only). Freed with free().
+static float* activations_alloc(size_t count) {
+    if (count > (SIZE_MAX - 64) / sizeof(float)) return NULL;
+    size_t bytes = (count * sizeof(float) + 63) / 64 * 64;
+    float* memory = aligned_alloc(64, bytes > 0 ? bytes : 64);
+    if (memory) memset(memory, 0, bytes);
+    return memory;
+}
+
 int forward_state_init(forward_state* s, const model_config* c, int max_rows, int max_context, error_info* err) {
     memset(s, 0, sizeof *s);
     if (max_rows <= 0 || max_context <= 0)
@@ -35,16 +48,16 @@ int forward_state_init(forward_state* s, const model_config* c, int max_rows, in
     s->max_rows = max_rows;
     s->max_context = max_context;
     size_t rows = (size_t)max_rows;
-    s->x = calloc(rows * (size_t)c->dim, sizeof(float));
-    s->xb = calloc(rows * (size_t)c->dim, sizeof(float));
-    s->xb2 = calloc(rows * (size_t)c->dim, sizeof(float));
-    s->query = calloc(rows * (size_t)c->dim, sizeof(float));
-    s->key = calloc(rows * (size_t)c->kv_dim, sizeof(float));
-    s->value = calloc(rows * (size_t)c->kv_dim, sizeof(float));
-    s->attention = calloc(rows * (size_t)c->dim, sizeof(float));
-    s->hidden = calloc(rows * (size_t)c->hidden_dim, sizeof(float));
-    s->hidden_up = calloc(rows * (size_t)c->hidden_dim, sizeof(float));
-    s->rotations = calloc(rows * (size_t)c->head_dim, sizeof(float));
+    s->x = activations_alloc(rows * (size_t)c->dim);
+    s->xb = activations_alloc(rows * (size_t)c->dim);
+    s->xb2 = activations_alloc(rows * (size_t)c->dim);
+    s->query = activations_alloc(rows * (size_t)c->dim);
+    s->key = activations_alloc(rows * (size_t)c->kv_dim);
+    s->value = activations_alloc(rows * (size_t)c->kv_dim);
+    s->attention = activations_alloc(rows * (size_t)c->dim);
+    s->hidden = activations_alloc(rows * (size_t)c->hidden_dim);
+    s->hidden_up = activations_alloc(rows * (size_t)c->hidden_dim);
+    s->rotations = activations_alloc(rows * (size_t)c->head_dim);
     s->scores = calloc((size_t)max_context, sizeof(float));
     s->attention_groups = calloc(rows + 1, sizeof(int));
     s->n_thread_slots = 1;
@@ -124,13 +137,13 @@ static int init_shard(forward_shard* shard, const tp_shard* geometry, const mode
                              .kv_head_begin = geometry->kv_head_begin,
                              .n_kv_heads = geometry->n_kv_heads,
                              .hidden_size = geometry->hidden_size};
-    shard->query = calloc(rows * query_width, sizeof(float));
-    shard->key = calloc(rows * kv_width, sizeof(float));
-    shard->value = calloc(rows * kv_width, sizeof(float));
-    shard->attention = calloc(rows * query_width, sizeof(float));
-    shard->hidden = calloc(rows * (size_t)geometry->hidden_size, sizeof(float));
-    shard->hidden_up = calloc(rows * (size_t)geometry->hidden_size, sizeof(float));
-    shard->partial = calloc(rows * (size_t)c->dim, sizeof(float));
+    shard->query = activations_alloc(rows * query_width);
+    shard->key = activations_alloc(rows * kv_width);
+    shard->value = activations_alloc(rows * kv_width);
+    shard->attention = activations_alloc(rows * query_width);
+    shard->hidden = activations_alloc(rows * (size_t)geometry->hidden_size);
+    shard->hidden_up = activations_alloc(rows * (size_t)geometry->hidden_size);
+    shard->partial = activations_alloc(rows * (size_t)c->dim);
     if (n_threads > 1 && thread_pool_create(n_threads, &shard->pool) != 0) return -1;
     shard->n_thread_slots = thread_pool_size(shard->pool);
     shard->scores = calloc((size_t)shard->n_thread_slots * (size_t)max_context, sizeof(float));
