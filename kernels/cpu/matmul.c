@@ -151,10 +151,12 @@ static void matmul_scalar_range(float* out, const float* in, int n_rows, const w
 // the process's CPU time on a 2-core machine that other jobs share.
 #define MATMUL_MIN_PARALLEL_MACS (1 << 17)
 
-// Chunks per thread: more than one so a thread that finishes early takes
-// another chunk instead of idling; few enough that each chunk is a long
-// contiguous stretch of weights for the hardware prefetcher.
-#define MATMUL_CHUNKS_PER_THREAD 4
+// Chunks per thread: several, so that a thread that finishes early takes
+// the other's last chunks instead of idling. Each thread runs its own
+// chunks in memory order (thread_pool.h), so they stay one long stream for
+// the hardware prefetcher however many there are: 8 measured 8% faster
+// fp16 decode than 4 (and 2% for W4A16), side by side in one process.
+#define MATMUL_CHUNKS_PER_THREAD 8
 
 typedef struct matmul_job {
     float* out;             // (n_rows, w->rows)
