@@ -111,8 +111,8 @@ AVX2_INLINE void add_scaled_f16(float* out, float weight, const uint16_t* v, int
 // paged and a contiguous cache run the same code), and does every head on
 // the run before moving on. Two things make it faster than a dot product
 // and an add per (slot, head), with the same bits:
-//   - scores: 8 slots' q.k side by side, and their 8 hsum8() trees at once
-//     (hsum8_x8: the same additions, the same first operands);
+//   - scores: 8 heads' q.k of a slot side by side, and their 8 hsum8()
+//     trees at once (hsum8_x8: the same additions, the same first operands);
 //   - values: a head's output stays in registers over the whole run
 //     instead of being loaded and stored once per slot (each element still
 //     gets fma(p[t], v_t, out) for t = 0, 1, ...).
@@ -138,35 +138,6 @@ AVX2_INLINE __m256 hsum8_x8(const __m256* v) {
     __m256 sums = _mm256_add_ps(_mm256_shuffle_ps(pairs[0], pairs[1], _MM_SHUFFLE(2, 0, 2, 0)),
                                 _mm256_shuffle_ps(pairs[0], pairs[1], _MM_SHUFFLE(3, 1, 3, 1)));
     return _mm256_permutevar8x32_ps(sums, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-}
-
-// dots[j] = dot_f16(q[j], keys[j], head_dim) / scale for j < n (n <= 8):
-// the same accumulator, tail and division as dot_f16, 8 dot products side
-// by side (8 heads of one slot, each with its own query).
-AVX2_INLINE void dots_x8(float* dots, const float* const* q, const uint16_t* const* keys, int n, int head_dim,
-                         float scale) {
-    const uint16_t* k[8];
-    const float* qs[8];
-    UNROLL8 for (int j = 0; j < 8; j++) k[j] = keys[j < n ? j : 0], qs[j] = q[j < n ? j : 0];
-    __m256 acc[8];
-    UNROLL8 for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 8 <= head_dim; i += 8) {
-        UNROLL8 for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(
-            _mm256_loadu_ps(qs[j] + i), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(k[j] + i))), acc[j]);
-    }
-    float sums[8];
-    if (i == head_dim) { // no tail: the 8 divisions as one vector (each lane rounds as divss does)
-        _mm256_storeu_ps(sums, _mm256_div_ps(hsum8_x8(acc), _mm256_set1_ps(scale)));
-        memcpy(dots, sums, (size_t)n * sizeof(float));
-        return;
-    }
-    _mm256_storeu_ps(sums, hsum8_x8(acc));
-    for (int j = 0; j < n; j++) {
-        float sum = sums[j];
-        for (int t = i; t < head_dim; t++) sum += qs[j][t] * _cvtsh_ss(k[j][t]);
-        dots[j] = sum / scale;
-    }
 }
 
 // out[i] = fma(p[s], v_s[i], out[i]) for s = 0 .. n-1 in order, every i of
@@ -239,56 +210,6 @@ static void prefetch_rows(const uint16_t* const* rows, int first, int last, int 
         for (size_t b = 0; b < row_bytes; b += 64) _mm_prefetch((const char*)rows[s] + b, _MM_HINT_T0);
 }
 
-// Every head at once, positions in order. all_scores: (n_heads, n_context).
-AVX2_TARGET static void attention_slot_major(float* out, const float* query, const kv_layer_view* kv, int n_context,
-                                             int n_heads, int n_kv_heads, int head_dim, float* all_scores) {
-    const int kv_dim = n_kv_heads * head_dim;
-    const int queries_per_kv_head = n_heads / n_kv_heads;
-    const float scale = sqrtf((float)head_dim);
-    const uint16_t* slots[POSITION_RUN];
-    const uint16_t* next_slots[POSITION_RUN];
-    const uint16_t* heads[POSITION_RUN];
-    for (int t0 = 0; t0 < n_context; t0 += POSITION_RUN) {
-        int n = n_context - t0 < POSITION_RUN ? n_context - t0 : POSITION_RUN;
-        gather_run(slots, kv->key_slots, kv, t0, n, kv_dim);
-        int n_next = n_context - (t0 + n) < POSITION_RUN ? n_context - (t0 + n) : POSITION_RUN;
-        if (n_next > 0) gather_run(next_slots, kv->key_slots, kv, t0 + n, n_next, kv_dim);
-        // Keys slot by slot, 8 heads at a time: each slot's kv_dim elements
-        // are read front to back, so a block streams like one array.
-        for (int s = 0; s < n; s++) {
-            if (s < n_next) prefetch_rows(next_slots, s, s + 1, kv_dim);
-            for (int h0 = 0; h0 < n_heads; h0 += 8) {
-                int m = n_heads - h0 < 8 ? n_heads - h0 : 8;
-                const float* q[8];
-                const uint16_t* keys[8];
-                float dots[8];
-                for (int j = 0; j < m; j++) {
-                    q[j] = query + (size_t)(h0 + j) * (size_t)head_dim;
-                    keys[j] = slots[s] + (size_t)((h0 + j) / queries_per_kv_head) * (size_t)head_dim;
-                }
-                dots_x8(dots, q, keys, m, head_dim, scale);
-                for (int j = 0; j < m; j++) all_scores[(size_t)(h0 + j) * (size_t)n_context + (size_t)(t0 + s)] = dots[j];
-            }
-        }
-    }
-    for (int h = 0; h < n_heads; h++)
-        softmax8(all_scores + (size_t)h * (size_t)n_context, n_context);
-    memset(out, 0, (size_t)n_heads * (size_t)head_dim * sizeof(float));
-    for (int t0 = 0; t0 < n_context; t0 += POSITION_RUN) {
-        int n = n_context - t0 < POSITION_RUN ? n_context - t0 : POSITION_RUN;
-        gather_run(slots, kv->value_slots, kv, t0, n, kv_dim);
-        int n_next = n_context - (t0 + n) < POSITION_RUN ? n_context - (t0 + n) : POSITION_RUN;
-        if (n_next > 0) gather_run(next_slots, kv->value_slots, kv, t0 + n, n_next, kv_dim);
-        for (int h = 0; h < n_heads; h++) {
-            prefetch_rows(next_slots, h * n_next / n_heads, (h + 1) * n_next / n_heads, kv_dim);
-            const size_t head_offset = (size_t)(h / queries_per_kv_head) * (size_t)head_dim;
-            for (int s = 0; s < n; s++) heads[s] = slots[s] + head_offset;
-            add_scaled_run(out + (size_t)h * (size_t)head_dim,
-                           all_scores + (size_t)h * (size_t)n_context + (size_t)t0, heads, n, head_dim);
-        }
-    }
-}
-
 // ---- several rows of one sequence at once (a prompt) ---------------------------
 //
 // Rows j = 0 .. R-1 of a prompt sit at consecutive positions: row j attends
@@ -297,13 +218,15 @@ AVX2_TARGET static void attention_slot_major(float* out, const float* query, con
 // once for the R rows instead of once per row: R times less cache traffic
 // and widening in the passes that dominate a long prompt's attention. Every
 // dot product, softmax and output element is computed by the same
-// operations in the same order as attention_slot_major does for the row
-// alone (the loops are only interleaved), so the bits are the same.
+// operations in the same order as for the row alone (R = 1; the loops are
+// only interleaved), so the bits are the same.
 
 // dots[j][h] = dot_f16(query_j head h, that head's key in `slot`) / scale
 // for the R rows (queries: (R, n_heads * head_dim)) and heads
-// [h0, h0 + G), G * R <= 8: dots_x8's accumulator, tail and division per
-// dot product, with each key vector widened once for the R rows.
+// [h0, h0 + G), G * R <= 8: per dot product one 8-lane accumulator from +0
+// over head_dim in order, hsum8 (hsum8_x8), the scalar tail, then the
+// division (8 of them as one vector when there is no tail; each lane
+// rounds as divss does), with each key vector widened once for the R rows.
 AVX2_INLINE void dots_rows(float* dots, size_t dots_row_stride, const float* queries, size_t query_row_stride,
                            const uint16_t* slot, int R, int h0, int G, int queries_per_kv_head, int head_dim,
                            float scale) {
@@ -386,12 +309,12 @@ AVX2_INLINE void add_scaled_rows(float* out, size_t out_row_stride, const float*
     }
 }
 
-// R rows (2 <= R <= ATTENTION_ROWS_MAX) of one sequence; out, query:
-// (R, n_heads * head_dim); all_scores: (R, n_heads, n_context + R - 1).
-// R is a constant at each call site, so the register loops unroll.
-AVX2_INLINE void attention_rows_slot_major(float* out, const float* query, const kv_layer_view* kv,
-                                                  int n_context, int R, int n_heads, int n_kv_heads, int head_dim,
-                                                  float* all_scores) {
+// Every head at once, positions in order, for R rows (1 <= R <=
+// ATTENTION_ROWS_MAX) of one sequence; out, query: (R, n_heads * head_dim);
+// all_scores: (R, n_heads, n_context + R - 1). R is a constant at each call
+// site, so the register loops unroll.
+AVX2_INLINE void attention_rows_slot_major(float* out, const float* query, const kv_layer_view* kv, int n_context,
+                                           int R, int n_heads, int n_kv_heads, int head_dim, float* all_scores) {
     const int kv_dim = n_kv_heads * head_dim, last_context = n_context + R - 1;
     const int queries_per_kv_head = n_heads / n_kv_heads;
     const size_t width = (size_t)n_heads * (size_t)head_dim;
@@ -495,7 +418,7 @@ AVX2_TARGET static void attention_head_major(float* out, const float* query, con
 AVX2_TARGET void attention_rows_f16_avx2(float* out, const float* query, const kv_layer_view* kv, int n_context,
                                          int n_rows, int n_heads, int n_kv_heads, int head_dim, float* all_scores) {
     switch (n_rows) {
-    case 1: attention_slot_major(out, query, kv, n_context, n_heads, n_kv_heads, head_dim, all_scores); break;
+    case 1: attention_rows_slot_major(out, query, kv, n_context, 1, n_heads, n_kv_heads, head_dim, all_scores); break;
     case 2: attention_rows_slot_major(out, query, kv, n_context, 2, n_heads, n_kv_heads, head_dim, all_scores); break;
     case 3: attention_rows_slot_major(out, query, kv, n_context, 3, n_heads, n_kv_heads, head_dim, all_scores); break;
     case 4: attention_rows_slot_major(out, query, kv, n_context, 4, n_heads, n_kv_heads, head_dim, all_scores); break;
@@ -506,7 +429,7 @@ AVX2_TARGET void attention_rows_f16_avx2(float* out, const float* query, const k
 void attention_row_f16_avx2(float* out, const float* query, const kv_layer_view* kv, int n_context, int n_heads,
                             int n_kv_heads, int head_dim, float* scores, float* all_scores) {
     if (all_scores)
-        attention_slot_major(out, query, kv, n_context, n_heads, n_kv_heads, head_dim, all_scores);
+        attention_rows_f16_avx2(out, query, kv, n_context, 1, n_heads, n_kv_heads, head_dim, all_scores);
     else
         attention_head_major(out, query, kv, n_context, n_heads, n_kv_heads, head_dim, scores);
 }
