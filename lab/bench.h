@@ -90,6 +90,22 @@ typedef struct bench_report {
     bench_small_model small_model;
 } bench_report;
 
+// The targets of the CPU-performance issue, judged on a report: what was
+// measured against what the issue asks. A target whose figures the run did
+// not produce (a model too short for 512 tokens, no stories260K) is
+// reported as not measured, never as met.
+#define BENCH_MAX_TARGETS 8
+typedef struct bench_target {
+    char what[64];     // "fp16 decode, of bandwidth"
+    char measured[64]; // "67%" or "not measured"
+    char wanted[40];   // ">= 85%"
+    bool was_measured; // the run produced every figure the target needs
+    bool met;          // was_measured and the figures reach the target
+} bench_target;
+
+// Fills out (BENCH_MAX_TARGETS) and returns how many targets there are.
+int bench_targets(const bench_report* r, bench_target* out);
+
 // Progress lines ("decode fp16 ...") go to `progress` when it is not NULL
 // (a FILE*), so that a long run shows it is alive.
 typedef void (*bench_progress_fn)(void* user, const char* line);

@@ -20,6 +20,8 @@ static const char BENCH_USAGE[] =
     "  attention  paged (block 16, scattered) against contiguous KV, us per token\n"
     "             at contexts 512, 2048, 8192 (fp16 KV, one thread, every layer)\n"
     "  fixed cost stories260K decode, when found in ./models or ../shared/models\n"
+    "  targets    the issue's targets judged on this run: met, not met, or not\n"
+    "             measured (a figure the run did not produce is never met)\n"
     "\n"
     "  --model M|PRESET  checkpoint or preset (default stories110m: dim 768, 12 layers)\n"
     "  --threads N       worker threads (default: one per online CPU)\n"
@@ -154,6 +156,13 @@ static void print_table(const bench_report* r) {
                r->small_model.path, r->small_model.tok_s, r->small_model.us_per_token);
     else
         printf("  stories260K not found: not measured\n");
+    bench_target targets[BENCH_MAX_TARGETS];
+    int n_targets = bench_targets(r, targets);
+    printf("\ntargets (the CPU-performance issue, for the stories110m shape)\n  %-44s %-14s %-16s %s\n", "target",
+           "this run", "wanted", "met");
+    for (int i = 0; i < n_targets; i++)
+        printf("  %-44s %-14s %-16s %s\n", targets[i].what, targets[i].measured, targets[i].wanted,
+               !targets[i].was_measured ? "-" : targets[i].met ? "yes" : "no");
 }
 
 static void print_json(const bench_report* r) {
@@ -189,7 +198,14 @@ static void print_json(const bench_report* r) {
                r->small_model.us_per_token);
     else
         printf("null");
-    printf("}\n");
+    bench_target targets[BENCH_MAX_TARGETS];
+    int n_targets = bench_targets(r, targets);
+    printf(", \"targets\": [");
+    for (int i = 0; i < n_targets; i++)
+        printf("%s{\"target\": \"%s\", \"measured\": \"%s\", \"wanted\": \"%s\", \"was_measured\": %s, \"met\": %s}",
+               i ? ", " : "", targets[i].what, targets[i].measured, targets[i].wanted,
+               targets[i].was_measured ? "true" : "false", targets[i].met ? "true" : "false");
+    printf("]}\n");
 }
 
 int command_bench(int argc, char** argv) {

@@ -19,6 +19,7 @@
 #include "engine/model_storage.h"
 #include "engine/model_synth.h"
 #include "engine/tokenizer.h"
+#include "lab/bench.h"
 #include "tests/test_support.h"
 
 // ---- synth ---------------------------------------------------------------------
@@ -212,7 +213,90 @@ static void test_bench_quick_json(void** state) {
         assert_int_equal((int)next_number(&cursor, "context"), contexts[i / 2]);
         assert_true(next_number(&cursor, "us_per_token") > 0);
     }
+    // The issue's targets, judged on this run's figures (met or not is the
+    // machine's business; which ones the run measured is not): tiny's
+    // prompts stop at 254 tokens, so its 512-token prefill target is "not
+    // measured", never met.
+    cursor = array_of(json, "targets");
+    const bool measured[6] = {true, true, true, false, true, true};
+    for (int i = 0; i < 6; i++) {
+        cursor = strstr(cursor, "{\"target\": ");
+        assert_non_null(cursor);
+        cursor = strstr(cursor, "\"was_measured\": ");
+        assert_non_null(cursor);
+        cursor += strlen("\"was_measured\": ");
+        assert_true(strncmp(cursor, measured[i] ? "true" : "false", measured[i] ? 4 : 5) == 0);
+        if (!measured[i]) assert_true(strncmp(strstr(cursor, "\"met\": "), "\"met\": false", 12) == 0);
+    }
     free_result(&r);
+}
+
+// The issue's targets judged on a report made up here: each threshold is
+// met exactly at its value and missed just past it, a figure the run did
+// not produce is "not measured" (never met), and the worst attention
+// context decides.
+static bench_report target_report(void) {
+    bench_report r;
+    memset(&r, 0, sizeof r);
+    const char* dtypes[3] = {"fp16", "w8a16", "w4a16 g128"};
+    const double tok_s[3] = {100, 180, 300}, fractions[3] = {0.85, 0.75, 0.70};
+    for (int i = 0; i < 3; i++) {
+        snprintf(r.decode[i].dtype, sizeof r.decode[i].dtype, "%s", dtypes[i]);
+        r.decode[i].tok_s = tok_s[i];
+        r.decode[i].frac_of_bw = fractions[i];
+    }
+    r.n_decode = 3;
+    snprintf(r.prefill[0].dtype, sizeof r.prefill[0].dtype, "fp16");
+    r.prefill[0].tokens = 512;
+    r.prefill[0].frac_of_peak = 0.60;
+    r.n_prefill = 1;
+    r.batch[0] = (bench_batch){1, 100};
+    r.batch[1] = (bench_batch){16, 800};
+    r.n_batch = 2;
+    const double paged[3] = {110, 105, 102}, contiguous[3] = {100, 100, 100};
+    for (int i = 0; i < 3; i++) {
+        r.attention[2 * i] = (bench_attention){"paged", 512 << (2 * i), paged[i]};
+        r.attention[2 * i + 1] = (bench_attention){"contiguous", 512 << (2 * i), contiguous[i]};
+    }
+    r.n_attention = 6;
+    return r;
+}
+
+static void test_bench_targets(void** state) {
+    (void)state;
+    bench_report r = target_report();
+    bench_target t[BENCH_MAX_TARGETS];
+    assert_int_equal(bench_targets(&r, t), 7);
+    for (int i = 0; i < 6; i++) { // every threshold reached exactly
+        assert_true(t[i].was_measured);
+        if (!t[i].met) fail_msg("%s: %s against %s, expected met", t[i].what, t[i].measured, t[i].wanted);
+    }
+    assert_false(t[6].was_measured); // no stories260K in the report
+    assert_false(t[6].met);
+    assert_string_equal(t[6].measured, "not measured");
+    assert_string_equal(t[1].measured, "75%, 1.80x");
+
+    // Just past each threshold.
+    r.decode[0].frac_of_bw = 0.849;
+    r.decode[1].tok_s = 179; // 1.79x fp16
+    r.decode[2].frac_of_bw = 0.699;
+    r.prefill[0].frac_of_peak = 0.599;
+    r.batch[1].tok_s = 799;
+    r.attention[2].us_per_token = 111; // the 2048 context is now the worst: 1.11
+    r.small_model.measured = true;
+    r.small_model.tok_s = 9900; // the target is strictly faster than llama2.c
+    assert_int_equal(bench_targets(&r, t), 7);
+    for (int i = 0; i < 7; i++) {
+        assert_true(t[i].was_measured);
+        if (t[i].met) fail_msg("%s: %s against %s, expected not met", t[i].what, t[i].measured, t[i].wanted);
+    }
+    assert_string_equal(t[5].measured, "1.110");
+
+    // A run without the figures: nothing is measured, nothing is met.
+    bench_report empty;
+    memset(&empty, 0, sizeof empty);
+    assert_int_equal(bench_targets(&empty, t), 7);
+    for (int i = 0; i < 7; i++) assert_false(t[i].was_measured || t[i].met);
 }
 
 static void test_bench_table_and_bad_flags(void** state) {
@@ -221,6 +305,8 @@ static void test_bench_table_and_bad_flags(void** state) {
     assert_int_equal(r.exit_status, 0);
     assert_non_null(strstr(r.out, "streaming read"));
     assert_non_null(strstr(r.out, "llama.cpp q4_0")); // the issue's reference column, labelled
+    assert_non_null(strstr(r.out, "targets (the CPU-performance issue"));
+    assert_non_null(strstr(r.out, "batch 16 / batch 1 decode"));
     free_result(&r);
     const char* usage_errors[] = {"bench --threads 0", "bench --repeats x", "bench --bogus", "bench --model"};
     for (size_t i = 0; i < sizeof usage_errors / sizeof usage_errors[0]; i++) {
@@ -238,6 +324,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_synth_round_trip),          cmocka_unit_test(test_stories110m_preset_shape),
         cmocka_unit_test(test_synth_bad_input),           cmocka_unit_test(test_bench_quick_json),
+        cmocka_unit_test(test_bench_targets),
         cmocka_unit_test(test_bench_table_and_bad_flags),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
