@@ -471,43 +471,43 @@ static bench_target* add_target(bench_target* out, int* n, const char* what, con
     return t;
 }
 
+// Records a measured target: whether it is met, and the figure as shown.
+static void judge(bench_target* t, bool met, const char* format, ...) __attribute__((format(printf, 3, 4)));
+
+static void judge(bench_target* t, bool met, const char* format, ...) {
+    va_list args;
+    va_start(args, format);
+    vsnprintf(t->measured, sizeof t->measured, format, args);
+    va_end(args);
+    t->was_measured = true;
+    t->met = met;
+}
+
 // A quantized decode: its fraction of the bandwidth and its speed over fp16.
 static void decode_target(bench_target* t, const bench_decode* d, const bench_decode* fp16, double min_fraction,
                           double min_speedup) {
     if (!d || !fp16 || fp16->tok_s <= 0) return;
     double speedup = d->tok_s / fp16->tok_s;
-    t->was_measured = true;
-    t->met = d->frac_of_bw >= min_fraction && speedup >= min_speedup;
-    snprintf(t->measured, sizeof t->measured, "%.0f%%, %.2fx", 100.0 * d->frac_of_bw, speedup);
+    judge(t, d->frac_of_bw >= min_fraction && speedup >= min_speedup, "%.0f%%, %.2fx", 100.0 * d->frac_of_bw, speedup);
 }
 
 int bench_targets(const bench_report* r, bench_target* out) {
     int n = 0;
     const bench_decode* fp16 = decode_of(r, "fp16");
     bench_target* t = add_target(out, &n, "fp16 decode, of bandwidth", ">= 85%");
-    if (fp16) {
-        t->was_measured = true;
-        t->met = fp16->frac_of_bw >= 0.85;
-        snprintf(t->measured, sizeof t->measured, "%.0f%%", 100.0 * fp16->frac_of_bw);
-    }
+    if (fp16) judge(t, fp16->frac_of_bw >= 0.85, "%.0f%%", 100.0 * fp16->frac_of_bw);
     decode_target(add_target(out, &n, "W8A16 decode, of bandwidth and x fp16", ">= 75%, >= 1.8x"),
                   decode_of(r, "w8a16"), fp16, 0.75, 1.8);
     decode_target(add_target(out, &n, "W4A16 g128 decode, of bandwidth and x fp16", ">= 70%, >= 3.0x"),
                   decode_of(r, "w4a16 g128"), fp16, 0.70, 3.0);
     t = add_target(out, &n, "fp16 prefill of 512 tokens, of peak FMA", ">= 60%");
     for (int i = 0; i < r->n_prefill; i++)
-        if (strcmp(r->prefill[i].dtype, "fp16") == 0 && r->prefill[i].tokens == 512) {
-            t->was_measured = true;
-            t->met = r->prefill[i].frac_of_peak >= 0.60;
-            snprintf(t->measured, sizeof t->measured, "%.0f%%", 100.0 * r->prefill[i].frac_of_peak);
-        }
+        if (strcmp(r->prefill[i].dtype, "fp16") == 0 && r->prefill[i].tokens == 512)
+            judge(t, r->prefill[i].frac_of_peak >= 0.60, "%.0f%%", 100.0 * r->prefill[i].frac_of_peak);
     t = add_target(out, &n, "batch 16 / batch 1 decode", ">= 8x");
     const bench_batch *one = batch_of(r, 1), *sixteen = batch_of(r, 16);
-    if (one && sixteen && one->tok_s > 0) {
-        t->was_measured = true;
-        t->met = sixteen->tok_s / one->tok_s >= 8.0;
-        snprintf(t->measured, sizeof t->measured, "%.2fx", sixteen->tok_s / one->tok_s);
-    }
+    if (one && sixteen && one->tok_s > 0)
+        judge(t, sixteen->tok_s / one->tok_s >= 8.0, "%.2fx", sixteen->tok_s / one->tok_s);
     t = add_target(out, &n, "paged / contiguous attention, worst context", "<= 1.10");
     double worst = 0.0;
     for (int i = 0; i + 1 < r->n_attention; i += 2)
@@ -515,16 +515,8 @@ int bench_targets(const bench_report* r, bench_target* out) {
             double ratio = r->attention[i].us_per_token / r->attention[i + 1].us_per_token;
             worst = ratio > worst ? ratio : worst;
         }
-    if (worst > 0) {
-        t->was_measured = true;
-        t->met = worst <= 1.10;
-        snprintf(t->measured, sizeof t->measured, "%.3f", worst);
-    }
+    if (worst > 0) judge(t, worst <= 1.10, "%.3f", worst);
     t = add_target(out, &n, "stories260K decode, tok/s", "> 9900");
-    if (r->small_model.measured) {
-        t->was_measured = true;
-        t->met = r->small_model.tok_s > 9900;
-        snprintf(t->measured, sizeof t->measured, "%.0f", r->small_model.tok_s);
-    }
+    if (r->small_model.measured) judge(t, r->small_model.tok_s > 9900, "%.0f", r->small_model.tok_s);
     return n;
 }
