@@ -338,9 +338,8 @@ static void attention_sublayer(void* context, int k, int thread) {
     const size_t query_width = (size_t)shard->n_heads * (size_t)head_dim,
                  kv_width = (size_t)shard->n_kv_heads * (size_t)head_dim;
     kernel_traffic* traffic = &shard->traffic;
-    matmul_parallel(shard->query, s->xb, n, &w->wq, shard->pool, traffic);
-    matmul_parallel(shard->key, s->xb, n, &w->wk, shard->pool, traffic);
-    matmul_parallel(shard->value, s->xb, n, &w->wv, shard->pool, traffic);
+    const matmul_output qkv[3] = {{shard->query, &w->wq}, {shard->key, &w->wk}, {shard->value, &w->wv}};
+    matmul_set_parallel(qkv, 3, s->xb, n, shard->pool, traffic);
     // Keys and values of every row are stored first, so that a row of a
     // prompt can attend to the rows before it in the same batch.
     shard_kv view = shard_kv_of(run, shard);
@@ -371,10 +370,7 @@ static void ffn_sublayer(void* context, int k, int thread) {
     const layer_weights* w = shard_weights(run, k);
     const int n = run->batch->n_rows, hidden = shard->hidden_size;
     kernel_traffic* traffic = &shard->traffic;
-    matmul_parallel(shard->hidden, s->xb, n, &w->w1, shard->pool, traffic);
-    matmul_parallel(shard->hidden_up, s->xb, n, &w->w3, shard->pool, traffic);
-    for (int r = 0; r < n; r++)
-        swiglu(shard->hidden + (size_t)r * hidden, shard->hidden_up + (size_t)r * hidden, hidden, traffic);
+    matmul_swiglu_parallel(shard->hidden, shard->hidden_up, s->xb, n, &w->w1, &w->w3, shard->pool, traffic);
     if (s->capture) s->capture(s->capture_user, run->layer, CAPTURE_FFN_HIDDEN, shard->hidden, n, hidden);
     matmul_parallel(shard->partial, shard->hidden, n, &w->w2, shard->pool, traffic);
 }

@@ -2,6 +2,7 @@
 
 #include "kernels/cpu/fp16.h"
 #include "kernels/cpu/matmul_simd.h"
+#include "kernels/cpu/ops.h"
 
 #include <stdlib.h>
 
@@ -311,30 +312,134 @@ static void* prepare_input(matmul_job* job, thread_pool* pool) {
     return p.block;
 }
 
+// Fills in a job for out = in . w^T at `level` and returns how many chunks
+// (tasks) it is split into: one when the pool has one thread or the matrix
+// is too small to share, else several per thread.
+static int plan_job(matmul_job* job, float* out, const float* in, int n_rows, const weight_matrix* w,
+                    cpu_simd_level level, int n_threads) {
+    const int d_out = w->rows, d_in = w->cols;
+    *job = (matmul_job){out, in, n_rows, w, cpu_simd_level_clamp(level), d_out, NULL, NULL, NULL};
+    if (w->dtype == WEIGHT_F32) job->level = CPU_SIMD_SCALAR; // llama2.c's order, bit for bit
+    if (d_out <= 0 || n_rows <= 0) return 0;
+    uint64_t macs = (uint64_t)n_rows * (uint64_t)d_in * (uint64_t)d_out;
+    if (n_threads <= 1 || macs < MATMUL_MIN_PARALLEL_MACS) return 1;
+    // Chunks of a multiple of 8 outputs, so the SIMD kernels' tiles (up to
+    // 4 outputs) are not cut short inside a chunk.
+    int wanted = n_threads * MATMUL_CHUNKS_PER_THREAD;
+    int per_task = (d_out + wanted - 1) / wanted;
+    job->outputs_per_task = (per_task + 7) / 8 * 8;
+    return (d_out + job->outputs_per_task - 1) / job->outputs_per_task;
+}
+
+static void count_traffic(kernel_traffic* traffic, const weight_matrix* w, int n_rows) {
+    if (!traffic) return;
+    traffic->weight_bytes_read += weight_matrix_bytes(w);
+    traffic->activation_bytes += (uint64_t)n_rows * (uint64_t)(w->cols + w->rows) * sizeof(float);
+    traffic->matmul_flops += 2ull * (uint64_t)n_rows * (uint64_t)w->cols * (uint64_t)w->rows;
+}
+
 void matmul_at_level(float* out, const float* in, int n_rows, const weight_matrix* w, thread_pool* pool,
                      cpu_simd_level level, kernel_traffic* traffic) {
-    const int d_out = w->rows, d_in = w->cols;
-    matmul_job job = {out, in, n_rows, w, cpu_simd_level_clamp(level), d_out, NULL, NULL, NULL};
-    if (w->dtype == WEIGHT_F32) job.level = CPU_SIMD_SCALAR; // llama2.c's order, bit for bit
-    int n_tasks = d_out > 0 && n_rows > 0 ? 1 : 0;
-    uint64_t macs = (uint64_t)n_rows * (uint64_t)d_in * (uint64_t)d_out;
-    int n_threads = thread_pool_size(pool);
-    if (n_threads > 1 && macs >= MATMUL_MIN_PARALLEL_MACS) {
-        // Chunks of a multiple of 8 outputs, so the SIMD kernels' tiles
-        // (up to 4 outputs) are not cut short inside a chunk.
-        int wanted = n_threads * MATMUL_CHUNKS_PER_THREAD;
-        int per_task = (d_out + wanted - 1) / wanted;
-        job.outputs_per_task = (per_task + 7) / 8 * 8;
-        n_tasks = (d_out + job.outputs_per_task - 1) / job.outputs_per_task;
-    }
+    matmul_job job;
+    int n_tasks = plan_job(&job, out, in, n_rows, w, level, thread_pool_size(pool));
     void* prepared = n_tasks > 0 ? prepare_input(&job, pool) : NULL;
     thread_pool_run(pool, n_tasks, matmul_task, &job);
     free(prepared);
-    if (traffic) {
-        traffic->weight_bytes_read += weight_matrix_bytes(w);
-        traffic->activation_bytes += (uint64_t)n_rows * (uint64_t)(d_in + d_out) * sizeof(float);
-        traffic->matmul_flops += 2ull * (uint64_t)n_rows * (uint64_t)d_in * (uint64_t)d_out;
+    count_traffic(traffic, w, n_rows);
+}
+
+// ---- several matrices in one run of the pool ---------------------------------
+
+// The chunks of every matrix of a set, numbered one after the other.
+typedef struct matmul_set_job {
+    matmul_job parts[MATMUL_SET_MAX];
+    int first_task[MATMUL_SET_MAX + 1]; // part k's chunks are tasks first_task[k] .. first_task[k + 1] - 1
+    int n_parts;
+} matmul_set_job;
+
+static void matmul_set_task(void* ctx, int task, int thread) {
+    const matmul_set_job* set = ctx;
+    int k = 0;
+    while (task >= set->first_task[k + 1]) k++;
+    matmul_task((void*)&set->parts[k], task - set->first_task[k], thread);
+}
+
+// Plans every part and prepares its input; returns the total task count.
+// Parts too small to share run on the caller alone, as matmul_parallel
+// runs them: *use_pool says whether any part is worth waking the pool for.
+static int plan_set(matmul_set_job* set, const matmul_output* outputs, int n_parts, const float* in, int n_rows,
+                    thread_pool* pool, void** prepared, bool* use_pool) {
+    set->n_parts = n_parts;
+    set->first_task[0] = 0;
+    *use_pool = false;
+    for (int k = 0; k < n_parts; k++) {
+        int n_tasks = plan_job(&set->parts[k], outputs[k].out, in, n_rows, outputs[k].w, cpu_simd_level_selected(),
+                               thread_pool_size(pool));
+        *use_pool = *use_pool || n_tasks > 1;
+        prepared[k] = n_tasks > 0 ? prepare_input(&set->parts[k], pool) : NULL;
+        set->first_task[k + 1] = set->first_task[k] + n_tasks;
     }
+    return set->first_task[n_parts];
+}
+
+void matmul_set_parallel(const matmul_output* outputs, int n_outputs, const float* in, int n_rows,
+                         thread_pool* pool, kernel_traffic* traffic) {
+    if (n_outputs <= 0) return;
+    if (n_outputs > MATMUL_SET_MAX) { // more than one set holds: in sets of MATMUL_SET_MAX
+        matmul_set_parallel(outputs, MATMUL_SET_MAX, in, n_rows, pool, traffic);
+        matmul_set_parallel(outputs + MATMUL_SET_MAX, n_outputs - MATMUL_SET_MAX, in, n_rows, pool, traffic);
+        return;
+    }
+    matmul_set_job set;
+    void* prepared[MATMUL_SET_MAX];
+    bool use_pool;
+    int n_tasks = plan_set(&set, outputs, n_outputs, in, n_rows, pool, prepared, &use_pool);
+    thread_pool_run(use_pool ? pool : NULL, n_tasks, matmul_set_task, &set);
+    for (int k = 0; k < n_outputs; k++) {
+        free(prepared[k]);
+        count_traffic(traffic, outputs[k].w, n_rows);
+    }
+}
+
+// ---- the gated feed-forward: gate = silu(w_gate . x) * (w_up . x) ------------
+
+// Task = the same chunk of outputs of both matrices, then SwiGLU on those
+// outputs of every row while they are still in cache.
+static void gated_task(void* ctx, int task, int thread) {
+    const matmul_set_job* set = ctx;
+    const matmul_job *gate = &set->parts[0], *up = &set->parts[1];
+    matmul_task((void*)gate, task, thread);
+    matmul_task((void*)up, task, thread);
+    const int hidden = gate->w->rows, o_begin = task * gate->outputs_per_task;
+    const int o_end = o_begin + gate->outputs_per_task < hidden ? o_begin + gate->outputs_per_task : hidden;
+    for (int r = 0; r < gate->n_rows; r++) {
+        size_t row = (size_t)r * (size_t)hidden + (size_t)o_begin;
+        swiglu(gate->out + row, up->out + row, o_end - o_begin, NULL);
+    }
+}
+
+void matmul_swiglu_parallel(float* gate, float* up, const float* in, int n_rows, const weight_matrix* w_gate,
+                            const weight_matrix* w_up, thread_pool* pool, kernel_traffic* traffic) {
+    if (w_gate->rows != w_up->rows || w_gate->cols != w_up->cols) { // not a gated pair: the plain steps
+        matmul_parallel(gate, in, n_rows, w_gate, pool, traffic);
+        matmul_parallel(up, in, n_rows, w_up, pool, traffic);
+        for (int r = 0; r < n_rows; r++)
+            swiglu(gate + (size_t)r * (size_t)w_gate->rows, up + (size_t)r * (size_t)w_up->rows, w_gate->rows, traffic);
+        return;
+    }
+    const matmul_output outputs[2] = {{gate, w_gate}, {up, w_up}};
+    matmul_set_job set;
+    void* prepared[2];
+    bool use_pool;
+    plan_set(&set, outputs, 2, in, n_rows, pool, prepared, &use_pool);
+    // Both matrices have the same shape, so the same chunks of outputs.
+    int n_tasks = set.first_task[1];
+    thread_pool_run(use_pool ? pool : NULL, n_tasks, gated_task, &set);
+    for (int k = 0; k < 2; k++) {
+        free(prepared[k]);
+        count_traffic(traffic, outputs[k].w, n_rows);
+    }
+    if (traffic) traffic->activation_bytes += 3ull * (uint64_t)n_rows * (uint64_t)w_gate->rows * sizeof(float);
 }
 
 void matmul_parallel(float* out, const float* in, int n_rows, const weight_matrix* w, thread_pool* pool,

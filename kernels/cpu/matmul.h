@@ -78,6 +78,33 @@ void matmul(float* out, const float* in, int n_rows, const weight_matrix* w, ker
 void matmul_parallel(float* out, const float* in, int n_rows, const weight_matrix* w, thread_pool* pool,
                      kernel_traffic* traffic);
 
+// One matrix of a set that reads the same input.
+typedef struct matmul_output {
+    float* out;             // (n_rows, w->rows)
+    const weight_matrix* w; // (w->rows, w->cols), cols equal across the set
+} matmul_output;
+
+// Most matrices matmul_set_parallel runs in one run of the pool (more are
+// run in several).
+#define MATMUL_SET_MAX 4
+
+// matmul_parallel of every output of the set on the same input (q, k and v
+// of a layer), in one run of the pool: one wait at the end instead of one
+// per matrix, and a thread that is done with one matrix's chunks goes on to
+// the next's. Every output gets the bits matmul_parallel gives it.
+void matmul_set_parallel(const matmul_output* outputs, int n_outputs, const float* in, int n_rows,
+                         thread_pool* pool, kernel_traffic* traffic);
+
+// The gated feed-forward: gate = w_gate . in and up = w_up . in, then
+// swiglu(gate, up) on every row, as one run of the pool whose chunks each
+// compute the same outputs of both matrices and apply SwiGLU to them at
+// once (no pass of its own over the hidden activations, no single-threaded
+// step between the matmuls and the next). The same bits as two
+// matmul_parallel calls and swiglu() per row, and the same traffic.
+// gate, up: (n_rows, w_gate->rows); w_up has w_gate's shape.
+void matmul_swiglu_parallel(float* gate, float* up, const float* in, int n_rows, const weight_matrix* w_gate,
+                            const weight_matrix* w_up, thread_pool* pool, kernel_traffic* traffic);
+
 // matmul_parallel at an explicit SIMD level, lowered to what the CPU has
 // (cpu_simd_level_clamp): for tests and benchmarks that compare levels in
 // one process. WEIGHT_F32 ignores the level (always the scalar order).

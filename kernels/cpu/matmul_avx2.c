@@ -47,8 +47,8 @@ AVX2_INLINE void f16_tile(float* out, int d_out, const uint16_t* w, const float*
         UNROLL_TILE for (int r = 0; r < R; r++) xv[r] = _mm256_loadu_ps(x + (size_t)r * (size_t)cols + (size_t)i);
         UNROLL_TILE for (int c = 0; c < C; c++) {
             const uint16_t* p = w + (size_t)c * (size_t)cols + (size_t)i;
-            // Two tiles ahead, once per 64-byte line (see matmul_avx512.c).
-            if ((i & 31) == 0) prefetch_ahead(p, F16_PREFETCH_TILES * (size_t)C * (size_t)cols * sizeof(uint16_t));
+            // F16_PREFETCH_TILES ahead, once per 64-byte line (see matmul_avx512.c).
+            if ((i & 31) == 0) prefetch_ahead(p, F16_PREFETCH_TILES(R) * (size_t)C * (size_t)cols * sizeof(uint16_t));
             __m256 wv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p));
             UNROLL_TILE for (int r = 0; r < R; r++) acc[c][r] = _mm256_fmadd_ps(wv, xv[r], acc[c][r]);
         }

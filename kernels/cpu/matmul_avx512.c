@@ -57,7 +57,7 @@ AVX512_INLINE void f16_tile(float* out, int d_out, const uint16_t* w, const floa
             const uint16_t* p = w + (size_t)c * (size_t)cols + (size_t)i;
             // The next tile's line at this column, once per 64-byte line: rows
             // of 768 halves are 24 lines, too short for the hardware prefetcher.
-            if ((i & 31) == 0) prefetch_ahead(p, F16_PREFETCH_TILES * (size_t)C * (size_t)cols * sizeof(uint16_t));
+            if ((i & 31) == 0) prefetch_ahead(p, F16_PREFETCH_TILES(R) * (size_t)C * (size_t)cols * sizeof(uint16_t));
             __m512 wv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
             UNROLL_TILE for (int r = 0; r < R; r++) acc[c][r] = _mm512_fmadd_ps(wv, xv[r], acc[c][r]);
         }

@@ -94,11 +94,15 @@ static inline void prefetch_ahead(const void* p, size_t ahead) {
     __builtin_prefetch((const void*)((uintptr_t)p + ahead));
 }
 
-// How many tiles ahead the fp16 kernels prefetch their weights: rows of 768
-// halves are 24 cache lines, too short for the hardware prefetcher to lock
-// on to; fetching two tiles ahead took the 1-row fp16 matvec from ~6 to
-// ~9 GB/s on one busy Sapphire Rapids core (its streaming read: ~12.5).
-#define F16_PREFETCH_TILES 2
+// How many tiles ahead the fp16 kernels prefetch their weights, for a tile
+// of R batch rows: rows of 768 halves are 24 cache lines, too short for the
+// hardware prefetcher to lock on to. A tile of more rows takes longer, so
+// the same lead in time is fewer tiles. Measured on 2 Zen 5 cores, the 85
+// matrices of stories110m in fp16, interleaved in one process: 1 row 69.5
+// GB/s one tile ahead against 62.1 two ahead; 4 rows 64.2 one ahead against
+// 68.3 two ahead. (Two ahead first took the 1-row matvec from ~6 to ~9 GB/s
+// on one busy Sapphire Rapids core.)
+#define F16_PREFETCH_TILES(R) ((R) <= 2 ? 1 : 2)
 
 // From this many batch rows the AVX-512 fp16 kernel widens a panel of
 // weights to fp32 once and runs 4 x 6 register tiles over it (prefill,

@@ -24,6 +24,7 @@
 #include "kernels/cpu/matmul_simd.h"
 #include "kernels/cpu/thread_pool.h"
 #include "tests/test_support.h"
+#include "tests/kernels/matmul_set_check.h"
 
 // ---- test data ----------------------------------------------------------------
 
@@ -356,6 +357,30 @@ static void test_entry_points_agree(void** state) {
     free_matrix(&m);
 }
 
+// q, k, v as one set and w1, w3 as a gated pair: every dtype, rows that
+// split into chunks and a small matrix that runs on the caller alone, a
+// set larger than MATMUL_SET_MAX (run as two), and 1 row (decode) or 5.
+static void test_set_and_gated_pair_equal_separate_calls(void** state) {
+    (void)state;
+    const weight_dtype dtypes[] = {WEIGHT_F32, WEIGHT_F16, WEIGHT_Q8_0};
+    const char* names[] = {"fp32", "fp16", "q8_0"};
+    for (int d = 0; d < 3; d++) {
+        // Rows: 360 and 360 (a pair), 40, then 3 x 200 (past the set's maximum).
+        test_matrix m[6] = {make_matrix(dtypes[d], 360, 256, 32), make_matrix(dtypes[d], 360, 256, 32),
+                            make_matrix(dtypes[d], 40, 256, 32),  make_matrix(dtypes[d], 200, 256, 32),
+                            make_matrix(dtypes[d], 200, 256, 32), make_matrix(dtypes[d], 200, 256, 32)};
+        const weight_matrix* w[6];
+        for (int k = 0; k < 6; k++) w[k] = &m[k].w;
+        for (int n_rows = 1; n_rows <= 5; n_rows += 4) {
+            float* x = random_rows(n_rows, 256);
+            check_set_matches_separate_calls(w, 3, x, n_rows, names[d]);
+            check_set_matches_separate_calls(w, 6, x, n_rows, names[d]);
+            free(x);
+        }
+        for (int k = 0; k < 6; k++) free_matrix(&m[k]);
+    }
+}
+
 // ---- fp32: llama2.c's loop, bit for bit ---------------------------------------
 
 static void test_f32_is_the_sequential_loop(void** state) {
@@ -577,6 +602,7 @@ int main(void) {
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_f16_many_rows_same_bits),
         cmocka_unit_test(test_entry_points_agree),
+        cmocka_unit_test(test_set_and_gated_pair_equal_separate_calls),
         cmocka_unit_test(test_f32_is_the_sequential_loop),
         cmocka_unit_test(test_traffic_counts),
         cmocka_unit_test(test_empty_batch),

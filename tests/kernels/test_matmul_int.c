@@ -29,6 +29,7 @@
 #include "kernels/cpu/matmul_simd.h" // matmul_w8a8_unbuffered, matmul_quantize_row_avx2
 #include "kernels/cpu/thread_pool.h"
 #include "tests/test_support.h"
+#include "tests/kernels/matmul_set_check.h"
 
 // ---- test data ----------------------------------------------------------------
 
@@ -596,6 +597,24 @@ static void test_i4_phase_order_prepared_or_not(void** state) {
     }
 }
 
+// The set and the gated pair in every integer format: W8A8 quantizes and
+// the INT4 phase kernel reorders each matrix's input as matmul_parallel does.
+static void test_set_and_gated_pair_equal_separate_calls(void** state) {
+    (void)state;
+    for (int f = 0; f < N_FORMATS; f++) {
+        int_matrix m[3] = {make_int_matrix(&formats[f], 320, 256, 128, VALUES_RANDOM),
+                           make_int_matrix(&formats[f], 320, 256, 128, VALUES_RANDOM),
+                           make_int_matrix(&formats[f], 48, 256, 128, VALUES_RANDOM)};
+        const weight_matrix* w[3] = {&m[0].w, &m[1].w, &m[2].w};
+        for (int n_rows = 1; n_rows <= 7; n_rows += 6) {
+            float* x = random_rows(n_rows, 256, VALUES_RANDOM);
+            check_set_matches_separate_calls(w, 3, x, n_rows, formats[f].name);
+            free(x);
+        }
+        for (int k = 0; k < 3; k++) free_int_matrix(&m[k]);
+    }
+}
+
 // matmul() and matmul_parallel() use the process's level.
 static void test_entry_points_agree(void** state) {
     (void)state;
@@ -699,6 +718,7 @@ int main(void) {
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_i4_phase_order_prepared_or_not),
         cmocka_unit_test(test_entry_points_agree),
+        cmocka_unit_test(test_set_and_gated_pair_equal_separate_calls),
         cmocka_unit_test(test_traffic_counts),
         cmocka_unit_test(test_row_to_f32),
     };
