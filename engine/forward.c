@@ -284,23 +284,51 @@ typedef struct attention_job {
     int head_dim;
     int max_context;
     const int* groups;                  // (n_groups + 1) forward_state.attention_groups
+    int head_slices;                    // tasks per group, each a slice of its KV heads (1: whole)
     kernel_traffic* per_thread_traffic; // (shard->n_thread_slots)
 } attention_job;
 
-// Task = one group of rows (forward_state.attention_groups): a decode row
-// alone, or up to ATTENTION_ROWS_MAX consecutive rows of one prompt, which
-// attention_rows runs together (each row's bits are those of the row alone).
-static void attention_task(void* context, int group, int thread) {
+// Task = one slice of the KV heads (with their query heads) of one group
+// of rows (forward_state.attention_groups): a decode row alone, or up to
+// ATTENTION_ROWS_MAX consecutive rows of one prompt, which attention_rows
+// runs together (each row's bits are those of the row alone). Heads are
+// independent, so a slice's heads get the bits of the whole row.
+static void attention_task(void* context, int task, int thread) {
     const attention_job* job = context;
     const shard_kv* view = job->view;
     const forward_shard* shard = job->shard;
+    const int group = task / job->head_slices, slice = task % job->head_slices;
+    const int kv_begin = shard->n_kv_heads * slice / job->head_slices,
+              kv_end = shard->n_kv_heads * (slice + 1) / job->head_slices;
+    const int queries_per_kv_head = shard->n_heads / shard->n_kv_heads;
     const size_t width = (size_t)shard->n_heads * (size_t)job->head_dim;
+    const size_t query_offset = (size_t)kv_begin * (size_t)queries_per_kv_head * (size_t)job->head_dim;
+    const size_t kv_byte_offset = (size_t)kv_begin * (size_t)job->head_dim * (size_t)kv_dtype_bytes(view->dtype);
     const int first = job->groups[group], n_rows = job->groups[group + 1] - first;
-    kv_layer_view layer = {view->dtype,      view->keys,        view->values,       shard_table(view, first),
-                           view->block_size, view->key_scales, view->value_scales};
-    attention_rows(shard->attention + (size_t)first * width, shard->query + (size_t)first * width, &layer,
-                   view->batch->rows[first].position + 1, n_rows, shard->n_heads, shard->n_kv_heads, job->head_dim,
+    kv_layer_view layer = {view->dtype,
+                           (const char*)view->keys + kv_byte_offset,
+                           (const char*)view->values + kv_byte_offset,
+                           shard_table(view, first),
+                           view->block_size,
+                           view->key_scales ? view->key_scales + kv_begin : NULL,
+                           view->value_scales ? view->value_scales + kv_begin : NULL,
+                           shard->n_kv_heads};
+    // A slice of a multi-row group would need the rows' stride: groups of
+    // several rows are only sliced whole (head_slices is 1 when any is).
+    attention_rows(shard->attention + (size_t)first * width + query_offset,
+                   shard->query + (size_t)first * width + query_offset, &layer, view->batch->rows[first].position + 1,
+                   n_rows, (kv_end - kv_begin) * queries_per_kv_head, kv_end - kv_begin, job->head_dim,
                    shard->scores + (size_t)thread * (size_t)job->max_context, &job->per_thread_traffic[thread]);
+}
+
+// Slices per group: with fewer single-row groups than threads (decode of a
+// small batch), each row's heads are shared out so that no thread idles;
+// otherwise the groups themselves keep every thread busy.
+static int attention_head_slices(const forward_state* s, const forward_shard* shard, int n_rows) {
+    const int n_groups = s->n_attention_groups;
+    if (n_groups != n_rows || n_groups >= shard->n_thread_slots) return 1;
+    int slices = (shard->n_thread_slots + n_groups - 1) / n_groups;
+    return slices < shard->n_kv_heads ? slices : shard->n_kv_heads;
 }
 
 // Splits the batch into attention_task's groups: runs of rows of one
@@ -353,8 +381,9 @@ static void attention_sublayer(void* context, int k, int thread) {
     }
     kernel_traffic per_thread_traffic[THREAD_POOL_MAX_THREADS];
     memset(per_thread_traffic, 0, (size_t)shard->n_thread_slots * sizeof *per_thread_traffic);
-    attention_job job = {&view, shard, head_dim, s->max_context, s->attention_groups, per_thread_traffic};
-    thread_pool_run(shard->pool, s->n_attention_groups, attention_task, &job);
+    const int head_slices = attention_head_slices(s, shard, n);
+    attention_job job = {&view, shard, head_dim, s->max_context, s->attention_groups, head_slices, per_thread_traffic};
+    thread_pool_run(shard->pool, s->n_attention_groups * head_slices, attention_task, &job);
     for (int t = 0; t < shard->n_thread_slots; t++) traffic_add(traffic, &per_thread_traffic[t]);
     if (s->capture)
         s->capture(s->capture_user, run->layer, CAPTURE_ATTENTION_OUTPUT, shard->attention, n, (int)query_width);

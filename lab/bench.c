@@ -292,7 +292,7 @@ static double time_attention(const model_config* c, const uint16_t* keys, const 
     double start = seconds_now();
     for (int l = 0; l < c->n_layers; l++) {
         size_t layer_offset = (size_t)l * layer_slots * (size_t)c->kv_dim;
-        kv_layer_view view = {KV_F16, keys + layer_offset, values + layer_offset, table, block_size, NULL, NULL};
+        kv_layer_view view = {KV_F16, keys + layer_offset, values + layer_offset, table, block_size, NULL, NULL, 0};
         attention_row(out, query, &view, context, c->n_heads, c->n_kv_heads, c->head_dim, scores, NULL);
     }
     return seconds_now() - start;

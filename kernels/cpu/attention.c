@@ -19,7 +19,7 @@ static inline float kv_element(const void* slots, kv_dtype dtype, size_t index) 
 // The reference order (llama2.c's run.c), for either element type.
 static void attention_row_scalar(float* out, const float* query, const kv_layer_view* kv, int n_context,
                                  int n_heads, int n_kv_heads, int head_dim, float* scores) {
-    const int kv_dim = n_kv_heads * head_dim;
+    const int slot_heads = kv_view_slot_heads(kv, n_kv_heads), slot_stride = slot_heads * head_dim;
     const int queries_per_kv_head = n_heads / n_kv_heads;
     for (int h = 0; h < n_heads; h++) {
         const float* q = query + (size_t)h * (size_t)head_dim;
@@ -27,10 +27,11 @@ static void attention_row_scalar(float* out, const float* query, const kv_layer_
         for (int t = 0, b = 0, s = 0; t < n_context; t++, s++) { // slot = block b's slot s, no division
             if (s == kv->block_size) s = 0, b++;
             int64_t slot = (int64_t)kv->block_table[b] * kv->block_size + s;
-            size_t k = (size_t)slot * (size_t)kv_dim + head_offset;
+            size_t k = (size_t)slot * (size_t)slot_stride + head_offset;
             float score = 0.0f;
             for (int i = 0; i < head_dim; i++) score += q[i] * kv_element(kv->key_slots, kv->dtype, k + (size_t)i);
-            if (kv->dtype == KV_I8) score *= kv->key_scales[(size_t)slot * (size_t)n_kv_heads + (size_t)(h / queries_per_kv_head)];
+            if (kv->dtype == KV_I8)
+                score *= kv->key_scales[(size_t)slot * (size_t)slot_heads + (size_t)(h / queries_per_kv_head)];
             score /= sqrtf((float)head_dim);
             scores[t] = score;
         }
@@ -40,10 +41,10 @@ static void attention_row_scalar(float* out, const float* query, const kv_layer_
         for (int t = 0, b = 0, s = 0; t < n_context; t++, s++) {
             if (s == kv->block_size) s = 0, b++;
             int64_t slot = (int64_t)kv->block_table[b] * kv->block_size + s;
-            size_t v = (size_t)slot * (size_t)kv_dim + head_offset;
+            size_t v = (size_t)slot * (size_t)slot_stride + head_offset;
             float weight = scores[t];
             if (kv->dtype == KV_I8)
-                weight *= kv->value_scales[(size_t)slot * (size_t)n_kv_heads + (size_t)(h / queries_per_kv_head)];
+                weight *= kv->value_scales[(size_t)slot * (size_t)slot_heads + (size_t)(h / queries_per_kv_head)];
             for (int i = 0; i < head_dim; i++)
                 out_head[i] += weight * kv_element(kv->value_slots, kv->dtype, v + (size_t)i);
         }

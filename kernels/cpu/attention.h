@@ -48,7 +48,17 @@ typedef struct kv_layer_view {
     int block_size;             // token slots per block
     const float* key_scales;    // KV_I8: (n_slots, n_kv_heads) per-token, per-head scales; else NULL
     const float* value_scales;  // KV_I8: (n_slots, n_kv_heads)
+    // KV heads each slot holds; 0: the n_kv_heads the kernel is given. Set
+    // for a view of some of a cache's heads (so that threads can share one
+    // row's heads): key_slots, value_slots and the scales then point at the
+    // view's first head, and slots keep the whole cache's stride.
+    int slot_kv_heads;
 } kv_layer_view;
+
+// KV heads per slot of `kv` for a kernel given n_kv_heads (see slot_kv_heads).
+static inline int kv_view_slot_heads(const kv_layer_view* kv, int n_kv_heads) {
+    return kv->slot_kv_heads > 0 ? kv->slot_kv_heads : n_kv_heads;
+}
 
 // out: (n_heads * head_dim); query: (n_heads * head_dim);
 // scores: scratch of (n_context) floats.

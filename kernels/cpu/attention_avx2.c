@@ -188,12 +188,13 @@ AVX2_INLINE void add_scaled_run(float* out, const float* p, const uint16_t* cons
 }
 
 // The slots of positions [t0, t0 + n) (n <= POSITION_RUN): slots[s] is the
-// first element of position t0 + s's keys (or values) in `base`.
+// first element of position t0 + s's keys (or values) in `base`, whose
+// slots are slot_stride elements apart.
 static void gather_run(const uint16_t** slots, const uint16_t* base, const kv_layer_view* kv, int t0, int n,
-                       int kv_dim) {
+                       int slot_stride) {
     int b = t0 / kv->block_size, offset = t0 % kv->block_size; // once per run, not per position
     for (int s = 0; s < n; s++) {
-        slots[s] = base + ((size_t)kv->block_table[b] * (size_t)kv->block_size + (size_t)offset) * (size_t)kv_dim;
+        slots[s] = base + ((size_t)kv->block_table[b] * (size_t)kv->block_size + (size_t)offset) * (size_t)slot_stride;
         if (++offset == kv->block_size) offset = 0, b++;
     }
 }
@@ -316,6 +317,7 @@ AVX2_INLINE void add_scaled_rows(float* out, size_t out_row_stride, const float*
 AVX2_INLINE void attention_rows_slot_major(float* out, const float* query, const kv_layer_view* kv, int n_context,
                                            int R, int n_heads, int n_kv_heads, int head_dim, float* all_scores) {
     const int kv_dim = n_kv_heads * head_dim, last_context = n_context + R - 1;
+    const int slot_stride = kv_view_slot_heads(kv, n_kv_heads) * head_dim; // kv_dim unless a view of some heads
     const int queries_per_kv_head = n_heads / n_kv_heads;
     const size_t width = (size_t)n_heads * (size_t)head_dim;
     const size_t row_scores = (size_t)n_heads * (size_t)last_context; // one row's (n_heads, last_context)
@@ -328,9 +330,9 @@ AVX2_INLINE void attention_rows_slot_major(float* out, const float* query, const
     // Keys: the shared positions for every row at once, then each row's own.
     for (int t0 = 0; t0 < last_context; t0 += POSITION_RUN) {
         int n = last_context - t0 < POSITION_RUN ? last_context - t0 : POSITION_RUN;
-        gather_run(slots, kv->key_slots, kv, t0, n, kv_dim);
+        gather_run(slots, kv->key_slots, kv, t0, n, slot_stride);
         int n_next = last_context - (t0 + n) < POSITION_RUN ? last_context - (t0 + n) : POSITION_RUN;
-        if (n_next > 0) gather_run(next_slots, kv->key_slots, kv, t0 + n, n_next, kv_dim);
+        if (n_next > 0) gather_run(next_slots, kv->key_slots, kv, t0 + n, n_next, slot_stride);
         for (int s = 0; s < n; s++) {
             if (s < n_next) prefetch_rows(next_slots, s, s + 1, kv_dim);
             const int t = t0 + s;
@@ -364,9 +366,9 @@ AVX2_INLINE void attention_rows_slot_major(float* out, const float* query, const
     // Values: runs of the shared positions for all rows, then the rest row by row.
     for (int t0 = 0; t0 < n_context; t0 += POSITION_RUN) {
         int n = n_context - t0 < POSITION_RUN ? n_context - t0 : POSITION_RUN;
-        gather_run(slots, kv->value_slots, kv, t0, n, kv_dim);
+        gather_run(slots, kv->value_slots, kv, t0, n, slot_stride);
         int n_next = n_context - (t0 + n) < POSITION_RUN ? n_context - (t0 + n) : POSITION_RUN;
-        if (n_next > 0) gather_run(next_slots, kv->value_slots, kv, t0 + n, n_next, kv_dim);
+        if (n_next > 0) gather_run(next_slots, kv->value_slots, kv, t0 + n, n_next, slot_stride);
         for (int h = 0; h < n_heads; h++) {
             prefetch_rows(next_slots, h * n_next / n_heads, (h + 1) * n_next / n_heads, kv_dim);
             const size_t head_offset = (size_t)(h / queries_per_kv_head) * (size_t)head_dim;
@@ -377,7 +379,7 @@ AVX2_INLINE void attention_rows_slot_major(float* out, const float* query, const
         }
     }
     if (R > 1) {
-        gather_run(slots, kv->value_slots, kv, n_context, R - 1, kv_dim);
+        gather_run(slots, kv->value_slots, kv, n_context, R - 1, slot_stride);
         for (int j = 1; j < R; j++)
             for (int h = 0; h < n_heads; h++) {
                 const size_t head_offset = (size_t)(h / queries_per_kv_head) * (size_t)head_dim;
@@ -393,7 +395,7 @@ AVX2_INLINE void attention_rows_slot_major(float* out, const float* query, const
 // One head at a time, with scratch for one head's scores: (n_context).
 AVX2_TARGET static void attention_head_major(float* out, const float* query, const kv_layer_view* kv, int n_context,
                                              int n_heads, int n_kv_heads, int head_dim, float* scores) {
-    const int kv_dim = n_kv_heads * head_dim;
+    const int slot_stride = kv_view_slot_heads(kv, n_kv_heads) * head_dim;
     const int queries_per_kv_head = n_heads / n_kv_heads;
     const uint16_t* keys = kv->key_slots;
     const uint16_t* values = kv->value_slots;
@@ -403,14 +405,14 @@ AVX2_TARGET static void attention_head_major(float* out, const float* query, con
         const size_t head_offset = (size_t)(h / queries_per_kv_head) * (size_t)head_dim;
         for (int t = 0; t < n_context; t++) {
             int64_t slot = kv_slot_of_position(kv->block_table, kv->block_size, t);
-            scores[t] = dot_f16(q, keys + (size_t)slot * (size_t)kv_dim + head_offset, head_dim) / scale;
+            scores[t] = dot_f16(q, keys + (size_t)slot * (size_t)slot_stride + head_offset, head_dim) / scale;
         }
         softmax8(scores, n_context);
         float* out_head = out + (size_t)h * (size_t)head_dim;
         memset(out_head, 0, (size_t)head_dim * sizeof(float));
         for (int t = 0; t < n_context; t++) {
             int64_t slot = kv_slot_of_position(kv->block_table, kv->block_size, t);
-            add_scaled_f16(out_head, scores[t], values + (size_t)slot * (size_t)kv_dim + head_offset, head_dim);
+            add_scaled_f16(out_head, scores[t], values + (size_t)slot * (size_t)slot_stride + head_offset, head_dim);
         }
     }
 }

@@ -428,7 +428,7 @@ static void test_attention_case(const kv_case* c) {
     kernel_traffic cpu_traffic = {0}, gpu_traffic = {0};
     for (int r = 0; r < n_rows; r++) {
         kv_layer_view view = {c->dtype,      pool.keys,       pool.values,      tables + offsets[r],
-                              c->block_size, pool.key_scales, pool.value_scales};
+                              c->block_size, pool.key_scales, pool.value_scales, 0};
         attention_row(expected + (size_t)r * (size_t)q_dim, query + (size_t)r * (size_t)q_dim, &view, lengths[r],
                       c->n_heads, c->n_kv_heads, c->head_dim, scores, &cpu_traffic);
     }

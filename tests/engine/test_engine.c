@@ -206,6 +206,30 @@ static void test_batch_invariance_with_fp16_kv(void** state) {
     check_batch_invariance(KV_F16);
 }
 
+// The thread count changes who computes what (a decode row's heads are
+// shared out between threads), never the bits: 1 and 3 threads, every KV
+// dtype, batch 1 (sliced heads) and batch 4.
+static void test_thread_count_does_not_change_bits(void** state) {
+    (void)state;
+    const model* m = require_model();
+    test_request requests[4];
+    make_prompts(requests, 4, 24);
+    const kv_dtype dtypes[] = {KV_F32, KV_F16, KV_I8};
+    for (int d = 0; d < 3; d++)
+        for (int batch = 1; batch <= 4; batch += 3) {
+            run_output one, three;
+            engine_config c = fp32_config();
+            c.kv_dtype = dtypes[d];
+            c.n_threads = 1;
+            run_engine(m, &c, requests, batch, &one);
+            c.n_threads = 3;
+            run_engine(m, &c, requests, batch, &three);
+            for (int i = 0; i < batch; i++) assert_same_sequence(&three, i, &one, i);
+            free_output(&one);
+            free_output(&three);
+        }
+}
+
 // The engine's greedy output equals llama2.c's reference for a golden prompt.
 static void test_engine_matches_golden(void** state) {
     (void)state;
@@ -485,6 +509,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batch_invariance_across_layouts_and_batches),
         cmocka_unit_test(test_batch_invariance_with_fp16_kv),
+        cmocka_unit_test(test_thread_count_does_not_change_bits),
         cmocka_unit_test(test_engine_matches_golden),
         cmocka_unit_test(test_forks_diverge_and_equal_unshared_runs),
         cmocka_unit_test(test_prefix_cache_shares_one_copy),

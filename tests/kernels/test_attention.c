@@ -88,11 +88,11 @@ static void release(caches* c) {
 }
 
 static kv_layer_view contiguous_view(const caches* c, kv_dtype dtype) {
-    return (kv_layer_view){dtype, c->contiguous_keys, c->contiguous_values, c->contiguous_table, 1, NULL, NULL};
+    return (kv_layer_view){dtype, c->contiguous_keys, c->contiguous_values, c->contiguous_table, 1, NULL, NULL, 0};
 }
 
 static kv_layer_view paged_view(const caches* c, kv_dtype dtype) {
-    return (kv_layer_view){dtype, c->paged_keys, c->paged_values, c->paged_table, BLOCK, NULL, NULL};
+    return (kv_layer_view){dtype, c->paged_keys, c->paged_values, c->paged_table, BLOCK, NULL, NULL, 0};
 }
 
 static void check_against_reference(const caches* c, const float* out) {
@@ -186,7 +186,7 @@ static void test_wide_heads_slot_order(void** state) {
         values[i] = fp32_to_fp16(random_uniform());
     }
     for (int i = 0; i < WIDE_HEADS * WIDE_DIM; i++) query[i] = 0.5f * random_uniform();
-    kv_layer_view view = {KV_F16, keys, values, table, 1, NULL, NULL};
+    kv_layer_view view = {KV_F16, keys, values, table, 1, NULL, NULL, 0};
     for (int n = 1; n <= WIDE_CONTEXT; n += 13) {
         attention_row_f16_avx2(head_order, query, &view, n, WIDE_HEADS, WIDE_KV_HEADS, WIDE_DIM, scores, NULL);
         attention_row_f16_avx2(slot_order, query, &view, n, WIDE_HEADS, WIDE_KV_HEADS, WIDE_DIM, scores, all_scores);
@@ -224,7 +224,7 @@ static void check_rows_shape(const rows_shape* shape, kv_dtype dtype, int block_
         store(values, dtype, i, random_uniform());
     }
     for (int i = 0; i < ATTENTION_ROWS_MAX * width; i++) query[i] = 2.0f * random_uniform();
-    kv_layer_view view = {dtype, keys, values, table, block_size, NULL, NULL};
+    kv_layer_view view = {dtype, keys, values, table, block_size, NULL, NULL, 0};
     for (int n_rows = 1; n_rows <= ATTENTION_ROWS_MAX; n_rows++) {
         for (int n_context = 1; n_context + n_rows - 1 <= MAX_POSITIONS; n_context += 3) {
             kernel_traffic traffic_together = {0}, traffic_alone = {0};
@@ -260,6 +260,49 @@ static void test_rows_equal_each_row_alone(void** state) {
     }
 }
 
+// A view of some KV heads (slot_kv_heads: the cache's full stride), as
+// forward() gives each thread a slice of a decode row's heads: every slice
+// gets the bits of the whole row for its heads, and the slices' traffic
+// adds up to the row's. Both layouts, fp16 (vector kernel) and fp32
+// (scalar), every split of the 3 KV heads.
+static void test_head_slices_equal_the_whole_row(void** state) {
+    (void)state;
+    const kv_dtype dtypes[] = {KV_F16, KV_F32};
+    const int group = N_HEADS / N_KV_HEADS;
+    for (int d = 0; d < 2; d++) {
+        caches* c = calloc(1, sizeof *c);
+        assert_non_null(c);
+        build(c, dtypes[d]);
+        const size_t element = (size_t)kv_dtype_bytes(dtypes[d]);
+        for (int layout = 0; layout < 2; layout++) {
+            kv_layer_view whole = layout ? paged_view(c, dtypes[d]) : contiguous_view(c, dtypes[d]);
+            float scores[CONTEXT], expected[N_HEADS * HEAD_DIM], got[N_HEADS * HEAD_DIM];
+            kernel_traffic whole_traffic = {0};
+            attention_row(expected, c->query, &whole, CONTEXT, N_HEADS, N_KV_HEADS, HEAD_DIM, scores, &whole_traffic);
+            for (int n_slices = 2; n_slices <= N_KV_HEADS; n_slices++) {
+                memset(got, 0xff, sizeof got);
+                kernel_traffic slices_traffic = {0};
+                for (int k = 0; k < n_slices; k++) {
+                    int begin = N_KV_HEADS * k / n_slices, end = N_KV_HEADS * (k + 1) / n_slices;
+                    kv_layer_view slice = whole;
+                    slice.key_slots = (const char*)whole.key_slots + (size_t)begin * HEAD_DIM * element;
+                    slice.value_slots = (const char*)whole.value_slots + (size_t)begin * HEAD_DIM * element;
+                    slice.slot_kv_heads = N_KV_HEADS;
+                    size_t offset = (size_t)begin * (size_t)group * HEAD_DIM;
+                    attention_row(got + offset, c->query + offset, &slice, CONTEXT, (end - begin) * group, end - begin,
+                                  HEAD_DIM, scores, &slices_traffic);
+                }
+                if (memcmp(got, expected, sizeof got) != 0)
+                    fail_msg("%s, %s, %d slices: a slice's heads differ from the whole row's",
+                             kv_dtype_name(dtypes[d]), layout ? "paged" : "contiguous", n_slices);
+                assert_memory_equal(&slices_traffic, &whole_traffic, sizeof whole_traffic);
+            }
+        }
+        release(c);
+        free(c);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_paged_equals_contiguous_fp16),
@@ -267,6 +310,7 @@ int main(void) {
         cmocka_unit_test(test_slot_order_equals_head_order),
         cmocka_unit_test(test_wide_heads_slot_order),
         cmocka_unit_test(test_rows_equal_each_row_alone),
+        cmocka_unit_test(test_head_slices_equal_the_whole_row),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
