@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "kernels/cpu/attention_simd.h"
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/simd_x86.h"
 
 // ---- softmax with a vector exp ------------------------------------------------
@@ -310,6 +311,57 @@ AVX2_INLINE void add_scaled_rows(float* out, size_t out_row_stride, const float*
     }
 }
 
+// ---- the value pass on AVX-512 ----------------------------------------------
+//
+// add_scaled_rows with 16-lane vectors where the CPU has them: each output
+// element still gets fma(p_j[s], v_s[i], out) for s = 0, 1, ... in order
+// (a lane does exactly what the 8-lane kernel's lane does), so the bits are
+// the same; a value vector is widened once per 16 columns instead of 8, and
+// one FMA covers 16 of a row's columns. 8 / R vectors per row (8
+// accumulators in all: enough chains for 2 FMAs per cycle), blocks of
+// 128 / R columns; the columns past the last whole block go through
+// add_scaled_rows. Only for R >= 2: one row has a single head's 64 columns
+// (4 vectors), too few chains to beat the 8-lane kernel's 8.
+
+#define AVX512_BLOCK_COLUMNS(R) (128 / (R))
+
+AVX512_INLINE void add_scaled_rows_x16(float* out, size_t out_row_stride, const float* p, size_t p_row_stride,
+                                       const uint16_t* const* v, int n, int R, int head_dim) {
+    const int vectors = 8 / R, block = 16 * vectors; // per row: vectors, columns
+    int i = 0;
+    for (; i + block <= head_dim; i += block) {
+        __m512 a[8]; // [j * vectors + k]: row j, columns i + 16k ..
+        UNROLL8 for (int x = 0; x < 8; x++) a[x] = _mm512_loadu_ps(out + (size_t)(x / vectors) * out_row_stride +
+                                                                   (size_t)i + (size_t)(16 * (x % vectors)));
+        for (int s = 0; s < n; s++) {
+            const uint16_t* values = v[s] + i;
+            __m512 wide[8];
+            UNROLL8 for (int x = 0; x < 8; x++) wide[x] = x < vectors
+                ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(values + 16 * x))) : _mm512_setzero_ps();
+            UNROLL8 for (int x = 0; x < 8; x++) a[x] = _mm512_fmadd_ps(
+                _mm512_set1_ps(p[(size_t)(x / vectors) * p_row_stride + (size_t)s]), wide[x % vectors], a[x]);
+        }
+        UNROLL8 for (int x = 0; x < 8; x++) _mm512_storeu_ps(
+            out + (size_t)(x / vectors) * out_row_stride + (size_t)i + (size_t)(16 * (x % vectors)), a[x]);
+    }
+    if (i < head_dim) {
+        const uint16_t* rest[POSITION_RUN];
+        for (int s = 0; s < n; s++) rest[s] = v[s] + i;
+        add_scaled_rows(out + i, out_row_stride, p, p_row_stride, rest, n, R, head_dim - i);
+    }
+}
+
+static AVX512_TARGET __attribute__((noinline)) void add_scaled_rows_avx512(float* out, size_t out_row_stride,
+                                                                            const float* p, size_t p_row_stride,
+                                                                            const uint16_t* const* v, int n, int R,
+                                                                            int head_dim) {
+    switch (R) {
+    case 2: add_scaled_rows_x16(out, out_row_stride, p, p_row_stride, v, n, 2, head_dim); break;
+    case 4: add_scaled_rows_x16(out, out_row_stride, p, p_row_stride, v, n, 4, head_dim); break;
+    default: add_scaled_rows(out, out_row_stride, p, p_row_stride, v, n, R, head_dim); break;
+    }
+}
+
 // Every head at once, positions in order, for R rows (1 <= R <=
 // ATTENTION_ROWS_MAX) of one sequence; out, query: (R, n_heads * head_dim);
 // all_scores: (R, n_heads, n_context + R - 1). R is a constant at each call
@@ -363,6 +415,9 @@ AVX2_INLINE void attention_rows_slot_major(float* out, const float* query, const
         for (int h = 0; h < n_heads; h++)
             softmax8(all_scores + (size_t)j * row_scores + (size_t)h * (size_t)last_context, n_context + j);
     memset(out, 0, (size_t)R * width * sizeof(float));
+    // The 16-lane value pass where it helps (same bits, see add_scaled_rows_x16).
+    const bool wide_values = (R == 2 || R == 4) && head_dim >= AVX512_BLOCK_COLUMNS(R) &&
+                             cpu_simd_level_selected() >= CPU_SIMD_AVX512;
     // Values: runs of the shared positions for all rows, then the rest row by row.
     for (int t0 = 0; t0 < n_context; t0 += POSITION_RUN) {
         int n = n_context - t0 < POSITION_RUN ? n_context - t0 : POSITION_RUN;
@@ -373,9 +428,12 @@ AVX2_INLINE void attention_rows_slot_major(float* out, const float* query, const
             prefetch_rows(next_slots, h * n_next / n_heads, (h + 1) * n_next / n_heads, kv_dim);
             const size_t head_offset = (size_t)(h / queries_per_kv_head) * (size_t)head_dim;
             for (int s = 0; s < n; s++) heads[s] = slots[s] + head_offset;
-            add_scaled_rows(out + (size_t)h * (size_t)head_dim, width,
-                            all_scores + (size_t)h * (size_t)last_context + (size_t)t0, row_scores, heads, n, R,
-                            head_dim);
+            float* out_head = out + (size_t)h * (size_t)head_dim;
+            const float* p = all_scores + (size_t)h * (size_t)last_context + (size_t)t0;
+            if (wide_values)
+                add_scaled_rows_avx512(out_head, width, p, row_scores, heads, n, R, head_dim);
+            else
+                add_scaled_rows(out_head, width, p, row_scores, heads, n, R, head_dim);
         }
     }
     if (R > 1) {
