@@ -229,9 +229,8 @@ static void prefetch_rows(const uint16_t* const* rows, int first, int last, int 
 // over head_dim in order, hsum8 (hsum8_x8), the scalar tail, then the
 // division (8 of them as one vector when there is no tail; each lane
 // rounds as divss does), with each key vector widened once for the R rows.
-AVX2_INLINE void dots_rows(float* dots, size_t dots_row_stride, const float* queries, size_t query_row_stride,
-                           const uint16_t* slot, int R, int h0, int G, int queries_per_kv_head, int head_dim,
-                           float scale) {
+AVX2_INLINE __m256 dots_vector(const float* queries, size_t query_row_stride, const uint16_t* slot, int R, int h0,
+                               int G, int queries_per_kv_head, int head_dim, float scale) {
     const uint16_t* k[8];
     const float* q[8]; // [g * R + j]
     __m256 acc[8];
@@ -251,17 +250,43 @@ AVX2_INLINE void dots_rows(float* dots, size_t dots_row_stride, const float* que
         UNROLL8 for (int a = 0; a < 8; a++) if (a < live) acc[a] =
             _mm256_fmadd_ps(_mm256_loadu_ps(q[a] + i), keys[a - a % R], acc[a]);
     }
+    if (i == head_dim) return _mm256_div_ps(hsum8_x8(acc), _mm256_set1_ps(scale));
     float sums[8];
-    if (i == head_dim) {
-        _mm256_storeu_ps(sums, _mm256_div_ps(hsum8_x8(acc), _mm256_set1_ps(scale)));
-        for (int a = 0; a < live; a++) dots[(size_t)(a % R) * dots_row_stride + (size_t)(a / R)] = sums[a];
-        return;
-    }
     _mm256_storeu_ps(sums, hsum8_x8(acc));
     for (int a = 0; a < live; a++) {
         float sum = sums[a];
         for (int t = i; t < head_dim; t++) sum += q[a][t] * _cvtsh_ss(k[a][t]);
-        dots[(size_t)(a % R) * dots_row_stride + (size_t)(a / R)] = sum / scale;
+        sums[a] = sum / scale;
+    }
+    return _mm256_loadu_ps(sums);
+}
+
+// dots_vector's lanes a < G * R stored as dots[j][g] (stride dots_row_stride).
+AVX2_INLINE void dots_rows(float* dots, size_t dots_row_stride, const float* queries, size_t query_row_stride,
+                           const uint16_t* slot, int R, int h0, int G, int queries_per_kv_head, int head_dim,
+                           float scale) {
+    float sums[8];
+    _mm256_storeu_ps(sums, dots_vector(queries, query_row_stride, slot, R, h0, G, queries_per_kv_head, head_dim, scale));
+    for (int a = 0; a < G * R; a++) dots[(size_t)(a % R) * dots_row_stride + (size_t)(a / R)] = sums[a];
+}
+
+// Transposes 8 x 8 floats in registers: afterwards lane s of v[a] is what
+// lane a of v[s] was.
+AVX2_INLINE void transpose8(__m256* v) {
+    __m256 t[8], u[8];
+    UNROLL8 for (int k = 0; k < 4; k++) {
+        t[2 * k] = _mm256_unpacklo_ps(v[2 * k], v[2 * k + 1]);
+        t[2 * k + 1] = _mm256_unpackhi_ps(v[2 * k], v[2 * k + 1]);
+    }
+    UNROLL8 for (int k = 0; k < 2; k++) {
+        u[4 * k] = _mm256_shuffle_ps(t[4 * k], t[4 * k + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        u[4 * k + 1] = _mm256_shuffle_ps(t[4 * k], t[4 * k + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        u[4 * k + 2] = _mm256_shuffle_ps(t[4 * k + 1], t[4 * k + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        u[4 * k + 3] = _mm256_shuffle_ps(t[4 * k + 1], t[4 * k + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    UNROLL8 for (int k = 0; k < 4; k++) {
+        v[k] = _mm256_permute2f128_ps(u[k], u[4 + k], 0x20);
+        v[4 + k] = _mm256_permute2f128_ps(u[k], u[4 + k], 0x31);
     }
 }
 
@@ -385,7 +410,35 @@ AVX2_INLINE void attention_rows_slot_major(float* out, const float* query, const
         gather_run(slots, kv->key_slots, kv, t0, n, slot_stride);
         int n_next = last_context - (t0 + n) < POSITION_RUN ? last_context - (t0 + n) : POSITION_RUN;
         if (n_next > 0) gather_run(next_slots, kv->key_slots, kv, t0 + n, n_next, slot_stride);
-        for (int s = 0; s < n; s++) {
+        // Positions every row sees, a head group at a time: the scores of
+        // 8 slots are transposed in registers and stored as 8 consecutive
+        // positions of each (row, head), not one float at a time.
+        const int shared = n_context - t0 >= n ? n : n_context - t0 > 0 ? n_context - t0 : 0;
+        for (int h0 = 0; h0 < n_heads; h0 += G) {
+            const int m = n_heads - h0 < G ? n_heads - h0 : G, live = m * R;
+            for (int s8 = 0; s8 < shared; s8 += 8) {
+                const int count = shared - s8 < 8 ? shared - s8 : 8;
+                __m256 block[8];
+                UNROLL8 for (int k = 0; k < 8; k++) {
+                    if (k >= count) {
+                        block[k] = _mm256_setzero_ps();
+                        continue;
+                    }
+                    if (h0 == 0 && s8 + k < n_next) prefetch_rows(next_slots, s8 + k, s8 + k + 1, kv_dim);
+                    block[k] = dots_vector(query, width, slots[s8 + k], R, h0, m, queries_per_kv_head, head_dim, scale);
+                }
+                transpose8(block); // block[a]: lane k = slot s8 + k's score of lane a (row a % R, head h0 + a / R)
+                const __m256i first = _mm256_cmpgt_epi32(_mm256_set1_epi32(count), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+                UNROLL8 for (int a = 0; a < 8; a++) {
+                    if (a >= live) continue;
+                    float* to = all_scores + (size_t)(a % R) * row_scores + (size_t)(h0 + a / R) * (size_t)last_context +
+                                (size_t)(t0 + s8);
+                    if (count == 8) _mm256_storeu_ps(to, block[a]);
+                    else _mm256_maskstore_ps(to, first, block[a]);
+                }
+            }
+        }
+        for (int s = shared; s < n; s++) {
             if (s < n_next) prefetch_rows(next_slots, s, s + 1, kv_dim);
             const int t = t0 + s;
             const int first_row = t < n_context ? 0 : t - n_context + 1; // rows that see position t
