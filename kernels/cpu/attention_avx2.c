@@ -29,28 +29,11 @@
 //
 // softmax() in ops.c calls libm's expf once per score: at stories260K's
 // size that was a fifth of a decode step. This one computes exp 8 lanes at
-// a time (Cephes' expf: x = n ln2 + r, a degree-6 polynomial in r, 2^n put
-// in the exponent; within 2 ulp of expf) and sums in a fixed order: the
-// 8 lanes over full vectors, hsum8(), then the tail in order. Only the fp16
+// a time (exp8() in simd_x86.h, within 2 ulp of expf) and sums in a fixed
+// order: the 8 lanes over full vectors, hsum8(), then the tail in order. Only the fp16
 // kernels use it, so the fp32 path keeps llama2.c's bits; within this level
 // a row's result still depends on nothing but its scores.
 
-AVX2_INLINE __m256 exp8(__m256 x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.33654f)), _mm256_set1_ps(88.37626f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x); // x - n ln2, ln2 in two parts
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
-    __m256i exponent = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(exponent));
-}
 
 AVX2_INLINE void softmax8(float* x, int size) {
     float max_value = x[0];

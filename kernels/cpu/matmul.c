@@ -403,6 +403,14 @@ void matmul_set_parallel(const matmul_output* outputs, int n_outputs, const floa
 
 // ---- the gated feed-forward: gate = silu(w_gate . x) * (w_up . x) ------------
 
+// The SwiGLU of a gated pair: llama2.c's (libm expf) for fp32 weights, whose
+// results are compared with llama2.c's bit for bit; the vector one otherwise.
+static void gated_swiglu(const weight_matrix* w_gate, float* gate, const float* up, int size,
+                         kernel_traffic* traffic) {
+    if (w_gate->dtype == WEIGHT_F32) swiglu(gate, up, size, traffic);
+    else swiglu_vector(gate, up, size, traffic);
+}
+
 // Task = the same chunk of outputs of both matrices, then SwiGLU on those
 // outputs of every row while they are still in cache.
 static void gated_task(void* ctx, int task, int thread) {
@@ -414,7 +422,7 @@ static void gated_task(void* ctx, int task, int thread) {
     const int o_end = o_begin + gate->outputs_per_task < hidden ? o_begin + gate->outputs_per_task : hidden;
     for (int r = 0; r < gate->n_rows; r++) {
         size_t row = (size_t)r * (size_t)hidden + (size_t)o_begin;
-        swiglu(gate->out + row, up->out + row, o_end - o_begin, NULL);
+        gated_swiglu(gate->w, gate->out + row, up->out + row, o_end - o_begin, NULL);
     }
 }
 
@@ -424,7 +432,8 @@ void matmul_swiglu_parallel(float* gate, float* up, const float* in, int n_rows,
         matmul_parallel(gate, in, n_rows, w_gate, pool, traffic);
         matmul_parallel(up, in, n_rows, w_up, pool, traffic);
         for (int r = 0; r < n_rows; r++)
-            swiglu(gate + (size_t)r * (size_t)w_gate->rows, up + (size_t)r * (size_t)w_up->rows, w_gate->rows, traffic);
+            gated_swiglu(w_gate, gate + (size_t)r * (size_t)w_gate->rows, up + (size_t)r * (size_t)w_up->rows,
+                         w_gate->rows, traffic);
         return;
     }
     const matmul_output outputs[2] = {{gate, w_gate}, {up, w_up}};

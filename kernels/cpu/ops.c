@@ -3,6 +3,9 @@
 #include <math.h>
 #include <stddef.h>
 
+#include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/ops_simd.h"
+
 // 1 / sqrt(mean of squares + eps), from a sum of squares taken in index order.
 static float inverse_rms(float sum_squares, int size, float eps) {
     sum_squares /= (float)size;
@@ -120,6 +123,17 @@ void swiglu(float* gate, const float* up, int size, kernel_traffic* traffic) {
         gate[i] = value;
     }
     if (traffic) traffic->activation_bytes += 3ull * (uint64_t)size * sizeof(float);
+}
+
+void swiglu_vector(float* gate, const float* up, int size, kernel_traffic* traffic) {
+#if defined(__x86_64__) || defined(__i386__)
+    if (cpu_simd_level_selected() >= CPU_SIMD_AVX2) {
+        swiglu_avx2(gate, up, size);
+        if (traffic) traffic->activation_bytes += 3ull * (uint64_t)size * sizeof(float);
+        return;
+    }
+#endif
+    swiglu(gate, up, size, traffic);
 }
 
 void residual_add(float* x, const float* delta, int size, kernel_traffic* traffic) {

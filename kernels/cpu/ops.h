@@ -51,6 +51,13 @@ void rope_rotate(float* query, float* key, const float* rotations, int n_heads, 
 // one pass over both. gate, up: (size) floats.
 void swiglu(float* gate, const float* up, int size, kernel_traffic* traffic);
 
+// swiglu() with a vector exp (within 2 ulp of expf; the same exp the fp16
+// attention's softmax uses) where the CPU has AVX2, else swiglu() itself.
+// Each element's result depends only on its inputs and the SIMD level.
+// The feed-forward of every non-fp32 model uses it; fp32 models keep
+// swiglu(), llama2.c's bits (matmul_swiglu_parallel).
+void swiglu_vector(float* gate, const float* up, int size, kernel_traffic* traffic);
+
 // Residual connection: x[i] += delta[i]; x, delta: (size) floats.
 void residual_add(float* x, const float* delta, int size, kernel_traffic* traffic);
 

@@ -22,7 +22,8 @@ static float* set_check_outputs(int n_rows, int rows) {
 // w[0..n_matrices): matrices of the same cols, x: (n_rows, cols). For pools
 // of 1 to 3 threads: the set's outputs equal one matmul_parallel each; when
 // w[0] and w[1] have the same shape, the gated pair equals w[0] and w[1]
-// then swiglu() per row. Traffic adds up to the same figures.
+// then, per row, swiglu() (fp32 weights) or swiglu_vector(). Traffic adds
+// up to the same figures.
 static void check_set_matches_separate_calls(const weight_matrix* const* w, int n_matrices, const float* x,
                                              int n_rows, const char* what) {
     for (int threads = 1; threads <= 3; threads++) {
@@ -51,8 +52,12 @@ static void check_set_matches_separate_calls(const weight_matrix* const* w, int 
             float* up = set_check_outputs(n_rows, hidden);
             matmul_parallel(gate, x, n_rows, w[0], pool, &separate);
             matmul_parallel(up, x, n_rows, w[1], pool, &separate);
-            for (int r = 0; r < n_rows; r++)
-                swiglu(gate + (size_t)r * (size_t)hidden, up + (size_t)r * (size_t)hidden, hidden, &separate);
+            for (int r = 0; r < n_rows; r++) {
+                float* gate_row = gate + (size_t)r * (size_t)hidden;
+                const float* up_row = up + (size_t)r * (size_t)hidden;
+                if (w[0]->dtype == WEIGHT_F32) swiglu(gate_row, up_row, hidden, &separate);
+                else swiglu_vector(gate_row, up_row, hidden, &separate);
+            }
             memcpy(expected[0], gate, bytes);
             memcpy(expected[1], up, bytes);
             memset(gate, 0xff, bytes);

@@ -92,11 +92,50 @@ static void test_rope_rotate_equals_rope(void** state) {
     }
 }
 
+// swiglu_vector against libm's swiglu(): close (its exp is within 2 ulp of
+// expf, then a division and two products) over the range a feed-forward
+// sees and past it, signed zeros and tiny values included; and each
+// element's bits do not depend on where a call's span starts or ends (the
+// gated matmul applies it chunk by chunk).
+static void test_swiglu_vector_close_to_libm_and_split_invariant(void** state) {
+    (void)state;
+    enum { N = 2003 };
+    float gate[N], up[N], vector_out[N], libm_out[N], pieces[N];
+    for (int i = 0; i < N; i++) {
+        gate[i] = -100.0f + 200.0f * (float)i / (float)(N - 1); // -100 .. 100
+        up[i] = 0.5f + (float)(i % 7) * 0.25f;
+    }
+    const float specials[] = {0.0f, -0.0f, 1e-30f, -1e-30f, 88.0f, -88.0f, 90.0f, -90.0f, 1.0f, -1.0f};
+    for (int k = 0; k < 10; k++) gate[k * 97] = specials[k];
+    memcpy(vector_out, gate, sizeof gate);
+    memcpy(libm_out, gate, sizeof gate);
+    kernel_traffic traffic = {0};
+    swiglu_vector(vector_out, up, N, &traffic);
+    swiglu(libm_out, up, N, NULL);
+    assert_int_equal(traffic.activation_bytes, 3ull * N * sizeof(float));
+    for (int i = 0; i < N; i++) {
+        float expected = libm_out[i], got = vector_out[i];
+        // Past -87 libm's e^-x overflows to inf and gives -0; exp8 clamps and gives a
+        // product below 1e-36: the same nothing, a different float.
+        if (!(fabsf(got - expected) <= 4e-7f * fabsf(expected) + 1e-35f))
+            fail_msg("swiglu_vector(%.9g) * %.3g = %.9g, libm gives %.9g", (double)gate[i], (double)up[i],
+                     (double)got, (double)expected);
+    }
+    // The same array in spans of 1 to 11 elements, each span a call of its own.
+    memcpy(pieces, gate, sizeof gate);
+    for (int begin = 0, span = 1; begin < N; begin += span, span = span % 11 + 1) {
+        int size = N - begin < span ? N - begin : span;
+        swiglu_vector(pieces + begin, up + begin, size, NULL);
+    }
+    assert_memory_equal(pieces, vector_out, sizeof pieces);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_residual_rmsnorm_equals_separate_steps),
         cmocka_unit_test(test_residual_rmsnorm_reduces_partials_in_order),
         cmocka_unit_test(test_rope_rotate_equals_rope),
+        cmocka_unit_test(test_swiglu_vector_close_to_libm_and_split_invariant),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
