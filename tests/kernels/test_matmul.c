@@ -319,7 +319,9 @@ static void test_batch_invariance(void** state) {
 // at and above the switch, not multiples of 6.
 static void test_f16_many_rows_same_bits(void** state) {
     (void)state;
-    static const int shapes[][2] = {{37, 1555}, {130, 16}, {9, 17}, {12, 7}, {41, 768}};
+    // {100, 1555}: the panel holds 40 rows of 1555 columns, so 3 panels of
+    // which the last is short; {130, 16}: panels of PANEL_OUTPUTS rows.
+    static const int shapes[][2] = {{37, 1555}, {100, 1555}, {130, 16}, {9, 17}, {12, 7}, {41, 768}};
     static const int row_counts[] = {F16_PACKED_MIN_ROWS - 1, F16_PACKED_MIN_ROWS, F16_PACKED_MIN_ROWS + 5,
                                      2 * F16_PACKED_MIN_ROWS - 1};
     for (int threads = 1; threads <= 2; threads++) {
