@@ -354,6 +354,45 @@ static const layer_weights* shard_weights(const layer_run* run, int k) {
     return s->n_shards == 1 ? &run->m->layers[run->layer] : &s->tp.shards[k].layers[run->layer];
 }
 
+// Rows per task when per-row work (norms, RoPE, KV writes) is shared out
+// between `n_threads`: a prompt's hundreds of rows would otherwise run on
+// the calling thread alone while the others wait. A decode step's few rows
+// stay on the caller (one task), where waking the pool costs more than
+// they do.
+static int rows_per_task(int n_rows, int n_threads) {
+    if (n_threads <= 1 || n_rows < 4 * n_threads) return n_rows > 0 ? n_rows : 1;
+    return (n_rows + 4 * n_threads - 1) / (4 * n_threads);
+}
+
+// RoPE and the KV cache writes of a task's rows: each row rotates its own
+// query and key and writes its own slot.
+typedef struct rope_store_job {
+    const shard_kv* view;
+    forward_shard* shard;
+    const float* rotations; // (n_rows, head_dim) forward_state.rotations
+    int head_dim, n_rows, rows_per_task;
+    kernel_traffic* per_thread_traffic; // (shard->n_thread_slots)
+} rope_store_job;
+
+static void rope_store_task(void* context, int task, int thread) {
+    const rope_store_job* job = context;
+    const forward_shard* shard = job->shard;
+    const shard_kv* view = job->view;
+    const size_t query_width = (size_t)shard->n_heads * (size_t)job->head_dim,
+                 kv_width = (size_t)shard->n_kv_heads * (size_t)job->head_dim;
+    const int first = task * job->rows_per_task;
+    const int end = job->n_rows - first < job->rows_per_task ? job->n_rows : first + job->rows_per_task;
+    kernel_traffic* traffic = &job->per_thread_traffic[thread];
+    for (int r = first; r < end; r++) {
+        float* key = shard->key + (size_t)r * kv_width;
+        rope_rotate(shard->query + (size_t)r * query_width, key, job->rotations + (size_t)r * (size_t)job->head_dim,
+                    shard->n_heads, shard->n_kv_heads, job->head_dim, traffic);
+        int64_t slot = kv_slot_of_position(shard_table(view, r), view->block_size, view->batch->rows[r].position);
+        kv_write_row(view->keys, view->values, view->key_scales, view->value_scales, view->dtype, slot, key,
+                     shard->value + (size_t)r * kv_width, shard->n_kv_heads, job->head_dim, traffic);
+    }
+}
+
 // q, k, v of the shard's heads, RoPE, the KV cache writes, attention, and
 // its partial sums of wo: partial = wo[:, its columns] . attention.
 static void attention_sublayer(void* context, int k, int thread) {
@@ -363,24 +402,18 @@ static void attention_sublayer(void* context, int k, int thread) {
     forward_shard* shard = &s->shards[k];
     const layer_weights* w = shard_weights(run, k);
     const int n = run->batch->n_rows, head_dim = run->m->config.head_dim;
-    const size_t query_width = (size_t)shard->n_heads * (size_t)head_dim,
-                 kv_width = (size_t)shard->n_kv_heads * (size_t)head_dim;
+    const size_t query_width = (size_t)shard->n_heads * (size_t)head_dim;
     kernel_traffic* traffic = &shard->traffic;
     const matmul_output qkv[3] = {{shard->query, &w->wq}, {shard->key, &w->wk}, {shard->value, &w->wv}};
     matmul_set_parallel(qkv, 3, s->xb, n, shard->pool, traffic);
     // Keys and values of every row are stored first, so that a row of a
     // prompt can attend to the rows before it in the same batch.
     shard_kv view = shard_kv_of(run, shard);
-    for (int r = 0; r < n; r++) {
-        float* key = shard->key + (size_t)r * kv_width;
-        rope_rotate(shard->query + (size_t)r * query_width, key, s->rotations + (size_t)r * (size_t)head_dim,
-                    shard->n_heads, shard->n_kv_heads, head_dim, traffic);
-        int64_t slot = kv_slot_of_position(shard_table(&view, r), view.block_size, run->batch->rows[r].position);
-        kv_write_row(view.keys, view.values, view.key_scales, view.value_scales, view.dtype, slot, key,
-                     shard->value + (size_t)r * kv_width, shard->n_kv_heads, head_dim, traffic);
-    }
     kernel_traffic per_thread_traffic[THREAD_POOL_MAX_THREADS];
     memset(per_thread_traffic, 0, (size_t)shard->n_thread_slots * sizeof *per_thread_traffic);
+    rope_store_job store = {&view, shard, s->rotations, head_dim, n, rows_per_task(n, shard->n_thread_slots),
+                            per_thread_traffic};
+    thread_pool_run(shard->pool, (n + store.rows_per_task - 1) / store.rows_per_task, rope_store_task, &store);
     const int head_slices = attention_head_slices(s, shard, n);
     attention_job job = {&view, shard, head_dim, s->max_context, s->attention_groups, head_slices, per_thread_traffic};
     thread_pool_run(shard->pool, s->n_attention_groups * head_slices, attention_task, &job);
@@ -411,13 +444,39 @@ static void run_shards(forward_state* s, layer_run* run, thread_pool_task_fn sub
     else thread_pool_run(s->pool, s->n_shards, sublayer, run);
 }
 
+typedef struct residual_job {
+    forward_state* state;
+    const float* const* partials; // (n_shards) arrays of (n_rows, dim)
+    const float* norm_weight;
+    int n_rows, dim, rows_per_task;
+    kernel_traffic* per_thread_traffic; // (thread_pool_size(state->pool))
+} residual_job;
+
+// residual_rmsnorm of one task's rows: each row depends only on itself.
+static void residual_task(void* context, int task, int thread) {
+    const residual_job* job = context;
+    forward_state* s = job->state;
+    const int first = task * job->rows_per_task;
+    const int n = job->n_rows - first < job->rows_per_task ? job->n_rows - first : job->rows_per_task;
+    const size_t offset = (size_t)first * (size_t)job->dim;
+    const float* partials[MAX_TP_SHARDS];
+    for (int k = 0; k < s->n_shards; k++) partials[k] = job->partials[k] + offset;
+    residual_rmsnorm(s->xb + offset, s->x + offset, partials, s->n_shards, job->norm_weight, n, job->dim,
+                     MODEL_RMS_EPS, &job->per_thread_traffic[thread]);
+}
+
 // The all-reduce of the shards' partial sums, fused with the residual add
 // and the RMSNorm that follows it (norm_weight NULL: no norm).
 static void all_reduce_residual(forward_state* s, int n_rows, const model_config* c, const float* norm_weight,
                                 kernel_traffic* traffic) {
     const float* partials[MAX_TP_SHARDS];
     for (int k = 0; k < s->n_shards; k++) partials[k] = s->shards[k].partial;
-    residual_rmsnorm(s->xb, s->x, partials, s->n_shards, norm_weight, n_rows, c->dim, MODEL_RMS_EPS, traffic);
+    const int n_threads = thread_pool_size(s->pool), per_task = rows_per_task(n_rows, n_threads);
+    kernel_traffic per_thread_traffic[THREAD_POOL_MAX_THREADS];
+    memset(per_thread_traffic, 0, (size_t)n_threads * sizeof *per_thread_traffic);
+    residual_job job = {s, partials, norm_weight, n_rows, c->dim, per_task, per_thread_traffic};
+    thread_pool_run(s->pool, (n_rows + per_task - 1) / per_task, residual_task, &job);
+    for (int t = 0; t < n_threads; t++) traffic_add(traffic, &per_thread_traffic[t]);
     if (s->n_shards > 1) {
         uint64_t message_bytes = (uint64_t)n_rows * (uint64_t)c->dim * sizeof(float); // fp32 partial sums
         s->allreduce_bytes += link_ring_allreduce_bytes(s->n_shards, message_bytes);
