@@ -35,11 +35,24 @@
 // a row's result still depends on nothing but its scores.
 
 
+// The largest of x[0 .. size), 8 lanes at a time (a maximum is the same
+// value in any order; the scalar loop was a chain of dependent compares,
+// about 2% of a long prompt's time). _mm256_max_ps(x, m) keeps m when x is
+// NaN, as the scalar x > m ? x : m does, and a NaN x[0] stays the result.
+AVX2_INLINE float max8(const float* x, int size) {
+    __m256 lanes = _mm256_set1_ps(x[0]);
+    int i = 0;
+    for (; i + 8 <= size; i += 8) lanes = _mm256_max_ps(_mm256_loadu_ps(x + i), lanes);
+    float partial[8];
+    _mm256_storeu_ps(partial, lanes);
+    float max_value = partial[0];
+    for (int k = 1; k < 8; k++) max_value = partial[k] > max_value ? partial[k] : max_value;
+    for (; i < size; i++) max_value = x[i] > max_value ? x[i] : max_value;
+    return max_value;
+}
+
 AVX2_INLINE void softmax8(float* x, int size) {
-    float max_value = x[0];
-    for (int i = 1; i < size; i++)
-        max_value = x[i] > max_value ? x[i] : max_value;
-    const __m256 max_vector = _mm256_set1_ps(max_value);
+    const __m256 max_vector = _mm256_set1_ps(max8(x, size));
     __m256 sum_vector = _mm256_setzero_ps();
     int i = 0;
     for (; i + 8 <= size; i += 8) {

@@ -303,6 +303,36 @@ static void test_head_slices_equal_the_whole_row(void** state) {
     }
 }
 
+// The softmax's maximum, wherever it is: two scores of about 200 and 190
+// among zeros give weights of about 1 and e^-10. A maximum that missed
+// them (say, in the last positions after the full vectors) would clamp
+// both exponents to the same value and average the two values instead.
+// Every pair of positions of an 11-position context (one vector + 3).
+static void test_softmax_finds_the_maximum_anywhere(void** state) {
+    (void)state;
+    enum { CTX = 11, DIM = 8 };
+    uint16_t keys[CTX * DIM], values[CTX * DIM];
+    int32_t table[CTX];
+    float query[DIM] = {1.0f}, out[DIM], scores[CTX];
+    const float root = sqrtf((float)DIM);
+    for (int t = 0; t < CTX; t++) table[t] = t;
+    for (int first = 0; first < CTX; first++)
+        for (int second = 0; second < CTX; second++) {
+            if (second == first) continue;
+            for (int t = 0; t < CTX; t++)
+                for (int i = 0; i < DIM; i++) {
+                    float key = i != 0 ? 0.0f : t == first ? 200.0f * root : t == second ? 190.0f * root : 0.0f;
+                    keys[t * DIM + i] = fp32_to_fp16(key);
+                    values[t * DIM + i] = fp32_to_fp16(i == 0 ? (float)t : 0.0f);
+                }
+            kv_layer_view view = {KV_F16, keys, values, table, 1, NULL, NULL, 0};
+            attention_row(out, query, &view, CTX, 1, 1, DIM, scores, NULL);
+            if (fabsf(out[0] - (float)first) > 0.01f)
+                fail_msg("scores of ~200 at %d and ~190 at %d: output %.4f, expected about %d", first, second,
+                         (double)out[0], first);
+        }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_paged_equals_contiguous_fp16),
@@ -311,6 +341,7 @@ int main(void) {
         cmocka_unit_test(test_wide_heads_slot_order),
         cmocka_unit_test(test_rows_equal_each_row_alone),
         cmocka_unit_test(test_head_slices_equal_the_whole_row),
+        cmocka_unit_test(test_softmax_finds_the_maximum_anywhere),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
