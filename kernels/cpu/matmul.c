@@ -382,6 +382,15 @@ static int plan_set(matmul_set_job* set, const matmul_output* outputs, int n_par
     return set->first_task[n_parts];
 }
 
+// After a set's run: frees the prepared inputs and counts each matrix's traffic.
+static void finish_set(void** prepared, const matmul_output* outputs, int n_parts, int n_rows,
+                       kernel_traffic* traffic) {
+    for (int k = 0; k < n_parts; k++) {
+        free(prepared[k]);
+        count_traffic(traffic, outputs[k].w, n_rows);
+    }
+}
+
 void matmul_set_parallel(const matmul_output* outputs, int n_outputs, const float* in, int n_rows,
                          thread_pool* pool, kernel_traffic* traffic) {
     if (n_outputs <= 0) return;
@@ -395,10 +404,7 @@ void matmul_set_parallel(const matmul_output* outputs, int n_outputs, const floa
     bool use_pool;
     int n_tasks = plan_set(&set, outputs, n_outputs, in, n_rows, pool, prepared, &use_pool);
     thread_pool_run(use_pool ? pool : NULL, n_tasks, matmul_set_task, &set);
-    for (int k = 0; k < n_outputs; k++) {
-        free(prepared[k]);
-        count_traffic(traffic, outputs[k].w, n_rows);
-    }
+    finish_set(prepared, outputs, n_outputs, n_rows, traffic);
 }
 
 // ---- the gated feed-forward: gate = silu(w_gate . x) * (w_up . x) ------------
@@ -444,10 +450,7 @@ void matmul_swiglu_parallel(float* gate, float* up, const float* in, int n_rows,
     // Both matrices have the same shape, so the same chunks of outputs.
     int n_tasks = set.first_task[1];
     thread_pool_run(use_pool ? pool : NULL, n_tasks, gated_task, &set);
-    for (int k = 0; k < 2; k++) {
-        free(prepared[k]);
-        count_traffic(traffic, outputs[k].w, n_rows);
-    }
+    finish_set(prepared, outputs, 2, n_rows, traffic);
     if (traffic) traffic->activation_bytes += 3ull * (uint64_t)n_rows * (uint64_t)w_gate->rows * sizeof(float);
 }
 

@@ -100,8 +100,8 @@ void matmul_set_parallel(const matmul_output* outputs, int n_outputs, const floa
 // compute the same outputs of both matrices and apply SwiGLU to them at
 // once (no pass of its own over the hidden activations, no single-threaded
 // step between the matmuls and the next). The same bits as two
-// matmul_parallel calls and, per row, swiglu() for fp32 weights (llama2.c's
-// bits) or swiglu_vector() for any other dtype; the same traffic.
+// matmul_parallel calls and, per row, swiglu() when w_gate is fp32
+// (llama2.c's bits) or swiglu_vector() for any other dtype; the same traffic.
 // gate, up: (n_rows, w_gate->rows); w_up has w_gate's shape.
 void matmul_swiglu_parallel(float* gate, float* up, const float* in, int n_rows, const weight_matrix* w_gate,
                             const weight_matrix* w_up, thread_pool* pool, kernel_traffic* traffic);
