@@ -208,6 +208,29 @@ static void prefetch_rows(const uint16_t* const* rows, int first, int last, int 
         for (size_t b = 0; b < row_bytes; b += 64) _mm_prefetch((const char*)rows[s] + b, _MM_HINT_T0);
 }
 
+// The prefetch above keeps the loads of the next run waiting less, but the
+// hardware prefetchers keep more lines in flight than it can, and they lose
+// the stream at every jump to another block: stories110M's 24 KiB blocks,
+// shuffled, read 1.3-1.4x slower than a contiguous cache at 8192 tokens.
+// So where the run AHEAD_RUNS runs on starts in another block, about one
+// line of every 4 KiB of it is touched now, and the hardware picks each
+// page's stream up from there before the loads reach it (paged another
+// 7-12% faster). A contiguous cache never jumps and is left to the
+// hardware alone; a run that starts mid-block is not primed.
+#define AHEAD_RUNS 2
+
+static void prime_block_jump(const uint16_t* base, const kv_layer_view* kv, int first, int limit, int slot_stride) {
+    if (first >= limit || first == 0) return;
+    const int64_t slot = kv_slot_of_position(kv->block_table, kv->block_size, first);
+    if (slot == kv_slot_of_position(kv->block_table, kv->block_size, first - 1) + 1) return;
+    const size_t stride_bytes = (size_t)slot_stride * sizeof(uint16_t);
+    const int step = stride_bytes >= 4096 ? 1 : (int)(4096 / stride_bytes); // positions per 4 KiB
+    const int last = first + POSITION_RUN < limit ? first + POSITION_RUN : limit;
+    for (int t = first; t < last; t += step)
+        _mm_prefetch((const char*)(base + (size_t)kv_slot_of_position(kv->block_table, kv->block_size, t) *
+                                              (size_t)slot_stride), _MM_HINT_T0);
+}
+
 // ---- several rows of one sequence at once (a prompt) ---------------------------
 //
 // Rows j = 0 .. R-1 of a prompt sit at consecutive positions: row j attends
@@ -404,16 +427,20 @@ AVX2_INLINE void attention_rows_slot_major(float* out, const float* query, const
     for (int t0 = 0; t0 < last_context; t0 += POSITION_RUN) {
         int n = last_context - t0 < POSITION_RUN ? last_context - t0 : POSITION_RUN;
         gather_run(slots, kv->key_slots, kv, t0, n, slot_stride);
+        prime_block_jump(kv->key_slots, kv, t0 + AHEAD_RUNS * POSITION_RUN, last_context, slot_stride);
         int n_next = last_context - (t0 + n) < POSITION_RUN ? last_context - (t0 + n) : POSITION_RUN;
         if (n_next > 0) gather_run(next_slots, kv->key_slots, kv, t0 + n, n_next, slot_stride);
-        // Positions every row sees, a head group at a time: the scores of
-        // 8 slots are transposed in registers and stored as 8 consecutive
-        // positions of each (row, head), not one float at a time.
+        // Positions every row sees, 8 slots at a time, each head group on
+        // them before the next 8: the keys are read in position order, not
+        // once per head group (at 8192 tokens paged 11% faster, contiguous
+        // 6%). The scores of the 8 slots are transposed in registers and
+        // stored as 8 consecutive positions of each (row, head), not one
+        // float at a time.
         const int shared = n_context - t0 >= n ? n : n_context - t0 > 0 ? n_context - t0 : 0;
-        for (int h0 = 0; h0 < n_heads; h0 += G) {
-            const int m = n_heads - h0 < G ? n_heads - h0 : G, live = m * R;
-            for (int s8 = 0; s8 < shared; s8 += 8) {
-                const int count = shared - s8 < 8 ? shared - s8 : 8;
+        for (int s8 = 0; s8 < shared; s8 += 8) {
+            const int count = shared - s8 < 8 ? shared - s8 : 8;
+            for (int h0 = 0; h0 < n_heads; h0 += G) {
+                const int m = n_heads - h0 < G ? n_heads - h0 : G, live = m * R;
                 __m256 block[8];
                 UNROLL8 for (int k = 0; k < 8; k++) {
                     if (k >= count) {
@@ -471,6 +498,7 @@ AVX2_INLINE void attention_rows_slot_major(float* out, const float* query, const
     for (int t0 = 0; t0 < n_context; t0 += POSITION_RUN) {
         int n = n_context - t0 < POSITION_RUN ? n_context - t0 : POSITION_RUN;
         gather_run(slots, kv->value_slots, kv, t0, n, slot_stride);
+        prime_block_jump(kv->value_slots, kv, t0 + AHEAD_RUNS * POSITION_RUN, n_context, slot_stride);
         int n_next = n_context - (t0 + n) < POSITION_RUN ? n_context - (t0 + n) : POSITION_RUN;
         if (n_next > 0) gather_run(next_slots, kv->value_slots, kv, t0 + n, n_next, slot_stride);
         for (int h = 0; h < n_heads; h++) {
