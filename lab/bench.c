@@ -283,9 +283,11 @@ static double seconds_now(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-// One decode token's attention through every layer at `context`, on one
-// thread as the engine runs a single row, reading fp16 keys and values
-// through `table`. Returns seconds.
+// One decode token's attention through every layer at `context`, reading
+// fp16 keys and values through `table`, on one thread: the kernel's own
+// time, which both layouts are judged by (the engine shares one decode
+// row's heads out among its threads, each reading its heads' part of every
+// slot, the same blocks in the same order). Returns seconds.
 static double time_attention(const model_config* c, const uint16_t* keys, const uint16_t* values, size_t layer_slots,
                              const int32_t* table, int block_size, int context, const float* query, float* out,
                              float* scores) {
