@@ -2,7 +2,9 @@
 //
 // Everything is measured in one process, side by side, and every figure is
 // the median of `repeats` runs (the machine may be shared: a median ignores
-// the odd slow run). Decode and prefill run through the real engine
+// the odd slow run). Speed-ups are measured run for run: each repeat of a
+// quantized decode is followed by one of fp16, each repeat of the batch
+// sizes runs them all, and the ratio's median is over those pairs. Decode and prefill run through the real engine
 // (engine_step), so the numbers are what `generate` and `sim` users get,
 // and their bytes and FLOPs are the step records' kernel_traffic, counted
 // by the kernels that did the work:
@@ -37,6 +39,8 @@ typedef struct bench_decode {
     double gb_s;            // bytes streamed per token x tok_s / 1e9
     double frac_of_bw;      // gb_s / the measured streaming bandwidth
     double bytes_per_token; // weights + KV read + KV written
+    double x_fp16;          // median over the repeats of tok_s / fp16's tok_s in the same repeat (fp16
+                            // decodes beside every other format, run for run); 1 for fp16
 } bench_decode;
 
 typedef struct bench_prefill {
@@ -49,7 +53,8 @@ typedef struct bench_prefill {
 
 typedef struct bench_batch {
     int batch;    // sequences decoding together
-    double tok_s; // tokens per second, all sequences together
+    double tok_s;    // tokens per second, all sequences together
+    double x_batch1; // median over the repeats of tok_s / batch 1's tok_s in the same repeat
 } bench_batch;
 
 typedef struct bench_attention {

@@ -112,7 +112,6 @@ static void print_table(const bench_report* r) {
            r->probe_peak_gflop_s[0], r->probe_peak_gflop_s[1]);
     printf("  (fractions below are of the higher probe)\n\n");
 
-    const double fp16_tok_s = r->n_decode > 1 ? r->decode[1].tok_s : 0.0;
     printf("decode, batch 1, %d tokens            | reference (issue, not measured here)\n", r->decode_tokens);
     printf("  %-11s %9s %8s %7s %6s %8s | %-20s %7s %6s\n", "dtype", "tok/s", "GB/s", "of bw", "x fp16", "MB/tok",
            "engine", "tok/s", "of bw");
@@ -120,7 +119,7 @@ static void print_table(const bench_report* r) {
         const bench_decode* d = &r->decode[i];
         const reference_decode* ref = reference_for(d->dtype);
         printf("  %-11s %9.1f %8.1f %6.0f%% %6.2f %8.1f |", d->dtype, d->tok_s, d->gb_s, 100.0 * d->frac_of_bw,
-               fp16_tok_s > 0 ? d->tok_s / fp16_tok_s : 0.0, d->bytes_per_token / 1e6);
+               d->x_fp16, d->bytes_per_token / 1e6);
         if (ref)
             printf(" %-20s %7.0f %5.0f%%\n", ref->engine, ref->tok_s, 100.0 * ref->frac_of_bw);
         else
@@ -140,8 +139,7 @@ static void print_table(const bench_report* r) {
     printf("\nbatch scaling, %s decode (roofline: flattens near batch %.1f)\n  %5s %9s %8s\n", r->batch_dtype,
            r->roofline_flat_batch, "batch", "tok/s", "x b=1");
     for (int i = 0; i < r->n_batch; i++)
-        printf("  %5d %9.1f %8.2f\n", r->batch[i].batch, r->batch[i].tok_s,
-               r->batch[0].tok_s > 0 ? r->batch[i].tok_s / r->batch[0].tok_s : 0.0);
+        printf("  %5d %9.1f %8.2f\n", r->batch[i].batch, r->batch[i].tok_s, r->batch[i].x_batch1);
     printf("\nattention, fp16 KV, one query through every layer, one thread\n  %7s %12s %12s %8s\n", "context",
            "paged us", "contig. us", "paged/c");
     for (int i = 0; i + 1 < r->n_attention; i += 2) {
@@ -175,8 +173,9 @@ static void print_json(const bench_report* r) {
     for (int i = 0; i < r->n_decode; i++) {
         const bench_decode* d = &r->decode[i];
         printf(
-            "%s{\"dtype\": \"%s\", \"tok_s\": %.3f, \"gb_s\": %.3f, \"frac_of_bw\": %.4f, \"bytes_per_token\": %.0f}",
-            i ? ", " : "", d->dtype, d->tok_s, d->gb_s, d->frac_of_bw, d->bytes_per_token);
+            "%s{\"dtype\": \"%s\", \"tok_s\": %.3f, \"gb_s\": %.3f, \"frac_of_bw\": %.4f, \"bytes_per_token\": %.0f, "
+            "\"x_fp16\": %.4f}",
+            i ? ", " : "", d->dtype, d->tok_s, d->gb_s, d->frac_of_bw, d->bytes_per_token, d->x_fp16);
     }
     printf("], \"prefill\": [");
     for (int i = 0; i < r->n_prefill; i++) {
@@ -187,7 +186,8 @@ static void print_json(const bench_report* r) {
     printf("], \"batch_dtype\": \"%s\", \"roofline_flat_batch\": %.3f, \"batch_scaling\": [", r->batch_dtype,
            r->roofline_flat_batch);
     for (int i = 0; i < r->n_batch; i++)
-        printf("%s{\"batch\": %d, \"tok_s\": %.3f}", i ? ", " : "", r->batch[i].batch, r->batch[i].tok_s);
+        printf("%s{\"batch\": %d, \"tok_s\": %.3f, \"x_batch1\": %.4f}", i ? ", " : "", r->batch[i].batch,
+               r->batch[i].tok_s, r->batch[i].x_batch1);
     printf("], \"attention\": [");
     for (int i = 0; i < r->n_attention; i++)
         printf("%s{\"layout\": \"%s\", \"context\": %d, \"us_per_token\": %.3f}", i ? ", " : "", r->attention[i].layout,

@@ -175,7 +175,9 @@ static void test_bench_quick_json(void** state) {
         double tok_s = next_number(&cursor, "tok_s"), gb_s = next_number(&cursor, "gb_s");
         double frac = next_number(&cursor, "frac_of_bw");
         bytes_per_token[i] = next_number(&cursor, "bytes_per_token");
-        assert_true(tok_s > 0 && gb_s > 0 && frac > 0);
+        double x_fp16 = next_number(&cursor, "x_fp16"); // measured beside fp16, run for run
+        assert_true(tok_s > 0 && gb_s > 0 && frac > 0 && x_fp16 > 0);
+        if (i == 1) assert_true(x_fp16 == 1.0);
         assert_true(close_to(gb_s, tok_s * bytes_per_token[i] * 1e-9, 0.01)); // GB/s = bytes/token x tok/s
         assert_true(close_to(frac, gb_s / bandwidth, 0.01));
     }
@@ -202,6 +204,8 @@ static void test_bench_quick_json(void** state) {
     for (int i = 0; i < 7; i++) {
         assert_int_equal((int)next_number(&cursor, "batch"), batches[i]);
         assert_true(next_number(&cursor, "tok_s") > 0);
+        double x_batch1 = next_number(&cursor, "x_batch1"); // over batch 1, repeat by repeat
+        assert_true(i == 0 ? x_batch1 == 1.0 : x_batch1 > 0);
     }
     cursor = json;
     assert_true(next_number(&cursor, "roofline_flat_batch") > 0);
@@ -239,19 +243,20 @@ static bench_report target_report(void) {
     bench_report r;
     memset(&r, 0, sizeof r);
     const char* dtypes[3] = {"fp16", "w8a16", "w4a16 g128"};
-    const double tok_s[3] = {100, 180, 300}, fractions[3] = {0.85, 0.75, 0.70};
+    const double tok_s[3] = {100, 180, 300}, fractions[3] = {0.85, 0.75, 0.70}, x_fp16[3] = {1.0, 1.8, 3.0};
     for (int i = 0; i < 3; i++) {
         snprintf(r.decode[i].dtype, sizeof r.decode[i].dtype, "%s", dtypes[i]);
         r.decode[i].tok_s = tok_s[i];
         r.decode[i].frac_of_bw = fractions[i];
+        r.decode[i].x_fp16 = x_fp16[i];
     }
     r.n_decode = 3;
     snprintf(r.prefill[0].dtype, sizeof r.prefill[0].dtype, "fp16");
     r.prefill[0].tokens = 512;
     r.prefill[0].frac_of_peak = 0.60;
     r.n_prefill = 1;
-    r.batch[0] = (bench_batch){1, 100};
-    r.batch[1] = (bench_batch){16, 800};
+    r.batch[0] = (bench_batch){1, 100, 1.0};
+    r.batch[1] = (bench_batch){16, 800, 8.0};
     r.n_batch = 2;
     const double paged[3] = {110, 105, 102}, contiguous[3] = {100, 100, 100};
     for (int i = 0; i < 3; i++) {
@@ -278,10 +283,10 @@ static void test_bench_targets(void** state) {
 
     // Just past each threshold.
     r.decode[0].frac_of_bw = 0.849;
-    r.decode[1].tok_s = 179; // 1.79x fp16
+    r.decode[1].x_fp16 = 1.79; // the speed-up measured run for run, not tok_s over tok_s
     r.decode[2].frac_of_bw = 0.699;
     r.prefill[0].frac_of_peak = 0.599;
-    r.batch[1].tok_s = 799;
+    r.batch[1].x_batch1 = 7.99;
     r.attention[2].us_per_token = 111; // the 2048 context is now the worst: 1.11
     r.small_model.measured = true;
     r.small_model.tok_s = 9900; // the target is strictly faster than llama2.c
