@@ -222,7 +222,7 @@ int tp_plan_build(tp_plan* plan, const model* m, int n_shards, error_info* err) 
     }
     // Each copied slice starts on a cache line, as the model's tensors do.
     size_t total = arena_total(&measure);
-    plan->storage = aligned_alloc(ARENA_ALIGNMENT, total);
+    plan->storage = weight_storage_alloc(total);
     if (!plan->storage) {
         tp_plan_free(plan);
         return error_set(err, "--tp %d: out of memory for %zu bytes of row-parallel weight slices", n_shards, total);

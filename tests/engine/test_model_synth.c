@@ -42,6 +42,27 @@ static void test_same_seed_same_weights(void** state) {
     model_free(&c);
 }
 
+// weight_storage_alloc: every block on a cache line, large ones on a 2 MiB
+// boundary (where a huge page can back them), all of it writable and freed.
+static void test_weight_storage_alignment(void** state) {
+    (void)state;
+    const size_t sizes[] = {64, 4096, (size_t)4 << 20, ((size_t)6 << 20) + 64, (size_t)37 << 20};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        unsigned char* p = weight_storage_alloc(sizes[i]);
+        assert_non_null(p);
+        assert_int_equal((uintptr_t)p % 64, 0);
+        if (sizes[i] >= ((size_t)4 << 20)) assert_int_equal((uintptr_t)p % ((size_t)2 << 20), 0);
+        memset(p, 0x5a, sizes[i]); // the whole block is there
+        assert_int_equal(p[sizes[i] - 1], 0x5a);
+        free(p);
+    }
+    // A model's storage comes from it: the first tensor starts on its boundary.
+    model m;
+    synth_or_fail(&m, "small", MODEL_DTYPE_FP16, 7);
+    assert_int_equal((uintptr_t)m.storage % ((size_t)2 << 20), 0);
+    model_free(&m);
+}
+
 static void test_preset_shapes_and_sizes(void** state) {
     (void)state;
     struct {
@@ -167,6 +188,7 @@ static void test_generation_is_deterministic_and_round_trips(void** state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_same_seed_same_weights),
+        cmocka_unit_test(test_weight_storage_alignment),
         cmocka_unit_test(test_preset_shapes_and_sizes),
         cmocka_unit_test(test_weight_bytes_exact_for_both_dtypes),
         cmocka_unit_test(test_weights_have_outlier_channels),
