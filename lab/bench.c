@@ -149,8 +149,8 @@ static int median_run(const run_totals* runs, double* rates, int n) {
     return chosen;
 }
 
-// One workload of an interleaved measurement: `batch` requests on a model,
-// with an engine of its own that lives through every repeat.
+// One workload of a measurement: `batch` requests on a model, with an
+// engine of its own that lives through every repeat.
 typedef struct bench_series {
     const model* model;
     int batch;
@@ -165,7 +165,7 @@ typedef struct bench_series {
 // own section and 179 to 257 tok/s beside the other formats). Each series'
 // figure is its run with the median rate.
 static int measure_interleaved(bench_series* series, int n_series, const bench_options* options, int prompt_tokens,
-                               int max_new, error_info* err) {
+                               int max_new, bool prefill, error_info* err) {
     const int repeats = options->repeats;
     engine* engines = calloc((size_t)n_series, sizeof *engines);                    // (n_series)
     bool* started = calloc((size_t)n_series, sizeof *started);                      // (n_series)
@@ -176,18 +176,18 @@ static int measure_interleaved(bench_series* series, int n_series, const bench_o
     for (int i = 0; status == 0 && i < n_series; i++) {
         const int batch = series[i].batch;
         status = bench_engine_init(&engines[i], series[i].model, options->n_threads, batch,
-                                   prompt_tokens + max_new + 1, batch * prompt_tokens, err);
+                                   prompt_tokens + max_new + 1, prefill ? prompt_tokens : batch * prompt_tokens, err);
         started[i] = status == 0;
     }
     for (int k = 0; status == 0 && k < repeats; k++)
         for (int i = 0; status == 0 && i < n_series; i++)
-            status = run_requests(&engines[i], series[i].batch, prompt_tokens, max_new, false, (uint64_t)k + 1,
+            status = run_requests(&engines[i], series[i].batch, prompt_tokens, max_new, prefill, (uint64_t)k + 1,
                                   &runs[(size_t)i * (size_t)repeats + (size_t)k], err);
     for (int i = 0; status == 0 && i < n_series; i++) {
         const run_totals* own = &runs[(size_t)i * (size_t)repeats];
         series[i].chosen = own[median_run(own, scratch, repeats)];
         if (series[i].chosen.tokens == 0) {
-            status = error_set(err, "bench: no step of the run was a full decode");
+            status = error_set(err, "bench: no step of the run was %s", prefill ? "a prefill" : "a full decode");
             break;
         }
         for (int k = 0; k < repeats; k++) {
@@ -209,30 +209,10 @@ static int measure_interleaved(bench_series* series, int n_series, const bench_o
 // run with the median rate (tokens / second); *median_totals is that run.
 static int measure_runs(const model* m, const bench_options* options, int batch, int prompt_tokens, int max_new,
                         bool prefill, run_totals* median_totals, error_info* err) {
-    engine e;
-    int step_tokens = prefill ? prompt_tokens : batch * prompt_tokens;
-    if (bench_engine_init(&e, m, options->n_threads, batch, prompt_tokens + max_new + 1, step_tokens, err)) return -1;
-    int repeats = options->repeats;
-    run_totals* runs = calloc((size_t)repeats, sizeof *runs); // (repeats)
-    double* rates = calloc((size_t)repeats, sizeof *rates);   // (repeats) scratch
-    if (!runs || !rates) {
-        free(runs);
-        free(rates);
-        engine_free(&e);
-        return error_set(err, "bench: out of memory");
-    }
-    int status = 0;
-    for (int k = 0; k < repeats && status == 0; k++)
-        status = run_requests(&e, batch, prompt_tokens, max_new, prefill, (uint64_t)k + 1, &runs[k], err);
-    if (status == 0) {
-        *median_totals = runs[median_run(runs, rates, repeats)];
-        if (median_totals->tokens == 0)
-            status = error_set(err, "bench: no step of the run was %s", prefill ? "a prefill" : "a full decode");
-    }
-    free(runs);
-    free(rates);
-    engine_free(&e);
-    return status;
+    bench_series one = {m, batch, {0, 0, 0, 0}, 0.0};
+    if (measure_interleaved(&one, 1, options, prompt_tokens, max_new, prefill, err)) return -1;
+    *median_totals = one.chosen;
+    return 0;
 }
 
 // ---- the sections ---------------------------------------------------------------------
@@ -270,7 +250,7 @@ static int bench_decode_section(bench_run_state* run, const model* m, const mode
     // max_new = n_tokens + 1: the prefill step samples the first token.
     if (reference) {
         bench_series pair[2] = {{reference, 1, {0, 0, 0, 0}, 0.0}, {m, 1, {0, 0, 0, 0}, 0.0}};
-        if (measure_interleaved(pair, 2, run->options, DECODE_PROMPT_TOKENS, n_tokens + 1, err)) return -1;
+        if (measure_interleaved(pair, 2, run->options, DECODE_PROMPT_TOKENS, n_tokens + 1, false, err)) return -1;
         *totals = pair[1].chosen;
         d->x_fp16 = pair[1].ratio;
     } else {
@@ -319,7 +299,8 @@ static int bench_batch_section(bench_run_state* run, const model* m, const bench
     // taken repeat by repeat (measure_interleaved).
     bench_series series[BENCH_MAX_BATCH];
     for (int i = 0; i < BENCH_MAX_BATCH; i++) series[i] = (bench_series){m, BATCH_SIZES[i], {0, 0, 0, 0}, 0.0};
-    if (measure_interleaved(series, BENCH_MAX_BATCH, run->options, DECODE_PROMPT_TOKENS, steps + 1, err)) return -1;
+    if (measure_interleaved(series, BENCH_MAX_BATCH, run->options, DECODE_PROMPT_TOKENS, steps + 1, false, err))
+        return -1;
     for (int i = 0; i < BENCH_MAX_BATCH; i++) {
         bench_batch* b = &report->batch[report->n_batch++];
         b->batch = BATCH_SIZES[i];
