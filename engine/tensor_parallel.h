@@ -19,9 +19,13 @@
 // fused with the residual add (kernels/cpu/ops.h residual_rmsnorm), so the
 // results differ from the unsharded run only by fp32 rounding: the
 // column-parallel outputs are bit-identical, the row-parallel sums are
-// associated differently. W8A8 is the exception: each shard quantizes its
-// own slice of wo's / w2's input with its own scale, as a real deployment
-// would, so its results differ by that quantization too.
+// associated differently. Two formats are exceptions. W8A8: each shard
+// quantizes its own slice of wo's / w2's input with its own scale, as a
+// real deployment would, so its results differ by that quantization too.
+// W4A16: its activations are rounded to bf16 (kernels/cpu/matmul_int.c), so
+// where an fp32 rounding difference moves a value across a bf16 rounding
+// boundary the two runs' inputs differ by one bf16 step (2^-8 relative):
+// they agree to bf16 rounding, not fp32 rounding.
 // Threads: the shards run as tasks of the engine's pool, one per shard,
 // each with its own pool of n_threads / N threads (engine_config).
 //

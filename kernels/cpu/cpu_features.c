@@ -32,6 +32,12 @@ static bool cpuid_has_avx512vnni(void) {
     unsigned eax, ebx, ecx, edx;
     return __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 11));
 }
+
+// AVX512_BF16 from CPUID leaf 7, sub-leaf 1, EAX bit 5 (zmm state as above).
+static bool cpuid_has_avx512bf16(void) {
+    unsigned eax, ebx, ecx, edx;
+    return __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax & (1u << 5));
+}
 #endif
 
 static void detect(void) {
@@ -46,6 +52,7 @@ static void detect(void) {
     detected.avx512bw = __builtin_cpu_supports("avx512bw");
     detected.avx512vl = __builtin_cpu_supports("avx512vl");
     detected.avx512vnni = detected.avx512f && cpuid_has_avx512vnni();
+    detected.avx512bf16 = detected.avx512f && detected.avx512bw && cpuid_has_avx512bf16();
 #endif
     detected.best = CPU_SIMD_SCALAR;
     if (detected.avx2 && detected.fma && detected.f16c) {

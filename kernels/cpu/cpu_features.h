@@ -25,6 +25,8 @@ typedef struct cpu_features {
     bool avx512f, avx512bw, avx512vl; //
     bool avx512vnni;                  // int8 dot products (vpdpbusd): the AVX-512 level's W8A8
                                       // kernel uses it when present; it is not a level of its own
+    bool avx512bf16;                  // bf16 dot products (vdpbf16ps): the AVX-512 level's W4A16
+                                      // kernel uses it when present, for the same bits; not a level
     cpu_simd_level best;              // highest level the hardware supports
     cpu_simd_level selected;          // best, lowered by SERVELAB_SIMD if set
     bool env_ignored;                 // SERVELAB_SIMD was set but not understood

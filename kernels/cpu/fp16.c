@@ -99,3 +99,18 @@ void fp16_to_fp32_array(float* out, const uint16_t* in, size_t count) {
 #endif
     for (size_t i = 0; i < count; i++) out[i] = fp16_to_fp32(in[i]);
 }
+
+uint16_t fp32_to_bf16(float value) {
+    uint32_t bits = float_bits(value);
+    uint32_t exponent = bits & 0x7f800000u, mantissa = bits & 0x007fffffu;
+    if (exponent == 0x7f800000u && mantissa != 0) return (uint16_t)((bits | 0x00400000u) >> 16); // quiet NaN
+    if (exponent == 0) return (uint16_t)((bits & 0x80000000u) >> 16);                           // +-0, subnormals
+    // Adding 0x7fff plus the bit that stays (the lowest kept) rounds to
+    // nearest with ties to even; a carry into the exponent is the correct
+    // next binade, up to +-inf.
+    return (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+float bf16_to_fp32(uint16_t bf16) { return bits_float((uint32_t)bf16 << 16); }
+
+float fp32_round_to_bf16(float value) { return bf16_to_fp32(fp32_to_bf16(value)); }

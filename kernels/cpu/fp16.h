@@ -17,4 +17,16 @@ uint16_t fp32_to_fp16(float value);
 void fp16_from_fp32_array(uint16_t* out, const float* in, size_t count);
 void fp16_to_fp32_array(float* out, const uint16_t* in, size_t count);
 
+// bfloat16: the top 16 bits of a binary32 (8 exponent bits, 8 significant
+// bits). W4A16 keeps its activations in bf16 (matmul_int.c). The rounding is
+// that of the AVX-512 BF16 converters (VCVTNEPS2BF16), bit for bit: nearest,
+// ties to even; too large gives +-inf; a NaN stays NaN, made quiet; a
+// subnormal becomes a zero of its sign (the converters read subnormal inputs
+// as 0). A bf16 times a small integer (|c| <= 255) is exact in fp32.
+uint16_t fp32_to_bf16(float value);
+float bf16_to_fp32(uint16_t bf16);
+
+// bf16_to_fp32(fp32_to_bf16(value)): value rounded to the nearest bf16.
+float fp32_round_to_bf16(float value);
+
 #endif

@@ -169,6 +169,7 @@ typedef struct matmul_job {
     const int8_t* in_codes; // W8A8: (n_rows, w->cols) quantized activations; NULL when not allocated
     const float* in_scales; // W8A8: (n_rows) their scales
     const float* in_phased; // INT4 phase kernel: (n_rows, w->cols) in its column order; NULL when not allocated
+    const uint16_t* in_bf16_words; // the same with AVX512_BF16: (n_rows, w->cols) bf16 words; NULL when not used
 } matmul_job;
 
 // WEIGHT_I8 / WEIGHT_I4 at the job's level (the orders: matmul_int.c).
@@ -196,7 +197,9 @@ static void matmul_int_range(const matmul_job* job, int o_begin, int o_end) {
     }
 #if defined(__x86_64__) || defined(__i386__)
     if (job->level == CPU_SIMD_AVX512) {
-        if (job->in_phased)
+        if (job->in_bf16_words)
+            matmul_i4_bf16_avx512(out, job->in_bf16_words, n_rows, w, o_begin, o_end);
+        else if (job->in_phased)
             matmul_i4_phased_avx512(out, job->in_phased, n_rows, w, o_begin, o_end);
         else if (w->dtype == WEIGHT_I8)
             matmul_i8_avx512(out, job->in, n_rows, w, o_begin, o_end);
@@ -256,7 +259,9 @@ static void matmul_task(void* ctx, int task, int thread) {
 
 typedef struct prepare_job {
     matmul_job* matmul; // what the rows are for
-    void* block;        // W8A8: (n_rows, cols) codes then (n_rows) scales; INT4: (n_rows, cols) floats
+    void* block;        // W8A8: (n_rows, cols) codes then (n_rows) scales; INT4: (n_rows, cols) floats,
+                        // or with bf16_words (n_rows, cols) bf16 words
+    bool bf16_words;    // INT4: for the AVX512_BF16 kernel
 } prepare_job;
 
 // Bytes of the W8A8 codes in a prepared block, rounded up to 64 so that
@@ -271,7 +276,10 @@ static void prepare_task(void* ctx, int task, int thread) {
     const float* x = m->in + (size_t)task * cols;
     if (!matmul_is_w8a8(m->w)) {
 #if defined(__x86_64__) || defined(__i386__)
-        matmul_i4_phase_order_avx512((float*)job->block + (size_t)task * cols, x, 1, m->w->cols);
+        if (job->bf16_words)
+            matmul_i4_bf16_order_avx512((uint16_t*)job->block + (size_t)task * cols, x, 1, m->w->cols);
+        else
+            matmul_i4_phase_order_avx512((float*)job->block + (size_t)task * cols, x, 1, m->w->cols);
 #endif
         return;
     }
@@ -288,7 +296,7 @@ static void prepare_task(void* ctx, int task, int thread) {
 
 // Puts the activations in the form the kernel reads them in, once per call
 // instead of once per chunk: W8A8 quantizes them (codes and a scale per
-// row), the INT4 phase kernel reorders them. Returns the block the caller
+// row), the INT4 phase kernels round them to bf16 and reorder them. Returns the block the caller
 // frees, or NULL when there is nothing to prepare or no memory (the kernels
 // then do it on the fly, with the same bits). Rows are split between
 // threads when there are enough values to pay for it.
@@ -300,14 +308,19 @@ static void* prepare_input(matmul_job* job, thread_pool* pool) {
     // 64-byte aligned: the kernels read rows with 64-byte vector loads, and
     // a row of malloc's 16-byte alignment splits every one of them over two
     // cache lines (the phase kernel ran 25% slower on such rows).
-    size_t bytes = w8a8 ? codes_bytes(n_rows, cols) + n_rows * sizeof(float) : n_rows * cols * sizeof(float);
-    prepare_job p = {job, aligned_alloc(64, (bytes + 63) / 64 * 64)};
+    const bool bf16_words = phased && cpu_features_get()->avx512bf16;
+    size_t bytes = w8a8         ? codes_bytes(n_rows, cols) + n_rows * sizeof(float)
+                   : bf16_words ? n_rows * cols * sizeof(uint16_t)
+                                : n_rows * cols * sizeof(float);
+    prepare_job p = {job, aligned_alloc(64, (bytes + 63) / 64 * 64), bf16_words};
     if (!p.block) return NULL;
     thread_pool_run(n_rows * cols >= MATMUL_MIN_PARALLEL_MACS ? pool : NULL, job->n_rows, prepare_task, &p);
     if (w8a8) {
         job->in_codes = p.block;
         job->in_scales = (const float*)((const int8_t*)p.block + codes_bytes(n_rows, cols));
-    } else
+    } else if (bf16_words)
+        job->in_bf16_words = p.block;
+    else
         job->in_phased = p.block;
     return p.block;
 }
@@ -318,7 +331,7 @@ static void* prepare_input(matmul_job* job, thread_pool* pool) {
 static int plan_job(matmul_job* job, float* out, const float* in, int n_rows, const weight_matrix* w,
                     cpu_simd_level level, int n_threads) {
     const int d_out = w->rows, d_in = w->cols;
-    *job = (matmul_job){out, in, n_rows, w, cpu_simd_level_clamp(level), d_out, NULL, NULL, NULL};
+    *job = (matmul_job){out, in, n_rows, w, cpu_simd_level_clamp(level), d_out, NULL, NULL, NULL, NULL};
     if (w->dtype == WEIGHT_F32) job->level = CPU_SIMD_SCALAR; // llama2.c's order, bit for bit
     if (d_out <= 0 || n_rows <= 0) return 0;
     uint64_t macs = (uint64_t)n_rows * (uint64_t)d_in * (uint64_t)d_out;

@@ -8,8 +8,14 @@
 // c_i = q_i - z_g is the integer a code stands for (|c_i| <= 255), exact in
 // fp32 and in int32.
 //
-// ---- W8A16 / W4A16 (activation_bits 0): fp32 activations -------------------
-// out[r][o] = sum_g s_g * sum_{i in g} c_i * x[r][i], reduced like this:
+// ---- W8A16 / W4A16 (activation_bits 0): 16-bit activations -----------------
+// out[r][o] = sum_g s_g * sum_{i in g} c_i * x[r][i], where W4A16 first
+// rounds every activation to bf16 (fp32_round_to_bf16, at every level) and
+// W8A16 keeps them in fp32. Why the difference: with bf16 activations the
+// AVX-512 level can use vdpbf16ps, which halves the instructions of the
+// compute-bound W4A16 kernel (below); W8A16's kernel waits on memory, so
+// it keeps the extra precision for free. A bf16 times |c_i| <= 255 is exact
+// in fp32, so every product below is exact for W4A16. Reduced like this:
 //   scalar:  group_sum = 0; for i in g in order: group_sum += (float)c_i * x_i
 //            (product rounded, then sum rounded); total += group_sum * s_g
 //            (rounded twice), groups in order, total starting at +0.
@@ -23,8 +29,9 @@
 //   AVX-512: the same with 16 lanes: INT8 steps of 16 columns, INT4 steps of
 //            32 (lane l: s + 2l, then s + 2l + 1); tails loaded masked, as 0;
 //            hsum16 at the end. INT4 with a group size that is a multiple
-//            of 128: steps of 128 columns, lane l takes s + 8l, s + 8l + 1,
-//            ..., s + 8l + 7 in that order (the phase kernel).
+//            of 128: steps of 128 columns, lane l takes s + 8l + k for k =
+//            4, 0, 5, 1, 6, 2, 7, 3 in that order (the phase kernels: the
+//            order of vdpbf16ps, so that AVX512_BF16 changes no bit).
 // Each level rounds differently (they agree to about cols * 2^-24 relative
 // to sum |w x|); one level always gives the same bits, whatever the batch,
 // the tile, the row's position or the thread count.
@@ -63,7 +70,7 @@ static float dot_int_row(const weight_matrix* w, int o, const float* x) {
         float group_sum = 0.0f;
         if (w->dtype == WEIGHT_I4) {
             for (int i = begin; i < end; i++)
-                group_sum += (float)(i4_nibble(row, i) - zero) * x[i];
+                group_sum += (float)(i4_nibble(row, i) - zero) * fp32_round_to_bf16(x[i]);
         } else if (asymmetric) {
             for (int i = begin; i < end; i++)
                 group_sum += (float)(row[i] - zero) * x[i];

@@ -137,7 +137,7 @@ AVX2_TARGET void matmul_i8_avx2(float* out, const float* in, int n_rows, const w
     }
 }
 
-// ---- INT4 codes, fp32 activations (W4A16) -------------------------------------
+// ---- INT4 codes, bf16 activations (W4A16) -------------------------------------
 
 // 8 packed bytes (16 columns from an even column s) as the floats c = q -
 // zero: even[l] = column s + 2l (low nibble of byte l), odd[l] = s + 2l + 1.
@@ -147,11 +147,12 @@ AVX2_INLINE void widen_i4(const uint8_t* p, __m256i zero, __m256* even, __m256* 
     *odd = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(bytes, 4), zero));
 }
 
-// x[0 .. 15] split into even[l] = x[2l] and odd[l] = x[2l + 1]. shuffle_ps
-// works within 128-bit halves ([x0 x2 x8 x10 | x4 x6 x12 x14]); the 64-bit
-// permute (0, 2, 1, 3) then puts the pairs in column order.
+// x[0 .. 15] rounded to bf16 (W4A16's activations) and split into even[l]
+// = x[2l] and odd[l] = x[2l + 1]. shuffle_ps works within 128-bit halves
+// ([x0 x2 x8 x10 | x4 x6 x12 x14]); the 64-bit permute (0, 2, 1, 3) then
+// puts the pairs in column order.
 AVX2_INLINE void split_x(const float* p, __m256* even, __m256* odd) {
-    __m256 lo = _mm256_loadu_ps(p), hi = _mm256_loadu_ps(p + 8);
+    __m256 lo = round_to_bf16_8(_mm256_loadu_ps(p)), hi = round_to_bf16_8(_mm256_loadu_ps(p + 8));
     *even = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0x88)), 0xd8));
     *odd = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0xdd)), 0xd8));
 }

@@ -32,6 +32,29 @@
 #define TILE_OUTPUTS_MAX 8
 
 
+// The tile shapes the kernels are compiled for, C outputs x R rows: TILE(c,
+// r) for the one asked for (each a separate, fully unrolled instance).
+#define SWITCH_TILE_SHAPES(C, R, TILE)                                                                                 \
+    switch ((C) * 8 + (R)) {                                                                                           \
+    case 1 * 8 + 1: TILE(1, 1); break;                                                                                 \
+    case 1 * 8 + 2: TILE(1, 2); break;                                                                                 \
+    case 1 * 8 + 3: TILE(1, 3); break;                                                                                 \
+    case 1 * 8 + 4: TILE(1, 4); break;                                                                                 \
+    case 2 * 8 + 1: TILE(2, 1); break;                                                                                 \
+    case 2 * 8 + 2: TILE(2, 2); break;                                                                                 \
+    case 2 * 8 + 3: TILE(2, 3); break;                                                                                 \
+    case 2 * 8 + 4: TILE(2, 4); break;                                                                                 \
+    case 3 * 8 + 1: TILE(3, 1); break;                                                                                 \
+    case 3 * 8 + 2: TILE(3, 2); break;                                                                                 \
+    case 4 * 8 + 1: TILE(4, 1); break;                                                                                 \
+    case 4 * 8 + 2: TILE(4, 2); break;                                                                                 \
+    case 5 * 8 + 1: TILE(5, 1); break;                                                                                 \
+    case 6 * 8 + 1: TILE(6, 1); break;                                                                                 \
+    case 7 * 8 + 1: TILE(7, 1); break;                                                                                 \
+    case 8 * 8 + 1: TILE(8, 1); break;                                                                                 \
+    default: break; /* larger tiles are never asked for */                                                             \
+    }
+
 // The first n (< 16) lanes.
 AVX512_INLINE __mmask16 first_lanes(int n) { return (__mmask16)((1u << n) - 1u); }
 
@@ -110,25 +133,7 @@ static AVX512_TARGET __attribute__((noinline)) void i8_tile_any(float* out, int 
 #define I8_TILE(c, r)                                                                                                  \
     (zeros ? i8_tile(out, d_out, w, scales, zeros, x, cols, group_size, c, r, 1)                                       \
            : i8_tile(out, d_out, w, scales, zeros, x, cols, group_size, c, r, 0))
-    switch (C * 8 + R) {
-    case 1 * 8 + 1: I8_TILE(1, 1); break;
-    case 1 * 8 + 2: I8_TILE(1, 2); break;
-    case 1 * 8 + 3: I8_TILE(1, 3); break;
-    case 1 * 8 + 4: I8_TILE(1, 4); break;
-    case 2 * 8 + 1: I8_TILE(2, 1); break;
-    case 2 * 8 + 2: I8_TILE(2, 2); break;
-    case 2 * 8 + 3: I8_TILE(2, 3); break;
-    case 2 * 8 + 4: I8_TILE(2, 4); break;
-    case 3 * 8 + 1: I8_TILE(3, 1); break;
-    case 3 * 8 + 2: I8_TILE(3, 2); break;
-    case 4 * 8 + 1: I8_TILE(4, 1); break;
-    case 4 * 8 + 2: I8_TILE(4, 2); break;
-    case 5 * 8 + 1: I8_TILE(5, 1); break;
-    case 6 * 8 + 1: I8_TILE(6, 1); break;
-    case 7 * 8 + 1: I8_TILE(7, 1); break;
-    case 8 * 8 + 1: I8_TILE(8, 1); break;
-    default: break; // larger tiles are never asked for
-    }
+    SWITCH_TILE_SHAPES(C, R, I8_TILE)
 #undef I8_TILE
 }
 
@@ -169,11 +174,13 @@ AVX512_TARGET void matmul_i8_avx512(float* out, const float* in, int n_rows, con
 // The order: per group, lane l of one accumulator takes, step by step,
 // column s + 2l then s + 2l + 1, both by fma.
 
-// x[0 .. 31] (lanes switched off in lo / hi read as 0) split into even[l] =
-// x[2l] and odd[l] = x[2l + 1].
+// x[0 .. 31] (lanes switched off in lo / hi read as 0) rounded to bf16
+// (W4A16's activations) and split into even[l] = x[2l] and odd[l] = x[2l + 1].
 AVX512_INLINE void split_x(__m512 lo, __m512 hi, __m512* even, __m512* odd) {
     const __m512i even_index = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     const __m512i odd_index = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    lo = round_to_bf16_16(lo);
+    hi = round_to_bf16_16(hi);
     *even = _mm512_permutex2var_ps(lo, even_index, hi);
     *odd = _mm512_permutex2var_ps(lo, odd_index, hi);
 }
@@ -272,25 +279,7 @@ static AVX512_TARGET __attribute__((noinline)) void i4_tile_any(float* out, int 
 #define I4_TILE(c, r)                                                                                                  \
     (zeros ? i4_tile(out, d_out, w, row_bytes, scales, zeros, x, cols, group_size, c, r, 1)                            \
            : i4_tile(out, d_out, w, row_bytes, scales, zeros, x, cols, group_size, c, r, 0))
-    switch (C * 8 + R) {
-    case 1 * 8 + 1: I4_TILE(1, 1); break;
-    case 1 * 8 + 2: I4_TILE(1, 2); break;
-    case 1 * 8 + 3: I4_TILE(1, 3); break;
-    case 1 * 8 + 4: I4_TILE(1, 4); break;
-    case 2 * 8 + 1: I4_TILE(2, 1); break;
-    case 2 * 8 + 2: I4_TILE(2, 2); break;
-    case 2 * 8 + 3: I4_TILE(2, 3); break;
-    case 2 * 8 + 4: I4_TILE(2, 4); break;
-    case 3 * 8 + 1: I4_TILE(3, 1); break;
-    case 3 * 8 + 2: I4_TILE(3, 2); break;
-    case 4 * 8 + 1: I4_TILE(4, 1); break;
-    case 4 * 8 + 2: I4_TILE(4, 2); break;
-    case 5 * 8 + 1: I4_TILE(5, 1); break;
-    case 6 * 8 + 1: I4_TILE(6, 1); break;
-    case 7 * 8 + 1: I4_TILE(7, 1); break;
-    case 8 * 8 + 1: I4_TILE(8, 1); break;
-    default: break; // larger tiles are never asked for
-    }
+    SWITCH_TILE_SHAPES(C, R, I4_TILE)
 #undef I4_TILE
 }
 
@@ -302,25 +291,33 @@ static AVX512_TARGET __attribute__((noinline)) void i4_tile_any(float* out, int 
 // the 8 nibbles of columns s + 8l .. s + 8l + 7, so shifting it right by
 // 4k and looking the low 4 bits up in the table gives column s + 8l + k in
 // lane l. 8 lookups and 7 shifts per 128 columns, no widening: a third
-// fewer shuffles. The activations are put in the same order once per row
-// and call (x_phase: lane l of phase k = x[s + 8l + k]), not per output.
+// fewer shuffles. The activations are rounded to bf16 and put in the same
+// order once per row and call (x_phase: lane l of phase k = x[s + 8l + k]),
+// not per output.
 //
-// The order: per group, lane l of one accumulator takes, step by step,
-// columns s + 8l, s + 8l + 1, ..., s + 8l + 7 by fma; then as above
-// total = fma(acc, scale, total) per group, and hsum16. Used whenever the
-// group size is a multiple of 128, for every batch row alike.
+// The order is the one of the AVX512_BF16 kernel further down, so that
+// both give the same bits: per group, lane l of one accumulator takes, step
+// by step, the columns s + 8l + k for k = 4, 0, 5, 1, 6, 2, 7, 3, each by
+// fma (phase_of_turn); then as above total = fma(acc, scale, total) per
+// group, and hsum16. Used whenever the group size is a multiple of 128, for
+// every batch row alike.
 
 #define PHASE_STEP 128 // columns per step: 64 bytes of codes
 #define PHASE_ROWS_MAX 4
 #define PHASE_SCRATCH_FLOATS 8192 // rows x cols of reordered activations on the stack (32 KiB)
 
-// phased: (cols) the row x reordered per step: phased[s + 16k + l] = x[s + 8l + k].
+// The phase (column s + 8l + k of lane l) the fp32 kernel takes at its
+// n-th turn of a step: 4, 0, 5, 1, 6, 2, 7, 3 (see vdpbf16ps below).
+static inline int phase_of_turn(int n) { return (n >> 1) + (n & 1 ? 0 : 4); }
+
+// phased: (cols) the row x rounded to bf16 and reordered per step:
+// phased[s + 16k + l] = x[s + 8l + k].
 AVX512_INLINE void phase_order(float* phased, const float* x, int cols) {
     const __m512i gather = _mm512_setr_epi32(0, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120);
     for (int s = 0; s < cols; s += PHASE_STEP)
         for (int k = 0; k < 8; k++)
-            _mm512_storeu_ps(phased + s + 16 * k,
-                             _mm512_i32gather_ps(_mm512_add_epi32(gather, _mm512_set1_epi32(k)), x + s, 4));
+            _mm512_storeu_ps(phased + s + 16 * k, round_to_bf16_16(_mm512_i32gather_ps(
+                                                      _mm512_add_epi32(gather, _mm512_set1_epi32(k)), x + s, 4)));
 }
 
 // out, scales, zeros as for i4_tile; x_phase: (R rows of cols) in phase order.
@@ -343,7 +340,8 @@ AVX512_INLINE void i4_phase_tile(float* out, int d_out, const uint8_t* w, size_t
                 prefetch_ahead(p, (size_t)C * row_bytes);
                 codes[c] = _mm512_loadu_si512((const void*)p);
             }
-            UNROLL_TILE for (int k = 0; k < 8; k++) {
+            UNROLL_TILE for (int n = 0; n < 8; n++) {
+                const int k = phase_of_turn(n);
                 __m512 xv[TILE_MAX];
                 UNROLL_TILE for (int r = 0; r < R; r++)
                     xv[r] = _mm512_loadu_ps(x_phase + (size_t)r * (size_t)cols + (size_t)(i + 16 * k));
@@ -365,32 +363,119 @@ static AVX512_TARGET __attribute__((noinline)) void i4_phase_tile_any(float* out
 #define I4_PHASE_TILE(c, r)                                                                                            \
     (zeros ? i4_phase_tile(out, d_out, w, row_bytes, scales, zeros, x_phase, cols, group_size, c, r, 1)                \
            : i4_phase_tile(out, d_out, w, row_bytes, scales, zeros, x_phase, cols, group_size, c, r, 0))
-    switch (C * 8 + R) {
-    case 1 * 8 + 1: I4_PHASE_TILE(1, 1); break;
-    case 1 * 8 + 2: I4_PHASE_TILE(1, 2); break;
-    case 1 * 8 + 3: I4_PHASE_TILE(1, 3); break;
-    case 1 * 8 + 4: I4_PHASE_TILE(1, 4); break;
-    case 2 * 8 + 1: I4_PHASE_TILE(2, 1); break;
-    case 2 * 8 + 2: I4_PHASE_TILE(2, 2); break;
-    case 2 * 8 + 3: I4_PHASE_TILE(2, 3); break;
-    case 2 * 8 + 4: I4_PHASE_TILE(2, 4); break;
-    case 3 * 8 + 1: I4_PHASE_TILE(3, 1); break;
-    case 3 * 8 + 2: I4_PHASE_TILE(3, 2); break;
-    case 4 * 8 + 1: I4_PHASE_TILE(4, 1); break;
-    case 4 * 8 + 2: I4_PHASE_TILE(4, 2); break;
-    case 5 * 8 + 1: I4_PHASE_TILE(5, 1); break;
-    case 6 * 8 + 1: I4_PHASE_TILE(6, 1); break;
-    case 7 * 8 + 1: I4_PHASE_TILE(7, 1); break;
-    case 8 * 8 + 1: I4_PHASE_TILE(8, 1); break;
-    default: break; // larger tiles are never asked for
-    }
+    SWITCH_TILE_SHAPES(C, R, I4_PHASE_TILE)
 #undef I4_PHASE_TILE
 }
 
+// ---- the same with AVX512_BF16: 4 phases of 32 columns per 64 bytes -----------
+//
+// vdpbf16ps adds to fp32 lane j the products of the bf16 pairs in 16-bit
+// lanes 2j + 1 and then 2j, each sum rounded to fp32 (nearest even) as
+// Intel's pseudo-code says; measured bit for bit on this machine's Zen 5
+// against two fmas, 32 million lanes. Seen as 32 words, a step's 64 bytes
+// hold in word 2j the nibbles of columns s + 8j .. s + 8j + 3 and in word
+// 2j + 1 those of s + 8j + 4 .. s + 8j + 7; shifted right by 4k, a word's
+// low 4 bits are column s + 8j + k, resp. s + 8j + 4 + k, and vpermw looks
+// the bf16 value of k - zero up with the low 5 bits (the table repeats
+// after 16, so the next nibble's bit does not matter). So phase k adds
+// column s + 8j + 4 + k, then s + 8j + k, to lane j: over k = 0..3 the
+// order 4, 0, 5, 1, 6, 2, 7, 3 of the fp32 kernel. Every product (|c| <=
+// 15 times a bf16) is exact, so each addition rounds the same sum in both
+// kernels: the same bits, for half the instructions (12 per 128 columns
+// instead of 24). Sums below 2^-126 are the exception: vdpbf16ps flushes
+// them to zero, fma does not.
+
+#define BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")))
+#define BF16_INLINE                                                                                                    \
+    static inline __attribute__((always_inline, target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")))
+
+// words: (cols) the row x as bf16 in the kernel's order, per step of 128
+// columns: words[s + 32k + 2j] = x[s + 8j + k], words[s + 32k + 2j + 1] =
+// x[s + 8j + 4 + k] (k < 4, j < 16). Rounded as everywhere (round_to_bf16_16,
+// the converters' bits), so this needs no BF16 instruction.
+AVX512_INLINE void bf16_phase_order(uint16_t* words, const float* x, int cols) {
+    const __m512i gather = _mm512_setr_epi32(0, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120);
+    for (int s = 0; s < cols; s += PHASE_STEP) {
+        for (int k = 0; k < 4; k++) {
+            __m512 low = _mm512_i32gather_ps(_mm512_add_epi32(gather, _mm512_set1_epi32(k)), x + s, 4);
+            __m512 high = _mm512_i32gather_ps(_mm512_add_epi32(gather, _mm512_set1_epi32(k + 4)), x + s, 4);
+            // Dword j = word 2j (low half) | word 2j + 1 (high half): the
+            // rounded floats' upper halves, side by side.
+            __m512i pair = _mm512_or_si512(_mm512_castps_si512(round_to_bf16_16(high)),
+                                           _mm512_srli_epi32(_mm512_castps_si512(round_to_bf16_16(low)), 16));
+            _mm512_storeu_si512((void*)(words + s + 32 * k), pair);
+        }
+    }
+}
+
+// The start of group g of a bf16 tile: table[c] = the 32 words bf16(n mod
+// 16 - zero) for n < 32, and the accumulators at +0.
+BF16_INLINE void start_bf16_group(__m512i* table, __m512 acc[][TILE_MAX], const uint8_t* zeros, int n_groups, int g,
+                                  int C, int R, int asymmetric) {
+    const __m512 nibbles = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    UNROLL_TILE for (int c = 0; c < C; c++) {
+        float zero = asymmetric ? (float)zeros[(size_t)c * (size_t)n_groups + (size_t)g] : 8.0f;
+        __m512 values = _mm512_sub_ps(nibbles, _mm512_set1_ps(zero)); // small integers: exact in bf16
+        table[c] = (__m512i)_mm512_cvtne2ps_pbh(values, values);
+        UNROLL_TILE for (int r = 0; r < R; r++) acc[c][r] = _mm512_setzero_ps();
+    }
+}
+
+// out, scales, zeros as for i4_tile; x_words: (R rows of cols) from
+// bf16_phase_order.
+BF16_INLINE void i4_bf16_tile(float* out, int d_out, const uint8_t* w, size_t row_bytes, const uint16_t* scales,
+                              const uint8_t* zeros, const uint16_t* x_words, int cols, int group_size, int C, int R,
+                              int asymmetric) {
+    const int n_groups = cols / group_size;
+    __m512 total[TILE_OUTPUTS_MAX][TILE_MAX], acc[TILE_OUTPUTS_MAX][TILE_MAX];
+    __m512i table[TILE_OUTPUTS_MAX];
+    UNROLL_TILE for (int c = 0; c < C; c++) {
+        UNROLL_TILE for (int r = 0; r < R; r++) total[c][r] = _mm512_setzero_ps();
+    }
+    for (int g = 0; g < n_groups; g++) {
+        const int begin = g * group_size, end = begin + group_size;
+        start_bf16_group(table, acc, zeros, n_groups, g, C, R, asymmetric);
+        for (int i = begin; i < end; i += PHASE_STEP) {
+            __m512i codes[TILE_OUTPUTS_MAX];
+            UNROLL_TILE for (int c = 0; c < C; c++) {
+                const uint8_t* p = w + (size_t)c * row_bytes + (size_t)(i / 2);
+                prefetch_ahead(p, (size_t)C * row_bytes);
+                codes[c] = _mm512_loadu_si512((const void*)p);
+            }
+            UNROLL_TILE for (int k = 0; k < 4; k++) {
+                __m512i xv[TILE_MAX];
+                UNROLL_TILE for (int r = 0; r < R; r++)
+                    xv[r] = _mm512_loadu_si512((const void*)(x_words + (size_t)r * (size_t)cols + (size_t)(i + 32 * k)));
+                UNROLL_TILE for (int c = 0; c < C; c++) {
+                    __m512i wv = _mm512_permutexvar_epi16(k ? _mm512_srli_epi16(codes[c], 4 * k) : codes[c], table[c]);
+                    UNROLL_TILE for (int r = 0; r < R; r++)
+                        acc[c][r] = _mm512_dpbf16_ps(acc[c][r], (__m512bh)wv, (__m512bh)xv[r]);
+                }
+            }
+        }
+        add_group_to_totals(total, acc, scales, n_groups, g, C, R);
+    }
+    store_totals(out, d_out, total, C, R);
+}
+
+static BF16_TARGET __attribute__((noinline)) void i4_bf16_tile_any(float* out, int d_out, const uint8_t* w,
+                                                                   size_t row_bytes, const uint16_t* scales,
+                                                                   const uint8_t* zeros, const uint16_t* x_words,
+                                                                   int cols, int group_size, int C, int R) {
+#define I4_BF16_TILE(c, r)                                                                                             \
+    (zeros ? i4_bf16_tile(out, d_out, w, row_bytes, scales, zeros, x_words, cols, group_size, c, r, 1)                 \
+           : i4_bf16_tile(out, d_out, w, row_bytes, scales, zeros, x_words, cols, group_size, c, r, 0))
+    SWITCH_TILE_SHAPES(C, R, I4_BF16_TILE)
+#undef I4_BF16_TILE
+}
+
+// ---- both phase kernels over a chunk --------------------------------------------
+
 // Every output of [o_begin, o_end) for one tile of R_tile <= PHASE_ROWS_MAX
-// rows (x_phase: (R_tile, cols) in phase order; out: the tile's first row).
-static AVX512_TARGET void i4_phase_outputs(float* out, const float* x_phase, int R_tile, const weight_matrix* w,
-                                           int o_begin, int o_end) {
+// rows (out: the tile's first row), by the fp32 kernel on x_phase or, when
+// x_words is not NULL, the bf16 one; both (R_tile, cols).
+static AVX512_TARGET void i4_phase_outputs(float* out, const float* x_phase, const uint16_t* x_words, int R_tile,
+                                           const weight_matrix* w, int o_begin, int o_end) {
     const uint8_t* values = (const uint8_t*)w->values;
     const size_t n_groups = (size_t)(w->cols / w->group_size), row_bytes = int_row_bytes(w);
     // Same register budget as i4_tile: 8 x 1, 4 x 2, 2 x 3 or 2 x 4.
@@ -398,9 +483,27 @@ static AVX512_TARGET void i4_phase_outputs(float* out, const float* x_phase, int
     for (int o = o_begin; o < o_end; o += max_outputs) {
         const int C = o_end - o < max_outputs ? o_end - o : max_outputs;
         const size_t first_group = (size_t)o * n_groups;
-        i4_phase_tile_any(out + o, w->rows, values + (size_t)o * row_bytes, row_bytes, w->scales_f16 + first_group,
-                          w->zero_points ? w->zero_points + first_group : NULL, x_phase, w->cols, w->group_size, C,
-                          R_tile);
+        const uint8_t* tile_values = values + (size_t)o * row_bytes;
+        const uint16_t* tile_scales = w->scales_f16 + first_group;
+        const uint8_t* tile_zeros = w->zero_points ? w->zero_points + first_group : NULL;
+        if (x_words)
+            i4_bf16_tile_any(out + o, w->rows, tile_values, row_bytes, tile_scales, tile_zeros, x_words, w->cols,
+                             w->group_size, C, R_tile);
+        else
+            i4_phase_tile_any(out + o, w->rows, tile_values, row_bytes, tile_scales, tile_zeros, x_phase, w->cols,
+                              w->group_size, C, R_tile);
+    }
+}
+
+// Row tiles outside, outputs inside: the chunk's weights, a few KiB per
+// output, stay in L2 for the next row tile. One of x_phase, x_words.
+static AVX512_TARGET void i4_phase_rows(float* out, const float* x_phase, const uint16_t* x_words, int n_rows,
+                                        const weight_matrix* w, int o_begin, int o_end) {
+    for (int r = 0; r < n_rows; r += PHASE_ROWS_MAX) {
+        const int R_tile = n_rows - r < PHASE_ROWS_MAX ? n_rows - r : PHASE_ROWS_MAX;
+        const size_t skip = (size_t)r * (size_t)w->cols;
+        i4_phase_outputs(out + (size_t)r * (size_t)w->rows, x_words ? NULL : x_phase + skip,
+                         x_words ? x_words + skip : NULL, R_tile, w, o_begin, o_end);
     }
 }
 
@@ -411,13 +514,17 @@ AVX512_TARGET void matmul_i4_phase_order_avx512(float* phased, const float* in, 
 
 AVX512_TARGET void matmul_i4_phased_avx512(float* out, const float* x_phase, int n_rows, const weight_matrix* w,
                                            int o_begin, int o_end) {
-    // Row tiles outside, outputs inside: the chunk's weights, a few KiB per
-    // output, stay in L2 for the next row tile.
-    for (int r = 0; r < n_rows; r += PHASE_ROWS_MAX) {
-        const int R_tile = n_rows - r < PHASE_ROWS_MAX ? n_rows - r : PHASE_ROWS_MAX;
-        i4_phase_outputs(out + (size_t)r * (size_t)w->rows, x_phase + (size_t)r * (size_t)w->cols, R_tile, w, o_begin,
-                         o_end);
-    }
+    i4_phase_rows(out, x_phase, NULL, n_rows, w, o_begin, o_end);
+}
+
+AVX512_TARGET void matmul_i4_bf16_order_avx512(uint16_t* words, const float* in, int n_rows, int cols) {
+    for (int r = 0; r < n_rows; r++)
+        bf16_phase_order(words + (size_t)r * (size_t)cols, in + (size_t)r * (size_t)cols, cols);
+}
+
+AVX512_TARGET void matmul_i4_bf16_avx512(float* out, const uint16_t* x_words, int n_rows, const weight_matrix* w,
+                                         int o_begin, int o_end) {
+    i4_phase_rows(out, NULL, x_words, n_rows, w, o_begin, o_end);
 }
 
 // The phase kernel without a prepared input (matmul_at_level could not
@@ -432,7 +539,7 @@ static AVX512_TARGET bool matmul_i4_phase_unprepared(float* out, const float* in
     for (int r = 0; r < n_rows; r += rows_per_tile) {
         const int R_tile = n_rows - r < rows_per_tile ? n_rows - r : rows_per_tile;
         matmul_i4_phase_order_avx512(x_phase, in + (size_t)r * (size_t)cols, R_tile, cols);
-        i4_phase_outputs(out + (size_t)r * (size_t)w->rows, x_phase, R_tile, w, o_begin, o_end);
+        i4_phase_outputs(out + (size_t)r * (size_t)w->rows, x_phase, NULL, R_tile, w, o_begin, o_end);
     }
     return true;
 }

@@ -24,8 +24,8 @@ void matmul_f32_avx512(float* out, const float* in, int n_rows, const weight_mat
 
 // ---- the packed integer formats (WEIGHT_I8, WEIGHT_I4): matmul_int*.c ----------
 //
-// fp32 activations (W8A16, W4A16), per level; the reduction orders are
-// written out at the top of matmul_int.c.
+// W8A16 (fp32 activations) and W4A16 (activations rounded to bf16), per
+// level; the reduction orders are written out at the top of matmul_int.c.
 void matmul_int_scalar(float* out, const float* in, int n_rows, const weight_matrix* w, int o_begin, int o_end);
 void matmul_i8_avx2(float* out, const float* in, int n_rows, const weight_matrix* w, int o_begin, int o_end);
 void matmul_i4_avx2(float* out, const float* in, int n_rows, const weight_matrix* w, int o_begin, int o_end);
@@ -41,6 +41,13 @@ void matmul_i4_avx512(float* out, const float* in, int n_rows, const weight_matr
 void matmul_i4_phase_order_avx512(float* phased, const float* in, int n_rows, int cols);
 void matmul_i4_phased_avx512(float* out, const float* x_phase, int n_rows, const weight_matrix* w, int o_begin,
                              int o_end);
+// The same order with AVX512_BF16 (vdpbf16ps), on activations put once per
+// call into bf16 words by matmul_i4_bf16_order_avx512 (words: (n_rows,
+// cols)): the same bits as matmul_i4_phased_avx512, in half the
+// instructions. Only call it when cpu_features says avx512bf16.
+void matmul_i4_bf16_order_avx512(uint16_t* words, const float* in, int n_rows, int cols);
+void matmul_i4_bf16_avx512(float* out, const uint16_t* x_words, int n_rows, const weight_matrix* w, int o_begin,
+                           int o_end);
 
 // W8A8 on activations already quantized by matmul_quantize_row: codes
 // (n_rows, w->cols) int8, code_scales (n_rows). The integer group sums are

@@ -8,6 +8,7 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#include <stdint.h>
 
 #define AVX2_TARGET __attribute__((target("avx2,fma,f16c")))
 #define AVX2_INLINE static inline __attribute__((always_inline, target("avx2,fma,f16c")))
@@ -28,6 +29,35 @@ AVX512_INLINE float hsum16(__m512 v) {
     __m128 quad = _mm_add_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1));
     __m128 pair = _mm_add_ps(quad, _mm_movehl_ps(quad, quad));
     return _mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair)));
+}
+
+// fp32_round_to_bf16 (fp16.h) in 8 lanes, the same bits: nearest, ties to
+// even, by adding 0x7fff plus the lowest kept bit; NaN made quiet and cut;
+// zeros and subnormals to a zero of their sign.
+AVX2_INLINE __m256 round_to_bf16_8(__m256 x) {
+    const __m256i bits = _mm256_castps_si256(x);
+    const __m256i lowest_kept = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+    __m256i rounded = _mm256_add_epi32(bits, _mm256_add_epi32(lowest_kept, _mm256_set1_epi32(0x7fff)));
+    const __m256 is_nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+    rounded = _mm256_castps_si256(_mm256_blendv_ps(
+        _mm256_castsi256_ps(rounded), _mm256_castsi256_ps(_mm256_or_si256(bits, _mm256_set1_epi32(0x00400000))), is_nan));
+    const __m256i no_exponent =
+        _mm256_cmpeq_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(0x7f800000)), _mm256_setzero_si256());
+    rounded = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(rounded),
+                                                   _mm256_castsi256_ps(_mm256_and_si256(bits, _mm256_set1_epi32(INT32_MIN))),
+                                                   _mm256_castsi256_ps(no_exponent)));
+    return _mm256_castsi256_ps(_mm256_and_si256(rounded, _mm256_set1_epi32((int)0xffff0000u)));
+}
+
+// The same in 16 lanes.
+AVX512_INLINE __m512 round_to_bf16_16(__m512 x) {
+    const __m512i bits = _mm512_castps_si512(x);
+    const __m512i lowest_kept = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(lowest_kept, _mm512_set1_epi32(0x7fff)));
+    rounded = _mm512_mask_or_epi32(rounded, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), bits, _mm512_set1_epi32(0x00400000));
+    rounded = _mm512_mask_and_epi32(rounded, _mm512_testn_epi32_mask(bits, _mm512_set1_epi32(0x7f800000)), bits,
+                                    _mm512_set1_epi32(INT32_MIN));
+    return _mm512_castsi512_ps(_mm512_and_si512(rounded, _mm512_set1_epi32((int)0xffff0000u)));
 }
 
 // e^x in 8 lanes, Cephes' expf: x = n ln2 + r, a degree-6 polynomial in r,

@@ -420,7 +420,12 @@ static void test_tiny_quantized(void** state) {
     // Groups of 16: 11 groups of hidden features cannot split evenly: 5 and 6.
     synthesize_tiny(&m, MODEL_DTYPE_FP32);
     quantize_tiny(&m, "w4a16:g16:rtn");
-    check_tiny(&m, "w4a16 g16", 100, 1e-4);
+    // W4A16 rounds its activations to bf16: an fp32 difference of the
+    // all-reduce that crosses a rounding boundary becomes a whole bf16 step
+    // (engine/tensor_parallel.h), so the logits agree to about 2^-9, not
+    // 2^-23 (measured: 0.0029 over 100 tokens). A wrong split, group or
+    // zero-point would be off by far more, and the greedy ids must still agree.
+    check_tiny(&m, "w4a16 g16", 100, 1e-2);
     run_one(&m, 2, LINK_NVLINK, 6, 2, &sharded);
     assert_int_equal(sharded.hidden_sizes[0], 80);
     assert_int_equal(sharded.hidden_sizes[1], 96);

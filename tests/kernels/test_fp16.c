@@ -1,6 +1,7 @@
 // fp16 conversion: exact widening of every half value, IEEE rounding when
 // narrowing (ties to even, overflow to inf, subnormals, NaN), checked against
-// the CPU's own F16C converter where the machine has one.
+// the CPU's own F16C converter where the machine has one. bf16 rounding:
+// known values, and the AVX512_BF16 converter's bits where the CPU has one.
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -11,6 +12,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/fp16.h"
 #include "tests/test_support.h"
 
@@ -122,6 +124,74 @@ static void test_matches_hardware_converter(void** state) {
 #endif
 }
 
+// ---- bf16 ------------------------------------------------------------------
+
+static void check_bf16(uint32_t float_bits, uint16_t expected) {
+    uint16_t got = fp32_to_bf16(float_of(float_bits));
+    if (got != expected) fail_msg("float bits 0x%08x: fp32_to_bf16 0x%04x, expected 0x%04x", float_bits, got, expected);
+    float rounded = fp32_round_to_bf16(float_of(float_bits)), widened = bf16_to_fp32(expected);
+    if (memcmp(&rounded, &widened, sizeof rounded) != 0)
+        fail_msg("float bits 0x%08x: fp32_round_to_bf16 is not bf16_to_fp32(0x%04x)", float_bits, expected);
+}
+
+static void test_bf16_known_values(void** state) {
+    (void)state;
+    check_bf16(0x3f800000, 0x3f80); // 1: exact
+    check_bf16(0xc0490fdb, 0xc049); // -pi: the part cut off is below half
+    check_bf16(0x3f80c000, 0x3f81); // above half: up
+    check_bf16(0x3f808000, 0x3f80); // a tie, the kept bit even: stays
+    check_bf16(0x3f818000, 0x3f82); // a tie, the kept bit odd: up to even
+    check_bf16(0x3f808001, 0x3f81); // just above the tie
+    check_bf16(0x3fff8000, 0x4000); // a carry into the exponent
+    check_bf16(0x7f7fffff, 0x7f80); // FLT_MAX: past the largest bf16, to +inf
+    check_bf16(0xff7f7fff, 0xff7f); // -largest bf16 plus less than half: stays
+    check_bf16(0x7f800000, 0x7f80); // +inf
+    check_bf16(0xff800000, 0xff80); // -inf
+    check_bf16(0x00800000, 0x0080); // the smallest normal
+    check_bf16(0x007fffff, 0x0000); // a subnormal: +0, as the converters read it
+    check_bf16(0x80000001, 0x8000); // a negative subnormal: -0
+    check_bf16(0x80000000, 0x8000); // -0
+    check_bf16(0x7f800001, 0x7fc0); // a signalling NaN: made quiet, payload cut
+    check_bf16(0xffc12345, 0xffc1); // a quiet NaN keeps its sign and top payload
+    for (int k = -126; k <= 127; k++) { // every power of two is exact
+        float p = ldexpf(1.0f, k);
+        assert_true(fp32_round_to_bf16(p) == p);
+    }
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx512f,avx512bf16"))) static uint16_t hardware_to_bf16(float value) {
+    __m256bh words = _mm512_cvtneps_pbh(_mm512_set1_ps(value)); // 16 words
+    uint16_t out[16];
+    memcpy(out, &words, sizeof out);
+    return out[0];
+}
+#endif
+
+// Against the CPU's converter (VCVTNEPS2BF16, which the W4A16 kernel's
+// results rest on): 4 million float bit patterns, NaNs included.
+static void test_bf16_matches_hardware_converter(void** state) {
+    (void)state;
+#if defined(__x86_64__)
+    if (!cpu_features_get()->avx512bf16) {
+        if (getenv("CI")) fail_msg("CI is set but this CPU has no AVX512_BF16 converter to compare against");
+        print_message("skipping: this CPU has no AVX512_BF16 converter to compare against\n");
+        skip();
+    }
+    uint64_t rng = 0x9e3779b9;
+    for (int i = 0; i < 4000000; i++) {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        uint32_t bits = (uint32_t)rng;
+        uint16_t mine = fp32_to_bf16(float_of(bits)), theirs = hardware_to_bf16(float_of(bits));
+        if (mine != theirs) fail_msg("float bits 0x%08x: fp32_to_bf16 0x%04x, VCVTNEPS2BF16 0x%04x", bits, mine, theirs);
+    }
+#else
+    skip();
+#endif
+}
+
 // The array conversions (F16C, 8 at a time, where the selected level has
 // it) give the same bits as the scalar ones, tails included: every count
 // from 0 to 40 over random bit patterns, then every half value.
@@ -180,6 +250,8 @@ int main(void) {
         cmocka_unit_test(test_every_half_round_trips),
         cmocka_unit_test(test_matches_hardware_converter),
         cmocka_unit_test(test_arrays_match_scalar),
+        cmocka_unit_test(test_bf16_known_values),
+        cmocka_unit_test(test_bf16_matches_hardware_converter),
     };
     return cmocka_run_group_tests_name("kernels/fp16", tests, NULL, NULL);
 }

@@ -5,7 +5,10 @@
 //     dequantized weights within (cols + 8) * FLT_EPSILON * sum |w_i x_i|, a
 //     rigorous bound for fp32 sums in any order (so levels agree with each
 //     other within twice that), and exactly when every product and sum is
-//     representable;
+//     representable; W4A16's reference takes each x_i rounded to bf16 (by
+//     an independent rounding here), which a kernel that skipped the
+//     rounding misses by far more than the bound;
+//   - the AVX512_BF16 W4A16 kernel gives the bits of the fp32 phase kernel;
 //   - W8A8 equals, bit for bit and at every level, the integer math spelled
 //     out in matmul_int.c, recomputed here from its definition;
 //   - every level is batch-invariant to the bit for 1, 2 and 3 threads;
@@ -177,15 +180,38 @@ static void test_cpu_features_vnni(void** state) {
     (void)state;
     const cpu_features* f = cpu_features_get();
     if (f->avx512vnni) assert_true(f->avx512f);
+    if (f->avx512bf16) assert_true(f->avx512f && f->avx512bw);
     if (!f->avx512vnni || f->best < CPU_SIMD_AVX512) {
         // Without it the AVX-512 level runs the AVX2 W8A8 kernel (the same
         // bits), so the VNNI kernel would go untested.
         if (getenv("CI")) fail_msg("CI is set but this CPU lacks AVX-512 VNNI");
         print_message("note: no AVX-512 VNNI here; its W8A8 kernel is not exercised\n");
     }
+    if (!f->avx512bf16 || f->best < CPU_SIMD_AVX512) {
+        // The same for W4A16's AVX512_BF16 kernel (test_i4_bf16_same_bits).
+        if (getenv("CI")) fail_msg("CI is set but this CPU lacks AVX512_BF16");
+        print_message("note: no AVX512_BF16 here; its W4A16 kernel is not exercised\n");
+    }
 }
 
 // ---- references -------------------------------------------------------------------
+
+// x rounded to the nearest bf16 (8 significant bits), ties to even, written
+// independently of fp16.c: the significand scaled to [128, 256) and rounded
+// by nearbyint (the default mode: ties to even). Subnormals become a zero
+// of their sign, as the hardware converters make them; inf stays inf.
+static float reference_bf16(float x) {
+    if (!isfinite(x) || x == 0.0f) return x;
+    if (fabsf(x) < FLT_MIN) return copysignf(0.0f, x);
+    int exponent;
+    double significand = frexp((double)x, &exponent); // [0.5, 1)
+    return (float)ldexp(nearbyint(significand * 256.0), exponent - 8);
+}
+
+// The activation a format's products see: bf16 for W4A16, fp32 otherwise.
+static double format_activation(const int_matrix* m, float x) {
+    return m->w.dtype == WEIGHT_I4 ? (double)reference_bf16(x) : (double)x;
+}
 
 // W8A16 / W4A16: the rigorous bound of an fp32 sum of cols products in any
 // order, (cols + 8) * FLT_EPSILON * sum |w_i x_i|: the test cannot flake,
@@ -197,8 +223,8 @@ static void check_against_reference(const int_matrix* m, const float* x, int n_r
         for (int o = 0; o < m->w.rows; o++) {
             double sum = 0.0, sum_abs = 0.0;
             for (int i = 0; i < m->w.cols; i++) {
-                double term =
-                    m->exact[(size_t)o * (size_t)m->w.cols + (size_t)i] * x[(size_t)r * (size_t)m->w.cols + (size_t)i];
+                double term = m->exact[(size_t)o * (size_t)m->w.cols + (size_t)i] *
+                              format_activation(m, x[(size_t)r * (size_t)m->w.cols + (size_t)i]);
                 sum += term;
                 sum_abs += fabs(term);
             }
@@ -597,6 +623,53 @@ static void test_i4_phase_order_prepared_or_not(void** state) {
     }
 }
 
+// The AVX512_BF16 W4A16 kernel against the fp32 phase kernel, both called
+// directly on their own prepared inputs: the same bits, for 1 to 6 rows
+// (every tile height), symmetric and asymmetric, on activations of every
+// magnitude from 2^-40 to 2^40 (rounding to bf16 at every scale), and on
+// rows with a NaN or an inf.
+static void test_i4_bf16_same_bits(void** state) {
+    (void)state;
+    if (!test_simd_level_available(CPU_SIMD_AVX512) || !cpu_features_get()->avx512bf16) {
+        print_message("skipping: no AVX512_BF16 on this CPU, so no bf16 kernel to compare\n");
+        skip();
+    }
+    const shape bf16_shapes[] = {{6, 256, 128}, {37, 512, 256}, {9, 2048, 128}};
+    for (int f = 2; f <= 3; f++) { // W4A16 sym and asym
+        for (int s = 0; s < 3; s++) {
+            const shape* sh = &bf16_shapes[s];
+            int_matrix m = make_int_matrix(&formats[f], sh->rows, sh->cols, sh->group_size, VALUES_RANDOM);
+            for (int n_rows = 1; n_rows <= 6; n_rows++) {
+                const size_t n_values = (size_t)n_rows * (size_t)sh->cols;
+                float* x = random_rows(n_rows, sh->cols, VALUES_RANDOM);
+                for (size_t i = 0; i < n_values; i++) x[i] = ldexpf(x[i], random_int(-40, 40));
+                if (n_rows == 5) x[3] = NAN, x[sh->cols + 7] = -INFINITY; // rows 0 and 1
+                float* phased = malloc(n_values * sizeof(float));
+                uint16_t* words = malloc(n_values * sizeof(uint16_t));
+                float* by_fma = alloc_out(n_rows, sh->rows);
+                float* by_bf16 = alloc_out(n_rows, sh->rows);
+                assert_true(phased && words);
+                matmul_i4_phase_order_avx512(phased, x, n_rows, sh->cols);
+                matmul_i4_bf16_order_avx512(words, x, n_rows, sh->cols);
+                matmul_i4_phased_avx512(by_fma, phased, n_rows, &m.w, 0, sh->rows);
+                matmul_i4_bf16_avx512(by_bf16, words, n_rows, &m.w, 0, sh->rows);
+                for (size_t k = 0; k < (size_t)n_rows * (size_t)sh->rows; k++) {
+                    if (memcmp(&by_fma[k], &by_bf16[k], sizeof(float)) != 0 && !(isnan(by_fma[k]) && isnan(by_bf16[k])))
+                        fail_msg("%s %dx%d group %d, %d rows: out[%zu] = %a by fma, %a by vdpbf16ps", formats[f].name,
+                                 sh->rows, sh->cols, sh->group_size, n_rows, k, by_fma[k], by_bf16[k]);
+                }
+                if (n_rows == 5) assert_true(isnan(by_bf16[0])); // the NaN reaches its row's outputs
+                free(by_bf16);
+                free(by_fma);
+                free(words);
+                free(phased);
+                free(x);
+            }
+            free_int_matrix(&m);
+        }
+    }
+}
+
 // The set and the gated pair in every integer format: W8A8 quantizes and
 // the INT4 phase kernel reorders each matrix's input as matmul_parallel does.
 static void test_set_and_gated_pair_equal_separate_calls(void** state) {
@@ -717,6 +790,7 @@ int main(void) {
         cmocka_unit_test(test_activation_bits_ignored_elsewhere),
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_i4_phase_order_prepared_or_not),
+        cmocka_unit_test(test_i4_bf16_same_bits),
         cmocka_unit_test(test_entry_points_agree),
         cmocka_unit_test(test_set_and_gated_pair_equal_separate_calls),
         cmocka_unit_test(test_traffic_counts),
