@@ -320,38 +320,45 @@ AVX512_INLINE void phase_order(float* phased, const float* x, int cols) {
                                                       _mm512_add_epi32(gather, _mm512_set1_epi32(k)), x + s, 4)));
 }
 
-// out, scales, zeros as for i4_tile; x_phase: (R rows of cols) in phase order.
+// out, scales, zeros as for i4_tile; x_phase: (R rows of cols) in phase
+// order. Written as i4_bf16_tile below (one loop over the steps, a
+// countdown to each group's end).
 AVX512_INLINE void i4_phase_tile(float* out, int d_out, const uint8_t* w, size_t row_bytes, const uint16_t* scales,
                                  const uint8_t* zeros, const float* x_phase, int cols, int group_size, int C, int R,
                                  int asymmetric) {
-    const int n_groups = cols / group_size;
+    const int n_groups = cols / group_size, steps_per_group = group_size / PHASE_STEP;
+    const size_t tile_bytes = (size_t)C * row_bytes; // the prefetch runs one tile ahead
     __m512 total[TILE_OUTPUTS_MAX][TILE_MAX], acc[TILE_OUTPUTS_MAX][TILE_MAX];
     __m512 table[TILE_OUTPUTS_MAX]; // table[c][k] = k - zero
     UNROLL_TILE for (int c = 0; c < C; c++) {
         UNROLL_TILE for (int r = 0; r < R; r++) total[c][r] = _mm512_setzero_ps();
     }
-    for (int g = 0; g < n_groups; g++) {
-        const int begin = g * group_size, end = begin + group_size;
-        start_i4_group(table, acc, zeros, n_groups, g, C, R, asymmetric);
-        for (int i = begin; i < end; i += PHASE_STEP) {
-            __m512i codes[TILE_OUTPUTS_MAX];
+    int g = 0, steps_left = steps_per_group;
+    start_i4_group(table, acc, zeros, n_groups, g, C, R, asymmetric);
+    for (int i = 0; i < cols; i += PHASE_STEP) {
+        const uint8_t* step_codes = w + (size_t)(i / 2);
+        const float* step_x = x_phase + (size_t)i;
+        __m512i codes[TILE_OUTPUTS_MAX];
+        UNROLL_TILE for (int c = 0; c < C; c++) {
+            const uint8_t* p = step_codes + (size_t)c * row_bytes;
+            prefetch_ahead(p, tile_bytes);
+            codes[c] = _mm512_loadu_si512((const void*)p);
+        }
+        UNROLL_TILE for (int n = 0; n < 8; n++) {
+            const int k = phase_of_turn(n);
+            __m512 xv[TILE_MAX];
+            UNROLL_TILE for (int r = 0; r < R; r++)
+                xv[r] = _mm512_loadu_ps(step_x + (size_t)r * (size_t)cols + (size_t)(16 * k));
             UNROLL_TILE for (int c = 0; c < C; c++) {
-                const uint8_t* p = w + (size_t)c * row_bytes + (size_t)(i / 2);
-                prefetch_ahead(p, (size_t)C * row_bytes);
-                codes[c] = _mm512_loadu_si512((const void*)p);
-            }
-            UNROLL_TILE for (int n = 0; n < 8; n++) {
-                const int k = phase_of_turn(n);
-                __m512 xv[TILE_MAX];
-                UNROLL_TILE for (int r = 0; r < R; r++)
-                    xv[r] = _mm512_loadu_ps(x_phase + (size_t)r * (size_t)cols + (size_t)(i + 16 * k));
-                UNROLL_TILE for (int c = 0; c < C; c++) {
-                    __m512 wv = _mm512_permutexvar_ps(k ? _mm512_srli_epi32(codes[c], 4 * k) : codes[c], table[c]);
-                    UNROLL_TILE for (int r = 0; r < R; r++) acc[c][r] = _mm512_fmadd_ps(wv, xv[r], acc[c][r]);
-                }
+                __m512 wv = _mm512_permutexvar_ps(k ? _mm512_srli_epi32(codes[c], 4 * k) : codes[c], table[c]);
+                UNROLL_TILE for (int r = 0; r < R; r++) acc[c][r] = _mm512_fmadd_ps(wv, xv[r], acc[c][r]);
             }
         }
-        add_group_to_totals(total, acc, scales, n_groups, g, C, R);
+        if (--steps_left == 0) {
+            add_group_to_totals(total, acc, scales, n_groups, g, C, R);
+            if (++g < n_groups) start_i4_group(table, acc, zeros, n_groups, g, C, R, asymmetric);
+            steps_left = steps_per_group;
+        }
     }
     store_totals(out, d_out, total, C, R);
 }
@@ -422,38 +429,48 @@ BF16_INLINE void start_bf16_group(__m512i* table, __m512 acc[][TILE_MAX], const 
 }
 
 // out, scales, zeros as for i4_tile; x_words: (R rows of cols) from
-// bf16_phase_order.
+// bf16_phase_order. One loop over the steps of the whole row and a
+// countdown to each group's end, rather than a loop over groups around a
+// loop over their steps: with groups of 128 columns (one step each) the
+// nested loops' address arithmetic outgrew the 16 general registers
+// (spilled to xmm), and this form measured 1.10x faster on 85
+// stories110m-shaped matrices (1 row, 2 threads, in one process).
 BF16_INLINE void i4_bf16_tile(float* out, int d_out, const uint8_t* w, size_t row_bytes, const uint16_t* scales,
                               const uint8_t* zeros, const uint16_t* x_words, int cols, int group_size, int C, int R,
                               int asymmetric) {
-    const int n_groups = cols / group_size;
+    const int n_groups = cols / group_size, steps_per_group = group_size / PHASE_STEP;
+    const size_t tile_bytes = (size_t)C * row_bytes; // the prefetch runs one tile ahead
     __m512 total[TILE_OUTPUTS_MAX][TILE_MAX], acc[TILE_OUTPUTS_MAX][TILE_MAX];
     __m512i table[TILE_OUTPUTS_MAX];
     UNROLL_TILE for (int c = 0; c < C; c++) {
         UNROLL_TILE for (int r = 0; r < R; r++) total[c][r] = _mm512_setzero_ps();
     }
-    for (int g = 0; g < n_groups; g++) {
-        const int begin = g * group_size, end = begin + group_size;
-        start_bf16_group(table, acc, zeros, n_groups, g, C, R, asymmetric);
-        for (int i = begin; i < end; i += PHASE_STEP) {
-            __m512i codes[TILE_OUTPUTS_MAX];
+    int g = 0, steps_left = steps_per_group;
+    start_bf16_group(table, acc, zeros, n_groups, g, C, R, asymmetric);
+    for (int i = 0; i < cols; i += PHASE_STEP) {
+        const uint8_t* step_codes = w + (size_t)(i / 2);
+        const uint16_t* step_x = x_words + (size_t)i;
+        __m512i codes[TILE_OUTPUTS_MAX];
+        UNROLL_TILE for (int c = 0; c < C; c++) {
+            const uint8_t* p = step_codes + (size_t)c * row_bytes;
+            prefetch_ahead(p, tile_bytes);
+            codes[c] = _mm512_loadu_si512((const void*)p);
+        }
+        UNROLL_TILE for (int k = 0; k < 4; k++) {
+            __m512i xv[TILE_MAX];
+            UNROLL_TILE for (int r = 0; r < R; r++)
+                xv[r] = _mm512_loadu_si512((const void*)(step_x + (size_t)r * (size_t)cols + (size_t)(32 * k)));
             UNROLL_TILE for (int c = 0; c < C; c++) {
-                const uint8_t* p = w + (size_t)c * row_bytes + (size_t)(i / 2);
-                prefetch_ahead(p, (size_t)C * row_bytes);
-                codes[c] = _mm512_loadu_si512((const void*)p);
-            }
-            UNROLL_TILE for (int k = 0; k < 4; k++) {
-                __m512i xv[TILE_MAX];
+                __m512i wv = _mm512_permutexvar_epi16(k ? _mm512_srli_epi16(codes[c], 4 * k) : codes[c], table[c]);
                 UNROLL_TILE for (int r = 0; r < R; r++)
-                    xv[r] = _mm512_loadu_si512((const void*)(x_words + (size_t)r * (size_t)cols + (size_t)(i + 32 * k)));
-                UNROLL_TILE for (int c = 0; c < C; c++) {
-                    __m512i wv = _mm512_permutexvar_epi16(k ? _mm512_srli_epi16(codes[c], 4 * k) : codes[c], table[c]);
-                    UNROLL_TILE for (int r = 0; r < R; r++)
-                        acc[c][r] = _mm512_dpbf16_ps(acc[c][r], (__m512bh)wv, (__m512bh)xv[r]);
-                }
+                    acc[c][r] = _mm512_dpbf16_ps(acc[c][r], (__m512bh)wv, (__m512bh)xv[r]);
             }
         }
-        add_group_to_totals(total, acc, scales, n_groups, g, C, R);
+        if (--steps_left == 0) {
+            add_group_to_totals(total, acc, scales, n_groups, g, C, R);
+            if (++g < n_groups) start_bf16_group(table, acc, zeros, n_groups, g, C, R, asymmetric);
+            steps_left = steps_per_group;
+        }
     }
     store_totals(out, d_out, total, C, R);
 }
