@@ -147,20 +147,24 @@ AVX2_INLINE void widen_i4(const uint8_t* p, __m256i zero, __m256* even, __m256* 
     *odd = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(bytes, 4), zero));
 }
 
-// x[0 .. 15] rounded to bf16 (W4A16's activations) and split into even[l]
-// = x[2l] and odd[l] = x[2l + 1]. shuffle_ps works within 128-bit halves
-// ([x0 x2 x8 x10 | x4 x6 x12 x14]); the 64-bit permute (0, 2, 1, 3) then
-// puts the pairs in column order.
-AVX2_INLINE void split_x(const float* p, __m256* even, __m256* odd) {
-    __m256 lo = round_to_bf16_8(_mm256_loadu_ps(p)), hi = round_to_bf16_8(_mm256_loadu_ps(p + 8));
+// x[0 .. 15] split into even[l] = x[2l] and odd[l] = x[2l + 1], first
+// rounded to bf16 (W4A16's activations) when round_x (else x already is).
+// shuffle_ps works within 128-bit halves ([x0 x2 x8 x10 | x4 x6 x12 x14]);
+// the 64-bit permute (0, 2, 1, 3) then puts the pairs in column order.
+AVX2_INLINE void split_x(const float* p, __m256* even, __m256* odd, int round_x) {
+    __m256 lo = _mm256_loadu_ps(p), hi = _mm256_loadu_ps(p + 8);
+    if (round_x) {
+        lo = round_to_bf16_8(lo);
+        hi = round_to_bf16_8(hi);
+    }
     *even = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0x88)), 0xd8));
     *odd = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0xdd)), 0xd8));
 }
 
 // out, x as for i8_tile; w: (C rows of row_bytes) packed nibbles; zeros
-// NULL when symmetric (zero-point 8).
+// NULL when symmetric (zero-point 8); round_x as for split_x.
 AVX2_INLINE void i4_tile(float* out, int d_out, const uint8_t* w, size_t row_bytes, const uint16_t* scales,
-                         const uint8_t* zeros, const float* x, int cols, int group_size, int C, int R) {
+                         const uint8_t* zeros, const float* x, int cols, int group_size, int C, int R, int round_x) {
     const int n_groups = cols / group_size;
     __m256 total[TILE_OUTPUTS][TILE_ROWS], acc[TILE_OUTPUTS][TILE_ROWS], x_even[TILE_ROWS], x_odd[TILE_ROWS];
     __m256i zero[TILE_OUTPUTS];
@@ -177,7 +181,7 @@ AVX2_INLINE void i4_tile(float* out, int d_out, const uint8_t* w, size_t row_byt
         // Full steps from an even column read the packed bytes directly.
         for (; (begin & 1) == 0 && i + 16 <= end; i += 16) {
             UNROLL_TILE for (int r = 0; r < R; r++) {
-                split_x(x + (size_t)r * (size_t)cols + (size_t)i, &x_even[r], &x_odd[r]);
+                split_x(x + (size_t)r * (size_t)cols + (size_t)i, &x_even[r], &x_odd[r], round_x);
             }
             UNROLL_TILE for (int c = 0; c < C; c++) {
                 const uint8_t* p = w + (size_t)c * row_bytes + (size_t)(i / 2);
@@ -197,7 +201,7 @@ AVX2_INLINE void i4_tile(float* out, int d_out, const uint8_t* w, size_t row_byt
             UNROLL_TILE for (int r = 0; r < R; r++) {
                 float padded[16] = {0};
                 memcpy(padded, x + (size_t)r * (size_t)cols + (size_t)i, (size_t)n * sizeof(float));
-                split_x(padded, &x_even[r], &x_odd[r]);
+                split_x(padded, &x_even[r], &x_odd[r], round_x);
             }
             UNROLL_TILE for (int c = 0; c < C; c++) {
                 uint8_t repacked[8];
@@ -222,8 +226,11 @@ AVX2_INLINE void i4_tile(float* out, int d_out, const uint8_t* w, size_t row_byt
 
 static AVX2_TARGET __attribute__((noinline)) void i4_tile_any(float* out, int d_out, const uint8_t* w, size_t row_bytes,
                                                               const uint16_t* scales, const uint8_t* zeros,
-                                                              const float* x, int cols, int group_size, int C, int R) {
-#define I4_TILE(c, r) i4_tile(out, d_out, w, row_bytes, scales, zeros, x, cols, group_size, c, r)
+                                                              const float* x, int cols, int group_size, int C, int R,
+                                                              int round_x) {
+#define I4_TILE(c, r)                                                                                                  \
+    (round_x ? i4_tile(out, d_out, w, row_bytes, scales, zeros, x, cols, group_size, c, r, 1)                          \
+             : i4_tile(out, d_out, w, row_bytes, scales, zeros, x, cols, group_size, c, r, 0))
     switch (C * 8 + R) {
     case 1 * 8 + 1: I4_TILE(1, 1); break;
     case 1 * 8 + 2: I4_TILE(1, 2); break;
@@ -236,8 +243,10 @@ static AVX2_TARGET __attribute__((noinline)) void i4_tile_any(float* out, int d_
 #undef I4_TILE
 }
 
-AVX2_TARGET void matmul_i4_avx2(float* out, const float* in, int n_rows, const weight_matrix* w, int o_begin,
-                                int o_end) {
+// Every output of [o_begin, o_end) for n_rows rows of x (rounded to bf16
+// already, or by the tiles when round_x).
+static AVX2_TARGET void i4_outputs(float* out, const float* x, int n_rows, const weight_matrix* w, int o_begin,
+                                   int o_end, int round_x) {
     const uint8_t* values = (const uint8_t*)w->values;
     const int d_out = w->rows, cols = w->cols;
     const size_t n_groups = (size_t)(cols / w->group_size), row_bytes = int_row_bytes(w);
@@ -249,8 +258,23 @@ AVX2_TARGET void matmul_i4_avx2(float* out, const float* in, int n_rows, const w
             int R = n_rows - r < TILE_ROWS ? n_rows - r : TILE_ROWS;
             i4_tile_any(out + (size_t)r * (size_t)d_out + (size_t)o, d_out, values + (size_t)o * row_bytes, row_bytes,
                         w->scales_f16 + first_group, w->zero_points ? w->zero_points + first_group : NULL,
-                        in + (size_t)r * (size_t)cols, cols, w->group_size, C, R);
+                        x + (size_t)r * (size_t)cols, cols, w->group_size, C, R, round_x);
         }
+    }
+}
+
+AVX2_TARGET void matmul_i4_avx2(float* out, const float* in, int n_rows, const weight_matrix* w, int o_begin,
+                                int o_end) {
+    const int cols = w->cols, rows_per_pass = bf16_rows_per_pass(cols, n_rows);
+    if (rows_per_pass == 0) {
+        i4_outputs(out, in, n_rows, w, o_begin, o_end, 1);
+        return;
+    }
+    float rounded[BF16_ROWS_SCRATCH_FLOATS]; // (rows_per_pass, cols)
+    for (int r = 0; r < n_rows; r += rows_per_pass) {
+        const int n = n_rows - r < rows_per_pass ? n_rows - r : rows_per_pass;
+        round_floats_to_bf16(rounded, in + (size_t)r * (size_t)cols, (size_t)n * (size_t)cols);
+        i4_outputs(out + (size_t)r * (size_t)w->rows, rounded, n, w, o_begin, o_end, 0);
     }
 }
 

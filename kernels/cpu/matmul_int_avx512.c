@@ -174,13 +174,16 @@ AVX512_TARGET void matmul_i8_avx512(float* out, const float* in, int n_rows, con
 // The order: per group, lane l of one accumulator takes, step by step,
 // column s + 2l then s + 2l + 1, both by fma.
 
-// x[0 .. 31] (lanes switched off in lo / hi read as 0) rounded to bf16
-// (W4A16's activations) and split into even[l] = x[2l] and odd[l] = x[2l + 1].
-AVX512_INLINE void split_x(__m512 lo, __m512 hi, __m512* even, __m512* odd) {
+// x[0 .. 31] (lanes switched off in lo / hi read as 0) split into even[l]
+// = x[2l] and odd[l] = x[2l + 1], first rounded to bf16 (W4A16's
+// activations) when round_x (else x already is).
+AVX512_INLINE void split_x(__m512 lo, __m512 hi, __m512* even, __m512* odd, int round_x) {
     const __m512i even_index = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     const __m512i odd_index = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-    lo = round_to_bf16_16(lo);
-    hi = round_to_bf16_16(hi);
+    if (round_x) {
+        lo = round_to_bf16_16(lo);
+        hi = round_to_bf16_16(hi);
+    }
     *even = _mm512_permutex2var_ps(lo, even_index, hi);
     *odd = _mm512_permutex2var_ps(lo, odd_index, hi);
 }
@@ -207,10 +210,10 @@ AVX512_INLINE void start_i4_group(__m512* table, __m512 acc[][TILE_MAX], const u
 
 // out, x as for i8_tile; w: (C rows of row_bytes) packed nibbles, the
 // tile's rows contiguous; zeros (C, n_groups) when asymmetric (else the
-// zero-point is 8).
+// zero-point is 8); round_x as for split_x.
 AVX512_INLINE void i4_tile(float* out, int d_out, const uint8_t* w, size_t row_bytes, const uint16_t* scales,
                            const uint8_t* zeros, const float* x, int cols, int group_size, int C, int R,
-                           int asymmetric) {
+                           int asymmetric, int round_x) {
     const int n_groups = cols / group_size;
     __m512 total[TILE_OUTPUTS_MAX][TILE_MAX], acc[TILE_OUTPUTS_MAX][TILE_MAX], x_even[TILE_MAX], x_odd[TILE_MAX];
     __m512 table[TILE_OUTPUTS_MAX]; // table[c][k] = k - zero: what nibble k stands for in this group
@@ -225,7 +228,7 @@ AVX512_INLINE void i4_tile(float* out, int d_out, const uint8_t* w, size_t row_b
         for (; (begin & 1) == 0 && i + 32 <= end; i += 32) {
             UNROLL_TILE for (int r = 0; r < R; r++) {
                 const float* p = x + (size_t)r * (size_t)cols + (size_t)i;
-                split_x(_mm512_loadu_ps(p), _mm512_loadu_ps(p + 16), &x_even[r], &x_odd[r]);
+                split_x(_mm512_loadu_ps(p), _mm512_loadu_ps(p + 16), &x_even[r], &x_odd[r], round_x);
             }
             UNROLL_TILE for (int c = 0; c < C; c++) {
                 const uint8_t* p = w + (size_t)c * row_bytes + (size_t)(i / 2);
@@ -247,7 +250,7 @@ AVX512_INLINE void i4_tile(float* out, int d_out, const uint8_t* w, size_t row_b
             UNROLL_TILE for (int r = 0; r < R; r++) {
                 const float* p = x + (size_t)r * (size_t)cols + (size_t)i;
                 split_x(_mm512_maskz_loadu_ps(live_lo, p), _mm512_maskz_loadu_ps(live_hi, p + 16), &x_even[r],
-                        &x_odd[r]);
+                        &x_odd[r], round_x);
             }
             UNROLL_TILE for (int c = 0; c < C; c++) {
                 const uint8_t* row = w + (size_t)c * row_bytes;
@@ -275,12 +278,14 @@ AVX512_INLINE void i4_tile(float* out, int d_out, const uint8_t* w, size_t row_b
 static AVX512_TARGET __attribute__((noinline)) void i4_tile_any(float* out, int d_out, const uint8_t* w,
                                                                 size_t row_bytes, const uint16_t* scales,
                                                                 const uint8_t* zeros, const float* x, int cols,
-                                                                int group_size, int C, int R) {
-#define I4_TILE(c, r)                                                                                                  \
-    (zeros ? i4_tile(out, d_out, w, row_bytes, scales, zeros, x, cols, group_size, c, r, 1)                            \
-           : i4_tile(out, d_out, w, row_bytes, scales, zeros, x, cols, group_size, c, r, 0))
+                                                                int group_size, int C, int R, int round_x) {
+#define I4_TILE_ROUNDED(c, r, rounding)                                                                                \
+    (zeros ? i4_tile(out, d_out, w, row_bytes, scales, zeros, x, cols, group_size, c, r, 1, rounding)                  \
+           : i4_tile(out, d_out, w, row_bytes, scales, zeros, x, cols, group_size, c, r, 0, rounding))
+#define I4_TILE(c, r) (round_x ? I4_TILE_ROUNDED(c, r, 1) : I4_TILE_ROUNDED(c, r, 0))
     SWITCH_TILE_SHAPES(C, R, I4_TILE)
 #undef I4_TILE
+#undef I4_TILE_ROUNDED
 }
 
 // ---- INT4, groups of a multiple of 128 columns: 8 phases per 64 bytes ----------
@@ -561,11 +566,12 @@ static AVX512_TARGET bool matmul_i4_phase_unprepared(float* out, const float* in
     return true;
 }
 
-AVX512_TARGET void matmul_i4_avx512(float* out, const float* in, int n_rows, const weight_matrix* w, int o_begin,
-                                    int o_end) {
+// Every output of [o_begin, o_end) for n_rows rows of x (rounded to bf16
+// already, or by the tiles when round_x).
+static AVX512_TARGET void i4_outputs(float* out, const float* x, int n_rows, const weight_matrix* w, int o_begin,
+                                     int o_end, int round_x) {
     const uint8_t* values = (const uint8_t*)w->values;
     const int d_out = w->rows, cols = w->cols;
-    if (matmul_i4_uses_phase_order(w) && matmul_i4_phase_unprepared(out, in, n_rows, w, o_begin, o_end)) return;
     const size_t n_groups = (size_t)(cols / w->group_size), row_bytes = int_row_bytes(w);
     // Two accumulators per element, two split activations per row and a
     // table per output: 4 x 2 or 2 x 4 fit the 32 registers.
@@ -578,8 +584,24 @@ AVX512_TARGET void matmul_i4_avx512(float* out, const float* in, int n_rows, con
             int R = n_rows - r < max_rows ? n_rows - r : max_rows;
             i4_tile_any(out + (size_t)r * (size_t)d_out + (size_t)o, d_out, values + (size_t)o * row_bytes, row_bytes,
                         w->scales_f16 + first_group, w->zero_points ? w->zero_points + first_group : NULL,
-                        in + (size_t)r * (size_t)cols, cols, w->group_size, C, R);
+                        x + (size_t)r * (size_t)cols, cols, w->group_size, C, R, round_x);
         }
+    }
+}
+
+AVX512_TARGET void matmul_i4_avx512(float* out, const float* in, int n_rows, const weight_matrix* w, int o_begin,
+                                    int o_end) {
+    if (matmul_i4_uses_phase_order(w) && matmul_i4_phase_unprepared(out, in, n_rows, w, o_begin, o_end)) return;
+    const int cols = w->cols, rows_per_pass = bf16_rows_per_pass(cols, n_rows);
+    if (rows_per_pass == 0) {
+        i4_outputs(out, in, n_rows, w, o_begin, o_end, 1);
+        return;
+    }
+    float rounded[BF16_ROWS_SCRATCH_FLOATS]; // (rows_per_pass, cols): rounded once, not once per tile
+    for (int r = 0; r < n_rows; r += rows_per_pass) {
+        const int n = n_rows - r < rows_per_pass ? n_rows - r : rows_per_pass;
+        round_floats_to_bf16(rounded, in + (size_t)r * (size_t)cols, (size_t)n * (size_t)cols);
+        i4_outputs(out + (size_t)r * (size_t)w->rows, rounded, n, w, o_begin, o_end, 0);
     }
 }
 

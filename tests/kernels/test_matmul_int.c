@@ -318,11 +318,14 @@ typedef struct shape {
 // groups, row counts that are not multiples of the tiles. Groups of a
 // multiple of 128 take the AVX-512 INT4 phase kernel (256 / 128, 512 /
 // 256, 8320 / 128: more columns than the kernel's own stack scratch holds,
-// which matmul_at_level's once-per-call reordering does not need).
+// which matmul_at_level's once-per-call reordering does not need). The
+// other INT4 kernels round W4A16's rows to bf16 into a scratch of 8192
+// floats per pass (13 rows of 1000 columns: two passes); 8200 / 41 does not
+// fit, so its tiles round as they load.
 static const shape odd_shapes[] = {
     {1, 1, 1},     {5, 3, 3},    {5, 3, 1},    {33, 17, 17},  {7, 33, 11}, {16, 172, 43},   {6, 172, 4}, {9, 257, 257},
     {13, 256, 32}, {11, 96, 96}, {3, 100, 50}, {19, 130, 65}, {5, 200, 8}, {10, 1000, 125}, {2, 64, 64}, {7, 66, 33},
-    {6, 256, 128}, {5, 512, 256}, {3, 8320, 128},
+    {6, 256, 128}, {5, 512, 256}, {3, 8320, 128}, {3, 8200, 41},
 };
 #define N_ODD_SHAPES (sizeof odd_shapes / sizeof odd_shapes[0])
 
@@ -386,6 +389,40 @@ static void test_exact_when_representable(void** state) {
                 if (!test_simd_level_available(all_levels[k])) continue;
                 for (int n_rows = 1; n_rows <= 5; n_rows += 2)
                     run_and_check(&m, x, n_rows, all_levels[k], true, formats[f].name);
+            }
+            free(x);
+            free_int_matrix(&m);
+        }
+    }
+}
+
+// W4A16 rounds every activation to bf16, on every path: rows rounded once
+// per call (one pass or several: 13 rows of 1000), rows too long for that
+// scratch (8200 columns) rounded as loaded, and the phase kernels (256 and
+// 8320 columns in groups of 128). x = d +- 2^-12 with d a nonzero quarter
+// of magnitude <= 1: bf16 rounding gives d back (2^-12 is under half a
+// bf16 step at 0.25), and with d every product and sum is exact in fp32
+// (multiples of 2^-4 below 2^17), so the result must equal the double
+// reference on d exactly. A path that skipped the rounding would be off
+// by the 2^-12 terms.
+static void test_w4a16_rounds_activations(void** state) {
+    (void)state;
+    const shape shapes[] = {{7, 64, 32}, {13, 1000, 125}, {3, 8200, 41}, {6, 256, 128}, {3, 8320, 128}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const shape* sh = &shapes[s];
+        for (int f = 2; f <= 3; f++) { // W4A16 sym and asym
+            int_matrix m = make_int_matrix(&formats[f], sh->rows, sh->cols, sh->group_size, VALUES_DYADIC);
+            const int n_rows = 13;
+            float* x = random_rows(n_rows, sh->cols, VALUES_DYADIC);
+            for (size_t i = 0; i < (size_t)n_rows * (size_t)sh->cols; i++) {
+                float d = (float)random_int(1, 4) / 4.0f * (random_int(0, 1) ? 1.0f : -1.0f);
+                x[i] = d + (random_int(0, 1) ? 1.0f : -1.0f) * ldexpf(1.0f, -12);
+                assert_true(reference_bf16(x[i]) == d);
+            }
+            for (int k = 0; k < N_LEVELS; k++) {
+                if (!test_simd_level_available(all_levels[k])) continue;
+                for (int rows = 1; rows <= n_rows; rows += 4)
+                    run_and_check(&m, x, rows, all_levels[k], true, formats[f].name);
             }
             free(x);
             free_int_matrix(&m);
@@ -784,6 +821,7 @@ int main(void) {
         cmocka_unit_test(test_cpu_features_vnni),
         cmocka_unit_test(test_matches_reference),
         cmocka_unit_test(test_exact_when_representable),
+        cmocka_unit_test(test_w4a16_rounds_activations),
         cmocka_unit_test(test_w8a8_levels_identical),
         cmocka_unit_test(test_quantize_row),
         cmocka_unit_test(test_w8a8_special_rows),
