@@ -52,13 +52,15 @@
 #include "kernels/cpu/matmul_simd.h"
 
 #include <float.h>
+#include <stdbool.h>
 #include <math.h>
 #include <string.h>
 
 // ---- W8A16 / W4A16, scalar -------------------------------------------------
 
 // Output o for one activation row x (w->cols floats), in the scalar order.
-static float dot_int_row(const weight_matrix* w, int o, const float* x) {
+// W4A16's x is rounded to bf16 here when round_x, else it already is.
+static float dot_int_row(const weight_matrix* w, int o, const float* x, bool round_x) {
     const int cols = w->cols, group_size = w->group_size;
     const size_t n_groups = (size_t)(cols / group_size), first_group = (size_t)o * n_groups;
     const uint8_t* row = (const uint8_t*)w->values + (size_t)o * int_row_bytes(w);
@@ -70,7 +72,7 @@ static float dot_int_row(const weight_matrix* w, int o, const float* x) {
         float group_sum = 0.0f;
         if (w->dtype == WEIGHT_I4) {
             for (int i = begin; i < end; i++)
-                group_sum += (float)(i4_nibble(row, i) - zero) * fp32_round_to_bf16(x[i]);
+                group_sum += (float)(i4_nibble(row, i) - zero) * (round_x ? fp32_round_to_bf16(x[i]) : x[i]);
         } else if (asymmetric) {
             for (int i = begin; i < end; i++)
                 group_sum += (float)(row[i] - zero) * x[i];
@@ -83,11 +85,34 @@ static float dot_int_row(const weight_matrix* w, int o, const float* x) {
     return total;
 }
 
-void matmul_int_scalar(float* out, const float* in, int n_rows, const weight_matrix* w, int o_begin, int o_end) {
+static void int_outputs(float* out, const float* in, int n_rows, const weight_matrix* w, int o_begin, int o_end,
+                        bool round_x) {
     const int d_out = w->rows, d_in = w->cols;
     for (int o = o_begin; o < o_end; o++) { // outputs outermost: one weight row stays in cache
         for (int r = 0; r < n_rows; r++)
-            out[(size_t)r * (size_t)d_out + (size_t)o] = dot_int_row(w, o, in + (size_t)r * (size_t)d_in);
+            out[(size_t)r * (size_t)d_out + (size_t)o] = dot_int_row(w, o, in + (size_t)r * (size_t)d_in, round_x);
+    }
+}
+
+// W4A16's rows are rounded to bf16 once per call into a stack scratch, as
+// the SIMD levels do (rounding per product made the level 3x slower); rows
+// too long for it are rounded per product (the same values).
+#define SCALAR_ROUNDED_FLOATS 8192
+
+void matmul_int_scalar(float* out, const float* in, int n_rows, const weight_matrix* w, int o_begin, int o_end) {
+    const int cols = w->cols;
+    const int fitting = cols > 0 ? SCALAR_ROUNDED_FLOATS / cols : 0;
+    const int rows_per_pass = fitting < n_rows ? fitting : n_rows;
+    if (w->dtype != WEIGHT_I4 || rows_per_pass == 0) {
+        int_outputs(out, in, n_rows, w, o_begin, o_end, w->dtype == WEIGHT_I4);
+        return;
+    }
+    float rounded[SCALAR_ROUNDED_FLOATS]; // (rows_per_pass, cols)
+    for (int r = 0; r < n_rows; r += rows_per_pass) {
+        const int n = n_rows - r < rows_per_pass ? n_rows - r : rows_per_pass;
+        const float* rows = in + (size_t)r * (size_t)cols;
+        for (size_t i = 0; i < (size_t)n * (size_t)cols; i++) rounded[i] = fp32_round_to_bf16(rows[i]);
+        int_outputs(out + (size_t)r * (size_t)w->rows, rounded, n, w, o_begin, o_end, false);
     }
 }
 

@@ -37,16 +37,15 @@ AVX512_INLINE float hsum16(__m512 v) {
 AVX2_INLINE __m256 round_to_bf16_8(__m256 x) {
     const __m256i bits = _mm256_castps_si256(x);
     const __m256i lowest_kept = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-    __m256i rounded = _mm256_add_epi32(bits, _mm256_add_epi32(lowest_kept, _mm256_set1_epi32(0x7fff)));
-    const __m256 is_nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
-    rounded = _mm256_castps_si256(_mm256_blendv_ps(
-        _mm256_castsi256_ps(rounded), _mm256_castsi256_ps(_mm256_or_si256(bits, _mm256_set1_epi32(0x00400000))), is_nan));
-    const __m256i no_exponent =
-        _mm256_cmpeq_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(0x7f800000)), _mm256_setzero_si256());
-    rounded = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(rounded),
-                                                   _mm256_castsi256_ps(_mm256_and_si256(bits, _mm256_set1_epi32(INT32_MIN))),
-                                                   _mm256_castsi256_ps(no_exponent)));
-    return _mm256_castsi256_ps(_mm256_and_si256(rounded, _mm256_set1_epi32((int)0xffff0000u)));
+    const __m256 rounded =
+        _mm256_castsi256_ps(_mm256_add_epi32(bits, _mm256_add_epi32(lowest_kept, _mm256_set1_epi32(0x7fff))));
+    const __m256 quiet_nan = _mm256_castsi256_ps(_mm256_or_si256(bits, _mm256_set1_epi32(0x00400000)));
+    const __m256 signed_zero = _mm256_castsi256_ps(_mm256_and_si256(bits, _mm256_set1_epi32(INT32_MIN)));
+    const __m256i exponent = _mm256_and_si256(bits, _mm256_set1_epi32(0x7f800000));
+    const __m256 no_exponent = _mm256_castsi256_ps(_mm256_cmpeq_epi32(exponent, _mm256_setzero_si256()));
+    __m256 result = _mm256_blendv_ps(rounded, quiet_nan, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    result = _mm256_blendv_ps(result, signed_zero, no_exponent);
+    return _mm256_and_ps(result, _mm256_castsi256_ps(_mm256_set1_epi32((int)0xffff0000u)));
 }
 
 // dst[i] = fp32_round_to_bf16(src[i]) for i < count (the tail through a
@@ -78,7 +77,8 @@ AVX512_INLINE __m512 round_to_bf16_16(__m512 x) {
     const __m512i bits = _mm512_castps_si512(x);
     const __m512i lowest_kept = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
     __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(lowest_kept, _mm512_set1_epi32(0x7fff)));
-    rounded = _mm512_mask_or_epi32(rounded, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), bits, _mm512_set1_epi32(0x00400000));
+    const __mmask16 is_nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    rounded = _mm512_mask_or_epi32(rounded, is_nan, bits, _mm512_set1_epi32(0x00400000));
     rounded = _mm512_mask_and_epi32(rounded, _mm512_testn_epi32_mask(bits, _mm512_set1_epi32(0x7f800000)), bits,
                                     _mm512_set1_epi32(INT32_MIN));
     return _mm512_castsi512_ps(_mm512_and_si512(rounded, _mm512_set1_epi32((int)0xffff0000u)));

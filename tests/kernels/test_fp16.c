@@ -185,8 +185,64 @@ static void test_bf16_matches_hardware_converter(void** state) {
         rng ^= rng << 17;
         uint32_t bits = (uint32_t)rng;
         uint16_t mine = fp32_to_bf16(float_of(bits)), theirs = hardware_to_bf16(float_of(bits));
-        if (mine != theirs) fail_msg("float bits 0x%08x: fp32_to_bf16 0x%04x, VCVTNEPS2BF16 0x%04x", bits, mine, theirs);
+        if (mine != theirs)
+            fail_msg("float bits 0x%08x: fp32_to_bf16 0x%04x, VCVTNEPS2BF16 0x%04x", bits, mine, theirs);
     }
+#else
+    skip();
+#endif
+}
+
+#if defined(__x86_64__)
+#include "kernels/cpu/simd_x86.h"
+
+// The kernels' vector roundings (8 and 16 lanes) against fp32_to_bf16 on
+// `count` float bit patterns: out8, out16 (count) the rounded floats' bits.
+static AVX512_TARGET void vector_bf16_roundings(uint32_t* out8, uint32_t* out16, const uint32_t* bits, size_t count) {
+    for (size_t i = 0; i + 16 <= count; i += 16) {
+        __m512 x = _mm512_loadu_ps((const float*)(bits + i));
+        _mm512_storeu_ps((float*)(out16 + i), round_to_bf16_16(x));
+        _mm256_storeu_ps((float*)(out8 + i), round_to_bf16_8(_mm256_loadu_ps((const float*)(bits + i))));
+        _mm256_storeu_ps((float*)(out8 + i + 8), round_to_bf16_8(_mm256_loadu_ps((const float*)(bits + i + 8))));
+    }
+}
+#endif
+
+// round_to_bf16_8 / _16 (the W4A16 kernels' activations) give the bits of
+// fp32_to_bf16 on every kind of value: random patterns (NaNs, subnormals,
+// infinities among them) and the special ones of test_bf16_known_values.
+static void test_bf16_vector_rounding_matches_scalar(void** state) {
+    (void)state;
+#if defined(__x86_64__)
+    if (cpu_features_get()->best < CPU_SIMD_AVX512) {
+        if (getenv("CI")) fail_msg("CI is set but this CPU lacks AVX-512");
+        print_message("skipping: no AVX-512 here to run both vector roundings\n");
+        skip();
+    }
+    enum { COUNT = 1 << 20 };
+    uint32_t* bits = malloc(COUNT * sizeof(uint32_t));
+    uint32_t* out8 = malloc(COUNT * sizeof(uint32_t));
+    uint32_t* out16 = malloc(COUNT * sizeof(uint32_t));
+    assert_true(bits && out8 && out16);
+    const uint32_t special[] = {0x3f808000, 0x3f818000, 0x7f7fffff, 0x007fffff, 0x80000001, 0x7f800001,
+                                0xffc12345, 0x7f800000, 0x00800000, 0x80000000, 0x3fff8000, 0xff7f7fff};
+    uint64_t rng = 0x51ed270b;
+    for (size_t i = 0; i < COUNT; i++) {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        bits[i] = i < sizeof special / sizeof special[0] ? special[i] : (uint32_t)rng;
+    }
+    vector_bf16_roundings(out8, out16, bits, COUNT);
+    for (size_t i = 0; i < COUNT; i++) {
+        uint32_t want = (uint32_t)fp32_to_bf16(float_of(bits[i])) << 16;
+        if (out8[i] != want || out16[i] != want)
+            fail_msg("float bits 0x%08x: 8 lanes 0x%08x, 16 lanes 0x%08x, fp32_to_bf16 0x%08x", bits[i], out8[i],
+                     out16[i], want);
+    }
+    free(out16);
+    free(out8);
+    free(bits);
 #else
     skip();
 #endif
@@ -252,6 +308,7 @@ int main(void) {
         cmocka_unit_test(test_arrays_match_scalar),
         cmocka_unit_test(test_bf16_known_values),
         cmocka_unit_test(test_bf16_matches_hardware_converter),
+        cmocka_unit_test(test_bf16_vector_rounding_matches_scalar),
     };
     return cmocka_run_group_tests_name("kernels/fp16", tests, NULL, NULL);
 }
