@@ -14,6 +14,22 @@
 
 #include "kernels/cuda/cuda_common.cuh"
 
+// W4A16 multiplies activations rounded to bf16, as the CPU does
+// (fp32_round_to_bf16, kernels/cpu/fp16.h): nearest even, NaN made quiet,
+// subnormals to a zero of their sign. The same bits as the CPU's, so that
+// the GPU and CPU results differ only in the order of the sums.
+__device__ __forceinline__ float round_to_bf16(float x) {
+    const uint32_t bits = __float_as_uint(x);
+    uint32_t rounded;
+    if ((bits & 0x7f800000u) == 0x7f800000u && (bits & 0x007fffffu) != 0)
+        rounded = bits | 0x00400000u;
+    else if ((bits & 0x7f800000u) == 0)
+        rounded = bits & 0x80000000u;
+    else
+        rounded = bits + 0x7fffu + ((bits >> 16) & 1u);
+    return __uint_as_float(rounded & 0xffff0000u);
+}
+
 // ---- the generic kernel: one element at a time, any format ----------------
 
 // W[o][i] as fp32 (the CPU's int_row_to_f32 / weight_row_to_f32 values).
@@ -51,11 +67,15 @@ __global__ void __launch_bounds__(GENERIC_THREADS)
     const int o = (int)((blockIdx.x * (size_t)GENERIC_THREADS + threadIdx.x) >> 5), lane = threadIdx.x & 31;
     if (o >= w.rows) return; // whole warps leave together: o is the same for all 32 lanes
     float acc[GENERIC_BATCH] = {};
+    const bool bf16_activations = w.dtype == WEIGHT_I4;
     for (int i = lane; i < w.cols; i += 32) {
         const float weight = weight_element(w, o, i);
 #pragma unroll
-        for (int b = 0; b < GENERIC_BATCH; b++)
-            if (b < n_rows) acc[b] += weight * x[(size_t)b * (size_t)w.cols + (size_t)i];
+        for (int b = 0; b < GENERIC_BATCH; b++) {
+            if (b >= n_rows) continue;
+            const float xv = x[(size_t)b * (size_t)w.cols + (size_t)i];
+            acc[b] += weight * (bf16_activations ? round_to_bf16(xv) : xv);
+        }
     }
 #pragma unroll
     for (int b = 0; b < GENERIC_BATCH; b++) {
@@ -73,10 +93,12 @@ __global__ void dequantize_to_f16_kernel(__half* out, cuda_weights w) {
         out[index] = __float2half_rn(weight_element(w, (int)(index / w.cols), (int)(index % w.cols)));
 }
 
-__global__ void f32_to_f16_kernel(__half* out, const float* in, int64_t count) {
+// bf16_first: W4A16's activations, rounded to bf16 before fp16 (exact
+// then, inside fp16's range).
+__global__ void f32_to_f16_kernel(__half* out, const float* in, int64_t count, bool bf16_first) {
     for (int64_t index = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; index < count;
          index += (int64_t)gridDim.x * blockDim.x)
-        out[index] = __float2half_rn(in[index]);
+        out[index] = __float2half_rn(bf16_first ? round_to_bf16(in[index]) : in[index]);
 }
 
 // Embedding rows: out[r] = W[token_ids[r]] widened to fp32.
@@ -191,6 +213,9 @@ __global__ void __launch_bounds__(MV_THREADS, 2) // <= 128 registers: two blocks
             const int b = index / tile_float4s, f = index % tile_float4s;
             float4 value = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             if (b < n_rows) value = *(const float4*)(x + (size_t)b * (size_t)cols + (size_t)tile_begin + 4 * (size_t)f);
+            if (DTYPE == WEIGHT_I4) // W4A16: bf16 activations, rounded once per tile of columns
+                value = make_float4(round_to_bf16(value.x), round_to_bf16(value.y), round_to_bf16(value.z),
+                                    round_to_bf16(value.w));
             x_tile[b * TILE_FLOAT4S + x_swizzle(f)] = value;
         }
         __syncthreads();
@@ -443,11 +468,12 @@ static int run_cublas(cuda_context* context, float* out, const void* weights, cu
     return 0;
 }
 
-static int to_f16(cuda_context* context, __half** out, const float* in, int64_t count, error_info* err) {
+static int to_f16(cuda_context* context, __half** out, const float* in, int64_t count, bool bf16_first,
+                  error_info* err) {
     void* scratch = nullptr;
     if (cuda_scratch(context, SCRATCH_ACTIVATIONS, (size_t)count * sizeof(__half), &scratch, err)) return -1;
     *out = (__half*)scratch;
-    f32_to_f16_kernel<<<cuda_blocks_for(count, 256), 256, 0, context->stream>>>(*out, in, count);
+    f32_to_f16_kernel<<<cuda_blocks_for(count, 256), 256, 0, context->stream>>>(*out, in, count, bf16_first);
     LAUNCH_CHECK("f32_to_f16_kernel", err);
     return 0;
 }
@@ -555,7 +581,7 @@ extern "C" int cuda_matmul(cuda_context* context, float* device_out, const float
         else {
             __half* in16 = nullptr;
             const void* weights16 = w->values;
-            failed = to_f16(context, &in16, device_in, (int64_t)n_rows * w->cols, err);
+            failed = to_f16(context, &in16, device_in, (int64_t)n_rows * w->cols, w->dtype == WEIGHT_I4, err);
             if (!failed && w->dtype != WEIGHT_F16) { // W8A16 / W4A16: widen the matrix to fp16 first
                 void* scratch = nullptr;
                 failed = cuda_scratch(context, SCRATCH_WEIGHTS, (size_t)w->rows * (size_t)w->cols * sizeof(__half),
