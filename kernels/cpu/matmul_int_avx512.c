@@ -311,6 +311,18 @@ static AVX512_TARGET __attribute__((noinline)) void i4_tile_any(float* out, int 
 #define PHASE_ROWS_MAX 4
 #define PHASE_SCRATCH_FLOATS 8192 // rows x cols of reordered activations on the stack (32 KiB)
 
+// One step's codes of a tile's C rows (64 bytes each, from step_codes in
+// the first row), and the same bytes of the next tile (tile_bytes further)
+// asked for.
+AVX512_INLINE void load_step_codes(__m512i* codes, const uint8_t* step_codes, size_t row_bytes, size_t tile_bytes,
+                                   int C) {
+    UNROLL_TILE for (int c = 0; c < C; c++) {
+        const uint8_t* p = step_codes + (size_t)c * row_bytes;
+        prefetch_ahead(p, tile_bytes);
+        codes[c] = _mm512_loadu_si512((const void*)p);
+    }
+}
+
 // The phase (column s + 8l + k of lane l) the fp32 kernel takes at its
 // n-th turn of a step: 4, 0, 5, 1, 6, 2, 7, 3 (see vdpbf16ps below).
 static inline int phase_of_turn(int n) { return (n >> 1) + (n & 1 ? 0 : 4); }
@@ -341,14 +353,9 @@ AVX512_INLINE void i4_phase_tile(float* out, int d_out, const uint8_t* w, size_t
     int g = 0, steps_left = steps_per_group;
     start_i4_group(table, acc, zeros, n_groups, g, C, R, asymmetric);
     for (int i = 0; i < cols; i += PHASE_STEP) {
-        const uint8_t* step_codes = w + (size_t)(i / 2);
         const float* step_x = x_phase + (size_t)i;
         __m512i codes[TILE_OUTPUTS_MAX];
-        UNROLL_TILE for (int c = 0; c < C; c++) {
-            const uint8_t* p = step_codes + (size_t)c * row_bytes;
-            prefetch_ahead(p, tile_bytes);
-            codes[c] = _mm512_loadu_si512((const void*)p);
-        }
+        load_step_codes(codes, w + (size_t)(i / 2), row_bytes, tile_bytes, C);
         UNROLL_TILE for (int n = 0; n < 8; n++) {
             const int k = phase_of_turn(n);
             __m512 xv[TILE_MAX];
@@ -421,16 +428,13 @@ AVX512_INLINE void bf16_phase_order(uint16_t* words, const float* x, int cols) {
 }
 
 // The start of group g of a bf16 tile: table[c] = the 32 words bf16(n mod
-// 16 - zero) for n < 32, and the accumulators at +0.
+// 16 - zero) for n < 32 (start_i4_group's values: small integers, exact in
+// bf16), and the accumulators at +0.
 BF16_INLINE void start_bf16_group(__m512i* table, __m512 acc[][TILE_MAX], const uint8_t* zeros, int n_groups, int g,
                                   int C, int R, int asymmetric) {
-    const __m512 nibbles = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    UNROLL_TILE for (int c = 0; c < C; c++) {
-        float zero = asymmetric ? (float)zeros[(size_t)c * (size_t)n_groups + (size_t)g] : 8.0f;
-        __m512 values = _mm512_sub_ps(nibbles, _mm512_set1_ps(zero)); // small integers: exact in bf16
-        table[c] = (__m512i)_mm512_cvtne2ps_pbh(values, values);
-        UNROLL_TILE for (int r = 0; r < R; r++) acc[c][r] = _mm512_setzero_ps();
-    }
+    __m512 values[TILE_OUTPUTS_MAX];
+    start_i4_group(values, acc, zeros, n_groups, g, C, R, asymmetric);
+    UNROLL_TILE for (int c = 0; c < C; c++) table[c] = (__m512i)_mm512_cvtne2ps_pbh(values[c], values[c]);
 }
 
 // out, scales, zeros as for i4_tile; x_words: (R rows of cols) from
@@ -453,14 +457,9 @@ BF16_INLINE void i4_bf16_tile(float* out, int d_out, const uint8_t* w, size_t ro
     int g = 0, steps_left = steps_per_group;
     start_bf16_group(table, acc, zeros, n_groups, g, C, R, asymmetric);
     for (int i = 0; i < cols; i += PHASE_STEP) {
-        const uint8_t* step_codes = w + (size_t)(i / 2);
         const uint16_t* step_x = x_words + (size_t)i;
         __m512i codes[TILE_OUTPUTS_MAX];
-        UNROLL_TILE for (int c = 0; c < C; c++) {
-            const uint8_t* p = step_codes + (size_t)c * row_bytes;
-            prefetch_ahead(p, tile_bytes);
-            codes[c] = _mm512_loadu_si512((const void*)p);
-        }
+        load_step_codes(codes, w + (size_t)(i / 2), row_bytes, tile_bytes, C);
         UNROLL_TILE for (int k = 0; k < 4; k++) {
             __m512i xv[TILE_MAX];
             UNROLL_TILE for (int r = 0; r < R; r++)
