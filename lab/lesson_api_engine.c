@@ -279,6 +279,7 @@ static void push_model_info(lua_State* L, const lab_model* m) {
     lab_set_integer(L, "n_parameters", (lua_Integer)mo->n_parameters);
     lab_set_string(L, "dtype", weight_dtype_name(mo->layers[0].wq.dtype));
     lab_set_integer(L, "activation_bits", mo->layers[0].wq.activation_bits);
+    lab_set_string(L, "activations", matmul_activation_format(&mo->layers[0].wq));
 }
 
 static int model_info(lua_State* L) {

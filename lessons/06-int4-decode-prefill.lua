@@ -58,14 +58,15 @@ local fp16_memory_bound = decode_fp16.intensity < machine.ridge
 local function side_of_ridge(intensity)
     return intensity < machine.ridge and "below" or "at or above"
 end
-local math_in_float = int4:info().activation_bits == 0
+local activations = int4:info().activations -- what the kernels multiply the codes with
+local math_in_float = activations == "bf16" or activations == "fp32"
 local decode_wins = bytes_ratio >= 3 and fp16_memory_bound and math_in_float and projected > 1.5
 local evidence = string.format("decode of small, per token: weights read %.1f MiB fp16 vs %.1f MiB W4A16 (x%.1f fewer); "
-    .. "intensity %.1f FLOP/B fp16 (%s the ridge %.1f) and %.1f W4A16 (%s it); activations stay fp32; roofline time x%.1f "
+    .. "intensity %.1f FLOP/B fp16 (%s the ridge %.1f) and %.1f W4A16 (%s it); W4A16 activations %s; roofline time x%.1f "
     .. "faster here, x%.1f on an H100; measured CPU %.2f vs %.2f ms/token",
     decode_fp16.weight_bytes / 8 / 2 ^ 20, decode_int4.weight_bytes / 8 / 2 ^ 20, bytes_ratio, decode_fp16.intensity,
     side_of_ridge(decode_fp16.intensity), machine.ridge, decode_int4.intensity, side_of_ridge(decode_int4.intensity),
-    projected, h100, decode_fp16.cpu_seconds / 8 * 1e3, decode_int4.cpu_seconds / 8 * 1e3)
+    activations, projected, h100, decode_fp16.cpu_seconds / 8 * 1e3, decode_int4.cpu_seconds / 8 * 1e3)
 
 if lab.full then
     -- The memory-bound case, measured: the medium preset does not fit any cache.

@@ -26,6 +26,11 @@ static size_t dtype_value_bytes(weight_dtype dtype) {
     return 0;
 }
 
+const char* matmul_activation_format(const weight_matrix* w) {
+    if (matmul_is_w8a8(w)) return "int8";
+    return w->dtype == WEIGHT_I4 ? "bf16" : "fp32";
+}
+
 // WEIGHT_I8 / WEIGHT_I4 bytes of `rows` rows: packed codes, then 2 bytes per
 // fp16 scale and (asymmetric) 1 per zero-point, one of each per group.
 static uint64_t int_rows_bytes(const weight_matrix* w, uint64_t rows) {

@@ -61,13 +61,20 @@ typedef struct weight_matrix {
     const float* scales; // WEIGHT_Q8_0: (rows * cols / group_size) fp32; else NULL
     const uint16_t* scales_f16;  // WEIGHT_I8/I4: (rows, cols / group_size) fp16 scales; else NULL
     const uint8_t* zero_points;  // WEIGHT_I8/I4 asymmetric: (rows, cols / group_size); NULL if symmetric
-    int activation_bits;         // 0: fp32 activations; 8: W8A8 (WEIGHT_I8 symmetric only) — each
-                                 // activation row is quantized to int8 at run time (per token,
-                                 // symmetric) and products accumulate in int32
+    int activation_bits;         // 0: float activations (fp32; bf16 for WEIGHT_I4, see below);
+                                 // 8: W8A8 (WEIGHT_I8 symmetric only) — each activation row is
+                                 // quantized to int8 at run time (per token, symmetric) and
+                                 // products accumulate in int32
 } weight_matrix;
 
 // Bytes the matrix occupies: payload plus per-group scales.
 uint64_t weight_matrix_bytes(const weight_matrix* w);
+
+// What the kernels multiply this matrix's weights with: "int8" (W8A8),
+// "bf16" (WEIGHT_I4, i.e. W4A16: every activation rounded to bf16 first,
+// kernels/cpu/matmul_int.c) or "fp32" (every other format). Sums are fp32
+// (int32 for W8A8) in every case.
+const char* matmul_activation_format(const weight_matrix* w);
 
 // out: (n_rows, w->rows) floats; in: (n_rows, w->cols) floats. One thread,
 // the process's SIMD level (cpu_simd_level_selected()).

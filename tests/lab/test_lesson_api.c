@@ -261,7 +261,7 @@ static void test_quant_and_formula_api(void** state) {
         "local p = lab.quantize{model = m, tensor = 'layers.0.wq', bits = 4, granularity = 'group', group_size = 16, method = 'gptq', inputs = inputs}\n"
         "lab.say(string.format('methods %d %s %s %s', a.not_nearest, tostring(a.alpha >= 0 and a.alpha <= 1), tostring(p.output_mse >= 0), tostring(#a.channel_scales == 64)))\n"
         "local w4, report = lab.quantize_model(m, 'w4a16:g16')\n"
-        "lab.say(string.format('model %s %s %d', w4:info().dtype, tostring(report.weight_bytes_after < report.weight_bytes_before), #report.layers))\n"
+        "lab.say(string.format('model %s %s %d %s %s', w4:info().dtype, tostring(report.weight_bytes_after < report.weight_bytes_before), #report.layers, w4:info().activations, m:info().activations))\n"
         "local cmp = lab.compare(m, w4)\n"
         "lab.say(string.format('compare %s %s %s', tostring(cmp.kl > 0), tostring(cmp.top1 > 0 and cmp.top1 <= 1), tostring(cmp.ppl_test > 1)))\n"
         "lab.say(string.format('kv %d', lab.kv_bytes{n_layers = 2, kv_dim = 32, batch = 3, seq = 10}))\n"
@@ -286,7 +286,7 @@ static void test_quant_and_formula_api(void** state) {
         "groups 4 2 4 true",             // 2 rows x 2 groups of 2
         "tensor 176 0 -7 7",            // one scale per output channel; symmetric 4-bit codes
         "methods 0 true true true",     // AWQ rounds its scaled weights to the nearest level
-        "model int4 true 15",             // 14 layer matrices + the embedding
+        "model int4 true 15 bf16 fp32",   // 14 layer matrices + the embedding; W4A16's activations
         "compare true true true",
         "kv 7680",                      // 2 x 3 x 10 x 2 x 32 x 2
         "kvm 256",                      // 2 x 1 x 1 x 2 x 32 x 2
