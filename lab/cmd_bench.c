@@ -163,6 +163,9 @@ static void print_table(const bench_report* r) {
                !targets[i].was_measured ? "-" : targets[i].met ? "yes" : "no");
 }
 
+// Ratios and fractions go out with 6 significant digits, not a fixed number
+// of decimals: on a slow run (a sanitizer build, a tiny model) a fraction
+// of the bandwidth can be 0.002, which 4 decimals would round by 3%.
 static void print_json(const bench_report* r) {
     printf("{\"model\": \"%s\", \"threads\": %d, \"simd\": \"%s\", \"stream_buffer_bytes\": %zu, ", r->model,
            r->n_threads, r->simd_level, r->stream_buffer_bytes);
@@ -173,20 +176,20 @@ static void print_json(const bench_report* r) {
     for (int i = 0; i < r->n_decode; i++) {
         const bench_decode* d = &r->decode[i];
         printf(
-            "%s{\"dtype\": \"%s\", \"tok_s\": %.3f, \"gb_s\": %.3f, \"frac_of_bw\": %.4f, \"bytes_per_token\": %.0f, "
-            "\"x_fp16\": %.4f}",
+            "%s{\"dtype\": \"%s\", \"tok_s\": %.3f, \"gb_s\": %.6g, \"frac_of_bw\": %.6g, \"bytes_per_token\": %.0f, "
+            "\"x_fp16\": %.6g}",
             i ? ", " : "", d->dtype, d->tok_s, d->gb_s, d->frac_of_bw, d->bytes_per_token, d->x_fp16);
     }
     printf("], \"prefill\": [");
     for (int i = 0; i < r->n_prefill; i++) {
         const bench_prefill* p = &r->prefill[i];
-        printf("%s{\"dtype\": \"%s\", \"tokens\": %d, \"tok_s\": %.3f, \"gflop_s\": %.3f, \"frac_of_peak\": %.4f}",
+        printf("%s{\"dtype\": \"%s\", \"tokens\": %d, \"tok_s\": %.3f, \"gflop_s\": %.6g, \"frac_of_peak\": %.6g}",
                i ? ", " : "", p->dtype, p->tokens, p->tok_s, p->gflop_s, p->frac_of_peak);
     }
     printf("], \"batch_dtype\": \"%s\", \"roofline_flat_batch\": %.3f, \"batch_scaling\": [", r->batch_dtype,
            r->roofline_flat_batch);
     for (int i = 0; i < r->n_batch; i++)
-        printf("%s{\"batch\": %d, \"tok_s\": %.3f, \"x_batch1\": %.4f}", i ? ", " : "", r->batch[i].batch,
+        printf("%s{\"batch\": %d, \"tok_s\": %.3f, \"x_batch1\": %.6g}", i ? ", " : "", r->batch[i].batch,
                r->batch[i].tok_s, r->batch[i].x_batch1);
     printf("], \"attention\": [");
     for (int i = 0; i < r->n_attention; i++)

@@ -179,7 +179,9 @@ static void test_bench_quick_json(void** state) {
         assert_true(tok_s > 0 && gb_s > 0 && frac > 0 && x_fp16 > 0);
         if (i == 1) assert_true(x_fp16 == 1.0);
         assert_true(close_to(gb_s, tok_s * bytes_per_token[i] * 1e-9, 0.01)); // GB/s = bytes/token x tok/s
-        assert_true(close_to(frac, gb_s / bandwidth, 0.01));
+        // Printed with 6 significant digits: exact to 1e-4 even where the
+        // fraction is tiny (a sanitizer build's W4A16 on tiny ran at 0.002).
+        assert_true(close_to(frac, gb_s / bandwidth, 1e-4));
     }
     // The bytes the kernels count shrink with the weight format.
     assert_true(bytes_per_token[0] > 1.9 * bytes_per_token[1] - 1e5);
@@ -192,7 +194,7 @@ static void test_bench_quick_json(void** state) {
         double tokens = next_number(&cursor, "tokens"), tok_s = next_number(&cursor, "tok_s");
         double gflop_s = next_number(&cursor, "gflop_s");
         assert_true(tokens >= 128 && tok_s > 0 && gflop_s > 0);
-        assert_true(fabs(next_number(&cursor, "frac_of_peak") - gflop_s / peak) <= 1e-4); // printed with 4 decimals
+        assert_true(close_to(next_number(&cursor, "frac_of_peak"), gflop_s / peak, 1e-4)); // 6 significant digits
         flops_per_token[i] = gflop_s * 1e9 / tok_s;
     }
     // The same prompt costs the same FLOPs in every weight format: fp16, W4A16, W8A8.
