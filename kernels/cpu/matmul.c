@@ -175,6 +175,7 @@ typedef struct matmul_job {
     const float* in_scales; // W8A8: (n_rows) their scales
     const float* in_phased; // INT4 phase kernel: (n_rows, w->cols) in its column order; NULL when not allocated
     const uint16_t* in_bf16_words; // the same with AVX512_BF16: (n_rows, w->cols) bf16 words; NULL when not used
+    const float* in_bf16_rows;     // W4A16 otherwise: (n_rows, w->cols) the rows rounded to bf16; NULL when not
 } matmul_job;
 
 // WEIGHT_I8 / WEIGHT_I4 at the job's level (the orders: matmul_int.c).
@@ -208,6 +209,8 @@ static void matmul_int_range(const matmul_job* job, int o_begin, int o_end) {
             matmul_i4_phased_avx512(out, job->in_phased, n_rows, w, o_begin, o_end);
         else if (w->dtype == WEIGHT_I8)
             matmul_i8_avx512(out, job->in, n_rows, w, o_begin, o_end);
+        else if (job->in_bf16_rows)
+            matmul_i4_rounded_avx512(out, job->in_bf16_rows, n_rows, w, o_begin, o_end);
         else
             matmul_i4_avx512(out, job->in, n_rows, w, o_begin, o_end);
         return;
@@ -215,12 +218,17 @@ static void matmul_int_range(const matmul_job* job, int o_begin, int o_end) {
     if (job->level == CPU_SIMD_AVX2) {
         if (w->dtype == WEIGHT_I8)
             matmul_i8_avx2(out, job->in, n_rows, w, o_begin, o_end);
+        else if (job->in_bf16_rows)
+            matmul_i4_rounded_avx2(out, job->in_bf16_rows, n_rows, w, o_begin, o_end);
         else
             matmul_i4_avx2(out, job->in, n_rows, w, o_begin, o_end);
         return;
     }
 #endif
-    matmul_int_scalar(out, job->in, n_rows, w, o_begin, o_end);
+    if (job->in_bf16_rows)
+        matmul_i4_rounded_scalar(out, job->in_bf16_rows, n_rows, w, o_begin, o_end);
+    else
+        matmul_int_scalar(out, job->in, n_rows, w, o_begin, o_end);
 }
 
 static void matmul_range(const matmul_job* job, int o_begin, int o_end) {
@@ -260,13 +268,20 @@ static void matmul_task(void* ctx, int task, int thread) {
     matmul_range(job, o_begin, o_end);
 }
 
-// ---- inputs prepared once per call: W8A8 codes, INT4 phase order -----------
+// ---- inputs prepared once per call: W8A8 codes, INT4 bf16 rows -------------
+
+// What a W4A16 call's rows are prepared as.
+typedef enum i4_input {
+    I4_PHASED,     // rounded and in the fp32 phase kernel's order (floats)
+    I4_BF16_WORDS, // rounded and in the AVX512_BF16 kernel's order (bf16 words)
+    I4_BF16_ROWS,  // rounded, in place (floats): the other INT4 kernels, every level
+} i4_input;
 
 typedef struct prepare_job {
     matmul_job* matmul; // what the rows are for
-    void* block;        // W8A8: (n_rows, cols) codes then (n_rows) scales; INT4: (n_rows, cols) floats,
-                        // or with bf16_words (n_rows, cols) bf16 words
-    bool bf16_words;    // INT4: for the AVX512_BF16 kernel
+    void* block;        // W8A8: (n_rows, cols) codes then (n_rows) scales; INT4: (n_rows, cols) floats
+                        // or, as I4_BF16_WORDS, bf16 words
+    i4_input i4;        // INT4: which form
 } prepare_job;
 
 // Bytes of the W8A8 codes in a prepared block, rounded up to 64 so that
@@ -280,12 +295,22 @@ static void prepare_task(void* ctx, int task, int thread) {
     const size_t cols = (size_t)m->w->cols, n_rows = (size_t)m->n_rows;
     const float* x = m->in + (size_t)task * cols;
     if (!matmul_is_w8a8(m->w)) {
+        float* row = (float*)job->block + (size_t)task * cols;
 #if defined(__x86_64__) || defined(__i386__)
-        if (job->bf16_words)
+        if (job->i4 == I4_BF16_WORDS) {
             matmul_i4_bf16_order_avx512((uint16_t*)job->block + (size_t)task * cols, x, 1, m->w->cols);
-        else
-            matmul_i4_phase_order_avx512((float*)job->block + (size_t)task * cols, x, 1, m->w->cols);
+            return;
+        }
+        if (job->i4 == I4_PHASED) {
+            matmul_i4_phase_order_avx512(row, x, 1, m->w->cols);
+            return;
+        }
+        if (m->level >= CPU_SIMD_AVX2) {
+            matmul_round_to_bf16_avx2(row, x, cols);
+            return;
+        }
 #endif
+        for (size_t i = 0; i < cols; i++) row[i] = fp32_round_to_bf16(x[i]);
         return;
     }
     int8_t* codes = (int8_t*)job->block + (size_t)task * cols;
@@ -301,32 +326,37 @@ static void prepare_task(void* ctx, int task, int thread) {
 
 // Puts the activations in the form the kernel reads them in, once per call
 // instead of once per chunk: W8A8 quantizes them (codes and a scale per
-// row), the INT4 phase kernels round them to bf16 and reorder them. Returns the block the caller
-// frees, or NULL when there is nothing to prepare or no memory (the kernels
-// then do it on the fly, with the same bits). Rows are split between
-// threads when there are enough values to pay for it.
+// row), W4A16 rounds them to bf16 (and the phase kernels reorder them).
+// Returns the block the caller frees, or NULL when there is nothing to
+// prepare or no memory (the kernels then do it per chunk, with the same
+// bits). Rows are split between threads when there are enough values to
+// pay for it.
 static void* prepare_input(matmul_job* job, thread_pool* pool) {
     const size_t cols = (size_t)job->w->cols, n_rows = (size_t)job->n_rows;
     const bool w8a8 = matmul_is_w8a8(job->w);
     const bool phased = job->level == CPU_SIMD_AVX512 && matmul_i4_uses_phase_order(job->w);
-    if (n_rows == 0 || (!w8a8 && !phased)) return NULL;
+    if (n_rows == 0 || (!w8a8 && job->w->dtype != WEIGHT_I4)) return NULL;
     // 64-byte aligned: the kernels read rows with 64-byte vector loads, and
     // a row of malloc's 16-byte alignment splits every one of them over two
     // cache lines (the phase kernel ran 25% slower on such rows).
-    const bool bf16_words = phased && cpu_features_get()->avx512bf16;
-    size_t bytes = w8a8         ? codes_bytes(n_rows, cols) + n_rows * sizeof(float)
-                   : bf16_words ? n_rows * cols * sizeof(uint16_t)
-                                : n_rows * cols * sizeof(float);
-    prepare_job p = {job, aligned_alloc(64, (bytes + 63) / 64 * 64), bf16_words};
+    const i4_input i4 = !phased                          ? I4_BF16_ROWS
+                        : cpu_features_get()->avx512bf16 ? I4_BF16_WORDS
+                                                         : I4_PHASED;
+    size_t bytes = w8a8                  ? codes_bytes(n_rows, cols) + n_rows * sizeof(float)
+                   : i4 == I4_BF16_WORDS ? n_rows * cols * sizeof(uint16_t)
+                                         : n_rows * cols * sizeof(float);
+    prepare_job p = {job, aligned_alloc(64, (bytes + 63) / 64 * 64), i4};
     if (!p.block) return NULL;
     thread_pool_run(n_rows * cols >= MATMUL_MIN_PARALLEL_MACS ? pool : NULL, job->n_rows, prepare_task, &p);
     if (w8a8) {
         job->in_codes = p.block;
         job->in_scales = (const float*)((const int8_t*)p.block + codes_bytes(n_rows, cols));
-    } else if (bf16_words)
+    } else if (i4 == I4_BF16_WORDS)
         job->in_bf16_words = p.block;
-    else
+    else if (i4 == I4_PHASED)
         job->in_phased = p.block;
+    else
+        job->in_bf16_rows = p.block;
     return p.block;
 }
 
@@ -336,7 +366,7 @@ static void* prepare_input(matmul_job* job, thread_pool* pool) {
 static int plan_job(matmul_job* job, float* out, const float* in, int n_rows, const weight_matrix* w,
                     cpu_simd_level level, int n_threads) {
     const int d_out = w->rows, d_in = w->cols;
-    *job = (matmul_job){out, in, n_rows, w, cpu_simd_level_clamp(level), d_out, NULL, NULL, NULL, NULL};
+    *job = (matmul_job){out, in, n_rows, w, cpu_simd_level_clamp(level), d_out, NULL, NULL, NULL, NULL, NULL};
     if (w->dtype == WEIGHT_F32) job->level = CPU_SIMD_SCALAR; // llama2.c's order, bit for bit
     if (d_out <= 0 || n_rows <= 0) return 0;
     uint64_t macs = (uint64_t)n_rows * (uint64_t)d_in * (uint64_t)d_out;

@@ -94,10 +94,16 @@ static void int_outputs(float* out, const float* in, int n_rows, const weight_ma
     }
 }
 
-// W4A16's rows are rounded to bf16 once per call into a stack scratch, as
-// the SIMD levels do (rounding per product made the level 3x slower); rows
-// too long for it are rounded per product (the same values).
+// Without rows prepared by matmul_at_level, W4A16's rows are rounded to
+// bf16 here, per chunk, into a stack scratch (rounding per product made the
+// level 3x slower); rows too long for it are rounded per product (the same
+// values).
 #define SCALAR_ROUNDED_FLOATS 8192
+
+void matmul_i4_rounded_scalar(float* out, const float* x_bf16, int n_rows, const weight_matrix* w, int o_begin,
+                              int o_end) {
+    int_outputs(out, x_bf16, n_rows, w, o_begin, o_end, false);
+}
 
 void matmul_int_scalar(float* out, const float* in, int n_rows, const weight_matrix* w, int o_begin, int o_end) {
     const int cols = w->cols;

@@ -263,6 +263,15 @@ static AVX2_TARGET void i4_outputs(float* out, const float* x, int n_rows, const
     }
 }
 
+AVX2_TARGET void matmul_i4_rounded_avx2(float* out, const float* x_bf16, int n_rows, const weight_matrix* w,
+                                        int o_begin, int o_end) {
+    i4_outputs(out, x_bf16, n_rows, w, o_begin, o_end, 0);
+}
+
+AVX2_TARGET void matmul_round_to_bf16_avx2(float* dst, const float* src, size_t count) {
+    round_floats_to_bf16(dst, src, count);
+}
+
 AVX2_TARGET void matmul_i4_avx2(float* out, const float* in, int n_rows, const weight_matrix* w, int o_begin,
                                 int o_end) {
     const int cols = w->cols, rows_per_pass = bf16_rows_per_pass(cols, n_rows);

@@ -588,6 +588,11 @@ static AVX512_TARGET void i4_outputs(float* out, const float* x, int n_rows, con
     }
 }
 
+AVX512_TARGET void matmul_i4_rounded_avx512(float* out, const float* x_bf16, int n_rows, const weight_matrix* w,
+                                            int o_begin, int o_end) {
+    i4_outputs(out, x_bf16, n_rows, w, o_begin, o_end, 0);
+}
+
 AVX512_TARGET void matmul_i4_avx512(float* out, const float* in, int n_rows, const weight_matrix* w, int o_begin,
                                     int o_end) {
     if (matmul_i4_uses_phase_order(w) && matmul_i4_phase_unprepared(out, in, n_rows, w, o_begin, o_end)) return;

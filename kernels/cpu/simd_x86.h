@@ -60,10 +60,11 @@ AVX2_INLINE void round_floats_to_bf16(float* dst, const float* src, size_t count
     for (size_t k = 0; i + k < count; k++) dst[i + k] = tail[k];
 }
 
-// W4A16's SIMD kernels round their activation rows to bf16 once per call,
-// into a stack scratch of this many floats (32 KiB), rather than once per
-// tile of outputs (on AVX2 that made W4A16 1.55x slower); rows longer than
-// that are rounded where they are loaded instead (the same bits).
+// W4A16's rows come rounded to bf16 from matmul_at_level, once per call.
+// Without them (it could not allocate) the SIMD kernels round the rows per
+// chunk into a stack scratch of this many floats (32 KiB), not once per tile
+// of outputs (on AVX2 that made W4A16 1.55x slower); rows longer than that
+// are rounded where they are loaded instead (the same bits).
 #define BF16_ROWS_SCRATCH_FLOATS 8192
 
 // How many rows of cols floats fit the scratch, at most n_rows; 0 when not one.

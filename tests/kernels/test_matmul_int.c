@@ -707,6 +707,44 @@ static void test_i4_bf16_same_bits(void** state) {
     }
 }
 
+// W4A16 outside the phase kernels: matmul_at_level rounds the rows to bf16
+// once per call; without that block each level's kernel rounds them per
+// chunk (in passes through its scratch, or at the load for rows longer than
+// it). Every way gives the same bits.
+static void test_i4_rows_prepared_or_not(void** state) {
+    (void)state;
+    const shape row_shapes[] = {{37, 200, 40}, {9, 1000, 125}, {5, 8200, 41}};
+    for (int f = 2; f <= 3; f++) { // W4A16 sym and asym
+        for (int s = 0; s < 3; s++) {
+            const shape* sh = &row_shapes[s];
+            int_matrix m = make_int_matrix(&formats[f], sh->rows, sh->cols, sh->group_size, VALUES_RANDOM);
+            for (int n_rows = 1; n_rows <= 13; n_rows += 6) {
+                float* x = random_rows(n_rows, sh->cols, VALUES_RANDOM);
+                float* prepared = alloc_out(n_rows, sh->rows);
+                float* per_chunk = alloc_out(n_rows, sh->rows);
+                for (int k = 0; k < N_LEVELS; k++) {
+                    if (!test_simd_level_available(all_levels[k])) continue;
+                    matmul_at_level(prepared, x, n_rows, &m.w, NULL, all_levels[k], NULL);
+                    if (all_levels[k] == CPU_SIMD_AVX512)
+                        matmul_i4_avx512(per_chunk, x, n_rows, &m.w, 0, sh->rows);
+                    else if (all_levels[k] == CPU_SIMD_AVX2)
+                        matmul_i4_avx2(per_chunk, x, n_rows, &m.w, 0, sh->rows);
+                    else
+                        matmul_int_scalar(per_chunk, x, n_rows, &m.w, 0, sh->rows);
+                    if (memcmp(prepared, per_chunk, (size_t)n_rows * (size_t)sh->rows * sizeof(float)) != 0)
+                        fail_msg("%s %dx%d group %d, %d rows, %s: prepared and per-chunk rounding differ",
+                                 formats[f].name, sh->rows, sh->cols, sh->group_size, n_rows,
+                                 cpu_simd_level_name(all_levels[k]));
+                }
+                free(per_chunk);
+                free(prepared);
+                free(x);
+            }
+            free_int_matrix(&m);
+        }
+    }
+}
+
 // The set and the gated pair in every integer format: W8A8 quantizes and
 // the INT4 phase kernel reorders each matrix's input as matmul_parallel does.
 static void test_set_and_gated_pair_equal_separate_calls(void** state) {
@@ -829,6 +867,7 @@ int main(void) {
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_i4_phase_order_prepared_or_not),
         cmocka_unit_test(test_i4_bf16_same_bits),
+        cmocka_unit_test(test_i4_rows_prepared_or_not),
         cmocka_unit_test(test_entry_points_agree),
         cmocka_unit_test(test_set_and_gated_pair_equal_separate_calls),
         cmocka_unit_test(test_traffic_counts),
