@@ -94,32 +94,15 @@ static void int_outputs(float* out, const float* in, int n_rows, const weight_ma
     }
 }
 
-// Without rows prepared by matmul_at_level, W4A16's rows are rounded to
-// bf16 here, per chunk, into a stack scratch (rounding per product made the
-// level 3x slower); rows too long for it are rounded per product (the same
-// values).
-#define SCALAR_ROUNDED_FLOATS 8192
-
 void matmul_i4_rounded_scalar(float* out, const float* x_bf16, int n_rows, const weight_matrix* w, int o_begin,
                               int o_end) {
     int_outputs(out, x_bf16, n_rows, w, o_begin, o_end, false);
 }
 
+// W4A16's rows not rounded yet (matmul_at_level could not allocate them
+// rounded) are rounded per product here: the same values, more slowly.
 void matmul_int_scalar(float* out, const float* in, int n_rows, const weight_matrix* w, int o_begin, int o_end) {
-    const int cols = w->cols;
-    const int fitting = cols > 0 ? SCALAR_ROUNDED_FLOATS / cols : 0;
-    const int rows_per_pass = fitting < n_rows ? fitting : n_rows;
-    if (w->dtype != WEIGHT_I4 || rows_per_pass == 0) {
-        int_outputs(out, in, n_rows, w, o_begin, o_end, w->dtype == WEIGHT_I4);
-        return;
-    }
-    float rounded[SCALAR_ROUNDED_FLOATS]; // (rows_per_pass, cols)
-    for (int r = 0; r < n_rows; r += rows_per_pass) {
-        const int n = n_rows - r < rows_per_pass ? n_rows - r : rows_per_pass;
-        const float* rows = in + (size_t)r * (size_t)cols;
-        for (size_t i = 0; i < (size_t)n * (size_t)cols; i++) rounded[i] = fp32_round_to_bf16(rows[i]);
-        int_outputs(out + (size_t)r * (size_t)w->rows, rounded, n, w, o_begin, o_end, false);
-    }
+    int_outputs(out, in, n_rows, w, o_begin, o_end, w->dtype == WEIGHT_I4);
 }
 
 void int_row_to_f32(float* out, const weight_matrix* w, int row) {

@@ -272,19 +272,11 @@ AVX2_TARGET void matmul_round_to_bf16_avx2(float* dst, const float* src, size_t 
     round_floats_to_bf16(dst, src, count);
 }
 
+// Rows not rounded yet (matmul_at_level could not allocate them rounded):
+// the tiles round them as they load them, the same bits, more slowly.
 AVX2_TARGET void matmul_i4_avx2(float* out, const float* in, int n_rows, const weight_matrix* w, int o_begin,
                                 int o_end) {
-    const int cols = w->cols, rows_per_pass = bf16_rows_per_pass(cols, n_rows);
-    if (rows_per_pass == 0) {
-        i4_outputs(out, in, n_rows, w, o_begin, o_end, 1);
-        return;
-    }
-    float rounded[BF16_ROWS_SCRATCH_FLOATS]; // (rows_per_pass, cols)
-    for (int r = 0; r < n_rows; r += rows_per_pass) {
-        const int n = n_rows - r < rows_per_pass ? n_rows - r : rows_per_pass;
-        round_floats_to_bf16(rounded, in + (size_t)r * (size_t)cols, (size_t)n * (size_t)cols);
-        i4_outputs(out + (size_t)r * (size_t)w->rows, rounded, n, w, o_begin, o_end, 0);
-    }
+    i4_outputs(out, in, n_rows, w, o_begin, o_end, 1);
 }
 
 // ---- W8A8: int8 activations x int8 weights ---------------------------------------

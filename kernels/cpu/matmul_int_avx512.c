@@ -596,17 +596,7 @@ AVX512_TARGET void matmul_i4_rounded_avx512(float* out, const float* x_bf16, int
 AVX512_TARGET void matmul_i4_avx512(float* out, const float* in, int n_rows, const weight_matrix* w, int o_begin,
                                     int o_end) {
     if (matmul_i4_uses_phase_order(w) && matmul_i4_phase_unprepared(out, in, n_rows, w, o_begin, o_end)) return;
-    const int cols = w->cols, rows_per_pass = bf16_rows_per_pass(cols, n_rows);
-    if (rows_per_pass == 0) {
-        i4_outputs(out, in, n_rows, w, o_begin, o_end, 1);
-        return;
-    }
-    float rounded[BF16_ROWS_SCRATCH_FLOATS]; // (rows_per_pass, cols): rounded once, not once per tile
-    for (int r = 0; r < n_rows; r += rows_per_pass) {
-        const int n = n_rows - r < rows_per_pass ? n_rows - r : rows_per_pass;
-        round_floats_to_bf16(rounded, in + (size_t)r * (size_t)cols, (size_t)n * (size_t)cols);
-        i4_outputs(out + (size_t)r * (size_t)w->rows, rounded, n, w, o_begin, o_end, 0);
-    }
+    i4_outputs(out, in, n_rows, w, o_begin, o_end, 1); // rows not rounded yet: the tiles round them as loaded
 }
 
 // ---- W8A8 with VNNI ----------------------------------------------------------------

@@ -34,8 +34,8 @@ void matmul_i4_avx512(float* out, const float* in, int n_rows, const weight_matr
 
 // W4A16 on rows already rounded to bf16 (x_bf16: (n_rows, w->cols) floats,
 // each a bf16 value), as matmul_at_level prepares them once per call: the
-// same bits as the functions above on the unrounded rows, which round per
-// chunk. The AVX-512 one is not the phase kernel (groups of a multiple of
+// same bits as the functions above on the unrounded rows, which round them
+// as they load them. The AVX-512 one is not the phase kernel (groups of a multiple of
 // 128 columns take that). matmul_round_to_bf16_avx2: dst[i] =
 // fp32_round_to_bf16(src[i]), the same bits.
 void matmul_i4_rounded_scalar(float* out, const float* x_bf16, int n_rows, const weight_matrix* w, int o_begin,

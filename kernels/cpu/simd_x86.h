@@ -60,19 +60,6 @@ AVX2_INLINE void round_floats_to_bf16(float* dst, const float* src, size_t count
     for (size_t k = 0; i + k < count; k++) dst[i + k] = tail[k];
 }
 
-// W4A16's rows come rounded to bf16 from matmul_at_level, once per call.
-// Without them (it could not allocate) the SIMD kernels round the rows per
-// chunk into a stack scratch of this many floats (32 KiB), not once per tile
-// of outputs (on AVX2 that made W4A16 1.55x slower); rows longer than that
-// are rounded where they are loaded instead (the same bits).
-#define BF16_ROWS_SCRATCH_FLOATS 8192
-
-// How many rows of cols floats fit the scratch, at most n_rows; 0 when not one.
-static inline int bf16_rows_per_pass(int cols, int n_rows) {
-    int fitting = cols > 0 ? BF16_ROWS_SCRATCH_FLOATS / cols : 0;
-    return fitting < n_rows ? fitting : n_rows;
-}
-
 // The same in 16 lanes.
 AVX512_INLINE __m512 round_to_bf16_16(__m512 x) {
     const __m512i bits = _mm512_castps_si512(x);

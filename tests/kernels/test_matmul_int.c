@@ -318,10 +318,8 @@ typedef struct shape {
 // groups, row counts that are not multiples of the tiles. Groups of a
 // multiple of 128 take the AVX-512 INT4 phase kernel (256 / 128, 512 /
 // 256, 8320 / 128: more columns than the kernel's own stack scratch holds,
-// which matmul_at_level's once-per-call reordering does not need). The
-// other INT4 kernels round W4A16's rows to bf16 into a scratch of 8192
-// floats per pass (13 rows of 1000 columns: two passes); 8200 / 41 does not
-// fit, so its tiles round as they load.
+// which matmul_at_level's once-per-call reordering does not need). 8200 /
+// 41: a long row in the other INT4 kernels.
 static const shape odd_shapes[] = {
     {1, 1, 1},     {5, 3, 3},    {5, 3, 1},    {33, 17, 17},  {7, 33, 11}, {16, 172, 43},   {6, 172, 4}, {9, 257, 257},
     {13, 256, 32}, {11, 96, 96}, {3, 100, 50}, {19, 130, 65}, {5, 200, 8}, {10, 1000, 125}, {2, 64, 64}, {7, 66, 33},
@@ -397,9 +395,8 @@ static void test_exact_when_representable(void** state) {
 }
 
 // W4A16 rounds every activation to bf16, on every path: rows rounded once
-// per call (one pass or several: 13 rows of 1000), rows too long for that
-// scratch (8200 columns) rounded as loaded, and the phase kernels (256 and
-// 8320 columns in groups of 128). x = d +- 2^-12 with d a nonzero quarter
+// per call for the tile kernels (64, 1000 and 8200 columns) and for the
+// phase kernels (256 and 8320 columns in groups of 128). x = d +- 2^-12 with d a nonzero quarter
 // of magnitude <= 1: bf16 rounding gives d back (2^-12 is under half a
 // bf16 step at 0.25), and with d every product and sum is exact in fp32
 // (multiples of 2^-4 below 2^17), so the result must equal the double
@@ -708,9 +705,8 @@ static void test_i4_bf16_same_bits(void** state) {
 }
 
 // W4A16 outside the phase kernels: matmul_at_level rounds the rows to bf16
-// once per call; without that block each level's kernel rounds them per
-// chunk (in passes through its scratch, or at the load for rows longer than
-// it). Every way gives the same bits.
+// once per call; without that block each level's kernel rounds them as it
+// loads them. Both give the same bits.
 static void test_i4_rows_prepared_or_not(void** state) {
     (void)state;
     const shape row_shapes[] = {{37, 200, 40}, {9, 1000, 125}, {5, 8200, 41}};
