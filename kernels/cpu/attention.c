@@ -16,9 +16,9 @@ static inline float kv_element(const void* slots, kv_dtype dtype, size_t index) 
     return ((const float*)slots)[index];
 }
 
-// The reference order (llama2.c's run.c), for either element type.
-static void attention_row_scalar(float* out, const float* query, const kv_layer_view* kv, int n_context,
-                                 int n_heads, int n_kv_heads, int head_dim, float* scores) {
+// The reference order (llama2.c's run.c), for every element type.
+void attention_row_scalar(float* out, const float* query, const kv_layer_view* kv, int n_context, int n_heads,
+                          int n_kv_heads, int head_dim, float* scores) {
     const int slot_heads = kv_view_slot_heads(kv, n_kv_heads), slot_stride = slot_heads * head_dim;
     const int queries_per_kv_head = n_heads / n_kv_heads;
     for (int h = 0; h < n_heads; h++) {
@@ -65,16 +65,22 @@ static void count_row_traffic(kernel_traffic* traffic, kv_dtype dtype, int n_con
 
 void attention_row(float* out, const float* query, const kv_layer_view* kv, int n_context, int n_heads,
                    int n_kv_heads, int head_dim, float* scores, kernel_traffic* traffic) {
-    // fp16 caches use the vector kernel where the CPU has one; fp32 caches
-    // keep the scalar order of llama2.c (exact reference results).
-    if (kv->dtype == KV_F16 && cpu_simd_level_selected() >= CPU_SIMD_AVX2) {
-        // Every head's scores, so the cache is read in one pass in slot
-        // order (attention_avx2.c); without the memory, head by head.
-        float* all_scores = malloc((size_t)n_heads * (size_t)n_context * sizeof(float)); // (n_heads, n_context)
+    // fp16 caches use the vector kernel where the CPU has one. fp32 and int8
+    // caches keep llama2.c's scalar order (exact reference results), with
+    // AVX2 across positions. Both vector kernels take every head's scores at
+    // once, so that the cache is read in one pass in slot order; without
+    // that memory the fp16 kernel goes head by head, the others take the
+    // scalar path (the same bits either way).
+    const bool avx2 = cpu_simd_level_selected() >= CPU_SIMD_AVX2;
+    // (n_heads, n_context)
+    float* all_scores = avx2 ? malloc((size_t)n_heads * (size_t)n_context * sizeof(float)) : NULL;
+    if (kv->dtype == KV_F16 && avx2)
         attention_row_f16_avx2(out, query, kv, n_context, n_heads, n_kv_heads, head_dim, scores, all_scores);
-        free(all_scores);
-    } else
+    else if (all_scores)
+        attention_row_exact_avx2(out, query, kv, n_context, n_heads, n_kv_heads, head_dim, all_scores);
+    else
         attention_row_scalar(out, query, kv, n_context, n_heads, n_kv_heads, head_dim, scores);
+    free(all_scores);
     count_row_traffic(traffic, kv->dtype, n_context, n_heads, n_kv_heads, head_dim);
 }
 

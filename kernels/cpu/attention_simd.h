@@ -4,6 +4,17 @@
 
 #include "kernels/cpu/attention.h"
 
+// The reference: llama2.c's order, scalar, for every element type.
+// scores: (n_context) scratch.
+void attention_row_scalar(float* out, const float* query, const kv_layer_view* kv, int n_context, int n_heads,
+                          int n_kv_heads, int head_dim, float* scores);
+
+// fp32 or int8 keys and values with AVX2 (no FMA needed), the reference's
+// bits: positions in the lanes for the scores, dimensions for the values.
+// all_scores: (n_heads, n_context) scratch.
+void attention_row_exact_avx2(float* out, const float* query, const kv_layer_view* kv, int n_context, int n_heads,
+                              int n_kv_heads, int head_dim, float* all_scores);
+
 // fp16 keys and values; callable only when the CPU has AVX2, FMA and F16C.
 // scores: (n_context) scratch; all_scores: (n_heads, n_context) scratch, or
 // NULL to go head by head with `scores` alone (the same bits either way).

@@ -10,6 +10,7 @@
 #include <cmocka.h>
 
 #include <math.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "kernels/cpu/attention.h"
@@ -260,11 +261,95 @@ static void test_rows_equal_each_row_alone(void** state) {
     }
 }
 
+// fp32 and int8 caches: the AVX2 kernel (positions in the lanes for the
+// scores) gives the scalar reference's bits, which is what keeps greedy
+// decodes equal to llama2.c's. Head sizes with and without a tail of
+// head_dim % 8 (44, 64, 20, 3, 72), grouped-query heads, contexts that end
+// a group of 8 or 32 positions anywhere, a scattered table of block 5,
+// slots of different magnitudes (alike within a row, so that the order of
+// a row's sum shows in its bits), and a view of the last KV head only (a
+// thread's slice).
+static void check_exact_shape(const rows_shape* shape, kv_dtype dtype) {
+    enum { MAX_POSITIONS = 75, BLOCK_SIZE = 5, N_TABLE = MAX_POSITIONS / BLOCK_SIZE };
+    const int kv_dim = shape->n_kv_heads * shape->head_dim, width = shape->n_heads * shape->head_dim;
+    const size_t n_slots = (size_t)N_TABLE * BLOCK_SIZE, element = (size_t)kv_dtype_bytes(dtype);
+    const bool int8 = dtype == KV_I8;
+    int8_t* keys = calloc(n_slots * (size_t)kv_dim, element);                           // (n_slots, kv_dim), dtype
+    int8_t* values = calloc(n_slots * (size_t)kv_dim, element);                         // (n_slots, kv_dim)
+    float* key_scales = malloc(n_slots * (size_t)shape->n_kv_heads * sizeof(float));   // (n_slots, n_kv_heads)
+    float* value_scales = malloc(n_slots * (size_t)shape->n_kv_heads * sizeof(float)); // (n_slots, n_kv_heads)
+    float* query = malloc((size_t)width * sizeof *query);
+    float* all_scores = malloc((size_t)shape->n_heads * MAX_POSITIONS * sizeof *all_scores); // (n_heads, positions)
+    float* expected = malloc((size_t)width * sizeof *expected);
+    float* got = malloc((size_t)width * sizeof *got);
+    float scores[MAX_POSITIONS];
+    int32_t table[N_TABLE];
+    assert_true(keys && values && key_scales && value_scales && query && all_scores && expected && got);
+    for (int b = 0; b < N_TABLE; b++) table[b] = (N_TABLE - 1 - b) * 7 % N_TABLE; // 7 is coprime to 15
+    for (size_t i = 0; i < n_slots * (size_t)kv_dim; i++) {
+        const int slot = (int)(i / (size_t)kv_dim);
+        if (int8) {
+            keys[i] = (int8_t)(127.0f * random_uniform());
+            values[i] = (int8_t)(127.0f * random_uniform());
+        } else { // keys of 2^-3 .. 2^3 (scores of a few units: no one-hot softmax), values 2^-20 .. 2^20
+            ((float*)keys)[i] = ldexpf(random_uniform(), slot % 7 - 3);
+            ((float*)values)[i] = ldexpf(random_uniform(), slot % 41 - 20);
+        }
+    }
+    for (size_t i = 0; i < n_slots * (size_t)shape->n_kv_heads; i++) {
+        key_scales[i] = 0.01f * (1.0f + random_uniform());
+        value_scales[i] = 0.03f * (1.0f + random_uniform());
+    }
+    for (int i = 0; i < width; i++) query[i] = ldexpf(random_uniform(), int8 ? -4 : -(i % 3));
+    kv_layer_view whole = {dtype, keys, values, table, BLOCK_SIZE, int8 ? key_scales : NULL, int8 ? value_scales : NULL,
+                           0};
+    // The last KV head alone, as a thread's slice sees it.
+    const int group = shape->n_heads / shape->n_kv_heads, last = shape->n_kv_heads - 1;
+    kv_layer_view slice = whole;
+    slice.key_slots = keys + (size_t)last * (size_t)shape->head_dim * element;
+    slice.value_slots = values + (size_t)last * (size_t)shape->head_dim * element;
+    slice.key_scales = int8 ? key_scales + last : NULL;
+    slice.value_scales = int8 ? value_scales + last : NULL;
+    slice.slot_kv_heads = shape->n_kv_heads;
+    const size_t slice_offset = (size_t)last * (size_t)group * (size_t)shape->head_dim;
+    for (int n_context = 1; n_context <= MAX_POSITIONS; n_context += n_context < 40 ? 1 : 7) {
+        attention_row_scalar(expected, query, &whole, n_context, shape->n_heads, shape->n_kv_heads, shape->head_dim,
+                             scores);
+        attention_row_exact_avx2(got, query, &whole, n_context, shape->n_heads, shape->n_kv_heads, shape->head_dim,
+                                 all_scores);
+        if (memcmp(got, expected, (size_t)width * sizeof(float)) != 0)
+            fail_msg("%s, %d heads / %d KV heads of %d, context %d: the AVX2 kernel differs from the scalar one",
+                     kv_dtype_name(dtype), shape->n_heads, shape->n_kv_heads, shape->head_dim, n_context);
+        memset(got, 0xff, (size_t)width * sizeof(float));
+        attention_row_exact_avx2(got, query + slice_offset, &slice, n_context, group, 1, shape->head_dim, all_scores);
+        if (memcmp(got, expected + slice_offset, (size_t)group * (size_t)shape->head_dim * sizeof(float)) != 0)
+            fail_msg("%s, %d heads / %d KV heads of %d, context %d: the last KV head's slice differs",
+                     kv_dtype_name(dtype), shape->n_heads, shape->n_kv_heads, shape->head_dim, n_context);
+    }
+    free(keys);
+    free(values);
+    free(key_scales);
+    free(value_scales);
+    free(query);
+    free(all_scores);
+    free(expected);
+    free(got);
+}
+
+static void test_exact_kernel_equals_scalar(void** state) {
+    (void)state;
+    if (!test_simd_level_available(CPU_SIMD_AVX2)) return;
+    const rows_shape shapes[] = {{6, 3, 44}, {12, 12, 64}, {5, 5, 20}, {8, 2, 16}, {2, 2, 3}, {4, 1, 72}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        check_exact_shape(&shapes[s], KV_F32);
+        check_exact_shape(&shapes[s], KV_I8);
+    }
+}
+
 // A view of some KV heads (slot_kv_heads: the cache's full stride), as
 // forward() gives each thread a slice of a decode row's heads: every slice
 // gets the bits of the whole row for its heads, and the slices' traffic
-// adds up to the row's. Both layouts, fp16 (vector kernel) and fp32
-// (scalar), every split of the 3 KV heads.
+// adds up to the row's. Both layouts, fp16 and fp32, every split of the 3 KV heads.
 static void test_head_slices_equal_the_whole_row(void** state) {
     (void)state;
     const kv_dtype dtypes[] = {KV_F16, KV_F32};
@@ -341,6 +426,7 @@ int main(void) {
         cmocka_unit_test(test_wide_heads_slot_order),
         cmocka_unit_test(test_rows_equal_each_row_alone),
         cmocka_unit_test(test_head_slices_equal_the_whole_row),
+        cmocka_unit_test(test_exact_kernel_equals_scalar),
         cmocka_unit_test(test_softmax_finds_the_maximum_anywhere),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
