@@ -77,7 +77,7 @@ void attention_row(float* out, const float* query, const kv_layer_view* kv, int 
     if (kv->dtype == KV_F16 && avx2)
         attention_row_f16_avx2(out, query, kv, n_context, n_heads, n_kv_heads, head_dim, scores, all_scores);
     else if (all_scores)
-        attention_row_exact_avx2(out, query, kv, n_context, n_heads, n_kv_heads, head_dim, all_scores);
+        attention_rows_exact_avx2(out, query, kv, n_context, 1, n_heads, n_kv_heads, head_dim, all_scores);
     else
         attention_row_scalar(out, query, kv, n_context, n_heads, n_kv_heads, head_dim, scores);
     free(all_scores);
@@ -87,12 +87,14 @@ void attention_row(float* out, const float* query, const kv_layer_view* kv, int 
 void attention_rows(float* out, const float* query, const kv_layer_view* kv, int n_context, int n_rows,
                     int n_heads, int n_kv_heads, int head_dim, float* scores, kernel_traffic* traffic) {
     const size_t width = (size_t)n_heads * (size_t)head_dim;
-    if (n_rows >= 2 && n_rows <= ATTENTION_ROWS_MAX && kv->dtype == KV_F16 &&
-        cpu_simd_level_selected() >= CPU_SIMD_AVX2) {
+    if (n_rows >= 2 && n_rows <= ATTENTION_ROWS_MAX && cpu_simd_level_selected() >= CPU_SIMD_AVX2) {
         // (n_rows, n_heads, n_context + n_rows - 1): every row's scores.
         float* all_scores = malloc((size_t)n_rows * (size_t)n_heads * (size_t)(n_context + n_rows - 1) * sizeof(float));
         if (all_scores) {
-            attention_rows_f16_avx2(out, query, kv, n_context, n_rows, n_heads, n_kv_heads, head_dim, all_scores);
+            if (kv->dtype == KV_F16)
+                attention_rows_f16_avx2(out, query, kv, n_context, n_rows, n_heads, n_kv_heads, head_dim, all_scores);
+            else
+                attention_rows_exact_avx2(out, query, kv, n_context, n_rows, n_heads, n_kv_heads, head_dim, all_scores);
             free(all_scores);
             for (int j = 0; j < n_rows; j++)
                 count_row_traffic(traffic, kv->dtype, n_context + j, n_heads, n_kv_heads, head_dim);

@@ -71,8 +71,8 @@ void attention_row(float* out, const float* query, const kv_layer_view* kv, int 
 // attention_row for n_rows consecutive rows of one sequence (a prompt):
 // row j attends to the first n_context + j positions. out, query:
 // (n_rows, n_heads * head_dim); scores: scratch of (n_context + n_rows - 1)
-// floats. Each row gets exactly the bits attention_row gives it alone; with
-// an fp16 cache on AVX2 (2 .. ATTENTION_ROWS_MAX rows) the keys and values
+// floats. Each row gets exactly the bits attention_row gives it alone; on
+// AVX2 (2 .. ATTENTION_ROWS_MAX rows, any element type) the keys and values
 // the rows share are read and widened once for all of them. Traffic is
 // reported per row, as n_rows calls of attention_row would.
 void attention_rows(float* out, const float* query, const kv_layer_view* kv, int n_context, int n_rows,

@@ -87,22 +87,25 @@ EXACT_INLINE float element_of(const void* row, kv_dtype dtype, int dim) {
     return dtype == KV_I8 ? (float)((const int8_t*)row)[dim] : ((const float*)row)[dim];
 }
 
-// Scores of GROUPS groups of eight positions for query head q (rows[g]:
-// group g's keys of the head's KV head, a repeated row where fewer than
-// eight remain; scales[g]: their int8 key scales, or NULL). Lane j of
-// group g: the reference's chain over dims 0 .. head_dim-1 for its
-// position, times its scale, divided by sqrt(head_dim). The groups' chains
-// are independent, so the CPU overlaps them: one chain alone would wait on
-// the latency of every add.
-enum { GROUPS = 4 };
-EXACT_INLINE void group_scores(__m256 score[GROUPS], const float* q, const void* const rows[GROUPS][LANES],
-                               kv_dtype dtype, int head_dim, const float scales[GROUPS][LANES]) {
+// Scores of G groups of eight positions for R query rows of one head
+// (queries[j]: row j's query of the head; rows[g]: group g's keys of the
+// head's KV head, a repeated row where fewer than eight remain;
+// scales[g]: their int8 key scales, or NULL). score[j * G + g], lane s:
+// the reference's chain over dims 0 .. head_dim-1 for row j and position
+// 8g + s, times its scale, divided by sqrt(head_dim). Each transposed key
+// block serves the R rows. The R * G chains are independent, so the CPU
+// overlaps them (one chain alone would wait on the latency of every add);
+// R * G <= 8 leaves registers for the 8 columns. R and G are constants at
+// every call, so the loops unroll and the accumulators stay in registers.
+EXACT_INLINE void group_scores(__m256 score[8], const float* const queries[ATTENTION_ROWS_MAX], int R, int G,
+                               const void* const rows[4][LANES], kv_dtype dtype, int head_dim,
+                               const float scales[4][LANES]) {
     #pragma GCC unroll 8
-    for (int g = 0; g < GROUPS; g++) score[g] = _mm256_setzero_ps();
+    for (int a = 0; a < R * G; a++) score[a] = _mm256_setzero_ps();
     int dim = 0;
     for (; dim + LANES <= head_dim; dim += LANES)
-        #pragma GCC unroll 8
-        for (int g = 0; g < GROUPS; g++) {
+        #pragma GCC unroll 4
+        for (int g = 0; g < G; g++) {
             __m256 columns[LANES];
             if (dtype == KV_I8)
                 columns_i8(columns, (const int8_t* const*)rows[g], dim);
@@ -110,22 +113,27 @@ EXACT_INLINE void group_scores(__m256 score[GROUPS], const float* q, const void*
                 columns_f32(columns, (const float* const*)rows[g], dim);
             #pragma GCC unroll 8
             for (int c = 0; c < LANES; c++)
-                score[g] = _mm256_add_ps(score[g], _mm256_mul_ps(_mm256_set1_ps(q[dim + c]), columns[c]));
+                #pragma GCC unroll 4
+                for (int j = 0; j < R; j++)
+                    score[j * G + g] = _mm256_add_ps(score[j * G + g],
+                                                     _mm256_mul_ps(_mm256_set1_ps(queries[j][dim + c]), columns[c]));
         }
     for (; dim < head_dim; dim++) // the last head_dim % 8 dimensions, one column at a time
-        for (int g = 0; g < GROUPS; g++) {
+        for (int g = 0; g < G; g++) {
             const void* const* r = rows[g];
             __m256 column = _mm256_setr_ps(element_of(r[0], dtype, dim), element_of(r[1], dtype, dim),
                                            element_of(r[2], dtype, dim), element_of(r[3], dtype, dim),
                                            element_of(r[4], dtype, dim), element_of(r[5], dtype, dim),
                                            element_of(r[6], dtype, dim), element_of(r[7], dtype, dim));
-            score[g] = _mm256_add_ps(score[g], _mm256_mul_ps(_mm256_set1_ps(q[dim]), column));
+            for (int j = 0; j < R; j++)
+                score[j * G + g] =
+                    _mm256_add_ps(score[j * G + g], _mm256_mul_ps(_mm256_set1_ps(queries[j][dim]), column));
         }
     const __m256 root = _mm256_set1_ps(sqrtf((float)head_dim));
     #pragma GCC unroll 8
-    for (int g = 0; g < GROUPS; g++) {
-        if (scales) score[g] = _mm256_mul_ps(score[g], _mm256_loadu_ps(scales[g]));
-        score[g] = _mm256_div_ps(score[g], root);
+    for (int a = 0; a < R * G; a++) {
+        if (scales) score[a] = _mm256_mul_ps(score[a], _mm256_loadu_ps(scales[a % G]));
+        score[a] = _mm256_div_ps(score[a], root);
     }
 }
 
@@ -136,61 +144,75 @@ static const char* slot_row(const void* slots, const kv_layer_view* kv, int posi
     return (const char*)slots + (size_t)*slot * (size_t)slot_bytes;
 }
 
-// Every head's scores, into all_scores (n_heads, n_context), reading the
-// keys slot by slot (32 positions, every head): the cache streams in
-// memory order rather than one head's 4 bytes * head_dim at a time.
-EXACT_INLINE void all_heads_scores(float* all_scores, const float* query, const kv_layer_view* kv, int n_context,
-                                   int n_heads, int n_kv_heads, int head_dim) {
+// The rows' scores for every head, into all_scores (R, n_heads,
+// scores_stride): row j at positions 0 .. n_context + j - 1 (a row's
+// positions past its own context are computed with the others and left
+// unused). The keys are read slot by slot (G * 8 positions, every head), so
+// the cache streams in memory order rather than a head's row at a time.
+EXACT_INLINE void all_heads_scores(float* all_scores, size_t scores_stride, const float* query, const kv_layer_view* kv,
+                                   int n_context, int R, int G, int n_heads, int n_kv_heads, int head_dim) {
     const int slot_heads = kv_view_slot_heads(kv, n_kv_heads), element_bytes = kv_dtype_bytes(kv->dtype);
     const int slot_bytes = slot_heads * head_dim * element_bytes, queries_per_kv_head = n_heads / n_kv_heads;
+    const int last_context = n_context + R - 1, block = G * LANES;
+    const size_t width = (size_t)n_heads * (size_t)head_dim;
     const bool int8 = kv->dtype == KV_I8;
-    for (int t0 = 0; t0 < n_context; t0 += GROUPS * LANES) {
-        const int n = n_context - t0 < GROUPS * LANES ? n_context - t0 : GROUPS * LANES;
-        const char* slot_keys[GROUPS * LANES]; // the positions' slots, the first repeated past the end
-        int64_t slots[GROUPS * LANES];
-        for (int j = 0; j < GROUPS * LANES; j++)
-            slot_keys[j] = slot_row(kv->key_slots, kv, t0 + (j < n ? j : 0), slot_bytes, &slots[j]);
+    for (int t0 = 0; t0 < last_context; t0 += block) {
+        const int n = last_context - t0 < block ? last_context - t0 : block;
+        const char* slot_keys[4 * LANES]; // the positions' slots, the first repeated past the end
+        int64_t slots[4 * LANES];
+        for (int s = 0; s < block; s++)
+            slot_keys[s] = slot_row(kv->key_slots, kv, t0 + (s < n ? s : 0), slot_bytes, &slots[s]);
         for (int h = 0; h < n_heads; h++) {
             const int kv_head = h / queries_per_kv_head;
             const size_t head_bytes = (size_t)kv_head * (size_t)head_dim * (size_t)element_bytes;
-            const void* rows[GROUPS][LANES];
-            float key_scales[GROUPS][LANES]; // the positions' int8 key scales of this KV head
-            for (int j = 0; j < GROUPS * LANES; j++) {
-                rows[j / LANES][j % LANES] = slot_keys[j] + head_bytes;
-                key_scales[j / LANES][j % LANES] =
-                    int8 ? kv->key_scales[(size_t)slots[j] * (size_t)slot_heads + (size_t)kv_head] : 0.0f;
+            const void* rows[4][LANES];
+            float key_scales[4][LANES]; // the positions' int8 key scales of this KV head
+            for (int s = 0; s < block; s++) {
+                rows[s / LANES][s % LANES] = slot_keys[s] + head_bytes;
+                key_scales[s / LANES][s % LANES] =
+                    int8 ? kv->key_scales[(size_t)slots[s] * (size_t)slot_heads + (size_t)kv_head] : 0.0f;
             }
-            __m256 score[GROUPS];
-            group_scores(score, query + (size_t)h * (size_t)head_dim, (const void* const(*)[LANES])rows, kv->dtype,
-                         head_dim, int8 ? (const float(*)[LANES])key_scales : NULL);
-            float lanes[GROUPS * LANES];
-            for (int g = 0; g < GROUPS; g++) _mm256_storeu_ps(lanes + g * LANES, score[g]);
-            memcpy(all_scores + (size_t)h * (size_t)n_context + t0, lanes, (size_t)n * sizeof(float));
+            const float* queries[ATTENTION_ROWS_MAX];
+            for (int j = 0; j < R; j++) queries[j] = query + (size_t)j * width + (size_t)h * (size_t)head_dim;
+            __m256 score[8];
+            group_scores(score, queries, R, G, (const void* const(*)[LANES])rows, kv->dtype, head_dim,
+                         int8 ? (const float(*)[LANES])key_scales : NULL);
+            for (int j = 0; j < R; j++) {
+                float lanes[4 * LANES];
+                for (int g = 0; g < G; g++) _mm256_storeu_ps(lanes + g * LANES, score[j * G + g]);
+                float* row_scores = all_scores + ((size_t)j * (size_t)n_heads + (size_t)h) * scores_stride;
+                memcpy(row_scores + t0, lanes, (size_t)n * sizeof(float));
+            }
         }
     }
 }
 
-// out (n_heads * head_dim) = for each head, sum over t in order of
-// weight_t * v_t, position by position (every head of a slot, in memory
-// order). The last head_dim % 8 elements of a head in scalar code, which
+// out (R, n_heads * head_dim): row j's heads, each the sum over t <
+// n_context + j in order of weight_t * v_t, position by position (every
+// head of a slot, in memory order; a value vector is loaded once for the
+// rows). The last head_dim % 8 elements of a head in scalar code, which
 // rounds the same way (no FMA in this target).
-EXACT_INLINE void all_heads_values(float* out, const float* all_scores, const kv_layer_view* kv, int n_context,
-                                   int n_heads, int n_kv_heads, int head_dim) {
+EXACT_INLINE void all_heads_values(float* out, const float* all_scores, size_t scores_stride, const kv_layer_view* kv,
+                                   int n_context, int R, int n_heads, int n_kv_heads, int head_dim) {
     const int slot_heads = kv_view_slot_heads(kv, n_kv_heads), element_bytes = kv_dtype_bytes(kv->dtype);
     const int slot_bytes = slot_heads * head_dim * element_bytes, queries_per_kv_head = n_heads / n_kv_heads;
     const bool int8 = kv->dtype == KV_I8;
     const int vector_dims = head_dim / LANES * LANES;
-    memset(out, 0, (size_t)n_heads * (size_t)head_dim * sizeof(float));
-    for (int t = 0; t < n_context; t++) {
+    const size_t width = (size_t)n_heads * (size_t)head_dim;
+    memset(out, 0, (size_t)R * width * sizeof(float));
+    for (int t = 0; t < n_context + R - 1; t++) {
+        const int first_row = t < n_context ? 0 : t - n_context + 1; // rows whose context holds t
         int64_t slot;
         const char* values = slot_row(kv->value_slots, kv, t, slot_bytes, &slot);
         for (int h = 0; h < n_heads; h++) {
             const int kv_head = h / queries_per_kv_head;
             const void* row = values + (size_t)kv_head * (size_t)head_dim * (size_t)element_bytes;
-            float weight = all_scores[(size_t)h * (size_t)n_context + (size_t)t];
-            if (int8) weight *= kv->value_scales[(size_t)slot * (size_t)slot_heads + (size_t)kv_head];
-            const __m256 w = _mm256_set1_ps(weight);
-            float* out_head = out + (size_t)h * (size_t)head_dim;
+            const float scale = int8 ? kv->value_scales[(size_t)slot * (size_t)slot_heads + (size_t)kv_head] : 1.0f;
+            float weights[ATTENTION_ROWS_MAX];
+            for (int j = first_row; j < R; j++) {
+                weights[j] = all_scores[((size_t)j * (size_t)n_heads + (size_t)h) * scores_stride + (size_t)t];
+                if (int8) weights[j] *= scale;
+            }
             for (int dim = 0; dim < vector_dims; dim += LANES) {
                 __m256 v;
                 if (int8) {
@@ -200,26 +222,49 @@ EXACT_INLINE void all_heads_values(float* out, const float* all_scores, const kv
                 } else {
                     v = _mm256_loadu_ps((const float*)row + dim);
                 }
-                _mm256_storeu_ps(out_head + dim, _mm256_add_ps(_mm256_loadu_ps(out_head + dim), _mm256_mul_ps(w, v)));
+                for (int j = first_row; j < R; j++) {
+                    float* o = out + (size_t)j * width + (size_t)h * (size_t)head_dim + (size_t)dim;
+                    const __m256 weighted = _mm256_mul_ps(_mm256_set1_ps(weights[j]), v);
+                    _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), weighted));
+                }
             }
             for (int dim = vector_dims; dim < head_dim; dim++)
-                out_head[dim] += weight * element_of(row, kv->dtype, dim);
+                for (int j = first_row; j < R; j++)
+                    out[(size_t)j * width + (size_t)h * (size_t)head_dim + (size_t)dim] +=
+                        weights[j] * element_of(row, kv->dtype, dim);
         }
     }
 }
 
-EXACT_TARGET void attention_row_exact_avx2(float* out, const float* query, const kv_layer_view* kv, int n_context,
-                                           int n_heads, int n_kv_heads, int head_dim, float* all_scores) {
-    all_heads_scores(all_scores, query, kv, n_context, n_heads, n_kv_heads, head_dim);
-    for (int h = 0; h < n_heads; h++) softmax(all_scores + (size_t)h * (size_t)n_context, n_context);
-    all_heads_values(out, all_scores, kv, n_context, n_heads, n_kv_heads, head_dim);
+// R rows with G groups of positions per pass (R * G <= 8; constants).
+EXACT_INLINE void exact_rows(float* out, const float* query, const kv_layer_view* kv, int n_context, int R, int G,
+                             int n_heads, int n_kv_heads, int head_dim, float* all_scores) {
+    const size_t scores_stride = (size_t)(n_context + R - 1);
+    all_heads_scores(all_scores, scores_stride, query, kv, n_context, R, G, n_heads, n_kv_heads, head_dim);
+    for (int j = 0; j < R; j++)
+        for (int h = 0; h < n_heads; h++)
+            softmax(all_scores + ((size_t)j * (size_t)n_heads + (size_t)h) * scores_stride, n_context + j);
+    all_heads_values(out, all_scores, scores_stride, kv, n_context, R, n_heads, n_kv_heads, head_dim);
+}
+
+EXACT_TARGET void attention_rows_exact_avx2(float* out, const float* query, const kv_layer_view* kv, int n_context,
+                                            int n_rows, int n_heads, int n_kv_heads, int head_dim, float* all_scores) {
+    switch (n_rows) { // one row: 4 groups of positions for 4 chains; more rows bring chains of their own
+    case 1: exact_rows(out, query, kv, n_context, 1, 4, n_heads, n_kv_heads, head_dim, all_scores); break;
+    case 2: exact_rows(out, query, kv, n_context, 2, 2, n_heads, n_kv_heads, head_dim, all_scores); break;
+    case 3: exact_rows(out, query, kv, n_context, 3, 2, n_heads, n_kv_heads, head_dim, all_scores); break;
+    default: exact_rows(out, query, kv, n_context, 4, 2, n_heads, n_kv_heads, head_dim, all_scores); break;
+    }
 }
 
 #else // not x86: never called (cpu_simd_level_selected() is scalar there)
 
-void attention_row_exact_avx2(float* out, const float* query, const kv_layer_view* kv, int n_context, int n_heads,
-                              int n_kv_heads, int head_dim, float* all_scores) {
-    attention_row_scalar(out, query, kv, n_context, n_heads, n_kv_heads, head_dim, all_scores);
+void attention_rows_exact_avx2(float* out, const float* query, const kv_layer_view* kv, int n_context, int n_rows,
+                               int n_heads, int n_kv_heads, int head_dim, float* all_scores) {
+    const size_t width = (size_t)n_heads * (size_t)head_dim;
+    for (int j = 0; j < n_rows; j++)
+        attention_row_scalar(out + (size_t)j * width, query + (size_t)j * width, kv, n_context + j, n_heads,
+                             n_kv_heads, head_dim, all_scores);
 }
 
 #endif

@@ -263,14 +263,15 @@ static void test_rows_equal_each_row_alone(void** state) {
 
 // fp32 and int8 caches: the AVX2 kernel (positions in the lanes for the
 // scores) gives the scalar reference's bits, which is what keeps greedy
-// decodes equal to llama2.c's. Head sizes with and without a tail of
-// head_dim % 8 (44, 64, 20, 3, 72), grouped-query heads, contexts that end
-// a group of 8 or 32 positions anywhere, a scattered table of block 5,
-// slots of different magnitudes (alike within a row, so that the order of
-// a row's sum shows in its bits), and a view of the last KV head only (a
-// thread's slice).
+// decodes equal to llama2.c's: one row, and 2 .. ATTENTION_ROWS_MAX rows of
+// a prompt, each row as the reference computes it alone. Head sizes with
+// and without a tail of head_dim % 8 (44, 64, 20, 3, 72), grouped-query
+// heads, contexts that end a group of 8, 16 or 32 positions anywhere, a
+// scattered table of block 5, slots of different magnitudes (alike within
+// a row, so that the order of a row's sum shows in its bits), and a view
+// of the last KV head only (a thread's slice).
 static void check_exact_shape(const rows_shape* shape, kv_dtype dtype) {
-    enum { MAX_POSITIONS = 75, BLOCK_SIZE = 5, N_TABLE = MAX_POSITIONS / BLOCK_SIZE };
+    enum { MAX_POSITIONS = 75, BLOCK_SIZE = 5, N_TABLE = MAX_POSITIONS / BLOCK_SIZE, R_MAX = ATTENTION_ROWS_MAX };
     const int kv_dim = shape->n_kv_heads * shape->head_dim, width = shape->n_heads * shape->head_dim;
     const size_t n_slots = (size_t)N_TABLE * BLOCK_SIZE, element = (size_t)kv_dtype_bytes(dtype);
     const bool int8 = dtype == KV_I8;
@@ -278,10 +279,10 @@ static void check_exact_shape(const rows_shape* shape, kv_dtype dtype) {
     int8_t* values = calloc(n_slots * (size_t)kv_dim, element);                         // (n_slots, kv_dim)
     float* key_scales = malloc(n_slots * (size_t)shape->n_kv_heads * sizeof(float));   // (n_slots, n_kv_heads)
     float* value_scales = malloc(n_slots * (size_t)shape->n_kv_heads * sizeof(float)); // (n_slots, n_kv_heads)
-    float* query = malloc((size_t)width * sizeof *query);
-    float* all_scores = malloc((size_t)shape->n_heads * MAX_POSITIONS * sizeof *all_scores); // (n_heads, positions)
+    float* query = malloc((size_t)R_MAX * (size_t)width * sizeof *query);              // (R_MAX, width)
+    float* all_scores = malloc((size_t)R_MAX * (size_t)shape->n_heads * MAX_POSITIONS * sizeof *all_scores);
     float* expected = malloc((size_t)width * sizeof *expected);
-    float* got = malloc((size_t)width * sizeof *got);
+    float* got = malloc((size_t)R_MAX * (size_t)width * sizeof *got); // (R_MAX, width)
     float scores[MAX_POSITIONS];
     int32_t table[N_TABLE];
     assert_true(keys && values && key_scales && value_scales && query && all_scores && expected && got);
@@ -300,7 +301,7 @@ static void check_exact_shape(const rows_shape* shape, kv_dtype dtype) {
         key_scales[i] = 0.01f * (1.0f + random_uniform());
         value_scales[i] = 0.03f * (1.0f + random_uniform());
     }
-    for (int i = 0; i < width; i++) query[i] = ldexpf(random_uniform(), int8 ? -4 : -(i % 3));
+    for (int i = 0; i < R_MAX * width; i++) query[i] = ldexpf(random_uniform(), int8 ? -4 : -(i % 3));
     kv_layer_view whole = {dtype, keys, values, table, BLOCK_SIZE, int8 ? key_scales : NULL, int8 ? value_scales : NULL,
                            0};
     // The last KV head alone, as a thread's slice sees it.
@@ -312,19 +313,35 @@ static void check_exact_shape(const rows_shape* shape, kv_dtype dtype) {
     slice.value_scales = int8 ? value_scales + last : NULL;
     slice.slot_kv_heads = shape->n_kv_heads;
     const size_t slice_offset = (size_t)last * (size_t)group * (size_t)shape->head_dim;
+    const size_t slice_bytes = (size_t)group * (size_t)shape->head_dim * sizeof(float);
     for (int n_context = 1; n_context <= MAX_POSITIONS; n_context += n_context < 40 ? 1 : 7) {
         attention_row_scalar(expected, query, &whole, n_context, shape->n_heads, shape->n_kv_heads, shape->head_dim,
                              scores);
-        attention_row_exact_avx2(got, query, &whole, n_context, shape->n_heads, shape->n_kv_heads, shape->head_dim,
-                                 all_scores);
+        attention_rows_exact_avx2(got, query, &whole, n_context, 1, shape->n_heads, shape->n_kv_heads,
+                                  shape->head_dim, all_scores);
         if (memcmp(got, expected, (size_t)width * sizeof(float)) != 0)
             fail_msg("%s, %d heads / %d KV heads of %d, context %d: the AVX2 kernel differs from the scalar one",
                      kv_dtype_name(dtype), shape->n_heads, shape->n_kv_heads, shape->head_dim, n_context);
         memset(got, 0xff, (size_t)width * sizeof(float));
-        attention_row_exact_avx2(got, query + slice_offset, &slice, n_context, group, 1, shape->head_dim, all_scores);
-        if (memcmp(got, expected + slice_offset, (size_t)group * (size_t)shape->head_dim * sizeof(float)) != 0)
+        attention_rows_exact_avx2(got, query + slice_offset, &slice, n_context, 1, group, 1, shape->head_dim,
+                                  all_scores);
+        if (memcmp(got, expected + slice_offset, slice_bytes) != 0)
             fail_msg("%s, %d heads / %d KV heads of %d, context %d: the last KV head's slice differs",
                      kv_dtype_name(dtype), shape->n_heads, shape->n_kv_heads, shape->head_dim, n_context);
+        for (int n_rows = 2; n_rows <= R_MAX && n_context + n_rows - 1 <= MAX_POSITIONS; n_rows++) {
+            memset(got, 0xff, (size_t)n_rows * (size_t)width * sizeof(float));
+            attention_rows_exact_avx2(got, query, &whole, n_context, n_rows, shape->n_heads, shape->n_kv_heads,
+                                      shape->head_dim, all_scores);
+            for (int j = 0; j < n_rows; j++) {
+                attention_row_scalar(expected, query + (size_t)j * (size_t)width, &whole, n_context + j,
+                                     shape->n_heads, shape->n_kv_heads, shape->head_dim, scores);
+                if (memcmp(got + (size_t)j * (size_t)width, expected, (size_t)width * sizeof(float)) != 0)
+                    fail_msg("%s, %d heads / %d KV heads of %d: row %d of %d at context %d differs from the "
+                             "scalar row",
+                             kv_dtype_name(dtype), shape->n_heads, shape->n_kv_heads, shape->head_dim, j, n_rows,
+                             n_context + j);
+            }
+        }
     }
     free(keys);
     free(values);
