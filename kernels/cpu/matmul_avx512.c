@@ -38,6 +38,14 @@
 // weights (64 x 1.5 KiB in fp16) waits in L2 for the next block of rows.
 // Without the blocking, 16 rows (48 KiB) no longer fit beside the weights
 // in a 48 KiB L1.
+//
+// Prefill and large batches take the same tiles. A path that widened a
+// panel of 64 weight rows to fp32 once and ran 4 x 6 tiles over it (from
+// 32 rows) was never faster here once the tiles were blocked, and much
+// slower at 32-64 rows: stories110m's 84 layer matrices on Zen 5, GFLOP/s
+// tile / panel, three runs of each, one thread: 146-148 / 97-118 at 32
+// rows, 157-160 / 122-150 at 128, 160-161 / 133-160 at 512; two threads:
+// 275-276 / 212-220 at 32, 275-277 / 257-266 at 512. It was removed.
 #define F16_TILE_ROWS_MAX 6
 #define F16_ROW_BLOCK 12
 #define F16_OUTPUT_GROUP 64
@@ -108,191 +116,10 @@ static AVX512_TARGET __attribute__((noinline)) void f16_tile_any(float* out, int
     }
 }
 
-// ---- fp16, many rows: a panel of weights widened once ------------------------
-//
-// Prefill and large batches reuse every weight across many rows, so the
-// tile above, which widens each weight once per 4 rows and holds 16
-// accumulators for 8 loads per step, leaves the FMA units half idle. Here a
-// panel of PANEL_OUTPUTS weight rows is widened to fp32 once (exact), into
-// scratch that stays in L2, and a 4 x 6 register tile (24 accumulators, 4
-// weight + 6 activation loads per 24 FMAs) runs over it. The 24 sums are
-// finished with one transposed tree (hsum16_many) that adds exactly the
-// pairs hsum16 adds. Each output is still: one 16-lane accumulator from +0,
-// fma(W[o][i..i+15], x[r][i..i+15], acc) for i = 0, 16, ..., the tail as
-// one more fma of zero-padded lanes (the panel's padding is +0, the
-// activations load masked), then hsum16's tree: the bits of f16_tile.
-
-// Every panel streams the batch's activations through L1 once more (a
-// 512-row prefill's are 1.5 MiB, from L3), so wider panels read them less
-// often: 64 rows instead of 32 took a 512-token stories110m fp16 prefill
-// from 1240 to 1328 tok/s (medians of 8 alternating runs; 128 rows: 1331).
-#define PANEL_OUTPUTS 64          // weight rows widened at once, at most
-#define PANEL_FLOATS (64 * 1024)  // the panel's scratch on the stack: 256 KiB, in L2
-#define PACKED_OUTPUTS 4  // tile outputs
-#define PACKED_ROWS 6     // tile batch rows: 24 accumulators + 4 weights + 1 activation of 32 registers
-#define PACKED_COLUMNS 768 // columns per slice: 6 rows x 768 x 4 bytes = 18 KiB of activations in L1
-
-// hsum16() of 16 vectors at once: results[k] = hsum16(v[k]), the same
-// additions with the same operands first, on 16 vectors side by side.
-AVX512_INLINE void hsum16_x16(float* results, const __m512* v) {
-    __m512 halves[8], quads[4], pairs[2];
-    // halves[j]: lanes 0-7 hold v[2j]'s l + (l+8), lanes 8-15 v[2j+1]'s.
-    UNROLL_TILE for (int j = 0; j < 8; j++) halves[j] =
-        _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                      _mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-    // quads[m]: 128-bit chunk k holds v[4m + k]'s l + (l+4) of its halves.
-    UNROLL_TILE for (int m = 0; m < 4; m++) quads[m] =
-        _mm512_add_ps(_mm512_shuffle_f32x4(halves[2 * m], halves[2 * m + 1], _MM_SHUFFLE(2, 0, 2, 0)),
-                      _mm512_shuffle_f32x4(halves[2 * m], halves[2 * m + 1], _MM_SHUFFLE(3, 1, 3, 1)));
-    // pairs[p]: chunk k holds q0+q2, q1+q3 of v[8p + k], then of v[8p + 4 + k].
-    UNROLL_TILE for (int p = 0; p < 2; p++) pairs[p] =
-        _mm512_add_ps(_mm512_shuffle_ps(quads[2 * p], quads[2 * p + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                      _mm512_shuffle_ps(quads[2 * p], quads[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-    // Lane 4k + j holds pair0 + pair1 of v[4j + k]; a 4 x 4 transpose puts
-    // v[k]'s sum in lane k.
-    __m512 sums = _mm512_add_ps(_mm512_shuffle_ps(pairs[0], pairs[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                _mm512_shuffle_ps(pairs[0], pairs[1], _MM_SHUFFLE(3, 1, 3, 1)));
-    const __m512i transpose = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    _mm512_storeu_ps(results, _mm512_permutexvar_ps(transpose, sums));
-}
-
-// Columns [k_begin, k_end) of a tile: out (rows of stride d_out, n_outputs
-// <= 4 outputs, n_live_rows <= 6 of the 6 rows in x_rows); panel: 4 rows of
-// `stride` fp32 (zero past cols). Rows past n_live_rows repeat row 0 and
-// outputs past n_outputs read the panel's zero padding: computed, never
-// stored. k_begin is 0 or where the last call stopped, whose accumulators
-// are in `saved` (24 vectors); k_end is a multiple of 16 before cols (the
-// accumulators go back to `saved`, bit for bit) or cols (the tile is
-// finished and stored). Callers guarantee cols >= 16.
-AVX512_INLINE void packed_tile(float* out, int d_out, const float* panel, size_t stride, const float* const* x_rows,
-                               int cols, int k_begin, int k_end, __m512* saved, int n_outputs, int n_live_rows) {
-    __m512 acc[PACKED_OUTPUTS * PACKED_ROWS]; // [c * PACKED_ROWS + r]
-    int i = k_begin;
-    if (k_begin == 0) {
-        // The first step sets the accumulators: fma(w, x, +0), the same as
-        // from zeroed ones, without GCC zeroing an in-memory copy per tile (-6%).
-        __m512 wv[PACKED_OUTPUTS];
-        UNROLL_TILE for (int c = 0; c < PACKED_OUTPUTS; c++) wv[c] = _mm512_load_ps(panel + (size_t)c * stride);
-        UNROLL_TILE for (int r = 0; r < PACKED_ROWS; r++) {
-            __m512 xv = _mm512_loadu_ps(x_rows[r]);
-            UNROLL_TILE for (int c = 0; c < PACKED_OUTPUTS; c++)
-                acc[c * PACKED_ROWS + r] = _mm512_fmadd_ps(wv[c], xv, _mm512_setzero_ps());
-        }
-        i = 16;
-    } else {
-        UNROLL_TILE for (int k = 0; k < PACKED_OUTPUTS * PACKED_ROWS; k++) acc[k] = saved[k];
-    }
-    for (; i + 16 <= k_end; i += 16) {
-        __m512 wv[PACKED_OUTPUTS];
-        UNROLL_TILE for (int c = 0; c < PACKED_OUTPUTS; c++) wv[c] = _mm512_load_ps(panel + (size_t)c * stride + i);
-        UNROLL_TILE for (int r = 0; r < PACKED_ROWS; r++) {
-            __m512 xv = _mm512_loadu_ps(x_rows[r] + i);
-            UNROLL_TILE for (int c = 0; c < PACKED_OUTPUTS; c++)
-                acc[c * PACKED_ROWS + r] = _mm512_fmadd_ps(wv[c], xv, acc[c * PACKED_ROWS + r]);
-        }
-    }
-    if (k_end < cols) {
-        UNROLL_TILE for (int k = 0; k < PACKED_OUTPUTS * PACKED_ROWS; k++) saved[k] = acc[k];
-        return;
-    }
-    if (i < cols) { // the tail: padded weights are +0, activations past the end load as 0
-        __mmask16 live = (__mmask16)((1u << (cols - i)) - 1u);
-        __m512 wv[PACKED_OUTPUTS];
-        UNROLL_TILE for (int c = 0; c < PACKED_OUTPUTS; c++) wv[c] = _mm512_load_ps(panel + (size_t)c * stride + i);
-        UNROLL_TILE for (int r = 0; r < PACKED_ROWS; r++) {
-            __m512 xv = _mm512_maskz_loadu_ps(live, x_rows[r] + i);
-            UNROLL_TILE for (int c = 0; c < PACKED_OUTPUTS; c++)
-                acc[c * PACKED_ROWS + r] = _mm512_fmadd_ps(wv[c], xv, acc[c * PACKED_ROWS + r]);
-        }
-    }
-    // Copies, so that acc itself never has its address taken and stays in registers.
-    __m512 first[16], rest[16];
-    UNROLL_TILE for (int k = 0; k < 16; k++) first[k] = acc[k];
-    UNROLL_TILE for (int k = 0; k < 8; k++) rest[k] = acc[16 + k], rest[8 + k] = _mm512_setzero_ps();
-    float sums[32];
-    hsum16_x16(sums, first);
-    hsum16_x16(sums + 16, rest);
-    for (int c = 0; c < n_outputs; c++)
-        for (int r = 0; r < n_live_rows; r++) out[(size_t)r * (size_t)d_out + (size_t)c] = sums[c * PACKED_ROWS + r];
-}
-
-// Widens weight rows [o, o + n) (n <= PANEL_OUTPUTS) into panel rows of
-// `stride` floats, zero past cols, and zero rows up to a multiple of 4.
-static AVX512_TARGET void widen_panel(float* panel, size_t stride, const uint16_t* w, int cols, int n) {
-    int padded = (n + PACKED_OUTPUTS - 1) / PACKED_OUTPUTS * PACKED_OUTPUTS;
-    for (int c = 0; c < padded; c++) {
-        float* row = panel + (size_t)c * stride;
-        const uint16_t* source = w + (size_t)c * (size_t)cols;
-        int i = 0;
-        if (c < n)
-            for (; i + 16 <= cols; i += 16)
-                _mm512_store_ps(row + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(source + i))));
-        for (; i < (int)stride; i += 16) {
-            __mmask16 live = c < n && i < cols ? (__mmask16)((1u << (cols - i)) - 1u) : 0;
-            _mm512_store_ps(row + i, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(live, source + i)));
-        }
-    }
-}
-
-// The many-rows path; returns false (nothing done) when 4 weight rows do
-// not fit the panel (cols > 8192) or a row is shorter than one vector, and
-// the caller uses f16_tile.
-static AVX512_TARGET bool matmul_f16_packed(float* out, const float* in, int n_rows, const weight_matrix* w,
-                                            int o_begin, int o_end) {
-    const uint16_t* values = (const uint16_t*)w->values;
-    const int d_out = w->rows, cols = w->cols;
-    const size_t stride = ((size_t)cols + 15) / 16 * 16;
-    size_t fitting = PANEL_FLOATS / stride / PACKED_OUTPUTS * PACKED_OUTPUTS;
-    const int panel_outputs = fitting < PANEL_OUTPUTS ? (int)fitting : PANEL_OUTPUTS;
-    if (panel_outputs < PACKED_OUTPUTS || cols < 16) return false;
-    // (panel_outputs, stride) fp32; on the stack, so no call pays for fresh pages.
-    float panel[PANEL_FLOATS] __attribute__((aligned(64)));
-    __m512 saved[PANEL_OUTPUTS * PACKED_ROWS]; // each tile's accumulators between column slices
-    for (int p = o_begin; p < o_end; p += panel_outputs) {
-        int n_panel = o_end - p < panel_outputs ? o_end - p : panel_outputs;
-        widen_panel(panel, stride, values + (size_t)p * (size_t)cols, cols, n_panel);
-        // The next panel's weights, a share per row block, are fetched
-        // while this one computes (widening waited on memory: 9% of the time).
-        const char* next = (const char*)(values + (size_t)(p + n_panel) * (size_t)cols);
-        const size_t next_bytes = p + n_panel < o_end ? (size_t)(o_end - p - n_panel < panel_outputs
-                                                                      ? o_end - p - n_panel
-                                                                      : panel_outputs) *
-                                                            (size_t)cols * sizeof(uint16_t)
-                                                      : 0;
-        const size_t n_blocks = ((size_t)n_rows + PACKED_ROWS - 1) / PACKED_ROWS;
-        const size_t share = (next_bytes / n_blocks + 63) / 64 * 64;
-        // Rows outer, tiles inner: 6 activation rows stay in L1 while the
-        // panel's tiles pass over them.
-        for (int r = 0; r < n_rows; r += PACKED_ROWS) {
-            size_t begin = (size_t)(r / PACKED_ROWS) * share;
-            for (size_t b = begin; b < begin + share && b < next_bytes; b += 64) _mm_prefetch(next + b, _MM_HINT_T0);
-            int n_live_rows = n_rows - r < PACKED_ROWS ? n_rows - r : PACKED_ROWS;
-            const float* x_rows[PACKED_ROWS];
-            for (int k = 0; k < PACKED_ROWS; k++)
-                x_rows[k] = in + (size_t)(r + (k < n_live_rows ? k : 0)) * (size_t)cols;
-            // Columns in slices of PACKED_COLUMNS, so that the 6 rows' slice
-            // stays in L1 (48 KiB) while every tile of the panel uses it;
-            // each tile's accumulators wait in `saved` between slices.
-            for (int k = 0; k < cols; k += PACKED_COLUMNS) {
-                int k_end = cols - k <= PACKED_COLUMNS ? cols : k + PACKED_COLUMNS;
-                for (int c = 0; c < n_panel; c += PACKED_OUTPUTS) {
-                    int n_outputs = n_panel - c < PACKED_OUTPUTS ? n_panel - c : PACKED_OUTPUTS;
-                    packed_tile(out + (size_t)r * (size_t)d_out + (size_t)(p + c), d_out,
-                                panel + (size_t)c * stride, stride, x_rows, cols, k, k_end,
-                                saved + (size_t)(c / PACKED_OUTPUTS) * PACKED_OUTPUTS * PACKED_ROWS, n_outputs,
-                                n_live_rows);
-                }
-            }
-        }
-    }
-    return true;
-}
-
 AVX512_TARGET void matmul_f16_avx512(float* out, const float* in, int n_rows, const weight_matrix* w, int o_begin,
                                      int o_end) {
     const uint16_t* values = (const uint16_t*)w->values;
     const int d_out = w->rows, cols = w->cols;
-    if (n_rows >= F16_PACKED_MIN_ROWS && matmul_f16_packed(out, in, n_rows, w, o_begin, o_end)) return;
     // A group of outputs' weights (L2) meets a block of batch rows (L1):
     // each tile's 4 weight rows stay in L1 while the block's rows pass over
     // them, and the group's weights stream from memory once per call.

@@ -125,18 +125,6 @@ static inline void prefetch_ahead(const void* p, size_t ahead) {
 // on one busy Sapphire Rapids core.)
 #define F16_PREFETCH_TILES(R) ((R) <= 2 ? 1 : 2)
 
-// From this many batch rows the AVX-512 fp16 kernel widens a panel of
-// weights to fp32 once and runs 4 x 6 register tiles over it (prefill,
-// large batches); below it, each weight is widened where it is used. Both
-// give the same bits (matmul_avx512.c), so the switch is invisible.
-// Measured on one core, 2048 x 768 fp16 (GFLOP/s, tile / packed): 8 rows
-// 96 / 42, 32 rows 81 / 87, 64 rows 65 / 78, 128 rows 64 / 113: widening a
-// panel pays off only once enough rows share it. Overridable for such
-// measurements (-DF16_PACKED_MIN_ROWS=N).
-#ifndef F16_PACKED_MIN_ROWS
-#define F16_PACKED_MIN_ROWS 32
-#endif
-
 // W8A8 runs only for symmetric INT8 weights; any other matrix with
 // activation_bits = 8 keeps its activations in fp32.
 static inline bool matmul_is_w8a8(const weight_matrix* w) {

@@ -310,20 +310,16 @@ static void test_batch_invariance(void** state) {
     }
 }
 
-// fp16 with many rows takes the packed path at AVX-512 (a panel of weights
-// widened once, 4 x 6 tiles, column slices of 768, a transposed hsum): every
-// row must still have the bits it has alone. Shapes with every kind of
-// edge: outputs not a multiple of the tile's 4, columns with a tail and
-// more than one slice (1555 = 97 x 16 + 3), exactly one vector, one
-// vector and a tail, less than a vector (the fallback); row counts below,
-// at and above the switch, not multiples of 6.
+// fp16 with many rows (a prefill chunk, a large batch): blocks of 12 rows
+// in tiles of up to 6, groups of 64 outputs, every row still with the bits
+// it has alone. Shapes with every kind of edge: outputs not a multiple of
+// the tile's 4 or of the group's 64, columns with a tail (1555 = 97 x 16 +
+// 3), exactly one vector, one vector and a tail, less than a vector; row
+// counts that end a block part-way and split unevenly into tiles.
 static void test_f16_many_rows_same_bits(void** state) {
     (void)state;
-    // {100, 1555}: the panel holds 40 rows of 1555 columns, so 3 panels of
-    // which the last is short; {130, 16}: panels of PANEL_OUTPUTS rows.
     static const int shapes[][2] = {{37, 1555}, {100, 1555}, {130, 16}, {9, 17}, {12, 7}, {41, 768}};
-    static const int row_counts[] = {F16_PACKED_MIN_ROWS - 1, F16_PACKED_MIN_ROWS, F16_PACKED_MIN_ROWS + 5,
-                                     2 * F16_PACKED_MIN_ROWS - 1};
+    static const int row_counts[] = {31, 32, 37, 63};
     for (int threads = 1; threads <= 2; threads++) {
         thread_pool* pool;
         assert_int_equal(thread_pool_create(threads, &pool), 0);
