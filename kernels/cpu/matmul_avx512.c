@@ -290,8 +290,16 @@ static AVX512_TARGET void f32_block16(float* out, int d_out, const float* w, con
     __m512 acc[F32_ROWS];
     UNROLL_TILE for (int r = 0; r < F32_ROWS; r++) acc[r] = _mm512_setzero_ps();
     int i = 0;
+    // The 16 rows are read side by side, 16 streams that the hardware
+    // prefetcher follows poorly. So each step also asks for the next
+    // block's next KiB in memory order: over the block's cols / 16 steps,
+    // exactly the next block (16 * cols floats). One block ahead into L1:
+    // stories110m's 84 layer matrices at 1 row, 2 threads, went from 28.3-29.2
+    // to 39.4-39.8 GB/s (two blocks ahead 34.5-35.1, into L2 only 30.7-31.4).
+    const char* next_block = (const char*)(w + 16 * (size_t)cols);
     for (; i + 16 <= cols; i += 16) {
         __m512 column[16];
+        UNROLL_TILE for (int k = 0; k < 16; k++) _mm_prefetch(next_block + ((size_t)i + (size_t)k) * 64, _MM_HINT_T0);
         UNROLL_TILE for (int k = 0; k < 16; k++) column[k] = _mm512_loadu_ps(w + (size_t)k * (size_t)cols + i);
         transpose16(column);
         for (int r = 0; r < n_rows; r++) {
