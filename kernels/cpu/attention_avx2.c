@@ -444,6 +444,19 @@ static AVX512_TARGET void pack_query_pairs(__m512* packed, const float* query, s
             }
 }
 
+// One row's queries by pairs of heads: packed[(h / 2) * steps + k] = dims
+// 8k .. 8k+7 of head h (lanes 0-7) and of head h + 1 (lanes 8-15), h even.
+static AVX512_TARGET void pack_head_pairs(__m512* packed, const float* query, int n_heads, int head_dim) {
+    const int steps = head_dim / 8;
+    for (int h = 0; h < n_heads; h += 2)
+        for (int k = 0; k < steps; k++) {
+            const float* low = query + (size_t)h * (size_t)head_dim + (size_t)(8 * k);
+            const __m512d both = _mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(_mm256_loadu_ps(low))),
+                                                    _mm256_castps_pd(_mm256_loadu_ps(low + head_dim)), 1);
+            packed[(size_t)(h / 2) * (size_t)steps + (size_t)k] = _mm512_castpd_ps(both);
+        }
+}
+
 // The upper 8 lanes (AVX512F only: no DQ in the target).
 AVX512_INLINE __m256 upper_half(__m512 v) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)); }
 
@@ -462,19 +475,26 @@ AVX512_INLINE __m512 add_last(__m512 a, __m512 b) { // per chunk: pair0 + pair1 
                          _mm512_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-// Scores of 8 slots (keys[s]: slot s's first element) for every head of R
-// = 2 * pairs rows: row j, head h, slot s goes to scores[j * row_stride + h
-// * head_stride + s]. packed: pack_query_pairs() of the rows. pairs is a
-// constant at both call sites, so the 8 slots' accumulators stay in
-// registers.
+// Scores of 8 slots (keys[s]: slot s's first element) for every head, of
+// R = 2 * pairs rows (head_pairs 0: packed by pack_query_pairs) or of one
+// row whose heads go in pairs (head_pairs 1, pairs 1: pack_head_pairs;
+// lanes 8-15 then hold head h + 1, against its own KV head's key). Row j,
+// head h, slot s goes to scores[j * row_stride + h * head_stride + s].
+// pairs and head_pairs are constants at every call site, so the 8 slots'
+// accumulators stay in registers.
 AVX512_INLINE void keys8_pairs(float* scores, size_t row_stride, size_t head_stride, const uint16_t* const* keys,
-                               const __m512* packed, const int pairs, int n_heads, int queries_per_kv_head,
-                               int head_dim, float scale) {
+                               const __m512* packed, const int pairs, const int head_pairs, int n_heads,
+                               int queries_per_kv_head, int head_dim, float scale) {
     const int steps = head_dim / 8;
     const __m512 divisor = _mm512_set1_ps(scale);
-    for (int h = 0; h < n_heads; h++) {
+    // The second 8-lane half's scores: the next row, or the next head.
+    const size_t upper_stride = head_pairs ? head_stride : row_stride;
+    for (int h = 0; h < n_heads; h += head_pairs ? 2 : 1) {
         const size_t head_offset = (size_t)(h / queries_per_kv_head) * (size_t)head_dim;
-        const __m512* q = packed + (size_t)h * (size_t)pairs * (size_t)steps;
+        // head_pairs: where head h + 1's key is, from head h's (0 when they share a KV head).
+        const size_t next_head = head_pairs ? (size_t)((h + 1) / queries_per_kv_head) * (size_t)head_dim - head_offset
+                                            : 0;
+        const __m512* q = packed + (size_t)(head_pairs ? h / 2 : h * pairs) * (size_t)steps;
         const uint16_t* k[8];
         UNROLL8 for (int s = 0; s < 8; s++) k[s] = keys[s] + head_offset;
         __m512 acc[16]; // [s * pairs + p]
@@ -482,8 +502,12 @@ AVX512_INLINE void keys8_pairs(float* scores, size_t row_stride, size_t head_str
         for (int i = 0; i < steps; i++) {
             const __m512 q0 = q[i], q1 = q[pairs == 2 ? steps + i : i];
             UNROLL8 for (int s = 0; s < 8; s++) {
-                const __m512 key =
-                    _mm512_cvtph_ps(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)(k[s] + 8 * i))));
+                const __m128i low = _mm_loadu_si128((const __m128i*)(k[s] + 8 * i));
+                const __m256i halves =
+                    head_pairs ? _mm256_inserti128_si256(_mm256_castsi128_si256(low),
+                                                         _mm_loadu_si128((const __m128i*)(k[s] + next_head + 8 * i)), 1)
+                               : _mm256_broadcastsi128_si256(low);
+                const __m512 key = _mm512_cvtph_ps(halves);
                 acc[s * pairs] = _mm512_fmadd_ps(q0, key, acc[s * pairs]);
                 if (pairs == 2) acc[s * 2 + 1] = _mm512_fmadd_ps(q1, key, acc[s * 2 + 1]);
             }
@@ -519,7 +543,7 @@ AVX512_INLINE void keys8_pairs(float* scores, size_t row_stride, size_t head_str
             const __m512 rows01 =
                 _mm512_permutexvar_ps(_mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15), sums);
             _mm256_storeu_ps(head_scores, _mm512_castps512_ps256(rows01));
-            _mm256_storeu_ps(head_scores + row_stride, upper_half(rows01));
+            _mm256_storeu_ps(head_scores + upper_stride, upper_half(rows01));
         }
     }
 }
@@ -530,9 +554,11 @@ static AVX512_TARGET __attribute__((noinline)) void keys8_row_pairs(float* score
                                                                      int queries_per_kv_head, int head_dim,
                                                                      float scale) {
     if (R == 4)
-        keys8_pairs(scores, row_stride, head_stride, keys, packed, 2, n_heads, queries_per_kv_head, head_dim, scale);
-    else
-        keys8_pairs(scores, row_stride, head_stride, keys, packed, 1, n_heads, queries_per_kv_head, head_dim, scale);
+        keys8_pairs(scores, row_stride, head_stride, keys, packed, 2, 0, n_heads, queries_per_kv_head, head_dim, scale);
+    else if (R == 2)
+        keys8_pairs(scores, row_stride, head_stride, keys, packed, 1, 0, n_heads, queries_per_kv_head, head_dim, scale);
+    else // one row, its heads in pairs
+        keys8_pairs(scores, row_stride, head_stride, keys, packed, 1, 1, n_heads, queries_per_kv_head, head_dim, scale);
 }
 
 // Every head at once, positions in order, for R rows (1 <= R <=
@@ -556,9 +582,12 @@ AVX2_INLINE void attention_rows_slot_major(float* out, const float* query, const
     // (keys8_row_pairs), its queries packed here.
     __m512 packed_storage[PACKED_QUERY_FLOATS / 16];
     const __m512* packed = NULL;
-    if ((R == 2 || R == 4) && head_dim % 8 == 0 && width * (size_t)R <= PACKED_QUERY_FLOATS &&
-        cpu_simd_level_selected() >= CPU_SIMD_AVX512) {
-        pack_query_pairs(packed_storage, query, width, R, n_heads, head_dim);
+    if ((R == 2 || R == 4 || (R == 1 && n_heads % 2 == 0)) && head_dim % 8 == 0 &&
+        width * (size_t)R <= PACKED_QUERY_FLOATS && cpu_simd_level_selected() >= CPU_SIMD_AVX512) {
+        if (R == 1)
+            pack_head_pairs(packed_storage, query, n_heads, head_dim);
+        else
+            pack_query_pairs(packed_storage, query, width, R, n_heads, head_dim);
         packed = packed_storage;
     }
     // Keys: the shared positions for every row at once, then each row's own.

@@ -200,8 +200,10 @@ static void test_wide_heads_slot_order(void** state) {
 // attention_rows: each of up to ATTENTION_ROWS_MAX rows of a prompt gets
 // the bits attention_row gives it alone, for every row count, a context
 // that ends runs of 16 positions anywhere, grouped-query heads, head sizes
-// with and without a scalar tail (44: 32 + 8 + 4; 64; 20: 16 + 4), a
+// with and without a scalar tail (44: 32 + 8 + 4; 64; 20: 16 + 4; 32), a
 // paged (scattered, block 5) and a contiguous table, fp16 and fp32 caches.
+// At AVX-512 one row's heads and a prompt's rows go through different
+// pairings (keys8_pairs), so this also compares those with each other.
 typedef struct rows_shape {
     int n_heads, n_kv_heads, head_dim;
 } rows_shape;
@@ -253,8 +255,9 @@ static void check_rows_shape(const rows_shape* shape, kv_dtype dtype, int block_
 
 static void test_rows_equal_each_row_alone(void** state) {
     (void)state;
-    const rows_shape shapes[] = {{6, 3, 44}, {12, 12, 64}, {5, 5, 20}, {8, 2, 16}};
-    for (int s = 0; s < 4; s++) {
+    // {6, 2, 32}: heads 2 and 3 (one pair at AVX-512) read different KV heads.
+    const rows_shape shapes[] = {{6, 3, 44}, {12, 12, 64}, {5, 5, 20}, {8, 2, 16}, {6, 2, 32}};
+    for (int s = 0; s < 5; s++) {
         check_rows_shape(&shapes[s], KV_F16, 1);
         check_rows_shape(&shapes[s], KV_F16, 5);
         check_rows_shape(&shapes[s], KV_F32, 5);
