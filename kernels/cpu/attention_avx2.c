@@ -406,6 +406,46 @@ static AVX512_TARGET __attribute__((noinline)) void add_scaled_rows_avx512(float
     }
 }
 
+// One row (decode) has a single head's 64 columns per block: 4 vectors,
+// too few FMA chains. So two heads go side by side: 8 chains, heads h and
+// h + 1 (out: their 2 * head_dim outputs; p0, p1: their weights; v0, v1:
+// their value rows). Each element still gets fma(p[s], v_s[i], out) for s
+// = 0, 1, ... in order: the bits of add_scaled_rows with R = 1.
+static AVX512_TARGET __attribute__((noinline)) void add_scaled_head_pair_avx512(float* out, const float* p0,
+                                                                                const float* p1,
+                                                                                const uint16_t* const* v0,
+                                                                                const uint16_t* const* v1, int n,
+                                                                                int head_dim) {
+    int i = 0;
+    for (; i + 64 <= head_dim; i += 64) {
+        __m512 a[8]; // [0..3]: head h, columns i + 16x; [4..7]: head h + 1
+        UNROLL8 for (int x = 0; x < 4; x++) {
+            a[x] = _mm512_loadu_ps(out + i + 16 * x);
+            a[4 + x] = _mm512_loadu_ps(out + head_dim + i + 16 * x);
+        }
+        for (int s = 0; s < n; s++) {
+            const __m512 w0 = _mm512_set1_ps(p0[s]), w1 = _mm512_set1_ps(p1[s]);
+            UNROLL8 for (int x = 0; x < 4; x++) {
+                a[x] = _mm512_fmadd_ps(w0, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(v0[s] + i + 16 * x))),
+                                       a[x]);
+                a[4 + x] = _mm512_fmadd_ps(
+                    w1, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(v1[s] + i + 16 * x))), a[4 + x]);
+            }
+        }
+        UNROLL8 for (int x = 0; x < 4; x++) {
+            _mm512_storeu_ps(out + i + 16 * x, a[x]);
+            _mm512_storeu_ps(out + head_dim + i + 16 * x, a[4 + x]);
+        }
+    }
+    if (i < head_dim) {
+        const uint16_t* rest[POSITION_RUN];
+        for (int s = 0; s < n; s++) rest[s] = v0[s] + i;
+        add_scaled_rows(out + i, 0, p0, 0, rest, n, 1, head_dim - i);
+        for (int s = 0; s < n; s++) rest[s] = v1[s] + i;
+        add_scaled_rows(out + head_dim + i, 0, p1, 0, rest, n, 1, head_dim - i);
+    }
+}
+
 // ---- the key pass on AVX-512: rows or heads in pairs -------------------------------
 //
 // For 2 or 4 rows of a prompt, a dot product's 8-lane accumulator shares a
@@ -428,8 +468,12 @@ static AVX512_TARGET __attribute__((noinline)) void add_scaled_rows_avx512(float
 // One decode row pairs its heads instead (h even in lanes 0-7, h + 1 in
 // lanes 8-15, each against its own KV head's key; n_heads even). The same
 // kernel, 12 layers, one thread, 41 alternating rounds: context 8 10.6 ->
-// 9.0 us, 72 96.1 -> 76.9, 136 193.6 -> 155.8, 512 838.7 -> 784.9 (where
-// the value pass, unchanged, weighs more).
+// 9.0 us, 72 96.1 -> 76.9, 136 193.6 -> 155.8, 512 838.7 -> 784.9. With the
+// value pass also taking two heads at once (add_scaled_head_pair_avx512),
+// against the same old kernel: 72 1.30-1.37x, 136 1.30x, 512 1.33-1.44x;
+// at 2048 and 8192, where the cache streams from memory, 0.95-0.99x.
+// (Spreading the next run's prefetches over the heads instead of issuing
+// them before the pass made those 0.87-0.93x; not kept.)
 
 // Most floats of packed queries (R rows x n_heads x head_dim): 4 rows of a
 // model of dim 2048, on the stack.
@@ -673,6 +717,10 @@ AVX2_INLINE void attention_rows_slot_major(float* out, const float* query, const
     // The 16-lane value pass where it helps (same bits, see add_scaled_rows_x16).
     const bool wide_values = (R == 2 || R == 4) && head_dim >= AVX512_BLOCK_COLUMNS(R) &&
                              cpu_simd_level_selected() >= CPU_SIMD_AVX512;
+    // One row: heads in pairs (add_scaled_head_pair_avx512).
+    const bool paired_heads = R == 1 && n_heads % 2 == 0 && head_dim >= 64 &&
+                              cpu_simd_level_selected() >= CPU_SIMD_AVX512;
+    const uint16_t* next_heads[POSITION_RUN]; // head h + 1's value rows when paired
     // Values: runs of the shared positions for all rows, then the rest row by row.
     for (int t0 = 0; t0 < n_context; t0 += POSITION_RUN) {
         int n = n_context - t0 < POSITION_RUN ? n_context - t0 : POSITION_RUN;
@@ -686,7 +734,13 @@ AVX2_INLINE void attention_rows_slot_major(float* out, const float* query, const
             for (int s = 0; s < n; s++) heads[s] = slots[s] + head_offset;
             float* out_head = out + (size_t)h * (size_t)head_dim;
             const float* p = all_scores + (size_t)h * (size_t)last_context + (size_t)t0;
-            if (wide_values)
+            if (paired_heads) { // heads h and h + 1 together
+                prefetch_rows(next_slots, (h + 1) * n_next / n_heads, (h + 2) * n_next / n_heads, kv_dim);
+                const size_t next_offset = (size_t)((h + 1) / queries_per_kv_head) * (size_t)head_dim;
+                for (int s = 0; s < n; s++) next_heads[s] = slots[s] + next_offset;
+                add_scaled_head_pair_avx512(out_head, p, p + last_context, heads, next_heads, n, head_dim);
+                h++;
+            } else if (wide_values)
                 add_scaled_rows_avx512(out_head, width, p, row_scores, heads, n, R, head_dim);
             else
                 add_scaled_rows(out_head, width, p, row_scores, heads, n, R, head_dim);
