@@ -1,8 +1,11 @@
 #include "engine/kv_memory.h"
 
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "engine/streamed_memory.h"
 
 int kv_memory_init(kv_memory* kv, const model_config* config, kv_dtype dtype, int n_blocks, int block_size,
                    error_info* err) {
@@ -19,8 +22,14 @@ int kv_memory_init(kv_memory* kv, const model_config* config, kv_dtype dtype, in
     kv->head_dim = config->head_dim;
     size_t elements = (size_t)config->n_layers * (size_t)n_blocks * (size_t)block_size * (size_t)config->kv_dim;
     size_t element_bytes = (size_t)kv_dtype_bytes(dtype);
-    kv->keys = calloc(elements, element_bytes);
-    kv->values = calloc(elements, element_bytes);
+    if (elements > SIZE_MAX / 2 / element_bytes)
+        return error_set(err, "kv cache: %d blocks of %d slots do not fit in memory", n_blocks, block_size);
+    // Zeroed, on huge pages where it is large (streamed_memory.h): a paged
+    // cache is read block by block in whatever order the pool handed them
+    // out. Zeroing touches it all now, so the whole pool is committed at
+    // start, as a serving engine's preallocated pool is.
+    kv->keys = streamed_memory_calloc(elements * element_bytes);
+    kv->values = streamed_memory_calloc(elements * element_bytes);
     bool scales_ok = true;
     if (dtype == KV_I8) {
         size_t n_scales = elements / (size_t)config->head_dim;

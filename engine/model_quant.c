@@ -8,6 +8,7 @@
 #include "engine/forward.h"
 #include "engine/kv_memory.h"
 #include "engine/model_storage.h"
+#include "engine/streamed_memory.h"
 
 #define CALIBRATION_MAX_SAMPLES 512 // rows kept per layer input: enough for H and AWQ statistics
 #define GPTQ_DAMP 0.01f
@@ -313,7 +314,7 @@ int model_quantize(model* m, const model_quant_spec* spec, const int32_t* const*
         quant_scheme s = scheme_for(spec, sources[i]->cols);
         take_bytes(&measure, (size_t)quant_packed_bytes(sources[i]->rows, sources[i]->cols, &s));
     }
-    unsigned char* storage = weight_storage_alloc(measure.used > 0 ? (measure.used + 63) / 64 * 64 : 64);
+    unsigned char* storage = streamed_memory_alloc(measure.used > 0 ? (measure.used + 63) / 64 * 64 : 64);
     weight_matrix* packed = calloc((size_t)n_matrices, sizeof *packed); // (n_matrices) results
     float* norms = NULL;
     int status = (!storage || !packed) ? error_set(err, "quantize: out of memory for the packed weights") : 0;

@@ -2,9 +2,9 @@
 
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #include "engine/arena.h"
+#include "engine/streamed_memory.h"
 
 static size_t dtype_bytes(weight_dtype dtype) { return dtype == WEIGHT_F32 ? 4 : dtype == WEIGHT_F16 ? 2 : 1; }
 
@@ -42,19 +42,6 @@ static void bind_all(arena_cursor* cursor, model* m, weight_dtype dtype, int gro
         bind_matrix(cursor, &m->classifier, dtype, c->vocab_size, c->dim, group_size);
 }
 
-void* weight_storage_alloc(size_t bytes) {
-    const size_t huge_page = (size_t)2 << 20;
-    if (bytes < 2 * huge_page) return aligned_alloc(ARENA_ALIGNMENT, bytes); // too small to be worth a huge page
-    size_t rounded = (bytes + huge_page - 1) / huge_page * huge_page;
-    void* memory = aligned_alloc(huge_page, rounded);
-#ifdef MADV_HUGEPAGE
-    // Before the first touch, so that the pages are faulted in huge; a
-    // hint, whose failure (no THP support) changes nothing else.
-    if (memory) (void)madvise(memory, rounded, MADV_HUGEPAGE);
-#endif
-    return memory;
-}
-
 int model_storage_allocate(model* out, const model_config* config, weight_dtype dtype, int group_size,
                            error_info* err) {
     memset(out, 0, sizeof *out);
@@ -66,7 +53,7 @@ int model_storage_allocate(model* out, const model_config* config, weight_dtype 
     arena_cursor measure = {NULL, 0};
     bind_all(&measure, out, dtype, group_size);
     size_t total = arena_total(&measure);
-    out->storage = weight_storage_alloc(total); // every tensor starts on its own cache line
+    out->storage = streamed_memory_alloc(total); // every tensor starts on its own cache line
     if (!out->storage) {
         free(out->layers);
         out->layers = NULL;

@@ -2,7 +2,7 @@
 //
 // Loaders and the synthesizer both call model_storage_allocate, which sizes
 // the tensors for a config and dtype, allocates them in one 64-byte-aligned
-// block (weight_storage_alloc) and points the model's fields into it; they then fill the values.
+// block (streamed_memory_alloc) and points the model's fields into it; they then fill the values.
 #ifndef SERVELAB_MODEL_STORAGE_H
 #define SERVELAB_MODEL_STORAGE_H
 
@@ -13,16 +13,6 @@
 // The values are uninitialised. On failure nothing stays allocated.
 int model_storage_allocate(model* out, const model_config* config, weight_dtype dtype, int group_size,
                            error_info* err);
-
-// Memory for weights (or copies of them) that the kernels stream from
-// start to end every step, `bytes` of it (a multiple of ARENA_ALIGNMENT),
-// 64-byte aligned, NULL when out of memory; free() releases it. Large
-// blocks start on a 2 MiB boundary with a transparent-huge-page hint:
-// streamed through 4 KiB pages, every 4 KiB costs a TLB miss (the 85 fp16
-// matrices of stories110m streamed 1.15x faster on huge pages, medians of
-// runs interleaved in one process on 2 Zen 5 cores). Where the kernel has
-// no huge pages to give, the memory works the same, on small pages.
-void* weight_storage_alloc(size_t bytes);
 
 // The layer's matrices by index, in checkpoint order:
 // 0 wq, 1 wk, 2 wv, 3 wo, 4 w1, 5 w2, 6 w3.

@@ -5,6 +5,7 @@
 
 #include "engine/arena.h"
 #include "engine/model_storage.h"
+#include "engine/streamed_memory.h"
 
 // Bytes of one stored row of w's codes or values.
 static size_t row_bytes(const weight_matrix* w) {
@@ -222,7 +223,7 @@ int tp_plan_build(tp_plan* plan, const model* m, int n_shards, error_info* err) 
     }
     // Each copied slice starts on a cache line, as the model's tensors do.
     size_t total = arena_total(&measure);
-    plan->storage = weight_storage_alloc(total);
+    plan->storage = streamed_memory_alloc(total);
     if (!plan->storage) {
         tp_plan_free(plan);
         return error_set(err, "--tp %d: out of memory for %zu bytes of row-parallel weight slices", n_shards, total);

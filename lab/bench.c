@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "engine/engine.h"
+#include "engine/kv_memory.h"
 #include "engine/model_synth.h"
 #include "engine/tokenizer.h"
 #include "kernels/cpu/attention.h"
@@ -352,17 +353,16 @@ static double seconds_now(void) {
 }
 
 // One decode token's attention through every layer at `context`, reading
-// fp16 keys and values through `table`, on one thread: the kernel's own
-// time, which both layouts are judged by (the engine shares one decode
-// row's heads out among its threads, each reading its heads' part of every
-// slot, the same blocks in the same order). Returns seconds.
-static double time_attention(const model_config* c, const uint16_t* keys, const uint16_t* values, size_t layer_slots,
-                             const int32_t* table, int block_size, int context, const float* query, float* out,
-                             float* scores) {
+// the fp16 keys and values of `kv` through `table`, on one thread: the
+// kernel's own time, which both layouts are judged by (the engine shares one
+// decode row's heads out among its threads, each reading its heads' part of
+// every slot, the same blocks in the same order). Returns seconds.
+static double time_attention(const model_config* c, const kv_memory* kv, const int32_t* table, int block_size,
+                             int context, const float* query, float* out, float* scores) {
     double start = seconds_now();
     for (int l = 0; l < c->n_layers; l++) {
-        size_t layer_offset = (size_t)l * layer_slots * (size_t)c->kv_dim;
-        kv_layer_view view = {KV_F16, keys + layer_offset, values + layer_offset, table, block_size, NULL, NULL, 0};
+        kv_layer_view view = {KV_F16, kv_memory_layer_keys(kv, l), kv_memory_layer_values(kv, l), table, block_size,
+                              NULL, NULL, 0};
         attention_row(out, query, &view, context, c->n_heads, c->n_kv_heads, c->head_dim, scores, NULL);
     }
     return seconds_now() - start;
@@ -371,9 +371,11 @@ static double time_attention(const model_config* c, const uint16_t* keys, const 
 static int bench_attention_section(bench_run_state* run, const model_config* c, error_info* err) {
     bench_report* report = run->report;
     const int max_context = ATTENTION_CONTEXTS[2];
-    const size_t slots = (size_t)max_context, elements = (size_t)c->n_layers * slots * (size_t)c->kv_dim;
-    uint16_t* keys = malloc(elements * sizeof *keys);                  // (n_layers, slots, kv_dim) fp16
-    uint16_t* values = malloc(elements * sizeof *values);              // (n_layers, slots, kv_dim) fp16
+    const size_t slots = (size_t)max_context;
+    // The cache is the engine's own storage (kv_memory: on huge pages where
+    // the kernel gives them), so both layouts read memory as a run does.
+    kv_memory kv;
+    if (kv_memory_init(&kv, c, KV_F16, max_context / PAGED_BLOCK_SIZE, PAGED_BLOCK_SIZE, err)) return -1;
     int32_t* contiguous = malloc(slots * sizeof *contiguous);          // (max_context) slot ids, block size 1
     int32_t* paged = malloc(slots / PAGED_BLOCK_SIZE * sizeof *paged); // (max_context / 16) block ids
     float* query = malloc((size_t)c->dim * sizeof *query);             // (n_heads * head_dim)
@@ -382,15 +384,19 @@ static int bench_attention_section(bench_run_state* run, const model_config* c, 
     double* contiguous_s = calloc((size_t)run->options->repeats, sizeof(double));
     double* paged_s = calloc((size_t)run->options->repeats, sizeof(double));
     int status = 0;
-    if (!keys || !values || !contiguous || !paged || !query || !out || !scores || !contiguous_s || !paged_s) {
+    if (!contiguous || !paged || !query || !out || !scores || !contiguous_s || !paged_s) {
         status = error_set(err, "bench: out of memory for %d tokens of KV", max_context);
         goto done;
     }
     uint64_t state = 12345;
-    for (size_t i = 0; i < elements; i++) { // values in [-1, 1): realistic, finite softmax inputs
-        state = state * 6364136223846793005ull + 1442695040888963407ull;
-        keys[i] = fp32_to_fp16((float)(state >> 40) / 8388608.0f - 1.0f);
-        values[i] = fp32_to_fp16((float)((state >> 16) & 0xffffff) / 8388608.0f - 1.0f);
+    for (int l = 0; l < c->n_layers; l++) { // values in [-1, 1): realistic, finite softmax inputs
+        uint16_t* keys = kv_memory_layer_keys(&kv, l);     // (slots, kv_dim) fp16
+        uint16_t* values = kv_memory_layer_values(&kv, l); // (slots, kv_dim) fp16
+        for (size_t i = 0; i < slots * (size_t)c->kv_dim; i++) {
+            state = state * 6364136223846793005ull + 1442695040888963407ull;
+            keys[i] = fp32_to_fp16((float)(state >> 40) / 8388608.0f - 1.0f);
+            values[i] = fp32_to_fp16((float)((state >> 16) & 0xffffff) / 8388608.0f - 1.0f);
+        }
     }
     for (int i = 0; i < c->dim; i++)
         query[i] = (float)((i * 37) % 17) / 17.0f - 0.5f;
@@ -411,8 +417,8 @@ static int bench_attention_section(bench_run_state* run, const model_config* c, 
         int context = ATTENTION_CONTEXTS[i];
         // Both layouts alternate within each repeat, so a noisy moment hits both.
         for (int k = 0; k < run->options->repeats; k++) {
-            contiguous_s[k] = time_attention(c, keys, values, slots, contiguous, 1, context, query, out, scores);
-            paged_s[k] = time_attention(c, keys, values, slots, paged, PAGED_BLOCK_SIZE, context, query, out, scores);
+            contiguous_s[k] = time_attention(c, &kv, contiguous, 1, context, query, out, scores);
+            paged_s[k] = time_attention(c, &kv, paged, PAGED_BLOCK_SIZE, context, query, out, scores);
         }
         bench_attention* a = &report->attention[report->n_attention++];
         *a = (bench_attention){"paged", context, probe_median(paged_s, run->options->repeats) * 1e6};
@@ -422,8 +428,7 @@ static int bench_attention_section(bench_run_state* run, const model_config* c, 
             b->us_per_token);
     }
 done:
-    free(keys);
-    free(values);
+    kv_memory_free(&kv);
     free(contiguous);
     free(paged);
     free(query);

@@ -13,6 +13,7 @@
 
 #include "engine/generate.h"
 #include "engine/model_storage.h"
+#include "engine/streamed_memory.h"
 #include "engine/model_synth.h"
 #include "engine/model_write.h"
 #include "kernels/cpu/fp16.h"
@@ -42,13 +43,13 @@ static void test_same_seed_same_weights(void** state) {
     model_free(&c);
 }
 
-// weight_storage_alloc: every block on a cache line, large ones on a 2 MiB
+// streamed_memory_alloc: every block on a cache line, large ones on a 2 MiB
 // boundary (where a huge page can back them), all of it writable and freed.
-static void test_weight_storage_alignment(void** state) {
+static void test_streamed_memory_alignment(void** state) {
     (void)state;
     const size_t sizes[] = {64, 4096, (size_t)4 << 20, ((size_t)6 << 20) + 64, (size_t)37 << 20};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
-        unsigned char* p = weight_storage_alloc(sizes[i]);
+        unsigned char* p = streamed_memory_alloc(sizes[i]);
         assert_non_null(p);
         assert_int_equal((uintptr_t)p % 64, 0);
         if (sizes[i] >= ((size_t)4 << 20)) assert_int_equal((uintptr_t)p % ((size_t)2 << 20), 0);
@@ -61,6 +62,29 @@ static void test_weight_storage_alignment(void** state) {
     synth_or_fail(&m, "small", MODEL_DTYPE_FP16, 7);
     assert_int_equal((uintptr_t)m.storage % ((size_t)2 << 20), 0);
     model_free(&m);
+}
+
+// streamed_memory_calloc (the KV cache's storage): zeroed even where the
+// allocator hands back memory that was just dirtied and freed, at sizes that
+// are not a multiple of 64, small and huge-page sized.
+static void test_streamed_memory_calloc_zeroes(void** state) {
+    (void)state;
+    const size_t sizes[] = {1, 100, 4096, ((size_t)4 << 20) + 8, (size_t)9 << 20};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        size_t rounded = (sizes[i] + 63) / 64 * 64;
+        unsigned char* dirty = streamed_memory_alloc(rounded);
+        assert_non_null(dirty);
+        memset(dirty, 0xa5, rounded);
+        free(dirty);
+        unsigned char* p = streamed_memory_calloc(sizes[i]);
+        assert_non_null(p);
+        assert_int_equal((uintptr_t)p % 64, 0);
+        if (sizes[i] >= ((size_t)4 << 20)) assert_int_equal((uintptr_t)p % ((size_t)2 << 20), 0);
+        size_t nonzero = 0;
+        for (size_t b = 0; b < sizes[i]; b++) nonzero += p[b] != 0;
+        assert_int_equal(nonzero, 0);
+        free(p);
+    }
 }
 
 static void test_preset_shapes_and_sizes(void** state) {
@@ -188,7 +212,8 @@ static void test_generation_is_deterministic_and_round_trips(void** state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_same_seed_same_weights),
-        cmocka_unit_test(test_weight_storage_alignment),
+        cmocka_unit_test(test_streamed_memory_alignment),
+        cmocka_unit_test(test_streamed_memory_calloc_zeroes),
         cmocka_unit_test(test_preset_shapes_and_sizes),
         cmocka_unit_test(test_weight_bytes_exact_for_both_dtypes),
         cmocka_unit_test(test_weights_have_outlier_channels),
