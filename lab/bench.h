@@ -90,6 +90,11 @@ typedef struct bench_report {
     double roofline_flat_batch; // batch where B x FLOPs/token / peak = bytes/token / bandwidth
     double roofline_bytes_per_token; // batch-1 fp16 decode: weight + KV bytes per token
     double roofline_flops_per_token; // and FLOPs per token
+    // The most any batch's decode could gain over the measured batch 1 if
+    // every FLOP ran at the FMA peak: peak / (FLOPs per token x batch-1
+    // tok/s). A speed-up target above it needs more arithmetic than the
+    // machine has, however good the kernels.
+    double batch_peak_ceiling_x;
     bench_attention attention[BENCH_MAX_ATTENTION];
     int n_attention;
     bench_small_model small_model;

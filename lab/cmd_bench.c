@@ -16,7 +16,8 @@ static const char BENCH_USAGE[] =
     "  decode     batch 1 through the engine: fp32, fp16, W8A16, W4A16 g128, W8A8;\n"
     "             tok/s, GB/s streamed and the fraction of the measured bandwidth\n"
     "  prefill    128 and 512 tokens: fp16, W4A16, W8A8; tok/s, GFLOP/s against peak\n"
-    "  batch      fp16 decode at batch 1..64, and where the roofline says it flattens\n"
+    "  batch      fp16 decode at batch 1..64, where the roofline says it flattens,\n"
+    "             and the most over batch 1 that the FMA peak allows\n"
     "  attention  paged (block 16, scattered) against contiguous KV, us per token\n"
     "             at contexts 512, 2048, 8192 (fp16 KV, one thread, every layer)\n"
     "  fixed cost stories260K decode, when found in ./models or ../shared/models\n"
@@ -136,8 +137,9 @@ static void print_table(const bench_report* r) {
         else
             printf(" -\n");
     }
-    printf("\nbatch scaling, %s decode (roofline: flattens near batch %.1f)\n  %5s %9s %8s\n", r->batch_dtype,
-           r->roofline_flat_batch, "batch", "tok/s", "x b=1");
+    printf("\nbatch scaling, %s decode (roofline: flattens near batch %.1f; with every FLOP at the FMA peak, at\n"
+           "most %.2fx batch 1)\n  %5s %9s %8s\n",
+           r->batch_dtype, r->roofline_flat_batch, r->batch_peak_ceiling_x, "batch", "tok/s", "x b=1");
     for (int i = 0; i < r->n_batch; i++)
         printf("  %5d %9.1f %8.2f\n", r->batch[i].batch, r->batch[i].tok_s, r->batch[i].x_batch1);
     printf("\nattention, fp16 KV, one query through every layer, one thread\n  %7s %12s %12s %8s\n", "context",
@@ -156,10 +158,10 @@ static void print_table(const bench_report* r) {
         printf("  stories260K not found: not measured\n");
     bench_target targets[BENCH_MAX_TARGETS];
     int n_targets = bench_targets(r, targets);
-    printf("\ntargets (the CPU-performance issue, for the stories110m shape)\n  %-44s %-14s %-16s %s\n", "target",
+    printf("\ntargets (the CPU-performance issue, for the stories110m shape)\n  %-44s %-18s %-16s %s\n", "target",
            "this run", "wanted", "met");
     for (int i = 0; i < n_targets; i++)
-        printf("  %-44s %-14s %-16s %s\n", targets[i].what, targets[i].measured, targets[i].wanted,
+        printf("  %-44s %-18s %-16s %s\n", targets[i].what, targets[i].measured, targets[i].wanted,
                !targets[i].was_measured ? "-" : targets[i].met ? "yes" : "no");
 }
 
@@ -186,8 +188,9 @@ static void print_json(const bench_report* r) {
         printf("%s{\"dtype\": \"%s\", \"tokens\": %d, \"tok_s\": %.3f, \"gflop_s\": %.6g, \"frac_of_peak\": %.6g}",
                i ? ", " : "", p->dtype, p->tokens, p->tok_s, p->gflop_s, p->frac_of_peak);
     }
-    printf("], \"batch_dtype\": \"%s\", \"roofline_flat_batch\": %.3f, \"batch_scaling\": [", r->batch_dtype,
-           r->roofline_flat_batch);
+    printf("], \"batch_dtype\": \"%s\", \"roofline_flat_batch\": %.3f, \"roofline_flops_per_token\": %.6g, "
+           "\"batch_peak_ceiling_x\": %.6g, \"batch_scaling\": [",
+           r->batch_dtype, r->roofline_flat_batch, r->roofline_flops_per_token, r->batch_peak_ceiling_x);
     for (int i = 0; i < r->n_batch; i++)
         printf("%s{\"batch\": %d, \"tok_s\": %.3f, \"x_batch1\": %.6g}", i ? ", " : "", r->batch[i].batch,
                r->batch[i].tok_s, r->batch[i].x_batch1);

@@ -211,6 +211,13 @@ static void test_bench_quick_json(void** state) {
     }
     cursor = json;
     assert_true(next_number(&cursor, "roofline_flat_batch") > 0);
+    // The FMA peak's ceiling on any batch's speed-up: peak / (FLOPs per
+    // token x batch-1 tok/s), from the run's own figures.
+    double flops_per_decode_token = next_number(&cursor, "roofline_flops_per_token");
+    double ceiling = next_number(&cursor, "batch_peak_ceiling_x");
+    double batch1_tok_s = next_number(&cursor, "tok_s"); // batch_scaling's first entry: batch 1
+    assert_true(flops_per_decode_token > 0 && ceiling > 0);
+    assert_true(close_to(ceiling, peak * 1e9 / flops_per_decode_token / batch1_tok_s, 1e-3));
 
     cursor = array_of(json, "attention");
     const int contexts[3] = {512, 2048, 8192};
@@ -282,6 +289,11 @@ static void test_bench_targets(void** state) {
     assert_false(t[6].met);
     assert_string_equal(t[6].measured, "not measured");
     assert_string_equal(t[1].measured, "75%, 1.80x");
+    assert_string_equal(t[4].measured, "8.00x"); // no ceiling in the report: the ratio alone
+    r.batch_peak_ceiling_x = 7.93;
+    bench_targets(&r, t);
+    assert_string_equal(t[4].measured, "8.00x (peak 7.9x)");
+    assert_true(t[4].met); // the ceiling is shown beside the ratio, never judged in its place
 
     // Just past each threshold.
     r.decode[0].frac_of_bw = 0.849;
