@@ -408,14 +408,15 @@ static AVX512_TARGET __attribute__((noinline)) void i4_phase_tile_any(float* out
 // operations per output row (3 shifts, 4 vpermw, 4 vdpbf16ps) beside a
 // load and a prefetch. Each alone issues about 2 per cycle, but vpermw
 // and vdpbf16ps together only about 2.6 per cycle (they share ports), so
-// the step costs about 4 cycles. Measured on one layer that stays in
-// cache, one thread, this kernel reads 40 GB/s of packed weights; two
-// cores can therefore compute only about as fast as memory streams
-// (65-83 GB/s), and the W4A16 decode is bound by both at once (all 85
-// matrices from memory, 2 threads: 37-44 GB/s). Replacing vpermw with a
-// cheap vpternlogd (wrong results, only to time it) made it 5-8% faster, and
-// prefetching 2 tiles ahead instead of 1 changed nothing. A faster
-// W4A16 would need fewer operations per weight, not a better prefetch.
+// the step costs about 4 cycles. Measured in cache, one thread, this
+// kernel reads about 40 GB/s of packed weights (one 768 x 768 matrix in
+// L2: 33-44). Two cores can therefore compute only about as fast as memory
+// streams (65-83 GB/s), and the W4A16 decode is bound by both at once (all
+// 85 matrices from memory, 2 threads: 28-44 GB/s, mostly 37-44).
+// Replacing vpermw with a cheap vpternlogd (wrong results, only to time
+// it) made it 5-8% faster, and prefetching 2 tiles ahead instead of 1
+// changed nothing. A faster W4A16 would need fewer operations per weight,
+// not a better prefetch.
 
 #define BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")))
 #define BF16_INLINE                                                                                                    \
