@@ -411,8 +411,8 @@ static AVX512_TARGET __attribute__((noinline)) void i4_phase_tile_any(float* out
 // the step costs about 4 cycles. Measured in cache, one thread, this
 // kernel reads about 40 GB/s of packed weights (one 768 x 768 matrix in
 // L2: 33-44). Two cores can therefore compute only about as fast as memory
-// streams (65-83 GB/s), and the W4A16 decode is bound by both at once (all
-// 85 matrices from memory, 2 threads: 28-44 GB/s, mostly 37-44).
+// streams (50-83 GB/s that day), and the W4A16 decode is bound by both at
+// once (all 85 matrices from memory, 2 threads: 28-44 GB/s, mostly 37-44).
 // Replacing vpermw with a cheap vpternlogd (wrong results, only to time
 // it) made it 5-8% faster, and prefetching 2 tiles ahead instead of 1
 // changed nothing. A faster W4A16 would need fewer operations per weight,
