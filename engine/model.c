@@ -314,6 +314,7 @@ int model_load(model* out, const char* path, model_dtype_choice dtype_choice, er
         model_free(out);
         return error_set(err, "%s: internal: read %zu of %zu bytes", name, reader.offset, file_size);
     }
+    model_storage_build_f16_tiles(out);
     return 0;
 }
 
@@ -321,6 +322,7 @@ void model_free(model* m) {
     if (!m) return;
     free(m->layers);
     free(m->storage);
+    free(m->f16_tile_storage);
     memset(m, 0, sizeof *m);
 }
 

@@ -61,6 +61,8 @@ typedef struct model {
     uint64_t weight_bytes;        // every weight byte held (norms + matrices + scales)
     uint64_t n_parameters;        // number of weight values
     void* storage;                // one allocation holding every tensor
+    void* f16_tile_storage;       // the fp16 matrices again in the kernel's tile layout, or NULL
+    uint64_t f16_tile_bytes;      // its size (held, never streamed twice: the kernel reads one copy)
 } model;
 
 typedef enum model_dtype_choice {

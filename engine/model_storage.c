@@ -84,6 +84,33 @@ int model_storage_allocate(model* out, const model_config* config, weight_dtype 
     return 0;
 }
 
+// The matrices a forward pass multiplies with: n_layers * 7 + 1 (the classifier last).
+static weight_matrix* multiplied_matrix(model* m, int index) {
+    if (index == 7 * m->config.n_layers) return &m->classifier;
+    return (weight_matrix*)model_storage_layer_matrix(&m->layers[index / 7], index % 7);
+}
+
+void model_storage_build_f16_tiles(model* m) {
+    if (m->dtype != WEIGHT_F16 || !matmul_f16_tiles_used() || m->f16_tile_storage) return;
+    const int n_matrices = 7 * m->config.n_layers + 1;
+    size_t total = 0; // halves; each matrix's count is a multiple of 64 (4 rows x 16), so each starts aligned
+    for (int k = 0; k < n_matrices; k++) {
+        const weight_matrix* w = multiplied_matrix(m, k);
+        total += matmul_f16_tile_halves(w->rows, w->cols);
+    }
+    uint16_t* tiles = streamed_memory_alloc(total * sizeof(uint16_t));
+    if (!tiles) return; // the row-major kernel then: slower, same bits
+    size_t offset = 0;
+    for (int k = 0; k < n_matrices; k++) {
+        weight_matrix* w = multiplied_matrix(m, k);
+        matmul_f16_fill_tiles(tiles + offset, w);
+        w->f16_tiles = tiles + offset;
+        offset += matmul_f16_tile_halves(w->rows, w->cols);
+    }
+    m->f16_tile_storage = tiles;
+    m->f16_tile_bytes = (uint64_t)total * sizeof(uint16_t);
+}
+
 const weight_matrix* model_storage_layer_matrix(const layer_weights* layer, int index) {
     const weight_matrix* matrices[7] = {&layer->wq, &layer->wk, &layer->wv, &layer->wo,
                                         &layer->w1, &layer->w2, &layer->w3};

@@ -386,5 +386,6 @@ int quant_pack(const int32_t* codes, const quant_params* params, int rows, int c
     out->scales_f16 = scales_f16;
     out->zero_points = zero_points;
     out->activation_bits = 0;
+    out->f16_tiles = NULL;
     return 0;
 }

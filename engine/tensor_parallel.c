@@ -27,6 +27,8 @@ static int view_rows(weight_matrix* out, const weight_matrix* w, int row_begin, 
                      int layer, int n_shards, error_info* err) {
     *out = *w;
     out->rows = row_end - row_begin;
+    // A shard's rows keep their tiles where it starts a group of 4 (matmul.h).
+    out->f16_tiles = matmul_f16_tiles_from_row(w, row_begin);
     if (w->dtype == WEIGHT_Q8_0) {
         // Groups run over the flattened matrix: the slice must start and end
         // on a group boundary.
@@ -68,6 +70,7 @@ static int check_column_slice(const weight_matrix* w, int col_begin, int col_end
 static void copy_columns(weight_matrix* out, const weight_matrix* w, int col_begin, int col_end,
                          arena_cursor* cursor) {
     *out = *w;
+    out->f16_tiles = NULL; // the copied columns are row-major only
     const int width = col_end - col_begin;
     out->cols = width;
     const size_t rows = (size_t)w->rows, source_row = row_bytes(w), target_row = row_bytes(out);

@@ -246,11 +246,16 @@ int command_generate(int argc, char** argv) {
     fflush(stdout);
     double decode_rate = decode_ns > 0 ? decode_steps / (decode_ns * 1e-9) : 0.0;
     double prefill_rate = prefill_ns > 0 ? n_prompt / (prefill_ns * 1e-9) : 0.0;
+    // fp16 weights held twice where the AVX-512 kernel reads them tiled (matmul.h).
+    char tile_copy[96] = "";
+    if (source.model.f16_tile_bytes)
+        snprintf(tile_copy, sizeof tile_copy, ", + %llu bytes tiled for the kernel",
+                 (unsigned long long)source.model.f16_tile_bytes);
     fprintf(stderr,
-            "servelab: %s (%s, %.2fM params, %llu weight bytes); prefill %d tok at %.0f tok/s; "
+            "servelab: %s (%s, %.2fM params, %llu weight bytes%s); prefill %d tok at %.0f tok/s; "
             "decode %d tok at %.1f tok/s; %llu weight bytes read per token; stop: %s\n",
             source.model_label, weight_dtype_name(source.model.dtype), (double)source.model.n_parameters / 1e6,
-            (unsigned long long)source.model.weight_bytes, n_prompt, prefill_rate, n_generated, decode_rate,
+            (unsigned long long)source.model.weight_bytes, tile_copy, n_prompt, prefill_rate, n_generated, decode_rate,
             decode_steps ? (unsigned long long)(decode_weight_bytes / (uint64_t)decode_steps) : 0ull,
             stop_reason_name(stop));
     if (args.engine.tp_shards > 1 && decode_steps > 0) {

@@ -365,7 +365,7 @@ static double measure_peak_flops(uint16_t* weights, float* in, float* out, threa
     for (size_t i = 0; i < (size_t)PEAK_ROWS * PEAK_COLS; i++)
         weights[i] = fp32_to_fp16(sampler_random_unit(&rng) - 0.5f);
     for (size_t i = 0; i < (size_t)PEAK_BATCH * PEAK_COLS; i++) in[i] = (float)((i % 17) * 0.01);
-    weight_matrix w = {WEIGHT_F16, PEAK_ROWS, PEAK_COLS, 0, weights, NULL, NULL, NULL, 0};
+    weight_matrix w = {.dtype = WEIGHT_F16, .rows = PEAK_ROWS, .cols = PEAK_COLS, .values = weights};
     double samples[MACHINE_REPEATS];
     for (int r = 0; r < MACHINE_REPEATS; r++) {
         double start = wall_seconds();

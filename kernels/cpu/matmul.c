@@ -46,6 +46,34 @@ uint64_t weight_matrix_bytes(const weight_matrix* w) {
     return bytes;
 }
 
+// ---- the fp16 tile layout (matmul.h) -----------------------------------------
+
+size_t matmul_f16_tile_halves(int rows, int cols) {
+    return (size_t)((rows + 3) / 4) * 4 * (size_t)((cols + 15) / 16) * 16;
+}
+
+bool matmul_f16_tiles_used(void) { return cpu_simd_level_selected() == CPU_SIMD_AVX512; }
+
+const uint16_t* matmul_f16_tiles_from_row(const weight_matrix* w, int row) {
+    if (!w->f16_tiles || row % 4 != 0) return NULL;
+    return w->f16_tiles + (size_t)row * ((size_t)(w->cols + 15) / 16 * 16);
+}
+
+void matmul_f16_fill_tiles(uint16_t* tiles, const weight_matrix* w) {
+    const uint16_t* values = w->values; // (rows, cols)
+    const int steps = (w->cols + 15) / 16;
+    for (int g = 0; g < (w->rows + 3) / 4; g++)
+        for (int k = 0; k < steps; k++)
+            for (int c = 0; c < 4; c++) {
+                uint16_t* to = tiles + (((size_t)g * (size_t)steps + (size_t)k) * 4 + (size_t)c) * 16;
+                const int row = 4 * g + c;
+                for (int j = 0; j < 16; j++) {
+                    const int col = 16 * k + j;
+                    to[j] = row < w->rows && col < w->cols ? values[(size_t)row * (size_t)w->cols + (size_t)col] : 0;
+                }
+            }
+}
+
 // ---- the scalar level: one dot product per dtype, reduced in index order ---
 
 static float dot_f32(const float* weights, const float* x, int n) {

@@ -47,7 +47,7 @@ typedef struct test_matrix {
 } test_matrix;
 
 static test_matrix make_matrix(weight_dtype dtype, int rows, int cols, int group_size) {
-    test_matrix m = {{dtype, rows, cols, dtype == WEIGHT_Q8_0 ? group_size : 0, NULL, NULL, NULL, NULL, 0}, NULL, NULL, NULL};
+    test_matrix m = {{dtype, rows, cols, dtype == WEIGHT_Q8_0 ? group_size : 0, NULL, NULL, NULL, NULL, 0, NULL}, NULL, NULL, NULL};
     size_t count = (size_t)rows * (size_t)cols;
     float* source = malloc(count * sizeof(float));
     m.exact = malloc(count * sizeof(double));
@@ -336,6 +336,90 @@ static void test_f16_many_rows_same_bits(void** state) {
     }
 }
 
+// The fp16 tile layout holds each value where matmul.h says, +0 in the
+// padding, and a view from row 4k on starts at its group.
+static void test_f16_tile_layout(void** state) {
+    (void)state;
+    static const int shapes[][2] = {{1, 1}, {4, 16}, {5, 17}, {7, 33}, {12, 768}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int rows = shapes[s][0], cols = shapes[s][1];
+        test_matrix m = make_matrix(WEIGHT_F16, rows, cols, 0);
+        const int groups = (rows + 3) / 4, steps = (cols + 15) / 16;
+        assert_int_equal(matmul_f16_tile_halves(rows, cols), (size_t)groups * (size_t)steps * 64);
+        uint16_t* tiles = malloc(matmul_f16_tile_halves(rows, cols) * sizeof(uint16_t));
+        assert_non_null(tiles);
+        matmul_f16_fill_tiles(tiles, &m.w);
+        const uint16_t* values = m.values;
+        for (int g = 0; g < groups; g++)
+            for (int k = 0; k < steps; k++)
+                for (int c = 0; c < 4; c++)
+                    for (int j = 0; j < 16; j++) {
+                        int row = 4 * g + c, col = 16 * k + j;
+                        uint16_t want = row < rows && col < cols ? values[(size_t)row * (size_t)cols + (size_t)col] : 0;
+                        assert_int_equal(tiles[(((size_t)g * (size_t)steps + (size_t)k) * 4 + (size_t)c) * 16 + (size_t)j],
+                                         want);
+                    }
+        assert_null(matmul_f16_tiles_from_row(&m.w, 0)); // no tiles yet
+        m.w.f16_tiles = tiles;
+        assert_ptr_equal(matmul_f16_tiles_from_row(&m.w, 0), tiles);
+        if (rows > 4) assert_ptr_equal(matmul_f16_tiles_from_row(&m.w, 4), tiles + (size_t)steps * 64);
+        assert_null(matmul_f16_tiles_from_row(&m.w, 1));
+        free(tiles);
+        free_matrix(&m);
+    }
+}
+
+// With tiles the AVX-512 fp16 kernel gives the row-major kernel's bits, for
+// row counts that fill tiles of 1-6 rows and blocks of 12, rows and columns
+// that leave partial groups and steps, on 1 and 2 threads; and reading the
+// tiles is what it does (tiles holding other values change its results).
+static void test_f16_tiles_same_bits(void** state) {
+    (void)state;
+    if (!test_simd_level_available(CPU_SIMD_AVX512)) return;
+    static const int shapes[][2] = {{1, 5}, {9, 17}, {13, 40}, {64, 768}, {130, 200}, {300, 2048}};
+    static const int row_counts[] = {1, 2, 3, 5, 6, 7, 12, 13, 16, 31};
+    for (int threads = 1; threads <= 2; threads++) {
+        thread_pool* pool;
+        assert_int_equal(thread_pool_create(threads, &pool), 0);
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            const int rows = shapes[s][0], cols = shapes[s][1];
+            test_matrix m = make_matrix(WEIGHT_F16, rows, cols, 0);
+            uint16_t* tiles = malloc(matmul_f16_tile_halves(rows, cols) * sizeof(uint16_t));
+            assert_non_null(tiles);
+            matmul_f16_fill_tiles(tiles, &m.w);
+            for (size_t n = 0; n < sizeof row_counts / sizeof row_counts[0]; n++) {
+                const int n_rows = row_counts[n];
+                float* x = random_rows(n_rows, cols);
+                float* plain = malloc((size_t)n_rows * (size_t)rows * sizeof(float));
+                float* tiled = malloc((size_t)n_rows * (size_t)rows * sizeof(float));
+                assert_non_null(plain);
+                assert_non_null(tiled);
+                m.w.f16_tiles = NULL;
+                matmul_at_level(plain, x, n_rows, &m.w, pool, CPU_SIMD_AVX512, NULL);
+                m.w.f16_tiles = tiles;
+                matmul_at_level(tiled, x, n_rows, &m.w, pool, CPU_SIMD_AVX512, NULL);
+                assert_memory_equal(plain, tiled, (size_t)n_rows * (size_t)rows * sizeof(float));
+                free(x);
+                free(plain);
+                free(tiled);
+            }
+            // Zeroed tiles: every output 0, so the tiles (not the values) were read.
+            memset(tiles, 0, matmul_f16_tile_halves(rows, cols) * sizeof(uint16_t));
+            float* x = random_rows(3, cols);
+            float* out = malloc(3 * (size_t)rows * sizeof(float));
+            assert_non_null(out);
+            matmul_at_level(out, x, 3, &m.w, pool, CPU_SIMD_AVX512, NULL);
+            for (size_t i = 0; i < 3 * (size_t)rows; i++) assert_true(out[i] == 0.0f);
+            free(x);
+            free(out);
+            m.w.f16_tiles = NULL;
+            free(tiles);
+            free_matrix(&m);
+        }
+        thread_pool_free(pool);
+    }
+}
+
 // matmul() and matmul_parallel() use the process's level and give the same
 // bits as matmul_at_level at that level, on any pool.
 static void test_entry_points_agree(void** state) {
@@ -599,6 +683,8 @@ int main(void) {
         cmocka_unit_test(test_q8_each_group_uses_its_own_scale),
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_f16_many_rows_same_bits),
+        cmocka_unit_test(test_f16_tile_layout),
+        cmocka_unit_test(test_f16_tiles_same_bits),
         cmocka_unit_test(test_entry_points_agree),
         cmocka_unit_test(test_set_and_gated_pair_equal_separate_calls),
         cmocka_unit_test(test_f32_is_the_sequential_loop),
