@@ -83,9 +83,12 @@ typedef struct weight_matrix {
 // with steps = ceil(cols / 16), and +0 where 4g + c >= rows or 16k + j >=
 // cols. Shape (ceil(rows / 4), steps, 4, 16) halves. Only the memory order
 // changes: each output is still reduced in the order of matmul_avx512.c,
-// so the results have the same bits with or without tiles. Measured (2 Zen
-// 5 cores, stories110m's 85 matrices, decode, same process, alternating):
-// 1.13-1.20x the GB/s of the row-major kernel.
+// so the results have the same bits with or without tiles. Measured on 2
+// Zen 5 cores, stories110m's 85 matrices through matmul_set_parallel,
+// matmul_swiglu_parallel and matmul_parallel as a decode step calls them,
+// the two layouts alternating in one process (medians of 21 rounds, 11
+// runs): one row 1.10-1.26x the GB/s of the row-major kernel (one run
+// 0.99), 4 rows 0.99-1.20x, 16 rows 0.97-1.12x, a 128-row prefill 1.00-1.03x.
 
 // Halves the tile layout of a (rows, cols) matrix takes.
 size_t matmul_f16_tile_halves(int rows, int cols);

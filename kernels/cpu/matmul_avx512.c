@@ -69,10 +69,11 @@ AVX512_INLINE void f16_tile(float* out, int d_out, const uint16_t* w, const floa
             const uint16_t* p = tiled ? w + 4 * (size_t)i + 16 * (size_t)c : w + (size_t)c * (size_t)cols + (size_t)i;
             // The next tile's line at this column, once per 64-byte line (row-
             // major: rows of 768 halves are 24 lines, too short for the hardware
-            // prefetcher). Tiles are one stream, but a batch's tiles still need
-            // the lead: without it 4 and 16 rows ran at 0.73x the row-major
-            // kernel, with it 1.12-1.20x; one row is the same either way.
-            if (tiled ? (c & 1) == 0 : (i & 31) == 0)
+            // prefetcher). Tiles are one stream, which the hardware follows by
+            // itself for one row (asking as well made it 0.91-0.92x), but a
+            // batch's tiles take longer per line and need the lead: without it
+            // 4 and 16 rows ran at 0.73x the row-major kernel.
+            if (tiled ? R > 1 && (c & 1) == 0 : (i & 31) == 0)
                 prefetch_ahead(p, F16_PREFETCH_TILES(R) * (size_t)(tiled ? 4 : C) * (size_t)cols * sizeof(uint16_t));
             __m512 wv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
             UNROLL_TILE for (int r = 0; r < R; r++) acc[c][r] = _mm512_fmadd_ps(wv, xv[r], acc[c][r]);
