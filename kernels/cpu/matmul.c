@@ -48,15 +48,13 @@ uint64_t weight_matrix_bytes(const weight_matrix* w) {
 
 // ---- the fp16 tile layout (matmul.h) -----------------------------------------
 
-size_t matmul_f16_tile_halves(int rows, int cols) {
-    return (size_t)((rows + 3) / 4) * 4 * (size_t)((cols + 15) / 16) * 16;
-}
+size_t matmul_f16_tile_halves(int rows, int cols) { return (size_t)((rows + 3) / 4) * 4 * f16_tile_row_halves(cols); }
 
 bool matmul_f16_tiles_used(void) { return cpu_simd_level_selected() == CPU_SIMD_AVX512; }
 
 const uint16_t* matmul_f16_tiles_from_row(const weight_matrix* w, int row) {
     if (!w->f16_tiles || row % 4 != 0) return NULL;
-    return w->f16_tiles + (size_t)row * ((size_t)(w->cols + 15) / 16 * 16);
+    return w->f16_tiles + (size_t)row * f16_tile_row_halves(w->cols);
 }
 
 void matmul_f16_fill_tiles(uint16_t* tiles, const weight_matrix* w) {

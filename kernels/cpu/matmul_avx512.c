@@ -124,7 +124,7 @@ AVX512_TARGET void matmul_f16_avx512(float* out, const float* in, int n_rows, co
     // start at every 4th output (chunks are multiples of 8 outputs, matmul.c).
     const uint16_t* tiles = o_begin % 4 == 0 ? w->f16_tiles : NULL;
     const int d_out = w->rows, cols = w->cols;
-    const size_t tile_row_halves = (size_t)(cols + 15) / 16 * 16; // a group of 4 rows is 4 of these
+    const size_t tile_row_halves = f16_tile_row_halves(cols);
     // A group of outputs' weights (L2) meets a block of batch rows (L1):
     // each tile's 4 weight rows stay in L1 while the block's rows pass over
     // them, and the group's weights stream from memory once per call.

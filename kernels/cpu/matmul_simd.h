@@ -125,6 +125,10 @@ static inline void prefetch_ahead(const void* p, size_t ahead) {
 // on one busy Sapphire Rapids core.)
 #define F16_PREFETCH_TILES(R) ((R) <= 2 ? 1 : 2)
 
+// Halves one weight row takes in the fp16 tile layout (matmul.h): its
+// columns rounded up to whole steps of 16. A group of 4 rows is 4 of these.
+static inline size_t f16_tile_row_halves(int cols) { return (size_t)(cols + 15) / 16 * 16; }
+
 // W8A8 runs only for symmetric INT8 weights; any other matrix with
 // activation_bits = 8 keeps its activations in fp32.
 static inline bool matmul_is_w8a8(const weight_matrix* w) {
