@@ -371,6 +371,36 @@ static double time_attention(const model_config* c, const kv_memory* kv, const i
     return seconds_now() - start;
 }
 
+// The stretches of memory one token's attention reads through `table`, in
+// the kernel's order: each layer's keys at positions 0 .. context-1, then
+// its values. Slots next to each other in memory make one stretch, and
+// each stretch is widened to whole 64-byte lines (the lines the kernel
+// touches). chunks: room for 2 x n_layers x context. Returns how many.
+static int attention_chunks(probe_chunk* chunks, const model_config* c, const kv_memory* kv, const int32_t* table,
+                            int block_size, int context) {
+    const size_t slot_bytes = (size_t)c->kv_dim * sizeof(uint16_t);
+    int n = 0;
+    for (int l = 0; l < c->n_layers; l++)
+        for (int side = 0; side < 2; side++) {
+            const unsigned char* base = side == 0 ? kv_memory_layer_keys(kv, l) : kv_memory_layer_values(kv, l);
+            const int first = n;
+            for (int t = 0; t < context; t++) {
+                const unsigned char* slot = base + (size_t)kv_slot_of_position(table, block_size, t) * slot_bytes;
+                if (n > first && (const unsigned char*)chunks[n - 1].start + chunks[n - 1].bytes == slot)
+                    chunks[n - 1].bytes += slot_bytes;
+                else
+                    chunks[n++] = (probe_chunk){slot, slot_bytes};
+            }
+            for (int i = first; i < n; i++) { // to whole lines
+                uintptr_t start = (uintptr_t)chunks[i].start, end = start + chunks[i].bytes;
+                start &= ~(uintptr_t)63;
+                end = (end + 63) & ~(uintptr_t)63;
+                chunks[i] = (probe_chunk){(const void*)start, end - start};
+            }
+        }
+    return n;
+}
+
 static int bench_attention_section(bench_run_state* run, const model_config* c, error_info* err) {
     bench_report* report = run->report;
     const int max_context = ATTENTION_CONTEXTS[2];
@@ -384,10 +414,15 @@ static int bench_attention_section(bench_run_state* run, const model_config* c, 
     float* query = malloc((size_t)c->dim * sizeof *query);             // (n_heads * head_dim)
     float* out = malloc((size_t)c->dim * sizeof *out);                 // (n_heads * head_dim)
     float* scores = malloc(slots * sizeof *scores);                    // (max_context)
-    double* contiguous_s = calloc((size_t)run->options->repeats, sizeof(double));
-    double* paged_s = calloc((size_t)run->options->repeats, sizeof(double));
+    const int repeats = run->options->repeats;
+    // (6, repeats) seconds: the kernel, the read alone and the prefetched
+    // read, each for the contiguous and the paged layout
+    double* seconds = calloc(6 * (size_t)repeats, sizeof(double));
+    const size_t max_chunks = 2 * (size_t)c->n_layers * slots;
+    probe_chunk* contiguous_chunks = malloc(max_chunks * sizeof *contiguous_chunks); // (max_chunks)
+    probe_chunk* paged_chunks = malloc(max_chunks * sizeof *paged_chunks);           // (max_chunks)
     int status = 0;
-    if (!contiguous || !paged || !query || !out || !scores || !contiguous_s || !paged_s) {
+    if (!contiguous || !paged || !query || !out || !scores || !seconds || !contiguous_chunks || !paged_chunks) {
         status = error_set(err, "bench: out of memory for %d tokens of KV", max_context);
         goto done;
     }
@@ -418,17 +453,29 @@ static int bench_attention_section(bench_run_state* run, const model_config* c, 
     }
     for (int i = 0; i < 3; i++) {
         int context = ATTENTION_CONTEXTS[i];
+        const int n_contiguous = attention_chunks(contiguous_chunks, c, &kv, contiguous, 1, context);
+        const int n_paged = attention_chunks(paged_chunks, c, &kv, paged, PAGED_BLOCK_SIZE, context);
+        // The kernel asks for one block ahead (a run of 16 positions).
+        const size_t ahead = (size_t)PAGED_BLOCK_SIZE * (size_t)c->kv_dim * sizeof(uint16_t);
         // Both layouts alternate within each repeat, so a noisy moment hits both.
-        for (int k = 0; k < run->options->repeats; k++) {
-            contiguous_s[k] = time_attention(c, &kv, contiguous, 1, context, query, out, scores);
-            paged_s[k] = time_attention(c, &kv, paged, PAGED_BLOCK_SIZE, context, query, out, scores);
+        for (int k = 0; k < repeats; k++) {
+            seconds[0 * repeats + k] = time_attention(c, &kv, contiguous, 1, context, query, out, scores);
+            seconds[1 * repeats + k] = time_attention(c, &kv, paged, PAGED_BLOCK_SIZE, context, query, out, scores);
+            seconds[2 * repeats + k] = machine_gather_read_seconds(contiguous_chunks, n_contiguous, 0);
+            seconds[3 * repeats + k] = machine_gather_read_seconds(paged_chunks, n_paged, 0);
+            seconds[4 * repeats + k] = machine_gather_read_seconds(contiguous_chunks, n_contiguous, ahead);
+            seconds[5 * repeats + k] = machine_gather_read_seconds(paged_chunks, n_paged, ahead);
         }
+        double median_us[6];
+        for (int m = 0; m < 6; m++)
+            median_us[m] = probe_median(seconds + (size_t)m * (size_t)repeats, repeats) * 1e6;
         bench_attention* a = &report->attention[report->n_attention++];
-        *a = (bench_attention){"paged", context, probe_median(paged_s, run->options->repeats) * 1e6};
+        *a = (bench_attention){"paged", context, median_us[1], median_us[3], median_us[5]};
         bench_attention* b = &report->attention[report->n_attention++];
-        *b = (bench_attention){"contiguous", context, probe_median(contiguous_s, run->options->repeats) * 1e6};
-        say(run, "attention %5d tokens: paged %.1f us, contiguous %.1f us per token", context, a->us_per_token,
-            b->us_per_token);
+        *b = (bench_attention){"contiguous", context, median_us[0], median_us[2], median_us[4]};
+        say(run, "attention %5d tokens: paged %.1f us, contiguous %.1f us per token (read alone %.1f / %.1f us)",
+            context, a->us_per_token, b->us_per_token, a->read_prefetched_us_per_token,
+            b->read_prefetched_us_per_token);
     }
 done:
     kv_memory_free(&kv);
@@ -437,8 +484,9 @@ done:
     free(query);
     free(out);
     free(scores);
-    free(contiguous_s);
-    free(paged_s);
+    free(seconds);
+    free(contiguous_chunks);
+    free(paged_chunks);
     return status;
 }
 
@@ -601,13 +649,21 @@ int bench_targets(const bench_report* r, bench_target* out) {
             judge(t, sixteen->x_batch1 >= 8.0, "%.2fx", sixteen->x_batch1);
     }
     t = add_target(out, &n, "paged / contiguous attention, worst context", "<= 1.10");
-    double worst = 0.0;
+    double worst = 0.0, worst_read = 0.0; // and the same context's ratio for the prefetched read alone
     for (int i = 0; i + 1 < r->n_attention; i += 2)
         if (r->attention[i + 1].us_per_token > 0) {
-            double ratio = r->attention[i].us_per_token / r->attention[i + 1].us_per_token;
-            worst = ratio > worst ? ratio : worst;
+            const bench_attention *paged = &r->attention[i], *contiguous = &r->attention[i + 1];
+            double ratio = paged->us_per_token / contiguous->us_per_token;
+            if (ratio <= worst) continue;
+            worst = ratio;
+            worst_read = contiguous->read_prefetched_us_per_token > 0
+                             ? paged->read_prefetched_us_per_token / contiguous->read_prefetched_us_per_token
+                             : 0.0;
         }
-    if (worst > 0) judge(t, worst <= 1.10, "%.3f", worst);
+    if (worst > 0 && worst_read > 0)
+        judge(t, worst <= 1.10, "%.3f (read %.2f)", worst, worst_read);
+    else if (worst > 0)
+        judge(t, worst <= 1.10, "%.3f", worst);
     t = add_target(out, &n, "stories260K decode, tok/s", "> 9900");
     if (r->small_model.measured) judge(t, r->small_model.tok_s > 9900, "%.0f", r->small_model.tok_s);
     return n;

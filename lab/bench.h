@@ -61,6 +61,13 @@ typedef struct bench_attention {
     const char* layout;  // "paged" (block size 16, blocks scattered) or "contiguous"
     int context;         // tokens attended to
     double us_per_token; // one query through every layer's attention, one thread
+    // The bytes that attention reads, read alone in the same order with
+    // nothing computed (machine_gather_read_seconds), one thread: with the
+    // hardware prefetcher only, and with the kernel's software prefetch. The
+    // paged/contiguous ratio of these is what the memory system alone makes
+    // of the scattered blocks, the floor under the kernel's own ratio.
+    double read_us_per_token;
+    double read_prefetched_us_per_token;
 } bench_attention;
 
 typedef struct bench_small_model {

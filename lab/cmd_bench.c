@@ -104,6 +104,9 @@ static double reference_prefill_tok_s(const bench_prefill* p) {
 
 // ---- output -------------------------------------------------------------------------
 
+// a / b, or 0 where b was not measured.
+static double ratio_or_zero(double a, double b) { return b > 0 ? a / b : 0.0; }
+
 static void print_table(const bench_report* r) {
     printf("servelab bench: model %s, %d threads, SIMD %s\n\n", r->model, r->n_threads, r->simd_level);
     printf("machine\n");
@@ -142,14 +145,19 @@ static void print_table(const bench_report* r) {
            r->batch_dtype, r->roofline_flat_batch, r->batch_peak_ceiling_x, "batch", "tok/s", "x b=1");
     for (int i = 0; i < r->n_batch; i++)
         printf("  %5d %9.1f %8.2f\n", r->batch[i].batch, r->batch[i].tok_s, r->batch[i].x_batch1);
-    printf("\nattention, fp16 KV, one query through every layer, one thread\n  %7s %12s %12s %8s\n", "context",
-           "paged us", "contig. us", "paged/c");
+    printf("\nattention, fp16 KV, one query through every layer, one thread | the same bytes read alone, paged/c\n"
+           "  %7s %12s %12s %8s | %13s %13s\n",
+           "context", "paged us", "contig. us", "paged/c", "hardware pf", "+ software pf");
     for (int i = 0; i + 1 < r->n_attention; i += 2) {
         const bench_attention* paged = &r->attention[i];
         const bench_attention* contiguous = &r->attention[i + 1];
-        printf("  %7d %12.1f %12.1f %8.3f\n", paged->context, paged->us_per_token, contiguous->us_per_token,
-               contiguous->us_per_token > 0 ? paged->us_per_token / contiguous->us_per_token : 0.0);
+        printf("  %7d %12.1f %12.1f %8.3f | %13.3f %13.3f\n", paged->context, paged->us_per_token,
+               contiguous->us_per_token, ratio_or_zero(paged->us_per_token, contiguous->us_per_token),
+               ratio_or_zero(paged->read_us_per_token, contiguous->read_us_per_token),
+               ratio_or_zero(paged->read_prefetched_us_per_token, contiguous->read_prefetched_us_per_token));
     }
+    printf("  (reading 16-slot blocks scattered over the pool costs the memory system itself this much more than\n"
+           "  one run of the same bytes: the hardware prefetcher starts over at every block)\n");
     printf("\nfixed cost per token\n");
     if (r->small_model.measured)
         printf("  %s decode: %.0f tok/s (%.1f us per token) | reference: llama2.c run.c ~9900 tok/s (issue)\n",
@@ -196,8 +204,10 @@ static void print_json(const bench_report* r) {
                r->batch[i].tok_s, r->batch[i].x_batch1);
     printf("], \"attention\": [");
     for (int i = 0; i < r->n_attention; i++)
-        printf("%s{\"layout\": \"%s\", \"context\": %d, \"us_per_token\": %.3f}", i ? ", " : "", r->attention[i].layout,
-               r->attention[i].context, r->attention[i].us_per_token);
+        printf("%s{\"layout\": \"%s\", \"context\": %d, \"us_per_token\": %.3f, \"read_us_per_token\": %.3f, "
+               "\"read_prefetched_us_per_token\": %.3f}",
+               i ? ", " : "", r->attention[i].layout, r->attention[i].context, r->attention[i].us_per_token,
+               r->attention[i].read_us_per_token, r->attention[i].read_prefetched_us_per_token);
     printf("], \"small_model\": ");
     if (r->small_model.measured)
         printf("{\"path\": \"%s\", \"tok_s\": %.3f, \"us_per_token\": %.3f}", r->small_model.path, r->small_model.tok_s,

@@ -116,6 +116,17 @@ static uint64_t sum_scalar(const unsigned char* p, size_t n_bytes) {
     return a + b + c + d;
 }
 
+// n_bytes (a multiple of STREAM_STEP_BYTES) from p, summed at `level`.
+static uint64_t sum_at_level(cpu_simd_level level, const unsigned char* p, size_t n_bytes) {
+#if defined(__x86_64__) || defined(__i386__)
+    if (level == CPU_SIMD_AVX512) return sum_avx512(p, n_bytes);
+    if (level == CPU_SIMD_AVX2) return sum_avx2(p, n_bytes);
+#else
+    (void)level;
+#endif
+    return sum_scalar(p, n_bytes);
+}
+
 static void stream_task(void* ctx, int task, int thread) {
     (void)thread;
     const stream_job* job = ctx;
@@ -127,18 +138,7 @@ static void stream_task(void* ctx, int task, int thread) {
         memset((void*)share, task & 0x7f, end - begin);
         return;
     }
-    uint64_t sum;
-#if defined(__x86_64__) || defined(__i386__)
-    if (job->level == CPU_SIMD_AVX512)
-        sum = sum_avx512(share, end - begin);
-    else if (job->level == CPU_SIMD_AVX2)
-        sum = sum_avx2(share, end - begin);
-    else
-        sum = sum_scalar(share, end - begin);
-#else
-    sum = sum_scalar(share, end - begin);
-#endif
-    job->sums[task] = sum;
+    job->sums[task] = sum_at_level(job->level, share, end - begin);
 }
 
 double machine_stream_read_gb_s(thread_pool* pool, size_t buffer_bytes, int repeats) {
@@ -180,6 +180,66 @@ double machine_stream_read_gb_s(thread_pool* pool, size_t buffer_bytes, int repe
     free(sums);
     free(buffer);
     return median;
+}
+
+// ---- a gather read: an access pattern's cost to the memory system alone ----------
+
+// The line `ahead` bytes past (chunk, offset) in the chunks' order, or NULL
+// past the last one. Advances the cursor by one line.
+typedef struct gather_cursor {
+    int chunk;
+    size_t offset;
+} gather_cursor;
+
+static const unsigned char* cursor_line(const probe_chunk* chunks, int n_chunks, gather_cursor* c) {
+    while (c->chunk < n_chunks && c->offset >= chunks[c->chunk].bytes) c->chunk++, c->offset = 0;
+    if (c->chunk >= n_chunks) return NULL;
+    const unsigned char* line = (const unsigned char*)chunks[c->chunk].start + c->offset;
+    c->offset += 64;
+    return line;
+}
+
+double machine_gather_read_seconds(const probe_chunk* chunks, int n_chunks, size_t prefetch_ahead_bytes) {
+    const cpu_simd_level level = cpu_simd_level_selected();
+    // The prefetching cursor starts prefetch_ahead_bytes into the stream.
+    gather_cursor lead = {0, 0};
+    for (size_t skipped = 0; prefetch_ahead_bytes > 0 && skipped < prefetch_ahead_bytes; skipped += 64)
+        if (!cursor_line(chunks, n_chunks, &lead)) break;
+    int primed = -1; // the last chunk whose pages were primed
+    uint64_t sum = 0;
+    double start = seconds_now();
+    for (int i = 0; i < n_chunks; i++) {
+        const unsigned char* p = chunks[i].start;
+        const size_t n_bytes = chunks[i].bytes / STREAM_STEP_BYTES * STREAM_STEP_BYTES;
+        for (size_t done = 0; done < n_bytes; done += STREAM_STEP_BYTES) {
+            if (prefetch_ahead_bytes > 0) {
+                // As the attention kernel does: every line a fixed distance
+                // ahead, and where that distance enters a new chunk, one
+                // line of every 4 KiB page of the chunk after it, so that
+                // the hardware prefetcher has found each page's stream
+                // before the loads get there.
+                for (int k = 0; k < STREAM_STEP_BYTES / 64; k++) {
+                    const unsigned char* line = cursor_line(chunks, n_chunks, &lead);
+                    if (!line) break;
+                    __builtin_prefetch(line, 0, 3);
+                }
+                const int next = lead.chunk + 1;
+                if (next < n_chunks && next > primed) {
+                    const size_t prime = chunks[next].bytes < prefetch_ahead_bytes ? chunks[next].bytes
+                                                                                  : prefetch_ahead_bytes;
+                    for (size_t b = 0; b < prime; b += 4096)
+                        __builtin_prefetch((const unsigned char*)chunks[next].start + b, 0, 3);
+                    primed = next;
+                }
+            }
+            sum += sum_at_level(level, p + done, STREAM_STEP_BYTES);
+        }
+        if (n_bytes < chunks[i].bytes) sum += sum_scalar(p + n_bytes, (chunks[i].bytes - n_bytes) / 32 * 32);
+    }
+    double elapsed = seconds_now() - start;
+    static volatile uint64_t sink; // the sums are used, so no read is dead code
+    sink += sum;
+    return elapsed;
 }
 
 // ---- peak FMA rate -----------------------------------------------------------

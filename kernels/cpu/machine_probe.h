@@ -34,6 +34,22 @@ size_t machine_stream_default_bytes(void);
 // faults are not bandwidth). repeats < 1 counts as 1.
 double machine_stream_read_gb_s(thread_pool* pool, size_t buffer_bytes, int repeats);
 
+// One stretch of memory a gather read visits: `bytes` from `start`
+// (64-byte aligned, bytes a multiple of 64).
+typedef struct probe_chunk {
+    const void* start;
+    size_t bytes;
+} probe_chunk;
+
+// Seconds the calling thread takes to read chunks[0 .. n_chunks) in order
+// with vector loads, computing nothing: what the memory system alone makes
+// of an access pattern, such as a paged KV cache's scattered blocks against
+// one contiguous run of the same bytes. prefetch_ahead_bytes 0 leaves the
+// prefetching to the hardware; otherwise every line that far ahead in the
+// chunks' order is asked for in software as the attention kernel asks for
+// its next run, and the pages of the chunk after are primed.
+double machine_gather_read_seconds(const probe_chunk* chunks, int n_chunks, size_t prefetch_ahead_bytes);
+
 // Peak fp32 FMA rate in GFLOP/s at the process's SIMD level
 // (cpu_simd_level_selected(): AVX-512, AVX2 or scalar), every thread of
 // `pool` running independent FMA chains out of registers.

@@ -10,6 +10,9 @@
 #include <cmocka.h>
 
 #include <math.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "kernels/cpu/machine_probe.h"
 #include "tests/test_support.h"
@@ -47,6 +50,36 @@ static void test_stream_read_is_plausible(void** state) {
     thread_pool_free(pool);
 }
 
+// A gather read reads its chunks and nothing past them: each chunk here
+// ends where an inaccessible page begins, and the sizes are no multiple of
+// the kernel's step (a tail) or are exactly one page, with and without the
+// software prefetch (which may run past the end, but only as prefetches,
+// which never fault).
+static void test_gather_read_stays_inside_its_chunks(void** state) {
+    (void)state;
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    const int n_regions = 3;
+    unsigned char* mapping = mmap(NULL, 2 * page * (size_t)n_regions, PROT_READ | PROT_WRITE,
+                                  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(mapping != MAP_FAILED);
+    const size_t sizes[3] = {64, 320, page}; // bytes of each chunk
+    probe_chunk chunks[3];
+    for (int i = 0; i < n_regions; i++) {
+        unsigned char* region = mapping + 2 * page * (size_t)i; // a readable page, then a guard page
+        assert_int_equal(mprotect(region + page, page, PROT_NONE), 0);
+        memset(region, 1, page);
+        chunks[i] = (probe_chunk){region + page - sizes[i], sizes[i]};
+    }
+    for (size_t ahead = 0; ahead <= 2 * page; ahead += page) {
+        double seconds = machine_gather_read_seconds(chunks, n_regions, ahead);
+        assert_true(isfinite(seconds) && seconds >= 0 && seconds < 10.0);
+        seconds = machine_gather_read_seconds(chunks + 2, 1, ahead); // one chunk, the prefetch past its end
+        assert_true(isfinite(seconds) && seconds >= 0 && seconds < 10.0);
+    }
+    assert_true(machine_gather_read_seconds(chunks, 0, page) >= 0); // nothing to read
+    munmap(mapping, 2 * page * (size_t)n_regions);
+}
+
 static void check_peak(thread_pool* pool, cpu_simd_level level, double max_per_thread) {
     double gflop_s = machine_peak_fma_gflop_s_at_level(pool, level, 3);
     assert_true(isfinite(gflop_s));
@@ -71,6 +104,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_default_buffer_is_far_larger_than_l3),
         cmocka_unit_test(test_stream_read_is_plausible),
+        cmocka_unit_test(test_gather_read_stays_inside_its_chunks),
         cmocka_unit_test(test_peak_fma_is_plausible_at_every_level),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

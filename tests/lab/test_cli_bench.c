@@ -225,6 +225,8 @@ static void test_bench_quick_json(void** state) {
         assert_non_null(strstr(cursor, i % 2 ? "\"layout\": \"contiguous\"" : "\"layout\": \"paged\""));
         assert_int_equal((int)next_number(&cursor, "context"), contexts[i / 2]);
         assert_true(next_number(&cursor, "us_per_token") > 0);
+        assert_true(next_number(&cursor, "read_us_per_token") > 0); // the same bytes read alone
+        assert_true(next_number(&cursor, "read_prefetched_us_per_token") > 0);
     }
     // The targets, judged on this run's figures (met or not is the
     // machine's business; which ones the run measured is not): tiny's
@@ -269,8 +271,8 @@ static bench_report target_report(void) {
     r.n_batch = 2;
     const double paged[3] = {110, 105, 102}, contiguous[3] = {100, 100, 100};
     for (int i = 0; i < 3; i++) {
-        r.attention[2 * i] = (bench_attention){"paged", 512 << (2 * i), paged[i]};
-        r.attention[2 * i + 1] = (bench_attention){"contiguous", 512 << (2 * i), contiguous[i]};
+        r.attention[2 * i] = (bench_attention){"paged", 512 << (2 * i), paged[i], 0, 0};
+        r.attention[2 * i + 1] = (bench_attention){"contiguous", 512 << (2 * i), contiguous[i], 0, 0};
     }
     r.n_attention = 6;
     return r;
@@ -310,6 +312,15 @@ static void test_bench_targets(void** state) {
         if (t[i].met) fail_msg("%s: %s against %s, expected not met", t[i].what, t[i].measured, t[i].wanted);
     }
     assert_string_equal(t[5].measured, "1.110");
+    // With the same bytes read alone in the report, the worst context's
+    // read ratio stands beside the kernel's (shown, never judged).
+    r.attention[2].read_prefetched_us_per_token = 130; // 2048 paged
+    r.attention[3].read_prefetched_us_per_token = 100; // 2048 contiguous
+    r.attention[0].read_prefetched_us_per_token = 190; // 512 is not the worst context: not shown
+    r.attention[1].read_prefetched_us_per_token = 100;
+    bench_targets(&r, t);
+    assert_string_equal(t[5].measured, "1.110 (read 1.30)");
+    assert_false(t[5].met);
 
     // A run without the figures: nothing is measured, nothing is met.
     bench_report empty;
