@@ -618,12 +618,11 @@ static void judge(bench_target* t, bool met, const char* format, ...) {
     t->met = met;
 }
 
-// A quantized decode: its fraction of the bandwidth and its speed over fp16.
 // A quantized decode: its fraction of the bandwidth and its speed over fp16
 // (x_fp16: measured run for run beside fp16; 0 when it was not).
 static void decode_target(bench_target* t, const bench_decode* d, double min_fraction, double min_speedup) {
     if (!d || d->x_fp16 <= 0) return;
-    judge(t, d->frac_of_bw >= min_fraction && d->x_fp16 >= min_speedup, "%.0f%%, %.2fx", 100.0 * d->frac_of_bw,
+    judge(t, d->frac_of_bw >= min_fraction && d->x_fp16 >= min_speedup, "%.1f%%, %.2fx", 100.0 * d->frac_of_bw,
           d->x_fp16);
 }
 
@@ -631,7 +630,7 @@ int bench_targets(const bench_report* r, bench_target* out) {
     int n = 0;
     const bench_decode* fp16 = decode_of(r, "fp16");
     bench_target* t = add_target(out, &n, "fp16 decode, of bandwidth", ">= 85%");
-    if (fp16) judge(t, fp16->frac_of_bw >= 0.85, "%.0f%%", 100.0 * fp16->frac_of_bw);
+    if (fp16) judge(t, fp16->frac_of_bw >= 0.85, "%.1f%%", 100.0 * fp16->frac_of_bw);
     decode_target(add_target(out, &n, "W8A16 decode, of bandwidth and x fp16", ">= 75%, >= 1.8x"),
                   decode_of(r, "w8a16"), 0.75, 1.8);
     decode_target(add_target(out, &n, "W4A16 g128 decode, of bandwidth and x fp16", ">= 70%, >= 3.0x"),
@@ -639,7 +638,7 @@ int bench_targets(const bench_report* r, bench_target* out) {
     t = add_target(out, &n, "fp16 prefill of 512 tokens, of peak FMA", ">= 60%");
     for (int i = 0; i < r->n_prefill; i++)
         if (strcmp(r->prefill[i].dtype, "fp16") == 0 && r->prefill[i].tokens == 512)
-            judge(t, r->prefill[i].frac_of_peak >= 0.60, "%.0f%%", 100.0 * r->prefill[i].frac_of_peak);
+            judge(t, r->prefill[i].frac_of_peak >= 0.60, "%.1f%%", 100.0 * r->prefill[i].frac_of_peak);
     t = add_target(out, &n, "batch 16 / batch 1 decode", ">= 8x");
     const bench_batch* sixteen = batch_of(r, 16);
     if (sixteen && sixteen->x_batch1 > 0) {

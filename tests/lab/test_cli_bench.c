@@ -290,7 +290,7 @@ static void test_bench_targets(void** state) {
     assert_false(t[6].was_measured); // no stories260K in the report
     assert_false(t[6].met);
     assert_string_equal(t[6].measured, "not measured");
-    assert_string_equal(t[1].measured, "75%, 1.80x");
+    assert_string_equal(t[1].measured, "75.0%, 1.80x");
     assert_string_equal(t[4].measured, "8.00x"); // no ceiling in the report: the ratio alone
     r.batch_peak_ceiling_x = 7.93;
     bench_targets(&r, t);
@@ -312,6 +312,9 @@ static void test_bench_targets(void** state) {
         if (t[i].met) fail_msg("%s: %s against %s, expected not met", t[i].what, t[i].measured, t[i].wanted);
     }
     assert_string_equal(t[5].measured, "1.110");
+    // One decimal: a figure just short of its threshold never reads as the threshold.
+    assert_string_equal(t[0].measured, "84.9%");
+    assert_string_equal(t[3].measured, "59.9%");
     // With the same bytes read alone in the report, the worst context's
     // read ratio stands beside the kernel's (shown, never judged).
     r.attention[2].read_prefetched_us_per_token = 130; // 2048 paged
