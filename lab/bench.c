@@ -224,15 +224,17 @@ static int decode_tokens_for(const model* m, const bench_options* options) {
     return wanted < room ? wanted : room;
 }
 
-// The machine figures are the higher of the probes made so far: a run of
+// The machine figures are the highest of the probes made so far: a run of
 // minutes on a shared VM sees its speed drift, and a slow moment during a
 // probe would otherwise make every fraction look better than it is. Every
 // fraction and the roofline's batch are (re)computed from them.
 static void apply_machine_figures(bench_report* r) {
-    r->bandwidth_gb_s = r->probe_bandwidth_gb_s[0] > r->probe_bandwidth_gb_s[1] ? r->probe_bandwidth_gb_s[0]
-                                                                                : r->probe_bandwidth_gb_s[1];
-    r->peak_gflop_s =
-        r->probe_peak_gflop_s[0] > r->probe_peak_gflop_s[1] ? r->probe_peak_gflop_s[0] : r->probe_peak_gflop_s[1];
+    r->bandwidth_gb_s = 0.0;
+    r->peak_gflop_s = 0.0;
+    for (int i = 0; i < r->n_probes; i++) {
+        r->bandwidth_gb_s = fmax(r->bandwidth_gb_s, r->probe_bandwidth_gb_s[i]);
+        r->peak_gflop_s = fmax(r->peak_gflop_s, r->probe_peak_gflop_s[i]);
+    }
     for (int i = 0; i < r->n_decode; i++) r->decode[i].frac_of_bw = r->decode[i].gb_s / r->bandwidth_gb_s;
     for (int i = 0; i < r->n_prefill; i++) r->prefill[i].frac_of_peak = r->prefill[i].gflop_s / r->peak_gflop_s;
     if (r->roofline_bytes_per_token > 0 && r->roofline_flops_per_token > 0)
@@ -523,19 +525,21 @@ static int bench_small_model_section(bench_run_state* run, error_info* err) {
 
 // ---- the whole run ------------------------------------------------------------------------
 
-// Probe `which` (0: before the sections, 1: after them) of the machine's
-// streaming-read bandwidth and FMA peak.
-static int probe_machine(bench_run_state* run, thread_pool* pool, int which, error_info* err) {
+// One more probe of the machine's streaming-read bandwidth and FMA peak;
+// `when` says where in the run it is, for the progress line.
+static int probe_machine(bench_run_state* run, thread_pool* pool, const char* when, error_info* err) {
     bench_report* report = run->report;
+    if (report->n_probes == BENCH_MAX_PROBES) return 0; // cannot happen: one per slot of the run
     const int repeats = run->options->repeats + 2;
-    report->probe_bandwidth_gb_s[which] = machine_stream_read_gb_s(pool, report->stream_buffer_bytes, repeats);
-    report->probe_peak_gflop_s[which] = machine_peak_fma_gflop_s(pool, repeats);
-    if (report->probe_bandwidth_gb_s[which] <= 0 || report->probe_peak_gflop_s[which] <= 0)
+    const int k = report->n_probes;
+    report->probe_bandwidth_gb_s[k] = machine_stream_read_gb_s(pool, report->stream_buffer_bytes, repeats);
+    report->probe_peak_gflop_s[k] = machine_peak_fma_gflop_s(pool, repeats);
+    if (report->probe_bandwidth_gb_s[k] <= 0 || report->probe_peak_gflop_s[k] <= 0)
         return error_set(err, "bench: the machine probes failed (out of memory for %zu bytes?)",
                          report->stream_buffer_bytes);
-    say(run, "machine (%s): %.1f GB/s streaming read, %.1f GFLOP/s fp32 FMA peak (%s)",
-        which == 0 ? "before" : "after", report->probe_bandwidth_gb_s[which], report->probe_peak_gflop_s[which],
-        report->simd_level);
+    report->n_probes++;
+    say(run, "machine (%s): %.1f GB/s streaming read, %.1f GFLOP/s fp32 FMA peak (%s)", when,
+        report->probe_bandwidth_gb_s[k], report->probe_peak_gflop_s[k], report->simd_level);
     apply_machine_figures(report);
     return 0;
 }
@@ -560,7 +564,7 @@ int bench_run(const bench_options* options, bench_report* report, bench_progress
     // number is then only a placeholder, and labelled by its buffer size.
     report->stream_buffer_bytes = effective.quick ? (size_t)64 << 20 : machine_stream_default_bytes();
     say(&run, "machine: streaming read over %zu MiB, %d threads", report->stream_buffer_bytes >> 20, report->n_threads);
-    int status = probe_machine(&run, pool, 0, err);
+    int status = probe_machine(&run, pool, "before", err);
     model_config shape = {0};
     model_source reference;
     bool reference_open = false;
@@ -570,15 +574,17 @@ int bench_run(const bench_options* options, bench_report* report, bench_progress
         status = model_source_open(&reference, &request, err);
         reference_open = status == 0;
     }
-    for (int i = 0; status == 0 && i < BENCH_MAX_DECODE; i++)
+    for (int i = 0; status == 0 && i < BENCH_MAX_DECODE; i++) {
         status = bench_variant_sections(&run, &VARIANTS[i], &reference.model, &shape, err);
+        char when[48];
+        snprintf(when, sizeof when, "after %s", VARIANTS[i].label);
+        if (status == 0) status = probe_machine(&run, pool, when, err);
+    }
     if (reference_open) model_source_close(&reference);
     if (status == 0) status = bench_attention_section(&run, &shape, err);
     if (status == 0) status = bench_small_model_section(&run, err);
-    // The second probe, and every fraction recomputed against the higher
-    // of the two (a shared VM's speed drifts over a run of minutes).
-    if (status == 0) status = probe_machine(&run, pool, 1, err);
-    if (status == 0) apply_machine_figures(report);
+    // The last probe; every fraction is recomputed against the highest.
+    if (status == 0) status = probe_machine(&run, pool, "after", err);
     thread_pool_free(pool);
     return status;
 }

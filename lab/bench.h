@@ -32,6 +32,7 @@ typedef struct bench_options {
 #define BENCH_MAX_PREFILL 6
 #define BENCH_MAX_BATCH 7
 #define BENCH_MAX_ATTENTION 6
+#define BENCH_MAX_PROBES (BENCH_MAX_DECODE + 2)
 
 typedef struct bench_decode {
     char dtype[24];         // "fp32", "fp16", "w8a16", "w4a16 g128", "w8a8"
@@ -82,10 +83,15 @@ typedef struct bench_report {
     int n_threads;              // threads used
     const char* simd_level;     // "avx512", "avx2", "scalar"
     size_t stream_buffer_bytes; // buffer of the bandwidth probe
-    double bandwidth_gb_s;      // streaming read, all threads: the higher of the two probes
-    double peak_gflop_s;        // fp32 FMA, all threads: the higher of the two probes
-    double probe_bandwidth_gb_s[2]; // the streaming-read probe before the sections and after them
-    double probe_peak_gflop_s[2];   // the same for the FMA probe
+    double bandwidth_gb_s;      // streaming read, all threads: the highest probe
+    double peak_gflop_s;        // fp32 FMA, all threads: the highest probe
+    // The machine probes, in the order they ran: before the sections, after
+    // each weight format's decode, prefill and batch sections, and after
+    // the rest. A shared VM's speed drifts over the minutes of a run; more
+    // probes catch its fast moments, which the fractions are taken against.
+    double probe_bandwidth_gb_s[BENCH_MAX_PROBES]; // streaming read, GB/s
+    double probe_peak_gflop_s[BENCH_MAX_PROBES];   // fp32 FMA, GFLOP/s
+    int n_probes;
     int decode_tokens;          // tokens per decode run
     bench_decode decode[BENCH_MAX_DECODE];
     int n_decode;

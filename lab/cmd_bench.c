@@ -107,14 +107,29 @@ static double reference_prefill_tok_s(const bench_prefill* p) {
 // a / b, or 0 where b was not measured.
 static double ratio_or_zero(double a, double b) { return b > 0 ? a / b : 0.0; }
 
+// A probe series for the machine lines: " 56.6 58.1 ... 62.5)\n".
+static void print_probes(const double* values, int n) {
+    for (int i = 0; i < n; i++) printf(" %.1f", values[i]);
+    printf(")\n");
+}
+
+// `"key": [a, b, ...], ` of a probe series.
+static void print_json_probes(const char* key, const double* values, int n) {
+    printf("\"%s\": [", key);
+    for (int i = 0; i < n; i++) printf("%s%.3f", i ? ", " : "", values[i]);
+    printf("], ");
+}
+
 static void print_table(const bench_report* r) {
     printf("servelab bench: model %s, %d threads, SIMD %s\n\n", r->model, r->n_threads, r->simd_level);
     printf("machine\n");
-    printf("  streaming read   %8.1f GB/s     (buffer %zu MiB; probes before / after the run %.1f / %.1f)\n",
-           r->bandwidth_gb_s, r->stream_buffer_bytes >> 20, r->probe_bandwidth_gb_s[0], r->probe_bandwidth_gb_s[1]);
-    printf("  fp32 FMA peak    %8.1f GFLOP/s  (probes before / after %.1f / %.1f)\n", r->peak_gflop_s,
-           r->probe_peak_gflop_s[0], r->probe_peak_gflop_s[1]);
-    printf("  (fractions below are of the higher probe)\n\n");
+    printf("  streaming read   %8.1f GB/s     (buffer %zu MiB; probes over the run", r->bandwidth_gb_s,
+           r->stream_buffer_bytes >> 20);
+    print_probes(r->probe_bandwidth_gb_s, r->n_probes);
+    printf("  fp32 FMA peak    %8.1f GFLOP/s  (probes over the run", r->peak_gflop_s);
+    print_probes(r->probe_peak_gflop_s, r->n_probes);
+    printf("  (probes before the sections, after each weight format's sections and at the end; fractions below are\n"
+           "  of the highest)\n\n");
 
     printf("decode, batch 1, %d tokens            | reference (issue, not measured here)\n", r->decode_tokens);
     printf("  %-11s %9s %8s %7s %6s %8s | %-20s %7s %6s\n", "dtype", "tok/s", "GB/s", "of bw", "x fp16", "MB/tok",
@@ -180,8 +195,8 @@ static void print_json(const bench_report* r) {
     printf("{\"model\": \"%s\", \"threads\": %d, \"simd\": \"%s\", \"stream_buffer_bytes\": %zu, ", r->model,
            r->n_threads, r->simd_level, r->stream_buffer_bytes);
     printf("\"bandwidth_gb_s\": %.3f, \"peak_gflop_s\": %.3f, ", r->bandwidth_gb_s, r->peak_gflop_s);
-    printf("\"bandwidth_probes_gb_s\": [%.3f, %.3f], \"peak_probes_gflop_s\": [%.3f, %.3f], ", r->probe_bandwidth_gb_s[0],
-           r->probe_bandwidth_gb_s[1], r->probe_peak_gflop_s[0], r->probe_peak_gflop_s[1]);
+    print_json_probes("bandwidth_probes_gb_s", r->probe_bandwidth_gb_s, r->n_probes);
+    print_json_probes("peak_probes_gflop_s", r->probe_peak_gflop_s, r->n_probes);
     printf("\"decode_tokens\": %d, \"decode\": [", r->decode_tokens);
     for (int i = 0; i < r->n_decode; i++) {
         const bench_decode* d = &r->decode[i];
