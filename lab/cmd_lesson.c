@@ -1,5 +1,6 @@
 // servelab lesson run|list|new|check: Lua lessons that drive the engine
 // and check the question bank's claims against its measurements.
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -114,6 +115,21 @@ static int run_in_terminal(const run_args* a) {
     return lesson_run_file(a->path, &options, wait_for_enter, NULL, stdout, stderr, true);
 }
 
+// SIGINT, SIGTERM and SIGHUP stop the lesson (within half a second, even
+// inside a long call); the run then reports what it checked, and the exit
+// status is 128 + the signal, as shells expect.
+static volatile sig_atomic_t stop_signal = 0;
+static void on_stop_signal(int signal_number) { stop_signal = signal_number; }
+
+static void catch_stop_signals(void) {
+    struct sigaction action;
+    memset(&action, 0, sizeof action);
+    action.sa_handler = on_stop_signal;
+    sigemptyset(&action.sa_mask);
+    static const int STOP_SIGNALS[] = {SIGINT, SIGTERM, SIGHUP};
+    for (size_t i = 0; i < sizeof STOP_SIGNALS / sizeof STOP_SIGNALS[0]; i++) sigaction(STOP_SIGNALS[i], &action, NULL);
+}
+
 static int command_run(int argc, char** argv) {
     run_args a = {0};
     error_info err = {{0}};
@@ -121,9 +137,20 @@ static int command_run(int argc, char** argv) {
         fprintf(stderr, "%s\n", err.message);
         return 2;
     }
-    if (!a.headless) return run_in_terminal(&a);
-    if (a.verbose) a.options.on_say = say_as_comment;
-    return lesson_run_headless(a.path, &a.options, stdout, stderr);
+    catch_stop_signals();
+    a.options.stop_flag = &stop_signal;
+    int status;
+    if (!a.headless) {
+        status = run_in_terminal(&a);
+    } else {
+        if (a.verbose) a.options.on_say = say_as_comment;
+        status = lesson_run_headless(a.path, &a.options, stdout, stderr);
+    }
+    if (stop_signal) {
+        fprintf(stderr, "servelab lesson run: stopped by %s\n", strsignal(stop_signal));
+        return 128 + stop_signal;
+    }
+    return status;
 }
 
 static int command_list(int argc, char** argv) {

@@ -36,20 +36,52 @@ double lesson_cpu_seconds(void) {
 
 // ---- memory: one cap for the Lua heap and the engines ------------------------------------
 
+static void link_block(lesson* l, lua_block_header* h) {
+    h->previous = &l->lua_blocks;
+    h->next = l->lua_blocks.next;
+    l->lua_blocks.next->previous = h;
+    l->lua_blocks.next = h;
+}
+
+static void unlink_block(lua_block_header* h) {
+    h->previous->next = h->next;
+    h->next->previous = h->previous;
+}
+
 static void* lesson_alloc(void* user, void* block, size_t old_size, size_t new_size) {
     lesson* l = user;
     if (!block) old_size = 0; // old_size then encodes the object's type
+    lua_block_header* header = block ? (lua_block_header*)block - 1 : NULL;
     if (new_size == 0) {
-        free(block);
+        if (header) {
+            unlink_block(header);
+            free(header);
+        }
         l->lua_bytes -= old_size;
         return NULL;
     }
     if (new_size > old_size &&
         l->lua_bytes + l->external_bytes + (new_size - old_size) > l->options.memory_limit_bytes)
-        return NULL; // Lua raises a memory error
-    void* grown = realloc(block, new_size);
-    if (grown) l->lua_bytes = l->lua_bytes - old_size + new_size;
-    return grown;
+        return NULL; // Lua raises a memory error (the cap also keeps new_size + header from wrapping)
+    if (header) unlink_block(header);
+    lua_block_header* grown = realloc(header, sizeof *grown + new_size);
+    if (!grown) {
+        if (header) link_block(l, header);
+        return NULL;
+    }
+    link_block(l, grown);
+    l->lua_bytes = l->lua_bytes - old_size + new_size;
+    return grown + 1;
+}
+
+// Frees every block of a Lua state that can no longer be closed.
+static void free_lua_blocks(lesson* l) {
+    while (l->lua_blocks.next != &l->lua_blocks) {
+        lua_block_header* h = l->lua_blocks.next;
+        unlink_block(h);
+        free(h);
+    }
+    l->lua_bytes = 0;
 }
 
 lesson* lesson_of(lua_State* L) {
@@ -82,6 +114,8 @@ static void raise_time_limit(lua_State* L) {
     lab_error(L, "time limit of %g s CPU exceeded (--time-limit)", l->options.time_limit_s);
 }
 
+static bool stop_requested(const lesson* l) { return l->options.stop_flag && *l->options.stop_flag; }
+
 static void time_hook(lua_State* L, lua_Debug* ar) {
     (void)ar;
     lesson* l = lesson_of(L);
@@ -91,251 +125,33 @@ static void time_hook(lua_State* L, lua_Debug* ar) {
         lua_sethook(L, time_hook, LUA_MASKCOUNT, 1);
         raise_time_limit(L);
     }
+    if (stop_requested(l)) {
+        l->stop_raised = true;
+        lua_sethook(L, time_hook, LUA_MASKCOUNT, 1);
+        lab_error(L, "stopped: the lesson was interrupted (Ctrl-C or a signal)");
+    }
 }
 
 void lesson_check_time(lua_State* L) {
     lesson* l = lesson_of(L);
     if (l->time_exceeded || lesson_cpu_seconds() - l->cpu_start_s > l->options.time_limit_s) raise_time_limit(L);
+    if (stop_requested(l)) lab_error(L, "stopped: the lesson was interrupted (Ctrl-C or a signal)");
 }
 
 // ---- the sandbox ----------------------------------------------------------------------------
-
-// Copies text into a fixed buffer, cut to fit.
-static void copy_text(char* out, size_t capacity, const char* text) {
-    size_t n = strlen(text);
-    if (n >= capacity) n = capacity - 1;
-    memcpy(out, text, n);
-    out[n] = '\0';
-}
 
 bool lesson_path_inside(const char* path, const char* dir) {
     size_t n = strlen(dir);
     return strncmp(path, dir, n) == 0 && (path[n] == '/' || path[n] == '\0');
 }
 
-static int make_output_dir(lesson* l) {
-    if (mkdir(l->output_dir, 0755) != 0 && errno != EEXIST) return -1;
-    char resolved[PATH_MAX];
-    if (!realpath(l->output_dir, resolved)) return -1;
-    copy_text(l->output_dir, sizeof l->output_dir, resolved);
-    return 0;
-}
-
-// Resolves a lesson's file name: reads relative to the lesson's folder,
-// writes relative to the output folder; the result must stay inside it.
-static const char* sandbox_path(lua_State* L, const char* name, bool write, char* out, size_t capacity) {
-    lesson* l = lesson_of(L);
-    const char* base = write ? l->output_dir : l->lesson_dir;
-    if (write && make_output_dir(l) != 0)
-        lab_error(L, "io.open: cannot create the output folder '%s': %s", l->output_dir, strerror(errno));
-    base = write ? l->output_dir : l->lesson_dir;
-    char joined[PATH_MAX * 2];
-    if (name[0] == '/') snprintf(joined, sizeof joined, "%s", name);
-    else snprintf(joined, sizeof joined, "%s/%s", base, name);
-    // The folder part must exist and resolve inside base; the file itself
-    // may not exist yet (a write). A resolved link pointing out is refused.
-    char resolved[PATH_MAX];
-    const char* slash = strrchr(joined, '/');
-    char dir[PATH_MAX * 2];
-    snprintf(dir, sizeof dir, "%.*s", (int)(slash - joined), joined);
-    if (!realpath(dir[0] ? dir : "/", resolved))
-        lab_error(L, "io.open: '%s': no such folder", name);
-    snprintf(out, capacity, "%s/%s", resolved, slash + 1);
-    char file_resolved[PATH_MAX];
-    if (realpath(out, file_resolved)) snprintf(out, capacity, "%s", file_resolved);
-    if (!lesson_path_inside(out, base) || strcmp(slash + 1, "..") == 0 || strcmp(slash + 1, ".") == 0)
-        lab_error(L, "io.open: '%s' is outside the %s ('%s'); lessons may read only inside their own folder "
-                      "and write only inside the output folder",
-                   name, write ? "output folder" : "lesson's folder", base);
-    return out;
-}
-
-// io.open(name [, mode]) restricted to the two folders.
-static int sandbox_io_open(lua_State* L) {
-    const char* name = luaL_checkstring(L, 1);
-    const char* mode = luaL_optstring(L, 2, "r");
-    bool write = strpbrk(mode, "wa+") != NULL;
-    char path[PATH_MAX * 2];
-    sandbox_path(L, name, write, path, sizeof path);
-    lua_pushvalue(L, lua_upvalueindex(1)); // the real io.open
-    lua_pushstring(L, path);
-    lua_pushstring(L, mode);
-    lua_call(L, 2, 3);
-    return 3;
-}
-
-// io.lines(name, ...) for reading inside the lesson's folder.
-static int sandbox_io_lines(lua_State* L) {
-    const char* name = luaL_checkstring(L, 1);
-    char path[PATH_MAX * 2];
-    sandbox_path(L, name, false, path, sizeof path);
-    int n = lua_gettop(L);
-    lua_pushvalue(L, lua_upvalueindex(1)); // the real io.lines
-    lua_pushstring(L, path);
-    for (int i = 2; i <= n; i++) lua_pushvalue(L, i);
-    lua_call(L, n, 4);
-    return 4;
-}
-
-// load(chunk [, name [, mode [, env]]]): text chunks only.
-static int sandbox_load(lua_State* L) {
-    int n = lua_gettop(L);
-    lua_pushvalue(L, lua_upvalueindex(1)); // the real load
-    lua_pushvalue(L, 1);
-    if (n >= 2) lua_pushvalue(L, 2);
-    else lua_pushnil(L);
-    lua_pushliteral(L, "t");
-    if (n >= 4) lua_pushvalue(L, 4);
-    lua_call(L, n >= 4 ? 4 : 3, 2);
-    return 2;
-}
-
-// require(name): a .lua file in the lesson's folder, run once.
-static int sandbox_require(lua_State* L) {
-    const char* name = luaL_checkstring(L, 1);
-    for (const char* c = name; *c; c++)
-        if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') || *c == '_' ||
-              *c == '-' || *c == '.'))
-            luaL_argerror(L, 1, "module names use letters, digits, '_', '-' and '.' only");
-    if (name[0] == '.' || strstr(name, "..")) luaL_argerror(L, 1, "module names cannot start with '.' or hold '..'");
-    lua_getfield(L, LUA_REGISTRYINDEX, "servelab.loaded");
-    if (lua_getfield(L, -1, name) != LUA_TNIL) return 1;
-    lua_pop(L, 1);
-    lesson* l = lesson_of(L);
-    luaL_Buffer b;
-    luaL_buffinit(L, &b);
-    luaL_addstring(&b, l->lesson_dir);
-    luaL_addchar(&b, '/');
-    for (const char* c = name; *c; c++) luaL_addchar(&b, *c == '.' ? '/' : *c);
-    luaL_addstring(&b, ".lua");
-    luaL_pushresult(&b);
-    const char* path = lua_tostring(L, -1);
-    if (luaL_loadfilex(L, path, "t") != LUA_OK)
-        lab_error(L, "require '%s': %s (modules are .lua files in the lesson's folder)", name, lua_tostring(L, -1));
-    lua_pushstring(L, name);
-    lua_call(L, 1, 1);
-    if (lua_isnil(L, -1)) {
-        lua_pop(L, 1);
-        lua_pushboolean(L, 1);
-    }
-    lua_pushvalue(L, -1);
-    lua_setfield(L, -4, name); // servelab.loaded[name]
-    return 1;
-}
-
-// print(...) is narration.
-static int sandbox_print(lua_State* L) {
-    int n = lua_gettop(L);
-    luaL_Buffer b;
-    luaL_buffinit(L, &b);
-    for (int i = 1; i <= n; i++) {
-        if (i > 1) luaL_addchar(&b, '\t');
-        luaL_tolstring(L, i, NULL);
-        luaL_addvalue(&b);
-    }
-    luaL_pushresult(&b);
-    lesson_say(lesson_of(L), lua_tostring(L, -1));
-    return 0;
-}
-
-// __index of the sandboxed io, os and package tables: names what is missing.
-static int sandbox_missing(lua_State* L) {
-    const char* library = lua_tostring(L, lua_upvalueindex(1));
-    const char* allowed = lua_tostring(L, lua_upvalueindex(2));
-    const char* key = lua_type(L, 2) == LUA_TSTRING ? lua_tostring(L, 2) : "?";
-    return luaL_error(L, "%s.%s is not available to lessons (the sandbox allows %s)", library, key, allowed);
-}
-
-// Gives the table on top of the stack a metatable whose __index raises sandbox_missing.
-static void forbid_missing(lua_State* L, const char* library, const char* allowed) {
-    lua_newtable(L);
-    lua_pushstring(L, library);
-    lua_pushstring(L, allowed);
-    lua_pushcclosure(L, sandbox_missing, 2);
-    lua_setfield(L, -2, "__index");
-    lua_setmetatable(L, -2);
-}
-
-// Opens library `name` into a table that is not a global, left on the stack.
-static void open_hidden(lua_State* L, const char* name, lua_CFunction open) {
-    luaL_requiref(L, name, open, 0);
-}
-
-static void install_sandbox(lua_State* L) {
-    luaL_requiref(L, LUA_GNAME, luaopen_base, 1);
-    lua_pop(L, 1);
-    static const struct {
-        const char* name;
-        lua_CFunction open;
-    } safe[] = {{LUA_TABLIBNAME, luaopen_table},
-                {LUA_STRLIBNAME, luaopen_string},
-                {LUA_MATHLIBNAME, luaopen_math},
-                {LUA_UTF8LIBNAME, luaopen_utf8},
-                {LUA_COLIBNAME, luaopen_coroutine}};
-    for (size_t i = 0; i < sizeof safe / sizeof safe[0]; i++) {
-        luaL_requiref(L, safe[i].name, safe[i].open, 1);
-        lua_pop(L, 1);
-    }
-    // Remove what reaches the file system or loads bytecode.
-    static const char* const removed_globals[] = {"dofile", "loadfile", NULL};
-    for (const char* const* g = removed_globals; *g; g++) {
-        lua_pushnil(L);
-        lua_setglobal(L, *g);
-    }
-    lua_getglobal(L, "string");
-    lua_pushnil(L);
-    lua_setfield(L, -2, "dump");
-    lua_pop(L, 1);
-    lua_getglobal(L, "load");
-    lua_pushcclosure(L, sandbox_load, 1);
-    lua_setglobal(L, "load");
-    lua_pushcfunction(L, sandbox_print);
-    lua_setglobal(L, "print");
-    lua_newtable(L);
-    lua_setfield(L, LUA_REGISTRYINDEX, "servelab.loaded");
-    lua_pushcfunction(L, sandbox_require);
-    lua_setglobal(L, "require");
-
-    // io: open and lines, restricted; no popen, no stdin/stdout handles.
-    open_hidden(L, LUA_IOLIBNAME, luaopen_io);
-    lua_newtable(L);
-    lua_getfield(L, -2, "open");
-    lua_pushcclosure(L, sandbox_io_open, 1);
-    lua_setfield(L, -2, "open");
-    lua_getfield(L, -2, "lines");
-    lua_pushcclosure(L, sandbox_io_lines, 1);
-    lua_setfield(L, -2, "lines");
-    forbid_missing(L, "io", "io.open and io.lines inside the lesson's folder, writes inside the output folder");
-    lua_setglobal(L, "io");
-    lua_pop(L, 1);
-
-    // os: the clock and the date only.
-    open_hidden(L, LUA_OSLIBNAME, luaopen_os);
-    lua_newtable(L);
-    static const char* const os_kept[] = {"time", "clock", "date", "difftime", NULL};
-    for (const char* const* f = os_kept; *f; f++) {
-        lua_getfield(L, -2, *f);
-        lua_setfield(L, -2, *f);
-    }
-    forbid_missing(L, "os", "os.time, os.clock, os.date and os.difftime");
-    lua_setglobal(L, "os");
-    lua_newtable(L); // no package library: require() is the lesson's own
-    forbid_missing(L, "package", "require of .lua files from the lesson's folder");
-    lua_setglobal(L, "package");
-    lua_pop(L, 1);
-    // Forget the hidden libraries' registry entries, so nothing reaches them.
-    lua_getfield(L, LUA_REGISTRYINDEX, LUA_LOADED_TABLE);
-    lua_pushnil(L);
-    lua_setfield(L, -2, LUA_IOLIBNAME);
-    lua_pushnil(L);
-    lua_setfield(L, -2, LUA_OSLIBNAME);
-    lua_pop(L, 1);
-}
-
 // ---- narration and checks -----------------------------------------------------------------
 
 void lesson_say(lesson* l, const char* text) {
-    if (l->options.on_say && !l->info_only) l->options.on_say(l->options.user, text);
+    if (!l->options.on_say || l->info_only) return;
+    char* clean = lesson_clean_copy(text, true);
+    if (clean) l->options.on_say(l->options.user, clean);
+    free(clean);
 }
 
 static int lab_say(lua_State* L) {
@@ -362,7 +178,16 @@ static void report_check(lesson* l, const lesson_check_result* result) {
     if (!counted) return;
     if (result->outcome == CHECK_PASS) l->passed++;
     else l->failed++;
-    if (l->options.on_check) l->options.on_check(l->options.user, result);
+    if (!l->options.on_check) return;
+    // The claim and the evidence are the lesson's text: shown inert.
+    lesson_check_result shown = *result;
+    char* claim = lesson_clean_copy(result->claim, false);
+    char* evidence = lesson_clean_copy(result->evidence, false);
+    if (claim) shown.claim = claim;
+    if (evidence) shown.evidence = evidence;
+    if (claim && evidence) l->options.on_check(l->options.user, &shown);
+    free(claim);
+    free(evidence);
 }
 
 static bool valid_claim_id(const char* id) {
@@ -380,11 +205,20 @@ static int lab_check(lua_State* L) {
     static const char* const fields[] = {"id", "claim", "bank_answer", "verdict", "evidence", "measure", NULL};
     lab_check_fields(L, 1, fields);
     lesson* l = lesson_of(L);
-    const char* id = lab_opt_string_field(L, 1, "id", NULL);
-    if (!id) lab_field_error(L, 1, "id", "expected the claim id as a string (\"tf1\", \"se3\", ...)");
-    if (!valid_claim_id(id)) lab_field_error(L, 1, "id", "'%s' is not a claim id (lowercase letters, digits, '-', '_'; at most 15)", id);
-    const char* claim = lab_opt_string_field(L, 1, "claim", NULL);
-    if (!claim) lab_field_error(L, 1, "claim", "expected the claim in words");
+    // Copies: measure() below runs the lesson's code, which may empty the
+    // table and collect its strings.
+    char id[sizeof l->declared[0].id];
+    char claim[LESSON_MAX_CLAIM_BYTES + 1];
+    const char* given_id = lab_opt_string_field(L, 1, "id", NULL);
+    if (!given_id) lab_field_error(L, 1, "id", "expected the claim id as a string (\"tf1\", \"se3\", ...)");
+    if (!valid_claim_id(given_id))
+        lab_field_error(L, 1, "id", "'%s' is not a claim id (lowercase letters, digits, '-', '_'; at most 15)", given_id);
+    snprintf(id, sizeof id, "%s", given_id);
+    const char* given_claim = lab_opt_string_field(L, 1, "claim", NULL);
+    if (!given_claim) lab_field_error(L, 1, "claim", "expected the claim in words");
+    if (strlen(given_claim) > LESSON_MAX_CLAIM_BYTES)
+        lab_field_error(L, 1, "claim", "%zu bytes is too long (at most %d)", strlen(given_claim), LESSON_MAX_CLAIM_BYTES);
+    snprintf(claim, sizeof claim, "%s", given_claim);
     if (lua_getfield(L, 1, "bank_answer") != LUA_TBOOLEAN)
         lab_field_error(L, 1, "bank_answer", "expected true or false (what the question bank says), got %s",
                         luaL_typename(L, -1));
@@ -449,7 +283,7 @@ static int lab_lesson(lua_State* L) {
     if (l->declaration_seen) lab_error(L, "lab.lesson{} may be called once");
     const char* title = lab_opt_string_field(L, 1, "title", NULL);
     if (!title) lab_field_error(L, 1, "title", "expected the lesson's title");
-    snprintf(l->title, sizeof l->title, "%s", title);
+    lesson_clean_text(title, l->title, sizeof l->title, false);
     if (lua_getfield(L, 1, "claims") != LUA_TTABLE) lab_field_error(L, 1, "claims", "expected an array of claim ids");
     lua_Integer n = luaL_len(L, -1);
     if (n < 1 || n > (lua_Integer)(sizeof l->declared / sizeof l->declared[0]))
@@ -466,6 +300,17 @@ static int lab_lesson(lua_State* L) {
         lua_pop(L, 1);
     }
     l->declaration_seen = true;
+    if (l->options.only_claim && !find_declared(l, l->options.only_claim)) {
+        luaL_Buffer b;
+        luaL_buffinit(L, &b);
+        for (int i = 0; i < l->n_declared; i++) {
+            if (i) luaL_addstring(&b, ", ");
+            luaL_addstring(&b, l->declared[i].id);
+        }
+        luaL_pushresult(&b);
+        lab_error(L, "--only %s: this lesson does not declare that claim (it declares: %s)", l->options.only_claim,
+                  lua_tostring(L, -1));
+    }
     if (l->info_only) {
         lua_pushlightuserdata(L, (void*)&DECLARATION_ONLY);
         return lua_error(L);
@@ -507,7 +352,7 @@ static int open_lab(lua_State* L) {
 // Runs in protected mode: libraries, sandbox, lab module, and the chunk.
 static int setup_state(lua_State* L) {
     lesson* l = lesson_of(L);
-    install_sandbox(L);
+    lesson_install_sandbox(L);
     luaL_requiref(L, "lab", open_lab, 1);
     lua_pop(L, 1);
     if (luaL_loadfilex(L, l->path, "t") != LUA_OK) return lua_error(L);
@@ -517,7 +362,7 @@ static int setup_state(lua_State* L) {
 // ---- the host API -------------------------------------------------------------------------
 
 static void set_failure(lesson* l, const char* message) {
-    copy_text(l->error, sizeof l->error, message);
+    lesson_clean_text(message, l->error, sizeof l->error, false); // the lesson's text, shown inert
     l->status = LESSON_FAILED;
 }
 
@@ -542,6 +387,8 @@ static int open_lesson(lesson** out, const char* path, const lesson_options* opt
     snprintf(l->lesson_dir, sizeof l->lesson_dir, "%.*s", (int)(slash - resolved), resolved);
     if (!l->lesson_dir[0]) snprintf(l->lesson_dir, sizeof l->lesson_dir, "/");
     l->status = LESSON_PAUSED;
+    l->lua_blocks.next = l->lua_blocks.previous = &l->lua_blocks;
+    l->lesson_fd = l->output_fd = -1;
     l->L = lua_newstate(lesson_alloc, l);
     if (!l->L) {
         free(l);
@@ -588,6 +435,52 @@ static void failure_location(lua_State* thread, char* out, size_t capacity) {
     }
 }
 
+// After the watchdog's hard stop: the Lua state was left mid-instruction
+// and cannot be closed (its finalizers would run on broken structures).
+// Everything it owned is freed without it: the engines and models (none
+// was mid-step: the stop lands only inside liblua), the files, and every
+// heap block.
+static void abandon_state(lesson* l) {
+    l->L = NULL;
+    l->thread = NULL;
+    l->focus = NULL;
+    lab_free_objects(l);
+    if (l->timing_engine) engine_free(l->timing_engine);
+    l->timing_engine = NULL;
+    lesson_close_files(l);
+    free_lua_blocks(l);
+}
+
+static void fail_after_hard_stop(lesson* l) {
+    char message[1400];
+    if (l->hard_stop_reason == HARD_STOP_TIME)
+        snprintf(message, sizeof message,
+                 "%s: time limit of %g s CPU exceeded (--time-limit) inside a call the time check cannot "
+                 "enter (a long library call such as a string pattern, or code running with hooks off); "
+                 "the lesson was stopped and its state discarded",
+                 l->path, l->options.time_limit_s);
+    else
+        snprintf(message, sizeof message,
+                 "%s: stopped: the lesson was interrupted (Ctrl-C or a signal) inside a long call; its state "
+                 "was discarded",
+                 l->path);
+    set_failure(l, message);
+}
+
+// Runs the coroutine until it yields, ends or fails; with the watchdog
+// armed around it. Returns lua_resume's status, or -1 after a hard stop.
+static int resume_guarded(lesson* l, int* n_results) {
+    l->hard_stop_reason = HARD_STOP_NONE;
+    if (sigsetjmp(l->hard_stop_jump, 1) != 0) {
+        lesson_watchdog_stop(l);
+        return -1;
+    }
+    bool guarded = lesson_watchdog_start(l) == 0;
+    int status = lua_resume(l->thread, l->L, 0, n_results);
+    if (guarded) lesson_watchdog_stop(l);
+    return status;
+}
+
 lesson_status lesson_resume(lesson* l) {
     if (l->status != LESSON_PAUSED) return l->status;
     if (!l->started) {
@@ -595,12 +488,14 @@ lesson_status lesson_resume(lesson* l) {
         l->cpu_start_s = lesson_cpu_seconds();
     }
     int n_results = 0;
-    int status = lua_resume(l->thread, l->L, 0, &n_results);
-    if (status == LUA_YIELD) {
+    int status = resume_guarded(l, &n_results);
+    if (status == -1) {
+        abandon_state(l);
+        fail_after_hard_stop(l);
+    } else if (status == LUA_YIELD) {
         lua_pop(l->thread, n_results);
         return LESSON_PAUSED;
-    }
-    if (status == LUA_OK) {
+    } else if (status == LUA_OK) {
         l->status = LESSON_DONE;
     } else if (lua_touserdata(l->thread, -1) == (void*)&DECLARATION_ONLY) {
         l->status = LESSON_DONE; // lesson_read_info: stopped at the declaration
@@ -646,8 +541,10 @@ void lesson_finish(lesson* l) {
 
 void lesson_close(lesson* l) {
     if (!l) return;
-    if (l->L) lua_close(l->L); // runs every __gc: engines and models are freed
+    if (l->L) lua_close(l->L); // runs every __gc: engines, models and files are freed
     lab_free_objects(l);
+    lesson_close_files(l);
+    free_lua_blocks(l); // nothing is left after lua_close; an abandoned state's blocks
     free(l);
 }
 

@@ -30,11 +30,16 @@
 // reading inside the lesson's folder and writing inside the output
 // folder, and require() of .lua files from the lesson's folder only. An
 // instruction-count hook stops the lesson after time_limit_s seconds of
-// process CPU time; the Lua allocator and the engines' own memory (model
-// weights, KV pool, scratch) share one cap, memory_limit_bytes.
+// process CPU time, and a watchdog stops what the hook cannot reach (one
+// long call into Lua's library, code running with hooks off) half a second
+// later, abandoning the Lua state; the Lua allocator and the engines' own
+// memory (model weights, KV pool, scratch) share one cap,
+// memory_limit_bytes. Links are never followed, only regular files open,
+// and control characters in what a lesson prints are made visible.
 #ifndef SERVELAB_LESSON_H
 #define SERVELAB_LESSON_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -69,7 +74,11 @@ typedef struct lesson_options {
     double time_limit_s;       // process CPU seconds (default 60)
     uint64_t memory_limit_bytes; // Lua heap + engines + models (default 512 MiB)
     const char* output_dir;    // where io.open may write (default "lesson-output"); created on demand
-    const char* only_claim;    // when set, on_check sees only this claim's result (others still run)
+    const char* only_claim;    // when set, on_check sees only this claim's result (others still run);
+                               // a lesson that does not declare it fails at its declaration
+    // When set, the lesson stops once *stop_flag is non-zero (a signal
+    // handler's flag: Ctrl-C in the dashboard), even inside a long call.
+    const volatile sig_atomic_t* stop_flag;
     // Callbacks (may be NULL); strings are valid during the call only.
     void (*on_say)(void* user, const char* text);
     void (*on_check)(void* user, const lesson_check_result* result);

@@ -323,17 +323,42 @@ static int32_t* encode_text(lua_State* L, const tokenizer* t, const char* text, 
     return ids;
 }
 
-// Token ids from an array at `index` into a userdata buffer left on the stack.
-static int32_t* read_ids(lua_State* L, int index, int arg, const char* field, int* n) {
-    size_t count = 0;
-    float* values = lab_read_number_array(L, index, arg, field, &count); // pushes its buffer
-    int32_t* ids = lua_newuserdatauv(L, count * sizeof *ids, 0);
-    for (size_t i = 0; i < count; i++) {
-        if (values[i] != floorf(values[i])) lab_field_error(L, arg, field, "element %zu is not an integer", i + 1);
-        ids[i] = (int32_t)values[i];
+// The most token ids one array may hold: 2^20, past the longest context of
+// any model the lab loads, and 4 MiB of ids.
+enum { LAB_MAX_TOKEN_IDS = 1 << 20 };
+
+// Token ids from an array at `index` into a userdata buffer left on the
+// stack. The length is bounded before anything is allocated (a lesson's
+// __len can claim any number), and every id must be an integer of the
+// vocabulary 0..vocab_size-1.
+static int32_t* read_ids(lua_State* L, int index, int arg, const char* field, int vocab_size, bool allow_empty,
+                         int* n) {
+    index = lua_absindex(L, index);
+    if (lua_type(L, index) != LUA_TTABLE)
+        lab_field_error(L, arg, field, "expected an array of token ids, got %s", luaL_typename(L, index));
+    lua_Integer length = luaL_len(L, index);
+    if (length < (allow_empty ? 0 : 1) || length > LAB_MAX_TOKEN_IDS)
+        lab_field_error(L, arg, field, "expected %d..%d token ids, got %lld", allow_empty ? 0 : 1, LAB_MAX_TOKEN_IDS,
+                        (long long)length);
+    int32_t* ids = lua_newuserdatauv(L, (size_t)(length ? length : 1) * sizeof *ids, 0);
+    for (lua_Integer i = 0; i < length; i++) {
+        lua_geti(L, index, i + 1);
+        int is_integer = 0;
+        lua_Integer id = lua_tointegerx(L, -1, &is_integer);
+        if (!is_integer) {
+            if (lua_type(L, -1) == LUA_TNUMBER)
+                lab_field_error(L, arg, field, "element %lld: expected a token id (an integer), got %g", (long long)i + 1,
+                                lua_tonumber(L, -1));
+            lab_field_error(L, arg, field, "element %lld: expected a token id (an integer), got %s", (long long)i + 1,
+                            luaL_typename(L, -1));
+        }
+        if (id < 0 || id >= vocab_size)
+            lab_field_error(L, arg, field, "element %lld: token id %lld is outside the vocabulary 0..%d", (long long)i + 1,
+                            (long long)id, vocab_size - 1);
+        ids[i] = (int32_t)id;
+        lua_pop(L, 1);
     }
-    lua_remove(L, -2); // the float buffer
-    *n = (int)count;
+    *n = (int)length;
     return ids;
 }
 
@@ -360,17 +385,9 @@ static void push_decoded(lua_State* L, const tokenizer* t, int32_t previous, con
 
 static int model_decode(lua_State* L) {
     lab_model* m = lab_check_model(L, 1);
-    size_t n = 0;
-    luaL_checktype(L, 2, LUA_TTABLE);
-    n = (size_t)luaL_len(L, 2);
-    int32_t* ids = lua_newuserdatauv(L, (n ? n : 1) * sizeof *ids, 0);
-    for (size_t i = 0; i < n; i++) {
-        lua_geti(L, 2, (lua_Integer)i + 1);
-        if (!lua_isinteger(L, -1)) luaL_argerror(L, 2, "expected an array of token ids (integers)");
-        ids[i] = (int32_t)lua_tointeger(L, -1);
-        lua_pop(L, 1);
-    }
-    push_decoded(L, m->source.tokenizer, TOK_BOS_ID, ids, (int)n);
+    int n = 0;
+    int32_t* ids = read_ids(L, 2, 2, NULL, m->source.model.config.vocab_size, true, &n);
+    push_decoded(L, m->source.tokenizer, TOK_BOS_ID, ids, n);
     return 1;
 }
 
@@ -491,6 +508,7 @@ static int engine_model(lua_State* L) {
 // userdata buffer left on the stack.
 static int32_t* read_prompt(lua_State* L, const lab_engine* e, int* n_out) {
     const tokenizer* t = e->model->source.tokenizer;
+    int vocab_size = e->model->source.model.config.vocab_size;
     int prompt_type = lua_getfield(L, 2, "prompt");
     int ids_type = lua_getfield(L, 2, "ids");
     lua_pop(L, 2);
@@ -500,7 +518,7 @@ static int32_t* read_prompt(lua_State* L, const lab_engine* e, int* n_out) {
     int32_t* prefix = NULL;
     int type = lua_getfield(L, 2, "prefix");
     if (type == LUA_TSTRING) prefix = encode_text(L, t, lua_tostring(L, -1), true, &n_prefix, 2, "prefix");
-    else if (type == LUA_TTABLE) prefix = read_ids(L, -1, 2, "prefix", &n_prefix);
+    else if (type == LUA_TTABLE) prefix = read_ids(L, -1, 2, "prefix", vocab_size, false, &n_prefix);
     else if (type == LUA_TNIL) lua_pushnil(L);
     else lab_field_error(L, 2, "prefix", "expected text or an array of token ids, got %s", luaL_typename(L, -1));
     int32_t* body = NULL;
@@ -510,7 +528,7 @@ static int32_t* read_prompt(lua_State* L, const lab_engine* e, int* n_out) {
         body = encode_text(L, t, lua_tostring(L, -1), prefix == NULL, &n_body, 2, "prompt");
     } else {
         lua_getfield(L, 2, "ids");
-        body = read_ids(L, -1, 2, "ids", &n_body);
+        body = read_ids(L, -1, 2, "ids", vocab_size, false, &n_body);
     }
     int32_t* all = lua_newuserdatauv(L, (size_t)(n_prefix + n_body) * sizeof *all, 0);
     if (n_prefix) memcpy(all, prefix, (size_t)n_prefix * sizeof *all);
@@ -773,8 +791,11 @@ static int engine_pool(lua_State* L) {
 static const sequence* check_sequence(lua_State* L, const lab_engine* e, int arg) {
     lua_Integer id = luaL_checkinteger(L, arg);
     const sequence* s = id >= 0 && id <= INT32_MAX ? engine_sequence(&e->engine, (int32_t)id) : NULL;
+    if (!s && e->engine.n_sequences == 0)
+        luaL_argerror(L, arg, lua_pushfstring(L, "no sequence %I (this engine has none yet: e:add makes them)",
+                                              (LUAI_UACINT)id));
     if (!s)
-        luaL_argerror(L, arg, lua_pushfstring(L, "no sequence %d (this engine has %d: ids 0..%d)", (int)id,
+        luaL_argerror(L, arg, lua_pushfstring(L, "no sequence %I (this engine has %d: ids 0..%d)", (LUAI_UACINT)id,
                                               e->engine.n_sequences, e->engine.n_sequences - 1));
     return s;
 }
@@ -913,16 +934,28 @@ static int model_tostring(lua_State* L) {
 }
 
 // A metatable `name` whose __index holds `methods`, with __gc and __tostring.
-static void register_userdata_type(lua_State* L, const char* name, const luaL_Reg* methods, lua_CFunction gc,
-                                   lua_CFunction tostring) {
+// The methods are also listed as package `shown_as` in the registry's
+// loaded table, where Lua looks for a function's name when it reports a bad
+// argument ("bad argument #2 to 'engine.add'", not to '?', when the method
+// was called through pcall).
+static void register_userdata_type(lua_State* L, const char* name, const char* shown_as, const luaL_Reg* methods,
+                                   lua_CFunction gc, lua_CFunction tostring) {
     luaL_newmetatable(L, name);
     lua_newtable(L); // luaL_newlib needs the array itself, not a pointer to it
     luaL_setfuncs(L, methods, 0);
+    lua_getfield(L, LUA_REGISTRYINDEX, LUA_LOADED_TABLE);
+    lua_pushvalue(L, -2);
+    lua_setfield(L, -2, shown_as);
+    lua_pop(L, 1);
     lua_setfield(L, -2, "__index");
     lua_pushcfunction(L, gc);
     lua_setfield(L, -2, "__gc");
     lua_pushcfunction(L, tostring);
     lua_setfield(L, -2, "__tostring");
+    // Out of the lesson's reach: a replaced __gc would run the lesson's
+    // code with hooks off, and skip freeing the engine or model.
+    lua_pushstring(L, name);
+    lua_setfield(L, -2, "__metatable");
     lua_pop(L, 1);
 }
 
@@ -937,8 +970,8 @@ void lab_open_engine_api(lua_State* L) {
         {"queues", engine_queues},   {"totals", engine_totals},         {"logits", engine_logits},
         {"config", engine_config_lua}, {"model", engine_model},         {"close", engine_close},
         {NULL, NULL}};
-    register_userdata_type(L, LAB_MODEL_TYPE, model_methods, model_gc, model_tostring);
-    register_userdata_type(L, LAB_ENGINE_TYPE, engine_methods, engine_gc, engine_tostring);
+    register_userdata_type(L, LAB_MODEL_TYPE, "model", model_methods, model_gc, model_tostring);
+    register_userdata_type(L, LAB_ENGINE_TYPE, "engine", engine_methods, engine_gc, engine_tostring);
     lua_pushcfunction(L, lab_model_new);
     lua_setfield(L, -2, "model");
     lua_pushcfunction(L, lab_engine_new);

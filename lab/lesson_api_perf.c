@@ -57,6 +57,7 @@ static int timing_engine_gc(lua_State* L) {
     timing_engine* t = lua_touserdata(L, 1);
     if (t->initialised) engine_free(&t->engine);
     t->initialised = false;
+    lesson_of(L)->timing_engine = NULL;
     lesson_release_bytes(lesson_of(L), t->reserved);
     t->reserved = 0;
     return 0;
@@ -123,6 +124,7 @@ static int lab_time(lua_State* L) {
     t->reserved = estimate;
     error_info err = {{0}};
     if (engine_init(&t->engine, &m->source.model, &config, &err)) lab_error(L, "lab.time: %s", err.message);
+    lesson_of(L)->timing_engine = &t->engine; // freed by the watchdog's abandon if no finalizer runs
     t->initialised = true;
 
     double* seconds = lua_newuserdatauv(L, (size_t)(repeats + 1) * sizeof *seconds, 0);

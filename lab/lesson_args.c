@@ -52,10 +52,14 @@ void lab_check_fields(lua_State* L, int arg, const char* const* allowed) {
     }
 }
 
-// Pushes t[field]; returns its type.
+// Pushes t[field], read raw; returns its type. Raw: an __index proxy
+// could hand back a value nothing else references, and the next collection
+// would free a string the host still reads; named arguments are plain
+// tables.
 static int get_field(lua_State* L, int arg, const char* field) {
     luaL_checktype(L, arg, LUA_TTABLE);
-    return lua_getfield(L, arg, field);
+    lua_pushstring(L, field);
+    return lua_rawget(L, arg > 0 || arg <= LUA_REGISTRYINDEX ? arg : arg - 1);
 }
 
 lua_Integer lab_opt_integer_field(lua_State* L, int arg, const char* field, lua_Integer fallback, lua_Integer min,

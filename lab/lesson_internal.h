@@ -5,6 +5,9 @@
 
 #include <lauxlib.h>
 #include <lua.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <time.h>
 
 #include "engine/engine.h"
 #include "lab/lesson.h"
@@ -64,8 +67,26 @@ typedef struct lab_declared_claim {
     bool checked;
 } lab_declared_claim;
 
+// Every block the Lua state allocates starts with this header, linked into
+// the lesson's list, so that a state abandoned mid-instruction (the
+// watchdog's hard stop) can still be freed block by block. 16 bytes keep
+// the payload at malloc's 16-byte alignment.
+typedef struct lua_block_header {
+    struct lua_block_header* previous;
+    struct lua_block_header* next;
+} lua_block_header;
+
+// Why the watchdog stopped a lesson from outside the interpreter.
+typedef enum hard_stop_reason { HARD_STOP_NONE = 0, HARD_STOP_TIME, HARD_STOP_REQUESTED } hard_stop_reason;
+
+// The longest claim lab.check accepts, in bytes (the bank's longest is ~300).
+enum { LESSON_MAX_CLAIM_BYTES = 1000 };
+
+// Files a lesson may hold open at once (each is a descriptor of the host's).
+enum { LESSON_MAX_OPEN_FILES = 32 };
+
 struct lesson {
-    lua_State* L;             // the main state (owns everything)
+    lua_State* L;             // the main state (owns everything); NULL once abandoned
     lua_State* thread;        // the coroutine running the lesson's body
     int thread_reference;     // keeps the coroutine alive in the registry
     lesson_options options;
@@ -73,13 +94,27 @@ struct lesson {
     char lesson_dir[1024];    // absolute folder of the lesson (reads, require)
     char output_dir[1024];    // where writes go (absolute once created)
     uint64_t lua_bytes;       // the Lua heap now
+    lua_block_header lua_blocks; // the list of the heap's blocks (a ring through this head)
     uint64_t external_bytes;  // engines and models now
     double cpu_start_s;
     bool time_exceeded;
+    bool stop_raised;         // the hook has raised the stop request once
+    // the watchdog (lesson_watchdog.c)
+    timer_t watchdog_timer;
+    bool watchdog_running;
+    sigjmp_buf hard_stop_jump; // set by lesson_resume; the handler jumps here
+    volatile sig_atomic_t hard_stop_reason;
+    volatile double stop_seen_s; // monotonic time the stop flag was first seen, 0 before
+    // files (lesson_sandbox.c)
+    int lesson_fd;            // the lesson's folder, -1 until first read
+    int output_fd;            // the output folder, -1 until first write
+    FILE* open_files[LESSON_MAX_OPEN_FILES];
+    int n_open_files;
     lesson_status status;
     bool started;
     char error[1024];
     const engine* focus;
+    engine* timing_engine;    // lab.time's engine while it exists (its userdata's finalizer frees it)
     lab_model* models;
     lab_engine* engines;
     // checks
@@ -115,6 +150,31 @@ void lesson_check_time(lua_State* L);
 
 // True when `path` (resolved) is `dir` or inside it (lesson.c).
 bool lesson_path_inside(const char* path, const char* dir);
+
+// ---- the sandbox (lesson_sandbox.c) ---------------------------------------------------------
+
+// Opens the allowed libraries and installs the restricted io, os, require,
+// load and setmetatable (lab/lesson.h lists what lessons may reach).
+void lesson_install_sandbox(lua_State* L);
+
+// Closes the files and folders the lesson still holds.
+void lesson_close_files(lesson* l);
+
+// Copies text with its control characters made visible (ESC as "^[", C1
+// controls as '?'), keeping newlines and tabs when multiline. Returns the
+// length written (cut to capacity - 1).
+size_t lesson_clean_text(const char* text, char* out, size_t capacity, bool multiline);
+// The same into a malloc'ed copy (NULL when out of memory).
+char* lesson_clean_copy(const char* text, bool multiline);
+
+// ---- the watchdog (lesson_watchdog.c) -------------------------------------------------------
+
+// True when the hard stop can work here (liblua is a shared library whose
+// code the watchdog can tell apart).
+bool lesson_watchdog_available(void);
+// Arms the periodic tick for the calling thread; 0, or -1 when unavailable.
+int lesson_watchdog_start(lesson* l);
+void lesson_watchdog_stop(lesson* l);
 
 // Narration and checks (lesson.c).
 void lesson_say(lesson* l, const char* text);
