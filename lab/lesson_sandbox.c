@@ -92,6 +92,11 @@ static int open_beneath(int base_fd, const char* base, const char* name, int fla
         snprintf(problem, capacity, "has too long a name");
         return -1;
     }
+    for (const char* c = path; *c; c = strchr(c, '/') ? strchr(c, '/') + 1 : c + strlen(c))
+        if (strncmp(c, "..", 2) == 0 && (c[2] == '/' || c[2] == '\0')) {
+            snprintf(problem, capacity, "is outside the folder ('..' is not allowed)");
+            return -1;
+        }
     int dir_fd = dup(base_fd);
     if (dir_fd < 0) {
         snprintf(problem, capacity, "cannot be opened: %s", strerror(errno));
@@ -102,10 +107,6 @@ static int open_beneath(int base_fd, const char* base, const char* name, int fla
         char* slash = strchr(component, '/');
         if (slash) *slash = '\0';
         bool last = slash == NULL;
-        if (strcmp(component, "..") == 0) {
-            snprintf(problem, capacity, "is outside the folder ('..' is not allowed)");
-            break;
-        }
         if (component[0] == '\0' || strcmp(component, ".") == 0) {
             if (last) {
                 snprintf(problem, capacity, "names a folder, not a file");
@@ -114,7 +115,9 @@ static int open_beneath(int base_fd, const char* base, const char* name, int fla
             component = slash + 1;
             continue;
         }
-        int next = last ? openat(dir_fd, component, flags | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC, 0644)
+        // O_TRUNC waits until the file has passed the checks below (a
+        // hard link's other name must not be emptied by the refused open).
+        int next = last ? openat(dir_fd, component, (flags & ~O_TRUNC) | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC, 0644)
                         : openat(dir_fd, component, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         if (next < 0) {
             if (errno == ELOOP || (!last && errno == ENOTDIR)) {
@@ -141,6 +144,10 @@ static int open_beneath(int base_fd, const char* base, const char* name, int fla
             if ((flags & O_ACCMODE) != O_RDONLY && st.st_nlink > 1) {
                 // A hard link shipped in a bundle would reach a file elsewhere.
                 snprintf(problem, capacity, "has other hard links; lessons write only to their own files");
+                break;
+            }
+            if ((flags & O_TRUNC) && ftruncate(dir_fd, 0) != 0) {
+                snprintf(problem, capacity, "cannot be emptied: %s", strerror(errno));
                 break;
             }
             int status = fcntl(dir_fd, F_GETFL);

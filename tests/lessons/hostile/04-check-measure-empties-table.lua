@@ -1,0 +1,11 @@
+-- hostile: measure() empties the argument table and collects before the host reports the id
+-- expect: PASS h1 a claim
+-- expect-status: 0
+lab.lesson{title = "hostile", claims = {"h1"}}
+local t
+t = {id = "h" .. tostring(1), claim = "a claim " .. tostring(2), bank_answer = true, measure = function()
+    t.id, t.claim = nil, nil
+    collectgarbage(); collectgarbage()
+    return true, "measured"
+end}
+lab.check(t)
