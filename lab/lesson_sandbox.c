@@ -74,15 +74,15 @@ static int open_flags_for_mode(const char* mode, bool* write) {
 }
 
 // Opens `name` (relative to the folder `base_fd`, whose absolute path is
-// `base`) without following any link. Returns a descriptor, or -1 with a
+// `base`, called `folder_name` in messages) without following any link. Returns a descriptor, or -1 with a
 // reason in `problem`.
-static int open_beneath(int base_fd, const char* base, const char* name, int flags, char* problem, size_t capacity,
-                        int* error_number) {
+static int open_beneath(int base_fd, const char* base, const char* folder_name, const char* name, int flags,
+                        char* problem, size_t capacity, int* error_number) {
     *error_number = 0;
     size_t base_length = strlen(base);
     if (name[0] == '/') { // an absolute name must spell out the folder itself
         if (strncmp(name, base, base_length) != 0 || name[base_length] != '/') {
-            snprintf(problem, capacity, "is outside the folder");
+            snprintf(problem, capacity, "is outside the %s", folder_name);
             return -1;
         }
         name += base_length + 1;
@@ -94,7 +94,7 @@ static int open_beneath(int base_fd, const char* base, const char* name, int fla
     }
     for (const char* c = path; *c; c = strchr(c, '/') ? strchr(c, '/') + 1 : c + strlen(c))
         if (strncmp(c, "..", 2) == 0 && (c[2] == '/' || c[2] == '\0')) {
-            snprintf(problem, capacity, "is outside the folder ('..' is not allowed)");
+            snprintf(problem, capacity, "is outside the %s ('..' is not allowed)", folder_name);
             return -1;
         }
     int dir_fd = dup(base_fd);
@@ -211,7 +211,8 @@ static FILE* sandbox_fopen(lua_State* L, const char* function, const char* name,
     const char* base = write ? l->output_dir : l->lesson_dir;
     char problem[300] = "";
     int error_number = 0;
-    int fd = open_beneath(base_fd, base, name, flags, problem, sizeof problem, &error_number);
+    int fd = open_beneath(base_fd, base, write ? "output folder" : "lesson's folder", name, flags, problem,
+                          sizeof problem, &error_number);
     if (fd < 0 && missing_ok && !write && error_number == ENOENT) return NULL;
     if (fd < 0)
         lab_error(L, "%s: '%s' %s (lessons read only inside their own folder '%s' and write only inside the output "
@@ -335,7 +336,9 @@ static int sandbox_require(lua_State* L) {
     size_t n = 0;
     for (const char* c = name; *c && n + 5 < sizeof relative; c++) relative[n++] = *c == '.' ? '/' : *c;
     snprintf(relative + n, sizeof relative - n, ".lua");
-    FILE* f = sandbox_fopen(L, "require", relative, "r", false);
+    char function[300];
+    snprintf(function, sizeof function, "require '%.200s'", name);
+    FILE* f = sandbox_fopen(L, function, relative, "r", false);
     file_reader* reader = lua_newuserdatauv(L, sizeof *reader, 0); // freed with the stack, even on an error
     reader->f = f;
     lesson* l = lesson_of(L);

@@ -22,7 +22,10 @@
 //   -- args: extra arguments for `lesson run`
 //   -- expect: text that must appear in stdout + stderr (one per line)
 //   -- expect-status: N (default 1)
-//   -- max-seconds: N (default 10)
+//   -- max-seconds: N wall-clock seconds before the run counts as hung (default 60:
+//      a busy 2-core machine gave one CPU second in 8 wall seconds)
+//   -- max-cpu-seconds: N the CPU the run may use (default 3: the 1 s limit,
+//      the watchdog's 0.5 s grace, and start-up; this is what shows the limit holds)
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -36,6 +39,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -56,19 +60,21 @@ typedef struct hostile_spec {
     char args[256];
     int expect_status;
     int max_seconds;
+    double max_cpu_seconds;
 } hostile_spec;
 
 static void parse_spec(const char* text, hostile_spec* spec) {
     memset(spec, 0, sizeof *spec);
     snprintf(spec->command, sizeof spec->command, "run");
     spec->expect_status = 1;
-    spec->max_seconds = 10;
+    spec->max_seconds = 60;
+    spec->max_cpu_seconds = 3;
     for (const char* line = text; *line;) {
         size_t length = strcspn(line, "\n");
         char value[512];
-        const char* directives[] = {"-- setup: ", "-- expect: ", "-- command: ", "-- args: ", "-- expect-status: ",
-                                     "-- max-seconds: "};
-        for (int d = 0; d < 6; d++) {
+        const char* directives[] = {"-- setup: ",         "-- expect: ",      "-- command: ",        "-- args: ",
+                                     "-- expect-status: ", "-- max-seconds: ", "-- max-cpu-seconds: "};
+        for (int d = 0; d < 7; d++) {
             size_t n = strlen(directives[d]);
             if (length < n || strncmp(line, directives[d], n) != 0) continue;
             snprintf(value, sizeof value, "%.*s", (int)(length - n), line + n);
@@ -78,6 +84,7 @@ static void parse_spec(const char* text, hostile_spec* spec) {
             if (d == 3) snprintf(spec->args, sizeof spec->args, "%.255s", value);
             if (d == 4) spec->expect_status = atoi(value);
             if (d == 5) spec->max_seconds = atoi(value);
+            if (d == 6) spec->max_cpu_seconds = atof(value);
         }
         line += length + (line[length] == '\n');
     }
@@ -236,8 +243,10 @@ static void run_hostile(void** state) {
     clock_gettime(CLOCK_MONOTONIC, &start);
     int raw = 0;
     bool hung = false;
+    struct rusage usage;
+    memset(&usage, 0, sizeof usage);
     for (;;) {
-        pid_t done = waitpid(child, &raw, WNOHANG);
+        pid_t done = wait4(child, &raw, WNOHANG, &usage);
         if (done == child) break;
         clock_gettime(CLOCK_MONOTONIC, &now);
         if ((double)(now.tv_sec - start.tv_sec) + (double)(now.tv_nsec - start.tv_nsec) * 1e-9 > spec.max_seconds) {
@@ -250,6 +259,8 @@ static void run_hostile(void** state) {
     }
     clock_gettime(CLOCK_MONOTONIC, &now);
     double seconds = (double)(now.tv_sec - start.tv_sec) + (double)(now.tv_nsec - start.tv_nsec) * 1e-9;
+    double cpu_seconds = (double)usage.ru_utime.tv_sec + (double)usage.ru_utime.tv_usec * 1e-6 +
+                         (double)usage.ru_stime.tv_sec + (double)usage.ru_stime.tv_usec * 1e-6;
     size_t output_size = 0;
     unsigned char* bytes = test_read_file(output_path, &output_size);
     char* output = calloc(output_size + 1, 1);
@@ -258,7 +269,8 @@ static void run_hostile(void** state) {
     char* after = list_tree(root, output_dir);
 
     // A short view of the output for the log (the megabyte-narration lesson prints 2 MB).
-    print_message("%s: %.2f s, status %d%s\n%.1500s%s\n", name, seconds, WIFEXITED(raw) ? WEXITSTATUS(raw) : -1,
+    print_message("%s: %.2f s (%.2f s CPU), status %d%s\n%.1500s%s\n", name, seconds, cpu_seconds,
+                  WIFEXITED(raw) ? WEXITSTATUS(raw) : -1,
                   hung ? " (killed: it hung)" : "", output, output_size > 1500 ? "\n[... output shortened for the log]" : "");
     bool ok = true;
     if (hung) {
@@ -266,6 +278,9 @@ static void run_hostile(void** state) {
         ok = false;
     } else if (!WIFEXITED(raw)) {
         print_message("FAILED %s: the host died of signal %d\n", name, WTERMSIG(raw));
+        ok = false;
+    } else if (cpu_seconds > spec.max_cpu_seconds) {
+        print_message("FAILED %s: used %.2f s of CPU, more than %.1f\n", name, cpu_seconds, spec.max_cpu_seconds);
         ok = false;
     } else if (WEXITSTATUS(raw) != spec.expect_status) {
         print_message("FAILED %s: exit status %d, expected %d\n", name, WEXITSTATUS(raw), spec.expect_status);

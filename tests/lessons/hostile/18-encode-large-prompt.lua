@@ -3,7 +3,7 @@
 -- setup: copy-shared stories260K.bin
 -- expect: PASS h1
 -- expect-status: 0
--- max-seconds: 20
+-- max-cpu-seconds: 6
 lab.lesson{title = "hostile", claims = {"h1"}}
 local m = lab.model{model = "stories260K.bin", tokenizer = "tok512.bin"}
 local text = string.rep("Once upon a time, a little girl named Lily saw a big dog. ", 11000)
