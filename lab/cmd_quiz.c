@@ -57,11 +57,32 @@ static void prompt(const char* hint) {
     fflush(stdout);
 }
 
+// Saves the progress (atomically); a failure is a warning on stderr.
+// True when the file was written. (quiz_app_save reports but cannot say.)
+static bool save_progress(quiz_app* run) {
+    error_info err = {{0}};
+    if (quiz_progress_save(run->progress_path, &run->progress, &err) == 0) return true;
+    fprintf(stderr, "servelab quiz: warning: %s\n", err.message);
+    return false;
+}
+
+// The end of the goodbye line: where the progress went, only when the last
+// save wrote it; "saved" after a failed write or no write at all misleads.
+static void print_save_outcome(bool answered, bool saved, const char* path) {
+    if (saved)
+        printf("Progress saved to %s\n", path);
+    else if (!answered)
+        printf("Nothing answered, so nothing saved; %s is unchanged.\n", path);
+    else
+        printf("Progress NOT saved to %s (see the warning above).\n", path);
+}
+
 static int run_plain(quiz_app* run) {
     quiz_session* s = &run->session;
     char* line = NULL;
     size_t capacity = 0;
     bool input_open = true;
+    bool answered = false, saved = false; // saved: the last save wrote the file
     char question[4096];
     while (input_open && s->stage != QUIZ_STAGE_DONE) {
         quiz_session_format_question(s, question, sizeof question);
@@ -74,7 +95,10 @@ static int run_plain(quiz_app* run) {
             quiz_input_result result = quiz_session_input(s, line, &err);
             if (result == QUIZ_INPUT_QUIT) break;
             printf("%s\n", s->feedback);
-            if (result == QUIZ_INPUT_GRADED) quiz_app_save(run, stderr);
+            if (result == QUIZ_INPUT_GRADED) {
+                answered = true;
+                saved = save_progress(run);
+            }
         }
         if (!input_open || s->stage == QUIZ_STAGE_DONE) break;
         // Graded: p proves the claim (as often as asked), anything else moves on.
@@ -90,8 +114,8 @@ static int run_plain(quiz_app* run) {
         quiz_session_next(s);
     }
     free(line);
-    printf("\nSession over: %d right, %d wrong%s. Progress saved to %s\n", s->n_correct, s->n_wrong,
-           input_open ? "" : " (end of input)", run->progress_path);
+    printf("\nSession over: %d right, %d wrong%s. ", s->n_correct, s->n_wrong, input_open ? "" : " (end of input)");
+    print_save_outcome(answered, saved, run->progress_path);
     return 0;
 }
 
@@ -128,9 +152,11 @@ static int run_terminal(quiz_app* run) {
     }
     ui_screen_free(&screen);
     ui_terminal_close();
-    quiz_app_save(run, stderr);
-    printf("servelab quiz: %d right, %d wrong. Progress saved to %s\n", run->session.n_correct, run->session.n_wrong,
-           run->progress_path);
+    // Saved on the way out even with nothing answered (the progress as
+    // loaded is written again), so here only a failed write is not "saved".
+    bool saved = save_progress(run);
+    printf("servelab quiz: %d right, %d wrong. ", run->session.n_correct, run->session.n_wrong);
+    print_save_outcome(true, saved, run->progress_path);
     return 0;
 }
 
