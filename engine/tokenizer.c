@@ -27,6 +27,7 @@ typedef struct {
 struct tokenizer {
     int vocab_size;            // tokens
     int max_token_length;      // bytes, the longest piece allowed by the file
+    int max_text_per_id;       // bytes of text one id can stand for at most; 0: no bound known
     bool byte_level;           // true: one id per byte, no merges (tok_byte_level)
     char** pieces;             // (vocab_size) piece of each id, NUL-terminated
     float* scores;             // (vocab_size) merge score of each id; higher merges first
@@ -251,6 +252,25 @@ static int check_file(const char* path, const unsigned char* bytes, size_t size,
     return 0;
 }
 
+// The most bytes of text one id can stand for, which bounds from below how
+// many ids a text becomes (tok_encode's length check); 0 when there is no
+// such bound. Every id's piece is at least as long as the text it stands
+// for: a codepoint's piece is that text, a byte fallback's piece ("<0x41>")
+// stands for one byte, and a merge's piece is its two pieces joined. So the
+// longest piece bounds them all. The one exception is a fallback piece that
+// is empty as a C string (a piece starting with a NUL byte, in no real
+// file): "a" joined to it is "a" again, now standing for two bytes.
+static int find_max_text_per_id(const tokenizer* t) {
+    for (int byte = 1; byte < 256; byte++)  // byte 0 ends the text, it is never encoded
+        if (t->pieces[TOK_BYTE_OFFSET + byte][0] == '\0') return 0;
+    int longest = 0;
+    for (int id = 0; id < t->vocab_size; id++) {
+        int length = (int)strlen(t->pieces[id]);
+        if (length > longest) longest = length;
+    }
+    return longest;
+}
+
 int tok_file_vocab_size(const char* path, int* vocab_size, error_info* err) {
     if (!vocab_size) return error_set(err, "tok_file_vocab_size: vocab_size is NULL");
     *vocab_size = 0;
@@ -311,6 +331,7 @@ int tok_load(tokenizer** out, const char* path, int vocab_size, error_info* err)
         reader.offset += (size_t)length;
     }
     free(bytes);
+    t->max_text_per_id = find_max_text_per_id(t);
 
     if (build_index(t) != 0) {
         tok_free(t);
@@ -336,6 +357,7 @@ int tok_byte_level(tokenizer** out, error_info* err) {
     }
     t->byte_level = true;
     t->max_token_length = 5;  // "<unk>"; the byte pieces are 1 byte
+    t->max_text_per_id = 1;   // one id per byte
     char* next_piece = t->piece_bytes;
     for (int id = 0; id < TOK_MIN_VOCAB_SIZE; id++) {
         const char* piece =
@@ -348,6 +370,155 @@ int tok_byte_level(tokenizer** out, error_info* err) {
     }
     *out = t;
     return 0;
+}
+
+// ----------------------------------------------------------------------------
+// Merging
+//
+// llama2.c merges in rounds: each round scans every adjacent pair, merges the
+// one whose joined piece scores highest (the leftmost of equal scores, as its
+// scan keeps the first best it finds) and shifts the rest of the list left.
+// That is O(n) a round and up to n rounds: O(n^2), tens of seconds for a
+// 256 KB prompt and minutes for 1 MB.
+// The code below makes the same merges in the same order in O(n log n):
+//   - the symbols form a doubly linked list, so a merge unlinks one symbol
+//     instead of shifting the array behind it;
+//   - the candidate merges wait in a binary heap ordered by score, highest
+//     first, then by the left symbol's position, leftmost first: its top is
+//     the pair llama2.c's scan would pick. A symbol is known by its index in
+//     the list encoding started with (a merged symbol by its left part's),
+//     and merging never reorders symbols, so a lower index is further left;
+//   - a merge changes only the pairs on either side of it, which get new
+//     heap entries. Their old entries are not searched for and removed: they
+//     stay in the heap and are dropped when they reach the top and no longer
+//     match the list ("lazy invalidation").
+
+// One symbol of the text being merged: one id, standing for one or more of
+// the ids encoding started with.
+typedef struct {
+    int32_t id;    // token id; -1 once merged into the symbol on its left
+    int32_t prev;  // index of the symbol on the left, -1 for the first
+    int32_t next;  // index of the symbol on the right, -1 for the last
+} merge_symbol;
+
+// A possible merge, as it stood when pushed: symbol `left` with id left_id,
+// followed by a symbol with id right_id, which join as merged_id. The ids
+// decide the result, so while the list still holds that pair at `left` the
+// entry is exact, however old it is.
+typedef struct {
+    float score;        // t->scores[merged_id]; higher merges first
+    int32_t left;       // index of the left symbol; lower merges first on equal scores
+    int32_t left_id;    // the two ids the entry was made from
+    int32_t right_id;
+    int32_t merged_id;  // the id of the two pieces joined
+} merge_candidate;
+
+// A binary max-heap of candidates: entries[0] comes first, and entries[i]
+// comes before its children entries[2i + 1] and entries[2i + 2].
+typedef struct {
+    merge_candidate* entries;  // (capacity) candidates, the first `count` in use
+    size_t count;
+    size_t capacity;
+} candidate_heap;
+
+// Whether a merges before b: llama2.c's choice between them.
+static bool comes_first(const merge_candidate* a, const merge_candidate* b) {
+    if (a->score != b->score) return a->score > b->score;  // scores are never NaN (tok_load)
+    return a->left < b->left;
+}
+
+static void heap_push(candidate_heap* heap, merge_candidate candidate) {
+    // The new entry rises from the end while it comes before its parent.
+    size_t i = heap->count++;
+    while (i > 0) {
+        size_t parent = (i - 1) / 2;
+        if (!comes_first(&candidate, &heap->entries[parent])) break;
+        heap->entries[i] = heap->entries[parent];
+        i = parent;
+    }
+    heap->entries[i] = candidate;
+}
+
+static merge_candidate heap_pop(candidate_heap* heap) {
+    merge_candidate top = heap->entries[0];
+    // The last entry sinks from the root while a child comes before it.
+    merge_candidate last = heap->entries[--heap->count];
+    size_t i = 0;
+    for (;;) {
+        size_t child = 2 * i + 1;
+        if (child >= heap->count) break;
+        size_t sibling = child + 1;
+        if (sibling < heap->count && comes_first(&heap->entries[sibling], &heap->entries[child]))
+            child = sibling;
+        if (!comes_first(&heap->entries[child], &last)) break;
+        heap->entries[i] = heap->entries[child];
+        i = child;
+    }
+    if (heap->count > 0) heap->entries[i] = last;
+    return top;
+}
+
+// Pushes the merge of symbols[left] with the symbol after it, if there is
+// one: its joined piece must be in the vocab and score above NO_MERGE_SCORE
+// (llama2.c's scan never picks a lower one). `joined` as in lookup_pair.
+static void push_pair(const tokenizer* t, candidate_heap* heap, const merge_symbol* symbols,
+                      int32_t left, char* joined) {
+    if (left < 0 || symbols[left].next < 0) return;
+    int32_t left_id = symbols[left].id;
+    int32_t right_id = symbols[symbols[left].next].id;
+    int32_t merged_id = lookup_pair(t, left_id, right_id, joined);
+    if (merged_id < 0 || !(t->scores[merged_id] > NO_MERGE_SCORE)) return;
+    heap_push(heap, (merge_candidate){t->scores[merged_id], left, left_id, right_id, merged_id});
+}
+
+// Whether the pair a candidate was made from is still in the list. A merge
+// gives its left symbol a new id and ends its right one (id -1), so an entry
+// for a pair that was merged, or whose either side has since grown, fails
+// here; one that passes describes a pair of the list exactly.
+static bool is_current(const merge_candidate* candidate, const merge_symbol* symbols) {
+    const merge_symbol* left = &symbols[candidate->left];
+    return left->id == candidate->left_id && left->next >= 0 &&
+           symbols[left->next].id == candidate->right_id;
+}
+
+// Merges ids[0..n) as llama2.c's encode() does and writes the result back to
+// the front of ids. Returns the new count, or -1 when out of memory.
+static int merge_pairs(const tokenizer* t, int32_t* ids, int n, char* joined) {
+    if (n < 2) return n;
+    merge_symbol* symbols = malloc((size_t)n * sizeof *symbols);  // (n) the list, by first position
+    // The heap starts with at most n - 1 pairs and each merge pops one entry
+    // and pushes at most two; there are at most n - 1 merges, so it never
+    // holds more than 2n - 2 entries (20 bytes each: 40 MB for a 1 MB text).
+    candidate_heap heap = {malloc(2 * (size_t)n * sizeof *heap.entries), 0, 2 * (size_t)n};
+    if (!symbols || !heap.entries) {
+        free(symbols);
+        free(heap.entries);
+        return -1;
+    }
+    for (int i = 0; i < n; i++) symbols[i] = (merge_symbol){ids[i], i - 1, i + 1 < n ? i + 1 : -1};
+    for (int i = 0; i + 1 < n; i++) push_pair(t, &heap, symbols, i, joined);
+
+    while (heap.count > 0) {
+        merge_candidate best = heap_pop(&heap);
+        if (!is_current(&best, symbols)) continue;  // a merge changed this pair since
+        // The left symbol takes the joined id; the right one leaves the list.
+        merge_symbol* left = &symbols[best.left];
+        int32_t right = left->next;
+        left->id = best.merged_id;
+        left->next = symbols[right].next;
+        if (left->next >= 0) symbols[left->next].prev = best.left;
+        symbols[right].id = -1;
+        // Only the pairs either side of the new symbol changed.
+        push_pair(t, &heap, symbols, left->prev, joined);
+        push_pair(t, &heap, symbols, best.left, joined);
+    }
+
+    // Symbol 0 is never merged into a left neighbour: the list starts there.
+    int count = 0;
+    for (int32_t i = 0; i >= 0; i = symbols[i].next) ids[count++] = symbols[i].id;
+    free(symbols);
+    free(heap.entries);
+    return count;
 }
 
 // ----------------------------------------------------------------------------
@@ -370,45 +541,14 @@ static int encode_byte_level(const char* text, size_t text_bytes, bool add_bos, 
     return 0;
 }
 
-// The BPE merge loop. llama2.c rebuilds and looks up every adjacent pair's
-// joined piece on each pass; the result of a pair depends only on its two
-// ids, so here each pair is looked up once and only the two pairs beside a
-// merge are looked up again. The choice of merge, and so the ids, is the
-// same. Returns the new count.
-static int merge_pairs(const tokenizer* t, int32_t* work, int n, int32_t* pair_ids,
-                       float* pair_scores, char* joined) {
-    // pair_ids[i]: (n - 1) the id of work[i] + work[i + 1], or -1; pair_scores[i] its score
-    for (int i = 0; i + 1 < n; i++) {
-        pair_ids[i] = lookup_pair(t, work[i], work[i + 1], joined);
-        pair_scores[i] = pair_ids[i] >= 0 ? t->scores[pair_ids[i]] : 0.0f;
-    }
-    for (;;) {
-        float best_score = NO_MERGE_SCORE;
-        int best = -1;
-        for (int i = 0; i + 1 < n; i++) {
-            if (pair_ids[i] >= 0 && pair_scores[i] > best_score) {  // strictly: leftmost wins ties
-                best_score = pair_scores[i];
-                best = i;
-            }
-        }
-        if (best < 0) return n;
-
-        // work[best], work[best + 1] become one id; the pairs after shift left.
-        work[best] = pair_ids[best];
-        memmove(work + best + 1, work + best + 2, (size_t)(n - best - 2) * sizeof *work);
-        if (n - best - 3 > 0) {
-            memmove(pair_ids + best + 1, pair_ids + best + 2,
-                    (size_t)(n - best - 3) * sizeof *pair_ids);
-            memmove(pair_scores + best + 1, pair_scores + best + 2,
-                    (size_t)(n - best - 3) * sizeof *pair_scores);
-        }
-        n--;
-        for (int i = best - 1; i <= best; i++) {
-            if (i < 0 || i + 1 >= n) continue;
-            pair_ids[i] = lookup_pair(t, work[i], work[i + 1], joined);
-            pair_scores[i] = pair_ids[i] >= 0 ? t->scores[pair_ids[i]] : 0.0f;
-        }
-    }
+// The fewest ids a text of text_bytes (> 0) bytes can become, for a
+// tokenizer with a bound (max_text_per_id > 0): every id stands for at most
+// max_text_per_id bytes of the text and its dummy-prefix space, so the text
+// needs at least ceil((text_bytes + 1) / max_text_per_id) of them, then EOS.
+// BOS is not counted: a vocab could hold a piece that joins it to the text.
+static int64_t min_ids_needed(const tokenizer* t, size_t text_bytes, bool add_eos) {
+    int64_t per_id = t->max_text_per_id;
+    return ((int64_t)text_bytes + 1 + per_id - 1) / per_id + add_eos;
 }
 
 int tok_encode(const tokenizer* t, const char* text, bool add_bos, bool add_eos, int32_t* ids,
@@ -428,17 +568,28 @@ int tok_encode(const tokenizer* t, const char* text, bool add_bos, bool add_eos,
     if (t->byte_level)
         return encode_byte_level(text, text_bytes, add_bos, add_eos, ids, capacity, n_ids, err);
 
+    // A text that cannot fit whatever its merges is refused before any work
+    // (a 1 MB prompt for a 512-token context takes no time). Only counting
+    // (ids NULL, capacity 0) asks for the exact count, so it is not refused.
+    bool only_counting = !ids && capacity == 0;
+    if (!only_counting && t->max_text_per_id > 0 && text_bytes > 0) {
+        int64_t at_least = min_ids_needed(t, text_bytes, add_eos);
+        if (at_least > capacity) {
+            *n_ids = (int)at_least;
+            return error_set(err,
+                             "tok_encode: text of %zu bytes needs at least %lld ids (no piece "
+                             "is longer than %d bytes), capacity is %d",
+                             text_bytes, (long long)at_least, t->max_text_per_id, capacity);
+        }
+    }
+
     size_t max_ids = text_bytes + 3;
-    int32_t* work = malloc(max_ids * sizeof *work);              // (max_ids) ids being merged
-    int32_t* pair_ids = malloc(max_ids * sizeof *pair_ids);      // (max_ids) see merge_pairs
-    float* pair_scores = malloc(max_ids * sizeof *pair_scores);  // (max_ids)
+    int32_t* work = malloc(max_ids * sizeof *work);  // (max_ids) ids being merged
     // Two pieces and a NUL; at least 5 bytes for a 4-byte codepoint and its
     // NUL, as llama2.c sizes it (2 * max_token_length + 1 + 2).
     char* joined = malloc((size_t)t->max_token_length * 2 + 3);
-    if (!work || !pair_ids || !pair_scores || !joined) {
+    if (!work || !joined) {
         free(work);
-        free(pair_ids);
-        free(pair_scores);
         free(joined);
         return error_set(err, "tok_encode: out of memory for %zu ids", max_ids);
     }
@@ -474,7 +625,12 @@ int tok_encode(const tokenizer* t, const char* text, bool add_bos, bool add_eos,
     }
     // llama2.c merges with BOS in the list too: BOS's piece ("\n<s>\n") joins
     // nothing in real vocabs, but the same list gives the same ids.
-    n = merge_pairs(t, work, n, pair_ids, pair_scores, joined);
+    n = merge_pairs(t, work, n, joined);
+    if (n < 0) {
+        free(work);
+        free(joined);
+        return error_set(err, "tok_encode: out of memory merging %zu ids", max_ids);
+    }
     if (add_eos) work[n++] = TOK_EOS_ID;
 
     int status = 0;
@@ -485,8 +641,6 @@ int tok_encode(const tokenizer* t, const char* text, bool add_bos, bool add_eos,
     }
     *n_ids = n;
     free(work);
-    free(pair_ids);
-    free(pair_scores);
     free(joined);
     return status;
 }

@@ -56,11 +56,20 @@ bool tok_is_byte_level(const tokenizer* t);
 // add_bos, a dummy " " token before non-empty text, each UTF-8 codepoint as
 // its piece or else as its bytes (id = byte + 3), then merges the adjacent
 // pair whose joined piece has the highest score (strictly higher: the
-// leftmost wins a tie) until no pair joins; EOS last if add_eos.
+// leftmost wins a tie) until no pair joins; EOS last if add_eos. The ids are
+// llama2.c's, but found in O(n log n) time rather than its O(n^2).
 // ids has room for `capacity` ids (ids may be NULL when capacity is 0).
 // On success *n_ids is the count. When the ids do not fit, nothing is written
 // to ids, *n_ids gets the count needed, and it fails (like snprintf, so a
 // caller can retry with a larger array).
+// A text too long to fit in any case is refused before it is encoded: no id
+// stands for more text than the longest piece, so B bytes of text need at
+// least ceil((B + 1) / longest piece) ids (the + 1 is the dummy space), plus
+// EOS. Then *n_ids gets that lower bound, not the exact count, and the
+// message names both numbers. Only counting (ids NULL, capacity 0) is never
+// refused early: it encodes the whole text to give the exact count. (A vocab
+// with a byte piece that is empty as a C string has no such bound and skips
+// this check; no real one has.)
 int tok_encode(const tokenizer* t, const char* text, bool add_bos, bool add_eos, int32_t* ids,
                int capacity, int* n_ids, error_info* err);
 

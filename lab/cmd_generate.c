@@ -151,7 +151,8 @@ int command_generate(int argc, char** argv) {
             goto done;
         }
         if (tok_encode(source.tokenizer, args.prompt_text, true, false, prompt, c->max_seq_len, &n_prompt, &err)) {
-            fprintf(stderr, "servelab generate: --prompt: %s\n", err.message);
+            fprintf(stderr, "servelab generate: --prompt: %s; the model's context (max_seq_len) is %d tokens\n",
+                    err.message, c->max_seq_len);
             status = 2;
             goto done;
         }

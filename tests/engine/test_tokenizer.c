@@ -1,6 +1,8 @@
 // Tests for engine/tokenizer: llama2.c-exact encoding on tok512.bin, round
-// trips, the byte-level tokenizer, merge rules on small hand-made vocabs, and
-// refusal of corrupt tokenizer files.
+// trips, the byte-level tokenizer, merge rules on small hand-made vocabs,
+// refusal of corrupt tokenizer files, the heap merge against the old
+// quadratic loop on random texts, its speed, and the length check that
+// refuses a prompt before encoding it.
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -13,6 +15,7 @@
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "engine/tokenizer.h"
 
@@ -253,8 +256,7 @@ static void test_round_trip_random_bytes(void** state) {
     tok_free(t);
 }
 
-// A long text stays correct and finishes quickly (the merge loop looks up
-// each pair once, not on every pass as llama2.c does).
+// A long text stays correct (test_one_megabyte_encodes_fast checks speed).
 static void test_long_text(void** state) {
     (void)state;
     tokenizer* t = load_tok512();
@@ -666,6 +668,498 @@ static void test_file_vocab_size(void** state) {
     }
 }
 
+// ---- the old quadratic merge loop, as a reference ------------------------------
+// tok_encode merges with a heap in O(n log n). The reference below is the
+// code it replaced, copied nearly verbatim: llama2.c's encode() with each
+// pair's joined piece looked up once. Every round scans all pairs for the
+// highest score (strictly higher, so the leftmost of equal scores wins),
+// merges that pair and shifts the rest of the list down: O(n) a round, n
+// rounds, too slow for long prompts but plainly right. The two must give the
+// same ids for every text and every vocab. It reads the tokenizer file
+// itself, so it shares no code with engine/tokenizer.c.
+
+typedef struct {
+    const char* piece;  // NUL-terminated, points into reference_vocab.piece_bytes
+    int32_t id;
+} reference_entry;
+
+typedef struct {
+    int n_tokens;
+    int max_token_length;      // bytes, from the file's header
+    char** pieces;             // (n_tokens) each piece as a C string
+    float* scores;             // (n_tokens) merge scores
+    reference_entry* sorted;   // (n_tokens) pieces in strcmp order, ties by id
+    char* piece_bytes;         // (file size) the pieces and their NULs
+} reference_vocab;
+
+static int compare_reference_entries(const void* a, const void* b) {
+    const reference_entry* left = a;
+    const reference_entry* right = b;
+    int order = strcmp(left->piece, right->piece);
+    return order != 0 ? order : (left->id > right->id) - (left->id < right->id);
+}
+
+static int32_t read_le32(const unsigned char* p) {
+    uint32_t value = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+                     (uint32_t)p[3] << 24;
+    int32_t signed_value;
+    memcpy(&signed_value, &value, 4);
+    return signed_value;
+}
+
+// Parses a valid tokenizer.bin (bytes, size) into v.
+static void reference_vocab_parse(reference_vocab* v, const unsigned char* bytes, size_t size) {
+    v->max_token_length = read_le32(bytes);
+    int capacity = (int)(size / 9);  // every token takes 9 bytes or more
+    v->pieces = malloc((size_t)capacity * sizeof *v->pieces);
+    v->scores = malloc((size_t)capacity * sizeof *v->scores);
+    v->piece_bytes = malloc(size);
+    assert_true(v->pieces && v->scores && v->piece_bytes);
+    char* next_piece = v->piece_bytes;
+    size_t offset = 4;
+    for (v->n_tokens = 0; offset < size; v->n_tokens++) {
+        int32_t score_bits = read_le32(bytes + offset);
+        memcpy(&v->scores[v->n_tokens], &score_bits, 4);
+        int32_t length = read_le32(bytes + offset + 4);
+        memcpy(next_piece, bytes + offset + 8, (size_t)length);
+        next_piece[length] = '\0';
+        v->pieces[v->n_tokens] = next_piece;
+        next_piece += length + 1;
+        offset += 8 + (size_t)length;
+    }
+    v->sorted = malloc((size_t)v->n_tokens * sizeof *v->sorted);
+    assert_non_null(v->sorted);
+    for (int id = 0; id < v->n_tokens; id++) v->sorted[id] = (reference_entry){v->pieces[id], id};
+    qsort(v->sorted, (size_t)v->n_tokens, sizeof *v->sorted, compare_reference_entries);
+}
+
+static void reference_vocab_free(reference_vocab* v) {
+    free(v->pieces);
+    free(v->scores);
+    free(v->sorted);
+    free(v->piece_bytes);
+}
+
+// The lowest id whose piece is `piece`, or -1 (tokenizer.c's rule for a piece
+// a file repeats).
+static int32_t reference_lookup(const reference_vocab* v, const char* piece) {
+    int low = 0, high = v->n_tokens;
+    while (low < high) {
+        int middle = low + (high - low) / 2;
+        if (strcmp(v->sorted[middle].piece, piece) < 0)
+            low = middle + 1;
+        else
+            high = middle;
+    }
+    if (low < v->n_tokens && strcmp(v->sorted[low].piece, piece) == 0) return v->sorted[low].id;
+    return -1;
+}
+
+static int32_t reference_lookup_pair(const reference_vocab* v, int32_t left, int32_t right,
+                                     char* joined) {
+    size_t left_length = strlen(v->pieces[left]);
+    memcpy(joined, v->pieces[left], left_length);
+    strcpy(joined + left_length, v->pieces[right]);
+    return reference_lookup(v, joined);
+}
+
+// The old merge loop. Returns the new count.
+static int reference_merge(const reference_vocab* v, int32_t* work, int n, int32_t* pair_ids,
+                           float* pair_scores, char* joined) {
+    // pair_ids[i]: (n - 1) the id of work[i] + work[i + 1], or -1; pair_scores[i] its score
+    for (int i = 0; i + 1 < n; i++) {
+        pair_ids[i] = reference_lookup_pair(v, work[i], work[i + 1], joined);
+        pair_scores[i] = pair_ids[i] >= 0 ? v->scores[pair_ids[i]] : 0.0f;
+    }
+    for (;;) {
+        float best_score = -1e10f;
+        int best = -1;
+        for (int i = 0; i + 1 < n; i++) {
+            if (pair_ids[i] >= 0 && pair_scores[i] > best_score) {  // strictly: leftmost wins ties
+                best_score = pair_scores[i];
+                best = i;
+            }
+        }
+        if (best < 0) return n;
+
+        // work[best], work[best + 1] become one id; the pairs after shift left.
+        work[best] = pair_ids[best];
+        memmove(work + best + 1, work + best + 2, (size_t)(n - best - 2) * sizeof *work);
+        if (n - best - 3 > 0) {
+            memmove(pair_ids + best + 1, pair_ids + best + 2,
+                    (size_t)(n - best - 3) * sizeof *pair_ids);
+            memmove(pair_scores + best + 1, pair_scores + best + 2,
+                    (size_t)(n - best - 3) * sizeof *pair_scores);
+        }
+        n--;
+        for (int i = best - 1; i <= best; i++) {
+            if (i < 0 || i + 1 >= n) continue;
+            pair_ids[i] = reference_lookup_pair(v, work[i], work[i + 1], joined);
+            pair_scores[i] = pair_ids[i] >= 0 ? v->scores[pair_ids[i]] : 0.0f;
+        }
+    }
+}
+
+// The old tok_encode for a BPE vocab; ids has room for strlen(text) + 3.
+static int reference_encode(const reference_vocab* v, const char* text, bool add_bos,
+                            bool add_eos, int32_t* ids) {
+    size_t text_bytes = strlen(text);
+    int32_t* pair_ids = malloc((text_bytes + 3) * sizeof *pair_ids);
+    float* pair_scores = malloc((text_bytes + 3) * sizeof *pair_scores);
+    char* joined = malloc((size_t)v->max_token_length * 2 + 3);
+    assert_true(pair_ids && pair_scores && joined);
+    int n = 0;
+    if (add_bos) ids[n++] = TOK_BOS_ID;
+    if (text_bytes > 0) {
+        int32_t space_id = reference_lookup(v, " ");
+        ids[n++] = space_id >= 0 ? space_id : ' ' + TOK_BYTE_OFFSET;
+    }
+    for (size_t start = 0; start < text_bytes;) {  // one UTF-8 codepoint at a time
+        size_t end = start + 1;
+        while (end < text_bytes && end - start < 4 && ((unsigned char)text[end] & 0xC0) == 0x80)
+            end++;
+        memcpy(joined, text + start, end - start);
+        joined[end - start] = '\0';
+        int32_t id = reference_lookup(v, joined);
+        if (id >= 0) {
+            ids[n++] = id;
+        } else {
+            for (size_t i = start; i < end; i++)
+                ids[n++] = (unsigned char)text[i] + TOK_BYTE_OFFSET;
+        }
+        start = end;
+    }
+    n = reference_merge(v, ids, n, pair_ids, pair_scores, joined);
+    if (add_eos) ids[n++] = TOK_EOS_ID;
+    free(pair_ids);
+    free(pair_scores);
+    free(joined);
+    return n;
+}
+
+// Fails unless tok_encode and the reference give the same ids for text.
+static void assert_same_as_reference(const tokenizer* t, const reference_vocab* v,
+                                     const char* text, bool add_bos, bool add_eos,
+                                     const char* label) {
+    int capacity = (int)strlen(text) + 3;
+    int32_t* got = malloc((size_t)capacity * sizeof *got);
+    int32_t* expected = malloc((size_t)capacity * sizeof *expected);
+    assert_true(got && expected);
+    int n_got = encode_or_fail(t, text, add_bos, add_eos, got, capacity);
+    int n_expected = reference_encode(v, text, add_bos, add_eos, expected);
+    for (int i = 0; i < n_got && i < n_expected; i++) {
+        if (got[i] != expected[i])
+            fail_msg("%s, text of %zu bytes: id %d is %d, the old loop gives %d", label,
+                     strlen(text), i, (int)got[i], (int)expected[i]);
+    }
+    if (n_got != n_expected)
+        fail_msg("%s, text of %zu bytes: %d ids, the old loop gives %d", label, strlen(text),
+                 n_got, n_expected);
+    free(got);
+    free(expected);
+}
+
+// ---- random texts -----------------------------------------------------------------
+
+static uint32_t next_random(uint32_t* seed) {
+    *seed = *seed * 1664525u + 1013904223u;  // LCG: reproducible
+    return *seed >> 8;
+}
+
+typedef enum {
+    TEXT_ASCII,           // letters, digits, punctuation, whitespace
+    TEXT_WORDS,           // story words, so that long merges happen
+    TEXT_UTF8,            // multibyte codepoints, some with pieces and some not
+    TEXT_BYTES,           // any byte but NUL: malformed UTF-8, byte fallback
+    TEXT_REPEATS,         // one short unit over and over: many equal-score pairs
+    TEXT_SMALL_ALPHABET,  // "a", "b", "e", " ", "é": the random vocab's pieces
+    TEXT_KINDS
+} text_kind;
+
+static const char* const text_kind_names[TEXT_KINDS] = {"ascii", "words", "utf8",
+                                                        "bytes", "repeats", "small alphabet"};
+
+// Appends units picked by `kind` to text until `length` bytes would be passed.
+// One element of a static array, at random.
+#define PICK(seed, array) ((array)[next_random(seed) % (sizeof(array) / sizeof((array)[0]))])
+
+static void random_text(text_kind kind, uint32_t* seed, char* text, size_t length) {
+    static const char ascii[] = " eeettaaoinshrdlucmfwypvbgkjqxz.,!?'\n\tABCOT0123";
+    static const char* const words[] = {"Once", "upon", "a", "time", "the", "little",
+                                        "girl", "Lily", "dog", "play", "happy", "said",
+                                        "friend", "sun", "ball", ".", ",", "!"};
+    static const char* const gaps[] = {" ", " ", " ", "  ", "\n"};
+    // Codepoints with a tok512 piece and without, and cut-off sequences.
+    static const char* const utf8[] = {"é", "—", "日", "本", "語", "🙂", "ï", "ß",
+                                       "a", " ", "e", "ü", "中", "\xC3", "\xE2\x80", "\xF0\x9F"};
+    static const char* const units[] = {"a", "e", " ", "ab", "é", "\xFF", "ee", "🙂", "\n", "aab"};
+    static const char* const small[] = {"a", "a", "b", "b", "e", " ", " ", "é"};
+    const char* unit = PICK(seed, units);
+    size_t n = 0;
+    for (;;) {
+        char one[2] = {0, 0};
+        const char* next = one;
+        switch (kind) {
+        case TEXT_ASCII: one[0] = ascii[next_random(seed) % (sizeof ascii - 1)]; break;
+        case TEXT_WORDS: next = next_random(seed) % 2 ? PICK(seed, words) : PICK(seed, gaps); break;
+        case TEXT_UTF8: next = PICK(seed, utf8); break;
+        case TEXT_BYTES: one[0] = (char)(1 + next_random(seed) % 255); break;
+        case TEXT_REPEATS: next = unit; break;
+        case TEXT_SMALL_ALPHABET: next = PICK(seed, small); break;
+        case TEXT_KINDS: break;
+        }
+        size_t next_bytes = strlen(next);
+        if (next_bytes == 0 || n + next_bytes > length) break;
+        memcpy(text + n, next, next_bytes);
+        n += next_bytes;
+    }
+    text[n] = '\0';
+}
+
+// Compares tok_encode with the reference on texts of every kind: mostly
+// short, every 25th up to 2000 bytes.
+static void compare_on_random_texts(const tokenizer* t, const reference_vocab* v,
+                                    const char* label, uint32_t seed) {
+    enum { MAX_TEXT = 2000 };
+    char* text = malloc(MAX_TEXT + 1);
+    assert_non_null(text);
+    char what[128];
+    for (int kind = 0; kind < TEXT_KINDS; kind++) {
+        snprintf(what, sizeof what, "%s, %s text", label, text_kind_names[kind]);
+        for (int round = 0; round < 120; round++) {
+            size_t length = round % 60;
+            if (round % 25 == 24) length = next_random(&seed) % MAX_TEXT;
+            random_text((text_kind)kind, &seed, text, length);
+            assert_same_as_reference(t, v, text, round % 2 == 0, round % 3 == 0, what);
+        }
+    }
+    free(text);
+}
+
+// Loads a hand-made vocab both ways: into a tokenizer and into a reference.
+static tokenizer* load_built_with_reference(const char* name, const test_piece* extra,
+                                            int n_extra, reference_vocab* v) {
+    byte_buffer b = build_file(8, extra, n_extra);
+    reference_vocab_parse(v, b.bytes, b.size);
+    free(b.bytes);
+    return load_built(name, extra, n_extra);
+}
+
+static void test_same_as_old_loop_tok512(void** state) {
+    (void)state;
+    tokenizer* t = load_tok512();
+    char path[512];
+    REQUIRE_SHARED_MODEL(path, "tok512.bin");
+    size_t size = 0;
+    unsigned char* bytes = test_read_file(path, &size);
+    assert_non_null(bytes);
+    reference_vocab v;
+    reference_vocab_parse(&v, bytes, size);
+    free(bytes);
+    compare_on_random_texts(t, &v, "tok512", 2024);
+    // The golden prompts too, so that the reference is known to be llama2.c's.
+    assert_same_as_reference(t, &v, "Hello, world! 123\n\ttabs", true, false, "tok512");
+    assert_same_as_reference(t, &v, "naïve café — 日本語 🙂", true, false, "tok512");
+    reference_vocab_free(&v);
+    tok_free(t);
+}
+
+// The hand-made vocabs of the merge tests, and a random one where many
+// pieces share a score, so that ties are decided on nearly every merge.
+static void test_same_as_old_loop_hand_made(void** state) {
+    (void)state;
+    static const test_piece tie[] = {{" ", -1}, {"a", -1}, {"b", -1}, {"ab", 5}, {"bb", 5}};
+    static const test_piece chain[] = {{" ", 0},   {"a", 0},  {"b", 0},    {" a", 8},
+                                       {" ab", 7}, {"ab", 6}, {" abab", 1}};
+    static const test_piece low[] = {{" ", 0}, {"a", 0}, {"b", 0}, {"ab", -2e10f}};
+    static const test_piece utf8[] = {{" ", 0}, {"é", 0}, {"x", 0}};
+    static const test_piece no_space[] = {{"a", 0}, {"b", 1}, {"ab", 2}};
+    static const struct {
+        const char* name;
+        const test_piece* extra;
+        int n_extra;
+    } vocabs[] = {
+        {"tie.bin", tie, 5},           {"chain.bin", chain, 7}, {"low.bin", low, 4},
+        {"utf8.bin", utf8, 3},         {"nospace.bin", no_space, 3},
+        {"valid.bin", valid_extra, 4},
+    };
+    uint32_t seed = 77;
+    for (size_t i = 0; i < sizeof vocabs / sizeof vocabs[0]; i++) {
+        reference_vocab v;
+        tokenizer* t = load_built_with_reference(vocabs[i].name, vocabs[i].extra,
+                                                 vocabs[i].n_extra, &v);
+        compare_on_random_texts(t, &v, vocabs[i].name, seed++);
+        reference_vocab_free(&v);
+        tok_free(t);
+    }
+
+    // Every string of 1 to 3 of " ", "a", "b", "e" (84), a few longer ones,
+    // a repeated piece (the lowest id wins) and one scoring below -1e10,
+    // with scores from {-1, 0, 1, 2}: most pairs tie with others.
+    test_piece random_vocab[128];
+    char pieces[128][8];
+    int n_extra = 0;
+    static const char letters[] = " abe";
+    for (int length = 1; length <= 3; length++) {
+        int count = 1;
+        for (int i = 0; i < length; i++) count *= 4;
+        for (int code = 0; code < count; code++) {
+            int rest = code;
+            for (int i = 0; i < length; i++, rest /= 4) pieces[n_extra][i] = letters[rest % 4];
+            pieces[n_extra][length] = '\0';
+            n_extra++;
+        }
+    }
+    static const char* const more[] = {"aaaa", " aba", "bbbb", "é", "éé", " é", "aé",
+                                       "ab",   " a",   "eeee", "a b", "b a"};
+    for (size_t i = 0; i < sizeof more / sizeof more[0]; i++) strcpy(pieces[n_extra++], more[i]);
+    for (int i = 0; i < n_extra; i++) {
+        random_vocab[i].piece = pieces[i];
+        random_vocab[i].score = (float)((int)(next_random(&seed) % 4) - 1);
+    }
+    random_vocab[n_extra - 1].score = -2e10f;  // "b a" never merges
+    reference_vocab v;
+    tokenizer* t = load_built_with_reference("ties.bin", random_vocab, n_extra, &v);
+    compare_on_random_texts(t, &v, "ties.bin", seed);
+    reference_vocab_free(&v);
+    tok_free(t);
+}
+
+// ---- speed, and the length check before encoding ---------------------------------
+
+// A text of `length` bytes of random story words (malloc'ed).
+static char* story_text(size_t length, uint32_t seed) {
+    char* text = malloc(length + 1);
+    assert_non_null(text);
+    random_text(TEXT_WORDS, &seed, text, length);
+    size_t n = strlen(text);
+    memset(text + n, 'a', length - n);  // the last word did not fit: pad to the exact length
+    text[length] = '\0';
+    return text;
+}
+
+// A complexity regression check, not a benchmark: a 1 MiB prompt took the
+// old O(n^2) merge loop over five minutes; the heap takes well under a
+// second (about 0.4 s on the 2-core dev box). The bound is generous so that
+// a sanitized or busy build passes, yet a quadratic loop cannot.
+static void test_one_megabyte_encodes_fast(void** state) {
+    (void)state;
+    tokenizer* t = load_tok512();
+    size_t text_bytes = (size_t)1 << 20;
+    char* text = story_text(text_bytes, 99);
+    int capacity = (int)text_bytes + 3;
+    int32_t* ids = malloc((size_t)capacity * sizeof *ids);
+    char* decoded = malloc(text_bytes + 1);
+    assert_true(ids && decoded);
+
+    clock_t start = clock();
+    int n = encode_or_fail(t, text, true, false, ids, capacity);
+    double seconds = (double)(clock() - start) / CLOCKS_PER_SEC;
+    print_message("1 MiB encoded to %d ids in %.3f s of CPU\n", n, seconds);
+    if (seconds >= 2.0) fail_msg("1 MiB took %.2f s of CPU to encode, expected < 2 s", seconds);
+
+    assert_int_equal(tok_decode_text(t, ids[0], ids + 1, n - 1, decoded, text_bytes + 1),
+                     text_bytes);
+    assert_string_equal(decoded, text);
+    free(decoded);
+    free(ids);
+    free(text);
+    tok_free(t);
+}
+
+// A prompt that cannot fit is refused before encoding, naming both numbers.
+static void test_length_checked_before_encoding(void** state) {
+    (void)state;
+    tokenizer* t = load_tok512();
+    size_t text_bytes = (size_t)1 << 20;
+    char* text = story_text(text_bytes, 5);
+    int32_t ids[512];
+    for (int i = 0; i < 512; i++) ids[i] = -7;
+    error_info err;
+    error_clear(&err);
+    int n = -1;
+
+    // tok512's longest piece is 7 bytes (" little"), so the text and its
+    // dummy space need at least ceil((1048576 + 1) / 7) = 149797 ids.
+    clock_t start = clock();
+    assert_int_equal(tok_encode(t, text, true, false, ids, 512, &n, &err), -1);
+    double seconds = (double)(clock() - start) / CLOCKS_PER_SEC;
+    assert_message_has(&err, "text of 1048576 bytes needs at least 149797 ids");
+    assert_message_has(&err, "capacity is 512");
+    // The lower bound, not the exact count (about 620000): nothing was encoded.
+    assert_int_equal(n, 149797);
+    if (seconds >= 0.2) fail_msg("the refusal took %.3f s of CPU, expected no encoding", seconds);
+    for (int i = 0; i < 512; i++) assert_int_equal(ids[i], -7);
+    // EOS counts too.
+    assert_int_equal(tok_encode(t, text, true, true, ids, 512, &n, &err), -1);
+    assert_int_equal(n, 149798);
+
+    // Retrying with the lower bound encodes and reports the exact count, as
+    // any text too long for its array does; a third try with that fits.
+    text[2000] = '\0';
+    int32_t* retry = malloc(2003 * sizeof *retry);
+    assert_non_null(retry);
+    assert_int_equal(tok_encode(t, text, true, false, retry, 10, &n, &err), -1);
+    assert_int_equal(n, (2000 + 1 + 6) / 7);
+    assert_int_equal(tok_encode(t, text, true, false, retry, n, &n, &err), -1);
+    assert_message_has(&err, "text needs");
+    int exact = n;
+    assert_int_equal(tok_encode(t, text, true, false, retry, exact, &n, &err), 0);
+    assert_int_equal(n, exact);
+    // Only counting (NULL, 0) is never refused early: it gives the exact count.
+    assert_int_equal(tok_encode(t, text, true, false, NULL, 0, &n, &err), -1);
+    assert_int_equal(n, exact);
+    free(retry);
+    free(text);
+    tok_free(t);
+}
+
+// The length check trusts that no id stands for more text than the longest
+// piece. A byte piece that is empty as a C string breaks that ("a" joined
+// to it is "a" again, standing for two bytes), so such a vocab is not
+// checked early.
+static void test_no_early_check_without_a_bound(void** state) {
+    (void)state;
+    byte_buffer b = {NULL, 0, 0};
+    put_u32(&b, 8);
+    put_token(&b, "<unk>", 0.0f);
+    put_token(&b, "\n<s>\n", 0.0f);
+    put_token(&b, "\n</s>\n", 0.0f);
+    for (int byte = 0; byte < 256; byte++) {
+        char piece[8];
+        snprintf(piece, sizeof piece, "<0x%02X>", byte);
+        if (byte == 'b') {  // one NUL byte: the piece "" as a C string
+            put_u32(&b, 0);
+            put_u32(&b, 1);
+            put_bytes(&b, "", 1);
+        } else {
+            put_token(&b, piece, 0.0f);
+        }
+    }
+    put_token(&b, " ", 0.0f);
+    put_token(&b, "a", 0.0f);
+    put_token(&b, " a", 1.0f);
+    const char* path = scratch_file("empty_byte_piece.bin", b.bytes, b.size);
+    reference_vocab v;
+    reference_vocab_parse(&v, b.bytes, b.size);
+    free(b.bytes);
+    tokenizer* t = NULL;
+    error_info err;
+    error_clear(&err);
+    if (tok_load(&t, path, TOK_MIN_VOCAB_SIZE + 3, &err) != 0) fail_msg("%s", err.message);
+
+    int32_t ids[16];
+    // 14 bytes, 15 with the dummy space: "<0x62>", 6 bytes, is the longest
+    // piece, so the bound says 3 ids. " a" swallows every "b" as "" instead.
+    const char* text = "abbbbbbbbbbbbb";
+    static const int32_t expected[] = {TOK_BOS_ID, 261};  // BOS " a"
+    assert_ids(ids, encode_or_fail(t, text, true, false, ids, 2), expected, 2);
+    assert_same_as_reference(t, &v, text, true, false, "empty_byte_piece.bin");
+    compare_on_random_texts(t, &v, "empty_byte_piece.bin", 3);
+    reference_vocab_free(&v);
+    tok_free(t);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_golden_prompts),
@@ -686,6 +1180,11 @@ int main(void) {
         cmocka_unit_test(test_bad_fields),
         cmocka_unit_test(test_bad_paths_and_vocab_sizes),
         cmocka_unit_test(test_file_vocab_size),
+        cmocka_unit_test(test_same_as_old_loop_tok512),
+        cmocka_unit_test(test_same_as_old_loop_hand_made),
+        cmocka_unit_test(test_one_megabyte_encodes_fast),
+        cmocka_unit_test(test_length_checked_before_encoding),
+        cmocka_unit_test(test_no_early_check_without_a_bound),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
