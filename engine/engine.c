@@ -1,5 +1,6 @@
 #include "engine/engine.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -59,6 +60,13 @@ int engine_init(engine* e, const model* m, const engine_config* config, error_in
         if (blocks > (1u << 30)) return error_set(err, "--kv-mem: %llu bytes is too large", (unsigned long long)c->kv_mem_bytes);
         n_blocks = (int)blocks;
     }
+    // Refused before anything is allocated when it cannot fit: the pool is
+    // mapped lazily, so an oversized one would otherwise be found out only
+    // when the workload fills it (or the OOM killer does).
+    char what[64];
+    if (c->num_blocks > 0) snprintf(what, sizeof what, "--num-blocks %d", c->num_blocks);
+    else snprintf(what, sizeof what, "--kv-mem");
+    if (kv_memory_check_fits(what, (uint64_t)n_blocks * block_bytes, err)) return -1;
     c->num_blocks = n_blocks;
     if (c->watermark_blocks < 0) c->watermark_blocks = n_blocks / 100 > 1 ? n_blocks / 100 : 1;
     int64_t n_slots = (int64_t)n_blocks * c->block_size;

@@ -1,9 +1,11 @@
 #include "engine/kv_memory.h"
 
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine/streamed_memory.h"
 
@@ -24,12 +26,13 @@ int kv_memory_init(kv_memory* kv, const model_config* config, kv_dtype dtype, in
     size_t element_bytes = (size_t)kv_dtype_bytes(dtype);
     if (elements > SIZE_MAX / 2 / element_bytes)
         return error_set(err, "kv cache: %d blocks of %d slots do not fit in memory", n_blocks, block_size);
-    // Zeroed, on huge pages where it is large (streamed_memory.h): a paged
-    // cache is read block by block in whatever order the pool handed them
-    // out. Zeroing touches it all now, so the whole pool is committed at
-    // start, as a serving engine's preallocated pool is.
-    kv->keys = streamed_memory_calloc(elements * element_bytes);
-    kv->values = streamed_memory_calloc(elements * element_bytes);
+    // Zeroed, on huge pages where it is large (streamed_memory.h), and not
+    // touched here: a page becomes resident when a block on it is first
+    // written, so a pool far larger than the workload costs only what the
+    // workload fills. (Every slot is written by the forward pass before
+    // attention reads it; untouched pages read as zeros anyway.)
+    kv->keys = streamed_memory_map_zeroed(elements * element_bytes);
+    kv->values = streamed_memory_map_zeroed(elements * element_bytes);
     bool scales_ok = true;
     if (dtype == KV_I8) {
         size_t n_scales = elements / (size_t)config->head_dim;
@@ -44,9 +47,15 @@ int kv_memory_init(kv_memory* kv, const model_config* config, kv_dtype dtype, in
     return 0;
 }
 
+// Bytes of the keys (or of the values) array; the mapping's length.
+static size_t array_bytes(const kv_memory* kv) {
+    return (size_t)kv->n_layers * (size_t)kv->n_blocks * (size_t)kv->block_size * (size_t)kv->kv_dim *
+           (size_t)kv_dtype_bytes(kv->dtype);
+}
+
 void kv_memory_free(kv_memory* kv) {
-    free(kv->keys);
-    free(kv->values);
+    streamed_memory_unmap(kv->keys, array_bytes(kv));
+    streamed_memory_unmap(kv->values, array_bytes(kv));
     free(kv->key_scales);
     free(kv->value_scales);
     memset(kv, 0, sizeof *kv);
@@ -108,4 +117,45 @@ uint64_t kv_memory_copy_block(kv_memory* kv, int source, int destination, int n_
     }
     return 2ull * (uint64_t)kv->n_layers * (uint64_t)n_slots *
            (uint64_t)kv_slot_bytes(kv->dtype, kv->n_kv_heads, kv->head_dim);
+}
+
+uint64_t kv_memory_available_bytes(void) {
+    // MemAvailable: what can be allocated without swapping (free memory plus
+    // reclaimable caches), as the kernel estimates it.
+    FILE* meminfo = fopen("/proc/meminfo", "r");
+    if (meminfo) {
+        char line[256];
+        unsigned long long kib = 0;
+        bool found = false;
+        while (!found && fgets(line, sizeof line, meminfo))
+            found = sscanf(line, "MemAvailable: %llu kB", &kib) == 1;
+        fclose(meminfo);
+        if (found) return (uint64_t)kib * 1024u;
+    }
+    long pages = sysconf(_SC_PHYS_PAGES), page_size = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page_size > 0) return (uint64_t)pages * (uint64_t)page_size;
+    return UINT64_MAX; // unknown: no limit from here
+}
+
+void kv_memory_format_bytes(uint64_t bytes, char* out, size_t capacity) {
+    static const char* const UNITS[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    double value = (double)bytes;
+    int unit = 0;
+    while (value >= 1024.0 && unit < 6) {
+        value /= 1024.0;
+        unit++;
+    }
+    if (unit == 0) snprintf(out, capacity, "%llu bytes", (unsigned long long)bytes);
+    else snprintf(out, capacity, "%.1f %s", value, UNITS[unit]);
+}
+
+int kv_memory_check_fits(const char* what, uint64_t bytes, error_info* err) {
+    uint64_t available = kv_memory_available_bytes();
+    if (bytes <= available) return 0;
+    char asked[32], have[32];
+    kv_memory_format_bytes(bytes, asked, sizeof asked);
+    kv_memory_format_bytes(available, have, sizeof have);
+    return error_set(err, "%s: the KV cache would take %s but only %s of memory is available (MemAvailable); "
+                          "ask for less",
+                     what, asked, have);
 }

@@ -12,6 +12,7 @@
 #ifndef SERVELAB_KV_MEMORY_H
 #define SERVELAB_KV_MEMORY_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "engine/error.h"
@@ -40,6 +41,18 @@ void kv_memory_free(kv_memory* kv);
 // 2 x block_size x n_layers x kv_dim x bytes per element (+ for int8 the
 // per-token, per-head scales: 2 x block_size x n_layers x n_kv_heads x 4).
 uint64_t kv_memory_block_bytes(const model_config* config, kv_dtype dtype, int block_size);
+
+// Memory the system can give without swapping: MemAvailable from
+// /proc/meminfo, else all physical memory (sysconf), else UINT64_MAX.
+uint64_t kv_memory_available_bytes(void);
+
+// "1.5 GiB", "512 bytes": bytes for messages.
+void kv_memory_format_bytes(uint64_t bytes, char* out, size_t capacity);
+
+// 0 when a KV cache of `bytes` fits in the available memory; else -1 with
+// a message starting with `what` (the flag, e.g. "--kv-mem 1PiB") that
+// names both sizes.
+int kv_memory_check_fits(const char* what, uint64_t bytes, error_info* err);
 
 // Bytes of keys plus values for all layers and blocks.
 uint64_t kv_memory_bytes(const kv_memory* kv);

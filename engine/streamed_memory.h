@@ -18,7 +18,18 @@
 // NULL when out of memory. free() releases it.
 void* streamed_memory_alloc(size_t bytes);
 
-// The same, zeroed (any bytes > 0; rounded up to 64 internally).
+// The same, zeroed (any bytes > 0; rounded up to 64 internally). Zeroing
+// touches every page now: the whole block is resident from the start.
 void* streamed_memory_calloc(size_t bytes);
+
+// Zeroed memory for a large pool that may be mostly unused (the KV cache):
+// an anonymous mapping, page-aligned and 2 MiB-aligned with the huge-page
+// hint when at least 4 MiB. Nothing is touched here: a page becomes
+// resident when it is first written (reading an untouched page gives
+// zeros), so a 2 GiB pool of which 10 MiB hold tokens costs about 10 MiB.
+// NULL when the address space cannot hold it. Release with
+// streamed_memory_unmap(memory, the same bytes), never free().
+void* streamed_memory_map_zeroed(size_t bytes);
+void streamed_memory_unmap(void* memory, size_t bytes);
 
 #endif

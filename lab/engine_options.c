@@ -1,8 +1,10 @@
 #include "lab/engine_options.h"
 
+#include "engine/kv_memory.h"
 #include "kernels/cuda/cuda_info.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -11,7 +13,8 @@ const char ENGINE_OPTIONS_USAGE[] =
     "engine:\n"
     "  --kv paged|contiguous     KV layout (default paged)\n"
     "  --block-size N            tokens per KV block, 1..256 (default 16)\n"
-    "  --kv-mem SIZE             KV memory budget, e.g. 64MiB, 1GiB (default 64MiB)\n"
+    "  --kv-mem SIZE             KV memory budget, e.g. 64MiB, 1GiB (default 64MiB; at most\n"
+    "                            the memory available)\n"
     "  --num-blocks N            number of KV blocks (overrides --kv-mem)\n"
     "  --kv-dtype fp16|fp32|int8 KV element type (default fp16; int8 has a scale per token and head)\n"
     "  --reserve max|request     contiguous: reserve the model's max length, or\n"
@@ -34,12 +37,17 @@ int parse_size_arg(const char* flag, const char* text, uint64_t* out, error_info
     static const struct {
         const char* suffix;
         double factor;
-    } units[] = {{"", 1}, {"B", 1}, {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"KB", 1e3},
-                 {"MB", 1e6}, {"GB", 1e9}, {"K", 1024.0}, {"M", 1048576.0}, {"G", 1073741824.0}};
+    } units[] = {{"", 1},     {"B", 1},    {"KiB", 0x1p10}, {"MiB", 0x1p20}, {"GiB", 0x1p30}, {"TiB", 0x1p40},
+                 {"PiB", 0x1p50}, {"KB", 1e3}, {"MB", 1e6},    {"GB", 1e9},    {"TB", 1e12},   {"PB", 1e15},
+                 {"K", 0x1p10},   {"M", 0x1p20}, {"G", 0x1p30}, {"T", 0x1p40},  {"P", 0x1p50}};
+    // Below 2^63: every size the machines this runs on could have, and
+    // exactly representable in a uint64_t. Whether it fits is the caller's
+    // check (--kv-mem against the memory available).
     if (errno == 0 && end != text && value > 0)
         for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
-            if (strcasecmp(end, units[i].suffix) == 0 && value * units[i].factor < 1e15) {
+            if (strcasecmp(end, units[i].suffix) == 0 && value * units[i].factor < 0x1p63) {
                 *out = (uint64_t)(value * units[i].factor);
+                if (*out == 0) break;
                 return 0;
             }
     return error_set(err, "%s: expected a size such as 64MiB, 1GiB or 4096 (bytes), found '%s'", flag, text);
@@ -80,6 +88,16 @@ bool engine_option_match(arg_cursor* cursor, engine_config* c, bool* kv_both, bo
     }
     if (arg_match(cursor, "--kv-mem", true, failed, err)) {
         if (!*failed) *failed = parse_size_arg("--kv-mem", cursor->value, &c->kv_mem_bytes, err) != 0;
+        // On the command line ("servelab ..."), refused now, before a model
+        // is loaded. A lesson (lab.engine{kv_mem = ...}) checks its own,
+        // smaller memory cap first and names it; engine_init refuses a pool
+        // beyond the machine's memory for every caller in any case.
+        bool command_line = cursor->command && strncmp(cursor->command, "servelab ", 9) == 0;
+        if (!*failed && command_line) {
+            char what[96];
+            snprintf(what, sizeof what, "--kv-mem %s", cursor->value);
+            *failed = kv_memory_check_fits(what, c->kv_mem_bytes, err) != 0;
+        }
         if (!*failed) c->num_blocks = 0;
         return true;
     }

@@ -20,7 +20,10 @@ extern const char ENGINE_OPTIONS_USAGE[];
 
 // When argv[cursor->index] is an engine flag, applies it and returns true
 // (*failed set with err on a bad value). "--kv both" and "--batching both"
-// are accepted when the caller passes the both-flags.
+// are accepted when the caller passes the both-flags. From the command line
+// (cursor->command "servelab ...") a --kv-mem beyond the memory available
+// (kv_memory_available_bytes) is a bad value, refused before anything is
+// loaded; engine_init checks the final pool for every caller.
 bool engine_option_match(arg_cursor* cursor, engine_config* config, bool* kv_both, bool* batching_both,
                          bool* failed, error_info* err);
 
