@@ -307,8 +307,13 @@ int command_sim(int argc, char** argv) {
                kv_dtype_name(config.kv_dtype),
                (unsigned long long)(budget / block_bytes * (uint64_t)config.block_size), config.block_size,
                config.reserve == RESERVE_MAX ? "max" : "request");
-    sim_result results[4];
-    for (int i = 0; i < n_runs && status == 0; i++) {
+    // A run that fails (the contiguous layout out of memory, say) does not
+    // throw away the others: every run is tried, the ones that finished are
+    // reported, then each failure, and the exit status is 1.
+    sim_result results[4], finished[4];
+    char failures[2 * 4][4096 + sizeof err.message + 64]; // at most two a run: a trace path or a label, then why
+    int n_finished = 0, n_failures = 0;
+    for (int i = 0; i < n_runs; i++) {
         FILE* trace = NULL;
         if (trace_path) {
             char path[4096];
@@ -316,25 +321,30 @@ int command_sim(int argc, char** argv) {
             else snprintf(path, sizeof path, "%s", trace_path);
             trace = fopen(path, "w");
             if (!trace) {
-                fprintf(stderr, "servelab sim: %s: cannot create the trace file\n", path);
-                status = 1;
-                break;
+                snprintf(failures[n_failures++], sizeof failures[0], "%s: cannot create the trace file", path);
+                continue;
             }
         }
+        bool ok = true;
         if (run_simulation(&source.model, &runs[i], &w, labels[i], trace, &results[i], &err)) {
-            fprintf(stderr, "servelab sim: %s: %s\n", labels[i], err.message);
-            status = 1;
+            snprintf(failures[n_failures++], sizeof failures[0], "%s: %s", labels[i], err.message);
+            ok = false;
         }
         if (trace && fclose(trace) != 0) {
-            fprintf(stderr, "servelab sim: the trace file could not be written\n");
-            status = 1;
+            snprintf(failures[n_failures++], sizeof failures[0], "%s: the trace file could not be written", labels[i]);
+            ok = false;
         }
-        if (!json && status == 0) fprintf(stderr, "servelab sim: %s done in %.1f s\n", labels[i], results[i].seconds);
+        if (!ok) continue;
+        finished[n_finished++] = results[i];
+        if (!json) fprintf(stderr, "servelab sim: %s done in %.1f s\n", labels[i], results[i].seconds);
     }
-    if (status == 0) {
-        if (json) print_json(results, n_runs);
-        else print_table(results, n_runs);
+    if (n_finished > 0) {
+        if (json) print_json(finished, n_finished);
+        else print_table(finished, n_finished);
     }
+    fflush(stdout); // what finished first, then what failed
+    for (int i = 0; i < n_failures; i++) fprintf(stderr, "servelab sim: %s\n", failures[i]);
+    if (n_failures > 0) status = 1;
     workload_free(&w);
     model_source_close(&source);
     return status;
