@@ -43,6 +43,11 @@ int model_config_validate(model_config* c, const char* source, error_info* err) 
         check_range(source, "vocab_size", c->vocab_size, MODEL_MAX_VOCAB, err) ||
         check_range(source, "max_seq_len", c->max_seq_len, MODEL_MAX_SEQ_LEN, err))
         return -1;
+    // A request needs one prompt token (at least BOS) and room for one new one.
+    if (c->max_seq_len < 2)
+        return error_set(err, "%s: max_seq_len: the model's context is %d token: no room for a prompt and an answer "
+                              "(expected at least 2)",
+                         source, c->max_seq_len);
     if (c->dim % c->n_heads != 0)
         return error_set(err, "%s: n_heads: expected a divisor of dim %d, found %d", source, c->dim, c->n_heads);
     if (c->n_heads % c->n_kv_heads != 0)
@@ -61,12 +66,46 @@ int model_config_validate(model_config* c, const char* source, error_info* err) 
 typedef struct tensor_reader {
     const unsigned char* bytes; // the whole file
     size_t offset;              // next unread byte
+    // Non-finite fp32 values (NaN, +-Inf) seen in the tensors read so far:
+    // how many in all, in how many tensors, and the first such tensor.
+    uint64_t nonfinite_values;
+    int nonfinite_tensors;
+    char first_nonfinite[48];
+    uint64_t first_nonfinite_count;
 } tensor_reader;
 
+// fp32 values in the file whose exponent bits are all ones: NaN or +-Inf.
+// Bit tests over bytes already in memory, so the compiler vectorises it: a
+// second pass over what was just read, cheap next to reading the file.
+static uint64_t count_nonfinite_fp32(const unsigned char* src, size_t count) {
+    uint64_t bad = 0;
+    for (size_t i = 0; i < count; i++) {
+        uint32_t bits;
+        memcpy(&bits, src + i * sizeof bits, sizeof bits);
+        bad += (bits & 0x7f800000u) == 0x7f800000u;
+    }
+    return bad;
+}
+
+// Counts the non-finite values of one tensor's fp32 data in the file.
+// kind: "wq", "rms_attention", ... with its layer, or a model-level tensor
+// ("token_embedding", "rms_final", "classifier") when layer < 0.
+static void check_finite(tensor_reader* reader, const unsigned char* src, size_t count, const char* kind, int layer) {
+    uint64_t bad = count_nonfinite_fp32(src, count);
+    if (bad == 0) return;
+    if (reader->nonfinite_tensors++ == 0) {
+        if (layer >= 0) snprintf(reader->first_nonfinite, sizeof reader->first_nonfinite, "layers.%d.%s", layer, kind);
+        else snprintf(reader->first_nonfinite, sizeof reader->first_nonfinite, "%s", kind);
+        reader->first_nonfinite_count = bad;
+    }
+    reader->nonfinite_values += bad;
+}
+
 // Fills dst (a matrix in the model's dtype) from n fp32 values in the file.
-static void read_fp32_matrix(tensor_reader* reader, const weight_matrix* dst) {
+static void read_fp32_matrix(tensor_reader* reader, const weight_matrix* dst, const char* kind, int layer) {
     size_t count = (size_t)dst->rows * (size_t)dst->cols;
     const unsigned char* src = reader->bytes + reader->offset;
+    check_finite(reader, src, count, kind, layer);
     if (dst->dtype == WEIGHT_F32) {
         memcpy((void*)dst->values, src, count * sizeof(float));
     } else { // WEIGHT_F16
@@ -81,10 +120,12 @@ static void read_fp32_matrix(tensor_reader* reader, const weight_matrix* dst) {
 }
 
 // Fills dst from a Q8_0 tensor in the file: int8 values, then fp32 scales.
-static void read_q8_matrix(tensor_reader* reader, const weight_matrix* dst, int group_size) {
+static void read_q8_matrix(tensor_reader* reader, const weight_matrix* dst, int group_size, const char* kind,
+                           int layer) {
     size_t count = (size_t)dst->rows * (size_t)dst->cols;
     const int8_t* values = (const int8_t*)(reader->bytes + reader->offset);
     const unsigned char* scale_bytes = reader->bytes + reader->offset + count;
+    check_finite(reader, scale_bytes, count / (size_t)group_size, kind, layer); // int8 values are always finite
     if (dst->dtype == WEIGHT_Q8_0) {
         memcpy((void*)dst->values, values, count);
         memcpy((void*)dst->scales, scale_bytes, count / (size_t)group_size * sizeof(float));
@@ -102,7 +143,8 @@ static void read_q8_matrix(tensor_reader* reader, const weight_matrix* dst, int 
     reader->offset += count + count / (size_t)group_size * sizeof(float);
 }
 
-static void read_fp32_vector(tensor_reader* reader, const float* dst, size_t count) {
+static void read_fp32_vector(tensor_reader* reader, const float* dst, size_t count, const char* kind, int layer) {
+    check_finite(reader, reader->bytes + reader->offset, count, kind, layer);
     memcpy((void*)dst, reader->bytes + reader->offset, count * sizeof(float));
     reader->offset += count * sizeof(float);
 }
@@ -271,30 +313,35 @@ int model_load(model* out, const char* path, model_dtype_choice dtype_choice, er
     snprintf(out->name, sizeof out->name, "%s", name);
     out->format = format;
 
-    tensor_reader reader = {bytes, format == MODEL_FORMAT_LEGACY ? LEGACY_HEADER_BYTES : MODEL_EXPORT_HEADER_BYTES};
+    tensor_reader reader;
+    memset(&reader, 0, sizeof reader);
+    reader.bytes = bytes;
+    reader.offset = format == MODEL_FORMAT_LEGACY ? LEGACY_HEADER_BYTES : MODEL_EXPORT_HEADER_BYTES;
     const int L = config.n_layers;
+    static const char* const KINDS[7] = {"wq", "wk", "wv", "wo", "w1", "w2", "w3"};
     if (format == MODEL_FORMAT_LEGACY) {
         // Order: embedding, rms_att, wq, wk, wv, wo, rms_ffn, w1, w2, w3,
         // rms_final, two RoPE tables, classifier when not shared.
-        read_fp32_matrix(&reader, &out->token_embedding);
-        for (int l = 0; l < L; l++) read_fp32_vector(&reader, out->layers[l].rms_attention, (size_t)config.dim);
-        for (int l = 0; l < L; l++) read_fp32_matrix(&reader, &out->layers[l].wq);
-        for (int l = 0; l < L; l++) read_fp32_matrix(&reader, &out->layers[l].wk);
-        for (int l = 0; l < L; l++) read_fp32_matrix(&reader, &out->layers[l].wv);
-        for (int l = 0; l < L; l++) read_fp32_matrix(&reader, &out->layers[l].wo);
-        for (int l = 0; l < L; l++) read_fp32_vector(&reader, out->layers[l].rms_ffn, (size_t)config.dim);
-        for (int l = 0; l < L; l++) read_fp32_matrix(&reader, &out->layers[l].w1);
-        for (int l = 0; l < L; l++) read_fp32_matrix(&reader, &out->layers[l].w2);
-        for (int l = 0; l < L; l++) read_fp32_matrix(&reader, &out->layers[l].w3);
-        read_fp32_vector(&reader, out->rms_final, (size_t)config.dim);
+        read_fp32_matrix(&reader, &out->token_embedding, "token_embedding", -1);
+        for (int l = 0; l < L; l++)
+            read_fp32_vector(&reader, out->layers[l].rms_attention, (size_t)config.dim, "rms_attention", l);
+        for (int kind = 0; kind < 4; kind++) // wq wk wv wo
+            for (int l = 0; l < L; l++)
+                read_fp32_matrix(&reader, model_storage_layer_matrix(&out->layers[l], kind), KINDS[kind], l);
+        for (int l = 0; l < L; l++) read_fp32_vector(&reader, out->layers[l].rms_ffn, (size_t)config.dim, "rms_ffn", l);
+        for (int kind = 4; kind < 7; kind++) // w1 w2 w3
+            for (int l = 0; l < L; l++)
+                read_fp32_matrix(&reader, model_storage_layer_matrix(&out->layers[l], kind), KINDS[kind], l);
+        read_fp32_vector(&reader, out->rms_final, (size_t)config.dim, "rms_final", -1);
         reader.offset += (size_t)config.max_seq_len * (size_t)config.head_dim * sizeof(float);
-        if (!config.shared_classifier) read_fp32_matrix(&reader, &out->classifier);
+        if (!config.shared_classifier) read_fp32_matrix(&reader, &out->classifier, "classifier", -1);
     } else {
         // Export v1 and v2: the norms first (fp32), then the matrices in the
         // order embedding, wq, wk, wv, wo, w1, w2, w3, classifier if unshared.
-        for (int l = 0; l < L; l++) read_fp32_vector(&reader, out->layers[l].rms_attention, (size_t)config.dim);
-        for (int l = 0; l < L; l++) read_fp32_vector(&reader, out->layers[l].rms_ffn, (size_t)config.dim);
-        read_fp32_vector(&reader, out->rms_final, (size_t)config.dim);
+        for (int l = 0; l < L; l++)
+            read_fp32_vector(&reader, out->layers[l].rms_attention, (size_t)config.dim, "rms_attention", l);
+        for (int l = 0; l < L; l++) read_fp32_vector(&reader, out->layers[l].rms_ffn, (size_t)config.dim, "rms_ffn", l);
+        read_fp32_vector(&reader, out->rms_final, (size_t)config.dim, "rms_final", -1);
         for (int kind = 0; kind < 9; kind++) {
             int count = kind == 0 || kind == 8 ? 1 : L;
             if (kind == 8 && config.shared_classifier) break;
@@ -302,10 +349,12 @@ int model_load(model* out, const char* path, model_dtype_choice dtype_choice, er
                 const weight_matrix* w = kind == 0 ? &out->token_embedding
                                        : kind == 8 ? &out->classifier
                                                    : model_storage_layer_matrix(&out->layers[l], kind - 1);
+                const char* tensor = kind == 0 ? "token_embedding" : kind == 8 ? "classifier" : KINDS[kind - 1];
+                int layer = kind == 0 || kind == 8 ? -1 : l;
                 if (format == MODEL_FORMAT_EXPORT_V2)
-                    read_q8_matrix(&reader, w, group_size);
+                    read_q8_matrix(&reader, w, group_size, tensor, layer);
                 else
-                    read_fp32_matrix(&reader, w);
+                    read_fp32_matrix(&reader, w, tensor, layer);
             }
         }
     }
@@ -313,6 +362,20 @@ int model_load(model* out, const char* path, model_dtype_choice dtype_choice, er
     if (reader.offset != file_size) { // cannot happen after the size check; kept as a tripwire
         model_free(out);
         return error_set(err, "%s: internal: read %zu of %zu bytes", name, reader.offset, file_size);
+    }
+    out->nonfinite_values = reader.nonfinite_values;
+    // Loaded all the same (the file is what it says it is), with one line:
+    // a NaN weight turns every activation it touches into NaN, and sampling
+    // from NaN logits gives token 0 (<unk>) forever.
+    if (reader.nonfinite_tensors > 0) {
+        char more[64] = "";
+        if (reader.nonfinite_tensors > 1)
+            snprintf(more, sizeof more, " (and %d more tensors, %llu values in all)", reader.nonfinite_tensors - 1,
+                     (unsigned long long)reader.nonfinite_values);
+        fprintf(stderr,
+                "warning: %s: tensor '%s' has %llu non-finite values (NaN/Inf)%s; the model's outputs will be "
+                "meaningless\n",
+                name, reader.first_nonfinite, (unsigned long long)reader.first_nonfinite_count, more);
     }
     model_storage_build_f16_tiles(out);
     return 0;

@@ -63,6 +63,7 @@ typedef struct model {
     void* storage;                // one allocation holding every tensor
     void* f16_tile_storage;       // the fp16 matrices again in the kernel's tile layout, or NULL
     uint64_t f16_tile_bytes;      // its size (held, never streamed twice: the kernel reads one copy)
+    uint64_t nonfinite_values;    // NaN/Inf weights found by model_load (0 for a sound checkpoint)
 } model;
 
 typedef enum model_dtype_choice {
@@ -79,6 +80,9 @@ int model_config_validate(model_config* config, const char* source, error_info* 
 // Loads a llama2.c checkpoint (format detected from the header). dtype
 // chooses how fp32 tensors are stored (fp32 or fp16); a v2 file keeps its
 // Q8_0 matrices unless fp32/fp16 is asked, in which case they are widened.
+// A file whose weights hold NaN or Inf still loads, with one warning line
+// on stderr naming the first such tensor (and m->nonfinite_values set): the
+// one place the engine prints, since its callers cannot see the weights.
 int model_load(model* out, const char* path, model_dtype_choice dtype, error_info* err);
 
 // Frees what a loader or synthesizer allocated; safe on a zeroed model.
