@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "lab/commands.h"
+#include "lab/ui_terminal.h"
 
 static const char USAGE[] =
     "usage: servelab <command> [options]\n"
@@ -39,14 +40,22 @@ static const command_entry COMMANDS[] = {
     {"bench", command_bench},
 };
 
+// A full-screen command stopped by SIGINT, SIGTERM, SIGHUP or SIGQUIT has
+// given the terminal back and returned; the exit status still says it was
+// stopped by that signal (128 + its number, as a shell reports it).
+static int exit_status(int command_status) {
+    int signal_number = ui_terminal_stop_signal();
+    return signal_number ? 128 + signal_number : command_status;
+}
+
 int main(int argc, char** argv) {
-    if (argc < 2) return command_lab(argc, argv); // plain `servelab` opens the dashboard
+    if (argc < 2) return exit_status(command_lab(argc, argv)); // plain `servelab` opens the dashboard
     if (strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
         fputs(USAGE, stdout);
         return 0;
     }
     for (size_t i = 0; i < sizeof COMMANDS / sizeof COMMANDS[0]; i++)
-        if (strcmp(argv[1], COMMANDS[i].name) == 0) return COMMANDS[i].run(argc - 1, argv + 1);
+        if (strcmp(argv[1], COMMANDS[i].name) == 0) return exit_status(COMMANDS[i].run(argc - 1, argv + 1));
     fprintf(stderr, "servelab: unknown command '%s' (see servelab help)\n", argv[1]);
     return 2;
 }

@@ -2,11 +2,16 @@
 // giving it back.
 //
 // One place for what every full-screen command needs (the dashboard, the
-// quiz): SIGINT, SIGTERM and SIGHUP only raise a flag that the key loop
-// polls (so the loop ends and restores the screen itself), ncurses in
-// cbreak mode without echo, keypad keys, a hidden cursor, a short Esc
+// quiz): SIGINT, SIGTERM, SIGHUP and SIGQUIT only raise a flag that the key
+// loop polls (so the loop ends and restores the screen itself, and main
+// returns 128 + the signal, as a shell reports a death by signal), ncurses
+// in cbreak mode without echo, keypad keys, a hidden cursor, a short Esc
 // delay, colour pairs unless NO_COLOR is set or the terminal has none, and
-// endwin() registered at exit as a last resort.
+// endwin() registered at exit as a last resort. A crash (SIGSEGV, SIGABRT,
+// ...) restores the terminal in its handler; a death no handler sees
+// (SIGKILL, the OOM killer) is caught by a watcher process started here,
+// named servelab-terminal-watcher, that restores the terminal once the
+// process is gone.
 #ifndef SERVELAB_UI_TERMINAL_H
 #define SERVELAB_UI_TERMINAL_H
 
@@ -20,7 +25,10 @@ int ui_terminal_open(bool* utf8, bool* color);
 // Gives the terminal back (endwin). Safe to call more than once.
 void ui_terminal_close(void);
 
-// True once SIGINT, SIGTERM or SIGHUP arrived after ui_terminal_open.
+// True once SIGINT, SIGTERM, SIGHUP or SIGQUIT arrived after ui_terminal_open.
 bool ui_terminal_stop_requested(void);
+
+// The first of those signals to arrive, or 0: main exits with 128 + it.
+int ui_terminal_stop_signal(void);
 
 #endif
