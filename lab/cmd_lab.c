@@ -38,6 +38,7 @@ static const char LAB_USAGE[] =
     "  --kv paged|contiguous     which engine the requests and traffic panes follow\n"
     "  --lesson FILE             run a Lua lesson: space continues it at each pause, the\n"
     "                            panes draw its engine and the Lesson pane its checks\n"
+    "  --time-limit S            the lesson's CPU seconds (default 60); Ctrl-C also stops it\n"
     "headless:\n"
     "  --keys KEYS               replay keys: plain characters and <space> <tab> <enter>\n"
     "                            <esc> <f1> <up> <down> <left> <right> <wait:MS>\n"
@@ -145,9 +146,13 @@ static void resume_lesson(lab_app* a) {
              a->lesson_state == LESSON_DONE ? "done" : "failed", passed, failed);
 }
 
-static int open_lesson(lab_app* a, const char* path, error_info* err) {
+static int open_lesson(lab_app* a, const char* path, double time_limit_s, error_info* err) {
     lesson_options options = lesson_options_default();
     options.interactive = true; // lab.pause() waits for space
+    options.time_limit_s = time_limit_s;
+    // Ctrl-C, SIGTERM, SIGHUP, SIGQUIT: the lesson stops even inside a long
+    // call, so the key loop gets back to restoring the terminal at once.
+    options.stop_flag = ui_terminal_stop_flag();
     options.on_say = lesson_said;
     options.on_check = lesson_checked;
     options.user = &a->d;
@@ -542,6 +547,7 @@ int command_lab(int argc, char** argv) {
     const char* keys = NULL;
     bool measure_machine = false;
     const char* lesson_path = NULL;
+    float lesson_time_limit_s = 60.0f;
     uint64_t quiz_seed = 0;
     const char* dump_path = NULL;
     const char* prompts[16];
@@ -584,6 +590,8 @@ int command_lab(int argc, char** argv) {
             if (!failed) failed = parse_size(cursor.value, &cols, &rows, &err) != 0;
         } else if (arg_match(&cursor, "--lesson", true, &failed, &err)) {
             if (!failed) lesson_path = cursor.value;
+        } else if (arg_match(&cursor, "--time-limit", true, &failed, &err)) {
+            if (!failed) failed = parse_float_arg("--time-limit", cursor.value, 0.01f, 86400.0f, &lesson_time_limit_s, &err) != 0;
         } else {
             fprintf(stderr, "servelab lab: unknown option '%s' (see servelab lab --help)\n", arg);
             return 2;
@@ -623,7 +631,7 @@ int command_lab(int argc, char** argv) {
     bool headless = keys || dump_path;
     a->in_terminal = !headless;
     a->quiz_seed = quiz_seed;
-    if (lesson_path) open_lesson(a, lesson_path, &err); // a broken lesson shows in its pane; the lab runs on
+    if (lesson_path) open_lesson(a, lesson_path, lesson_time_limit_s, &err); // a broken lesson shows in its pane; the lab runs on
     if (!headless || measure_machine) dashboard_measure_machine(&a->d, !headless);
     int status = headless ? run_headless(a, keys ? keys : "", dump_path ? dump_path : "-", cols, rows)
                                    : run_terminal(a);

@@ -161,6 +161,8 @@ void ui_terminal_close(void) {
 
 bool ui_terminal_stop_requested(void) { return stop_signal != 0; }
 
+const volatile sig_atomic_t* ui_terminal_stop_flag(void) { return &stop_signal; }
+
 int ui_terminal_stop_signal(void) { return (int)stop_signal; }
 
 // A crash (SIGSEGV, SIGABRT, ...) must not leave the user's shell in raw

@@ -15,6 +15,7 @@
 #ifndef SERVELAB_UI_TERMINAL_H
 #define SERVELAB_UI_TERMINAL_H
 
+#include <signal.h>
 #include <stdbool.h>
 
 // Opens the terminal. *utf8: the locale's codeset is UTF-8 (call
@@ -30,5 +31,9 @@ bool ui_terminal_stop_requested(void);
 
 // The first of those signals to arrive, or 0: main exits with 128 + it.
 int ui_terminal_stop_signal(void);
+
+// The flag behind both, for work that must notice a stop while the key
+// loop waits on it (a busy lesson: lesson_options.stop_flag).
+const volatile sig_atomic_t* ui_terminal_stop_flag(void);
 
 #endif

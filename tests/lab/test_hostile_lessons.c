@@ -1,7 +1,8 @@
 // The hostile-lesson suite: every file in tests/lessons/hostile/ is an
 // attack a stranger's lesson could make, with the message the host must
 // answer it with. Each runs as a user would run it (the servelab binary,
-// `lesson run --headless --verbose --time-limit 1`, or `lesson check`) in a fresh
+// `lesson run --headless --verbose --time-limit 1`, or `lesson check`; and
+// again in the dashboard, see run_attack) in a fresh
 // folder laid out like an unpacked lesson bundle, beside a folder
 // `outside/` that stands for the rest of the user's files. A lesson passes
 // when the host
@@ -180,14 +181,22 @@ static int remove_entry(const char* path, const struct stat* st, int type, struc
 
 // ---- one attack ------------------------------------------------------------------------------
 
-static void run_hostile(void** state) {
-    const char* name = *state;
+// One attack in one host: the headless runner (every check above), or the
+// dashboard (`servelab lab --lesson ... --keys <space>`, headless frames),
+// which must survive it: exit 0, inert text in its frame, nothing written
+// outside, the CPU bound.
+static void run_attack(const char* name, bool in_dashboard) {
     char source[PATH_MAX];
     snprintf(source, sizeof source, "%s/%s", HOSTILE_DIR, name);
     char* text = test_read_text(source);
     hostile_spec spec;
     parse_spec(text, &spec);
     assert_true(spec.n_expects > 0);
+    if (in_dashboard) {
+        spec.expect_status = 0;
+        spec.n_expects = 0;
+        spec.max_cpu_seconds += 1.5; // the lab's own model and first frames
+    }
 
     char binary[PATH_MAX];
     assert_non_null(realpath(test_servelab_binary(), binary));
@@ -211,15 +220,23 @@ static void run_hostile(void** state) {
     char* before = list_tree(root, output_dir);
 
     // The run, with its output in a file and a deadline.
-    char output_path[700];
+    char output_path[700], frame_path[700];
     snprintf(output_path, sizeof output_path, "%s.output.txt", root); // beside the tree, not in it
-    char* argv[16];
+    snprintf(frame_path, sizeof frame_path, "%s.frame.txt", root);
+    char* argv[24];
     int argc = 0;
     argv[argc++] = binary;
-    argv[argc++] = "lesson";
-    argv[argc++] = spec.command;
-    argv[argc++] = "attack.lua";
-    if (strcmp(spec.command, "run") == 0) {
+    if (in_dashboard) {
+        char* dashboard_words[] = {"lab", "--lesson", "attack.lua", "--time-limit", "1", "--model", "tiny", "--keys",
+                                   "<space><wait:50>", "--size", "200x60", "--dump-frame", frame_path};
+        for (size_t i = 0; i < sizeof dashboard_words / sizeof dashboard_words[0]; i++) argv[argc++] = dashboard_words[i];
+        spec.args[0] = '\0';
+    } else {
+        argv[argc++] = "lesson";
+        argv[argc++] = spec.command;
+        argv[argc++] = "attack.lua";
+    }
+    if (!in_dashboard && strcmp(spec.command, "run") == 0) {
         argv[argc++] = "--headless";
         argv[argc++] = "--verbose"; // the narration too: it must reach the output inert
         argv[argc++] = "--time-limit";
@@ -227,7 +244,7 @@ static void run_hostile(void** state) {
     }
     char args[256];
     snprintf(args, sizeof args, "%s", spec.args);
-    for (char* word = strtok(args, " "); word && argc < 15; word = strtok(NULL, " ")) argv[argc++] = word;
+    for (char* word = strtok(args, " "); word && argc < 20; word = strtok(NULL, " ")) argv[argc++] = word;
     argv[argc] = NULL;
     fflush(NULL);
     pid_t child = fork();
@@ -263,6 +280,18 @@ static void run_hostile(void** state) {
                          (double)usage.ru_stime.tv_sec + (double)usage.ru_stime.tv_usec * 1e-6;
     size_t output_size = 0;
     unsigned char* bytes = test_read_file(output_path, &output_size);
+    if (in_dashboard && bytes) { // what a user sees is the frame; the output must be clean too
+        size_t frame_size = 0;
+        unsigned char* frame = test_read_file(frame_path, &frame_size);
+        if (frame) {
+            unsigned char* both = realloc(bytes, output_size + frame_size);
+            assert_non_null(both);
+            memcpy(both + output_size, frame, frame_size);
+            bytes = both;
+            output_size += frame_size;
+            free(frame);
+        }
+    }
     char* output = calloc(output_size + 1, 1);
     if (bytes) memcpy(output, bytes, output_size);
     free(bytes);
@@ -312,9 +341,13 @@ static void run_hostile(void** state) {
     if (ok) { // kept for a look when it failed
         nftw(root, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
         remove(output_path);
+        remove(frame_path);
     }
     assert_true(ok);
 }
+
+static void run_in_runner(void** state) { run_attack(*state, false); }
+static void run_in_dashboard(void** state) { run_attack(*state, true); }
 
 static int compare_names(const void* a, const void* b) { return strcmp(*(char* const*)a, *(char* const*)b); }
 
@@ -333,14 +366,33 @@ int main(void) {
     }
     closedir(dir);
     qsort(names, (size_t)n, sizeof names[0], compare_names);
-    struct CMUnitTest* tests = calloc((size_t)n, sizeof *tests);
+    // Each attack in the runner; those that `lesson run` takes (not `lesson
+    // check`) in the dashboard as well.
+    struct CMUnitTest* tests = calloc(2 * (size_t)n, sizeof *tests);
+    char** dashboard_names = calloc((size_t)n, sizeof *dashboard_names);
+    size_t n_tests = 0;
     for (int i = 0; i < n; i++) {
-        tests[i].name = names[i];
-        tests[i].test_func = run_hostile;
-        tests[i].initial_state = names[i];
+        tests[n_tests++] = (struct CMUnitTest){names[i], run_in_runner, NULL, NULL, names[i]};
     }
-    int failed = _cmocka_run_group_tests("hostile_lessons", tests, (size_t)n, NULL, NULL);
-    for (int i = 0; i < n; i++) free(names[i]);
+    for (int i = 0; i < n; i++) {
+        char path[600];
+        snprintf(path, sizeof path, "%s/%.500s", HOSTILE_DIR, names[i]);
+        char* text = test_read_text(path);
+        hostile_spec spec;
+        parse_spec(text, &spec);
+        free(text);
+        if (strcmp(spec.command, "run") != 0) continue;
+        size_t length = strlen(names[i]) + 16;
+        dashboard_names[i] = malloc(length);
+        snprintf(dashboard_names[i], length, "%s (dashboard)", names[i]);
+        tests[n_tests++] = (struct CMUnitTest){dashboard_names[i], run_in_dashboard, NULL, NULL, names[i]};
+    }
+    int failed = _cmocka_run_group_tests("hostile_lessons", tests, n_tests, NULL, NULL);
+    for (int i = 0; i < n; i++) {
+        free(names[i]);
+        free(dashboard_names[i]);
+    }
+    free(dashboard_names);
     free(tests);
     return failed;
 }

@@ -468,23 +468,26 @@ static int run_on_terminal(const char* home, const char* keys, int signal_number
 
 static void test_terminal_is_restored(void** state) {
     (void)state;
+    // A stop by signal exits with 128 + the signal, as shells expect.
     static const struct {
         const char* name;
         const char* keys;
         int signal_number;
+        int expected_status;
     } WAYS[] = {
         {"q after an answer",
          "zz\n\x7f\x7f"
          "a\nq",
-         0}, // (a bad answer, erased; then an answer)
-        {"Esc", "\x1b", 0},
-        {"Ctrl-C", "\x03", 0},
-        {"SIGTERM", "t", SIGTERM},
+         0, 0}, // (a bad answer, erased; then an answer)
+        {"Esc", "\x1b", 0, 0},
+        {"Ctrl-C", "\x03", 0, 128 + SIGINT},
+        {"SIGTERM", "t", SIGTERM, 128 + SIGTERM},
     };
     for (size_t i = 0; i < sizeof WAYS / sizeof WAYS[0]; i++) {
         char* screen = NULL;
         int status = run_on_terminal(data_home("terminal"), WAYS[i].keys, WAYS[i].signal_number, &screen);
-        if (status != 0) fail_msg("%s: exit %d", WAYS[i].name, status);
+        if (status != WAYS[i].expected_status)
+            fail_msg("%s: exit %d, expected %d", WAYS[i].name, status, WAYS[i].expected_status);
         // xterm's "leave the alternate screen" (rmcup) comes last: endwin ran.
         const char* left = strstr(screen, "\x1b[?1049l");
         if (!left) fail_msg("%s: the terminal was not restored", WAYS[i].name);
