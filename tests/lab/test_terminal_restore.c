@@ -261,6 +261,43 @@ static void test_lab_quit_ends_the_watcher(void** state) {
     assert_false(process_alive(watcher));
 }
 
+// Ctrl-C while a lesson is busy inside one long library call (a
+// backtracking pattern the time check cannot enter, with a 600 s limit):
+// the lesson is stopped from outside the interpreter, the key loop gets
+// back, and the lab exits 130 with the terminal restored, in seconds.
+static void test_lab_ctrl_c_stops_a_busy_lesson(void** state) {
+    (void)state;
+    skip_without_tmux();
+    char lesson_path[512];
+    snprintf(lesson_path, sizeof lesson_path, "%s/busy-lesson.lua", test_scratch_dir());
+    const char* busy = "lab.lesson{title = 'busy', claims = {'b1'}}\n"
+                       "string.find(string.rep('a', 60), string.rep('a-', 30) .. 'b')\n";
+    assert_true(test_write_file(lesson_path, busy, strlen(busy)));
+    pane_files files;
+    snprintf(run_marker, sizeof run_marker, "restore-busy-%d-%ld", (int)getpid(), (long)time(NULL));
+    char arguments[1200];
+    snprintf(arguments, sizeof arguments, "lab --model tiny --system %s --lesson %s --time-limit 600", run_marker,
+             lesson_path);
+    start_pane(arguments, &files);
+    free(wait_for_text("space starts the lesson"));
+    assert_int_equal(tmux("send-keys -t restore Space"), 0);
+    pid_t pid = find_process(" lab ");
+    assert_true(pid > 0);
+    // Busy: the lab's CPU clock moves while the lesson backtracks.
+    sleep_ms(1500);
+    assert_true(process_alive(pid));
+    struct timespec sent, ended;
+    clock_gettime(CLOCK_MONOTONIC, &sent);
+    // What Ctrl-C sends the lab (tmux's C-c would also reach the pane's
+    // non-interactive sh, which an interactive shell ignores).
+    assert_int_equal(kill(pid, SIGINT), 0);
+    assert_ended_restored(&files, 128 + SIGINT, "Ctrl-C during a busy lesson");
+    clock_gettime(CLOCK_MONOTONIC, &ended);
+    double seconds = (double)(ended.tv_sec - sent.tv_sec) + (double)(ended.tv_nsec - sent.tv_nsec) * 1e-9;
+    print_message("Ctrl-C to restored terminal: %.1f s (the pane's shell sleeps 1 s before stty)\n", seconds);
+    assert_true(seconds < 20.0); // the lesson's own limit was 600 s
+}
+
 // The quiz's full-screen view: SIGQUIT (Ctrl-\ in the terminal) restores it too.
 static void test_quiz_sigquit_restores_and_exits_131(void** state) {
     (void)state;
@@ -289,6 +326,7 @@ int main(void) {
         cmocka_unit_test_teardown(test_lab_sigkill_terminal_restored_by_watcher, stop_server),
         cmocka_unit_test_teardown(test_lab_quit_ends_the_watcher, stop_server),
         cmocka_unit_test_teardown(test_quiz_sigquit_restores_and_exits_131, stop_server),
+        cmocka_unit_test_teardown(test_lab_ctrl_c_stops_a_busy_lesson, stop_server),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
