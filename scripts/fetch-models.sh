@@ -14,7 +14,7 @@ fetch() { # url dest
         wget -q -T 15 -O "$2.part" "$1"
     else
         echo "models: neither curl nor wget is installed" >&2; return 1
-    fi || { rm -f "$2.part"; echo "models: could not download $1 (no internet access?)" >&2; return 1; }
+    fi || { rm -f "$2.part"; echo "models: could not download it (no network?); fetch it by hand: $1 -> $2" >&2; return 1; }
     mv "$2.part" "$2" && echo "models: fetched $2"
 }
 ok=0

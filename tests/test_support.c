@@ -25,10 +25,14 @@ static bool file_exists(const char* path) {
 bool shared_model_path(char* out, size_t out_capacity, const char* name) {
     // The repository root is the working directory (scripts/run-tests.sh);
     // SERVELAB_SHARED overrides the location of shared/ for unusual layouts.
+    // ./models is where `make models` puts stories260K.bin and tok512.bin
+    // (the reference outputs exist only in shared/).
     const char* shared = getenv("SERVELAB_SHARED");
     int written = snprintf(out, out_capacity, "%s/models/%s", shared ? shared : "../shared", name);
     if (written < 0 || (size_t)written >= out_capacity) return false;
-    return file_exists(out);
+    if (file_exists(out)) return true;
+    written = snprintf(out, out_capacity, "models/%s", name);
+    return written >= 0 && (size_t)written < out_capacity && file_exists(out);
 }
 
 const char* test_scratch_dir(void) {

@@ -10,8 +10,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-// Writes the path of ../shared/models/<name> into out and returns true when
-// the file exists; false otherwise.
+// Writes the path of ../shared/models/<name>, or else ./models/<name>, into
+// out and returns true when the file exists; false otherwise.
 bool shared_model_path(char* out, size_t out_capacity, const char* name);
 
 // A writable scratch directory for this test binary (created on first use,
@@ -53,7 +53,8 @@ void free_result(command_result* result);
     do {                                                                                     \
         if (!shared_model_path((path_buffer), sizeof(path_buffer), (name))) {                \
             if (getenv("CI")) fail_msg("../shared/models/%s is missing and CI is set", name); \
-            print_message("skipping: ../shared/models/%s not found beside the clone\n", name); \
+            print_message("skipping: %s is in neither ../shared/models nor ./models "            \
+                          "('make models' fetches stories260K.bin and tok512.bin)\n", name);  \
             skip();                                                                          \
         }                                                                                    \
     } while (0)

@@ -129,6 +129,8 @@ static void test_greedy_ids_match_golden(void** state) {
     (void)state;
     char model_path[512];
     REQUIRE_SHARED_MODEL(model_path, "stories260K.bin");
+    char golden_path[512];
+    REQUIRE_SHARED_MODEL(golden_path, "stories260K.golden"); // only in ../shared, not in ./models
     golden_case cases[8];
     int n_cases = load_golden(cases, 8);
     assert_true(n_cases >= 2);
