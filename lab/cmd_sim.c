@@ -11,6 +11,7 @@
 #include "lab/commands.h"
 #include "lab/engine_options.h"
 #include "lab/model_source.h"
+#include "lab/progress.h"
 #include "lab/workload.h"
 
 static const char SIM_USAGE_HEAD[] =
@@ -22,14 +23,24 @@ static const char SIM_USAGE_HEAD[] =
     "generates exactly its output length (EOS is ignored). Times are the\n"
     "engine's own wall time per step; idle gaps between arrivals are skipped.\n"
     "\n"
+    "The default run takes seconds: the medium preset (random weights), 16\n"
+    "short requests all at once, paged against contiguous KV in a budget of 4\n"
+    "full-length sequences: contiguous runs 4 at a time, paged all 16, and\n"
+    "decodes faster because a step streams the weights once however many\n"
+    "sequences it decodes. --full runs the same experiment at full size: 64\n"
+    "longer requests (about a minute and a half on 2 cores, twice that with\n"
+    "--batching both). Any flag below overrides either size.\n"
+    "\n"
     "workload:\n"
-    "  --requests N              number of requests (default 64)\n"
-    "  --prompt-len DIST         fixed:N | uniform:LOW:HIGH | lognormal:MEAN:SD (default uniform:32:512)\n"
-    "  --output-len DIST         (default uniform:16:256)\n"
+    "  --requests N              number of requests (default 16; --full 64)\n"
+    "  --prompt-len DIST         fixed:N | uniform:LOW:HIGH | lognormal:MEAN:SD\n"
+    "                            (default uniform:16:64; --full uniform:32:512)\n"
+    "  --output-len DIST         (default uniform:32:96; --full uniform:16:256)\n"
     "  --arrival-rate R          requests per second, 0 = all at once (default 0)\n"
     "  --shared-prefix N         every prompt starts with the same N tokens (default 0)\n"
     "  --seed N                  workload seed (default 1)\n"
     "  --workload FILE           JSON Lines: {\"prompt\"|\"prompt_ids\", \"max_tokens\", \"arrival\"}\n"
+    "  --full                    the full-size run described above\n"
     "model:\n"
     "  --model PATH|PRESET       (default medium)   --tokenizer FILE   --dtype fp32|fp16\n"
     "  --quant SCHEME            w8a16|w4a16|w8a8[:gG][:rtn|awq|gptq][:sym|asym]\n"
@@ -38,7 +49,45 @@ static const char SIM_USAGE_HEAD[] =
     "  --trace FILE              step records as JSON Lines (FILE.<run> when several runs)\n"
     "  --kv both                 run paged and contiguous (the default)\n"
     "  --batching both           run continuous and static\n"
+    "  --progress                the progress line on stderr even when it is not a terminal\n"
+    "                            (shown on a terminal anyway; never on stdout)\n"
     "\n";
+
+// The engine options' shared help (lab/engine_options.c) states the
+// engine's defaults; sim's differ for --kv and the KV budget, so those
+// lines are replaced here (each replacement starts with its flag).
+static const char* const SIM_ENGINE_DEFAULTS[] = {
+    "  --kv paged|contiguous|both  KV layout (default both: paged, then contiguous)\n",
+    "  --kv-mem SIZE             KV memory budget, e.g. 64MiB, 1GiB (default: room for 4\n"
+    "                            sequences of the model's full length: 9 MiB for small, 64 MiB\n"
+    "                            for medium, in fp16; at most the memory available)\n",
+    NULL,
+};
+
+// Prints ENGINE_OPTIONS_USAGE with each option that `replacements` names
+// printed as given instead (with its continuation lines, which start with
+// spaces only, dropped).
+static void print_engine_usage(const char* const* replacements) {
+    bool skipping = false;
+    for (const char* text = ENGINE_OPTIONS_USAGE; *text;) {
+        size_t length = strcspn(text, "\n");
+        length += text[length] == '\n';
+        if (strncmp(text, "  --", 4) == 0) {
+            const char* flag = text + 2;
+            size_t flag_length = strcspn(flag, " \n");
+            skipping = false;
+            for (const char* const* r = replacements; *r; r++)
+                if (strncmp(*r + 2, flag, flag_length) == 0 && (*r)[2 + flag_length] == ' ') {
+                    fputs(*r, stdout);
+                    skipping = true;
+                }
+        } else if (strncmp(text, "    ", 4) != 0) {
+            skipping = false;
+        }
+        if (!skipping) fwrite(text, 1, length, stdout);
+        text += length;
+    }
+}
 
 typedef struct sim_result {
     char label[24];
@@ -84,8 +133,10 @@ static void summarize(const double* values, int n, double* mean, double* p50, do
     free(sorted);
 }
 
+// `line` (NULL when not shown) counts the finished requests of this run;
+// `run_name` says which run of how many ("paged, run 1 of 2").
 static int run_simulation(const model* m, const engine_config* config, const workload* w, const char* label,
-                          FILE* trace, sim_result* out, error_info* err) {
+                          FILE* trace, progress* line, const char* run_name, sim_result* out, error_info* err) {
     memset(out, 0, sizeof *out);
     snprintf(out->label, sizeof out->label, "%.23s", label);
     out->n_requests = w->n_requests;
@@ -121,6 +172,7 @@ static int run_simulation(const model* m, const engine_config* config, const wor
             break;
         }
         out->steps++;
+        progress_set(line, run_name, r->n_finished, w->n_requests, "requests finished");
         if (r->n_running > out->peak_running) out->peak_running = r->n_running;
         util_sum += 100.0 * (double)r->slots_used / (double)r->slots_total;
         fragmentation_sum += 100.0 * (double)r->external_fragmentation_slots / (double)r->slots_total;
@@ -214,33 +266,68 @@ static void print_table(const sim_result* results, int n) {
                results[i].peak_running > 0 ? (double)results[0].peak_running / results[i].peak_running : 0.0);
 }
 
+// Two sizes of the same experiment, on the medium preset: its 192 MiB of
+// fp16 weights stream from memory once per decode step, so a step that
+// decodes more sequences costs little more, and the layout that fits more
+// sequences in the same KV memory decodes faster. The contiguous layout
+// reserves a whole max-length sequence per request, so a budget of
+// SIM_BUDGET_SEQUENCES of them runs 4 requests at once; paged blocks hold
+// only what each request uses.
+//   default: 16 requests of 16..64 prompt + 32..96 output tokens, all of
+//            them at once when paged: 4x the sequences, 1.4-1.6x the
+//            throughput, 7-13 s on this 2-core machine
+//   --full:  64 requests of 32..512 + 16..256 tokens (the default before):
+//            4.25x the sequences, 1.44x the throughput, 93 s
+typedef struct sim_scale {
+    int n_requests;
+    length_distribution prompt_length, output_length;
+} sim_scale;
+
+static const sim_scale SIM_DEFAULT = {16, {LENGTH_UNIFORM, 16, 64}, {LENGTH_UNIFORM, 32, 96}};
+static const sim_scale SIM_FULL = {64, {LENGTH_UNIFORM, 32, 512}, {LENGTH_UNIFORM, 16, 256}};
+
+// The KV budget when neither --kv-mem nor --num-blocks is given: room for
+// 4 sequences of the model's full length (64 MiB of fp16 KV for medium, as
+// before; 9 MiB for small), so contiguous runs 4 at once whatever the model.
+#define SIM_BUDGET_SEQUENCES 4
+
+static bool flag_given(const char* arg, const char* flag) {
+    size_t length = strlen(flag);
+    return strncmp(arg, flag, length) == 0 && (arg[length] == '\0' || arg[length] == '=');
+}
+
 int command_sim(int argc, char** argv) {
     for (int i = 1; i < argc; i++)
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             fputs(SIM_USAGE_HEAD, stdout);
-            fputs(ENGINE_OPTIONS_USAGE, stdout);
+            print_engine_usage(SIM_ENGINE_DEFAULTS);
             return 0;
         }
     error_info err = {{0}};
     engine_config config = engine_config_default();
     model_request request = {"medium", NULL, MODEL_DTYPE_DEFAULT, SYNTH_DEFAULT_SEED, NULL};
-    workload_spec spec = {64, {LENGTH_UNIFORM, 32, 512}, {LENGTH_UNIFORM, 16, 256}, 0.0, 0, 1, 0, 0};
+    workload_spec spec = {0, {LENGTH_UNIFORM, 0, 0}, {LENGTH_UNIFORM, 0, 0}, 0.0, 0, 1, 0, 0};
     const char* workload_path = NULL;
     const char* trace_path = NULL;
-    bool json = false, kv_both = false, batching_both = false, kv_given = false;
+    bool json = false, kv_both = false, batching_both = false, kv_given = false, budget_given = false;
+    bool full = false, requests_given = false, prompt_given = false, output_given = false, progress_forced = false;
     arg_cursor cursor = {argc, argv, 1, "servelab sim", NULL};
     for (; cursor.index < argc; cursor.index++) {
         bool failed = false;
         const char* arg = argv[cursor.index];
-        if (strncmp(arg, "--kv", 4) == 0 && (arg[4] == '\0' || arg[4] == '=')) kv_given = true;
+        if (flag_given(arg, "--kv")) kv_given = true;
+        if (flag_given(arg, "--kv-mem") || flag_given(arg, "--num-blocks")) budget_given = true;
         if (engine_option_match(&cursor, &config, &kv_both, &batching_both, &failed, &err)) {
         } else if (model_option_match(&cursor, &request, &failed, &err)) {
         } else if (arg_match(&cursor, "--requests", true, &failed, &err)) {
             if (!failed) failed = parse_int_arg("--requests", cursor.value, 1, 1000000, &spec.n_requests, &err) != 0;
+            requests_given = true;
         } else if (arg_match(&cursor, "--prompt-len", true, &failed, &err)) {
             if (!failed) failed = length_distribution_parse("--prompt-len", cursor.value, &spec.prompt_length, &err) != 0;
+            prompt_given = true;
         } else if (arg_match(&cursor, "--output-len", true, &failed, &err)) {
             if (!failed) failed = length_distribution_parse("--output-len", cursor.value, &spec.output_length, &err) != 0;
+            output_given = true;
         } else if (arg_match(&cursor, "--arrival-rate", true, &failed, &err)) {
             float rate = 0;
             if (!failed) failed = parse_float_arg("--arrival-rate", cursor.value, 0.0, 1e9, &rate, &err) != 0;
@@ -255,6 +342,10 @@ int command_sim(int argc, char** argv) {
             if (!failed) trace_path = cursor.value;
         } else if (arg_match(&cursor, "--json", false, &failed, &err)) {
             json = true;
+        } else if (arg_match(&cursor, "--full", false, &failed, &err)) {
+            full = true;
+        } else if (arg_match(&cursor, "--progress", false, &failed, &err)) {
+            progress_forced = true;
         } else {
             fprintf(stderr, "servelab sim: unknown option '%s' (see servelab sim --help)\n", arg);
             return 2;
@@ -265,6 +356,11 @@ int command_sim(int argc, char** argv) {
         }
     }
     if (!kv_given) kv_both = true; // paged against contiguous unless told otherwise
+    // What was not given comes from the chosen size; a flag always wins.
+    const sim_scale* scale = full ? &SIM_FULL : &SIM_DEFAULT;
+    if (!requests_given) spec.n_requests = scale->n_requests;
+    if (!prompt_given) spec.prompt_length = scale->prompt_length;
+    if (!output_given) spec.output_length = scale->output_length;
 
     model_source source;
     if (model_source_open(&source, &request, &err)) {
@@ -272,6 +368,8 @@ int command_sim(int argc, char** argv) {
         return 1;
     }
     const model_config* mc = &source.model.config;
+    if (!budget_given)
+        config.num_blocks = SIM_BUDGET_SEQUENCES * ((mc->max_seq_len + config.block_size - 1) / config.block_size);
     workload w;
     spec.vocab_size = mc->vocab_size;
     spec.max_seq_len = mc->max_seq_len;
@@ -313,7 +411,11 @@ int command_sim(int argc, char** argv) {
     sim_result results[4], finished[4];
     char failures[2 * 4][4096 + sizeof err.message + 64]; // at most two a run: a trace path or a label, then why
     int n_finished = 0, n_failures = 0;
+    progress* line = progress_start("servelab sim", progress_forced);
     for (int i = 0; i < n_runs; i++) {
+        char run_name[128];
+        snprintf(run_name, sizeof run_name, "%s (run %d of %d)", labels[i], i + 1, n_runs);
+        progress_set(line, run_name, 0, w.n_requests, "requests finished");
         FILE* trace = NULL;
         if (trace_path) {
             char path[4096];
@@ -326,7 +428,7 @@ int command_sim(int argc, char** argv) {
             }
         }
         bool ok = true;
-        if (run_simulation(&source.model, &runs[i], &w, labels[i], trace, &results[i], &err)) {
+        if (run_simulation(&source.model, &runs[i], &w, labels[i], trace, line, run_name, &results[i], &err)) {
             snprintf(failures[n_failures++], sizeof failures[0], "%s: %s", labels[i], err.message);
             ok = false;
         }
@@ -336,8 +438,13 @@ int command_sim(int argc, char** argv) {
         }
         if (!ok) continue;
         finished[n_finished++] = results[i];
-        if (!json) fprintf(stderr, "servelab sim: %s done in %.1f s\n", labels[i], results[i].seconds);
+        if (!json) {
+            progress_hold(line);
+            fprintf(stderr, "servelab sim: %s done in %.1f s\n", labels[i], results[i].seconds);
+            progress_resume(line);
+        }
     }
+    progress_finish(line);
     if (n_finished > 0) {
         if (json) print_json(finished, n_finished);
         else print_table(finished, n_finished);
