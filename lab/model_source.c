@@ -53,6 +53,29 @@ static int apply_quant(model_source* source, const char* spec_text, error_info* 
 
 static int open_unquantized(model_source* out, const model_request* request, error_info* err);
 
+// A newcomer reads "medium" as a model that knows language; its weights are
+// random and only its shapes are medium's, which the label says wherever a
+// model is named (the dashboard header, generate's stats line, sim, info).
+static void label_synthetic(model_source* out, const char* preset) {
+    snprintf(out->model_label, sizeof out->model_label, "synthetic (random weights, shapes of %.64s)", preset);
+}
+
+// `servelab synth` output is a plain llama2.c checkpoint: no header says
+// where it came from. A preset's exact shape with the byte-level
+// vocabulary (259 tokens, which no trained llama2.c model has) is taken as
+// one. (stories110m's preset has the real stories110M's vocabulary and
+// shape, so its synth output cannot be told from the trained model.)
+static const synth_preset* synthetic_checkpoint_preset(const model_config* c) {
+    if (c->vocab_size != TOK_MIN_VOCAB_SIZE) return NULL;
+    for (const synth_preset* p = synth_presets(); p->name; p++) {
+        const model_config* shape = &p->shape;
+        if (shape->dim == c->dim && shape->hidden_dim == c->hidden_dim && shape->n_layers == c->n_layers &&
+            shape->n_heads == c->n_heads && shape->n_kv_heads == c->n_kv_heads && shape->max_seq_len == c->max_seq_len)
+            return p;
+    }
+    return NULL;
+}
+
 int model_source_open(model_source* out, const model_request* request, error_info* err) {
     if (open_unquantized(out, request, err)) return -1;
     if (request->quant && apply_quant(out, request->quant, err)) {
@@ -93,10 +116,15 @@ static int open_unquantized(model_source* out, const model_request* request, err
             model_source_close(out);
             return -1;
         }
+        label_synthetic(out, model_arg);
         return 0;
     }
 
     if (model_load(&out->model, model_arg, request->dtype, err)) return -1;
+    const synth_preset* written_preset = synthetic_checkpoint_preset(&out->model.config);
+    if (written_preset)
+        snprintf(out->model_label, sizeof out->model_label, "%.300s, synthetic (random weights, shapes of %s)",
+                 model_arg, written_preset->name);
     if (!tokenizer_arg &&
         find_tokenizer_beside(model_arg, out->model.config.vocab_size, tok_path, sizeof tok_path))
         tokenizer_arg = tok_path;

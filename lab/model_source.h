@@ -30,7 +30,8 @@ typedef struct model_request {
 typedef struct model_source {
     model model;
     tokenizer* tokenizer;    // NULL when no tokenizer was found for a checkpoint
-    char model_label[512];   // path or preset name, for messages and stats
+    char model_label[512];   // for messages and stats: the path of a checkpoint; "synthetic (random
+                             // weights, shapes of medium)" for a preset; both for synth output
     char tokenizer_label[512];
 } model_source;
 

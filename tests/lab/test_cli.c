@@ -93,7 +93,7 @@ static void test_synthetic_preset_generates(void** state) {
     command_result r = run_servelab("generate --model tiny --prompt \"Hello\" -n 16 --seed 3");
     assert_int_equal(r.exit_status, 0);
     assert_true(strncmp(r.out, "Hello", 5) == 0);
-    assert_non_null(strstr(r.err, "tiny (fp16"));
+    assert_non_null(strstr(r.err, "synthetic (random weights, shapes of tiny) (fp16"));
     command_result again = run_servelab("generate --model tiny --prompt \"Hello\" -n 16 --seed 3");
     assert_string_equal(r.out, again.out); // same seeds, same text
     free_result(&again);
@@ -337,7 +337,7 @@ static void test_engine_paths_run_quantized(void** state) {
     (void)state;
     command_result r = run_servelab("generate --model tiny --quant w4a16:g32:gptq --prompt Hi -n 8 --seed 1 --temperature 0.7");
     if (r.exit_status != 0) fail_msg("generate --quant failed: %s", r.err);
-    assert_non_null(strstr(r.err, "tiny (int4"));
+    assert_non_null(strstr(r.err, "synthetic (random weights, shapes of tiny) (int4"));
     free_result(&r);
     r = run_servelab("sim --model tiny --quant w8a8 --requests 4 --prompt-len fixed:8 --output-len fixed:4 --kv paged "
                      "--kv-dtype int8 --json");
