@@ -15,7 +15,8 @@
 static const char LESSON_USAGE[] =
     "usage: servelab lesson run FILE [--headless] [--full] [--only ID] [--time-limit S]\n"
     "                           [--memory-limit SIZE] [--output DIR] [--verbose]\n"
-    "       servelab lesson list [DIR]        title and claims of each lesson (default lessons/)\n"
+    "       servelab lesson list [DIR]        title and claims of each lesson (default: the lessons\n"
+    "                                         beside the binary, in share/servelab, or ./lessons)\n"
     "       servelab lesson new NAME          write a commented skeleton NAME.lua\n"
     "       servelab lesson check FILE...     syntax and declaration, without running\n"
     "\n"
@@ -153,12 +154,40 @@ static int command_run(int argc, char** argv) {
     return status;
 }
 
+// The lessons that came with this binary, found the way the quiz finds
+// quiz/ (lab/quiz_data.c), so `lesson list` works from any folder: beside
+// the binary (bin/../lessons, and build/<name>/bin/../../../lessons in a
+// clone), the install prefix's share/servelab/lessons, then ./lessons.
+// The first folder with a .lua file in it wins.
+static int find_lessons_folder(char* out, size_t capacity) {
+    char exe[512];
+    ssize_t length = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    exe[length > 0 ? length : 0] = '\0';
+    char* slash = strrchr(exe, '/');
+    if (slash) *slash = '\0'; // the binary's folder
+    static const char* const BESIDE_BINARY[] = {"%s/../lessons", "%s/../../../lessons", "%s/../share/servelab/lessons"};
+    static lesson_file_name names[LESSON_MAX_FILES];
+    for (size_t i = 0; length > 0 && i < sizeof BESIDE_BINARY / sizeof BESIDE_BINARY[0]; i++) {
+        snprintf(out, capacity, BESIDE_BINARY[i], exe);
+        if (lesson_list_folder(out, names, LESSON_MAX_FILES) > 0) return 0;
+    }
+    snprintf(out, capacity, "lessons");
+    if (lesson_list_folder(out, names, LESSON_MAX_FILES) > 0) return 0;
+    fprintf(stderr,
+            "servelab lesson list: cannot find the lessons: looked in %s/../lessons, %s/../share/servelab/lessons "
+            "and ./lessons; name the folder (servelab lesson list DIR)\n",
+            exe, exe);
+    return -1;
+}
+
 static int command_list(int argc, char** argv) {
     if (argc > 3) {
         fprintf(stderr, "servelab lesson list: expected at most one folder\n");
         return 2;
     }
-    const char* folder = argc == 3 ? argv[2] : "lessons";
+    char found[600];
+    if (argc < 3 && find_lessons_folder(found, sizeof found)) return 1;
+    const char* folder = argc == 3 ? argv[2] : found;
     static lesson_file_name names[LESSON_MAX_FILES];
     int n = lesson_list_folder(folder, names, LESSON_MAX_FILES);
     if (n < 0) {
