@@ -33,8 +33,46 @@ static const char GENERATE_USAGE[] =
     "  --ids                 print the generated ids on one line instead of text\n"
     "  --trace FILE          write each engine step's record as JSON Lines\n"
     "\n"
-    "The request runs through the serving engine (fp32 KV unless --kv-dtype fp16);\n"
-    "its engine options apply:\n";
+    "The request runs through the serving engine; its engine options apply, with\n"
+    "generate's own defaults for the KV type, budget and sequences:\n";
+
+// The engine options' shared help (lab/engine_options.c) states the
+// engine's defaults, which generate changes for one sequence: fp32 KV (so
+// that fp32 weights give llama2.c's output exactly), a pool of one
+// max-length sequence, one sequence at a time. Those lines are replaced
+// here (each replacement starts with its flag).
+static const char* const GENERATE_ENGINE_DEFAULTS[] = {
+    "  --kv-mem SIZE             KV memory budget, e.g. 64MiB, 1GiB (default: one sequence of\n"
+    "                            the model's full length; at most the memory available)\n",
+    "  --kv-dtype fp32|fp16|int8 KV element type (default fp32; int8 has a scale per token and head)\n",
+    "  --max-seqs N              sequences running at once (default 1)\n",
+    NULL,
+};
+
+// Prints ENGINE_OPTIONS_USAGE with each option that `replacements` names
+// printed as given instead (its continuation lines, which start with
+// spaces only, dropped).
+static void print_engine_usage(const char* const* replacements) {
+    bool skipping = false;
+    for (const char* text = ENGINE_OPTIONS_USAGE; *text;) {
+        size_t length = strcspn(text, "\n");
+        length += text[length] == '\n';
+        if (strncmp(text, "  --", 4) == 0) {
+            const char* flag = text + 2;
+            size_t flag_length = strcspn(flag, " \n");
+            skipping = false;
+            for (const char* const* r = replacements; *r; r++)
+                if (strncmp(*r + 2, flag, flag_length) == 0 && (*r)[2 + flag_length] == ' ') {
+                    fputs(*r, stdout);
+                    skipping = true;
+                }
+        } else if (strncmp(text, "    ", 4) != 0) {
+            skipping = false;
+        }
+        if (!skipping) fwrite(text, 1, length, stdout);
+        text += length;
+    }
+}
 
 typedef struct generate_args {
     model_request request;
@@ -120,7 +158,7 @@ int command_generate(int argc, char** argv) {
     for (int i = 1; i < argc; i++)
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             fputs(GENERATE_USAGE, stdout);
-            fputs(ENGINE_OPTIONS_USAGE, stdout);
+            print_engine_usage(GENERATE_ENGINE_DEFAULTS);
             return 0;
         }
     error_info err = {{0}};
