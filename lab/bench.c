@@ -53,18 +53,32 @@ typedef struct bench_run_state {
     bench_report* report;
     bench_progress_fn progress;
     void* progress_user;
+    int parts_done; // say() calls so far: each one ends a part of the run
 } bench_run_state;
 
-static void say(const bench_run_state* run, const char* format, ...) __attribute__((format(printf, 2, 3)));
+// The parts (say() calls) of a whole run, for the progress count: the
+// machine line, the first probe and the fp16 weights; per weight format
+// its preparation (fp16's is above), decode, prefill at 2 lengths, batch at
+// BENCH_MAX_BATCH sizes, and a probe; the 3 attention contexts, the fixed
+// cost line and the last probe. 35 with the formats of VARIANTS.
+static int expected_parts(void) {
+    int parts = 3;
+    for (int i = 0; i < BENCH_MAX_DECODE; i++)
+        parts += (i != REFERENCE_VARIANT) + 1 + (VARIANTS[i].prefill ? 2 : 0) + (VARIANTS[i].batch ? BENCH_MAX_BATCH : 0) + 1;
+    return parts + 3 + 1 + 1;
+}
 
-static void say(const bench_run_state* run, const char* format, ...) {
+static void say(bench_run_state* run, const char* format, ...) __attribute__((format(printf, 2, 3)));
+
+static void say(bench_run_state* run, const char* format, ...) {
+    run->parts_done++;
     if (!run->progress) return;
     char line[256];
     va_list args;
     va_start(args, format);
     vsnprintf(line, sizeof line, format, args);
     va_end(args);
-    run->progress(run->progress_user, line);
+    run->progress(run->progress_user, line, run->parts_done, expected_parts());
 }
 
 // ---- running requests through the engine --------------------------------------
@@ -550,7 +564,7 @@ int bench_run(const bench_options* options, bench_report* report, bench_progress
     bench_options effective = *options;
     if (!effective.model_arg) effective.model_arg = "stories110m";
     if (effective.repeats < 1) effective.repeats = 1;
-    bench_run_state run = {&effective, report, progress, progress_user};
+    bench_run_state run = {&effective, report, progress, progress_user, 0};
     snprintf(report->model, sizeof report->model, "%s", effective.model_arg);
 
     thread_pool* pool = NULL;

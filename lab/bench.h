@@ -129,9 +129,10 @@ typedef struct bench_target {
 // Fills out (BENCH_MAX_TARGETS) and returns how many targets there are.
 int bench_targets(const bench_report* r, bench_target* out);
 
-// Progress lines ("decode fp16 ...") go to `progress` when it is not NULL
-// (a FILE*), so that a long run shows it is alive.
-typedef void (*bench_progress_fn)(void* user, const char* line);
+// Each finished part of the run ("decode fp16 ..."), with how many parts
+// are done of how many a whole run has, goes to `progress` when it is not
+// NULL, so that a long run shows it is alive.
+typedef void (*bench_progress_fn)(void* user, const char* line, int parts_done, int parts_total);
 
 // Runs every section. Returns -1 with err when a model cannot be opened or
 // an engine cannot be built (nothing is half-reported then).

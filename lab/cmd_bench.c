@@ -7,9 +7,10 @@
 #include "lab/bench.h"
 #include "lab/cli_args.h"
 #include "lab/commands.h"
+#include "lab/progress.h"
 
 static const char BENCH_USAGE[] =
-    "usage: servelab bench [--json] [--model M|PRESET] [--threads N] [--repeats R] [--quick]\n"
+    "usage: servelab bench [--json] [--model M|PRESET] [--threads N] [--repeats R] [--quick] [--progress]\n"
     "\n"
     "Measures, side by side in one run (each figure the median of R runs):\n"
     "  machine    streaming-read bandwidth (buffer 8x the L3) and peak fp32 FMA rate\n"
@@ -21,8 +22,8 @@ static const char BENCH_USAGE[] =
     "  attention  paged (block 16, scattered) against contiguous KV, us per token\n"
     "             at contexts 512, 2048, 8192 (fp16 KV, one thread, every layer)\n"
     "  fixed cost stories260K decode, when found in ./models or ../shared/models\n"
-    "  targets    the issue's targets judged on this run: met, not met, or not\n"
-    "             measured (a figure the run did not produce is never met)\n"
+    "  targets    the project's CPU performance goals judged on this run: met, not\n"
+    "             met, or not measured (a figure the run did not produce is never met)\n"
     "\n"
     "  --model M|PRESET  checkpoint or preset (default stories110m: dim 768, 12 layers)\n"
     "  --threads N       worker threads (default: one per online CPU)\n"
@@ -30,14 +31,18 @@ static const char BENCH_USAGE[] =
     "  --quick           16 decode tokens, 4 batch steps, 64 MiB bandwidth buffer, 1 repeat\n"
     "                    unless --repeats: a smoke test, not a measurement\n"
     "  --json            one JSON object on stdout instead of the table\n"
+    "  --progress        the progress line even when stderr is not a terminal\n"
     "\n"
-    "Progress goes to stderr. The reference columns are the figures published in\n"
-    "the CPU-performance issue for llama.cpp and llama2.c on a 2-core AVX-512 EPYC;\n"
-    "they were not measured here.\n";
+    "Progress goes to stderr: on a terminal one line rewritten in place (parts of\n"
+    "the run done, elapsed time, the latest figure), elsewhere a line per part.\n"
+    "The reference columns are published figures for llama.cpp and llama2.c on a\n"
+    "2-core AVX-512 EPYC, which the performance goals were set against; they were\n"
+    "not measured here.\n";
 
 typedef struct bench_args {
     bench_options options;
     bool json;
+    bool progress_forced;
 } bench_args;
 
 static int parse_bench_args(int argc, char** argv, bench_args* args, error_info* err) {
@@ -49,6 +54,8 @@ static int parse_bench_args(int argc, char** argv, bench_args* args, error_info*
         bool failed = false;
         if (arg_match(&cursor, "--json", false, &failed, err)) {
             args->json = true;
+        } else if (arg_match(&cursor, "--progress", false, &failed, err)) {
+            args->progress_forced = true;
         } else if (arg_match(&cursor, "--quick", false, &failed, err)) {
             args->options.quick = true;
         } else if (arg_match(&cursor, "--model", true, &failed, err)) {
@@ -68,12 +75,20 @@ static int parse_bench_args(int argc, char** argv, bench_args* args, error_info*
     return 0;
 }
 
-static void print_progress(void* user, const char* line) {
-    fprintf((FILE*)user, "bench: %s\n", line);
-    fflush((FILE*)user);
+// On a terminal (or with --progress) each part rewrites the progress line;
+// elsewhere (a log) it is a line of its own, as it always was: the log then
+// keeps every figure with the time it was printed.
+static void print_progress(void* user, const char* text, int parts_done, int parts_total) {
+    progress* line = user;
+    if (line) {
+        progress_set(line, text, parts_done, parts_total, "parts");
+        return;
+    }
+    fprintf(stderr, "bench: %s\n", text);
+    fflush(stderr);
 }
 
-// ---- the reference figures of the issue (not measured here) ---------------------
+// ---- the published reference figures (not measured here) ---------------------
 
 typedef struct reference_decode {
     const char* dtype;  // ours
@@ -131,7 +146,7 @@ static void print_table(const bench_report* r) {
     printf("  (probes before the sections, after each weight format's sections and at the end; fractions below are\n"
            "  of the highest)\n\n");
 
-    printf("decode, batch 1, %d tokens            | reference (issue, not measured here)\n", r->decode_tokens);
+    printf("decode, batch 1, %d tokens            | reference (published, not measured here)\n", r->decode_tokens);
     printf("  %-11s %9s %8s %7s %6s %8s | %-20s %7s %6s\n", "dtype", "tok/s", "GB/s", "of bw", "x fp16", "MB/tok",
            "engine", "tok/s", "of bw");
     for (int i = 0; i < r->n_decode; i++) {
@@ -144,7 +159,7 @@ static void print_table(const bench_report* r) {
         else
             printf(" %-20s %7s %6s\n", "-", "-", "-");
     }
-    printf("\nprefill\n  %-11s %6s %9s %9s %7s | reference tok/s (llama.cpp, issue)\n", "dtype", "tokens", "tok/s",
+    printf("\nprefill\n  %-11s %6s %9s %9s %7s | reference tok/s (llama.cpp, published)\n", "dtype", "tokens", "tok/s",
            "GFLOP/s", "of peak");
     for (int i = 0; i < r->n_prefill; i++) {
         const bench_prefill* p = &r->prefill[i];
@@ -175,13 +190,13 @@ static void print_table(const bench_report* r) {
            "  one run of the same bytes: the hardware prefetcher starts over at every block)\n");
     printf("\nfixed cost per token\n");
     if (r->small_model.measured)
-        printf("  %s decode: %.0f tok/s (%.1f us per token) | reference: llama2.c run.c ~9900 tok/s (issue)\n",
+        printf("  %s decode: %.0f tok/s (%.1f us per token) | reference: llama2.c run.c ~9900 tok/s (published)\n",
                r->small_model.path, r->small_model.tok_s, r->small_model.us_per_token);
     else
         printf("  stories260K not found: not measured\n");
     bench_target targets[BENCH_MAX_TARGETS];
     int n_targets = bench_targets(r, targets);
-    printf("\ntargets (the CPU-performance issue, for the stories110m shape)\n  %-44s %-18s %-16s %s\n", "target",
+    printf("\ntargets (the project's performance goals, for the stories110m shape)\n  %-44s %-18s %-16s %s\n", "target",
            "this run", "wanted", "met");
     for (int i = 0; i < n_targets; i++)
         printf("  %-44s %-18s %-16s %s\n", targets[i].what, targets[i].measured, targets[i].wanted,
@@ -252,7 +267,10 @@ int command_bench(int argc, char** argv) {
         return 2;
     }
     bench_report report;
-    if (bench_run(&args.options, &report, print_progress, stderr, &err)) {
+    progress* line = progress_start("servelab bench", args.progress_forced);
+    int status = bench_run(&args.options, &report, print_progress, line, &err);
+    progress_finish(line);
+    if (status) {
         fprintf(stderr, "servelab bench: %s\n", err.message);
         return 1;
     }

@@ -57,9 +57,11 @@ static void draw_locked(progress* p) {
     char clock[32];
     if (elapsed < 60) snprintf(clock, sizeof clock, "%.1f s", elapsed);
     else snprintf(clock, sizeof clock, "%dm%02ds", (int)(elapsed / 60), (int)elapsed % 60);
+    // The detail last: a line cut to the terminal's width loses the end of
+    // the detail, never the count or the clock.
     char line[320];
-    int length = snprintf(line, sizeof line, "%s: %s%s%s%s%s", p->what, p->detail, p->detail[0] && count[0] ? " " : "",
-                          count, p->detail[0] || count[0] ? ", " : "", clock);
+    int length = snprintf(line, sizeof line, "%s: %s%s%s%s%s", p->what, count, count[0] ? ", " : "", clock,
+                          p->detail[0] ? ": " : "", p->detail);
     int width = line_width();
     if (length > (int)sizeof line - 1) length = (int)sizeof line - 1;
     if (length > width) length = width;

@@ -1,7 +1,7 @@
 // progress: one line on stderr that says a long command is alive.
 //
-// "servelab sim: paged 12/32 requests finished, 3.1 s" — steps done out of
-// steps expected and the wall time so far, rewritten in place with \r by a
+// "servelab sim: 12/16 requests finished, 3.1 s: paged (run 1 of 2)" —
+// steps done out of steps expected, the wall time so far and what runs, rewritten in place with \r by a
 // ticker thread 4 times a second (so the clock moves even inside one long
 // step), and erased when the command finishes, before it prints its result.
 //
@@ -24,8 +24,8 @@ bool progress_wanted(bool forced);
 progress* progress_start(const char* what, bool forced);
 
 // What the line says now: `done` of `total` `unit` (total <= 0: unknown,
-// then only done is shown), and `detail` ("paged", "decode fp16"; may be
-// NULL) before the count. Cheap: the ticker draws it at its next tick.
+// then only done is shown), and `detail` ("paged (run 1 of 2)"; may be
+// NULL) after the clock. Cheap: the ticker draws it at its next tick.
 void progress_set(progress* p, const char* detail, long done, long total, const char* unit);
 
 // Erases the line and holds the ticker, so the caller can print to the
