@@ -13,10 +13,11 @@
 #include "lab/cli_args.h"
 #include "lab/commands.h"
 #include "lab/model_source.h"
+#include "lab/progress.h"
 
 static const char QUANT_USAGE[] =
     "usage: servelab quant --model M --scheme w8a16|w4a16|w8a8 [--group G] [--method rtn|awq|gptq]\n"
-    "                      [--sym|--asym] [--json]\n"
+    "                      [--sym|--asym] [--json] [--progress]\n"
     "       servelab quant --model M --tensor NAME --bits B [--granularity tensor|channel|group:G]\n"
     "                      [--sym|--asym] [--clip] [--set K]\n"
     "\n"
@@ -32,7 +33,9 @@ static const char QUANT_USAGE[] =
     "one parameter set (--set K; default the set with the widest range) with\n"
     "the quantization levels marked.\n"
     "\n"
-    "  --model PATH|PRESET   (default: as generate)   --tokenizer FILE   --dtype fp32|fp16\n";
+    "  --model PATH|PRESET   (default: as generate)   --tokenizer FILE   --dtype fp32|fp16\n"
+    "  --progress            AWQ and GPTQ take a while: their progress line (parts done,\n"
+    "                        elapsed time) shows on a terminal; this shows it elsewhere too\n";
 
 typedef struct quant_args {
     model_request request;
@@ -41,6 +44,7 @@ typedef struct quant_args {
     const char* method;
     int symmetric; // -1 default, 0 asym, 1 sym
     bool json;
+    bool progress_forced;
     const char* tensor;
     int bits;
     quant_scheme tensor_scheme;
@@ -81,6 +85,8 @@ static int parse_quant_args(int argc, char** argv, quant_args* a, error_info* er
             a->symmetric = 0;
         } else if (arg_match(&cursor, "--json", false, &failed, err)) {
             a->json = true;
+        } else if (arg_match(&cursor, "--progress", false, &failed, err)) {
+            a->progress_forced = true;
         } else if (arg_match(&cursor, "--tensor", true, &failed, err)) {
             if (!failed) a->tensor = cursor.value;
         } else if (arg_match(&cursor, "--bits", true, &failed, err)) {
@@ -236,9 +242,17 @@ static int run_model(model_source* reference, const quant_args* a) {
         fprintf(stderr, "servelab quant: w8a8 needs symmetric weights (drop --asym)\n");
         return 2;
     }
+    // AWQ and GPTQ run the model over the calibration stream and solve per
+    // layer (GPTQ on medium: minutes); RTN is a pass over the weights. The
+    // parts are engine calls with no hook inside, so the count moves 4
+    // times and the clock between.
+    progress* line = spec.method == QUANT_RTN ? NULL : progress_start("servelab quant", a->progress_forced);
+    enum { QUANT_PARTS = 4 };
+    progress_set(line, "copying the model to quantize", 0, QUANT_PARTS, "parts");
     model_request request = a->request;
     model_source test;
     if (model_source_open(&test, &request, &err)) {
+        progress_finish(line);
         fprintf(stderr, "servelab quant: %s\n", err.message);
         return 1;
     }
@@ -248,12 +262,25 @@ static int run_model(model_source* reference, const quant_args* a) {
     thread_pool* pool = NULL;
     thread_pool_create(0, &pool);
     int status = 1;
-    if (calibration_build(&reference->model, reference->tokenizer, CALIBRATION_FOR_QUANTIZATION, &calibration, &err) ||
-        calibration_build(&reference->model, reference->tokenizer, CALIBRATION_FOR_EVALUATION, &evaluation, &err) ||
-        model_quantize(&test.model, &spec, (const int32_t* const*)calibration.sequences, calibration.lengths,
-                       calibration.n_sequences, pool, &report, &err) ||
-        model_compare(&reference->model, &test.model, (const int32_t* const*)evaluation.sequences, evaluation.lengths,
-                      evaluation.n_sequences, pool, &comparison, &err)) {
+    char quantizing[64];
+    snprintf(quantizing, sizeof quantizing, "quantizing (%s)", spec.method == QUANT_GPTQ ? "GPTQ" : "AWQ");
+    progress_set(line, "calibration and evaluation streams", 1, QUANT_PARTS, "parts");
+    bool failed =
+        calibration_build(&reference->model, reference->tokenizer, CALIBRATION_FOR_QUANTIZATION, &calibration, &err) ||
+        calibration_build(&reference->model, reference->tokenizer, CALIBRATION_FOR_EVALUATION, &evaluation, &err);
+    if (!failed) {
+        progress_set(line, quantizing, 2, QUANT_PARTS, "parts");
+        failed = model_quantize(&test.model, &spec, (const int32_t* const*)calibration.sequences, calibration.lengths,
+                                calibration.n_sequences, pool, &report, &err) != 0;
+    }
+    if (!failed) {
+        progress_set(line, "evaluating against the original", 3, QUANT_PARTS, "parts");
+        failed = model_compare(&reference->model, &test.model, (const int32_t* const*)evaluation.sequences,
+                               evaluation.lengths, evaluation.n_sequences, pool, &comparison, &err) != 0;
+    }
+    progress_set(line, "done", QUANT_PARTS, QUANT_PARTS, "parts");
+    progress_finish(line);
+    if (failed) {
         fprintf(stderr, "servelab quant: %s\n", err.message);
         goto done;
     }
