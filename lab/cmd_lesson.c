@@ -11,10 +11,11 @@
 #include "lab/commands.h"
 #include "lab/engine_options.h"
 #include "lab/lesson.h"
+#include "lab/progress.h"
 
 static const char LESSON_USAGE[] =
     "usage: servelab lesson run FILE [--headless] [--full] [--only ID] [--time-limit S]\n"
-    "                           [--memory-limit SIZE] [--output DIR] [--verbose]\n"
+    "                           [--memory-limit SIZE] [--output DIR] [--verbose] [--progress]\n"
     "       servelab lesson list [DIR]        title and claims of each lesson (default: the lessons\n"
     "                                         beside the binary, in share/servelab, or ./lessons)\n"
     "       servelab lesson new NAME          write a commented skeleton NAME.lua\n"
@@ -27,7 +28,10 @@ static const char LESSON_USAGE[] =
     "  FAIL <id> <claim> -- <error>          the check itself failed\n"
     "then 'N passed, M failed'; the exit status is 0 only when every check passed.\n"
     "\n"
-    "  --full               the full-size scenarios (lab.full = true; make lessons)\n"
+    "  --full               the full-size scenarios (lab.full = true; make lessons); they\n"
+    "                       take minutes, so a progress line (checks done, elapsed) shows\n"
+    "                       on stderr when it is a terminal\n"
+    "  --progress           --full: the progress line even when stderr is not a terminal\n"
     "  --only ID            report only claim ID's check\n"
     "  --time-limit S       CPU seconds before the lesson is stopped (default 60)\n"
     "  --memory-limit SIZE  Lua heap + engines + models (default 512MiB)\n"
@@ -40,6 +44,7 @@ typedef struct run_args {
     const char* path;
     bool headless;
     bool verbose;
+    bool progress_forced;
     lesson_options options;
 } run_args;
 
@@ -51,6 +56,7 @@ static int parse_run_args(int argc, char** argv, run_args* a, error_info* err) {
         if (arg_match(&cursor, "--headless", false, &failed, err)) a->headless = true;
         else if (arg_match(&cursor, "--verbose", false, &failed, err)) a->verbose = true;
         else if (arg_match(&cursor, "--full", false, &failed, err)) a->options.full = true;
+        else if (arg_match(&cursor, "--progress", false, &failed, err)) a->progress_forced = true;
         else if (arg_match(&cursor, "--only", true, &failed, err)) {
             if (!failed) a->options.only_claim = cursor.value;
         } else if (arg_match(&cursor, "--output", true, &failed, err)) {
@@ -116,6 +122,77 @@ static int run_in_terminal(const run_args* a) {
     return lesson_run_file(a->path, &options, wait_for_enter, NULL, stdout, stderr, true);
 }
 
+// ---- --full: the same run, with a progress line ------------------------------------
+
+// The full-size scenarios run for minutes between check lines. The progress
+// line counts the checks against the claims the lesson declares; it is
+// erased while the lesson prints (narration, a check, the Enter prompt),
+// and finished before the errors and the summary, so no text lands on it.
+typedef struct full_run_progress {
+    progress* line;
+    const char* path;
+    int checks_done, checks_total;
+    void (*say)(void* user, const char* text);
+    void (*check)(void* user, const lesson_check_result* result);
+} full_run_progress;
+
+static void say_around_progress(void* user, const char* text) {
+    full_run_progress* f = user;
+    if (!f->say) return;
+    progress_hold(f->line);
+    f->say(NULL, text);
+    progress_resume(f->line);
+}
+
+static void check_around_progress(void* user, const lesson_check_result* result) {
+    full_run_progress* f = user;
+    progress_hold(f->line);
+    f->check(NULL, result);
+    f->checks_done++;
+    progress_set(f->line, f->path, f->checks_done, f->checks_total, "checks");
+    progress_resume(f->line);
+}
+
+// lesson_run_file and lesson_run_headless (lesson_run.c), step by step, so
+// that the line is finished before the error and the summary are printed.
+static int run_full_with_progress(const run_args* a) {
+    lesson_options options = a->options;
+    full_run_progress f = {NULL, a->path, 0, 0, a->headless ? NULL : say_to_terminal, check_to_terminal};
+    if (a->headless && a->verbose) f.say = say_as_comment;
+    lesson_info info;
+    error_info ignored = {{0}};
+    if (a->options.only_claim) f.checks_total = 1;
+    else if (lesson_read_info(a->path, &info, &ignored) == 0) f.checks_total = info.n_claims;
+    options.interactive = !a->headless && isatty(STDIN_FILENO);
+    options.on_say = say_around_progress;
+    options.on_check = check_around_progress;
+    options.user = &f;
+    f.line = progress_start("servelab lesson", a->progress_forced);
+    progress_set(f.line, a->path, 0, f.checks_total, "checks");
+    lesson* l = NULL;
+    error_info err = {{0}};
+    if (lesson_open(&l, a->path, &options, &err)) {
+        progress_finish(f.line);
+        fprintf(stderr, "%s\n", err.message);
+        printf("0 passed, 1 failed\n");
+        return 1;
+    }
+    lesson_status status;
+    while ((status = lesson_resume(l)) == LESSON_PAUSED) {
+        progress_hold(f.line);
+        wait_for_enter(NULL);
+        progress_resume(f.line);
+    }
+    progress_finish(f.line);
+    if (status == LESSON_FAILED) fprintf(stderr, "%s\n", lesson_error(l));
+    int passed = 0, failed = 0;
+    lesson_counts(l, &passed, &failed);
+    lesson_close(l);
+    if (status == LESSON_FAILED && passed + failed == 0) failed = 1; // a lesson that failed before any check
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed == 0 && status == LESSON_DONE ? 0 : 1;
+}
+
 // SIGINT, SIGTERM and SIGHUP stop the lesson (within half a second, even
 // inside a long call); the run then reports what it checked, and the exit
 // status is 128 + the signal, as shells expect.
@@ -141,7 +218,9 @@ static int command_run(int argc, char** argv) {
     catch_stop_signals();
     a.options.stop_flag = &stop_signal;
     int status;
-    if (!a.headless) {
+    if (a.options.full && progress_wanted(a.progress_forced)) {
+        status = run_full_with_progress(&a);
+    } else if (!a.headless) {
         status = run_in_terminal(&a);
     } else {
         if (a.verbose) a.options.on_say = say_as_comment;
