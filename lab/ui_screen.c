@@ -1,6 +1,7 @@
 #include "lab/ui_screen.h"
 
 #include <curses.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,11 +41,13 @@ int ui_screen_resize(ui_screen* s, int cols, int rows) {
     s->cells = cells;
     s->cols = cols;
     s->rows = rows;
+    ui_clip_reset(s);
     ui_screen_clear(s);
     return 0;
 }
 
 void ui_screen_clear(ui_screen* s) {
+    ui_clip_reset(s);
     for (int i = 0; i < s->cols * s->rows; i++) {
         s->cells[i].text[0] = ' ';
         s->cells[i].text[1] = '\0';
@@ -61,25 +64,50 @@ static int utf8_length(unsigned char c) {
     return 1;
 }
 
+static ui_cut_hook cut_hook;
+static void* cut_hook_user;
+
+void ui_set_cut_hook(ui_cut_hook hook, void* user) {
+    cut_hook = hook;
+    cut_hook_user = user;
+}
+
+void ui_clip(ui_screen* s, ui_rect r) {
+    int x0 = r.x < 0 ? 0 : r.x, y0 = r.y < 0 ? 0 : r.y;
+    int x1 = r.x + r.w > s->cols ? s->cols : r.x + r.w, y1 = r.y + r.h > s->rows ? s->rows : r.y + r.h;
+    s->clip = (ui_rect){x0, y0, x1 > x0 ? x1 - x0 : 0, y1 > y0 ? y1 - y0 : 0};
+}
+
+void ui_clip_reset(ui_screen* s) { s->clip = (ui_rect){0, 0, s->cols, s->rows}; }
+
+int ui_text_columns(const char* text) {
+    int columns = 0;
+    for (const unsigned char* c = (const unsigned char*)text; *c; c++) columns += (*c & 0xc0) != 0x80;
+    return columns;
+}
+
 int ui_put(ui_screen* s, int x, int y, int max_cols, ui_color color, int attr, const char* text) {
-    if (y < 0 || y >= s->rows || !text) return 0;
-    int written = 0;
+    if (!text) return 0;
+    bool row_shown = y >= s->clip.y && y < s->clip.y + s->clip.h;
+    int right = s->clip.x + s->clip.w; // the first column past the clip
+    int written = 0, shown = 0;
     const unsigned char* p = (const unsigned char*)text;
-    while (*p && written < max_cols) {
+    while (*p && written < max_cols && row_shown) {
         int n = utf8_length(*p);
         bool valid = true;
         for (int k = 1; k < n; k++)
             if ((p[k] & 0xc0) != 0x80) valid = false;
         if (!valid) n = 1;
         int col = x + written;
-        if (col >= s->cols) break;
-        if (col >= 0) {
+        if (col >= right) break;
+        if (col >= s->clip.x) {
             ui_cell* c = &s->cells[y * s->cols + col];
             if (n == 1 && (*p < 0x20 || *p == 0x7f || *p >= 0x80)) {
                 c->text[0] = *p >= 0x80 ? '?' : (*p == '\n' || *p == '\t' ? ' ' : '?');
                 c->text[1] = '\0';
             } else if (n > 1 && !s->utf8) {
-                c->text[0] = '?';
+                // The micro sign of "81 µs" reads as u in ASCII; anything else as ?.
+                c->text[0] = n == 2 && p[0] == 0xc2 && p[1] == 0xb5 ? 'u' : '?';
                 c->text[1] = '\0';
             } else {
                 memcpy(c->text, p, (size_t)n);
@@ -87,10 +115,12 @@ int ui_put(ui_screen* s, int x, int y, int max_cols, ui_color color, int attr, c
             }
             c->color = (unsigned char)color;
             c->attr = (unsigned char)attr;
+            shown++;
         }
         p += n;
         written++;
     }
+    if (cut_hook && *p) cut_hook(cut_hook_user, text, x, y, shown, ui_text_columns(text));
     return written;
 }
 
@@ -101,6 +131,181 @@ int ui_printf(ui_screen* s, int x, int y, int max_cols, ui_color color, int attr
     vsnprintf(line, sizeof line, format, args);
     va_end(args);
     return ui_put(s, x, y, max_cols, color, attr, line);
+}
+
+// ---- numbers that fit -------------------------------------------------------------------
+
+static int fit_copy(char* out, size_t size, const char* text, int max_cols) {
+    int columns = ui_text_columns(text);
+    if (columns > max_cols || strlen(text) + 1 > size) return -1;
+    memcpy(out, text, strlen(text) + 1);
+    return columns;
+}
+
+int ui_format_number(char* out, size_t size, double value, int digits, int max_cols) {
+    char text[64];
+    if (size) out[0] = '\0';
+    if (isfinite(value) && value == floor(value) && fabs(value) < 1e15) {
+        snprintf(text, sizeof text, "%.0f", value == 0 ? 0.0 : value); // no "-0"
+        return fit_copy(out, size, text, max_cols);
+    }
+    for (int p = digits < 1 ? 1 : digits; p >= 1; p--) {
+        snprintf(text, sizeof text, "%.*g", p, value);
+        if (fit_copy(out, size, text, max_cols) >= 0) return ui_text_columns(out);
+    }
+    return -1;
+}
+
+// A mantissa in [1, 1000) with up to `digits` significant digits (trailing
+// zeros dropped); false when rounding reached 1000 (the caller takes the
+// next prefix).
+static bool mantissa(char* out, size_t size, double scaled, int digits) {
+    double magnitude = fabs(scaled);
+    int integer_digits = magnitude >= 100 ? 3 : magnitude >= 10 ? 2 : 1;
+    int decimals = digits - integer_digits > 0 ? digits - integer_digits : 0;
+    snprintf(out, size, "%.*f", decimals, scaled);
+    if (strchr(out, '.')) {
+        char* end = out + strlen(out) - 1;
+        while (*end == '0') *end-- = '\0';
+        if (*end == '.') *end = '\0';
+    }
+    const char* d = out[0] == '-' ? out + 1 : out;
+    return strcspn(d, ".") <= 3;
+}
+
+int ui_format_si(char* out, size_t size, double value, const char* unit, int digits, int max_cols) {
+    static const char* const PREFIXES[] = {"p", "n", "\u00b5", "m", "", "k", "M", "G", "T", "P", "E"};
+    enum { SMALLEST = -12, COUNT = 11 };
+    char text[96], number[48];
+    if (size) out[0] = '\0';
+    if (!isfinite(value)) {
+        snprintf(text, sizeof text, "%g %s", value, unit);
+        return fit_copy(out, size, text, max_cols);
+    }
+    int index = 4; // no prefix
+    if (value != 0) {
+        int exponent = (int)floor(log10(fabs(value)) / 3.0) * 3;
+        index = (exponent - SMALLEST) / 3;
+        if (index < 0) index = 0;
+        if (index >= COUNT) index = COUNT - 1;
+    }
+    for (int p = digits < 1 ? 1 : digits; p >= 1; p--) {
+        int at = index;
+        double scaled = value / pow(10.0, SMALLEST + 3 * at);
+        if (!mantissa(number, sizeof number, scaled, p) && at + 1 < COUNT) {
+            at++;
+            mantissa(number, sizeof number, value / pow(10.0, SMALLEST + 3 * at), p);
+        }
+        const char* prefix = value == 0 ? "" : PREFIXES[at];
+        if (prefix[0] || unit[0]) snprintf(text, sizeof text, "%s %s%s", number, prefix, unit);
+        else snprintf(text, sizeof text, "%s", number);
+        if (fit_copy(out, size, text, max_cols) >= 0) return ui_text_columns(out);
+    }
+    return -1;
+}
+
+int ui_format_bytes(char* out, size_t size, double bytes, int max_cols) {
+    static const char* const UNITS[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+    char text[64];
+    if (size) out[0] = '\0';
+    int u = 0;
+    while (fabs(bytes) >= 1024 && u < 5) {
+        bytes /= 1024;
+        u++;
+    }
+    // One decimal where the unit is scaled, none where it does not fit;
+    // 1023.96 KiB rounds to "1024 KiB", still true.
+    for (int decimals = u ? 1 : 0; decimals >= 0; decimals--) {
+        snprintf(text, sizeof text, "%.*f %s", decimals, bytes, UNITS[u]);
+        if (fit_copy(out, size, text, max_cols) >= 0) return ui_text_columns(out);
+    }
+    return -1;
+}
+
+// ---- lines that fit ---------------------------------------------------------------------
+
+void ui_line_init(ui_line* l) { memset(l, 0, sizeof *l); }
+
+// Adds a form to the last field unless it repeats the one before.
+static void add_form(ui_line* l, const char* text) {
+    int f = l->n - 1, k = l->n_forms[f];
+    if (k == UI_LINE_FORMS || (k > 0 && strcmp(l->forms[f][k - 1], text) == 0)) return;
+    snprintf(l->forms[f][k], UI_LINE_FORM_BYTES, "%s", text);
+    l->n_forms[f]++;
+}
+
+static bool new_field(ui_line* l, int priority) {
+    if (l->n == UI_LINE_FIELDS) return false;
+    l->priority[l->n] = priority;
+    l->n_forms[l->n] = 0;
+    l->n++;
+    return true;
+}
+
+void ui_line_text(ui_line* l, int priority, const char* form, ...) {
+    if (!new_field(l, priority)) return;
+    va_list forms;
+    va_start(forms, form);
+    for (const char* f = form; f; f = va_arg(forms, const char*)) add_form(l, f);
+    va_end(forms);
+}
+
+void ui_line_number(ui_line* l, int priority, bool droppable, const char* before, double value, int digits,
+                    const char* after) {
+    if (!new_field(l, priority)) return;
+    char number[64], text[UI_LINE_FORM_BYTES];
+    for (int p = digits; p >= 1 && l->n_forms[l->n - 1] < UI_LINE_FORMS - (droppable ? 1 : 0); p--) {
+        ui_format_number(number, sizeof number, value, p, 63);
+        snprintf(text, sizeof text, "%s%s%s", before, number, after);
+        add_form(l, text);
+    }
+    if (droppable) add_form(l, "");
+}
+
+void ui_line_si(ui_line* l, int priority, bool droppable, const char* before, double value, const char* unit,
+                const char* after) {
+    if (!new_field(l, priority)) return;
+    char number[64], text[UI_LINE_FORM_BYTES];
+    for (int p = 3; p >= 1; p--) {
+        ui_format_si(number, sizeof number, value, unit, p, 63);
+        snprintf(text, sizeof text, "%s%s%s", before, number, after);
+        add_form(l, text);
+    }
+    if (droppable) add_form(l, "");
+}
+
+int ui_line_fit(const ui_line* l, int max_cols, char* out, size_t size) {
+    int chosen[UI_LINE_FIELDS] = {0}, total = 0;
+    for (int f = 0; f < l->n; f++) total += l->n_forms[f] ? ui_text_columns(l->forms[f][0]) : 0;
+    while (total > max_cols) {
+        int pick = -1;
+        for (int f = 0; f < l->n; f++)
+            if (chosen[f] + 1 < l->n_forms[f] && (pick < 0 || l->priority[f] <= l->priority[pick])) pick = f;
+        if (pick < 0) break;
+        total -= ui_text_columns(l->forms[pick][chosen[pick]]);
+        chosen[pick]++;
+        total += ui_text_columns(l->forms[pick][chosen[pick]]);
+    }
+    size_t used = 0;
+    int columns = 0;
+    if (size) out[0] = '\0';
+    for (int f = 0; f < l->n; f++) {
+        if (!l->n_forms[f]) continue;
+        const char* text = l->forms[f][chosen[f]];
+        int w = ui_text_columns(text);
+        size_t bytes = strlen(text);
+        if (columns + w > max_cols || used + bytes + 1 > size) break; // never a field in part
+        memcpy(out + used, text, bytes + 1);
+        used += bytes;
+        columns += w;
+    }
+    return columns;
+}
+
+int ui_line_put(ui_screen* s, int x, int y, int max_cols, ui_color color, int attr, const ui_line* l) {
+    char text[UI_LINE_FIELDS * UI_LINE_FORM_BYTES];
+    ui_line_fit(l, max_cols, text, sizeof text);
+    return ui_put(s, x, y, max_cols, color, attr, text);
 }
 
 void ui_fill(ui_screen* s, ui_rect r, const char* glyph, ui_color color, int attr) {
