@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "engine/devices.h"
 #include "engine/model_synth.h"
@@ -41,17 +42,22 @@ static const char LAB_USAGE[] =
     "  --time-limit S            the lesson's CPU seconds (default 60); Ctrl-C also stops it\n"
     "headless:\n"
     "  --keys KEYS               replay keys: plain characters and <space> <tab> <enter>\n"
-    "                            <esc> <f1> <up> <down> <left> <right> <wait:MS>\n"
+    "                            <esc> <f1> <up> <down> <left> <right> <pgup> <pgdn>\n"
+    "                            <wait:MS>, <resize:COLSxROWS> (the terminal resized) and\n"
+    "                            <frame> (draw a frame now, as the terminal would)\n"
     "  --dump-frame FILE         write the final screen as UTF-8 text (- = stdout)\n"
     "  --size COLSxROWS          the virtual screen (default 160x50)\n"
     "  --quiz-seed N             the questions of the quiz page (z), for repeatable runs\n"
     "  --measure-machine         measure this CPU's bandwidth and peak FMA rate first\n"
     "                            (the terminal lab always measures, in the background)\n"
+    "Without --keys or --dump-frame, stdin and stdout must be a terminal (exit 2 otherwise).\n"
     "\n";
 
 enum {
     KEY_CODE_UP = 0x1001, KEY_CODE_DOWN, KEY_CODE_LEFT, KEY_CODE_RIGHT, KEY_CODE_F1, KEY_CODE_ENTER,
-    KEY_CODE_TAB, KEY_CODE_ESC, KEY_CODE_BACKSPACE, KEY_CODE_RESIZE, KEY_CODE_WAIT_BASE = 0x100000,
+    KEY_CODE_TAB, KEY_CODE_ESC, KEY_CODE_BACKSPACE, KEY_CODE_RESIZE, KEY_CODE_PGUP, KEY_CODE_PGDN, KEY_CODE_FRAME,
+    KEY_CODE_WAIT_BASE = 0x100000,  // + milliseconds (at most 600000)
+    KEY_CODE_RESIZE_BASE = 0x200000, // + cols * 1024 + rows (each at most 1000)
 };
 
 static const int BLOCK_SIZES[] = {1, 2, 4, 8, 16, 32, 64, 128};
@@ -78,6 +84,7 @@ typedef struct lab_app {
     quiz_app quiz;
     bool quiz_loaded, quiz_open;
     uint64_t quiz_seed;  // 0: from the clock
+    int cols, rows;      // the screen keys act on (the terminal's, or --size and <resize:>)
 } lab_app;
 
 static double monotonic_seconds(void) {
@@ -230,12 +237,18 @@ static void open_quiz(lab_app* a) {
 static void quiz_key(lab_app* a, int key) {
     int code = key == KEY_CODE_ENTER ? '\n' : key == KEY_CODE_ESC ? 27 : key == KEY_CODE_BACKSPACE ? 127 : key;
     if (key >= KEY_CODE_UP && key != KEY_CODE_ENTER && key != KEY_CODE_ESC && key != KEY_CODE_BACKSPACE) return;
+    // Behind "terminal too small" only Esc acts (it leaves the quiz): an
+    // answer typed blind would be graded.
+    if (quiz_app_too_small(&a->quiz, a->cols, a->rows) && key != KEY_CODE_ESC) return;
     if (quiz_app_key(&a->quiz, code) && a->quiz.session.stage != QUIZ_STAGE_DONE) return;
     a->quiz_open = false;
-    quiz_app_save(&a->quiz, NULL);
     char text[sizeof a->v.message];
-    snprintf(text, sizeof text, "quiz: %d right, %d wrong; progress saved to %.400s", a->quiz.session.n_correct,
-             a->quiz.session.n_wrong, a->quiz.progress_path);
+    if (quiz_app_save(&a->quiz, NULL) == 0)
+        snprintf(text, sizeof text, "quiz: %d right, %d wrong; progress saved to %.400s", a->quiz.session.n_correct,
+                 a->quiz.session.n_wrong, a->quiz.progress_path);
+    else
+        snprintf(text, sizeof text, "quiz: %d right, %d wrong; progress NOT saved: %.400s", a->quiz.session.n_correct,
+                 a->quiz.session.n_wrong, a->quiz.save_error);
     set_message(a, text);
 }
 
@@ -250,6 +263,11 @@ static void handle_key(lab_app* a, int key) {
     error_info err = {{0}};
     if (a->quiz_open) {
         quiz_key(a, key);
+        return;
+    }
+    // Behind "terminal too small" nothing the student cannot see happens; q still quits.
+    if (ui_layout_compute(a->cols, a->rows, v->page).mode == LAYOUT_TOO_SMALL) {
+        if (key == 'q') a->quit = true;
         return;
     }
     if (v->mode == UI_MODE_EDIT) {
@@ -305,6 +323,8 @@ static void handle_key(lab_app* a, int key) {
     case 'd': v->device = (v->device + 1) % n_devices; break;
     case 'z': open_quiz(a); break;
     case '?': case KEY_CODE_F1: v->help = true; break;
+    case KEY_CODE_PGUP: ui_lesson_scroll(&a->d, v, a->cols, a->rows, -1); break;
+    case KEY_CODE_PGDN: ui_lesson_scroll(&a->d, v, a->cols, a->rows, +1); break;
     case 'q': a->quit = true; break;
     case KEY_CODE_TAB:
         v->focus = (ui_pane)((v->focus + 1) % PANE_COUNT);
@@ -358,12 +378,20 @@ static void handle_key(lab_app* a, int key) {
     }
 }
 
+static int parse_size(const char* text, int* cols, int* rows, error_info* err) {
+    char tail = 0;
+    if (sscanf(text, "%dx%d%c", cols, rows, &tail) != 2 || *cols < 1 || *rows < 1 || *cols > 1000 || *rows > 1000)
+        return error_set(err, "--size: expected COLSxROWS such as 120x40, found '%s'", text);
+    return 0;
+}
+
 // Parses the --keys escape syntax into key codes; -1 with err on a bad escape.
 static int parse_keys(const char* text, int* keys, int capacity, int* n, error_info* err) {
     static const struct { const char* name; int key; } NAMES[] = {
         {"space", ' '}, {"tab", KEY_CODE_TAB}, {"enter", KEY_CODE_ENTER}, {"esc", KEY_CODE_ESC},
         {"f1", KEY_CODE_F1}, {"up", KEY_CODE_UP}, {"down", KEY_CODE_DOWN}, {"left", KEY_CODE_LEFT},
-        {"right", KEY_CODE_RIGHT}, {"backspace", KEY_CODE_BACKSPACE}, {"lt", '<'},
+        {"right", KEY_CODE_RIGHT}, {"backspace", KEY_CODE_BACKSPACE}, {"lt", '<'}, {"pgup", KEY_CODE_PGUP},
+        {"pgdn", KEY_CODE_PGDN}, {"frame", KEY_CODE_FRAME},
     };
     *n = 0;
     for (const char* p = text; *p;) {
@@ -387,9 +415,14 @@ static int parse_keys(const char* text, int* keys, int capacity, int* n, error_i
             if (parse_int_arg("<wait:MS>", name + 5, 0, 600000, &ms, err)) return -1;
             key = KEY_CODE_WAIT_BASE + ms;
         }
+        if (key < 0 && strncmp(name, "resize:", 7) == 0) {
+            int cols = 0, rows = 0;
+            if (parse_size(name + 7, &cols, &rows, err)) return -1;
+            key = KEY_CODE_RESIZE_BASE + cols * 1024 + rows;
+        }
         if (key < 0)
             return error_set(err, "--keys: unknown key <%s> (expected space tab enter esc f1 up down left right "
-                                  "backspace lt wait:MS)", name);
+                                  "pgup pgdn backspace lt frame wait:MS resize:COLSxROWS)", name);
         keys[(*n)++] = key;
         p = end + 1;
     }
@@ -409,20 +442,32 @@ static int run_headless(lab_app* a, const char* keys_text, const char* dump_path
         free(keys);
         return 2;
     }
+    ui_screen screen;
+    const char* no_color = getenv("NO_COLOR");
+    if (ui_screen_init(&screen, cols, rows, true, !(no_color && no_color[0]))) {
+        free(keys);
+        return 1;
+    }
+    a->cols = cols;
+    a->rows = rows;
     for (int i = 0; i < n && !a->quit; i++) {
-        if (keys[i] >= KEY_CODE_WAIT_BASE) {
+        if (keys[i] >= KEY_CODE_RESIZE_BASE) {
+            int code = keys[i] - KEY_CODE_RESIZE_BASE;
+            if (ui_screen_resize(&screen, code / 1024, code % 1024) == 0) {
+                a->cols = screen.cols;
+                a->rows = screen.rows;
+            }
+        } else if (keys[i] >= KEY_CODE_WAIT_BASE) {
             if (!a->v.running) continue;
             int speed = UI_SPEEDS[a->v.speed_index] ? UI_SPEEDS[a->v.speed_index] : 1000;
             long steps = (long)(keys[i] - KEY_CODE_WAIT_BASE) * speed / 1000;
             for (long k = 0; k < steps && a->v.running; k++) do_step(a);
-        } else handle_key(a, keys[i]);
+        } else if (keys[i] == KEY_CODE_FRAME) draw_lab(&screen, a);
+        else handle_key(a, keys[i]);
         track_run_time(a);
     }
     free(keys);
     report_run_rate(a, "headless");
-    ui_screen screen;
-    const char* no_color = getenv("NO_COLOR");
-    if (ui_screen_init(&screen, cols, rows, true, !(no_color && no_color[0]))) return 1;
     draw_lab(&screen, a);
     int status = 0;
     if (dump_path && strcmp(dump_path, "-") == 0) {
@@ -453,6 +498,8 @@ static int translate_key(int c) {
     case 27: return KEY_CODE_ESC;
     case KEY_BACKSPACE: case 127: case 8: return KEY_CODE_BACKSPACE;
     case KEY_RESIZE: return KEY_CODE_RESIZE;
+    case KEY_PPAGE: return KEY_CODE_PGUP;
+    case KEY_NPAGE: return KEY_CODE_PGDN;
     default: return c;
     }
 }
@@ -469,6 +516,8 @@ static int run_terminal(lab_app* a) {
         fprintf(stderr, "servelab lab: out of memory\n");
         return 1;
     }
+    a->cols = COLS;
+    a->rows = LINES;
     // Frames at most every 1/30 s; the engine steps in between.
     const double frame_interval = 1.0 / 30.0;
     double last_frame = 0;
@@ -503,8 +552,11 @@ static int run_terminal(lab_app* a) {
         int c = getch();
         if (c != ERR) {
             int key = translate_key(c);
-            if (key == KEY_CODE_RESIZE) ui_screen_resize(&screen, COLS, LINES);
-            else handle_key(a, key);
+            if (key == KEY_CODE_RESIZE) {
+                ui_screen_resize(&screen, COLS, LINES);
+                a->cols = COLS;
+                a->rows = LINES;
+            } else handle_key(a, key);
             track_run_time(a);
             dirty = true;
         }
@@ -523,13 +575,6 @@ static int run_terminal(lab_app* a) {
     ui_screen_free(&screen);
     ui_terminal_close();
     report_run_rate(a, "terminal");
-    return 0;
-}
-
-static int parse_size(const char* text, int* cols, int* rows, error_info* err) {
-    char tail = 0;
-    if (sscanf(text, "%dx%d%c", cols, rows, &tail) != 2 || *cols < 1 || *rows < 1 || *cols > 1000 || *rows > 1000)
-        return error_set(err, "--size: expected COLSxROWS such as 120x40, found '%s'", text);
     return 0;
 }
 
@@ -601,6 +646,19 @@ int command_lab(int argc, char** argv) {
             return 2;
         }
     }
+    // The terminal lab draws on stdout and reads keys from stdin: without a
+    // terminal on both, ncurses would write escape codes into a file, or
+    // read EOF forever (100% CPU, q never arrives). Checked before the model
+    // loads, so the refusal is instant.
+    bool headless = keys || dump_path;
+    if (!headless && (!isatty(STDIN_FILENO) || !isatty(STDOUT_FILENO))) {
+        bool in = isatty(STDIN_FILENO), out = isatty(STDOUT_FILENO);
+        fprintf(stderr,
+                "servelab lab: %s not a terminal; the dashboard needs one (for a headless run give --keys KEYS "
+                "or --dump-frame FILE)\n",
+                !in && !out ? "stdin and stdout are" : !in ? "stdin is" : "stdout is");
+        return 2;
+    }
     // Unless told otherwise, a pool of 128 blocks: small enough that every
     // block is a visible cell in the pool pane and that forks and new
     // requests make it fill up (the engine's 64 MiB default is 6553 blocks
@@ -628,7 +686,6 @@ int command_lab(int argc, char** argv) {
             free(a);
             return 2;
         }
-    bool headless = keys || dump_path;
     a->in_terminal = !headless;
     a->quiz_seed = quiz_seed;
     if (lesson_path) open_lesson(a, lesson_path, lesson_time_limit_s, &err); // a broken lesson shows in its pane; the lab runs on

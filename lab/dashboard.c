@@ -157,13 +157,26 @@ void dashboard_lesson_log(dashboard* d, lesson_log_kind kind, const char* text) 
     else log->count++;
     snprintf(log->lines[slot], sizeof log->lines[slot], "%s", text);
     log->kinds[slot] = kind;
+    log->appended++;
 }
 
-static int submit(dashboard* d, const saved_request* q, error_info* err) {
+static int32_t mirror(const dashboard* d, const sequence* s);
+
+// Puts a request (or a fork) into both engines; q->sequence gets the paged id.
+static int submit(dashboard* d, saved_request* q, error_info* err) {
+    if (q->fork_of >= 0) {
+        const sequence* parent = engine_sequence(&d->paged, q->fork_of);
+        if (!parent) return error_set(err, "replay: fork of sequence %d, which is not there", q->fork_of);
+        int32_t twin = mirror(d, parent), twin_child = -1;
+        if (engine_fork_sequence(&d->paged, q->fork_of, q->temperature, q->seed, &q->sequence, err)) return -1;
+        if (twin >= 0 && engine_fork_sequence(&d->contiguous, twin, q->temperature, q->seed, &twin_child, err))
+            return -1;
+        return 0;
+    }
     request_params p = {q->prompt, q->n_prompt, q->max_new_tokens, q->n_samples, q->temperature, 0.9f, q->seed, 0.0,
                         false};
     int32_t first;
-    if (engine_add_request(&d->paged, &p, &first, err)) return -1;
+    if (engine_add_request(&d->paged, &p, &q->sequence, err)) return -1;
     return engine_add_request(&d->contiguous, &p, &first, err);
 }
 
@@ -172,7 +185,7 @@ static int remember_request(dashboard* d, const saved_request* q, error_info* er
 
 static int add_ids(dashboard* d, int32_t* ids, int n, int max_new_tokens, int n_samples, float temperature,
                    error_info* err) {
-    saved_request q = {ids, n, max_new_tokens, n_samples, temperature, (uint64_t)d->n_requests + 1};
+    saved_request q = {ids, n, max_new_tokens, n_samples, temperature, (uint64_t)d->n_requests + 1, -1, -1, false};
     if (submit(d, &q, err)) return -1;
     return remember_request(d, &q, err);
 }
@@ -242,6 +255,8 @@ int dashboard_cancel_selected(dashboard* d, error_info* err) {
     int32_t twin = mirror(d, s);
     if (engine_cancel_sequence(&d->paged, s->id, err)) return -1;
     if (twin >= 0 && engine_cancel_sequence(&d->contiguous, twin, err)) return -1;
+    for (int i = 0; i < d->n_requests; i++) // remembered for a replay (n_samples is 1 in the lab)
+        if (d->requests[i].sequence == s->id) d->requests[i].cancelled = true;
     return 0;
 }
 
@@ -272,13 +287,13 @@ int dashboard_fork_selected(dashboard* d, error_info* err) {
     // Sampled at temperature 0.8 so that the child diverges from its parent.
     const float temperature = 0.8f;
     uint64_t seed = 1000u + (uint64_t)d->paged.n_sequences;
-    int32_t twin = mirror(d, s), child = -1, twin_child = -1;
-    saved_request replay = {s->tokens, s->n_tokens, s->max_new_tokens - (s->n_tokens - s->n_prompt), 1, temperature,
-                            seed};
-    if (replay.max_new_tokens < 1) replay.max_new_tokens = 1;
-    if (remember_request(d, &replay, err)) return -1;
-    if (engine_fork_sequence(&d->paged, s->id, temperature, seed, &child, err)) return -1;
+    int32_t twin = mirror(d, s), child = -1, twin_child = -1, parent = s->id;
+    if (engine_fork_sequence(&d->paged, parent, temperature, seed, &child, err)) return -1;
     if (twin >= 0 && engine_fork_sequence(&d->contiguous, twin, temperature, seed, &twin_child, err)) return -1;
+    // Replayed as a fork of the same parent (its prompt is kept for the record).
+    s = engine_sequence(&d->paged, parent);
+    saved_request replay = {s->tokens, s->n_tokens, s->max_new_tokens, 1, temperature, seed, parent, child, false};
+    if (remember_request(d, &replay, err)) return -1;
     d->selected = child;
     return 0;
 }
@@ -304,8 +319,17 @@ int dashboard_set_block_size(dashboard* d, int block_size, error_info* err) {
         d->config = saved;
         if (start_engines(d, err)) return -1;
     }
+    // Everything in the order it was made (so the ids come back the same),
+    // then the cancellations: a fork's parent may have been cancelled after it.
     for (int i = 0; i < d->n_requests; i++)
         if (submit(d, &d->requests[i], err)) return -1;
+    for (int i = 0; i < d->n_requests; i++) {
+        const sequence* s = engine_sequence(&d->paged, d->requests[i].sequence);
+        if (!d->requests[i].cancelled || !s) continue;
+        int32_t twin = mirror(d, s);
+        if (engine_cancel_sequence(&d->paged, s->id, err)) return -1;
+        if (twin >= 0 && engine_cancel_sequence(&d->contiguous, twin, err)) return -1;
+    }
     return 0;
 }
 

@@ -23,6 +23,9 @@ typedef struct step_history {
     int start, count;
 } step_history;
 
+// What the student did, in order, so that a restart (a new block size)
+// replays the same requests in the same state: ids come back the same
+// because requests and forks are replayed in the order they were made.
 typedef struct saved_request {
     int32_t* prompt;   // (n_prompt) token ids
     int n_prompt;
@@ -30,6 +33,9 @@ typedef struct saved_request {
     int n_samples;
     float temperature;
     uint64_t seed;
+    int32_t fork_of;   // a fork (f): the paged id of the sequence it forked, else -1
+    int32_t sequence;  // the paged id of its (first) sequence
+    bool cancelled;    // x cancelled it: replayed, then cancelled again
 } saved_request;
 
 // The step-size pane: one tensor, one scheme, its RTN quantization.
@@ -75,6 +81,7 @@ typedef struct lesson_log {
     char lines[LESSON_LOG_LINES][LESSON_LOG_WIDTH]; // (LESSON_LOG_LINES) UTF-8 text
     lesson_log_kind kinds[LESSON_LOG_LINES];        // (LESSON_LOG_LINES)
     int start, count;
+    uint64_t appended; // lines ever logged (the pane counts new ones while scrolled back)
     char title[160];   // the lesson's file, "" when none runs
     char state[96];    // "paused: space continues", "done: 3 passed, 0 failed", ...
 } lesson_log;
@@ -123,7 +130,10 @@ int dashboard_fork_selected(dashboard* d, error_info* err);
 // requests share the system prompt's full blocks (prefix cache).
 int dashboard_add_shared_prompt(dashboard* d, error_info* err);
 int dashboard_cancel_selected(dashboard* d, error_info* err);
-// Rebuilds both engines with a new block size and replays every request.
+// Rebuilds both engines with a new block size and replays every request
+// from its prompt, in the state the student left it: a fork is forked again
+// from its parent (at once: the parent starts over, so the child shares its
+// prompt and recomputes), a cancelled request is cancelled again.
 int dashboard_set_block_size(dashboard* d, int block_size, error_info* err);
 // Recomputes the step-size view after a change of tensor or scheme.
 void dashboard_update_step_size(dashboard* d);

@@ -51,10 +51,13 @@ int quiz_app_start(quiz_app* app, const quiz_session_options* options, error_inf
     return 0;
 }
 
-void quiz_app_save(quiz_app* app, FILE* warnings) {
+int quiz_app_save(quiz_app* app, FILE* warnings) {
     error_info err = {{0}};
-    if (quiz_progress_save(app->progress_path, &app->progress, &err) && warnings)
-        fprintf(warnings, "servelab quiz: warning: %s\n", err.message);
+    app->save_error[0] = '\0';
+    if (quiz_progress_save(app->progress_path, &app->progress, &err) == 0) return 0;
+    snprintf(app->save_error, sizeof app->save_error, "%s", err.message[0] ? err.message : "cannot write the file");
+    if (warnings) fprintf(warnings, "servelab quiz: warning: %s\n", app->save_error);
+    return -1;
 }
 
 // Runs the prove hook into a string for the feedback area (malloc'ed).
@@ -106,6 +109,12 @@ bool quiz_app_key(quiz_app* app, int key) {
         app->input[length + 1] = '\0';
     }
     return true;
+}
+
+bool quiz_app_too_small(const quiz_app* app, int cols, int rows) {
+    if (!app->session_started) return false;
+    int need_cols, need_rows;
+    return !quiz_view_fits(&app->session, cols, rows, &need_cols, &need_rows);
 }
 
 void quiz_app_draw(ui_screen* screen, const quiz_app* app) {

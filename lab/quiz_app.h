@@ -23,6 +23,7 @@ typedef struct quiz_app {
     quiz_prove_fn prove;  // runs the lesson check of a claim (lessons beside the quiz data)
     char input[256];      // the answer being typed (full-screen view)
     char* notice;         // the prove-it output shown instead of the feedback, or NULL (malloc'ed)
+    char save_error[512]; // why the last quiz_app_save failed, "" after one that worked
 } quiz_app;
 
 // Loads the bank and models from quiz_dir (NULL: found as quiz_find_dir
@@ -33,12 +34,17 @@ int quiz_app_load(quiz_app* app, const char* quiz_dir, char* warning, size_t cap
 // Starts a session (the app must be loaded).
 int quiz_app_start(quiz_app* app, const quiz_session_options* options, error_info* err);
 
-// Saves the progress atomically; a failure is reported on `warnings` (may be NULL).
-void quiz_app_save(quiz_app* app, FILE* warnings);
+// Saves the progress atomically. 0, or -1 when the file was not written:
+// then save_error says why, and so does `warnings` (may be NULL).
+int quiz_app_save(quiz_app* app, FILE* warnings);
 
 // One key of the full-screen view (curses key codes: '\n', 27 for Esc,
 // 127 for backspace). Returns false when the session should end.
 bool quiz_app_key(quiz_app* app, int key);
+
+// True when a cols x rows screen cannot show the whole question (the view
+// then says which size it needs, and only Esc should act).
+bool quiz_app_too_small(const quiz_app* app, int cols, int rows);
 
 // Draws the full-screen view.
 void quiz_app_draw(ui_screen* screen, const quiz_app* app);

@@ -11,7 +11,8 @@ static int text_columns(const char* text, int bytes) {
     return columns;
 }
 
-int quiz_view_wrap(ui_screen* screen, ui_rect r, ui_color color, int attr, const char* text) {
+// Wraps text into r (drawn when screen is not NULL); returns the rows used.
+static int wrap(ui_screen* screen, ui_rect r, ui_color color, int attr, const char* text) {
     int row = 0;
     char line[1024];
     const char* p = text;
@@ -26,12 +27,36 @@ int quiz_view_wrap(ui_screen* screen, ui_rect r, ui_color color, int attr, const
         int take = !line_ends && last_break > 0 ? last_break : end;
         memcpy(line, p, (size_t)take);
         line[take] = '\0';
-        ui_put(screen, r.x, r.y + row, r.w, color, attr, line);
+        if (screen) ui_put(screen, r.x, r.y + row, r.w, color, attr, line);
         row++;
         p += take;
         if (*p == ' ' || *p == '\n') p++;
     }
     return row;
+}
+
+int quiz_view_wrap(ui_screen* screen, ui_rect r, ui_color color, int attr, const char* text) {
+    return wrap(screen, r, color, attr, text);
+}
+
+enum { QUIZ_MIN_COLS = 30, QUIZ_MIN_ROWS = 8 };
+
+// Rows of the question wrapped at the question box's width (cols - 4).
+static int question_rows(const quiz_session* s, int cols) {
+    char question[4096];
+    quiz_session_format_question(s, question, sizeof question);
+    return wrap(NULL, (ui_rect){0, 0, cols - 4 > 1 ? cols - 4 : 1, 1 << 20}, UI_DEFAULT, 0, question);
+}
+
+bool quiz_view_fits(const quiz_session* s, int cols, int rows, int* need_cols, int* need_rows) {
+    *need_cols = cols > QUIZ_MIN_COLS ? cols : QUIZ_MIN_COLS;
+    *need_rows = QUIZ_MIN_ROWS;
+    if (s->stage != QUIZ_STAGE_DONE) {
+        // Header, the question in its frame, the answer box (3) and the key bar.
+        int need = 1 + question_rows(s, *need_cols) + 2 + 3 + 1;
+        if (need > *need_rows) *need_rows = need;
+    }
+    return cols >= *need_cols && rows >= *need_rows;
 }
 
 static const char* key_bar(const quiz_session* s) {
@@ -53,8 +78,12 @@ void quiz_view_draw(ui_screen* screen, const quiz_session* s, const char* input,
     ui_printf(screen, 1, 0, cols - 2, UI_TITLE, UI_REVERSE | UI_BOLD,
               "servelab quiz   question %d of %d   right %d  wrong %d",
               s->current < s->n_questions ? s->current + 1 : s->n_questions, s->n_questions, s->n_correct, s->n_wrong);
-    if (rows < 8 || cols < 30) {
-        ui_put(screen, 0, rows > 1 ? 1 : 0, cols, UI_BAD, UI_BOLD, "terminal too small for the quiz (30x8 at least)");
+    int need_cols, need_rows;
+    if (!quiz_view_fits(s, cols, rows, &need_cols, &need_rows)) {
+        // Never a question in part: the student would answer what they cannot see.
+        char need[96];
+        snprintf(need, sizeof need, "terminal too small: need at least %dx%d (Esc leaves)", need_cols, need_rows);
+        quiz_view_wrap(screen, (ui_rect){0, rows > 1 ? 1 : 0, cols, rows > 1 ? rows - 1 : 1}, UI_BAD, UI_BOLD, need);
         return;
     }
     int body_height = rows - 2; // between the header and the key bar
@@ -68,8 +97,12 @@ void quiz_view_draw(ui_screen* screen, const quiz_session* s, const char* input,
     } else {
         char question[4096];
         quiz_session_format_question(s, question, sizeof question);
+        // Two fifths of the body, or more where the question needs it (the
+        // feedback box gives up its rows first; quiz_view_fits made sure the
+        // question and the answer box fit).
         int question_height = body_height * 2 / 5;
         if (question_height < 4) question_height = 4;
+        if (question_height < question_rows(s, cols) + 2) question_height = question_rows(s, cols) + 2;
         ui_rect question_box = {0, 1, cols, question_height};
         ui_box(screen, question_box, "question", s->stage == QUIZ_STAGE_ASK);
         quiz_view_wrap(screen, (ui_rect){2, 2, cols - 4, question_height - 2}, UI_DEFAULT, UI_PLAIN, question);

@@ -4,6 +4,8 @@
 #ifndef SERVELAB_QUIZ_VIEW_H
 #define SERVELAB_QUIZ_VIEW_H
 
+#include <stdbool.h>
+
 #include "lab/quiz_session.h"
 #include "lab/ui_screen.h"
 
@@ -11,6 +13,10 @@
 // typed (`input`), the feedback (or `notice`, e.g. the prove-it output,
 // when not NULL) and a key bar for the stage.
 void quiz_view_draw(ui_screen* screen, const quiz_session* s, const char* input, const char* notice);
+
+// True when a cols x rows screen shows the whole question and the answer
+// box; else *need_cols x *need_rows is a size that does (the view says so).
+bool quiz_view_fits(const quiz_session* s, int cols, int rows, int* need_cols, int* need_rows);
 
 // Writes `text` into r, wrapped at spaces, '\n' starting a new line.
 // Returns the rows used (the text is cut at the rectangle's bottom).

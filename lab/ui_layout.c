@@ -8,7 +8,7 @@ static const int MINIMUM[PANE_COUNT][2] = {
     {40, 8},  // requests: counts + 5 sequences
     {40, 8},  // block tables: events + 5 sequences
     {40, 8},  // block pool: legend, counts, 3 rows of cells
-    {40, 11}, // fragmentation: 2 layouts x 4 bars
+    {40, 12}, // fragmentation: 2 layouts x (a label + 4 bars) inside the frame
     {60, 20}, // memory traffic: bar, figures, history, device
     {60, 20}, // step size: figures + histogram
     {30, 5},  // lesson
@@ -51,13 +51,20 @@ static void grid(ui_layout* l, int cols, int top, int height) {
     for (int p = 0; p < PANE_COUNT; p++) l->visible[p] = true;
 }
 
+// Each pane of the page gets its minimum rows and an equal share of the
+// rest: at 80x24 (22 rows) the block pool gets 10 and fragmentation 12,
+// both layouts' bars (equal halves would leave fragmentation 11, one short).
 static void page(ui_layout* l, int cols, int top, int height, int which) {
-    int members[PANE_COUNT], n = 0;
+    int members[PANE_COUNT], n = 0, needed = 0;
     for (int p = 0; p < PANE_COUNT; p++)
-        if (PAGE_OF[p] == which) members[n++] = p;
+        if (PAGE_OF[p] == which) {
+            members[n++] = p;
+            needed += MINIMUM[p][1];
+        }
+    int spare = height > needed ? height - needed : 0;
     int y = top;
     for (int k = 0; k < n; k++) {
-        int h = k == n - 1 ? top + height - y : height / n;
+        int h = k == n - 1 ? top + height - y : MINIMUM[members[k]][1] + spare / n;
         l->panes[members[k]] = rect(0, y, cols, h);
         l->visible[members[k]] = true;
         y += h;

@@ -12,22 +12,39 @@ const int UI_SPEEDS[8] = {1, 2, 5, 10, 20, 50, 100, 0};
 // The inside of a pane's frame.
 static ui_rect inner(ui_rect r) { return (ui_rect){r.x + 1, r.y + 1, r.w - 2, r.h - 2}; }
 
+// The columns text may take in a pane: all but the last, so that text never
+// touches the frame on the right. A figure that ended at the border could
+// not be told from a cut one, by a reader or by the test that looks
+// (tests/lab/test_dashboard_fit.c); bars and charts still take every column.
+static int text_w(ui_rect r) { return r.w - 1; }
+
 static ui_color owner_color(int32_t id) { return (ui_color)(UI_OWNER0 + id % UI_OWNER_COLORS); }
 static char owner_letter(int32_t id) { return (char)('a' + id % 26); }
 
-static const char* state_name(sequence_state s) {
+static const char* state_name(const sequence* q) {
     static const char* const NAMES[] = {"waiting", "prefill", "decode", "preempted", "finished"};
-    return NAMES[s];
+    // A cancelled sequence is finished to the engine, but the student cancelled it.
+    if (q->state == SEQ_FINISHED && q->stop == STOP_CANCELLED) return "cancelled";
+    return NAMES[q->state];
 }
 
-static void human_bytes(char* out, size_t n, double bytes) {
-    const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    int u = 0;
-    while (bytes >= 1024 && u < 4) {
-        bytes /= 1024;
-        u++;
-    }
-    snprintf(out, n, u ? "%.1f %s" : "%.0f %s", bytes, units[u]);
+// Writes text only when all of it fits before column `right`: -1 when it
+// does not (nothing written), else the columns written.
+static int put_whole(ui_screen* s, int x, int y, int right, ui_color color, int attr, const char* text) {
+    int columns = ui_text_columns(text);
+    if (x + columns > right) return -1;
+    return ui_put(s, x, y, columns, color, attr, text);
+}
+
+// A bytes field: one decimal where it fits, else none, else dropped when droppable.
+static void line_bytes(ui_line* l, int priority, bool droppable, const char* before, double bytes,
+                       const char* after) {
+    char precise[48], rough[48], form[2][UI_LINE_FORM_BYTES];
+    int columns = ui_format_bytes(precise, sizeof precise, bytes, 47);
+    if (ui_format_bytes(rough, sizeof rough, bytes, columns - 1) < 0) snprintf(rough, sizeof rough, "%s", precise);
+    snprintf(form[0], sizeof form[0], "%s%s%s", before, precise, after);
+    snprintf(form[1], sizeof form[1], "%s%s%s", before, rough, after);
+    ui_line_text(l, priority, form[0], form[1], droppable ? "" : NULL, NULL);
 }
 
 // A horizontal bar: `fraction` of width filled.
@@ -44,8 +61,16 @@ static void bar(ui_screen* s, int x, int y, int width, double fraction, ui_color
 static void draw_requests(ui_screen* s, ui_rect r, const dashboard* d) {
     const engine* e = dashboard_primary(d);
     const step_record* rec = dashboard_primary_record(d);
-    ui_printf(s, r.x, r.y, r.w, UI_DEFAULT, UI_BOLD, "waiting %d  running %d  finished %d  (%s)", e->n_waiting,
-              e->n_running, e->n_finished, e->config.layout == KV_LAYOUT_PAGED ? "paged" : "contiguous");
+    int cancelled = 0;
+    for (int id = 0; id < e->n_sequences; id++) cancelled += strcmp(state_name(&e->sequences[id]), "cancelled") == 0;
+    ui_line head;
+    ui_line_init(&head);
+    ui_line_number(&head, 9, false, "waiting ", e->n_waiting, 1, "");
+    ui_line_number(&head, 9, false, "  running ", e->n_running, 1, "");
+    ui_line_number(&head, 8, true, "  finished ", e->n_finished - cancelled, 1, "");
+    if (cancelled) ui_line_number(&head, 7, true, "  cancelled ", cancelled, 1, "");
+    ui_line_text(&head, 1, e->config.layout == KV_LAYOUT_PAGED ? "  (paged)" : "  (contiguous)", "", NULL);
+    ui_line_put(s, r.x, r.y, text_w(r), UI_DEFAULT, UI_BOLD, &head);
     const tokenizer* t = d->source.tokenizer;
     int y = r.y + 1;
     // Newest first would move rows under the cursor; ids are stable, so list by id.
@@ -54,10 +79,15 @@ static void draw_requests(ui_screen* s, ui_rect r, const dashboard* d) {
     for (int id = first; id < e->n_sequences && y < r.y + r.h; id++, y++) {
         const sequence* q = &e->sequences[id];
         bool selected = id == d->selected;
-        int x = r.x;
-        x += ui_printf(s, x, y, r.w, owner_color(id), selected ? UI_REVERSE : UI_BOLD, "%c%c#%d", selected ? '>' : ' ',
-                       owner_letter(id), id);
-        x += ui_printf(s, x, y, r.x + r.w - x, UI_DEFAULT, 0, " %-9s ", state_name(q->state));
+        int x = r.x, right = r.x + text_w(r);
+        char label[32], state[32];
+        snprintf(label, sizeof label, "%c%c#%d", selected ? '>' : ' ', owner_letter(id), id);
+        snprintf(state, sizeof state, " %-9s ", state_name(q));
+        int w = put_whole(s, x, y, right, owner_color(id), selected ? UI_REVERSE : UI_BOLD, label);
+        if (w < 0) continue;
+        x += w;
+        if ((w = put_whole(s, x, y, right, UI_DEFAULT, 0, state)) < 0) continue;
+        x += w;
         bool ran = false;
         if (rec)
             for (int k = 0; k < rec->n_sequences; k++) ran |= rec->sequences[k].id == id;
@@ -69,11 +99,15 @@ static void draw_requests(ui_screen* s, ui_rect r, const dashboard* d) {
             bool newest = i == q->n_tokens - 1 && i >= q->n_prompt;
             int attr = i >= q->n_prompt ? UI_BOLD : 0;
             // The newest token is reverse video and bracketed (for monochrome).
+            // Tokens are shown whole or not at all: a cut id would be another id.
             if (newest && ran) {
-                x += ui_put(s, x, y, r.x + r.w - x, UI_GOOD, UI_REVERSE, "[");
-                x += ui_put(s, x, y, r.x + r.w - x, UI_GOOD, UI_REVERSE | UI_BOLD, piece);
-                x += ui_put(s, x, y, r.x + r.w - x, UI_GOOD, UI_REVERSE, "]");
-            } else x += ui_put(s, x, y, r.x + r.w - x, i >= q->n_prompt ? owner_color(id) : UI_DEFAULT, attr, piece);
+                if (x + 2 + ui_text_columns(piece) > right) break;
+                x += ui_put(s, x, y, 1, UI_GOOD, UI_REVERSE, "[");
+                x += ui_put(s, x, y, right - x, UI_GOOD, UI_REVERSE | UI_BOLD, piece);
+                x += ui_put(s, x, y, 1, UI_GOOD, UI_REVERSE, "]");
+            } else if ((w = put_whole(s, x, y, right, i >= q->n_prompt ? owner_color(id) : UI_DEFAULT, attr, piece)) < 0)
+                break;
+            else x += w;
         }
     }
 }
@@ -93,7 +127,12 @@ static int table_references(const step_record* rec, int32_t block) {
 // The paged engine the panes draw, or NULL with a line saying why not.
 static const engine* paged_view(ui_screen* s, ui_rect r, const dashboard* d) {
     const engine* e = dashboard_view_engine(d, KV_LAYOUT_PAGED);
-    if (!e) ui_put(s, r.x, r.y, r.w, UI_DEFAULT, UI_DIM, "the lesson's engine is contiguous: it has no blocks");
+    if (!e) {
+        ui_line why;
+        ui_line_init(&why);
+        ui_line_text(&why, 9, "the lesson's engine is contiguous: it has no blocks", "contiguous engine: no blocks", NULL);
+        ui_line_put(s, r.x, r.y, text_w(r), UI_DEFAULT, UI_DIM, &why);
+    }
     return e;
 }
 
@@ -103,29 +142,57 @@ static void draw_block_tables(ui_screen* s, ui_rect r, const dashboard* d) {
     const step_record* rec = dashboard_view_record(d, KV_LAYOUT_PAGED);
     int block_size = e->pool.block_size;
     if (!rec) {
-        ui_printf(s, r.x, r.y, r.w, UI_DEFAULT, 0, "paged, block size %d: no step yet (space steps)", block_size);
+        ui_line idle;
+        ui_line_init(&idle);
+        ui_line_number(&idle, 9, false, "paged, block size ", block_size, 1, "");
+        ui_line_text(&idle, 5, ": no step yet (space steps)", ": no step yet", "", NULL);
+        ui_line_put(s, r.x, r.y, text_w(r), UI_DEFAULT, 0, &idle);
         return;
     }
-    int x = r.x;
-    x += ui_printf(s, x, r.y, r.w, UI_DEFAULT, UI_BOLD, "step %llu events:", (unsigned long long)rec->step);
-    int shown = 0;
+    int x = r.x, right = r.x + text_w(r);
+    char text[96];
+    snprintf(text, sizeof text, "step %llu events:", (unsigned long long)rec->step);
+    x += put_whole(s, x, r.y, right, UI_DEFAULT, UI_BOLD, text) > 0 ? ui_text_columns(text) : 0;
+    int shown = 0, hidden = 0;
     for (int i = 0; i < rec->n_events; i++) {
         const block_event* ev = &rec->events[i];
         if (ev->kind == BLOCK_COPY)
-            x += ui_printf(s, x, r.y, r.x + r.w - x, UI_BAD, UI_BOLD, " COW %d->%d(%c)", ev->block, ev->other_block,
-                           ev->sequence >= 0 ? owner_letter(ev->sequence) : '-');
-        else if (ev->kind == BLOCK_EVICT)
-            x += ui_printf(s, x, r.y, r.x + r.w - x, UI_BAD, UI_BOLD, " EVICT %d", ev->block);
+            snprintf(text, sizeof text, " COW %d->%d(%c)", ev->block, ev->other_block,
+                     ev->sequence >= 0 ? owner_letter(ev->sequence) : '-');
+        else if (ev->kind == BLOCK_EVICT) snprintf(text, sizeof text, " EVICT %d", ev->block);
         else continue;
-        shown++;
+        // Whole events only, and room kept for "+N" saying how many did not fit (7 columns).
+        int w = hidden ? -1 : put_whole(s, x, r.y, right - 7, UI_BAD, UI_BOLD, text);
+        if (w < 0) hidden++;
+        else x += w, shown++;
     }
-    if (!shown) ui_put(s, x, r.y, r.x + r.w - x, UI_DEFAULT, 0, " none");
+    if (hidden) {
+        snprintf(text, sizeof text, " +%d", hidden);
+        put_whole(s, x, r.y, right, UI_BAD, UI_BOLD, text);
+    } else if (!shown) put_whole(s, x, r.y, right, UI_DEFAULT, 0, " none");
     int y = r.y + 1;
+    const engine* paged_engine = e;
     for (int k = 0; k < rec->n_sequences && y < r.y + r.h; k++) {
         const step_sequence* q = &rec->sequences[k];
-        ui_printf(s, r.x, y++, r.w, owner_color(q->id), UI_BOLD, "%c#%d %s ctx %d blocks %d tail %d/%d", owner_letter(q->id),
-                  q->id, q->phase == PHASE_PREFILL ? "prefill" : "decode", q->context_length, q->n_table, q->tail_fill,
-                  block_size);
+        ui_line row;
+        ui_line_init(&row);
+        char label[16];
+        snprintf(label, sizeof label, "%c#%d", owner_letter(q->id), q->id);
+        ui_line_text(&row, 9, label, NULL);
+        ui_line_text(&row, 6, q->phase == PHASE_PREFILL ? " prefill" : " decode", "", NULL);
+        ui_line_number(&row, 8, false, " ctx ", q->context_length, 1, "");
+        ui_line_number(&row, 7, true, " blocks ", q->n_table, 1, "");
+        snprintf(text, sizeof text, " tail %d/%d", q->tail_fill, block_size);
+        ui_line_text(&row, 7, text, "", NULL);
+        const sequence* seq = engine_sequence(paged_engine, q->id);
+        if (seq && seq->fork_parent >= 0) {
+            char fork[32];
+            snprintf(fork, sizeof fork, "  fork of %c#%d", owner_letter(seq->fork_parent), seq->fork_parent);
+            char fork_short[32];
+        snprintf(fork_short, sizeof fork_short, " <%c#%d", owner_letter(seq->fork_parent), seq->fork_parent);
+        ui_line_text(&row, 5, fork, fork_short, "", NULL);
+        }
+        ui_line_put(s, r.x, y++, text_w(r), owner_color(q->id), UI_BOLD, &row);
         if (y >= r.y + r.h) break;
         x = r.x + 2;
         for (int i = 0; i < q->n_table; i++) {
@@ -160,14 +227,20 @@ static void draw_block_pool(ui_screen* s, ui_rect r, const dashboard* d) {
         else if (owners > 1) shared++, used++;
         else used++;
     }
-    ui_printf(s, r.x, r.y, r.w, UI_DEFAULT, UI_BOLD, "used %d shared %d cached %d free %d /%d", used, shared, cached,
-              free_blocks, pool->n_blocks);
-    int x = r.x;
-    x += ui_put(s, x, r.y + 1, r.w, UI_DEFAULT, 0, "legend: ");
-    x += ui_put(s, x, r.y + 1, r.x + r.w - x, UI_OWNER0, UI_BOLD, "a-z owner ");
-    x += ui_put(s, x, r.y + 1, r.x + r.w - x, UI_SHARED, UI_BOLD, "S shared ");
-    x += ui_put(s, x, r.y + 1, r.x + r.w - x, UI_CACHED, 0, "c cached ");
-    ui_put(s, x, r.y + 1, r.x + r.w - x, UI_FREE, UI_DIM, ". free");
+    ui_line counts;
+    ui_line_init(&counts);
+    ui_line_number(&counts, 9, false, "used ", used, 1, "");
+    ui_line_number(&counts, 8, false, " shared ", shared, 1, "");
+    ui_line_number(&counts, 7, false, " cached ", cached, 1, "");
+    ui_line_number(&counts, 9, false, " free ", free_blocks, 1, "");
+    ui_line_number(&counts, 9, false, " /", pool->n_blocks, 1, "");
+    ui_line_put(s, r.x, r.y, text_w(r), UI_DEFAULT, UI_BOLD, &counts);
+    int x = r.x, right = r.x + text_w(r), w = 0;
+    static const char* const LEGEND[] = {"legend: ", "a-z owner ", "S shared ", "c cached ", ". free"};
+    static const ui_color LEGEND_COLORS[] = {UI_DEFAULT, UI_OWNER0, UI_SHARED, UI_CACHED, UI_FREE};
+    static const int LEGEND_ATTRS[] = {0, UI_BOLD, UI_BOLD, 0, UI_DIM};
+    for (int i = 0; i < 5 && w >= 0; i++)
+        if ((w = put_whole(s, x, r.y + 1, right, LEGEND_COLORS[i], LEGEND_ATTRS[i], LEGEND[i])) >= 0) x += w;
     // Owner of each block from the step record's tables (the first holder).
     int cells = (r.h - 2) * r.w;
     for (int b = 0; b < pool->n_blocks && b < cells; b++) {
@@ -187,8 +260,12 @@ static void draw_block_pool(ui_screen* s, ui_rect r, const dashboard* d) {
             ui_put(s, cx, cy, 1, owner >= 0 ? owner_color(owner) : UI_DEFAULT, UI_REVERSE, letter);
         }
     }
-    if (pool->n_blocks > cells)
-        ui_printf(s, r.x + r.w - 12, r.y + r.h - 1, 12, UI_DEFAULT, 0, "+%d more", pool->n_blocks - cells);
+    if (pool->n_blocks > cells) {
+        char more[32];
+        snprintf(more, sizeof more, " +%d more ", pool->n_blocks - cells);
+        int w_more = ui_text_columns(more);
+        put_whole(s, r.x + r.w - w_more, r.y + r.h - 1, right, UI_DEFAULT, 0, more);
+    }
 }
 
 // ---- Fragmentation ---------------------------------------------------------------------
@@ -198,8 +275,8 @@ static void fragmentation_rows(ui_screen* s, ui_rect r, int y, const char* label
     const step_record* rec = dashboard_view_record(d, layout);
     ui_printf(s, r.x, y, r.w, UI_DEFAULT, UI_BOLD, "%s", label);
     if (!rec) {
-        ui_put(s, r.x + 12, y, r.w - 12, UI_DEFAULT, 0,
-               dashboard_view_engine(d, layout) ? "(idle)" : "(not in the lesson's engine)");
+        put_whole(s, r.x + 12, y, r.x + text_w(r), UI_DEFAULT, 0,
+                  dashboard_view_engine(d, layout) ? "(idle)" : "(not in the lesson's engine)");
         return;
     }
     const char* names[4] = {"tokens", "tail waste", "reserved", "ext. frag"};
@@ -212,8 +289,16 @@ static void fragmentation_rows(ui_screen* s, ui_rect r, int y, const char* label
         int x = r.x + 1;
         x += ui_printf(s, x, y + 1 + i, r.w, UI_DEFAULT, 0, "%-10s ", names[i]);
         bar(s, x, y + 1 + i, width, pct / 100.0, colors[i], i == 0 ? s->glyphs->full : s->glyphs->shade);
-        ui_printf(s, x + width + 1, y + 1 + i, r.x + r.w - x - width - 1, UI_DEFAULT, 0, "%7lld %5.1f%%",
-                  (long long)values[i], pct);
+        ui_line figures;
+        ui_line_init(&figures);
+        char count[32];
+        snprintf(count, sizeof count, "%7lld", (long long)values[i]);
+        ui_line_text(&figures, 9, count, NULL);
+        char precise[32], rough[32];
+        snprintf(precise, sizeof precise, " %5.1f%%", pct);
+        snprintf(rough, sizeof rough, " %.0f%%", pct);
+        ui_line_text(&figures, 5, precise, rough, "", NULL);
+        ui_line_put(s, x + width + 1, y + 1 + i, r.x + text_w(r) - x - width - 1, UI_DEFAULT, 0, &figures);
     }
 }
 
@@ -222,9 +307,15 @@ static void draw_fragmentation(ui_screen* s, ui_rect r, const dashboard* d) {
     if (r.h >= 10) fragmentation_rows(s, r, r.y + 5, "contiguous", d, KV_LAYOUT_CONTIGUOUS);
     const engine* paged = dashboard_view_engine(d, KV_LAYOUT_PAGED);
     const engine* contiguous = dashboard_view_engine(d, KV_LAYOUT_CONTIGUOUS);
-    if (r.h >= 11 && paged && contiguous)
-        ui_printf(s, r.x, r.y + 10, r.w, UI_DEFAULT, UI_DIM, "slots in pool: paged %lld, contiguous %lld (same bytes)",
-                  (long long)engine_pool_slots(paged), (long long)engine_pool_slots(contiguous));
+    if (r.h >= 11 && paged && contiguous) {
+        ui_line slots;
+        ui_line_init(&slots);
+        ui_line_text(&slots, 9, "slots in pool:", "slots:", NULL);
+        ui_line_number(&slots, 8, false, " paged ", (double)engine_pool_slots(paged), 1, ",");
+        ui_line_number(&slots, 8, false, " contiguous ", (double)engine_pool_slots(contiguous), 1, "");
+        ui_line_text(&slots, 2, " (same bytes)", "", NULL);
+        ui_line_put(s, r.x, r.y + 10, text_w(r), UI_DEFAULT, UI_DIM, &slots);
+    }
 }
 
 // ---- Memory traffic --------------------------------------------------------------------
@@ -235,7 +326,7 @@ static void draw_traffic(ui_screen* s, ui_rect r, const dashboard* d, const ui_v
     const device_model* devices = device_models(&n_devices);
     const device_model* dev = &devices[v->device % n_devices];
     if (!rec) {
-        ui_put(s, r.x, r.y, r.w, UI_DEFAULT, 0, "no step yet");
+        put_whole(s, r.x, r.y, r.x + text_w(r), UI_DEFAULT, 0, "no step yet");
     } else {
         const kernel_traffic* t = &rec->traffic;
         uint64_t parts[4] = {t->weight_bytes_read, t->kv_bytes_read, t->kv_bytes_written, t->activation_bytes};
@@ -250,41 +341,81 @@ static void draw_traffic(ui_screen* s, ui_rect r, const dashboard* d, const ui_v
             for (int k = 0; k < w && x < r.x + r.w; k++) ui_put(s, x++, r.y, 1, colors[i], 0, glyphs[i]);
         }
         for (int i = 0; i < 4; i++) {
-            char b[32];
-            human_bytes(b, sizeof b, (double)parts[i]);
-            ui_printf(s, r.x + (i % 2) * (r.w / 2), r.y + 1 + i / 2, r.w / 2, colors[i], 0, "%s %s %-13s %s", glyphs[i],
-                      "", names[i], b);
+            ui_line legend;
+            ui_line_init(&legend);
+            char glyph[16], padded[32], name[32], letter[4];
+            snprintf(glyph, sizeof glyph, "%s ", glyphs[i]);
+            snprintf(padded, sizeof padded, " %-13s", names[i]);
+            snprintf(name, sizeof name, " %s", names[i]);
+            snprintf(letter, sizeof letter, " %c", names[i][0]);
+            ui_line_text(&legend, 9, glyph, NULL);
+            ui_line_text(&legend, 2, padded, name, letter, NULL);
+            line_bytes(&legend, 8, false, " ", (double)parts[i], "");
+            ui_line_put(s, r.x + (i % 2) * (r.w / 2), r.y + 1 + i / 2, i % 2 ? text_w(r) - r.w / 2 : r.w / 2 - 1, colors[i], 0,
+                        &legend);
         }
-        char b[32];
-        human_bytes(b, sizeof b, (double)total);
         double seconds = (double)rec->wall_ns * 1e-9;
         double intensity = total ? (double)flops / (double)total : 0;
-        ui_printf(s, r.x, r.y + 3, r.w, UI_DEFAULT, UI_BOLD, "step %llu: %s in %.3f ms = %.2f GB/s  (%d prefill + %d decode tok)",
-                  (unsigned long long)rec->step, b, seconds * 1e3, seconds > 0 ? (double)total / seconds / 1e9 : 0.0,
-                  rec->prefill_tokens, rec->decode_tokens);
+        ui_line step;
+        ui_line_init(&step);
+        char text[128];
+        snprintf(text, sizeof text, "step %llu:", (unsigned long long)rec->step);
+        ui_line_text(&step, 9, text, NULL);
+        line_bytes(&step, 8, false, " ", (double)total, "");
+        ui_line_si(&step, 6, true, " in ", seconds, "s", "");
+        ui_line_si(&step, 7, true, " = ", seconds > 0 ? (double)total / seconds : 0.0, "B/s", "");
+        char tokens_long[64], tokens_short[64];
+        snprintf(tokens_long, sizeof tokens_long, "  (%d prefill + %d decode tok)", rec->prefill_tokens, rec->decode_tokens);
+        snprintf(tokens_short, sizeof tokens_short, "  (%dP+%dD)", rec->prefill_tokens, rec->decode_tokens);
+        ui_line_text(&step, 3, tokens_long, tokens_short, "", NULL);
+        ui_line_put(s, r.x, r.y + 3, text_w(r), UI_DEFAULT, UI_BOLD, &step);
         double machine_gb_s = 0, machine_gflop_s = 0;
+        ui_line machine;
+        ui_line_init(&machine);
         if (rec->device_ns > 0) { // --backend cuda: the forward pass timed on the GPU with CUDA events
             double device_seconds = (double)rec->device_ns * 1e-9;
-            ui_printf(s, r.x, r.y + 4, r.w, UI_DEFAULT, 0, "GPU: forward %.3f ms (CUDA events) = %.3f TB/s",
-                      device_seconds * 1e3, (double)total / device_seconds / 1e12);
+            ui_line_si(&machine, 9, false, "GPU: forward ", device_seconds, "s", "");
+            ui_line_text(&machine, 2, " (CUDA events)", "", NULL);
+            ui_line_si(&machine, 8, true, " = ", (double)total / device_seconds, "B/s", "");
+            ui_line_put(s, r.x, r.y + 4, text_w(r), UI_DEFAULT, 0, &machine);
         } else if (dashboard_machine_figures(d, &machine_gb_s, &machine_gflop_s)) {
             double machine_ridge = machine_gflop_s / machine_gb_s;
-            ui_printf(s, r.x, r.y + 4, r.w, intensity < machine_ridge ? UI_BAD : UI_GOOD, 0,
-                      "this CPU: %.0f%% of %.1f GB/s measured; ridge %.1f FLOP/B (%.0f GFLOP/s)",
-                      seconds > 0 ? 100.0 * (double)total / seconds / 1e9 / machine_gb_s : 0.0, machine_gb_s,
-                      machine_ridge, machine_gflop_s);
-        } else
-            ui_put(s, r.x, r.y + 4, r.w, UI_DEFAULT, UI_DIM,
-                   d->machine ? "this CPU: measuring its bandwidth and peak FMA rate..."
-                                             : "this CPU: not measured (--measure-machine in headless runs)");
+            ui_line_text(&machine, 9, "this CPU:", "CPU:", NULL);
+            ui_line_number(&machine, 8, false, " ", seconds > 0 ? round(100.0 * (double)total / seconds / 1e9 / machine_gb_s) : 0.0, 1, "%");
+            ui_line_si(&machine, 7, false, " of ", machine_gb_s * 1e9, "B/s", "");
+            ui_line_text(&machine, 1, " measured", "", NULL);
+            ui_line_number(&machine, 5, true, "; ridge ", machine_ridge, 3, " FLOP/B");
+            ui_line_si(&machine, 3, true, " (", machine_gflop_s * 1e9, "FLOP/s", ")");
+            ui_line_put(s, r.x, r.y + 4, text_w(r), intensity < machine_ridge ? UI_BAD : UI_GOOD, 0, &machine);
+        } else {
+            ui_line_text(&machine, 9,
+                         d->machine ? "this CPU: measuring its bandwidth and peak FMA rate..."
+                                    : "this CPU: not measured (--measure-machine in headless runs)",
+                         d->machine ? "this CPU: measuring..." : "this CPU: not measured", NULL);
+            ui_line_put(s, r.x, r.y + 4, text_w(r), UI_DEFAULT, UI_DIM, &machine);
+        }
         double ridge = device_ridge_point(dev, 0);
-        ui_printf(s, r.x, r.y + 5, r.w, intensity < ridge ? UI_BAD : UI_GOOD, 0,
-                  "intensity %.2f FLOP/B vs ridge %.0f on %s: %s-bound", intensity, ridge, dev->name,
-                  intensity < ridge ? "memory" : "compute");
+        ui_line bound;
+        ui_line_init(&bound);
+        ui_line_number(&bound, 9, false, "intensity ", intensity, 3, " FLOP/B");
+        ui_line_number(&bound, 7, true, " vs ridge ", round(ridge), 1, "");
+        snprintf(text, sizeof text, " on %s", dev->name);
+        ui_line_text(&bound, 4, text, "", NULL);
+        ui_line_text(&bound, 8, intensity < ridge ? ": memory-bound" : ": compute-bound",
+                     intensity < ridge ? ": memory" : ": compute", NULL);
+        ui_line_put(s, r.x, r.y + 5, text_w(r), intensity < ridge ? UI_BAD : UI_GOOD, 0, &bound);
         double projected = device_step_seconds(dev, total, flops, 0);
-        ui_printf(s, r.x, r.y + 6, r.w, UI_DEFAULT, 0, "on %s (d cycles): %.2f us  [%.0f GB/s, %.0f GB, %.0f TFLOPS fp16, %.0f TOPS int8]",
-                  dev->name, projected * 1e6, dev->bandwidth_bytes_per_s / 1e9, dev->capacity_bytes / 1e9,
-                  dev->peak_fp16_flops / 1e12, dev->peak_int8_ops / 1e12);
+        ui_line device;
+        ui_line_init(&device);
+        snprintf(text, sizeof text, "on %s", dev->name);
+        ui_line_text(&device, 9, text, NULL);
+        ui_line_text(&device, 1, " (d cycles)", "", NULL);
+        ui_line_si(&device, 9, false, ": ", projected, "s", "");
+        ui_line_si(&device, 6, true, "  ", dev->bandwidth_bytes_per_s, "B/s", "");
+        ui_line_si(&device, 5, true, ", ", dev->capacity_bytes, "B", "");
+        ui_line_si(&device, 4, true, ", ", dev->peak_fp16_flops, "FLOPS", " fp16");
+        ui_line_si(&device, 3, true, ", ", dev->peak_int8_ops, "OPS", " int8");
+        ui_line_put(s, r.x, r.y + 6, text_w(r), UI_DEFAULT, 0, &device);
     }
     // History: bytes per step (P prefill, D decode) and tokens per step.
     const step_history* h = &d->history;
@@ -299,10 +430,16 @@ static void draw_traffic(ui_screen* s, ui_rect r, const dashboard* d, const ui_v
         if (h->bytes[k] > max_bytes) max_bytes = h->bytes[k];
         if (h->tokens[k] > max_tokens) max_tokens = h->tokens[k];
     }
-    char b[32];
-    human_bytes(b, sizeof b, (double)max_bytes);
-    ui_printf(s, r.x, r.y + 7, r.w, UI_DEFAULT, UI_BOLD, "bytes/step (max %s)  P=prefill D=decode", b);
-    ui_printf(s, r.x, r.y + 8 + height, r.w, UI_DEFAULT, UI_BOLD, "tokens/step (max %d)", max_tokens);
+    ui_line bytes_label, tokens_label;
+    ui_line_init(&bytes_label);
+    ui_line_text(&bytes_label, 9, "bytes/step", NULL);
+    line_bytes(&bytes_label, 8, true, " (max ", (double)max_bytes, ")");
+    ui_line_text(&bytes_label, 3, "  P=prefill D=decode", "", NULL);
+    ui_line_put(s, r.x, r.y + 7, text_w(r), UI_DEFAULT, UI_BOLD, &bytes_label);
+    ui_line_init(&tokens_label);
+    ui_line_text(&tokens_label, 9, "tokens/step", NULL);
+    ui_line_number(&tokens_label, 8, true, " (max ", max_tokens, 1, ")");
+    ui_line_put(s, r.x, r.y + 8 + height, text_w(r), UI_DEFAULT, UI_BOLD, &tokens_label);
     for (int i = 0; i < n; i++) {
         int k = (h->start + h->count - n + i) % HISTORY_STEPS;
         ui_color c = h->prefill[k] ? UI_OWNER1 : UI_OWNER0;
@@ -325,22 +462,49 @@ static void draw_traffic(ui_screen* s, ui_rect r, const dashboard* d, const ui_v
 static void draw_step_size(ui_screen* s, ui_rect r, const dashboard* d) {
     const step_size_view* v = &d->step_size;
     static const char* const GRANULARITY[] = {"per-tensor", "per-channel", "per-group"};
-    ui_printf(s, r.x, r.y, r.w, UI_DEFAULT, UI_BOLD, "%s (%d x %d)  b=%d %s %s%s", v->name, v->rows, v->cols,
-              v->scheme.bits, v->scheme.symmetric ? "sym" : "asym", GRANULARITY[v->scheme.granularity],
-              v->scheme.granularity == QUANT_PER_GROUP ? ":32" : "");
+    char text[128];
+    ui_line head;
+    ui_line_init(&head);
+    ui_line_text(&head, 9, v->name, NULL);
+    snprintf(text, sizeof text, " (%d x %d)", v->rows, v->cols);
+    ui_line_text(&head, 3, text, "", NULL);
+    snprintf(text, sizeof text, "  b=%d %s %s%s", v->scheme.bits, v->scheme.symmetric ? "sym" : "asym",
+             GRANULARITY[v->scheme.granularity], v->scheme.granularity == QUANT_PER_GROUP ? ":32" : "");
+    ui_line_text(&head, 8, text, NULL);
+    ui_line_put(s, r.x, r.y, text_w(r), UI_DEFAULT, UI_BOLD, &head);
     if (v->error[0] || v->n_params == 0) {
-        ui_put(s, r.x, r.y + 1, r.w, UI_BAD, 0, v->error[0] ? v->error : "no tensor");
+        ui_line error;
+        ui_line_init(&error);
+        ui_line_text(&error, 9, v->error[0] ? v->error : "no tensor", "the scheme does not apply (see the key help)", NULL);
+        ui_line_put(s, r.x, r.y + 1, text_w(r), UI_BAD, 0, &error);
         return;
     }
     const quant_params* p = &v->params[v->set_index];
     const quant_stats* st = &v->set_stats;
-    ui_printf(s, r.x, r.y + 1, r.w, UI_DEFAULT, 0, "set %d/%d: s=%.6g z=%d range [%.4g, %.4g]", v->set_index,
-              v->n_params, p->scale, p->zero_point, p->range_min, p->range_max);
-    ui_printf(s, r.x, r.y + 2, r.w, st->within_half_step ? UI_GOOD : UI_BAD, 0,
-              "max error %.4g vs s/2 %.4g (%s)  clipped %lld  mse %.3g", st->max_abs_error, p->scale / 2,
-              st->within_half_step ? "within" : "OVER", (long long)st->n_clipped, st->mse);
-    ui_printf(s, r.x, r.y + 3, r.w, UI_DEFAULT, UI_DIM, "whole tensor: mean s %.4g  max error %.4g  mse %.3g",
-              v->matrix_stats.scale, v->matrix_stats.max_abs_error, v->matrix_stats.mse);
+    ui_line set, error, whole;
+    ui_line_init(&set);
+    snprintf(text, sizeof text, "set %d/%d:", v->set_index, v->n_params);
+    ui_line_text(&set, 9, text, NULL);
+    ui_line_number(&set, 8, false, " s=", p->scale, 6, "");
+    ui_line_number(&set, 7, false, " z=", p->zero_point, 1, "");
+    snprintf(text, sizeof text, " range [%.4g, %.4g]", p->range_min, p->range_max);
+    char rough[64];
+    snprintf(rough, sizeof rough, " range [%.2g, %.2g]", p->range_min, p->range_max);
+    ui_line_text(&set, 5, text, rough, "", NULL);
+    ui_line_put(s, r.x, r.y + 1, text_w(r), UI_DEFAULT, 0, &set);
+    ui_line_init(&error);
+    ui_line_number(&error, 9, false, "max error ", st->max_abs_error, 4, "");
+    ui_line_number(&error, 8, false, " vs s/2 ", p->scale / 2, 4, "");
+    ui_line_text(&error, 8, st->within_half_step ? " (within)" : " (OVER)", NULL);
+    ui_line_number(&error, 5, true, "  clipped ", (double)st->n_clipped, 1, "");
+    ui_line_number(&error, 6, true, "  mse ", st->mse, 3, "");
+    ui_line_put(s, r.x, r.y + 2, text_w(r), st->within_half_step ? UI_GOOD : UI_BAD, 0, &error);
+    ui_line_init(&whole);
+    ui_line_text(&whole, 9, "whole tensor:", "tensor:", NULL);
+    ui_line_number(&whole, 8, false, " mean s ", v->matrix_stats.scale, 4, "");
+    ui_line_number(&whole, 7, true, "  max error ", v->matrix_stats.max_abs_error, 4, "");
+    ui_line_number(&whole, 6, true, "  mse ", v->matrix_stats.mse, 3, "");
+    ui_line_put(s, r.x, r.y + 3, text_w(r), UI_DEFAULT, UI_DIM, &whole);
     // Histogram of the set's values; the quantization levels s (q - z) as
     // markers on the axis below.
     int height = r.h - 6, width = r.w;
@@ -379,111 +543,275 @@ static void draw_step_size(ui_screen* s, ui_rect r, const dashboard* d) {
         int x = (int)((quant_dequantize(q, p) - low) / (high - low) * (width - 1) + 0.5f);
         ui_put(s, r.x + x, axis, 1, q == p->zero_point ? UI_GOOD : UI_BAD, UI_BOLD, s->glyphs->marker);
     }
-    ui_printf(s, r.x, axis + 1, r.w, UI_DEFAULT, UI_DIM, "%.4g", low);
-    char right[32];
-    snprintf(right, sizeof right, "%.4g", high);
-    ui_put(s, r.x + r.w - (int)strlen(right), axis + 1, r.w, UI_DEFAULT, UI_DIM, right);
-    ui_printf(s, r.x + r.w / 2 - 10, axis + 1, 24, UI_DEFAULT, UI_DIM, "%d levels", qmax - qmin + 1);
+    // The range under the axis: low at the left, high at the right with one
+    // column to the frame (a figure never touches it), the level count in
+    // between where it has room; each whole or not at all.
+    char left[32], right[32], levels[32];
+    int third = (r.w - 3) / 3;
+    int left_w = ui_format_number(left, sizeof left, low, 4, third);
+    int right_w = ui_format_number(right, sizeof right, high, 4, third);
+    snprintf(levels, sizeof levels, "%d levels", qmax - qmin + 1);
+    if (left_w > 0) ui_put(s, r.x, axis + 1, left_w, UI_DEFAULT, UI_DIM, left);
+    if (right_w > 0) ui_put(s, r.x + r.w - 1 - right_w, axis + 1, right_w, UI_DEFAULT, UI_DIM, right);
+    int levels_w = ui_text_columns(levels), levels_x = r.x + (r.w - levels_w) / 2;
+    if (levels_x > r.x + left_w + 1 && levels_x + levels_w < r.x + r.w - 2 - right_w)
+        ui_put(s, levels_x, axis + 1, levels_w, UI_DEFAULT, UI_DIM, levels);
 }
 
 // ---- Lesson, header, key bar, help -----------------------------------------------------
 
-// Rows a log line needs when wrapped at width w (UTF-8: continuation bytes take no column).
-static int wrapped_rows(const char* text, int w) {
-    int columns = 0;
-    for (const unsigned char* c = (const unsigned char*)text; *c; c++) columns += (*c & 0xC0) != 0x80;
-    return columns == 0 ? 1 : (columns + w - 1) / w;
-}
-
-// Draws text wrapped at w columns from row y, skipping the first `skip` rows.
-static void put_wrapped(ui_screen* s, int x, int y, int w, int skip, int rows, ui_color c, int attr, const char* text) {
+// Bytes of the next row of `text` wrapped at w columns: whole words where
+// the line goes on (a word longer than the row is broken), the rest where
+// it ends. *next: where the row after starts (the breaking space skipped).
+static int wrap_row(const char* text, int w, const char** next) {
     const char* p = text;
-    for (int row = 0; *p && row < skip + rows; row++) {
-        const char* start = p;
-        for (int col = 0; *p && col < w; col++) // one column per UTF-8 character
-            for (p++; (*(const unsigned char*)p & 0xC0) == 0x80; p++) {
-            }
-        if (row < skip) continue;
-        char piece[LESSON_LOG_WIDTH];
-        snprintf(piece, sizeof piece, "%.*s", (int)(p - start), start);
-        ui_put(s, x, y + row - skip, w, c, attr, piece);
+    const char* last_space = NULL;
+    int col = 0;
+    while (*p && col < w) {
+        if (*p == ' ') last_space = p;
+        for (p++; (*(const unsigned char*)p & 0xC0) == 0x80; p++) {
+        }
+        col++;
     }
+    if (!*p) {
+        *next = p;
+        return (int)(p - text);
+    }
+    if (*p == ' ') { // the row ends exactly at a word's end
+        *next = p + 1;
+        return (int)(p - text);
+    }
+    if (last_space && last_space > text) {
+        *next = last_space + 1;
+        return (int)(last_space - text);
+    }
+    *next = p;
+    return (int)(p - text);
 }
 
-static void draw_lesson(ui_screen* s, ui_rect r, const dashboard* d) {
-    const lesson_log* log = &d->lesson;
-    if (!log->title[0]) {
-        ui_put(s, r.x, r.y, r.w, UI_DEFAULT, UI_DIM, "No lesson is running.");
-        if (r.h > 1) ui_put(s, r.x, r.y + 1, r.w, UI_DEFAULT, UI_DIM, "(servelab lab --lesson FILE runs one here)");
+static int wrapped_rows(const char* text, int w) {
+    int rows = 0;
+    const char* p = text;
+    do {
+        wrap_row(p, w, &p);
+        rows++;
+    } while (*p);
+    return rows;
+}
+
+// The lesson pane's rows: the log wrapped at w, how many, where the newest
+// entry starts, and how many rows show below the title and state (`h`
+// inside the frame) with `marked` (a "below" mark on the last row).
+typedef struct lesson_rows {
+    int total, last_start, visible;
+} lesson_rows;
+
+static lesson_rows lesson_measure(const lesson_log* log, int w, int h, bool marked) {
+    lesson_rows m = {0, 0, h - 2 - (marked ? 1 : 0)};
+    if (m.visible < 1) m.visible = 1;
+    for (int i = 0; i < log->count; i++) {
+        m.last_start = m.total;
+        m.total += wrapped_rows(log->lines[(log->start + i) % LESSON_LOG_LINES], w);
+    }
+    return m;
+}
+
+// The first row shown while following the newest lines: the bottom, or the
+// start of the newest entry when it is taller than the pane (so that a
+// check line always shows its PASS or FAIL and its id).
+static int follow_top(const lesson_rows* m) {
+    int bottom = m->total - m->visible > 0 ? m->total - m->visible : 0;
+    return m->last_start < bottom ? m->last_start : bottom;
+}
+
+// Follows the newest lines unless scrolled; writes the first row shown.
+static int lesson_top(const lesson_log* log, const ui_view* v, int w, int h, lesson_rows* m, bool* marked) {
+    *m = lesson_measure(log, w, h, false);
+    int top = v->lesson_scrolled ? v->lesson_top : follow_top(m);
+    *marked = top + m->visible < m->total;
+    if (*marked) { // the mark takes the last row
+        *m = lesson_measure(log, w, h, true);
+        top = v->lesson_scrolled ? v->lesson_top : follow_top(m);
+    }
+    int last = m->total - m->visible > 0 ? m->total - m->visible : 0;
+    if (top > last) top = last;
+    if (top < 0) top = 0;
+    return top;
+}
+
+void ui_lesson_scroll(const dashboard* d, ui_view* v, int cols, int rows, int pages) {
+    ui_layout l = ui_layout_compute(cols, rows, v->page);
+    if (l.mode == LAYOUT_TOO_SMALL) return;
+    if (!l.visible[PANE_LESSON]) { // scrolling shows the lesson first
+        v->page = ui_pane_page(PANE_LESSON);
+        v->focus = PANE_LESSON;
+        l = ui_layout_compute(cols, rows, v->page);
+    }
+    ui_rect in = inner(l.panes[PANE_LESSON]);
+    lesson_rows m;
+    bool marked;
+    int top = lesson_top(&d->lesson, v, text_w(in), in.h, &m, &marked);
+    int step = m.visible > 1 ? m.visible - 1 : 1; // one row of overlap keeps the reader's place
+    top += pages * step;
+    int last = m.total - m.visible > 0 ? m.total - m.visible : 0;
+    if (top >= last && pages > 0) { // the end: follow new lines again
+        v->lesson_scrolled = false;
         return;
     }
-    ui_printf(s, r.x, r.y, r.w, UI_TITLE, UI_BOLD, "%s", log->title);
-    if (r.h > 1) ui_printf(s, r.x, r.y + 1, r.w, UI_DEFAULT, UI_REVERSE, "%s", log->state);
-    // The newest entries that fit, oldest at the top, each wrapped.
-    int top = r.y + 2, rows = r.h - 2, used = 0, first = log->count;
-    while (first > 0) {
-        int k = (log->start + first - 1) % LESSON_LOG_LINES;
-        int need = wrapped_rows(log->lines[k], r.w);
-        if (used + need > rows && used > 0) break;
-        used += need;
-        first--;
+    if (!v->lesson_scrolled) v->lesson_seen = d->lesson.appended;
+    v->lesson_scrolled = true;
+    v->lesson_top = top < 0 ? 0 : top;
+}
+
+static void draw_lesson(ui_screen* s, ui_rect r, const dashboard* d, const ui_view* v) {
+    const lesson_log* log = &d->lesson;
+    if (!log->title[0]) {
+        put_whole(s, r.x, r.y, r.x + text_w(r), UI_DEFAULT, UI_DIM, "No lesson is running.");
+        if (r.h > 1) {
+            ui_line hint;
+            ui_line_init(&hint);
+            ui_line_text(&hint, 9, "(servelab lab --lesson FILE runs one here)", "(lab --lesson FILE runs one)", NULL);
+            ui_line_put(s, r.x, r.y + 1, text_w(r), UI_DEFAULT, UI_DIM, &hint);
+        }
+        return;
     }
-    int y = top;
-    for (int i = first; i < log->count && y < top + rows; i++) {
+    ui_line title, state;
+    ui_line_init(&title);
+    const char* base = strrchr(log->title, '/');
+    char short_title[sizeof log->title + 8];
+    snprintf(short_title, sizeof short_title, "lesson %s", base ? base + 1 : log->title);
+    ui_line_text(&title, 9, log->title, short_title, NULL);
+    ui_line_put(s, r.x, r.y, text_w(r), UI_TITLE, UI_BOLD, &title);
+    if (r.h > 1) {
+        ui_line_init(&state);
+        // "done: 3 passed, 0 failed; space returns ...": the part before ';' is the news.
+        char head[sizeof log->state];
+        snprintf(head, sizeof head, "%.*s", (int)strcspn(log->state, ";"), log->state);
+        ui_line_text(&state, 9, log->state, head, NULL);
+        ui_line_put(s, r.x, r.y + 1, text_w(r), UI_DEFAULT, UI_REVERSE, &state);
+    }
+    if (r.h < 3) return;
+    lesson_rows m;
+    bool marked;
+    int top = lesson_top(log, v, text_w(r), r.h, &m, &marked);
+    static const ui_color COLORS[] = {UI_DEFAULT, UI_GOOD, UI_BAD, UI_BAD, UI_DEFAULT};
+    static const int ATTRS[] = {0, UI_BOLD, UI_BOLD, UI_BOLD, UI_DIM};
+    int row = 0, y = r.y + 2;
+    for (int i = 0; i < log->count && row < top + m.visible; i++) {
         int k = (log->start + i) % LESSON_LOG_LINES;
-        static const ui_color COLORS[] = {UI_DEFAULT, UI_GOOD, UI_BAD, UI_BAD, UI_DEFAULT};
-        static const int ATTRS[] = {0, UI_BOLD, UI_BOLD, UI_BOLD, UI_DIM};
-        int need = wrapped_rows(log->lines[k], r.w);
-        int skip = need > top + rows - y ? need - (top + rows - y) : 0; // a line taller than the pane: its end
-        put_wrapped(s, r.x, y, r.w, skip, need - skip, COLORS[log->kinds[k]], ATTRS[log->kinds[k]], log->lines[k]);
-        y += need - skip;
+        const char* p = log->lines[k];
+        do {
+            const char* next;
+            int bytes = wrap_row(p, text_w(r), &next);
+            if (row >= top && row < top + m.visible) {
+                char piece[LESSON_LOG_WIDTH];
+                snprintf(piece, sizeof piece, "%.*s", bytes, p);
+                ui_put(s, r.x, y++, text_w(r), COLORS[log->kinds[k]], ATTRS[log->kinds[k]], piece);
+            }
+            row++;
+            p = next;
+        } while (*p && row < top + m.visible);
+    }
+    if (marked) {
+        uint64_t fresh = v->lesson_scrolled && log->appended > v->lesson_seen ? log->appended - v->lesson_seen : 0;
+        char count[48];
+        snprintf(count, sizeof count, "v %llu new lines below (PgDn)", (unsigned long long)fresh);
+        ui_line mark;
+        ui_line_init(&mark);
+        if (fresh) ui_line_text(&mark, 9, count, "v new lines below", "v new", NULL);
+        else ui_line_text(&mark, 9, "v more below (PgDn)", "v more", NULL);
+        ui_line_put(s, r.x, r.y + r.h - 1, text_w(r), UI_TITLE, UI_REVERSE, &mark);
     }
 }
 
-static const char* const HELP[] = {
-    "space/n  one engine step, or continue a lesson    r  run / pause",
-    "+ / -    speed                    a  add a request (type, Enter)",
-    "f        fork selected (shares)   x  cancel selected request",
-    "p        add a request sharing the system prompt",
-    "[ / ]    block size (confirm y)",
-    "Tab      next pane / page         1-5  page (small terminals)",
-    "up/down  select request (Requests) or layer (Step size)",
-    "left/right  tensor (Step size)    b  bits   g  granularity",
-    "m        sym / asym (Step size)   ,/.  parameter set",
-    "z        quiz page (Esc returns)  d  cycle device model",
-    "? / F1   this help                q  quit",
+// The help overlay: pairs of entries, two to a row where the terminal has
+// the columns, else one; at 80x24 (the smallest lab) two columns need 70
+// columns and 17 rows, so it always fits.
+static const char* const HELP[][2] = {
+    {"space/n  step, or continue a lesson", "r        run / pause"},
+    {"+ / -    speed", "a        add a request (type, Enter)"},
+    {"f        fork selected (shares)", "x        cancel selected request"},
+    {"p        add a system-prompt request", "[ / ]    block size (confirm y)"},
+    {"Tab      next pane / page", "1-5      page (small terminals)"},
+    {"up/down  request, or layer (Step size)", "left/right  tensor (Step size)"},
+    {"b  bits   g  granularity", "m  sym / asym   ,/.  parameter set"},
+    {"PgUp/PgDn  scroll the lesson", "d        cycle device model"},
+    {"z        quiz page (Esc returns)", "? / F1   this help   q  quit"},
 };
 
 static void draw_help(ui_screen* s) {
-    int n = (int)(sizeof HELP / sizeof HELP[0]);
-    int w = 64 < s->cols - 2 ? 64 : s->cols - 2, h = n + 4;
+    int n = (int)(sizeof HELP / sizeof HELP[0]), left = 0, right = 0;
+    for (int i = 0; i < n; i++) {
+        int a = ui_text_columns(HELP[i][0]), b = ui_text_columns(HELP[i][1]);
+        if (a > left) left = a;
+        if (b > right) right = b;
+    }
+    int gap = 2, two_wide = left + gap + right + 4; // a frame and a space inside each side
+    bool two = two_wide <= s->cols && n + 4 <= s->rows;
+    int w = two ? two_wide : (left > right ? left : right) + 4, h = (two ? n : 2 * n) + 4;
+    if (w > s->cols) w = s->cols;
+    if (h > s->rows) h = s->rows;
     ui_rect r = {(s->cols - w) / 2, (s->rows - h) / 2, w, h};
     ui_fill(s, r, " ", UI_DEFAULT, 0);
     ui_box(s, r, "Help (any key closes)", true);
-    for (int i = 0; i < n; i++) ui_put(s, r.x + 2, r.y + 2 + i, r.w - 4, UI_DEFAULT, 0, HELP[i]);
+    ui_clip(s, inner(r));
+    for (int i = 0, y = r.y + 2; i < n; i++) {
+        if (two) {
+            put_whole(s, r.x + 2, y, r.x + r.w - 2, UI_DEFAULT, 0, HELP[i][0]);
+            put_whole(s, r.x + 2 + left + gap, y++, r.x + r.w - 2, UI_DEFAULT, 0, HELP[i][1]);
+        } else
+            for (int k = 0; k < 2; k++) put_whole(s, r.x + 2, y++, r.x + r.w - 2, UI_DEFAULT, 0, HELP[i][k]);
+    }
+    ui_clip_reset(s);
 }
 
 void ui_draw(ui_screen* s, const dashboard* d, const ui_view* v) {
     ui_screen_clear(s);
     ui_layout l = ui_layout_compute(s->cols, s->rows, v->page);
     if (l.mode == LAYOUT_TOO_SMALL) {
-        ui_printf(s, 0, 0, s->cols, UI_BAD, UI_BOLD, "terminal too small: need at least %dx%d", UI_MIN_COLS, UI_MIN_ROWS);
-        ui_printf(s, 0, 1, s->cols, UI_DEFAULT, 0, "(now %dx%d; q quits)", s->cols, s->rows);
+        char need[64], now[64];
+        snprintf(need, sizeof need, "terminal too small: need at least %dx%d", UI_MIN_COLS, UI_MIN_ROWS);
+        snprintf(now, sizeof now, "(now %dx%d; keys wait, q quits)", s->cols, s->rows);
+        // Each line whole or, on a tiny terminal, in words that keep the figures whole.
+        if (put_whole(s, 0, 0, s->cols, UI_BAD, UI_BOLD, need) < 0) {
+            snprintf(need, sizeof need, "need %dx%d", UI_MIN_COLS, UI_MIN_ROWS);
+            put_whole(s, 0, 0, s->cols, UI_BAD, UI_BOLD, need);
+        }
+        put_whole(s, 0, 1, s->cols, UI_DEFAULT, 0, now);
         return;
     }
-    const char* speed = UI_SPEEDS[v->speed_index] ? "" : "max";
-    char speed_text[16];
+    char speed_text[16], text[64];
     if (UI_SPEEDS[v->speed_index]) snprintf(speed_text, sizeof speed_text, "%d/s", UI_SPEEDS[v->speed_index]);
-    else snprintf(speed_text, sizeof speed_text, "%s", speed);
-    ui_printf(s, 0, 0, s->cols, UI_TITLE, UI_BOLD, "servelab lab  %s  step %llu  %s  speed %s  block size %d  %s%s",
-              d->lesson_engine ? "(the lesson's engine)" : d->source.model_label,
-              (unsigned long long)(d->lesson_engine ? d->lesson_engine->record.step : d->steps), v->running ? "RUNNING" : "paused", speed_text,
-              dashboard_primary(d)->config.block_size, l.mode == LAYOUT_PAGES ? "page " : "",
-              l.mode == LAYOUT_PAGES ? (char[2]){(char)('1' + l.page), 0} : "");
+    else snprintf(speed_text, sizeof speed_text, "max");
+    // The header: the page and the step never go; the model path goes first.
+    ui_line header;
+    ui_line_init(&header);
+    ui_line_text(&header, 3, "servelab lab", "servelab", NULL);
+    const char* model_text = d->lesson_engine ? "(the lesson's engine)" : d->source.model_label;
+    const char* model_base = strrchr(model_text, '/');
+    char model_long[UI_LINE_FORM_BYTES], model_short[UI_LINE_FORM_BYTES];
+    // A path longer than a form is not shown in part: its file name is.
+    if (snprintf(model_long, sizeof model_long, "  %s", model_text) >= (int)sizeof model_long) model_long[0] = '\0';
+    if (snprintf(model_short, sizeof model_short, "  %.*s", UI_LINE_FORM_BYTES - 3,
+                 model_base && !d->lesson_engine ? model_base + 1 : model_text) >= (int)sizeof model_short)
+        model_short[0] = '\0';
+    ui_line_text(&header, 4, model_long, model_short, "", NULL);
+    ui_line_number(&header, 9, false, "  step ",
+                   (double)(d->lesson_engine ? d->lesson_engine->record.step : d->steps), 1, "");
+    ui_line_text(&header, 8, v->running ? "  RUNNING" : "  paused", NULL);
+    snprintf(text, sizeof text, "  speed %s", speed_text);
+    ui_line_text(&header, 5, text, "", NULL);
+    ui_line_number(&header, 7, true, "  block size ", dashboard_primary(d)->config.block_size, 1, "");
+    if (l.mode == LAYOUT_PAGES) {
+        snprintf(text, sizeof text, "  page %d/%d", l.page + 1, UI_PAGE_COUNT);
+        ui_line_text(&header, 10, text, NULL);
+    }
+    ui_line_put(s, 0, 0, s->cols, UI_TITLE, UI_BOLD, &header);
     for (int p = 0; p < PANE_COUNT; p++) {
         if (!l.visible[p]) continue;
         ui_box(s, l.panes[p], ui_pane_title((ui_pane)p), v->focus == (ui_pane)p);
         ui_rect in = inner(l.panes[p]);
+        ui_clip(s, in); // nothing a pane draws leaves it
         switch ((ui_pane)p) {
         case PANE_REQUESTS: draw_requests(s, in, d); break;
         case PANE_BLOCK_TABLES: draw_block_tables(s, in, d); break;
@@ -491,17 +819,49 @@ void ui_draw(ui_screen* s, const dashboard* d, const ui_view* v) {
         case PANE_FRAGMENTATION: draw_fragmentation(s, in, d); break;
         case PANE_TRAFFIC: draw_traffic(s, in, d, v); break;
         case PANE_STEP_SIZE: draw_step_size(s, in, d); break;
-        case PANE_LESSON: draw_lesson(s, in, d); break;
+        case PANE_LESSON: draw_lesson(s, in, d, v); break;
         case PANE_COUNT: break;
         }
+        ui_clip_reset(s);
     }
-    const char* bar_text = "spc step  r run  +/- speed  a add  p shared  f fork  x cancel  [/] block  z quiz  Tab focus  ? help  q quit";
-    if (v->mode == UI_MODE_EDIT)
-        ui_printf(s, 0, l.key_bar.y, s->cols, UI_TITLE, UI_REVERSE, "new prompt: %s_  (Enter adds, Esc cancels)", v->edit);
-    else if (v->mode == UI_MODE_CONFIRM)
-        ui_printf(s, 0, l.key_bar.y, s->cols, UI_BAD, UI_REVERSE, "restart both engines with block size %d? (y/n)",
-                  v->pending_block_size);
-    else if (v->message[0]) ui_printf(s, 0, l.key_bar.y, s->cols, UI_DEFAULT, UI_REVERSE, "%s", v->message);
-    else ui_put(s, 0, l.key_bar.y, s->cols, UI_DEFAULT, UI_REVERSE, bar_text);
+    if (v->mode == UI_MODE_EDIT) {
+        ui_line edit;
+        ui_line_init(&edit);
+        snprintf(text, sizeof text, "new prompt: ");
+        ui_line_text(&edit, 9, text, NULL);
+        // The end of a long prompt, where the typing is.
+        char typed[sizeof v->edit + 2];
+        int len = (int)strlen(v->edit), room = s->cols - 40 > 8 ? s->cols - 40 : 8;
+        snprintf(typed, sizeof typed, "%s_", len > room ? v->edit + len - room : v->edit);
+        ui_line_text(&edit, 9, typed, NULL);
+        ui_line_text(&edit, 5, "  (Enter adds, Esc cancels)", "", NULL);
+        ui_line_put(s, 0, l.key_bar.y, s->cols, UI_TITLE, UI_REVERSE, &edit);
+    } else if (v->mode == UI_MODE_CONFIRM) {
+        ui_line confirm;
+        ui_line_init(&confirm);
+        ui_line_number(&confirm, 9, false, "restart both engines with block size ", v->pending_block_size, 1, "? (y/n)");
+        ui_line_put(s, 0, l.key_bar.y, s->cols, UI_BAD, UI_REVERSE, &confirm);
+    } else if (v->message[0]) {
+        // A message longer than the bar goes on at word ends (the next key clears it).
+        if (put_whole(s, 0, l.key_bar.y, s->cols, UI_DEFAULT, UI_REVERSE, v->message) < 0) {
+            char head[sizeof v->message];
+            const char* rest;
+            snprintf(head, sizeof head, "%.*s", wrap_row(v->message, s->cols, &rest), v->message);
+            ui_put(s, 0, l.key_bar.y, s->cols, UI_DEFAULT, UI_REVERSE, head);
+        }
+    } else {
+        // Every key is in the help; the bar keeps "? help  q quit" at any width.
+        static const char* const KEYS[] = {"spc step", "r run", "+/- speed", "a add", "p shared", "f fork", "x cancel",
+                                           "[/] block", "z quiz", "Tab focus", "PgUp/PgDn lesson", "? help", "q quit"};
+        static const int PRIORITY[] = {8, 7, 4, 6, 3, 5, 5, 3, 4, 6, 2, 9, 9};
+        ui_line bar_line;
+        ui_line_init(&bar_line);
+        for (int i = 0; i < (int)(sizeof KEYS / sizeof KEYS[0]); i++) {
+            char key[32];
+            snprintf(key, sizeof key, "%s%s", i ? "  " : "", KEYS[i]);
+            ui_line_text(&bar_line, PRIORITY[i], key, "", NULL);
+        }
+        ui_line_put(s, 0, l.key_bar.y, s->cols, UI_DEFAULT, UI_REVERSE, &bar_line);
+    }
     if (v->help) draw_help(s);
 }
