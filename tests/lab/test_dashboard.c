@@ -255,6 +255,138 @@ static void test_small_terminal_and_bad_keys(void** state) {
     assert_int_equal(WEXITSTATUS(raw), 2);
 }
 
+
+// Runs the lab headless at `size` and returns the frame (malloc'ed).
+static char* dump_frame_at(const char* size, const char* arguments) {
+    char frame_path[512], command[4096];
+    snprintf(frame_path, sizeof frame_path, "%s/frame.txt", test_scratch_dir());
+    remove(frame_path);
+    snprintf(command, sizeof command, "%s lab --size %s --dump-frame %s %s </dev/null >/dev/null 2>&1",
+             test_servelab_binary(), size, frame_path, arguments);
+    if (system(command) != 0) fail_msg("failed: %s", command);
+    char* text = test_read_text(frame_path);
+    assert_non_null(text);
+    return text;
+}
+
+static void test_cancelled_request_says_cancelled(void** state) {
+    (void)state;
+    char model_path[512], arguments[1024];
+    REQUIRE_SHARED_MODEL(model_path, "stories260K.bin");
+    snprintf(arguments, sizeof arguments, "--model %s --keys '<space>x<space>'", model_path);
+    char* frame = dump_frame(arguments);
+    if (!strstr(frame, ">a#0 cancelled ")) fail_msg("the cancelled request does not say so in\n%s", frame);
+    if (!strstr(frame, "cancelled 1")) fail_msg("the counts do not show the cancellation in\n%s", frame);
+    free(frame);
+}
+
+static void test_block_size_change_keeps_forks_and_cancellations(void** state) {
+    (void)state;
+    char model_path[512], arguments[1024];
+    REQUIRE_SHARED_MODEL(model_path, "stories260K.bin");
+    // Fork a#0 (c#2), cancel a#0, then restart with block size 32 and step once.
+    snprintf(arguments, sizeof arguments,
+             "--model %s --block-size 16 --keys '<space><space>f<space><up><up>x]y<space>'", model_path);
+    char* frame = dump_frame_at("250x70", arguments);
+    if (!strstr(frame, "block size 32")) fail_msg("no restart in\n%s", frame);
+    if (!strstr(frame, "a#0 cancelled ")) fail_msg("the restart brought the cancelled a#0 back in\n%s", frame);
+    if (!strstr(frame, "c#2 decode ") && !strstr(frame, "c#2 prefill ") && !strstr(frame, "c#2 waiting "))
+        fail_msg("the fork c#2 is gone in\n%s", frame);
+    if (!strstr(frame, "fork of a#0")) fail_msg("c#2 is no longer a fork of a#0 in\n%s", frame);
+    free(frame);
+}
+
+static void test_keys_wait_behind_too_small(void** state) {
+    (void)state;
+    char model_path[512], arguments[1024];
+    REQUIRE_SHARED_MODEL(model_path, "stories260K.bin");
+    // Steps and a block-size restart typed at 60x20 must not happen.
+    snprintf(arguments, sizeof arguments, "--model %s --keys '<space><space>]y?<resize:160x50>'", model_path);
+    char* frame = dump_frame_at("60x20", arguments);
+    if (!strstr(frame, "  step 0  ") || !strstr(frame, "block size 16")) fail_msg("keys acted behind the message:\n%s", frame);
+    if (strstr(frame, "Help (any key closes)")) fail_msg("the help opened behind the message:\n%s", frame);
+    free(frame);
+    // q still quits (the resize and the steps after it never come).
+    snprintf(arguments, sizeof arguments, "--model %s --keys 'q<resize:160x50><space>'", model_path);
+    frame = dump_frame_at("60x20", arguments);
+    if (!strstr(frame, "terminal too small: need at least 80x24")) fail_msg("q did not quit at once:\n%s", frame);
+    free(frame);
+}
+
+static void set_quiz_home(const char* name) {
+    char home[600], cwd[256], command[700];
+    assert_non_null(getcwd(cwd, sizeof cwd));
+    snprintf(home, sizeof home, "%s/%s/%s", cwd, test_scratch_dir(), name);
+    snprintf(command, sizeof command, "rm -rf '%s'", home);
+    assert_int_equal(system(command), 0);
+    setenv("XDG_DATA_HOME", home, 1);
+}
+
+static void test_quiz_says_when_too_small(void** state) {
+    (void)state;
+    set_quiz_home("quiz-small");
+    // The quiz page open, then the terminal shrinks to 40x9: the question does not fit.
+    char* frame = dump_frame_at("160x50", "--model tiny --quiz-seed 3 --keys 'z<resize:40x9>'");
+    if (!strstr(frame, "terminal too small: need at least 40x")) fail_msg("no size asked for in\n%s", frame);
+    free(frame);
+    // An answer typed blind is not graded.
+    frame = dump_frame_at("160x50", "--model tiny --quiz-seed 3 --keys 'z<resize:40x9>0<enter><resize:160x50>'");
+    if (!strstr(frame, "right 0  wrong 0")) fail_msg("an answer typed behind the message was graded:\n%s", frame);
+    free(frame);
+    unsetenv("XDG_DATA_HOME");
+}
+
+static void test_quiz_save_failure_is_told(void** state) {
+    (void)state;
+    // Nothing can be created under /proc: the progress file cannot be written
+    // (it is missing at load, which is a first run).
+    setenv("XDG_DATA_HOME", "/proc/servelab-test-no-such-folder", 1);
+    char* frame = dump_frame_at("160x50", "--model tiny --quiz-seed 3 --keys 'z0<enter><esc>'");
+    if (strstr(frame, "progress saved to")) fail_msg("claims a save that failed:\n%s", frame);
+    if (!strstr(frame, "progress NOT saved")) fail_msg("does not say the save failed:\n%s", frame);
+    free(frame);
+    unsetenv("XDG_DATA_HOME");
+}
+
+static void test_lesson_pane_scrolls_back(void** state) {
+    (void)state;
+    const char* lesson = write_lesson(
+        "scroll.lua",
+        "lab.lesson{title = 'scroll', claims = {'k1'}}\n"
+        "for i = 1, 20 do lab.say('narration line ' .. i) end\n"
+        "lab.check{id = 'k1', claim = 'a check whose line is long enough to wrap over several rows of the "
+        "lesson pane, so that its beginning could be lost', bank_answer = true, verdict = true,\n"
+        "          evidence = 'with evidence that goes on and on: 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16'}\n"
+        "lab.pause()\n"
+        "for i = 1, 5 do lab.say('after the pause ' .. i) end\n"
+        "lab.pause()\n");
+    char arguments[2048];
+    // Following the newest: the check shows from its start, the early narration is above.
+    snprintf(arguments, sizeof arguments, "--model tiny --lesson %s --keys '<space>'", lesson);
+    char* frame = dump_frame(arguments);
+    if (!strstr(frame, "PASS k1 a check whose line")) fail_msg("the check lost its beginning in\n%s", frame);
+    if (strstr(frame, "narration line 1\n") || strstr(frame, "narration line 1 ")) fail_msg("no scrolling needed?\n%s", frame);
+    free(frame);
+    // PgUp reaches the first lines, and says there is more below.
+    snprintf(arguments, sizeof arguments, "--model tiny --lesson %s --keys '<space><pgup><pgup><pgup><pgup><pgup><pgup><pgup><pgup><pgup><pgup><pgup><pgup><pgup><pgup>'", lesson);
+    frame = dump_frame(arguments);
+    if (!strstr(frame, "narration line 1 ")) fail_msg("PgUp does not reach the first line in\n%s", frame);
+    if (!strstr(frame, "v more below (PgDn)")) fail_msg("no mark of the lines below in\n%s", frame);
+    free(frame);
+    // Lines that arrive while scrolled back are counted on the mark.
+    snprintf(arguments, sizeof arguments, "--model tiny --lesson %s --keys '<space><pgup><space>'", lesson);
+    frame = dump_frame(arguments);
+    if (!strstr(frame, "v 5 new lines below (PgDn)")) fail_msg("no new-lines mark in\n%s", frame);
+    free(frame);
+    // PgDn to the end follows the newest lines again.
+    snprintf(arguments, sizeof arguments,
+             "--model tiny --lesson %s --keys '<space><pgup><space><pgdn><pgdn><pgdn><pgdn><pgdn><pgdn><pgdn><pgdn><pgdn>'", lesson);
+    frame = dump_frame(arguments);
+    if (!strstr(frame, "after the pause 5")) fail_msg("PgDn did not reach the newest line in\n%s", frame);
+    if (strstr(frame, "below (PgDn)")) fail_msg("still marked at the end in\n%s", frame);
+    free(frame);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_block_table_after_steps),
@@ -265,6 +397,12 @@ int main(void) {
         cmocka_unit_test(test_lesson_runs_in_the_dashboard),
         cmocka_unit_test(test_broken_lessons_leave_the_lab_running),
         cmocka_unit_test(test_quiz_page_in_the_lab),
+        cmocka_unit_test(test_cancelled_request_says_cancelled),
+        cmocka_unit_test(test_block_size_change_keeps_forks_and_cancellations),
+        cmocka_unit_test(test_keys_wait_behind_too_small),
+        cmocka_unit_test(test_quiz_says_when_too_small),
+        cmocka_unit_test(test_quiz_save_failure_is_told),
+        cmocka_unit_test(test_lesson_pane_scrolls_back),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -121,6 +121,60 @@ static void record_cut(void* user, const char* text, int x, int y, int shown, in
         snprintf(cuts.first, sizeof cuts.first, "%s: at (%d,%d) '%s' shown as '%s'", cuts.where, x, y, text, visible);
 }
 
+// The helpers the panes format with, and the hook seeing a cut.
+static void test_formats_and_hook(void** state) {
+    (void)state;
+    char out[64];
+    assert_int_equal(ui_format_number(out, sizeof out, 8.07e-05, 3, 20), 8);
+    assert_string_equal(out, "8.07e-05");
+    assert_int_equal(ui_format_number(out, sizeof out, 8.07e-05, 3, 6), 5);
+    assert_string_equal(out, "8e-05"); // fewer digits, never "8.07"
+    assert_int_equal(ui_format_number(out, sizeof out, 2048, 3, 3), -1); // an integer whole or not at all
+    assert_true(ui_format_si(out, sizeof out, 8.1e-05, "s", 3, 10) > 0);
+    assert_string_equal(out, "81 \u00b5s");
+    assert_true(ui_format_si(out, sizeof out, 1.2e9, "B/s", 3, 10) > 0);
+    assert_string_equal(out, "1.2 GB/s");
+    assert_true(ui_format_si(out, sizeof out, 999.96e6, "B/s", 3, 10) > 0);
+    assert_string_equal(out, "1 GB/s"); // rounding to 1000 takes the next prefix
+    assert_true(ui_format_bytes(out, sizeof out, 1536, 10) > 0);
+    assert_string_equal(out, "1.5 KiB");
+    assert_true(ui_format_bytes(out, sizeof out, 1536, 5) > 0);
+    assert_string_equal(out, "2 KiB");
+    // A line loses digits, then its lowest-priority fields, never part of one.
+    ui_line l;
+    ui_line_init(&l);
+    ui_line_text(&l, 9, "max error 0.01373", NULL);
+    ui_line_number(&l, 5, true, "  clipped ", 0, 1, "");
+    ui_line_number(&l, 6, true, "  mse ", 8.07e-05, 3, "");
+    char line[256];
+    ui_line_fit(&l, 42, line, sizeof line);
+    assert_string_equal(line, "max error 0.01373  clipped 0  mse 8.07e-05");
+    ui_line_fit(&l, 31, line, sizeof line);
+    assert_string_equal(line, "max error 0.01373  mse 8.07e-05");
+    ui_line_fit(&l, 30, line, sizeof line);
+    assert_string_equal(line, "max error 0.01373  mse 8.1e-05");
+    ui_line_fit(&l, 28, line, sizeof line);
+    assert_string_equal(line, "max error 0.01373  mse 8e-05");
+    ui_line_fit(&l, 20, line, sizeof line);
+    assert_string_equal(line, "max error 0.01373");
+    ui_line_fit(&l, 10, line, sizeof line);
+    assert_string_equal(line, "");
+    // The hook sees a cut by max_cols and one by the clip rectangle.
+    ui_screen screen;
+    assert_int_equal(ui_screen_init(&screen, 40, 4, true, false), 0);
+    memset(&cuts, 0, sizeof cuts);
+    ui_set_cut_hook(record_cut, NULL);
+    ui_put(&screen, 0, 0, 8, UI_DEFAULT, 0, "mse 8.07e-05");
+    assert_int_equal(cuts.n_bad, 1);
+    ui_clip(&screen, (ui_rect){0, 1, 9, 2});
+    ui_put(&screen, 0, 1, 40, UI_DEFAULT, 0, "312 TFLOPS");
+    ui_put(&screen, 0, 3, 40, UI_DEFAULT, 0, "below the clip: 42");
+    ui_put(&screen, 0, 2, 40, UI_DEFAULT, 0, "Once upon a time");
+    assert_int_equal(cuts.n_bad, 3);
+    ui_set_cut_hook(NULL, NULL);
+    ui_screen_free(&screen);
+}
+
 // A lesson whose narration and checks are long lines full of figures.
 static const char* write_lesson(void) {
     static char path[512];
@@ -261,6 +315,19 @@ static int scan_borders(const frame_grid* g, char* first, size_t capacity) {
                 for (int k = 0; k < g->widths[y]; k++) strcat(line, cell(g, y, k));
                 snprintf(first, capacity, "row %d: '%s' at the border in\n%s", y, run, line);
             }
+            // Each distinct cut once on stderr, so a failure shows them all.
+            if (cut) {
+                static char seen[64][64];
+                static int n_seen;
+                char key[64];
+                snprintf(key, sizeof key, "%s %s", before, run);
+                bool known = false;
+                for (int k = 0; k < n_seen; k++) known |= strcmp(seen[k], key) == 0;
+                if (!known && n_seen < 64) {
+                    snprintf(seen[n_seen++], sizeof seen[0], "%s", key);
+                    fprintf(stderr, "cut at a border: '%s|'\n", key);
+                }
+            }
         }
     return bad;
 }
@@ -399,6 +466,7 @@ static void test_no_terminal_refused(void** state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cut_rule),
+        cmocka_unit_test(test_formats_and_hook),
         cmocka_unit_test(test_no_pane_cuts_a_number),
         cmocka_unit_test(test_frames_show_no_cut_figure),
         cmocka_unit_test(test_help_fits_everywhere),
