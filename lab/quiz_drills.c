@@ -184,8 +184,8 @@ static int generate_blocks(quiz_rng* rng, quiz_drill* d, bool waste) {
                    : "How many blocks do they hold, in total?");
     snprintf(d->explanation, sizeof d->explanation,
              "Each request needs ceil(length / %d) blocks and leaves blocks x %d - length slots empty: %s. "
-             "Total %ld blocks, %ld empty slots (never more than block_size - 1 = %d per request).",
-             d->in.block_size, d->in.block_size, steps, blocks, empty, d->in.block_size - 1);
+             "Total %ld blocks, %ld empty slot%s (never more than block_size - 1 = %d per request).",
+             d->in.block_size, d->in.block_size, steps, blocks, empty, empty == 1 ? "" : "s", d->in.block_size - 1);
     return 0;
 }
 
@@ -218,9 +218,9 @@ static int generate_sequences_fit(const quiz_model_list* models, quiz_rng* rng, 
                  g->name, g->capacity_bytes / 1e9, g->capacity_bytes / 1e9, model, (double)params / 1e9, d->in.seq_len);
         snprintf(d->explanation, sizeof d->explanation,
                  "Free = %.0f - 2 x %.0f = %.0f bytes. One sequence: 2 x L x n_kv_heads x head_dim x 2 bytes x S = "
-                 "2 x %d x %d x %d x 2 x %d = %.0f bytes. floor(%.0f / %.0f) = %.0f sequences.",
+                 "2 x %d x %d x %d x 2 x %d = %.0f bytes. floor(%.0f / %.0f) = %.0f sequence%s.",
                  g->capacity_bytes, (double)params, free_bytes, m->n_layers, m->n_kv_heads, m->head_dim, d->in.seq_len,
-                 per_sequence, free_bytes, per_sequence, fit);
+                 per_sequence, free_bytes, per_sequence, fit, fit == 1 ? "" : "s");
         return 0;
     }
     return error_set(err, "drill-sequences-fit: no model fits on any device");
