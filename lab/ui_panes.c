@@ -58,6 +58,22 @@ static void bar(ui_screen* s, int x, int y, int width, double fraction, ui_color
 
 // ---- Requests -------------------------------------------------------------------------
 
+// Token i of q as text (the tokenizer's piece, else its id); false for a
+// leading BOS, which shows nothing.
+static bool token_piece(const tokenizer* t, const sequence* q, int i, char* piece, size_t size) {
+    if (i == 0 && q->tokens[0] == TOK_BOS_ID && t) return false;
+    if (t) snprintf(piece, size, "%s", tok_decode_piece(t, i ? q->tokens[i - 1] : TOK_BOS_ID, q->tokens[i]));
+    else snprintf(piece, size, i ? " %d" : "%d", q->tokens[i]);
+    return true;
+}
+
+// Columns token i takes in a row (the newest one, just computed, is bracketed).
+static int token_columns(const tokenizer* t, const sequence* q, int i, bool ran) {
+    char piece[64];
+    if (!token_piece(t, q, i, piece, sizeof piece)) return 0;
+    return ui_text_columns(piece) + (i == q->n_tokens - 1 && i >= q->n_prompt && ran ? 2 : 0);
+}
+
 static void draw_requests(ui_screen* s, ui_rect r, const dashboard* d) {
     const engine* e = dashboard_primary(d);
     const step_record* rec = dashboard_primary_record(d);
@@ -91,11 +107,23 @@ static void draw_requests(ui_screen* s, ui_rect r, const dashboard* d) {
         bool ran = false;
         if (rec)
             for (int k = 0; k < rec->n_sequences; k++) ran |= rec->sequences[k].id == id;
-        for (int i = 0; i < q->n_tokens && x < r.x + r.w; i++) {
+        // The newest tokens are what moves: when the text does not fit, its
+        // start gives way to a mark (one column) rather than its end.
+        int from = 0, room = right - x, total = 0;
+        for (int i = 0; i < q->n_tokens; i++) total += token_columns(t, q, i, ran);
+        if (total > room)
+            for (int i = q->n_tokens - 1, used = 0; i >= 0; i--) {
+                int need = token_columns(t, q, i, ran);
+                if (used + need > room - 1) {
+                    from = i + 1;
+                    break;
+                }
+                used += need;
+            }
+        if (from > 0) x += ui_put(s, x, y, 1, UI_DEFAULT, UI_DIM, s->utf8 ? "\u2026" : "~");
+        for (int i = from; i < q->n_tokens && x < right; i++) {
             char piece[64];
-            if (t) snprintf(piece, sizeof piece, "%s", tok_decode_piece(t, i ? q->tokens[i - 1] : TOK_BOS_ID, q->tokens[i]));
-            else snprintf(piece, sizeof piece, i ? " %d" : "%d", q->tokens[i]);
-            if (i == 0 && q->tokens[0] == TOK_BOS_ID && t) continue;
+            if (!token_piece(t, q, i, piece, sizeof piece)) continue;
             bool newest = i == q->n_tokens - 1 && i >= q->n_prompt;
             int attr = i >= q->n_prompt ? UI_BOLD : 0;
             // The newest token is reverse video and bracketed (for monochrome).
@@ -136,6 +164,24 @@ static const engine* paged_view(ui_screen* s, ui_rect r, const dashboard* d) {
     return e;
 }
 
+// Rows a table takes in the pane: its line, then its cells wrapped at w
+// (two columns in, one kept from the frame), as draw_block_tables lays them out.
+static int table_rows(const step_record* rec, const step_sequence* q, int w) {
+    int rows = 2, x = 2;
+    for (int i = 0; i < q->n_table; i++) {
+        int32_t b = rec->block_ids[q->table_offset + i];
+        int refs = table_references(rec, b);
+        char cell[32];
+        int n = refs > 1 ? snprintf(cell, sizeof cell, "[%d x%d]", b, refs) : snprintf(cell, sizeof cell, "[%d]", b);
+        if (x + n > w - 1) {
+            rows++;
+            x = 2;
+        }
+        x += n;
+    }
+    return rows;
+}
+
 static void draw_block_tables(ui_screen* s, ui_rect r, const dashboard* d) {
     const engine* e = paged_view(s, r, d);
     if (!e) return;
@@ -172,7 +218,19 @@ static void draw_block_tables(ui_screen* s, ui_rect r, const dashboard* d) {
     } else if (!shown) put_whole(s, x, r.y, right, UI_DEFAULT, 0, " none");
     int y = r.y + 1;
     const engine* paged_engine = e;
-    for (int k = 0; k < rec->n_sequences && y < r.y + r.h; k++) {
+    // The selected request's table is always shown, with as many tables
+    // before it as fit (so up/down reach every table).
+    int first = 0, selected = -1;
+    for (int k = 0; k < rec->n_sequences; k++)
+        if (rec->sequences[k].id == d->selected) selected = k;
+    for (int k = selected, rows = 0; k >= 0; k--) {
+        rows += table_rows(rec, &rec->sequences[k], r.w);
+        if (rows > r.h - 1) {
+            first = k < selected ? k + 1 : selected;
+            break;
+        }
+    }
+    for (int k = first; k < rec->n_sequences && y < r.y + r.h; k++) {
         const step_sequence* q = &rec->sequences[k];
         ui_line row;
         ui_line_init(&row);
@@ -189,8 +247,8 @@ static void draw_block_tables(ui_screen* s, ui_rect r, const dashboard* d) {
             char fork[32];
             snprintf(fork, sizeof fork, "  fork of %c#%d", owner_letter(seq->fork_parent), seq->fork_parent);
             char fork_short[32];
-        snprintf(fork_short, sizeof fork_short, " <%c#%d", owner_letter(seq->fork_parent), seq->fork_parent);
-        ui_line_text(&row, 5, fork, fork_short, "", NULL);
+            snprintf(fork_short, sizeof fork_short, " <%c#%d", owner_letter(seq->fork_parent), seq->fork_parent);
+            ui_line_text(&row, 5, fork, fork_short, "", NULL);
         }
         ui_line_put(s, r.x, y++, text_w(r), owner_color(q->id), UI_BOLD, &row);
         if (y >= r.y + r.h) break;
@@ -201,7 +259,7 @@ static void draw_block_tables(ui_screen* s, ui_rect r, const dashboard* d) {
             char cell[32];
             if (refs > 1) snprintf(cell, sizeof cell, "[%d x%d]", b, refs);
             else snprintf(cell, sizeof cell, "[%d]", b);
-            if (x + (int)strlen(cell) > r.x + r.w) {
+            if (x + (int)strlen(cell) > r.x + text_w(r)) {
                 if (++y >= r.y + r.h) break;
                 x = r.x + 2;
             }
