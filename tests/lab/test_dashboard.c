@@ -122,6 +122,15 @@ static const char* write_lesson(const char* name, const char* source) {
     return path;
 }
 
+// The header says the lab's own engines (not the lesson's) took one step;
+// the model's label in between is whatever model_source calls it.
+static bool lab_engines_at_step_1(const char* frame) {
+    const char* end = strchr(frame, '\n');
+    const char* step = strstr(frame, "  step 1  ");
+    const char* lesson = strstr(frame, "(the lesson's engine)");
+    return strncmp(frame, "servelab lab  ", 14) == 0 && step && step < end && !(lesson && lesson < end);
+}
+
 static void test_lesson_runs_in_the_dashboard(void** state) {
     (void)state;
     const char* lesson = write_lesson(
@@ -154,7 +163,7 @@ static void test_lesson_runs_in_the_dashboard(void** state) {
     snprintf(arguments, sizeof arguments, "--model tiny --lesson %s --keys '<space><space><space><space><space>'",
              lesson);
     frame = dump_frame(arguments);
-    if (!strstr(frame, "servelab lab  tiny  step 1 ")) fail_msg("the lab's engines did not step after the lesson in\n%s",
+    if (!lab_engines_at_step_1(frame)) fail_msg("the lab's engines did not step after the lesson in\n%s",
                                                           frame);
     free(frame);
 }
@@ -166,7 +175,7 @@ static void test_broken_lessons_leave_the_lab_running(void** state) {
     snprintf(arguments, sizeof arguments, "--model tiny --lesson %s --keys '<space>'", syntax);
     char* frame = dump_frame(arguments);
     if (!strstr(frame, "syntax.lua:2:")) fail_msg("the syntax error is not named with its line in\n%s", frame);
-    if (!strstr(frame, "servelab lab  tiny  step 1 ")) fail_msg("the lab did not step in\n%s", frame);
+    if (!lab_engines_at_step_1(frame)) fail_msg("the lab did not step in\n%s", frame);
     free(frame);
     const char* runtime = write_lesson("runtime.lua",
                                        "lab.lesson{title = 'x', claims = {'k'}}\nlab.say('before')\nerror('boom')\n");
@@ -175,7 +184,7 @@ static void test_broken_lessons_leave_the_lab_running(void** state) {
     if (!strstr(frame, "runtime.lua:3: boom")) fail_msg("the error is not shown in\n%s", frame);
     if (!strstr(frame, "failed: 0 passed, 1 failed")) fail_msg("no failure summary in\n%s", frame);
     // The first space ran the lesson into its error; the second stepped the lab.
-    if (!strstr(frame, "servelab lab  tiny  step 1 ")) fail_msg("the lab did not come back in\n%s", frame);
+    if (!lab_engines_at_step_1(frame)) fail_msg("the lab did not come back in\n%s", frame);
     free(frame);
 }
 
