@@ -75,9 +75,17 @@ void quiz_view_draw(ui_screen* screen, const quiz_session* s, const char* input,
     int cols = screen->cols, rows = screen->rows;
     ui_rect header = {0, 0, cols, 1};
     ui_fill(screen, header, " ", UI_TITLE, UI_REVERSE);
-    ui_printf(screen, 1, 0, cols - 2, UI_TITLE, UI_REVERSE | UI_BOLD,
-              "servelab quiz   question %d of %d   right %d  wrong %d",
-              s->current < s->n_questions ? s->current + 1 : s->n_questions, s->n_questions, s->n_correct, s->n_wrong);
+    // The counts stay whole at any width (ui_line drops the title first).
+    ui_line title;
+    ui_line_init(&title);
+    char question_of[64];
+    snprintf(question_of, sizeof question_of, "   question %d of %d",
+             s->current < s->n_questions ? s->current + 1 : s->n_questions, s->n_questions);
+    ui_line_text(&title, 3, "servelab quiz", "quiz", NULL);
+    ui_line_text(&title, 9, question_of, NULL);
+    ui_line_number(&title, 8, false, "   right ", s->n_correct, 1, "");
+    ui_line_number(&title, 8, false, "  wrong ", s->n_wrong, 1, "");
+    ui_line_put(screen, 1, 0, cols - 2, UI_TITLE, UI_REVERSE | UI_BOLD, &title);
     int need_cols, need_rows;
     if (!quiz_view_fits(s, cols, rows, &need_cols, &need_rows)) {
         // Never a question in part: the student would answer what they cannot see.
