@@ -87,7 +87,9 @@ static void draw_requests(ui_screen* s, ui_rect r, const dashboard* d) {
     if (cancelled) ui_line_number(&head, 7, true, "  cancelled ", cancelled, 1, "");
     ui_line_text(&head, 1, e->config.layout == KV_LAYOUT_PAGED ? "  (paged)" : "  (contiguous)", "", NULL);
     ui_line_put(s, r.x, r.y, text_w(r), UI_DEFAULT, UI_BOLD, &head);
-    const tokenizer* t = d->source.tokenizer;
+    // The lab's tokenizer reads only its own model's ids: a lesson's engine
+    // on another model shows ids (its vocabulary is not the lab's).
+    const tokenizer* t = e->model == &d->source.model ? d->source.tokenizer : NULL;
     int y = r.y + 1;
     // Newest first would move rows under the cursor; ids are stable, so list by id.
     int first = 0;
@@ -686,8 +688,10 @@ static int follow_top(const lesson_rows* m) {
 static int lesson_top(const lesson_log* log, const ui_view* v, int w, int h, lesson_rows* m, bool* marked) {
     *m = lesson_measure(log, w, h, false);
     int top = v->lesson_scrolled ? v->lesson_top : follow_top(m);
-    *marked = top + m->visible < m->total;
-    if (*marked) { // the mark takes the last row
+    // The mark takes the last row where there are two or more for the log
+    // (at the smallest pane, 3 rows inside: title, state and one line, the line wins).
+    *marked = top + m->visible < m->total && h - 3 >= 1;
+    if (*marked) {
         *m = lesson_measure(log, w, h, true);
         top = v->lesson_scrolled ? v->lesson_top : follow_top(m);
     }
