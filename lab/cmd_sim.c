@@ -362,8 +362,13 @@ int command_sim(int argc, char** argv) {
     if (!prompt_given) spec.prompt_length = scale->prompt_length;
     if (!output_given) spec.output_length = scale->output_length;
 
+    // The line starts before the model: building medium's random weights
+    // alone takes 4 s on 2 cores.
+    progress* line = progress_start("servelab sim", progress_forced);
+    progress_set(line, "building the model", 0, 0, NULL);
     model_source source;
     if (model_source_open(&source, &request, &err)) {
+        progress_finish(line);
         fprintf(stderr, "servelab sim: %s\n", err.message);
         return 1;
     }
@@ -376,6 +381,7 @@ int command_sim(int argc, char** argv) {
     int status = workload_path ? workload_read(&w, workload_path, source.tokenizer, mc->vocab_size, mc->max_seq_len, &err)
                                : workload_generate(&w, &spec, &err);
     if (status) {
+        progress_finish(line);
         fprintf(stderr, "servelab sim: %s\n", err.message);
         model_source_close(&source);
         return 2;
@@ -396,6 +402,7 @@ int command_sim(int argc, char** argv) {
         }
     uint64_t block_bytes = kv_memory_block_bytes(mc, config.kv_dtype, config.block_size);
     uint64_t budget = config.num_blocks > 0 ? (uint64_t)config.num_blocks * block_bytes : config.kv_mem_bytes;
+    progress_hold(line); // stdout may be the same terminal
     if (!json)
         printf("workload: %d requests, mean prompt %.0f and output %.0f tokens, %s; model %s (%s); KV budget %.1f MiB "
                "%s = %llu token slots; block size %d; reserve %s\n",
@@ -405,13 +412,14 @@ int command_sim(int argc, char** argv) {
                kv_dtype_name(config.kv_dtype),
                (unsigned long long)(budget / block_bytes * (uint64_t)config.block_size), config.block_size,
                config.reserve == RESERVE_MAX ? "max" : "request");
+    fflush(stdout);
+    progress_resume(line);
     // A run that fails (the contiguous layout out of memory, say) does not
     // throw away the others: every run is tried, the ones that finished are
     // reported, then each failure, and the exit status is 1.
     sim_result results[4], finished[4];
     char failures[2 * 4][4096 + sizeof err.message + 64]; // at most two a run: a trace path or a label, then why
     int n_finished = 0, n_failures = 0;
-    progress* line = progress_start("servelab sim", progress_forced);
     for (int i = 0; i < n_runs; i++) {
         char run_name[128];
         snprintf(run_name, sizeof run_name, "%s (run %d of %d)", labels[i], i + 1, n_runs);
