@@ -85,7 +85,7 @@ static void test_bench_quant_lesson_progress(void** state) {
 
     r = run_servelab("quant --model tiny --scheme w4a16 --group 32 --method awq --json --progress");
     if (r.exit_status != 0) fail_msg("quant: %s", r.err);
-    assert_progress_line(&r, "quant", "4/4 parts");
+    assert_progress_line(&r, "quant", "5/5 parts");
     free_result(&r);
     r = run_servelab("quant --model tiny --scheme w4a16 --group 32 --method awq --json");
     assert_int_equal(r.exit_status, 0);
