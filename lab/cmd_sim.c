@@ -274,10 +274,11 @@ static void print_table(const sim_result* results, int n) {
 // SIM_BUDGET_SEQUENCES of them runs 4 requests at once; paged blocks hold
 // only what each request uses.
 //   default: 16 requests of 16..64 prompt + 32..96 output tokens, all of
-//            them at once when paged: 4x the sequences, 1.4-1.6x the
-//            throughput, 7-13 s on this 2-core machine
+//            them at once when paged: 4x the sequences, 1.3-1.9x the
+//            throughput; 7-8 s on a quiet 2-core machine, 16 s at load 4
 //   --full:  64 requests of 32..512 + 16..256 tokens (the default before):
-//            4.25x the sequences, 1.44x the throughput, 93 s
+//            4.25x the sequences, 1.4-1.7x the throughput; 93 s quiet,
+//            132 s at load 4
 typedef struct sim_scale {
     int n_requests;
     length_distribution prompt_length, output_length;
