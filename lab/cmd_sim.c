@@ -275,10 +275,9 @@ static void print_table(const sim_result* results, int n) {
 // only what each request uses.
 //   default: 16 requests of 16..64 prompt + 32..96 output tokens, all of
 //            them at once when paged: 4x the sequences, 1.3-1.9x the
-//            throughput; 7 s on a quiet 2-core machine, 13-16 s at load 4
+//            throughput; 7-20 s on a shared 2-core machine (load 2 to 4.5)
 //   --full:  64 requests of 32..512 + 16..256 tokens (the default before):
-//            4.25x the sequences, 1.4-1.7x the throughput; 93 s quiet,
-//            132 s at load 4
+//            4.25x the sequences, 1.4-1.7x the throughput; 93-163 s there
 typedef struct sim_scale {
     int n_requests;
     length_distribution prompt_length, output_length;
