@@ -277,7 +277,7 @@ static void print_table(const sim_result* results, int n) {
 //            them at once when paged: 4x the sequences, 1.3-1.9x the
 //            throughput; 7-20 s on a shared 2-core machine (load 2 to 4.5)
 //   --full:  64 requests of 32..512 + 16..256 tokens (the default before):
-//            4.25x the sequences, 1.4-1.7x the throughput; 93-163 s there
+//            4.25x the sequences, 1.0-1.7x the throughput; 93-163 s there
 typedef struct sim_scale {
     int n_requests;
     length_distribution prompt_length, output_length;
