@@ -3,9 +3,12 @@
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <jansson.h>
 
 // ---- lengths -------------------------------------------------------------------
 
@@ -101,184 +104,253 @@ int workload_generate(workload* out, const workload_spec* spec, error_info* err)
 }
 
 // ---- JSON Lines ---------------------------------------------------------------------
-// A small reader for the three keys above: enough JSON to read what a person
-// or a script writes, with a message naming the line and what was wrong.
+// Jansson parses each line (strict RFC 8259, with the line's column in its
+// errors); this part checks the four fields and builds the request. Every
+// message names the file, the line and the field.
 
-typedef struct json_cursor {
-    const char* p;
-    const char* path;
+typedef struct line_context {
+    const char* name; // the file, as messages call it
     int line;
     error_info* err;
-} json_cursor;
+} line_context;
 
-static void skip_space(json_cursor* c) {
-    while (*c->p && isspace((unsigned char)*c->p)) c->p++;
+// Bytes of user text in messages: printable ASCII as is, anything else as
+// '?', cut after `limit` bytes with "...".
+static void quote_text(char* out, size_t capacity, const char* text, size_t length, size_t limit) {
+    size_t n = 0;
+    for (size_t i = 0; i < length && i < limit && n + 1 < capacity; i++)
+        out[n++] = text[i] >= 0x20 && text[i] < 0x7f ? text[i] : '?';
+    if (length > limit && n + 4 < capacity) {
+        memcpy(out + n, "...", 3);
+        n += 3;
+    }
+    out[n] = '\0';
 }
 
-static int json_fail(json_cursor* c, const char* what) {
-    return error_set(c->err, "%s:%d: %s (near '%.20s')", c->path, c->line, what, c->p);
+// What a value is, for "got ...": the number itself, a string's start, or its kind.
+static const char* describe_value(const json_t* value, char* out, size_t capacity) {
+    switch (json_typeof(value)) {
+    case JSON_INTEGER: snprintf(out, capacity, "%lld", (long long)json_integer_value(value)); break;
+    case JSON_REAL: snprintf(out, capacity, "%g", json_real_value(value)); break;
+    case JSON_STRING: {
+        char text[48];
+        quote_text(text, sizeof text, json_string_value(value), json_string_length(value), 24);
+        snprintf(out, capacity, "the string \"%s\"", text);
+        break;
+    }
+    case JSON_OBJECT: snprintf(out, capacity, "%s", json_object_size(value) ? "an object" : "{}"); break;
+    case JSON_ARRAY: snprintf(out, capacity, "%s", json_array_size(value) ? "an array" : "[]"); break;
+    case JSON_TRUE: snprintf(out, capacity, "true"); break;
+    case JSON_FALSE: snprintf(out, capacity, "false"); break;
+    default: snprintf(out, capacity, "null"); break;
+    }
+    return out;
 }
 
-// Parses a JSON string into a malloc'ed UTF-8 buffer (escapes \" \\ \/ \n \t \r \uXXXX for ASCII/BMP).
-static int json_string(json_cursor* c, char** out) {
-    if (*c->p != '"') return json_fail(c, "expected a string");
-    c->p++;
-    size_t capacity = 64, length = 0;
-    char* text = malloc(capacity);
-    if (!text) return json_fail(c, "out of memory");
-    while (*c->p && *c->p != '"') {
-        unsigned int codepoint = (unsigned char)*c->p++;
-        if (codepoint == '\\') {
-            char escape = *c->p++;
-            switch (escape) {
-            case 'n': codepoint = '\n'; break;
-            case 't': codepoint = '\t'; break;
-            case 'r': codepoint = '\r'; break;
-            case '"': case '\\': case '/': codepoint = (unsigned char)escape; break;
-            case 'u':
-                if (sscanf(c->p, "%4x", &codepoint) != 1) {
-                    free(text);
-                    return json_fail(c, "bad \\u escape");
-                }
-                c->p += 4;
-                break;
-            default: free(text); return json_fail(c, "unknown escape in a string");
-            }
-        }
-        if (length + 4 >= capacity) {
-            capacity *= 2;
-            char* grown = realloc(text, capacity);
-            if (!grown) {
-                free(text);
-                return json_fail(c, "out of memory");
-            }
-            text = grown;
-        }
-        if (codepoint < 0x80) text[length++] = (char)codepoint;
-        else if (codepoint < 0x800) {
-            text[length++] = (char)(0xC0 | (codepoint >> 6));
-            text[length++] = (char)(0x80 | (codepoint & 0x3F));
-        } else {
-            text[length++] = (char)(0xE0 | (codepoint >> 12));
-            text[length++] = (char)(0x80 | ((codepoint >> 6) & 0x3F));
-            text[length++] = (char)(0x80 | (codepoint & 0x3F));
-        }
+// "NAME:LINE: expected WHAT for field 'FIELD', got VALUE".
+static int field_error(const line_context* c, const char* field, const char* what, const json_t* value) {
+    char got[96];
+    return error_set(c->err, "%s:%d: expected %s for field '%s', got %s", c->name, c->line, what, field,
+                     describe_value(value, got, sizeof got));
+}
+
+// A JSON number that is a whole number in [low, high] (integers, and reals
+// such as 16.0 or 1e2 that are whole).
+static bool whole_number_in(const json_t* value, long long low, long long high, long long* out) {
+    if (json_is_integer(value)) {
+        long long v = (long long)json_integer_value(value);
+        if (v < low || v > high) return false;
+        *out = v;
+        return true;
     }
-    if (*c->p != '"') {
-        free(text);
-        return json_fail(c, "unterminated string");
+    if (!json_is_real(value)) return false;
+    double v = json_real_value(value);
+    if (!(v >= (double)low && v <= (double)high) || v != floor(v)) return false;
+    *out = (long long)v;
+    return true;
+}
+
+static int read_prompt_text(const line_context* c, const json_t* value, workload_request* q, const tokenizer* tok,
+                            int max_seq_len) {
+    if (!json_is_string(value)) return field_error(c, "prompt", "a string", value);
+    if (!tok)
+        return error_set(c->err, "%s:%d: field 'prompt': text needs a tokenizer; use \"prompt_ids\"", c->name,
+                         c->line);
+    q->prompt = malloc((size_t)max_seq_len * sizeof *q->prompt);
+    if (!q->prompt) return error_set(c->err, "%s:%d: field 'prompt': out of memory", c->name, c->line);
+    // The tokenizer's own message goes into a local error_info: formatting
+    // it into c->err while reading from it would overlap.
+    error_info tok_err = {{0}};
+    int needed = 0;
+    if (tok_encode(tok, json_string_value(value), true, false, q->prompt, max_seq_len, &needed, &tok_err) == 0) {
+        q->n_prompt = needed;
+        return 0;
     }
-    c->p++;
-    text[length] = '\0';
-    *out = text;
+    if (needed > max_seq_len)
+        return error_set(c->err, "%s:%d: field 'prompt': the text is %d tokens (BOS included), more than the model's %d",
+                         c->name, c->line, needed, max_seq_len);
+    return error_set(c->err, "%s:%d: field 'prompt': %s", c->name, c->line, tok_err.message);
+}
+
+static int read_prompt_ids(const line_context* c, const json_t* value, workload_request* q, int vocab_size,
+                           int max_seq_len) {
+    if (!json_is_array(value)) return field_error(c, "prompt_ids", "an array of token ids", value);
+    size_t count = json_array_size(value);
+    if (count == 0) return field_error(c, "prompt_ids", "at least one token id", value);
+    // BOS is put first when the ids do not start with it; at least one
+    // position must stay for the output.
+    const size_t room = (size_t)max_seq_len - 1;
+    q->prompt = malloc((room + 1) * sizeof *q->prompt);
+    if (!q->prompt) return error_set(c->err, "%s:%d: field 'prompt_ids': out of memory", c->name, c->line);
+    q->prompt[0] = TOK_BOS_ID;
+    q->n_prompt = 1;
+    bool starts_with_bos = false;
+    for (size_t i = 0; i < count; i++) {
+        const json_t* item = json_array_get(value, i);
+        long long id = 0;
+        char what[96], got[96];
+        if (!json_is_number(item))
+            return error_set(c->err, "%s:%d: expected a number for field 'prompt_ids' item %zu (a token id 0..%d), got %s",
+                             c->name, c->line, i + 1, vocab_size - 1, describe_value(item, got, sizeof got));
+        if (!whole_number_in(item, 0, vocab_size - 1, &id)) {
+            snprintf(what, sizeof what, "a token id 0..%d", vocab_size - 1);
+            return error_set(c->err, "%s:%d: expected %s for field 'prompt_ids' item %zu, got %s", c->name, c->line,
+                             what, i + 1, describe_value(item, got, sizeof got));
+        }
+        if (i == 0 && id == TOK_BOS_ID) { // already there
+            starts_with_bos = true;
+            continue;
+        }
+        if ((size_t)q->n_prompt >= room)
+            return error_set(c->err,
+                             "%s:%d: expected at most %zu ids (BOS included) for field 'prompt_ids', got %zu: the "
+                             "model's %d positions need one for the output",
+                             c->name, c->line, room, count + !starts_with_bos, max_seq_len);
+        q->prompt[q->n_prompt++] = (int32_t)id;
+    }
     return 0;
 }
 
-static int json_number(json_cursor* c, double* out) {
-    char* end;
-    errno = 0;
-    double value = strtod(c->p, &end);
-    if (end == c->p || errno != 0 || !isfinite(value)) return json_fail(c, "expected a number");
-    c->p = end;
-    *out = value;
-    return 0;
-}
+static const char* const REQUEST_KEYS = "prompt, prompt_ids, max_tokens, arrival";
 
-static int parse_request_line(json_cursor* c, workload_request* q, const tokenizer* tok, int vocab_size,
-                              int max_seq_len) {
-    memset(q, 0, sizeof *q);
-    q->max_tokens = -1;
-    skip_space(c);
-    if (*c->p != '{') return json_fail(c, "expected an object {...}");
-    c->p++;
-    int status = 0;
-    for (;;) {
-        skip_space(c);
-        if (*c->p == '}') {
-            c->p++;
-            break;
+static int parse_request(const line_context* c, json_t* root, workload_request* q, const tokenizer* tok,
+                         int vocab_size, int max_seq_len) {
+    char got[96];
+    if (!json_is_object(root))
+        return error_set(c->err, "%s:%d: expected an object {\"prompt\": ..., \"max_tokens\": ...}, got %s", c->name,
+                         c->line, describe_value(root, got, sizeof got));
+    const char* key;
+    json_t* value;
+    json_object_foreach(root, key, value) {
+        if (strcmp(key, "prompt") && strcmp(key, "prompt_ids") && strcmp(key, "max_tokens") && strcmp(key, "arrival")) {
+            char quoted[48];
+            quote_text(quoted, sizeof quoted, key, strlen(key), 24);
+            return error_set(c->err, "%s:%d: unknown key \"%s\" (expected %s)", c->name, c->line, quoted, REQUEST_KEYS);
         }
-        char* key = NULL;
-        if (json_string(c, &key)) return -1;
-        skip_space(c);
-        if (*c->p != ':') {
-            free(key);
-            return json_fail(c, "expected ':' after a key");
-        }
-        c->p++;
-        skip_space(c);
-        if (strcmp(key, "prompt") == 0) {
-            char* text = NULL;
-            if (json_string(c, &text)) status = -1;
-            else if (!tok) status = error_set(c->err, "%s:%d: \"prompt\" text needs a tokenizer; use \"prompt_ids\"", c->path, c->line);
-            else {
-                free(q->prompt);
-                q->prompt = malloc((size_t)max_seq_len * sizeof *q->prompt);
-                if (!q->prompt || tok_encode(tok, text, true, false, q->prompt, max_seq_len, &q->n_prompt, c->err))
-                    status = error_set(c->err, "%s:%d: prompt: %s", c->path, c->line,
-                                       q->prompt ? c->err->message : "out of memory");
-            }
-            free(text);
-        } else if (strcmp(key, "prompt_ids") == 0) {
-            free(q->prompt);
-            q->prompt = malloc((size_t)max_seq_len * sizeof *q->prompt);
-            q->n_prompt = 0;
-            if (!q->prompt || *c->p != '[') status = json_fail(c, "\"prompt_ids\": expected an array of ids");
-            else c->p++;
-            while (status == 0) {
-                skip_space(c);
-                if (*c->p == ']') {
-                    c->p++;
-                    break;
-                }
-                double id;
-                if (json_number(c, &id)) status = -1;
-                else if (id != floor(id) || id < 0 || id >= vocab_size)
-                    status = error_set(c->err, "%s:%d: prompt_ids: %g is not a token id in 0..%d", c->path, c->line, id,
-                                       vocab_size - 1);
-                else if (q->n_prompt >= max_seq_len - 1)
-                    status = error_set(c->err, "%s:%d: prompt_ids: longer than the model's %d tokens", c->path, c->line,
-                                       max_seq_len - 1);
-                else q->prompt[q->n_prompt++] = (int32_t)id;
-                skip_space(c);
-                if (status == 0 && *c->p == ',') c->p++;
-            }
-        } else if (strcmp(key, "max_tokens") == 0 || strcmp(key, "arrival") == 0) {
-            double value;
-            if (json_number(c, &value)) status = -1;
-            else if (key[0] == 'm') {
-                if (value < 1 || value != floor(value) || value > max_seq_len)
-                    status = error_set(c->err, "%s:%d: max_tokens: expected a whole number 1..%d, found %g", c->path,
-                                       c->line, max_seq_len, value);
-                else q->max_tokens = (int)value;
-            } else if (value < 0) {
-                status = error_set(c->err, "%s:%d: arrival: expected seconds >= 0, found %g", c->path, c->line, value);
-            } else q->arrival_time = value;
-        } else {
-            status = error_set(c->err, "%s:%d: unknown key \"%s\" (expected prompt, prompt_ids, max_tokens, arrival)",
-                               c->path, c->line, key);
-        }
-        free(key);
-        if (status) return -1;
-        skip_space(c);
-        if (*c->p == ',') c->p++;
-        else if (*c->p != '}') return json_fail(c, "expected ',' or '}'");
     }
-    skip_space(c);
-    if (*c->p != '\0') return json_fail(c, "extra text after the object");
-    if (!q->prompt || q->n_prompt < 1) return error_set(c->err, "%s:%d: no \"prompt\" or \"prompt_ids\"", c->path, c->line);
-    if (q->prompt[0] != TOK_BOS_ID) { // prompts always start with BOS, as in generate
+    const json_t* text = json_object_get(root, "prompt");
+    const json_t* ids = json_object_get(root, "prompt_ids");
+    const json_t* max_tokens = json_object_get(root, "max_tokens");
+    const json_t* arrival = json_object_get(root, "arrival");
+    if (text && ids)
+        return error_set(c->err, "%s:%d: both \"prompt\" and \"prompt_ids\": give one of them", c->name, c->line);
+    if (!text && !ids) return error_set(c->err, "%s:%d: no \"prompt\" or \"prompt_ids\"", c->name, c->line);
+    if (!max_tokens) return error_set(c->err, "%s:%d: missing \"max_tokens\"", c->name, c->line);
+
+    long long n_out = 0;
+    if (!whole_number_in(max_tokens, 1, max_seq_len, &n_out)) {
+        char what[64];
+        snprintf(what, sizeof what, "a whole number 1..%d", max_seq_len);
+        return field_error(c, "max_tokens", what, max_tokens);
+    }
+    q->max_tokens = (int)n_out;
+    if (arrival) {
+        // Jansson refuses NaN, infinities and out-of-range reals, so a number is finite.
+        if (!json_is_number(arrival) || json_number_value(arrival) < 0)
+            return field_error(c, "arrival", "seconds >= 0", arrival);
+        q->arrival_time = json_number_value(arrival);
+    }
+    if (text ? read_prompt_text(c, text, q, tok, max_seq_len) : read_prompt_ids(c, ids, q, vocab_size, max_seq_len))
+        return -1;
+    if (q->prompt[0] != TOK_BOS_ID) { // a tokenizer without BOS: prompts always start with it, as in generate
         if (q->n_prompt >= max_seq_len - 1)
-            return error_set(c->err, "%s:%d: prompt too long", c->path, c->line);
+            return error_set(c->err, "%s:%d: field 'prompt': too long for the model's %d tokens", c->name, c->line,
+                             max_seq_len);
         memmove(q->prompt + 1, q->prompt, (size_t)q->n_prompt * sizeof *q->prompt);
         q->prompt[0] = TOK_BOS_ID;
         q->n_prompt++;
     }
-    if (q->max_tokens < 0) return error_set(c->err, "%s:%d: missing \"max_tokens\"", c->path, c->line);
     if (q->n_prompt + q->max_tokens > max_seq_len)
-        return error_set(c->err, "%s:%d: prompt (%d tokens) + max_tokens (%d) exceed the model's %d", c->path, c->line,
+        return error_set(c->err, "%s:%d: prompt (%d tokens) + max_tokens (%d) exceed the model's %d", c->name, c->line,
                          q->n_prompt, q->max_tokens, max_seq_len);
     return 0;
+}
+
+// One line: NUL bytes, then Jansson, then the fields.
+static int parse_line(const line_context* c, const char* line, size_t length, workload_request* q,
+                      const tokenizer* tok, int vocab_size, int max_seq_len) {
+    memset(q, 0, sizeof *q);
+    const char* nul = memchr(line, '\0', length);
+    if (nul)
+        return error_set(c->err, "%s:%d:%zu: a NUL byte; JSON Lines are text (is this a binary file?)", c->name,
+                         c->line, (size_t)(nul - line) + 1);
+    json_error_t json_err;
+    // JSON_DECODE_ANY: a line that is a number or a string gets "expected an
+    // object" below rather than Jansson's "'[' or '{' expected".
+    json_t* root = json_loadb(line, length, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &json_err);
+    if (!root) {
+        const char* reason = json_err.text;
+        char rewritten[sizeof json_err.text + 64];
+        if (json_error_code(&json_err) == json_error_stack_overflow) {
+            snprintf(rewritten, sizeof rewritten, "nested deeper than %d levels", JSON_PARSER_MAX_DEPTH);
+            reason = rewritten;
+        } else if (json_error_code(&json_err) == json_error_null_character) {
+            reason = "\\u0000 in a string (a prompt is text without NUL)";
+        } else if (json_error_code(&json_err) == json_error_end_of_input_expected) {
+            // Jansson says "end of file expected"; here the input is one line.
+            const char* near = strstr(json_err.text, " near ");
+            snprintf(rewritten, sizeof rewritten, "extra text after the object%s", near ? near : "");
+            reason = rewritten;
+        }
+        return error_set(c->err, "%s:%d:%d: invalid JSON: %s", c->name, c->line, json_err.column, reason);
+    }
+    int status = parse_request(c, root, q, tok, vocab_size, max_seq_len);
+    json_decref(root);
+    return status;
+}
+
+// One line without its '\n' into *buffer (NUL-terminated). Returns its
+// length, -1 at the end of the input, -2 when the line is longer than
+// WORKLOAD_MAX_LINE_BYTES (nothing more is read), -3 when out of memory.
+static long read_line(FILE* file, char** buffer, size_t* capacity) {
+    size_t length = 0;
+    int ch;
+    while ((ch = getc_unlocked(file)) != EOF && ch != '\n') {
+        if (length == WORKLOAD_MAX_LINE_BYTES) return -2;
+        if (length + 1 >= *capacity) {
+            size_t grown_capacity = *capacity ? 2 * *capacity : 256;
+            if (grown_capacity > (size_t)WORKLOAD_MAX_LINE_BYTES + 1) grown_capacity = (size_t)WORKLOAD_MAX_LINE_BYTES + 1;
+            char* grown = realloc(*buffer, grown_capacity);
+            if (!grown) return -3;
+            *buffer = grown;
+            *capacity = grown_capacity;
+        }
+        (*buffer)[length++] = (char)ch;
+    }
+    if (ch == EOF && length == 0) return -1;
+    if (!*buffer) { // an empty line before anything was read
+        *buffer = malloc(1);
+        if (!*buffer) return -3;
+        *capacity = 1;
+    }
+    (*buffer)[length] = '\0';
+    return (long)length;
+}
+
+static bool blank(const char* line, size_t length) {
+    for (size_t i = 0; i < length; i++)
+        if (!isspace((unsigned char)line[i])) return false;
+    return true;
 }
 
 // Stable insertion sort by arrival time: equal times keep file order.
@@ -291,45 +363,69 @@ static void sort_by_arrival(workload* w) {
     }
 }
 
-int workload_read(workload* out, const char* path, const tokenizer* tok, int vocab_size, int max_seq_len,
-                  error_info* err) {
+int workload_read_stream(workload* out, FILE* file, const char* name, const tokenizer* tok, int vocab_size,
+                         int max_seq_len, error_info* err) {
     memset(out, 0, sizeof *out);
-    FILE* file = fopen(path, "r");
-    if (!file) return error_set(err, "%s: cannot open: %s", path, strerror(errno));
+    if (vocab_size < 1 || max_seq_len < 2)
+        return error_set(err, "%s: the model's vocab_size %d and max_seq_len %d leave no room for a request", name,
+                         vocab_size, max_seq_len);
     char* line = NULL;
     size_t line_capacity = 0;
     int capacity = 0, line_number = 0, status = 0;
-    while (status == 0 && getline(&line, &line_capacity, file) >= 0) {
+    for (;;) {
+        long length = read_line(file, &line, &line_capacity);
+        if (length == -1) break;
         line_number++;
-        json_cursor c = {line, path, line_number, err};
-        skip_space(&c);
-        if (*c.p == '\0') continue; // blank line
+        if (length == -2) {
+            status = error_set(err, "%s:%d: line longer than %d bytes (one request per line)", name, line_number,
+                               WORKLOAD_MAX_LINE_BYTES);
+            break;
+        }
+        if (length == -3) {
+            status = error_set(err, "%s:%d: out of memory", name, line_number);
+            break;
+        }
+        if (blank(line, (size_t)length)) continue;
         if (out->n_requests == capacity) {
-            capacity = capacity ? 2 * capacity : 64;
-            workload_request* grown = realloc(out->requests, (size_t)capacity * sizeof *grown);
+            workload_request* grown = NULL;
+            if (capacity <= INT32_MAX / 2) {
+                capacity = capacity ? 2 * capacity : 64;
+                grown = realloc(out->requests, (size_t)capacity * sizeof *grown);
+            }
             if (!grown) {
-                status = error_set(err, "%s: out of memory", path);
+                status = error_set(err, "%s:%d: out of memory", name, line_number);
                 break;
             }
             out->requests = grown;
         }
+        line_context c = {name, line_number, err};
         workload_request* q = &out->requests[out->n_requests];
-        if (parse_request_line(&c, q, tok, vocab_size, max_seq_len)) {
+        if (parse_line(&c, line, (size_t)length, q, tok, vocab_size, max_seq_len)) {
             free(q->prompt);
             status = -1;
-        } else {
-            out->n_requests++;
+            break;
         }
+        out->n_requests++;
     }
     free(line);
-    fclose(file);
-    if (status == 0 && out->n_requests == 0) status = error_set(err, "%s: no requests in the file", path);
+    if (status == 0 && ferror(file)) status = error_set(err, "%s: read error", name);
+    if (status == 0 && out->n_requests == 0) status = error_set(err, "%s: no requests in the file", name);
     if (status) {
         workload_free(out);
         return -1;
     }
     sort_by_arrival(out);
     return 0;
+}
+
+int workload_read(workload* out, const char* path, const tokenizer* tok, int vocab_size, int max_seq_len,
+                  error_info* err) {
+    memset(out, 0, sizeof *out);
+    FILE* file = fopen(path, "r");
+    if (!file) return error_set(err, "%s: cannot open: %s", path, strerror(errno));
+    int status = workload_read_stream(out, file, path, tok, vocab_size, max_seq_len, err);
+    fclose(file);
+    return status;
 }
 
 void workload_free(workload* w) {

@@ -8,10 +8,17 @@
 // From a file: JSON Lines, one request per line:
 //   {"prompt": "text", "max_tokens": 64, "arrival": 0.5}
 //   {"prompt_ids": [1, 300, 400], "max_tokens": 16}
+// Each line is parsed by Jansson, a strict RFC 8259 parser: UTF-8 only, no
+// comments, trailing commas, NaN or \u0000, no duplicate keys, nesting at
+// most JSON_PARSER_MAX_DEPTH. A line longer than WORKLOAD_MAX_LINE_BYTES or
+// holding a NUL byte is an error; blank lines are skipped. Every message
+// names the file, the line and the field, for example
+//   "requests.jsonl:3: expected a whole number 1..512 for field 'max_tokens', got -5".
 #ifndef SERVELAB_WORKLOAD_H
 #define SERVELAB_WORKLOAD_H
 
 #include <stdint.h>
+#include <stdio.h>
 
 #include "engine/error.h"
 #include "engine/tokenizer.h"
@@ -51,10 +58,19 @@ typedef struct workload_spec {
 
 int workload_generate(workload* out, const workload_spec* spec, error_info* err);
 
-// Reads JSON Lines; text prompts need a tokenizer. Lengths are checked
-// against max_seq_len and ids against vocab_size.
+enum { WORKLOAD_MAX_LINE_BYTES = 1 << 20 }; // one request per line: 1 MiB is far more than any prompt
+
+// Reads JSON Lines; text prompts need a tokenizer (tok may be NULL when every
+// line gives "prompt_ids"). Lengths are checked against max_seq_len and ids
+// against vocab_size. Requests come back sorted by arrival (a stable sort:
+// equal times keep file order).
 int workload_read(workload* out, const char* path, const tokenizer* tok, int vocab_size, int max_seq_len,
                   error_info* err);
+
+// The same from an open stream (read to its end, not closed); `name` is what
+// messages call it.
+int workload_read_stream(workload* out, FILE* file, const char* name, const tokenizer* tok, int vocab_size,
+                         int max_seq_len, error_info* err);
 
 void workload_free(workload* w);
 
