@@ -421,6 +421,32 @@ static void test_smallest_terminal_says_everything(void** state) {
     }
 }
 
+// The issue's own reproductions at 160x50, and a block table that would be
+// below the pane at 80x24 reached by selecting its request.
+static void test_reported_cases(void** state) {
+    (void)state;
+    char model[512], arguments[1024];
+    REQUIRE_SHARED_MODEL(model, "stories260K.bin");
+    snprintf(arguments, sizeof arguments, "--model %s --size 160x50 --keys 'gg'", model);
+    char* frame = dump(arguments);
+    if (!strstr(frame, "mse 8.07e-05")) fail_msg("8.07e-05 is not shown whole in\n%s", frame);
+    free(frame);
+    snprintf(arguments, sizeof arguments, "--model %s --size 160x50 --keys 'bbb'", model);
+    frame = dump(arguments);
+    if (!strstr(frame, "mse 4.1e-05")) fail_msg("4.1e-05 is not shown whole in\n%s", frame);
+    free(frame);
+    snprintf(arguments, sizeof arguments, "--model %s --size 160x50 --keys '<space><space>'", model);
+    frame = dump(arguments);
+    if (strstr(frame, "memory-bo\u2502") || strstr(frame, "312 T\u2502")) fail_msg("a cut label in\n%s", frame);
+    free(frame);
+    snprintf(arguments, sizeof arguments,
+             "--model %s --size 80x24 --keys 'pppp<space><space><space><space><space><space><down><down><down><down><down>1'",
+             model);
+    frame = dump(arguments);
+    if (!strstr(frame, "f#5 decode ctx ")) fail_msg("the selected request's block table is out of reach in\n%s", frame);
+    free(frame);
+}
+
 // ---- no terminal ---------------------------------------------------------------------------
 
 static void test_no_terminal_refused(void** state) {
@@ -471,6 +497,7 @@ int main(void) {
         cmocka_unit_test(test_frames_show_no_cut_figure),
         cmocka_unit_test(test_help_fits_everywhere),
         cmocka_unit_test(test_smallest_terminal_says_everything),
+        cmocka_unit_test(test_reported_cases),
         cmocka_unit_test(test_no_terminal_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
