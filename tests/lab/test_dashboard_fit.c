@@ -214,6 +214,8 @@ static int run_lab(const char* model, int cols, int rows, const char* lesson, co
     argv[argc++] = frame;
     argv[argc++] = "--keys";
     argv[argc++] = keys;
+    argv[argc++] = "--quiz-seed"; // the quiz page's questions, the same every run
+    argv[argc++] = "3";
     if (lesson) {
         argv[argc++] = "--lesson";
         argv[argc++] = lesson;
@@ -224,14 +226,15 @@ static int run_lab(const char* model, int cols, int rows, const char* lesson, co
 
 // Steps, every page, help, fork, cancel, a shared prompt, the step-size
 // keys (bits, granularity, sym/asym, set, layer, tensor), devices, a
-// block-size restart, the prompt line, run mode: a frame after each.
+// block-size restart, the prompt line, run mode, the quiz page: a frame
+// after each.
 static const char* const SESSION =
     "<frame><space><frame><space><space><frame>1<frame>2<frame>3<frame>4<frame>5<frame>"
     "?<frame><esc>1f<space><frame><up>x<space><frame>p<space><space><frame>"
     "4gg<frame>bbb<frame>m<frame>.<frame><down><frame><right><frame>bbbb<frame>g<frame>"
     "3d<frame>d<frame>d<frame>d<frame>]<frame>y<space><space><frame>"
     "aa long prompt with 12345 in it<frame><enter>r<wait:300><frame>r<frame>"
-    "[<frame>n<frame>";
+    "[<frame>n<frame>z<frame>0<enter><frame><space>1.5<frame><enter><frame><esc><frame>";
 
 static const char* const LESSON_SESSION =
     "<frame><space><frame>5<frame><pgup><frame><pgup><frame><space><frame><pgdn><frame>"
@@ -242,6 +245,10 @@ static void test_no_pane_cuts_a_number(void** state) {
     char model[512];
     REQUIRE_SHARED_MODEL(model, "stories260K.bin");
     const char* lesson = write_lesson();
+    char home[600], cwd[256];
+    assert_non_null(getcwd(cwd, sizeof cwd));
+    snprintf(home, sizeof home, "%s/%s/fit-quiz-home", cwd, test_scratch_dir());
+    setenv("XDG_DATA_HOME", home, 1); // the quiz page's progress stays in the scratch folder
     ui_set_cut_hook(record_cut, NULL);
     memset(&cuts, 0, sizeof cuts);
     for (int w = 0; w < N_WIDTHS; w++)
@@ -252,6 +259,7 @@ static void test_no_pane_cuts_a_number(void** state) {
             assert_int_equal(run_lab(model, WIDTHS[w], HEIGHTS[h], lesson, LESSON_SESSION), 0);
         }
     ui_set_cut_hook(NULL, NULL);
+    unsetenv("XDG_DATA_HOME");
     if (cuts.n_bad) fail_msg("%d texts cut inside or right after a number; the first: %s", cuts.n_bad, cuts.first);
 }
 
