@@ -1,9 +1,9 @@
 # servelab — build, test and run.
 #
 #   make            build bin/servelab (portable: no -march=native)
-#   make run        build and open the lab on its default model
+#   make run        install missing packages, build and open the lab on its default model
 #   make test       install missing packages, build, run every test
-#   make check      the same tests under AddressSanitizer + UBSan (build/check)
+#   make check      the same tests under AddressSanitizer + UBSan + LeakSanitizer (build/check)
 #   make fuzz       install clang if missing, build the libFuzzer harnesses of
 #                   tests/fuzz (build/fuzz, clang + ASan + UBSan) and run each
 #                   for FUZZ_SECONDS (default 20); fails on any crash, leak or
@@ -165,8 +165,10 @@ test: deps
 
 # Sanitizers instrument the host C code; CUDA stays off there because the
 # CUDA runtime and ASan's shadow memory do not mix without extra options.
+# LeakSanitizer is ASan's default on Linux; detect_leaks=1 says so rather
+# than relying on it (a leak fails the test binary that made it).
 check: deps
-	@$(MAKE) --no-print-directory BUILD=build/check SANITIZE=1 CUDA=0 test-run
+	@ASAN_OPTIONS=detect_leaks=1:$(ASAN_OPTIONS) $(MAKE) --no-print-directory BUILD=build/check SANITIZE=1 CUDA=0 test-run
 
 # Every lesson headless with lab.full set: the full-size measurements (the
 # memory-bound medium preset) that `make test` leaves out to stay fast.
@@ -177,7 +179,8 @@ lessons: all
 
 # The dashboard on the default model (stories260K when ../shared or
 # ./models has it, else small).
-run: all
+run: deps
+	@$(MAKE) --no-print-directory all
 	$(SERVELAB)
 
 # The performance harness (README: Bench); the build is the portable one.
