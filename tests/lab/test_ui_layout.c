@@ -60,6 +60,11 @@ static void test_layout_modes(void** state) {
         for (int p = 0; p < PANE_COUNT; p++) seen[p] |= l.visible[p];
     }
     for (int p = 0; p < PANE_COUNT; p++) assert_true(seen[p]);
+    // 80x24, page 2: fragmentation gets the 12 rows both layouts' bars need
+    // (equal halves gave it 11, and the contiguous half was dropped).
+    ui_layout l = ui_layout_compute(80, 24, 1);
+    assert_true(l.visible[PANE_FRAGMENTATION] && l.panes[PANE_FRAGMENTATION].h >= 12);
+    assert_true(l.visible[PANE_BLOCK_POOL]);
 }
 
 int main(void) {
