@@ -263,8 +263,8 @@ int command_quiz(int argc, char** argv) {
             fprintf(stderr, "servelab quiz: %s\n", err.message);
             status = 1;
         } else if (flags.plain || !isatty(STDIN_FILENO) || !isatty(STDOUT_FILENO)) {
-            printf("servelab quiz: %d questions, seed %llu (--seed %llu repeats them). Type q to stop.\n",
-                   run.session.n_questions, (unsigned long long)flags.seed, (unsigned long long)flags.seed);
+            printf("servelab quiz: %d question%s, seed %llu (--seed %llu repeats them). Type q to stop.\n",
+                   run.session.n_questions, run.session.n_questions == 1 ? "" : "s", (unsigned long long)flags.seed, (unsigned long long)flags.seed);
             status = run_plain(&run);
         } else {
             status = run_terminal(&run);

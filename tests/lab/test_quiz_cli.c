@@ -316,6 +316,19 @@ static void test_end_of_input_saves_and_exits_cleanly(void** state) {
     quiz_bank_free(&bank);
 }
 
+// The session's first line agrees in number: "1 question", not "1 questions".
+static void test_one_question_is_singular(void** state) {
+    (void)state;
+    setenv("XDG_DATA_HOME", data_home("singular"), 1);
+    command_result one = run_servelab("quiz --plain --n 1 --seed 3");
+    assert_non_null(strstr(one.out, "servelab quiz: 1 question, seed 3"));
+    free_result(&one);
+    command_result two = run_servelab("quiz --plain --n 2 --seed 3");
+    assert_non_null(strstr(two.out, "servelab quiz: 2 questions, seed 3"));
+    free_result(&two);
+    unsetenv("XDG_DATA_HOME");
+}
+
 static void test_drills_through_the_cli(void** state) {
     (void)state;
     quiz_bank bank;
@@ -500,6 +513,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_plain_session_right_and_wrong),
         cmocka_unit_test(test_end_of_input_saves_and_exits_cleanly),
+        cmocka_unit_test(test_one_question_is_singular),
         cmocka_unit_test(test_drills_through_the_cli),
         cmocka_unit_test(test_corrupt_progress_is_moved_aside),
         cmocka_unit_test(test_stats_and_usage),
