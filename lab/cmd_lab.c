@@ -688,6 +688,9 @@ int command_lab(int argc, char** argv) {
         }
     a->in_terminal = !headless;
     a->quiz_seed = quiz_seed;
+    // Random weights write gibberish; the first screen says where real ones are.
+    if (strncmp(a->d.source.model_label, "synthetic", 9) == 0 || strstr(a->d.source.model_label, ", synthetic"))
+        set_message(a, "random weights: `make models` fetches stories260K (or --model PATH)");
     if (lesson_path) open_lesson(a, lesson_path, lesson_time_limit_s, &err); // a broken lesson shows in its pane; the lab runs on
     if (!headless || measure_machine) dashboard_measure_machine(&a->d, !headless);
     int status = headless ? run_headless(a, keys ? keys : "", dump_path ? dump_path : "-", cols, rows)

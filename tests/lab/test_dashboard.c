@@ -278,6 +278,22 @@ static char* dump_frame_at(const char* size, const char* arguments) {
     return text;
 }
 
+// Random weights write gibberish: the first screen says how to get real ones,
+// at the smallest size too; a real checkpoint gets no such line.
+static void test_first_screen_says_weights_are_random(void** state) {
+    (void)state;
+    char* frame = dump_frame_at("80x24", "--model tiny --keys ''");
+    if (!strstr(frame, "random weights: `make models` fetches stories260K (or --model PATH)"))
+        fail_msg("no word on the random weights in\n%s", frame);
+    free(frame);
+    char model_path[512], arguments[1024];
+    REQUIRE_SHARED_MODEL(model_path, "stories260K.bin");
+    snprintf(arguments, sizeof arguments, "--model %s --keys ''", model_path);
+    frame = dump_frame_at("80x24", arguments);
+    assert_null(strstr(frame, "random weights"));
+    free(frame);
+}
+
 static void test_cancelled_request_says_cancelled(void** state) {
     (void)state;
     char model_path[512], arguments[1024];
@@ -407,6 +423,7 @@ int main(void) {
         cmocka_unit_test(test_broken_lessons_leave_the_lab_running),
         cmocka_unit_test(test_quiz_page_in_the_lab),
         cmocka_unit_test(test_cancelled_request_says_cancelled),
+        cmocka_unit_test(test_first_screen_says_weights_are_random),
         cmocka_unit_test(test_block_size_change_keeps_forks_and_cancellations),
         cmocka_unit_test(test_keys_wait_behind_too_small),
         cmocka_unit_test(test_quiz_says_when_too_small),
