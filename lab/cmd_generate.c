@@ -49,30 +49,6 @@ static const char* const GENERATE_ENGINE_DEFAULTS[] = {
     NULL,
 };
 
-// Prints ENGINE_OPTIONS_USAGE with each option that `replacements` names
-// printed as given instead (its continuation lines, which start with
-// spaces only, dropped).
-static void print_engine_usage(const char* const* replacements) {
-    bool skipping = false;
-    for (const char* text = ENGINE_OPTIONS_USAGE; *text;) {
-        size_t length = strcspn(text, "\n");
-        length += text[length] == '\n';
-        if (strncmp(text, "  --", 4) == 0) {
-            const char* flag = text + 2;
-            size_t flag_length = strcspn(flag, " \n");
-            skipping = false;
-            for (const char* const* r = replacements; *r; r++)
-                if (strncmp(*r + 2, flag, flag_length) == 0 && (*r)[2 + flag_length] == ' ') {
-                    fputs(*r, stdout);
-                    skipping = true;
-                }
-        } else if (strncmp(text, "    ", 4) != 0) {
-            skipping = false;
-        }
-        if (!skipping) fwrite(text, 1, length, stdout);
-        text += length;
-    }
-}
 
 typedef struct generate_args {
     model_request request;
@@ -158,7 +134,7 @@ int command_generate(int argc, char** argv) {
     for (int i = 1; i < argc; i++)
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             fputs(GENERATE_USAGE, stdout);
-            print_engine_usage(GENERATE_ENGINE_DEFAULTS);
+            engine_options_print_usage(stdout, GENERATE_ENGINE_DEFAULTS);
             return 0;
         }
     error_info err = {{0}};

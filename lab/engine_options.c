@@ -168,3 +168,25 @@ bool engine_option_match(arg_cursor* cursor, engine_config* c, bool* kv_both, bo
     }
     return false;
 }
+
+void engine_options_print_usage(FILE* out, const char* const* replacements) {
+    bool skipping = false;
+    for (const char* text = ENGINE_OPTIONS_USAGE; *text;) {
+        size_t length = strcspn(text, "\n");
+        length += text[length] == '\n';
+        if (strncmp(text, "  --", 4) == 0) {
+            const char* flag = text + 2;
+            size_t flag_length = strcspn(flag, " \n");
+            skipping = false;
+            for (const char* const* r = replacements; *r; r++)
+                if (strncmp(*r + 2, flag, flag_length) == 0 && (*r)[2 + flag_length] == ' ') {
+                    fputs(*r, out);
+                    skipping = true;
+                }
+        } else if (strncmp(text, "    ", 4) != 0) {
+            skipping = false; // a blank or heading line ends an option's continuation
+        }
+        if (!skipping) fwrite(text, 1, length, out);
+        text += length;
+    }
+}

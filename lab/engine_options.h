@@ -10,6 +10,7 @@
 #ifndef SERVELAB_ENGINE_OPTIONS_H
 #define SERVELAB_ENGINE_OPTIONS_H
 
+#include <stdio.h>
 #include <stdbool.h>
 
 #include "engine/engine.h"
@@ -29,5 +30,11 @@ bool engine_option_match(arg_cursor* cursor, engine_config* config, bool* kv_bot
 
 // Parses "64MiB", "1GiB", "512KiB", "100MB", "4096" into bytes.
 int parse_size_arg(const char* flag, const char* text, uint64_t* out, error_info* err);
+
+// Prints ENGINE_OPTIONS_USAGE to out, with each option that `replacements`
+// (NULL-terminated; each text starts "  --flag ") names printed as given
+// instead, its continuation lines dropped: a command whose defaults differ
+// from the engine's (generate runs one fp32 sequence) says its own.
+void engine_options_print_usage(FILE* out, const char* const* replacements);
 
 #endif

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 static bool file_exists(const char* path) {
@@ -106,4 +107,51 @@ command_result run_servelab(const char* arguments) {
 void free_result(command_result* result) {
     free(result->out);
     free(result->err);
+}
+
+void test_tmux_require(void) {
+    if (system("command -v tmux >/dev/null 2>&1") == 0) return;
+    if (getenv("CI")) fail_msg("tmux is not installed and CI is set (make deps installs it)");
+    print_message("skipping: tmux is not installed (make deps installs it)\n");
+    skip();
+}
+
+int test_tmux(const char* socket, const char* arguments) {
+    char command[8192];
+    snprintf(command, sizeof command, "tmux -L %s %s >/dev/null 2>&1", socket, arguments);
+    return system(command);
+}
+
+char* test_tmux_output(const char* socket, const char* arguments) {
+    char path[512], command[8192];
+    snprintf(path, sizeof path, "%s/tmux-out.txt", test_scratch_dir());
+    snprintf(command, sizeof command, "tmux -L %s %s >%s 2>/dev/null", socket, arguments, path);
+    if (system(command) != 0) remove(path);
+    return test_read_text(path);
+}
+
+void test_sleep_ms(int ms) {
+    struct timespec t = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&t, NULL);
+}
+
+char* test_tmux_wait_for_text(const char* socket, const char* target, const char* text, int timeout_ms) {
+    char capture[256];
+    snprintf(capture, sizeof capture, "capture-pane -p -t %s", target);
+    for (int waited_ms = 0;; waited_ms += 100) {
+        char* screen = test_tmux_output(socket, capture);
+        if (strstr(screen, text)) return screen;
+        if (waited_ms >= timeout_ms) fail_msg("the pane never showed '%s'; last capture:\n%s", text, screen);
+        free(screen);
+        test_sleep_ms(100);
+    }
+}
+
+bool test_tmux_alternate_screen_on(const char* socket, const char* target) {
+    char arguments[256];
+    snprintf(arguments, sizeof arguments, "display-message -p -t %s '#{alternate_on}'", target);
+    char* flag = test_tmux_output(socket, arguments);
+    bool on = flag[0] == '1';
+    free(flag);
+    return on;
 }

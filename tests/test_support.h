@@ -48,6 +48,23 @@ typedef struct command_result {
 command_result run_servelab(const char* arguments);
 void free_result(command_result* result);
 
+// ---- tmux, for tests that drive a program in a real terminal ----------------
+// Each test uses its own server (tmux -L socket), so nothing reaches the
+// user's sessions.
+
+// Skips the test when tmux is missing (fails when CI is set: make deps installs it).
+void test_tmux_require(void);
+// Runs `tmux -L socket arguments`, output discarded; returns system()'s status.
+int test_tmux(const char* socket, const char* arguments);
+// The output of `tmux -L socket arguments` (malloc'ed, "" on failure).
+char* test_tmux_output(const char* socket, const char* arguments);
+// Polls pane `target` until it shows `text`, for up to timeout_ms; returns the
+// capture (malloc'ed), or fails the test with the last capture.
+char* test_tmux_wait_for_text(const char* socket, const char* target, const char* text, int timeout_ms);
+// True while pane `target` is on the alternate screen (a full-screen program holds it).
+bool test_tmux_alternate_screen_on(const char* socket, const char* target);
+void test_sleep_ms(int ms);
+
 // Resolves a shared model file into `path_buffer` or skips (fails under CI).
 #define REQUIRE_SHARED_MODEL(path_buffer, name)                                              \
     do {                                                                                     \

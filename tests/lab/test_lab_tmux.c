@@ -25,51 +25,10 @@
 static char tmux_socket[64];  // private server: -L servelab-test-<pid>-<start>
 static char run_marker[96];   // unique --system text to find the lab's pid in /proc
 
-static void skip_without_tmux(void) {
-    if (system("command -v tmux >/dev/null 2>&1") == 0) return;
-    if (getenv("CI")) fail_msg("tmux is not installed and CI is set (make deps installs it)");
-    print_message("skipping: tmux is not installed (make deps installs it)\n");
-    skip();
-}
-
-static int tmux(const char* arguments) {
-    char command[4096];
-    snprintf(command, sizeof command, "tmux -L %s %s >/dev/null 2>&1", tmux_socket, arguments);
-    return system(command);
-}
-
-// Output of a tmux command (malloc'ed, "" on failure).
-static char* tmux_output(const char* arguments) {
-    char path[512], command[4096];
-    snprintf(path, sizeof path, "%s/tmux-out.txt", test_scratch_dir());
-    snprintf(command, sizeof command, "tmux -L %s %s >%s 2>/dev/null", tmux_socket, arguments, path);
-    if (system(command) != 0) remove(path);
-    return test_read_text(path);
-}
-
-static void sleep_ms(int ms) {
-    struct timespec t = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&t, NULL);
-}
-
-// Polls the pane until it contains `text` (up to 15 s); returns the last capture.
-static char* wait_for_text(const char* text) {
-    for (int attempt = 0; attempt < 150; attempt++) {
-        char* screen = tmux_output("capture-pane -p -t lab");
-        if (strstr(screen, text)) return screen;
-        if (attempt == 149) fail_msg("the pane never showed '%s'; last capture:\n%s", text, screen);
-        free(screen);
-        sleep_ms(100);
-    }
-    return NULL;
-}
-
-static bool alternate_screen_on(void) {
-    char* flag = tmux_output("display-message -p -t lab '#{alternate_on}'");
-    bool on = flag[0] == '1';
-    free(flag);
-    return on;
-}
+static void skip_without_tmux(void) { test_tmux_require(); }
+static int tmux(const char* arguments) { return test_tmux(tmux_socket, arguments); }
+static char* wait_for_text(const char* text) { return test_tmux_wait_for_text(tmux_socket, "lab", text, 15000); }
+static bool alternate_screen_on(void) { return test_tmux_alternate_screen_on(tmux_socket, "lab"); }
 
 // Starts the lab in a fresh 160x50 session; after it exits the shell saves
 // `stty -a` and prints a marker, then stays so the pane can be captured.

@@ -32,49 +32,11 @@
 static char tmux_socket[64]; // private server: -L servelab-restore-<pid>-<run>
 static char run_marker[96];  // unique text in the command line, to find its pid in /proc
 
-static void skip_without_tmux(void) {
-    if (system("command -v tmux >/dev/null 2>&1") == 0) return;
-    if (getenv("CI")) fail_msg("tmux is not installed and CI is set (make deps installs it)");
-    print_message("skipping: tmux is not installed (make deps installs it)\n");
-    skip();
-}
-
-static int tmux(const char* arguments) {
-    char command[8192];
-    snprintf(command, sizeof command, "tmux -L %s %s >/dev/null 2>&1", tmux_socket, arguments);
-    return system(command);
-}
-
-static char* tmux_output(const char* arguments) {
-    char path[512], command[4096];
-    snprintf(path, sizeof path, "%s/tmux-out.txt", test_scratch_dir());
-    snprintf(command, sizeof command, "tmux -L %s %s >%s 2>/dev/null", tmux_socket, arguments, path);
-    if (system(command) != 0) remove(path);
-    return test_read_text(path);
-}
-
-static void sleep_ms(int ms) {
-    struct timespec t = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&t, NULL);
-}
-
-static char* wait_for_text(const char* text) {
-    for (int attempt = 0; attempt < 200; attempt++) {
-        char* screen = tmux_output("capture-pane -p -t restore");
-        if (strstr(screen, text)) return screen;
-        if (attempt == 199) fail_msg("the pane never showed '%s'; last capture:\n%s", text, screen);
-        free(screen);
-        sleep_ms(100);
-    }
-    return NULL;
-}
-
-static bool alternate_screen_on(void) {
-    char* flag = tmux_output("display-message -p -t restore '#{alternate_on}'");
-    bool on = flag[0] == '1';
-    free(flag);
-    return on;
-}
+static void skip_without_tmux(void) { test_tmux_require(); }
+static int tmux(const char* arguments) { return test_tmux(tmux_socket, arguments); }
+static void sleep_ms(int ms) { test_sleep_ms(ms); }
+static char* wait_for_text(const char* text) { return test_tmux_wait_for_text(tmux_socket, "restore", text, 20000); }
+static bool alternate_screen_on(void) { return test_tmux_alternate_screen_on(tmux_socket, "restore"); }
 
 typedef struct pane_files {
     char rc[512];   // "rc=N" from the shell after the command ended
