@@ -17,6 +17,10 @@ if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
     apt-get install -y -qq --no-install-recommends $missing
 else
     echo "deps: missing packages:$missing" >&2
-    echo "deps: run: sudo apt-get update && sudo apt-get install -y$missing" >&2
+    if command -v sudo >/dev/null 2>&1; then
+        echo "deps: run: sudo apt-get update && sudo apt-get install -y$missing" >&2
+    else # a minimal system has no sudo
+        echo "deps: run as root: apt-get update && apt-get install -y$missing" >&2
+    fi
     exit 1
 fi
