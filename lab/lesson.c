@@ -132,6 +132,10 @@ static void time_hook(lua_State* L, lua_Debug* ar) {
     }
 }
 
+void lesson_tighten_hook(lesson* l) {
+    if (l->thread) lua_sethook(l->thread, time_hook, LUA_MASKCOUNT, 1);
+}
+
 void lesson_check_time(lua_State* L) {
     lesson* l = lesson_of(L);
     if (l->time_exceeded || lesson_cpu_seconds() - l->cpu_start_s > l->options.time_limit_s) raise_time_limit(L);

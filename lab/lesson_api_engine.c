@@ -118,30 +118,40 @@ static const field_flag ENGINE_FIELDS[] = {
 // at a time; an error names the field.
 typedef bool (*flag_matcher)(arg_cursor* cursor, void* target, bool* failed, error_info* err);
 
+// Each given field goes through the command line's own option parser. The
+// parsed request may keep pointers to the texts (a model path, a tokenizer
+// path), so every text stays on the Lua stack until the calling C function
+// returns: read raw from the table (no __index proxy can hand back a string
+// nothing else holds), and a number's text pushed as a Lua string rather
+// than formatted into a local buffer (fuzzing found `tokenizer = 5` left
+// the request pointing at a dead stack slot).
 static void apply_fields(lua_State* L, int arg, const field_flag* fields, flag_matcher match, void* target) {
+    arg = lua_absindex(L, arg);
     for (const field_flag* f = fields; f->field; f++) {
-        int type = lua_getfield(L, arg, f->field);
+        lua_pushstring(L, f->field);
+        int type = lua_rawget(L, arg);
         if (type == LUA_TNIL || (f->is_switch && type == LUA_TBOOLEAN && lua_toboolean(L, -1))) {
             lua_pop(L, 1);
             continue;
         }
-        char value[64];
         if (f->is_switch) {
             if (type != LUA_TBOOLEAN) lab_field_error(L, arg, f->field, "expected true or false, got %s", luaL_typename(L, -1));
         } else if (type == LUA_TNUMBER) {
             if (!lua_isinteger(L, -1)) lab_field_error(L, arg, f->field, "expected an integer, got %g", lua_tonumber(L, -1));
-            snprintf(value, sizeof value, "%lld", (long long)lua_tointeger(L, -1));
+            lua_pushfstring(L, "%I", (LUAI_UACINT)lua_tointeger(L, -1));
+            lua_remove(L, -2);
         } else if (type != LUA_TSTRING) {
             lab_field_error(L, arg, f->field, "expected a string or a number, got %s", luaL_typename(L, -1));
         }
-        const char* text = type == LUA_TSTRING ? lua_tostring(L, -1) : value;
+        const char* text = lua_tostring(L, -1); // a switch's boolean gives NULL: the flag takes no value
         char* argv[3] = {(char*)"lab", (char*)f->flag, (char*)text};
         arg_cursor cursor = {f->is_switch ? 2 : 3, argv, 1, "lab", NULL};
         bool failed = false;
         error_info err = {{0}};
         if (!match(&cursor, target, &failed, &err) || failed)
             lab_field_error(L, arg, f->field, "%s", err.message[0] ? err.message : "not accepted here");
-        lua_pop(L, 1);
+        luaL_checkstack(L, 2, "too many fields");
+        // The text stays (see above).
     }
 }
 
@@ -156,6 +166,7 @@ static bool match_engine_flag(arg_cursor* cursor, void* target, bool* failed, er
 static int model_gc(lua_State* L);
 
 lab_model* lab_push_model(lua_State* L, const model_request* request) {
+    lesson_check_time(L); // loading takes up to seconds of C the hook does not see
     lesson* l = lesson_of(L);
     uint64_t estimate = estimate_model_bytes(request);
     model_box* box = lua_newuserdatauv(L, sizeof *box, 0);
@@ -443,6 +454,7 @@ static int lab_engine_new(lua_State* L) {
                                          "max_batched_tokens", "threads", "chunked_prefill", "prefix_caching",
                                          "watermark_blocks", "tp", "tp_link", NULL};
     lab_check_fields(L, 1, fields);
+    lesson_check_time(L);
     lesson* l = lesson_of(L);
     engine_config config = engine_config_default();
     apply_fields(L, 1, ENGINE_FIELDS, match_engine_flag, &config);

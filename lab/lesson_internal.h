@@ -104,6 +104,7 @@ struct lesson {
     bool watchdog_running;
     sigjmp_buf hard_stop_jump; // set by lesson_resume; the handler jumps here
     volatile sig_atomic_t hard_stop_reason;
+    volatile sig_atomic_t hook_tightened; // the watchdog has set the hook to every instruction
     volatile double stop_seen_s; // monotonic time the stop flag was first seen, 0 before
     // files (lesson_sandbox.c)
     int lesson_fd;            // the lesson's folder, -1 until first read
@@ -147,6 +148,13 @@ double lesson_cpu_seconds(void);
 // Raises "time limit of N s CPU exceeded" once the limit is spent (for C
 // loops that run many engine steps between Lua instructions).
 void lesson_check_time(lua_State* L);
+
+// Makes the hook run at the lesson's next instruction (it then raises the
+// time limit or the stop). The watchdog calls it from its signal handler
+// (lua_sethook may be called there) the moment the limit is spent, so a
+// lesson of long host calls (12 lab.model("small") in a row, 0.5 s each)
+// stops after the call in progress instead of 10000 instructions later.
+void lesson_tighten_hook(lesson* l);
 
 // True when `path` (resolved) is `dir` or inside it (lesson.c).
 bool lesson_path_inside(const char* path, const char* dir);

@@ -108,7 +108,12 @@ static void on_watchdog_tick(int signal_number, siginfo_t* info, void* context) 
     int saved_errno = errno;
     double now = monotonic_seconds();
     if (l->options.stop_flag && *l->options.stop_flag && l->stop_seen_s == 0) l->stop_seen_s = now;
-    bool over_time = lesson_cpu_seconds() - l->cpu_start_s > l->options.time_limit_s + HARD_STOP_GRACE_S;
+    double used_s = lesson_cpu_seconds() - l->cpu_start_s;
+    if (!l->hook_tightened && (used_s > l->options.time_limit_s || l->stop_seen_s > 0)) {
+        l->hook_tightened = 1;
+        lesson_tighten_hook(l);
+    }
+    bool over_time = used_s > l->options.time_limit_s + HARD_STOP_GRACE_S;
     bool stop_ignored = l->stop_seen_s > 0 && now - l->stop_seen_s > HARD_STOP_GRACE_S;
     uintptr_t address = interrupted_address(context);
     if ((over_time || stop_ignored) && address >= lua_code_start && address < lua_code_end) {
