@@ -23,9 +23,9 @@ int model_quant_spec_parse(const char* text, model_quant_spec* out, error_info* 
     char* save = NULL;
     char* part = strtok_r(copy, ":", &save);
     if (!part) return error_set(err, "--quant: expected w8a16, w4a16 or w8a8, found ''");
-    if (strcmp(part, "w8a16") == 0) *out = (model_quant_spec){QUANT_W8A16, 0, QUANT_RTN, false};
-    else if (strcmp(part, "w4a16") == 0) *out = (model_quant_spec){QUANT_W4A16, 64, QUANT_RTN, false};
-    else if (strcmp(part, "w8a8") == 0) *out = (model_quant_spec){QUANT_W8A8, 0, QUANT_RTN, true};
+    if (strcmp(part, "w8a16") == 0) *out = (model_quant_spec){.scheme = QUANT_W8A16, .group_size = 0, .method = QUANT_RTN, .symmetric = false};
+    else if (strcmp(part, "w4a16") == 0) *out = (model_quant_spec){.scheme = QUANT_W4A16, .group_size = 64, .method = QUANT_RTN, .symmetric = false};
+    else if (strcmp(part, "w8a8") == 0) *out = (model_quant_spec){.scheme = QUANT_W8A8, .group_size = 0, .method = QUANT_RTN, .symmetric = true};
     else return error_set(err, "--quant: expected w8a16, w4a16 or w8a8, found '%s'", part);
     while ((part = strtok_r(NULL, ":", &save)) != NULL) {
         char* end = NULL;
@@ -342,6 +342,10 @@ int model_quantize(model* m, const model_quant_spec* spec, const int32_t* const*
     }
 
     for (int l = 0; status == 0 && l < c->n_layers; l++) {
+        if (spec->keep_going && !spec->keep_going(spec->keep_going_user)) {
+            status = error_set(err, "quantize: stopped by the caller before layer %d", l);
+            break;
+        }
         matrix_job jobs[7];
         char names[7][32];
         for (int i = 0; i < 7; i++) {

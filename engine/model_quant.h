@@ -35,6 +35,12 @@ typedef struct model_quant_spec {
     int group_size;     // inputs per scale; 0 = per output channel
     quant_method method;
     bool symmetric;     // W8A8 is always symmetric
+    // Asked before each layer (may be NULL): when it returns false, the
+    // quantization stops with an error and the model is unchanged. AWQ or
+    // GPTQ of a model is seconds of C; the lesson host stops it this way
+    // when a lesson's time limit is spent.
+    bool (*keep_going)(void* user);
+    void* keep_going_user;
 } model_quant_spec;
 
 // "w4a16", "w4a16:g32", "w4a16:g32:awq", "w8a8:gptq", "w8a16:g64:rtn:asym".

@@ -132,6 +132,11 @@ static void time_hook(lua_State* L, lua_Debug* ar) {
     }
 }
 
+bool lesson_keep_going(void* user) {
+    const lesson* l = user;
+    return !l->time_exceeded && lesson_cpu_seconds() - l->cpu_start_s <= l->options.time_limit_s && !stop_requested(l);
+}
+
 void lesson_tighten_hook(lesson* l) {
     if (l->thread) lua_sethook(l->thread, time_hook, LUA_MASKCOUNT, 1);
 }

@@ -250,12 +250,15 @@ static int lab_quantize_model(lua_State* L) {
     if (spec.method != QUANT_RTN) build_calibration(L, source, CALIBRATION_FOR_QUANTIZATION, &calibration);
     model_quant_report report = {0};
     lesson* l = lesson_of(L);
+    spec.keep_going = lesson_keep_going; // AWQ/GPTQ stop between layers once the time is spent
+    spec.keep_going_user = l;
     uint64_t before = m->source.model.weight_bytes;
     int status = model_quantize(&m->source.model, &spec, (const int32_t* const*)calibration.sequences,
                                 calibration.lengths, calibration.n_sequences, NULL, &report, &err);
     calibration_free(&calibration);
     if (status) {
         model_quant_report_free(&report);
+        lesson_check_time(L); // stopped by keep_going: say why
         return lab_error(L, "lab.quantize_model: %s", err.message);
     }
     // The model now holds the packed weights only.

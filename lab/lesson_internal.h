@@ -156,6 +156,11 @@ void lesson_check_time(lua_State* L);
 // stops after the call in progress instead of 10000 instructions later.
 void lesson_tighten_hook(lesson* l);
 
+// False once the time limit is spent or a stop was asked for: for long C
+// work that can stop between its parts (model_quant_spec.keep_going);
+// `user` is the lesson. The caller then raises with lesson_check_time.
+bool lesson_keep_going(void* user);
+
 // True when `path` (resolved) is `dir` or inside it (lesson.c).
 bool lesson_path_inside(const char* path, const char* dir);
 
