@@ -25,6 +25,7 @@
 //   -- expect-status: N (default 1)
 //   -- max-seconds: N wall-clock seconds before the run counts as hung (default 60:
 //      a busy 2-core machine gave one CPU second in 8 wall seconds)
+//   -- time-limit: S the lesson's --time-limit (default 1)
 //   -- max-cpu-seconds: N the CPU the run may use (default 3: the 1 s limit,
 //      the watchdog's 0.5 s grace, and start-up; this is what shows the limit holds)
 #include <setjmp.h>
@@ -62,6 +63,7 @@ typedef struct hostile_spec {
     int expect_status;
     int max_seconds;
     double max_cpu_seconds;
+    char time_limit[16];
 } hostile_spec;
 
 static void parse_spec(const char* text, hostile_spec* spec) {
@@ -70,12 +72,14 @@ static void parse_spec(const char* text, hostile_spec* spec) {
     spec->expect_status = 1;
     spec->max_seconds = 60;
     spec->max_cpu_seconds = 3;
+    snprintf(spec->time_limit, sizeof spec->time_limit, "1");
     for (const char* line = text; *line;) {
         size_t length = strcspn(line, "\n");
         char value[512];
         const char* directives[] = {"-- setup: ",         "-- expect: ",      "-- command: ",        "-- args: ",
-                                     "-- expect-status: ", "-- max-seconds: ", "-- max-cpu-seconds: "};
-        for (int d = 0; d < 7; d++) {
+                                     "-- expect-status: ", "-- max-seconds: ", "-- max-cpu-seconds: ",
+                                     "-- time-limit: "};
+        for (int d = 0; d < 8; d++) {
             size_t n = strlen(directives[d]);
             if (length < n || strncmp(line, directives[d], n) != 0) continue;
             snprintf(value, sizeof value, "%.*s", (int)(length - n), line + n);
@@ -86,6 +90,7 @@ static void parse_spec(const char* text, hostile_spec* spec) {
             if (d == 4) spec->expect_status = atoi(value);
             if (d == 5) spec->max_seconds = atoi(value);
             if (d == 6) spec->max_cpu_seconds = atof(value);
+            if (d == 7) snprintf(spec->time_limit, sizeof spec->time_limit, "%.15s", value);
         }
         line += length + (line[length] == '\n');
     }
@@ -227,7 +232,7 @@ static void run_attack(const char* name, bool in_dashboard) {
     int argc = 0;
     argv[argc++] = binary;
     if (in_dashboard) {
-        char* dashboard_words[] = {"lab", "--lesson", "attack.lua", "--time-limit", "1", "--model", "tiny", "--keys",
+        char* dashboard_words[] = {"lab", "--lesson", "attack.lua", "--time-limit", spec.time_limit, "--model", "tiny", "--keys",
                                    "<space><wait:50>", "--size", "200x60", "--dump-frame", frame_path};
         for (size_t i = 0; i < sizeof dashboard_words / sizeof dashboard_words[0]; i++) argv[argc++] = dashboard_words[i];
         spec.args[0] = '\0';
@@ -240,7 +245,7 @@ static void run_attack(const char* name, bool in_dashboard) {
         argv[argc++] = "--headless";
         argv[argc++] = "--verbose"; // the narration too: it must reach the output inert
         argv[argc++] = "--time-limit";
-        argv[argc++] = "1";
+        argv[argc++] = spec.time_limit;
     }
     char args[256];
     snprintf(args, sizeof args, "%s", spec.args);
