@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "engine/fault.h"
 #include "engine/model_synth.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cuda/cuda_info.h"
@@ -9,7 +10,13 @@
 
 int command_info(int argc, char** argv) {
     if (argc > 1 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
-        puts("usage: servelab info\n\nPrints what this build runs on this CPU (SIMD kernels, weight and KV formats,\nCUDA) and the synthetic presets.");
+        puts("usage: servelab info [--faults]\n\nPrints what this build runs on this CPU (SIMD kernels, weight and KV formats,\nCUDA) and the synthetic presets.\n"
+             "--faults lists the deliberate bugs --fault NAME can start the engine with, a line\neach saying what breaks.");
+        return 0;
+    }
+    if (argc == 2 && strcmp(argv[1], "--faults") == 0) {
+        printf("faults (--fault NAME[,NAME] on lab, sim, generate and lesson run; breaks_with in lab.check):\n");
+        for (int id = 0; id < FAULT_COUNT; id++) printf("  %-24s %s\n", fault_name(id), fault_description(id));
         return 0;
     }
     if (argc > 1) {

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "engine/fault.h"
 #include "lab/cli_args.h"
 #include "lab/commands.h"
 #include "lab/engine_options.h"
@@ -59,6 +60,10 @@ static int parse_run_args(int argc, char** argv, run_args* a, error_info* err) {
         else if (arg_match(&cursor, "--progress", false, &failed, err)) a->progress_forced = true;
         else if (arg_match(&cursor, "--only", true, &failed, err)) {
             if (!failed) a->options.only_claim = cursor.value;
+        } else if (arg_match(&cursor, "--fault", true, &failed, err)) {
+            fault_set set = 0;
+            if (!failed && fault_set_parse(cursor.value, &set, err)) return -1;
+            a->options.faults |= set;
         } else if (arg_match(&cursor, "--output", true, &failed, err)) {
             if (!failed) a->options.output_dir = cursor.value;
         } else if (arg_match(&cursor, "--time-limit", true, &failed, err)) {

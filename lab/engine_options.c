@@ -1,5 +1,6 @@
 #include "lab/engine_options.h"
 
+#include "engine/fault.h"
 #include "engine/kv_memory.h"
 #include "kernels/cuda/cuda_info.h"
 
@@ -28,7 +29,9 @@ const char ENGINE_OPTIONS_USAGE[] =
     "  --tp N                    simulated tensor parallelism: split each layer into N shards\n"
     "                            (N divides the query and KV heads; default 1 = off)\n"
     "  --tp-link nvlink|pcie     link model timing the all-reduces (default nvlink)\n"
-    "  --backend cpu|cuda        where the forward pass runs (default cpu)\n";
+    "  --backend cpu|cuda        where the forward pass runs (default cpu)\n"
+    "  --fault NAME[,NAME]       run with a deliberate bug, to see which lesson claims turn\n"
+    "                            (servelab info --faults lists them)\n";
 
 int parse_size_arg(const char* flag, const char* text, uint64_t* out, error_info* err) {
     char* end = NULL;
@@ -156,6 +159,14 @@ bool engine_option_match(arg_cursor* cursor, engine_config* c, bool* kv_both, bo
     }
     if (arg_match(cursor, "--backend", true, failed, err)) {
         if (!*failed) *failed = backend_option(cursor->value, c, err) != 0;
+        return true;
+    }
+    if (arg_match(cursor, "--fault", true, failed, err)) {
+        // Process-wide, installed before anything is built (engine/fault.h);
+        // repeated flags add up.
+        fault_set set = 0;
+        if (!*failed) *failed = fault_set_parse(cursor->value, &set, err) != 0;
+        if (!*failed) fault_install(fault_enabled_set | set);
         return true;
     }
     if (arg_match(cursor, "--no-chunked-prefill", false, failed, err)) {

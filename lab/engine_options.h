@@ -6,7 +6,7 @@
 //   --batching continuous|static                  --max-seqs N
 //   --max-batched-tokens N  --no-chunked-prefill  --no-prefix-caching
 //   --threads N             --tp N                --tp-link nvlink|pcie
-//   --backend cpu|cuda
+//   --backend cpu|cuda      --fault NAME[,NAME]
 #ifndef SERVELAB_ENGINE_OPTIONS_H
 #define SERVELAB_ENGINE_OPTIONS_H
 

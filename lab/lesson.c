@@ -192,11 +192,14 @@ static void report_check(lesson* l, const lesson_check_result* result) {
     lesson_check_result shown = *result;
     char* claim = lesson_clean_copy(result->claim, false);
     char* evidence = lesson_clean_copy(result->evidence, false);
+    char* note = lesson_clean_copy(result->note ? result->note : "", false);
     if (claim) shown.claim = claim;
     if (evidence) shown.evidence = evidence;
-    if (claim && evidence) l->options.on_check(l->options.user, &shown);
+    if (note) shown.note = note;
+    if (claim && evidence && note) l->options.on_check(l->options.user, &shown);
     free(claim);
     free(evidence);
+    free(note);
 }
 
 static bool valid_claim_id(const char* id) {
@@ -210,8 +213,38 @@ static bool valid_claim_id(const char* id) {
 // lab.check{id=, claim=, bank_answer=, verdict=, evidence=} or with
 // measure=function() return verdict, evidence end instead of verdict and
 // evidence (an error inside measure is a FAIL line, not a failed lesson).
+// breaks_with = {"no-cow", ...}: the faults (engine/fault.h) under which the
+// verdict must turn; "" in problem when the list is well formed.
+static fault_set read_breaks_with(lua_State* L, char* problem, size_t capacity) {
+    fault_set set = 0;
+    int type = lua_getfield(L, 1, "breaks_with");
+    if (type == LUA_TNIL) {
+        lua_pop(L, 1);
+        return 0;
+    }
+    if (type != LUA_TTABLE) {
+        snprintf(problem, capacity, "field 'breaks_with': expected an array of fault names, got %s", luaL_typename(L, -1));
+    } else {
+        lua_Integer n = (lua_Integer)lua_rawlen(L, -1);
+        for (lua_Integer i = 1; i <= n && !problem[0]; i++) {
+            const char* name = lua_rawgeti(L, -1, i) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+            int id = name ? fault_lookup(name) : -1;
+            if (id < 0)
+                snprintf(problem, capacity, "field 'breaks_with': item %lld is not a fault name%s%.40s%s "
+                         "(servelab info --faults lists them)", (long long)i, name ? " ('" : "", name ? name : "",
+                         name ? "')" : "");
+            else set |= (fault_set)1 << id;
+            lua_pop(L, 1);
+        }
+        if (!problem[0] && n == 0) snprintf(problem, capacity, "field 'breaks_with': expected at least one fault name");
+    }
+    lua_pop(L, 1);
+    return set;
+}
+
 static int lab_check(lua_State* L) {
-    static const char* const fields[] = {"id", "claim", "bank_answer", "verdict", "evidence", "measure", NULL};
+    static const char* const fields[] = {"id", "claim", "bank_answer", "verdict", "evidence", "measure",
+                                         "breaks_with", "note", NULL};
     lab_check_fields(L, 1, fields);
     lesson* l = lesson_of(L);
     // Copies: measure() below runs the lesson's code, which may empty the
@@ -234,12 +267,19 @@ static int lab_check(lua_State* L) {
     bool bank_answer = lua_toboolean(L, -1);
     lua_pop(L, 1);
 
-    lesson_check_result result = {id, claim, bank_answer, false, "", CHECK_FAIL};
+    char note[LESSON_MAX_CLAIM_BYTES + 1] = "";
+    const char* given_note = lab_opt_string_field(L, 1, "note", "");
+    if (strlen(given_note) > LESSON_MAX_CLAIM_BYTES)
+        lab_field_error(L, 1, "note", "%zu bytes is too long (at most %d)", strlen(given_note), LESSON_MAX_CLAIM_BYTES);
+    snprintf(note, sizeof note, "%s", given_note);
+
+    lesson_check_result result = {id, claim, bank_answer, false, "", CHECK_FAIL, 0, note};
     char problem[600] = "";
+    result.breaks_with = read_breaks_with(L, problem, sizeof problem);
     lab_declared_claim* declared = find_declared(l, id);
-    if (l->declaration_seen && !declared)
+    if (!problem[0] && l->declaration_seen && !declared)
         snprintf(problem, sizeof problem, "claim '%s' is not declared in lab.lesson{claims = {...}}", id);
-    else if (declared && declared->checked)
+    else if (!problem[0] && declared && declared->checked)
         snprintf(problem, sizeof problem, "claim '%s' was already checked in this lesson", id);
     if (declared) declared->checked = true;
 
@@ -497,7 +537,11 @@ lesson_status lesson_resume(lesson* l) {
         l->cpu_start_s = lesson_cpu_seconds();
     }
     int n_results = 0;
+    // The lesson's faults hold while its code runs (engine/fault.h: set
+    // before anything is built, never while an engine steps elsewhere).
+    fault_set outer_faults = fault_install(fault_enabled_set | l->options.faults);
     int status = resume_guarded(l, &n_results);
+    fault_install(outer_faults);
     if (status == -1) {
         abandon_state(l);
         fail_after_hard_stop(l);
@@ -543,7 +587,7 @@ void lesson_finish(lesson* l) {
         char evidence[1200];
         snprintf(evidence, sizeof evidence, "never checked: %s",
                  l->status == LESSON_FAILED ? l->error : "the lesson ended before lab.check for it");
-        lesson_check_result result = {l->declared[i].id, "(declared in lab.lesson)", false, false, evidence, CHECK_FAIL};
+        lesson_check_result result = {l->declared[i].id, "(declared in lab.lesson)", false, false, evidence, CHECK_FAIL, 0, ""};
         report_check(l, &result);
     }
 }

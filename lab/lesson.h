@@ -46,6 +46,7 @@
 
 #include "engine/engine.h"
 #include "engine/error.h"
+#include "engine/fault.h"
 
 typedef enum lesson_status {
     LESSON_PAUSED = 0, // lab.pause() in an interactive host: call lesson_resume again
@@ -66,6 +67,8 @@ typedef struct lesson_check_result {
     bool verdict;          // what the measurement says (meaningless for CHECK_FAIL)
     const char* evidence;  // the numbers behind the verdict, or the error for CHECK_FAIL
     check_outcome outcome;
+    fault_set breaks_with; // the faults that must turn this verdict (lab.check's breaks_with)
+    const char* note;      // "" or where the measured cause differs from the bank's reason
 } lesson_check_result;
 
 typedef struct lesson_options {
@@ -74,6 +77,7 @@ typedef struct lesson_options {
     double time_limit_s;       // process CPU seconds (default 60)
     uint64_t memory_limit_bytes; // Lua heap + engines + models (default 512 MiB)
     const char* output_dir;    // where io.open may write (default "lesson-output"); created on demand
+    fault_set faults;          // deliberate bugs installed for the run (engine/fault.h); 0 normally
     const char* only_claim;    // when set, on_check sees only this claim's result (others still run);
                                // a lesson that does not declare it fails at its declaration
     // When set, the lesson stops once *stop_flag is non-zero (a signal
