@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "engine/block_manager.h"
+#include "engine/fault.h"
 
 void scheduler_remove_running(engine* e, int32_t id) {
     for (int i = 0; i < e->n_running; i++) {
@@ -104,8 +105,12 @@ int scheduler_schedule(engine* e, schedule_result* out, error_info* err) {
         }
     }
 
-    // 2. Waiting requests, first come first served.
-    bool may_admit = e->config.batching == BATCHING_CONTINUOUS || e->n_running == 0;
+    // 2. Waiting requests, first come first served. Static batching admits
+    // only into an empty batch; so does "continuous" batching under the
+    // static-batching fault (engine/fault.h), the bug where the admission
+    // test is the static one.
+    bool admits_only_when_empty = e->config.batching == BATCHING_STATIC || fault_on(FAULT_STATIC_BATCHING);
+    bool may_admit = !admits_only_when_empty || e->n_running == 0;
     // Static batching admits the whole batch at once, whatever this step's
     // token budget: the members prefill over the following steps.
     bool ignore_budget = e->config.batching == BATCHING_STATIC;

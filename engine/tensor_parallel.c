@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "engine/arena.h"
+#include "engine/fault.h"
 #include "engine/model_storage.h"
 #include "engine/streamed_memory.h"
 
@@ -67,8 +68,12 @@ static int check_column_slice(const weight_matrix* w, int col_begin, int col_end
 
 // Copies columns [col_begin, col_end) of w into storage taken from cursor
 // (measuring only when cursor->base is NULL). The caller checked the slice.
-static void copy_columns(weight_matrix* out, const weight_matrix* w, int col_begin, int col_end,
-                         arena_cursor* cursor) {
+// Copied columns outside [keep_begin, keep_end) (counted from col_begin)
+// are made to multiply as 0: fp32 / fp16 values set to +0.0, the scales of
+// quantized groups set to 0 (the caller checked that those run in whole
+// groups). A normal slice keeps all of its columns.
+static void copy_columns(weight_matrix* out, const weight_matrix* w, int col_begin, int col_end, int keep_begin,
+                         int keep_end, arena_cursor* cursor) {
     *out = *w;
     out->f16_tiles = NULL; // the copied columns are row-major only
     const int width = col_end - col_begin;
@@ -111,6 +116,13 @@ static void copy_columns(weight_matrix* out, const weight_matrix* w, int col_beg
         if (q8_scales) memcpy(q8_scales + to, w->scales + from, n_groups * sizeof(float));
         if (scales_f16) memcpy(scales_f16 + to, w->scales_f16 + from, n_groups * sizeof(uint16_t));
         if (zero_points) memcpy(zero_points + to, w->zero_points + from, n_groups);
+        for (int j = 0; j < width; j++) {
+            if (j >= keep_begin && j < keep_end) continue;
+            if (w->dtype == WEIGHT_F32) ((float*)target)[j] = 0.0f;
+            else if (w->dtype == WEIGHT_F16) ((uint16_t*)target)[j] = 0; // +0.0 in fp16
+            else if (q8_scales) q8_scales[to + (size_t)j / (size_t)w->group_size] = 0.0f;
+            else if (scales_f16) scales_f16[to + (size_t)j / (size_t)w->group_size] = 0; // +0.0 in fp16
+        }
     }
 }
 
@@ -174,13 +186,25 @@ static int split_shapes(tp_plan* plan, const model* m, int n_shards, error_info*
 }
 
 // Fills every shard's layers (storage NULL: measures the copies only).
+//
+// Under the tp-full-weights fault (engine/fault.h) each shard is handed the
+// whole feed-forward block instead of its slice: all of w1 and w3, and a
+// full-width w2 whose columns outside its slice multiply as 0. The sum over
+// the shards is still the right one, but every shard streams and computes
+// the full w1, w3, w2 (3/4 of a layer's weight bytes in small and medium:
+// 3 x dim x hidden against 2 x dim x (dim + kv_dim) for attention), the bug
+// of a checkpoint loaded whole on every GPU and masked rather than split.
+// The attention matrices stay split: a shard's KV heads set where its KV
+// slots are, so a shard with every head would write over its neighbours'.
 static int split_layers(tp_plan* plan, const model* m, arena_cursor* cursor, error_info* err) {
-    const int n = plan->n_shards, head_dim = m->config.head_dim;
+    const int n = plan->n_shards, head_dim = m->config.head_dim, hidden_dim = m->config.hidden_dim;
+    const bool full_ffn = fault_on(FAULT_TP_FULL_WEIGHTS);
     for (int s = 0; s < n; s++) {
         const tp_shard* shard = &plan->shards[s];
         const int q_begin = shard->head_begin * head_dim, q_end = q_begin + shard->n_heads * head_dim;
         const int kv_begin = shard->kv_head_begin * head_dim, kv_end = kv_begin + shard->n_kv_heads * head_dim;
         const int h_begin = shard->hidden_begin, h_end = h_begin + shard->hidden_size;
+        const int ffn_begin = full_ffn ? 0 : h_begin, ffn_end = full_ffn ? hidden_dim : h_end;
         for (int l = 0; l < m->config.n_layers; l++) {
             const layer_weights* full = &m->layers[l];
             layer_weights* part = &shard->layers[l];
@@ -189,13 +213,13 @@ static int split_layers(tp_plan* plan, const model* m, arena_cursor* cursor, err
             if (view_rows(&part->wq, &full->wq, q_begin, q_end, "wq", l, n, err) ||
                 view_rows(&part->wk, &full->wk, kv_begin, kv_end, "wk", l, n, err) ||
                 view_rows(&part->wv, &full->wv, kv_begin, kv_end, "wv", l, n, err) ||
-                view_rows(&part->w1, &full->w1, h_begin, h_end, "w1", l, n, err) ||
-                view_rows(&part->w3, &full->w3, h_begin, h_end, "w3", l, n, err) ||
+                view_rows(&part->w1, &full->w1, ffn_begin, ffn_end, "w1", l, n, err) ||
+                view_rows(&part->w3, &full->w3, ffn_begin, ffn_end, "w3", l, n, err) ||
                 check_column_slice(&full->wo, q_begin, q_end, "wo", l, n, err) ||
                 check_column_slice(&full->w2, h_begin, h_end, "w2", l, n, err))
                 return -1;
-            copy_columns(&part->wo, &full->wo, q_begin, q_end, cursor);
-            copy_columns(&part->w2, &full->w2, h_begin, h_end, cursor);
+            copy_columns(&part->wo, &full->wo, q_begin, q_end, 0, q_end - q_begin, cursor);
+            copy_columns(&part->w2, &full->w2, ffn_begin, ffn_end, h_begin - ffn_begin, h_end - ffn_begin, cursor);
         }
     }
     return 0;
@@ -233,6 +257,11 @@ int tp_plan_build(tp_plan* plan, const model* m, int n_shards, error_info* err) 
     }
     arena_cursor cursor = {plan->storage, 0};
     split_layers(plan, m, &cursor, err); // the same checks passed while measuring
+    if (fault_on(FAULT_TP_FULL_WEIGHTS)) // every shard now computes every hidden feature (split_layers)
+        for (int s = 0; s < n_shards; s++) {
+            plan->shards[s].hidden_begin = 0;
+            plan->shards[s].hidden_size = m->config.hidden_dim;
+        }
     return 0;
 }
 
