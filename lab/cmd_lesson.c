@@ -17,16 +17,24 @@
 static const char LESSON_USAGE[] =
     "usage: servelab lesson run FILE [--headless] [--full] [--only ID] [--time-limit S]\n"
     "                           [--memory-limit SIZE] [--output DIR] [--verbose] [--progress]\n"
+    "                           [--fault NAME[,NAME]]\n"
     "       servelab lesson list [DIR]        title and claims of each lesson (default: the lessons\n"
     "                                         beside the binary, in share/servelab, or ./lessons)\n"
     "       servelab lesson new NAME          write a commented skeleton NAME.lua\n"
     "       servelab lesson check FILE...     syntax and declaration, without running\n"
+    "       servelab lesson faults [--matrix] [--undeclared] [--time-limit S] [--output DIR] FILE...\n"
+    "                                         the claim -> faults table (breaks_with), or with\n"
+    "                                         --matrix: each lesson run clean (every claim must\n"
+    "                                         PASS), then once per declared fault (each claim that\n"
+    "                                         declares it must turn); --undeclared also runs the\n"
+    "                                         other faults and lists the claims they turn\n"
     "\n"
     "run: narration and checks in the terminal (lab.pause() waits for Enter when\n"
     "stdin is a terminal). --headless prints one line per check:\n"
-    "  PASS <id> <claim> -- <evidence>       the measurement agrees with the bank\n"
-    "  DISAGREE <id> <claim> -- <evidence>   the measurement contradicts the bank\n"
-    "  FAIL <id> <claim> -- <error>          the check itself failed\n"
+    "  PASS <id> (bank: B) \"<claim>\" -- measured: <evidence>      the measurement agrees with the bank\n"
+    "  DISAGREE <id> (bank: B) \"<claim>\" -- measured: <evidence>  the measurement contradicts the bank\n"
+    "  FAIL <id> (bank: B) \"<claim>\" -- <error>                   the check itself failed\n"
+    "(B is the bank's answer: a PASS of a false claim means the engine showed it false),\n"
     "then 'N passed, M failed'; the exit status is 0 only when every check passed.\n"
     "\n"
     "  --full               the full-size scenarios (lab.full = true; make lessons); they\n"
@@ -38,6 +46,9 @@ static const char LESSON_USAGE[] =
     "  --memory-limit SIZE  Lua heap + engines + models (default 512MiB)\n"
     "  --output DIR         the one folder lessons may write to (default lesson-output)\n"
     "  --verbose            headless: print the narration too, as '# ' lines\n"
+    "  --fault NAME[,NAME]  run the engine with deliberate bugs (servelab info --faults): each\n"
+    "                       line then says whether the bug turned its claim, and whether the\n"
+    "                       claim declares it (breaks_with)\n"
     "\n"
     "Writing lessons: lessons/README.md.\n";
 
@@ -317,6 +328,46 @@ static int command_check(int argc, char** argv) {
     return status;
 }
 
+static int command_faults(int argc, char** argv) {
+    lesson_options options = lesson_options_default();
+    bool matrix = false, undeclared = false;
+    const char** paths = calloc((size_t)argc, sizeof *paths);
+    int n_paths = 0;
+    arg_cursor cursor = {argc, argv, 2, "servelab lesson faults", NULL};
+    error_info err = {{0}};
+    for (; cursor.index < argc; cursor.index++) {
+        bool failed = false;
+        if (arg_match(&cursor, "--matrix", false, &failed, &err)) matrix = true;
+        else if (arg_match(&cursor, "--undeclared", false, &failed, &err)) undeclared = true;
+        else if (arg_match(&cursor, "--output", true, &failed, &err)) {
+            if (!failed) options.output_dir = cursor.value;
+        } else if (arg_match(&cursor, "--time-limit", true, &failed, &err)) {
+            float seconds = 0;
+            if (!failed) failed = parse_float_arg("--time-limit", cursor.value, 0.01, 86400, &seconds, &err) != 0;
+            options.time_limit_s = seconds;
+        } else if (argv[cursor.index][0] == '-') {
+            failed = error_set(&err, "servelab lesson faults: unknown option '%s' (see servelab lesson --help)",
+                               argv[cursor.index]) != 0;
+        } else {
+            paths[n_paths++] = argv[cursor.index];
+        }
+        if (failed) {
+            fprintf(stderr, "%s\n", err.message);
+            free(paths);
+            return 2;
+        }
+    }
+    if (n_paths == 0) {
+        fprintf(stderr, "servelab lesson faults: which lesson files? (servelab lesson faults lessons/*.lua)\n");
+        free(paths);
+        return 2;
+    }
+    int status = matrix || undeclared ? lesson_fault_matrix(paths, n_paths, &options, undeclared, stdout, stderr)
+                                      : lesson_fault_table(paths, n_paths, &options, stdout, stderr);
+    free(paths);
+    return status;
+}
+
 static const char SKELETON[] =
     "-- %s: a servelab lesson (see lessons/README.md for the whole lab API).\n"
     "--\n"
@@ -395,6 +446,7 @@ int command_lesson(int argc, char** argv) {
     if (strcmp(argv[1], "list") == 0) return command_list(argc, argv);
     if (strcmp(argv[1], "new") == 0) return command_new(argc, argv);
     if (strcmp(argv[1], "check") == 0) return command_check(argc, argv);
-    fprintf(stderr, "servelab lesson: unknown subcommand '%s' (run, list, new, check)\n", argv[1]);
+    if (strcmp(argv[1], "faults") == 0) return command_faults(argc, argv);
+    fprintf(stderr, "servelab lesson: unknown subcommand '%s' (run, list, new, check, faults)\n", argv[1]);
     return 2;
 }

@@ -190,6 +190,7 @@ static void report_check(lesson* l, const lesson_check_result* result) {
     if (!l->options.on_check) return;
     // The claim and the evidence are the lesson's text: shown inert.
     lesson_check_result shown = *result;
+    shown.running = fault_enabled_set;
     char* claim = lesson_clean_copy(result->claim, false);
     char* evidence = lesson_clean_copy(result->evidence, false);
     char* note = lesson_clean_copy(result->note ? result->note : "", false);
@@ -273,7 +274,7 @@ static int lab_check(lua_State* L) {
         lab_field_error(L, 1, "note", "%zu bytes is too long (at most %d)", strlen(given_note), LESSON_MAX_CLAIM_BYTES);
     snprintf(note, sizeof note, "%s", given_note);
 
-    lesson_check_result result = {id, claim, bank_answer, false, "", CHECK_FAIL, 0, note};
+    lesson_check_result result = {id, claim, bank_answer, false, "", CHECK_FAIL, 0, note, 0};
     char problem[600] = "";
     result.breaks_with = read_breaks_with(L, problem, sizeof problem);
     lab_declared_claim* declared = find_declared(l, id);
@@ -587,7 +588,7 @@ void lesson_finish(lesson* l) {
         char evidence[1200];
         snprintf(evidence, sizeof evidence, "never checked: %s",
                  l->status == LESSON_FAILED ? l->error : "the lesson ended before lab.check for it");
-        lesson_check_result result = {l->declared[i].id, "(declared in lab.lesson)", false, false, evidence, CHECK_FAIL, 0, ""};
+        lesson_check_result result = {l->declared[i].id, "(declared in lab.lesson)", false, false, evidence, CHECK_FAIL, 0, "", 0};
         report_check(l, &result);
     }
 }

@@ -69,6 +69,7 @@ typedef struct lesson_check_result {
     check_outcome outcome;
     fault_set breaks_with; // the faults that must turn this verdict (lab.check's breaks_with)
     const char* note;      // "" or where the measured cause differs from the bank's reason
+    fault_set running;     // the faults the engine ran with when this was measured (0 normally)
 } lesson_check_result;
 
 typedef struct lesson_options {
@@ -142,9 +143,11 @@ int lesson_list_folder(const char* folder, lesson_file_name* names, int capacity
 // ---- headless running ----------------------------------------------------------------
 
 // Prints one check as the headless runner does:
-//   PASS <id> <claim> -- <evidence>
-//   DISAGREE <id> <claim> -- <evidence> (bank: false, measured: true)
-//   FAIL <id> <claim> -- <error>
+//   PASS <id> (bank: true|false) "<claim>" -- measured: <evidence>[ -- note: <note>]
+//   DISAGREE <id> (bank: ...) "<claim>" -- measured: <evidence> (the measurement contradicts the bank: ...)
+//   FAIL <id> (bank: ...) "<claim>" -- <error>
+// Under --fault, a bracketed tail says whether the fault turned the claim
+// and whether the claim declares it (breaks_with).
 void lesson_print_check(FILE* out, const lesson_check_result* result);
 
 // Runs a lesson to its end with `options` as given (callbacks included),
@@ -159,6 +162,21 @@ int lesson_run_file(const char* path, const lesson_options* options, void (*on_p
 // Errors go to `errors` as "FILE:LINE: message". Returns 0 when every
 // printed check passed and the lesson did not fail, 1 otherwise.
 int lesson_run_headless(const char* path, const lesson_options* options, FILE* out, FILE* errors);
+
+// ---- the fault matrix (lab/lesson_faults.c) -------------------------------------------
+
+// Runs each lesson once with no fault and prints a markdown table of its
+// claims and the faults each declares (breaks_with). Returns 0 when every
+// lesson ran.
+int lesson_fault_table(const char* const* paths, int n_paths, const lesson_options* options, FILE* out, FILE* errors);
+
+// Runs each lesson with no fault (every claim must PASS and declare a
+// fault), then once per fault its claims declare (each claim declaring it
+// must not PASS); with `undeclared`, under every other fault too, reporting
+// the claims they also turn. Each run is a child process. One line per
+// (claim, fault) pair and a summary; returns 0 when nothing is wrong.
+int lesson_fault_matrix(const char* const* paths, int n_paths, const lesson_options* options, bool undeclared,
+                        FILE* out, FILE* errors);
 
 // The quiz's "prove it": finds the lesson in lessons_dir that declares
 // claim_id, runs it headless and prints that check's line to out. Returns

@@ -16,6 +16,19 @@ void lesson_print_check(FILE* out, const lesson_check_result* r) {
         fprintf(out, " (the measurement contradicts the bank: bank says %s, measured %s)", r->bank_answer ? "true" : "false",
                 r->verdict ? "true" : "false");
     if (r->note && r->note[0]) fprintf(out, " -- note: %s", r->note);
+    if (r->running) {
+        char running[512], declared[512];
+        fault_set_describe(r->running, running, sizeof running);
+        fault_set_describe(r->running & r->breaks_with, declared, sizeof declared);
+        if (r->outcome != CHECK_PASS && declared[0])
+            fprintf(out, " [turned by %s, as its breaks_with declares]", declared);
+        else if (r->outcome != CHECK_PASS)
+            fprintf(out, " [turned under %s, which its breaks_with does not declare]", running);
+        else if (declared[0])
+            fprintf(out, " [STILL PASS under %s, which its breaks_with declares: this check cannot see that bug]", declared);
+        else
+            fprintf(out, " [unchanged under %s]", running);
+    }
     fputc('\n', out);
     fflush(out);
 }

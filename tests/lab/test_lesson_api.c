@@ -362,9 +362,9 @@ static void test_headless_output_format(void** state) {
     fclose(out);
     assert_int_equal(status, 1);
     char* text = test_read_text(out_path);
-    assert_string_equal(text, "PASS f1 one is one -- n = 1\n"
-                              "DISAGREE f2 two is three -- n = 2 (the measurement contradicts the bank: bank says true, "
-                              "measured false)\n"
+    assert_string_equal(text, "PASS f1 (bank: true) \"one is one\" -- measured: n = 1\n"
+                              "DISAGREE f2 (bank: true) \"two is three\" -- measured: n = 2 (the measurement contradicts "
+                              "the bank: bank says true, measured false)\n"
                               "1 passed, 1 failed\n");
     free(text);
 }
@@ -399,8 +399,9 @@ static void test_read_info_and_prove_claim(void** state) {
     assert_non_null(strstr(err.message, "no lesson"));
     fclose(out);
     char* text = test_read_text(out_path);
-    assert_string_equal(text, "PASS p2 c2 -- five\n"
-                              "DISAGREE p3 c3 -- no (the measurement contradicts the bank: bank says true, measured false)\n");
+    assert_string_equal(text, "PASS p2 (bank: true) \"c2\" -- measured: five\n"
+                              "DISAGREE p3 (bank: true) \"c3\" -- measured: no (the measurement contradicts the bank: "
+                              "bank says true, measured false)\n");
     free(text);
 
     // A lab call before the declaration is refused in info mode.

@@ -169,7 +169,7 @@ static void test_run_flags_and_failures(void** state) {
     assert_int_equal(servelab("lesson run lessons/01-kv-sizing.lua --memory-limit 1KiB", &out), 2);
     free(out);
     assert_int_equal(servelab("lesson --help", &out), 0);
-    assert_non_null(strstr(out, "PASS <id> <claim> -- <evidence>"));
+    assert_non_null(strstr(out, "PASS <id> (bank: B) \"<claim>\" -- measured: <evidence>"));
     free(out);
     // --only reports one claim.
     assert_int_equal(servelab("lesson run lessons/03-prefix-sharing.lua --headless --only edge6", &out), 0);
