@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/fault.h"
 #include "engine/links.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/matmul.h"
@@ -285,6 +286,7 @@ typedef struct attention_job {
     int max_context;
     const int* groups;                  // (n_groups + 1) forward_state.attention_groups
     int head_slices;                    // tasks per group, each a slice of its KV heads (1: whole)
+    bool skip_last_block;               // fault skip-last-block (engine/fault.h); false in a normal run
     kernel_traffic* per_thread_traffic; // (shard->n_thread_slots)
 } attention_job;
 
@@ -305,6 +307,13 @@ static void attention_task(void* context, int task, int thread) {
     const size_t query_offset = (size_t)kv_begin * (size_t)queries_per_kv_head * (size_t)job->head_dim;
     const size_t kv_byte_offset = (size_t)kv_begin * (size_t)job->head_dim * (size_t)kv_dtype_bytes(view->dtype);
     const int first = job->groups[group], n_rows = job->groups[group + 1] - first;
+    int n_context = view->batch->rows[first].position + 1;
+    if (job->skip_last_block && view->block_size > 1) {
+        // The bug: the block loop stops before the context's last block.
+        // (A context inside its first block keeps it: nothing would be left.)
+        const int tail = (n_context - 1) % view->block_size + 1;
+        if (n_context > tail) n_context -= tail;
+    }
     kv_layer_view layer = {view->dtype,
                            (const char*)view->keys + kv_byte_offset,
                            (const char*)view->values + kv_byte_offset,
@@ -316,8 +325,8 @@ static void attention_task(void* context, int task, int thread) {
     // A slice of a multi-row group would need the rows' stride: groups of
     // several rows are only sliced whole (head_slices is 1 when any is).
     attention_rows(shard->attention + (size_t)first * width + query_offset,
-                   shard->query + (size_t)first * width + query_offset, &layer, view->batch->rows[first].position + 1,
-                   n_rows, (kv_end - kv_begin) * queries_per_kv_head, kv_end - kv_begin, job->head_dim,
+                   shard->query + (size_t)first * width + query_offset, &layer, n_context, n_rows,
+                   (kv_end - kv_begin) * queries_per_kv_head, kv_end - kv_begin, job->head_dim,
                    shard->scores + (size_t)thread * (size_t)job->max_context, &job->per_thread_traffic[thread]);
 }
 
@@ -371,6 +380,7 @@ typedef struct rope_store_job {
     forward_shard* shard;
     const float* rotations; // (n_rows, head_dim) forward_state.rotations
     int head_dim, n_rows, rows_per_task;
+    bool tail_slot_one_off; // fault paged-wrong-slot (engine/fault.h); false in a normal run
     kernel_traffic* per_thread_traffic; // (shard->n_thread_slots)
 } rope_store_job;
 
@@ -387,7 +397,12 @@ static void rope_store_task(void* context, int task, int thread) {
         float* key = shard->key + (size_t)r * kv_width;
         rope_rotate(shard->query + (size_t)r * query_width, key, job->rotations + (size_t)r * (size_t)job->head_dim,
                     shard->n_heads, shard->n_kv_heads, job->head_dim, traffic);
-        int64_t slot = kv_slot_of_position(shard_table(view, r), view->block_size, view->batch->rows[r].position);
+        const batch_row* row = &view->batch->rows[r];
+        int64_t slot = kv_slot_of_position(shard_table(view, r), view->block_size, row->position);
+        // The bug: the newest token's slot is computed one short inside its
+        // tail block, so its K and V land on the previous token's slot and
+        // attention reads the wrong slot for both.
+        if (job->tail_slot_one_off && row->wants_logits && row->position % view->block_size != 0) slot--;
         kv_write_row(view->keys, view->values, view->key_scales, view->value_scales, view->dtype, slot, key,
                      shard->value + (size_t)r * kv_width, shard->n_kv_heads, job->head_dim, traffic);
     }
@@ -411,11 +426,18 @@ static void attention_sublayer(void* context, int k, int thread) {
     shard_kv view = shard_kv_of(run, shard);
     kernel_traffic per_thread_traffic[THREAD_POOL_MAX_THREADS];
     memset(per_thread_traffic, 0, (size_t)shard->n_thread_slots * sizeof *per_thread_traffic);
-    rope_store_job store = {&view, shard, s->rotations, head_dim, n, rows_per_task(n, shard->n_thread_slots),
+    rope_store_job store = {&view,
+                            shard,
+                            s->rotations,
+                            head_dim,
+                            n,
+                            rows_per_task(n, shard->n_thread_slots),
+                            fault_on(FAULT_PAGED_WRONG_SLOT),
                             per_thread_traffic};
     thread_pool_run(shard->pool, (n + store.rows_per_task - 1) / store.rows_per_task, rope_store_task, &store);
     const int head_slices = attention_head_slices(s, shard, n);
-    attention_job job = {&view, shard, head_dim, s->max_context, s->attention_groups, head_slices, per_thread_traffic};
+    attention_job job = {&view,       shard,       head_dim, s->max_context, s->attention_groups,
+                         head_slices, fault_on(FAULT_SKIP_LAST_BLOCK), per_thread_traffic};
     thread_pool_run(shard->pool, s->n_attention_groups * head_slices, attention_task, &job);
     for (int t = 0; t < shard->n_thread_slots; t++) traffic_add(traffic, &per_thread_traffic[t]);
     if (s->capture)
@@ -484,6 +506,34 @@ static void all_reduce_residual(forward_state* s, int n_rows, const model_config
     }
 }
 
+// ---- the counting faults (engine/fault.h) ------------------------------------------------------
+
+// Slots past each row's context up to the end of the block holding its last
+// position: what attention counted over allocated slots adds to the
+// context (flops-allocated). A contiguous cache is viewed one slot per
+// block, so it adds nothing there.
+static uint64_t unfilled_tail_slots(const forward_batch* b, int block_size) {
+    uint64_t slots = 0;
+    for (int r = 0; r < b->n_rows; r++) {
+        const int context = b->rows[r].position + 1;
+        slots += (uint64_t)((block_size - context % block_size) % block_size);
+    }
+    return slots;
+}
+
+// Miscounts one tally the way an enabled counting fault does; with no fault
+// enabled, four not-taken tests per tally per forward() call.
+// extra_attention_flops: what flops-allocated adds to this tally.
+static void miscount_traffic(kernel_traffic* t, uint64_t extra_attention_flops) {
+    if (fault_on(FAULT_KV_COUNT_DROPPED)) t->kv_bytes_written = 0;
+    if (fault_on(FAULT_KV_COUNT_DOUBLED)) {
+        t->kv_bytes_written *= 2;
+        t->kv_bytes_read *= 2;
+    }
+    if (fault_on(FAULT_WEIGHT_COUNT_DOUBLED)) t->weight_bytes_read *= 2;
+    if (fault_on(FAULT_FLOPS_ALLOCATED)) t->attention_flops += extra_attention_flops;
+}
+
 // ---- the forward pass ------------------------------------------------------------------------
 
 int forward(const model* m, forward_state* s, kv_memory* kv, const forward_batch* b, float* logits,
@@ -543,6 +593,12 @@ int forward(const model* m, forward_state* s, kv_memory* kv, const forward_batch
         if (s->capture) s->capture(s->capture_user, -1, CAPTURE_CLASSIFIER_INPUT, s->xb, n_logit_rows, dim);
         matmul_parallel(logits, s->xb, n_logit_rows, &m->classifier, s->pool, &replicated);
     }
+    // Each shard's attention over one slot: q.k and p.v, 2 FLOPs per multiply-add, in every layer.
+    const uint64_t unfilled_slots = fault_on(FAULT_FLOPS_ALLOCATED) ? unfilled_tail_slots(b, kv->block_size) : 0;
+    miscount_traffic(&replicated, 0);
+    for (int k = 0; k < s->n_shards; k++)
+        miscount_traffic(&s->shards[k].traffic, 4ull * (uint64_t)s->shards[k].n_heads * (uint64_t)c->head_dim *
+                                                    (uint64_t)c->n_layers * unfilled_slots);
     if (traffic) {
         traffic_add(traffic, &replicated);
         for (int k = 0; k < s->n_shards; k++) traffic_add(traffic, &s->shards[k].traffic);
