@@ -1,10 +1,12 @@
 #include "lab/ui_panes.h"
 
+
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "engine/devices.h"
+#include "engine/fault.h"
 #include "engine/tokenizer.h"
 
 const int UI_SPEEDS[8] = {1, 2, 5, 10, 20, 50, 100, 0};
@@ -858,6 +860,14 @@ void ui_draw(ui_screen* s, const dashboard* d, const ui_view* v) {
                  model_base && !d->lesson_engine ? model_base + 1 : model_text) >= (int)sizeof model_short)
         model_short[0] = '\0';
     ui_line_text(&header, 4, model_long, model_short, "", NULL);
+    if (fault_enabled_set) {
+        // A deliberate bug (--fault) stays in sight as long as the step does:
+        // every number on the screen is the broken engine's.
+        char faults[UI_LINE_FORM_BYTES - 16], fault_text[UI_LINE_FORM_BYTES];
+        fault_set_describe(fault_enabled_set, faults, sizeof faults);
+        snprintf(fault_text, sizeof fault_text, "  FAULT %s", faults);
+        ui_line_text(&header, 9, fault_text, "  FAULT", NULL);
+    }
     ui_line_number(&header, 9, false, "  step ",
                    (double)(d->lesson_engine ? d->lesson_engine->record.step : d->steps), 1, "");
     ui_line_text(&header, 8, v->running ? "  RUNNING" : "  paused", NULL);
