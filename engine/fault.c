@@ -35,6 +35,8 @@ static const fault_entry fault_table[FAULT_COUNT] = {
     [FAULT_AWQ_NO_SCALING] = {"awq-no-scaling", "AWQ searches its scales, then quantizes the unscaled weights"},
     [FAULT_GPTQ_NO_FEEDBACK] = {"gptq-no-feedback", "GPTQ rounds each column without feeding its error into the next"},
     [FAULT_TP_FULL_WEIGHTS] = {"tp-full-weights", "a tensor-parallel shard streams the full weight matrices, not its slice"},
+    [FAULT_QUANT_KEEPS_FP16] = {"quant-keeps-fp16", "a quantized model keeps a copy of its unquantized weights allocated beside the packed ones"},
+    [FAULT_W8A8_FLOAT_ACTIVATIONS] = {"w8a8-float-activations", "W8A8 never quantizes its activations: it runs as W8A16"},
 };
 
 fault_set fault_install(fault_set set) {

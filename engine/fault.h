@@ -42,6 +42,9 @@ typedef enum fault_id {
     FAULT_GPTQ_NO_FEEDBACK,      // GPTQ rounds each column without feeding the error forward
     // parallelism
     FAULT_TP_FULL_WEIGHTS,       // a tensor-parallel shard streams the full weight matrices
+    // quantized models
+    FAULT_QUANT_KEEPS_FP16,      // a quantized model keeps a copy of its unquantized weights allocated
+    FAULT_W8A8_FLOAT_ACTIVATIONS, // W8A8 never quantizes its activations (runs as W8A16)
     FAULT_COUNT
 } fault_id;
 
