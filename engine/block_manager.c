@@ -2,6 +2,8 @@
 
 #include <string.h>
 
+#include "engine/fault.h"
+
 static int blocks_for(int tokens, int block_size) { return (tokens + block_size - 1) / block_size; }
 
 int block_manager_blocks_for_length(const engine* e, int length) {
@@ -11,7 +13,8 @@ int block_manager_blocks_for_length(const engine* e, int length) {
 // Contiguous reservation length for a sequence.
 static int reservation_length(const engine* e, const sequence* s) {
     int max_len = e->model->config.max_seq_len;
-    if (e->config.reserve == RESERVE_MAX) return max_len;
+    // The bug (reserve-request-length): "max" reserves only the request.
+    if (e->config.reserve == RESERVE_MAX && !fault_on(FAULT_RESERVE_REQUEST_LENGTH)) return max_len;
     return s->capacity < max_len ? s->capacity : max_len;
 }
 
@@ -88,12 +91,14 @@ int block_manager_admit(engine* e, sequence* s, int* prefix_hit_tokens) {
     int needed = blocks_for(s->n_tokens, bs);
     if (needed - hits + evictable_hits > kv_pool_available(&e->pool) || sequence_reserve_table(s, needed)) return -1;
     // Share the cached prefix blocks (walking the chain again to find them).
+    // The bug (prefix-no-refcount): the table lists them without a reference.
+    const bool count_references = !fault_on(FAULT_PREFIX_NO_REFCOUNT);
     uint64_t parent = 0;
     for (int i = 0; i < hits; i++) {
         const int32_t* tokens = s->tokens + (size_t)i * (size_t)bs;
         uint64_t hash = kv_block_hash(parent, tokens, bs);
         int32_t block = kv_pool_lookup(&e->pool, hash, parent, tokens);
-        kv_pool_retain(&e->pool, block, s->id);
+        if (count_references) kv_pool_retain(&e->pool, block, s->id);
         s->block_table[s->n_table++] = block;
         parent = hash;
     }
@@ -125,7 +130,8 @@ int block_manager_prepare_decode(engine* e, sequence* s) {
         return 0;
     }
     int32_t block = s->block_table[index];
-    if (e->pool.blocks[block].ref_count > 1) { // shared: copy before writing
+    // Shared: copy before writing (the bug no-cow writes into it as it is).
+    if (e->pool.blocks[block].ref_count > 1 && !fault_on(FAULT_NO_COW)) {
         int32_t copy = kv_pool_copy_on_write(&e->pool, block, s->id);
         if (copy < 0) return -1;
         s->block_table[index] = copy;

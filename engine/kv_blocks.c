@@ -175,9 +175,17 @@ void kv_pool_retain(kv_pool* pool, int32_t block, int32_t sequence) {
 
 void kv_pool_release(kv_pool* pool, int32_t block, int32_t sequence) {
     kv_block* b = &pool->blocks[block];
+    // A release of a block nobody holds (possible only after a reference
+    // went uncounted: the prefix-no-refcount fault) is refused: pushing it
+    // on the free stack again could overflow the stack's n_blocks entries.
+    if (b->ref_count <= 0) return;
     b->ref_count--;
     b->last_used = ++pool->clock;
     if (b->ref_count == 0) {
+        if (b->cached) { // the cache's own reference was taken by an uncounted owner: unindex it
+            lru_remove(pool, block);
+            index_remove(pool, block);
+        }
         b->n_filled = 0;
         pool->free_stack[pool->n_free++] = block;
         log_event(pool, BLOCK_FREE, block, sequence, -1);
