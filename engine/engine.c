@@ -467,30 +467,28 @@ static void record_tensor_parallel(const engine* e, step_record* r) {
         link_allreduce_seconds(link_model_get(e->config.tp_link), f->n_allreduces, f->allreduce_bytes);
 }
 
-// The unbatched-decode fault (engine/fault.h): the step's batch is run as one
-// forward() call per sequence, the bug of an engine whose "batch" is a loop
-// over requests. Each call streams every weight matrix again, so a decode
-// step of B sequences reads B times the weights of the batched call (the
-// kernels count it: one operand per call). The logits come out in the same
-// row order as the batched call's; a prefill chunk keeps its rows together.
-static int forward_sequence_by_sequence(engine* e, kv_memory* memory, const forward_batch* batch, step_record* r,
-                                        error_info* err) {
+// The unbatched-decode fault (engine/fault.h): the step's batch is run one
+// row per forward() call, the bug of an engine whose "batch" is a loop over
+// tokens (llama2.c's run.c feeds even a prompt one token at a time). Each
+// call streams every weight matrix again, so a step of n rows reads n times
+// the weights of the batched call (the kernels count one operand per call),
+// and a prompt's tokens no longer share a weight read. Rows run in batch
+// order, so every earlier position of a sequence is cached before a row
+// attends to it, and the logits come out in the batched call's order.
+static int forward_row_by_row(engine* e, kv_memory* memory, const forward_batch* batch, step_record* r,
+                              error_info* err) {
     forward_state* f = &e->forward;
     const size_t vocab = (size_t)e->model->config.vocab_size;
     kernel_traffic shard_traffic[MAX_TP_SHARDS]; // (n_shards) summed over the calls
     memset(shard_traffic, 0, sizeof shard_traffic);
     uint64_t allreduce_bytes = 0;
     int n_allreduces = 0, n_logit_rows = 0;
-    for (int first = 0, end = 0; first < batch->n_rows; first = end) {
-        const int32_t batch_sequence = e->rows[first].sequence;
-        int n_logits = 0;
-        for (end = first; end < batch->n_rows && e->rows[end].sequence == batch_sequence; end++) {
-            e->rows[end].sequence = 0; // the only sequence of its call
-            n_logits += e->rows[end].wants_logits;
-        }
-        forward_batch alone = {end - first, e->rows + first, 1, batch->block_tables + batch_sequence};
+    for (int row = 0; row < batch->n_rows; row++) {
+        batch_row alone_row = e->rows[row];
+        alone_row.sequence = 0; // the only sequence of its call
+        forward_batch alone = {1, &alone_row, 1, batch->block_tables + e->rows[row].sequence};
         if (forward(e->model, f, memory, &alone, e->logits + (size_t)n_logit_rows * vocab, &r->traffic, err)) return -1;
-        n_logit_rows += n_logits;
+        n_logit_rows += alone_row.wants_logits;
         for (int k = 0; k < f->n_shards; k++) traffic_add(&shard_traffic[k], &f->shards[k].traffic);
         allreduce_bytes += f->allreduce_bytes;
         n_allreduces += f->n_allreduces;
@@ -558,7 +556,7 @@ int engine_step(engine* e, const step_record** record_out, error_info* err) {
                 return -1;
         } else {
             if (fault_on(FAULT_UNBATCHED_DECODE)) {
-                if (forward_sequence_by_sequence(e, memory, &batch, r, err)) return -1;
+                if (forward_row_by_row(e, memory, &batch, r, err)) return -1;
             } else if (forward(e->model, &e->forward, memory, &batch, e->logits, &r->traffic, err)) {
                 return -1;
             }
