@@ -37,6 +37,9 @@ static const fault_entry fault_table[FAULT_COUNT] = {
     [FAULT_TP_FULL_WEIGHTS] = {"tp-full-weights", "a tensor-parallel shard streams the full weight matrices, not its slice"},
     [FAULT_QUANT_KEEPS_FP16] = {"quant-keeps-fp16", "a quantized model keeps a copy of its unquantized weights allocated beside the packed ones"},
     [FAULT_W8A8_FLOAT_ACTIVATIONS] = {"w8a8-float-activations", "W8A8 never quantizes its activations: it runs as W8A16"},
+    [FAULT_PAGED_ALLOCATE_AHEAD] = {"paged-allocate-ahead",
+                                    "paged admission takes blocks for the prompt + max_tokens at once, not as tokens come"},
+    [FAULT_COW_SHORT_COPY] = {"cow-short-copy", "copy-on-write copies one slot fewer than the shared block holds"},
 };
 
 fault_set fault_install(fault_set set) {

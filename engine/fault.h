@@ -45,6 +45,9 @@ typedef enum fault_id {
     // quantized models
     FAULT_QUANT_KEEPS_FP16,      // a quantized model keeps a copy of its unquantized weights allocated
     FAULT_W8A8_FLOAT_ACTIVATIONS, // W8A8 never quantizes its activations (runs as W8A16)
+    // paged KV blocks
+    FAULT_PAGED_ALLOCATE_AHEAD,  // paged admission takes blocks for prompt + max_tokens at once
+    FAULT_COW_SHORT_COPY,        // copy-on-write copies one slot fewer than the block holds
     FAULT_COUNT
 } fault_id;
 
