@@ -6,6 +6,15 @@
 
 static int blocks_for(int tokens, int block_size) { return (tokens + block_size - 1) / block_size; }
 
+// Paged blocks a sequence takes at admission: those of its tokens so far.
+// The bug (paged-allocate-ahead): those of everything it may ever hold,
+// prompt + max_tokens, as a reservation would.
+static int admission_blocks(const sequence* s, int block_size) {
+    int tokens = s->n_tokens;
+    if (fault_on(FAULT_PAGED_ALLOCATE_AHEAD) && s->capacity > tokens) tokens = s->capacity;
+    return blocks_for(tokens, block_size);
+}
+
 int block_manager_blocks_for_length(const engine* e, int length) {
     return e->config.layout == KV_LAYOUT_PAGED ? blocks_for(length, e->config.block_size) : length;
 }
@@ -65,7 +74,7 @@ int block_manager_admission_cost(engine* e, const sequence* s, int* hit_blocks, 
     *hit_blocks = hits;
     if (e->config.prefix_caching && (hits + 1) * e->config.block_size <= s->n_tokens - 1)
         *pending = prefix_block_pending(e, s, hits);
-    return blocks_for(s->n_tokens, e->config.block_size) - hits + evictable_hits;
+    return admission_blocks(s, e->config.block_size) - hits + evictable_hits;
 }
 
 int block_manager_admit(engine* e, sequence* s, int* prefix_hit_tokens) {
@@ -88,7 +97,7 @@ int block_manager_admit(engine* e, sequence* s, int* prefix_hit_tokens) {
     uint64_t last_hash = 0;
     int evictable_hits;
     int hits = count_prefix_hits(e, s, &last_hash, &evictable_hits);
-    int needed = blocks_for(s->n_tokens, bs);
+    int needed = admission_blocks(s, bs);
     if (needed - hits + evictable_hits > kv_pool_available(&e->pool) || sequence_reserve_table(s, needed)) return -1;
     // Share the cached prefix blocks (walking the chain again to find them).
     // The bug (prefix-no-refcount): the table lists them without a reference.

@@ -3,6 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/fault.h"
+
 // ---- events --------------------------------------------------------------------
 
 static void log_event(kv_pool* pool, block_event_kind kind, int32_t block, int32_t sequence, int32_t other) {
@@ -198,7 +200,9 @@ int32_t kv_pool_copy_on_write(kv_pool* pool, int32_t block, int32_t sequence) {
     int32_t copy = kv_pool_allocate(pool, sequence);
     if (copy < 0) return -1;
     int n_filled = pool->blocks[block].n_filled;
-    pool->copy_bytes += kv_memory_copy_block(&pool->memory, block, copy, n_filled);
+    // The bug (cow-short-copy): the copy stops one slot short of the fill.
+    int n_copied = fault_on(FAULT_COW_SHORT_COPY) && n_filled > 0 ? n_filled - 1 : n_filled;
+    pool->copy_bytes += kv_memory_copy_block(&pool->memory, block, copy, n_copied);
     pool->blocks[copy].n_filled = n_filled;
     pool->total_copies++;
     log_event(pool, BLOCK_COPY, block, sequence, copy);
