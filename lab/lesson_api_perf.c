@@ -2,6 +2,7 @@
 // machine's measured bandwidth and FLOP rate.
 //
 //   t = lab.time{model = m, phase = "prefill" | "decode", tokens = N, batch = B, repeats = 5, context = 16}
+//     (bytes, weight_bytes, kv_bytes, flops, matmul_flops, attention_flops: summed over the timed steps of one round)
 //   lab.kv_bytes{model = m, batch = B, seq = S, bytes_per_element = 2}
 //   lab.roofline{bytes = b, flops = f, device = "H100" | "machine"}
 //   lab.devices(), lab.machine(), lab.median{...}
@@ -174,7 +175,7 @@ static int lab_time(lua_State* L) {
     }
     double median = median_of(seconds, repeats);
     double median_cpu = median_of(cpu, repeats);
-    lua_createtable(L, 0, 10);
+    lua_createtable(L, 0, 16);
     lua_insert(L, -2);
     lua_setfield(L, -2, "samples");
     lab_set_string(L, "phase", phases[phase]);
@@ -192,6 +193,12 @@ static int lab_time(lua_State* L) {
     lab_set_integer(L, "bytes", (lua_Integer)bytes);
     lab_set_integer(L, "weight_bytes", (lua_Integer)traffic.weight_bytes_read);
     lab_set_integer(L, "flops", (lua_Integer)flops);
+    // The two kinds of work apart: a matmul's FLOPs scale with the weights
+    // it streams, attention's with the context (lessons check each against
+    // the model's shapes).
+    lab_set_integer(L, "matmul_flops", (lua_Integer)traffic.matmul_flops);
+    lab_set_integer(L, "attention_flops", (lua_Integer)traffic.attention_flops);
+    lab_set_integer(L, "kv_bytes", (lua_Integer)(traffic.kv_bytes_read + traffic.kv_bytes_written));
     lab_set_number(L, "intensity", bytes ? (double)flops / (double)bytes : 0.0);
     // Free the engine now rather than at the next collection (the
     // finalizer then finds nothing left to do).
