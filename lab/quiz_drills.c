@@ -66,6 +66,19 @@ double quiz_weight_bytes(uint64_t n_params, quiz_weight_format format, int group
     return n * bits / 8.0 + 2.0 * n / (double)group_size;
 }
 
+quiz_decode_weights quiz_decode_weight_bytes(const quiz_model* m, quiz_weight_format format, int group_size) {
+    quiz_decode_weights w;
+    uint64_t d = (uint64_t)m->d_model, table = (uint64_t)m->vocab_size * d;
+    w.norm_weights = (2 * (uint64_t)m->n_layers + 1) * d;
+    // quiz_model_params counts the table once (tied) or twice (embedding and
+    // output matrix). Per token the output matrix is read whole, and the
+    // embedding gives one row of d_model weights.
+    uint64_t untied_params = quiz_model_params(m) + (m->tied_embeddings ? table : 0);
+    w.matrix_weights = untied_params - table + d - w.norm_weights;
+    w.total_bytes = quiz_weight_bytes(w.matrix_weights, format, group_size) + 4.0 * (double)w.norm_weights;
+    return w;
+}
+
 static const char* format_name(quiz_weight_format format) {
     return format == QUIZ_WEIGHTS_FP16 ? "FP16" : format == QUIZ_WEIGHTS_INT8 ? "INT8" : "INT4";
 }
@@ -233,11 +246,31 @@ static double distance_to_tie(double x) { return fabs(x - floor(x) - 0.5); }
 
 static float two_decimals(double x) { return (float)(round(x * 100.0) / 100.0); }
 
-// Draws bits, a range and a value whose s, z, q and r_hat by hand (exact
-// decimal arithmetic) agree with engine/quant.h, which stores s rounded up
-// to fp16: draws near a rounding tie, where the two could differ, are drawn
-// again, so the student's arithmetic and the engine's quantizer give one
-// answer. A third of the drills (not the zero-point one: z is 0 there) are
+// Rounding ties closer than this (in code units) are drawn again: a hand
+// computation that carries s to 4 significant figures moves r / s by about
+// 1e-4 of itself, 0.03 at the largest 8-bit codes.
+#define QUIZ_TIE_MARGIN 0.05
+
+// q by hand: clamp(round(r / s) + z) with x = r / s.
+static double code_by_hand(double x, double z, int code_min, int code_max) {
+    return fmin(fmax(round(x) + z, (double)code_min), (double)code_max);
+}
+
+// Whether a rounding near a tie can change the code: the clamp hides it
+// when both neighbours saturate to the same end code.
+static bool tie_decides(double x, double z, int code_min, int code_max) {
+    if (distance_to_tie(x) >= QUIZ_TIE_MARGIN) return false;
+    return code_by_hand(floor(x), z, code_min, code_max) != code_by_hand(ceil(x), z, code_min, code_max);
+}
+
+// Draws bits, a range and a value, and quantizes them with engine/quant.h,
+// which rounds s UP to FP16 and then computes z, q and r_hat with that
+// FP16 s. The worked answer uses that same s for z, q and r_hat, so that
+// its numbers follow from one another and from the engine's. Draws where
+// the unrounded s would give another z or q, or where z or q is within
+// QUIZ_TIE_MARGIN of a tie, are drawn again: a student who keeps the
+// unrounded s still gets the engine's z and q, and an r_hat within 2^-11
+// of it. A third of the drills (not the zero-point one: z is 0 there) are
 // symmetric: s = max(|r_min|, |r_max|) / (2^(b-1) - 1), q = clamp(round(r / s)).
 static int draw_quantization(quiz_rng* rng, quiz_drill* d, quant_params* p, int32_t* code, float* r_hat) {
     static const int BITS[] = {2, 3, 4, 4, 4, 8, 8, 8};
@@ -252,23 +285,27 @@ static int draw_quantization(quiz_rng* rng, quiz_drill* d, quant_params* p, int3
             r = quiz_rng_int(rng, 0, 1) ? (double)d->in.range_max + 0.1 + 2.0 * quiz_rng_unit(rng)
                                         : (double)d->in.range_min - 0.1 - 2.0 * quiz_rng_unit(rng);
         d->in.value = (float)(round(r * 1000.0) / 1000.0);
-        double z_hand = 0, q_hand = 0;
-        if (d->in.symmetric) {
-            int code_max = (1 << (d->in.bits - 1)) - 1;
-            double s_exact = fmax(-(double)d->in.range_min, (double)d->in.range_max) / code_max;
-            double q_exact = (double)d->in.value / s_exact;
-            if (distance_to_tie(q_exact) < 0.05) continue;
-            q_hand = fmin(fmax(round(q_exact), (double)-code_max), (double)code_max);
-        } else {
-            int levels = (1 << d->in.bits) - 1;
-            double s_exact = width / levels;
-            double z_exact = -(double)d->in.range_min / s_exact;
-            double q_exact = (double)d->in.value / s_exact;
-            if (distance_to_tie(z_exact) < 0.05 || distance_to_tie(q_exact) < 0.05) continue;
-            z_hand = round(z_exact);
-            q_hand = fmin(fmax(round(q_exact) + z_hand, 0.0), (double)levels);
-        }
         *p = quant_params_for_range(d->in.range_min, d->in.range_max, d->in.bits, d->in.symmetric);
+        const double s = (double)p->scale; // FP16, the s of every step below
+        const double value = (double)d->in.value;
+        int code_min = quant_code_min(d->in.bits, d->in.symmetric);
+        int code_max = quant_code_max(d->in.bits, d->in.symmetric);
+        double s_exact =
+            d->in.symmetric ? fmax(-(double)d->in.range_min, (double)d->in.range_max) / code_max : width / code_max;
+        double z_hand = 0, z_exact = 0;
+        if (!d->in.symmetric) {
+            double zero = -(double)d->in.range_min;
+            if (distance_to_tie(zero / s) < QUIZ_TIE_MARGIN || distance_to_tie(zero / s_exact) < QUIZ_TIE_MARGIN)
+                continue;
+            z_hand = round(zero / s);
+            z_exact = round(zero / s_exact);
+            if (z_hand != z_exact) continue;
+        }
+        if (tie_decides(value / s, z_hand, code_min, code_max) ||
+            tie_decides(value / s_exact, z_exact, code_min, code_max))
+            continue;
+        double q_hand = code_by_hand(value / s, z_hand, code_min, code_max);
+        if (q_hand != code_by_hand(value / s_exact, z_exact, code_min, code_max)) continue;
         *code = quant_quantize(d->in.value, p, d->in.bits, d->in.symmetric, NULL);
         *r_hat = quant_dequantize(*code, p);
         if ((double)p->zero_point != z_hand || (double)*code != q_hand) continue;
@@ -288,8 +325,8 @@ static int generate_quantization(quiz_rng* rng, quiz_drill* d, error_info* err) 
     double magnitude = fmax(-(double)d->in.range_min, (double)d->in.range_max);
     double s_exact = sym ? magnitude / code_max : ((double)d->in.range_max - (double)d->in.range_min) / code_max;
     // Symmetric codes cover [-max|r|, max|r|], asymmetric ones [r_min, r_max].
-    bool clipped = sym ? fabs((double)d->in.value) > magnitude
-                       : d->in.value < d->in.range_min || d->in.value > d->in.range_max;
+    bool clipped =
+        sym ? fabs((double)d->in.value) > magnitude : d->in.value < d->in.range_min || d->in.value > d->in.range_max;
     const char* asked = "";
     char code_note[96];
     if (clipped)
@@ -320,23 +357,24 @@ static int generate_quantization(quiz_rng* rng, quiz_drill* d, error_info* err) 
              "real value r = %.3f, what is %s?",
              sym ? "Symmetric" : "Asymmetric", d->in.bits, code_min, code_max, sym ? ", z = 0" : "",
              (double)d->in.range_min, (double)d->in.range_max, (double)d->in.value, asked);
+    // Every step below uses the FP16 s, as the engine does.
+    const double s = (double)p.scale, value = (double)d->in.value;
     if (sym)
         snprintf(d->explanation, sizeof d->explanation,
-                 "s = max(|r_min|, |r_max|) / (2^%d - 1) = %.4f / %d = %.6g (the engine stores s in FP16, rounded "
-                 "up: %.6g). z = 0. q = clamp(round(r / s), %d, %d): round(%.4f) = %.0f%s. r_hat = s q = %.6g x %d "
-                 "= %.6g.",
-                 d->in.bits - 1, magnitude, code_max, s_exact, (double)p.scale, code_min, code_max,
-                 (double)d->in.value / s_exact, round((double)d->in.value / s_exact), code_note, (double)p.scale,
-                 code, (double)r_hat);
+                 "s = max(|r_min|, |r_max|) / (2^%d - 1) = %.4f / %d = %.6g; the engine stores s in FP16, rounded "
+                 "up, so s = %.6g from here on. z = 0. q = clamp(round(r / s), %d, %d): round(%.4f) = %.0f%s. "
+                 "r_hat = s q = %.6g x %d = %.6g. (With the unrounded s, q is the same.)",
+                 d->in.bits - 1, magnitude, code_max, s_exact, s, code_min, code_max, value / s, round(value / s),
+                 code_note, s, code, (double)r_hat);
     else
         snprintf(d->explanation, sizeof d->explanation,
-                 "s = (r_max - r_min) / (2^%d - 1) = %.4f / %d = %.6g (the engine stores s in FP16, rounded up: "
-                 "%.6g). z = round(-r_min / s) = round(%.4f) = %d. q = clamp(round(r / s) + z, 0, %d): round(%.4f) "
-                 "+ %d = %.0f%s. r_hat = s (q - z) = %.6g x %d = %.6g.",
-                 d->in.bits, (double)d->in.range_max - (double)d->in.range_min, code_max, s_exact, (double)p.scale,
-                 -(double)d->in.range_min / s_exact, p.zero_point, code_max, (double)d->in.value / s_exact,
-                 p.zero_point, round((double)d->in.value / s_exact) + p.zero_point, code_note, (double)p.scale,
-                 code - p.zero_point, (double)r_hat);
+                 "s = (r_max - r_min) / (2^%d - 1) = %.4f / %d = %.6g; the engine stores s in FP16, rounded up, so "
+                 "s = %.6g from here on. z = round(-r_min / s) = round(%.4f) = %d. q = clamp(round(r / s) + z, 0, "
+                 "%d): round(%.4f) + %d = %.0f%s. r_hat = s (q - z) = %.6g x %d = %.6g. (With the unrounded s, z "
+                 "and q are the same.)",
+                 d->in.bits, (double)d->in.range_max - (double)d->in.range_min, code_max, s_exact, s,
+                 -(double)d->in.range_min / s, p.zero_point, code_max, value / s, p.zero_point,
+                 round(value / s) + p.zero_point, code_note, s, code - p.zero_point, (double)r_hat);
     return 0;
 }
 
@@ -401,6 +439,9 @@ static int generate_weight_bytes(const quiz_model_list* models, quiz_rng* rng, q
     return 0;
 }
 
+// The worked answer names each part the engine counts, so that a student
+// who counted the whole embedding table sees where the difference is
+// (Qwen2.5-7B: 152064 x 3584 = 545M weights, 7.7% of its INT4 bytes).
 static int generate_decode_time(const quiz_model_list* models, quiz_rng* rng, quiz_drill* d, error_info* err) {
     int n_devices = 0;
     const device_model* devices = device_models(&n_devices);
@@ -410,22 +451,52 @@ static int generate_decode_time(const quiz_model_list* models, quiz_rng* rng, qu
         d->in.device = quiz_rng_int(rng, 0, n_devices - 1);
         const device_model* g = &devices[d->in.device];
         uint64_t params = quiz_model_params(m);
-        double bytes = quiz_weight_bytes(params, d->in.format, d->in.group_size);
-        if (bytes > g->capacity_bytes) continue; // does not fit on one device: draw again
-        double ms = bytes / g->bandwidth_bytes_per_s * 1e3;
+        if (quiz_weight_bytes(params, d->in.format, d->in.group_size) > g->capacity_bytes)
+            continue; // the weights do not fit on one device: draw again
+        quiz_decode_weights read = quiz_decode_weight_bytes(m, d->in.format, d->in.group_size);
+        double ms = read.total_bytes / g->bandwidth_bytes_per_s * 1e3;
         set_plain_answer(d, ms, QUIZ_DIM_TIME, "ms", 0.01, 0);
-        char weights[128], work[256];
+        char weights[128], rate[128];
         describe_weights(d, weights, sizeof weights);
-        explain_weight_bytes(d, params, bytes, work, sizeof work);
+        if (d->in.format == QUIZ_WEIGHTS_FP16)
+            snprintf(rate, sizeof rate, "2 x %.0f", (double)read.matrix_weights);
+        else
+            snprintf(rate, sizeof rate, "%.0f x %d / 8 + 2 x %.0f / %d", (double)read.matrix_weights,
+                     d->in.format == QUIZ_WEIGHTS_INT8 ? 8 : 4, (double)read.matrix_weights, d->in.group_size);
         snprintf(d->prompt, sizeof d->prompt,
-                 "Batch-1 decode of %s (N = %.4f billion parameters, weights in %s) on a %s with %.0f GB/s of memory "
-                 "bandwidth. Every weight is read once per token; ignore the KV cache and activations. What is the "
-                 "lower bound on the time per token, in ms?",
-                 m->name, (double)params / 1e9, weights, g->name, g->bandwidth_bytes_per_s / 1e9);
+                 "Batch-1 decode of %s (N = %.4f billion parameters, d_model = %d, a vocabulary of %d tokens, %s "
+                 "output matrix; weights in %s) on a %s with %.0f GB/s of memory bandwidth. Count the weight bytes "
+                 "one token really reads (the embedding is a lookup table: how much of it does one token touch?); "
+                 "ignore the KV cache and activations. What is the lower bound on the time per token, in ms?",
+                 m->name, (double)params / 1e9, m->d_model, m->vocab_size,
+                 m->tied_embeddings ? "the embedding table doubling as the" : "a separate", weights, g->name,
+                 g->bandwidth_bytes_per_s / 1e9);
+        char read_weights[256];
+        if (m->tied_embeddings)
+            snprintf(read_weights, sizeof read_weights,
+                     "the output matrix is the table itself, read whole, and the lookup reads one row of it again: "
+                     "N + d_model = %.0f + %d",
+                     (double)params, m->d_model);
+        else
+            snprintf(read_weights, sizeof read_weights,
+                     "every layer matrix and the output matrix once, but only the token's own row of the %d x %d "
+                     "embedding table: N - %d x %d + %d = %.0f",
+                     m->vocab_size, m->d_model, m->vocab_size, m->d_model, m->d_model,
+                     (double)(read.matrix_weights + read.norm_weights));
+        char whole_table[96] = "";
+        if (!m->tied_embeddings) {
+            double skipped_rows = (double)(m->vocab_size - 1) * m->d_model;
+            snprintf(whole_table, sizeof whole_table, " Counting the whole embedding table as read would add %.1f%%.",
+                     100.0 * quiz_weight_bytes((uint64_t)skipped_rows, d->in.format, d->in.group_size) /
+                         read.total_bytes);
+        }
         snprintf(d->explanation, sizeof d->explanation,
-                 "Weight bytes: %s. Time >= bytes / bandwidth = %.0f / %.4g = %.4g ms, i.e. at most %.0f tokens/s "
-                 "for one sequence.",
-                 work, bytes, g->bandwidth_bytes_per_s, ms, 1e3 / ms);
+                 "Per token the engine reads %s weights. Of these, (2 x %d + 1) x %d = %.0f are RMSNorm gains, kept "
+                 "in FP32 (4 bytes); the other %.0f are in %s. Bytes: %s + 4 x %.0f = %.0f. Time >= bytes / "
+                 "bandwidth = %.0f / %.4g = %.4g ms, at most %.0f tokens/s for one sequence.%s",
+                 read_weights, m->n_layers, m->d_model, (double)read.norm_weights, (double)read.matrix_weights,
+                 format_name(d->in.format), rate, (double)read.norm_weights, read.total_bytes, read.total_bytes,
+                 g->bandwidth_bytes_per_s, ms, 1e3 / ms, whole_table);
         return 0;
     }
     return error_set(err, "drill-decode-time: no model fits on any device");

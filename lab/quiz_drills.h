@@ -38,7 +38,7 @@ typedef enum quiz_drill_kind {
     QUIZ_DRILL_QUANT_CODE,       // q
     QUIZ_DRILL_QUANT_RHAT,       // r_hat
     QUIZ_DRILL_STEP_RATIO,       // (2^high - 1) / (2^low - 1)
-    QUIZ_DRILL_DECODE_TIME,      // weight bytes / bandwidth
+    QUIZ_DRILL_DECODE_TIME,      // weight bytes one token reads (quiz_decode_weight_bytes) / bandwidth
     QUIZ_DRILL_WEIGHT_BYTES,     // N bits / 8 + (N / group) 2 bytes of scale
     QUIZ_DRILL_COUNT
 } quiz_drill_kind;
@@ -89,5 +89,20 @@ int quiz_drill_generate(quiz_drill_kind kind, const quiz_model_list* models, qui
 // Bytes of N weights in `format`: 2 N (FP16); N bits / 8 + 2 N / group_size
 // (INT8, INT4: one 2-byte FP16 scale per group of group_size weights).
 double quiz_weight_bytes(uint64_t n_params, quiz_weight_format format, int group_size);
+
+// The weight bytes one decode token streams, counted as the engine counts
+// them (model_decode_weight_bytes in engine/model.c, which is what the
+// kernels tally per decode step): every layer matrix and the output matrix
+// once, ONE row of the embedding table (a token looks up its own row; the
+// other vocab_size - 1 rows are not read), and the RMSNorm gains, which
+// the engine keeps in FP32 whatever the matrices' format. Tied or not, the
+// count is the same: a tied output matrix is the table, read whole.
+typedef struct quiz_decode_weights {
+    uint64_t matrix_weights; // layer matrices + output matrix + one embedding row, in `format`
+    uint64_t norm_weights;   // (2 L + 1) d_model RMSNorm gains, 4 bytes each
+    double total_bytes;
+} quiz_decode_weights;
+
+quiz_decode_weights quiz_decode_weight_bytes(const quiz_model* m, quiz_weight_format format, int group_size);
 
 #endif

@@ -1,6 +1,8 @@
 // Drills: the model shapes are the published ones, and every generator's
 // answer equals an independent computation from the inputs it drew, over
-// many random draws; the quantization drills agree with engine/quant.h.
+// many random draws; the quantization drills agree with engine/quant.h and
+// their worked answers use the s it uses; the decode-time drill counts the
+// weight bytes the engine's kernels count for a decode token.
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -13,6 +15,9 @@
 #include <string.h>
 
 #include "engine/devices.h"
+#include "engine/engine.h"
+#include "engine/model_quant.h"
+#include "engine/model_synth.h"
 #include "engine/quant.h"
 #include "lab/quiz_drills.h"
 #include "tests/test_support.h"
@@ -87,6 +92,12 @@ static double params_of(const quiz_model* m) {
     return m->vocab_size * d * (m->tied_embeddings ? 1 : 2) + m->n_layers * layer + d;
 }
 
+static double bytes_in_format(double n, const quiz_drill_inputs* in) {
+    return in->format == QUIZ_WEIGHTS_FP16   ? 2 * n
+           : in->format == QUIZ_WEIGHTS_INT8 ? n + 2 * n / in->group_size
+                                             : n / 2 + 2 * n / in->group_size;
+}
+
 static double expected_answer(const quiz_drill* d, const quiz_model_list* models) {
     const quiz_drill_inputs* in = &d->in;
     const quiz_model* m = in->model >= 0 ? &models->models[in->model] : NULL;
@@ -113,16 +124,18 @@ static double expected_answer(const quiz_drill* d, const quiz_model_list* models
         return floor(free_bytes / per_sequence);
     }
     case QUIZ_DRILL_STEP_RATIO: return (pow(2, in->bits) - 1) / (pow(2, in->low_bits) - 1);
-    case QUIZ_DRILL_WEIGHT_BYTES:
+    case QUIZ_DRILL_WEIGHT_BYTES: return bytes_in_format(params_of(m), in);
     case QUIZ_DRILL_DECODE_TIME: {
-        double n = params_of(m);
-        double bytes = in->format == QUIZ_WEIGHTS_FP16   ? 2 * n
-                       : in->format == QUIZ_WEIGHTS_INT8 ? n + 2 * n / in->group_size
-                                                         : n / 2 + 2 * n / in->group_size;
-        if (d->kind == QUIZ_DRILL_WEIGHT_BYTES) return bytes;
+        // What a decode token reads: the layer matrices and the output matrix,
+        // one embedding row, and the norm gains in fp32 (as engine/model.c counts).
+        double dm = m->d_model, h = m->n_heads * (double)m->head_dim, kv = m->n_kv_heads * (double)m->head_dim;
+        double layer_matrices = m->n_layers * (2 * dm * h + 2 * dm * kv + 3.0 * dm * m->intermediate_size);
+        double output_matrix = (double)m->vocab_size * dm, embedding_row = dm;
+        double norms = (2.0 * m->n_layers + 1) * dm;
+        double bytes = bytes_in_format(layer_matrices + output_matrix + embedding_row, in) + 4 * norms;
         return bytes / devices[in->device].bandwidth_bytes_per_s * 1000.0;
     }
-    default: { // quantization by hand, exact decimal arithmetic
+    default: {               // quantization by hand, exact decimal arithmetic
         if (in->symmetric) { // codes -(2^(b-1)-1) .. 2^(b-1)-1, z = 0
             double code_max = pow(2, in->bits - 1) - 1;
             double s = fmax(fabs((double)in->range_min), fabs((double)in->range_max)) / code_max;
@@ -210,10 +223,190 @@ static void test_quantization_drills_agree_with_the_engine(void** state) {
             assert_int_equal(quiz_drill_generate((quiz_drill_kind)kind, &models, &rng, &d, &err), 0);
             quant_params p = quant_params_for_range(d.in.range_min, d.in.range_max, d.in.bits, d.in.symmetric);
             int32_t q = quant_quantize(d.in.value, &p, d.in.bits, d.in.symmetric, NULL);
-            double engine[] = {p.scale, p.zero_point, q, quant_dequantize(q, &p)};
-            assert_true(d.answer.value == engine[kind - QUIZ_DRILL_QUANT_SCALE]);
+            double from_engine[] = {p.scale, p.zero_point, q, quant_dequantize(q, &p)};
+            assert_true(d.answer.value == from_engine[kind - QUIZ_DRILL_QUANT_SCALE]);
         }
     }
+    quiz_models_free(&models);
+}
+
+// Every worked quantization answer takes z, q and r_hat from the FP16 s
+// the engine stores (engine/quant.c rounds s up to fp16), and prints that s.
+static void test_quantization_worked_answer_uses_the_engines_fp16_scale(void** state) {
+    (void)state;
+    quiz_model_list models = load_models();
+    int asymmetric = 0, symmetric = 0;
+    for (int draw = 0; draw < DRAWS; draw++) {
+        for (int kind = QUIZ_DRILL_QUANT_SCALE; kind <= QUIZ_DRILL_QUANT_RHAT; kind++) {
+            quiz_rng rng;
+            quiz_rng_seed(&rng, (uint64_t)draw * 31u + (uint64_t)kind);
+            quiz_drill d;
+            error_info err = {{0}};
+            assert_int_equal(quiz_drill_generate((quiz_drill_kind)kind, &models, &rng, &d, &err), 0);
+            quant_params p = quant_params_for_range(d.in.range_min, d.in.range_max, d.in.bits, d.in.symmetric);
+            // r / s and -r_min / s as the worked answer rounds them, then the s it names.
+            char expected[3][64];
+            snprintf(expected[0], sizeof expected[0], "round(%.4f)", (double)d.in.value / (double)p.scale);
+            if (d.in.symmetric) {
+                snprintf(expected[1], sizeof expected[1], "r_hat = s q = %.6g x", (double)p.scale);
+                symmetric++;
+            } else {
+                snprintf(expected[1], sizeof expected[1], "round(%.4f) = %d", -(double)d.in.range_min / (double)p.scale,
+                         p.zero_point);
+                asymmetric++;
+            }
+            snprintf(expected[2], sizeof expected[2], "so s = %.6g from here on", (double)p.scale);
+            for (int i = 0; i < 3; i++)
+                if (!strstr(d.explanation, expected[i]))
+                    fail_msg("%s draw %d: '%s' is not in the worked answer (s in FP16 = %.8g):\n%s",
+                             quiz_drill_id((quiz_drill_kind)kind), draw, expected[i], (double)p.scale, d.explanation);
+        }
+    }
+    assert_true(asymmetric > DRAWS && symmetric > DRAWS / 2);
+    quiz_models_free(&models);
+}
+
+// ---- decode time: the bytes the engine counts ---------------------------------------------
+
+// Weight bytes the kernels counted for one decode step (batch 1) of m.
+static uint64_t engine_decode_weight_bytes(model* m) {
+    error_info err = {{0}};
+    engine_config c = engine_config_default();
+    c.n_threads = 1;   // 2 cores shared by every test binary: the counts do not depend on threads
+    c.num_blocks = 16; // 256 slots: the 4-token prompt and 3 new tokens fit many times over
+    engine e;
+    if (engine_init(&e, m, &c, &err)) fail_msg("%s", err.message);
+    int32_t prompt[4] = {1, 300, 400, 100};
+    request_params p = {prompt, 4, 3, 1, 0.0f, 0.0f, 0, 0.0, true};
+    assert_int_equal(engine_add_request(&e, &p, NULL, &err), 0);
+    uint64_t decode_bytes = 0;
+    while (engine_has_work(&e) && decode_bytes == 0) {
+        const step_record* r;
+        assert_int_equal(engine_step(&e, &r, &err), 0);
+        if (r->prefill_tokens == 0 && r->decode_tokens == 1) decode_bytes = r->traffic.weight_bytes_read;
+    }
+    engine_free(&e);
+    assert_true(decode_bytes > 0);
+    // The kernels' tally is the engine's own count of a decode token's bytes.
+    assert_int_equal(decode_bytes, model_decode_weight_bytes(m));
+    return decode_bytes;
+}
+
+static void synthesize_small(model* m) {
+    error_info err = {{0}};
+    if (model_synthesize(m, "small", 512, MODEL_DTYPE_FP16, SYNTH_DEFAULT_SEED, &err)) fail_msg("%s", err.message);
+}
+
+static void quantize(model* m, const char* spec_text) {
+    model_quant_spec spec;
+    error_info err = {{0}};
+    if (model_quant_spec_parse(spec_text, &spec, &err) || model_quantize(m, &spec, NULL, NULL, 0, NULL, NULL, &err))
+        fail_msg("%s: %s", spec_text, err.message);
+}
+
+// The drill's answer for the small preset's shape, turned back into bytes,
+// equals what the engine's kernels counted for a decode token: in FP16,
+// INT8 with a scale per 64 and INT4 with a scale per 128 (synthesizing and
+// quantizing a preset is most of this test's time, so three of the seven
+// format and group pairs the drill draws are measured).
+static void test_decode_time_counts_the_bytes_the_engine_reads(void** state) {
+    (void)state;
+    const synth_preset* preset = synth_find_preset("small");
+    assert_non_null(preset);
+    const model_config* shape = &preset->shape;
+    quiz_model small = {.n_layers = shape->n_layers,
+                        .d_model = shape->dim,
+                        .n_heads = shape->n_heads,
+                        .n_kv_heads = shape->n_kv_heads,
+                        .head_dim = shape->dim / shape->n_heads,
+                        .vocab_size = 512,
+                        .intermediate_size = shape->hidden_dim,
+                        .tied_embeddings = true};
+    snprintf(small.name, sizeof small.name, "small preset");
+    quiz_model_list list = {&small, 1};
+    static const struct {
+        quiz_weight_format format;
+        int group_size;
+        const char* spec; // how the engine quantizes the fp16 preset to it (NULL: stays fp16)
+    } MEASURED[3] = {{QUIZ_WEIGHTS_FP16, 0, NULL},
+                     {QUIZ_WEIGHTS_INT4, 128, "w4a16:g128:rtn:sym"},
+                     {QUIZ_WEIGHTS_INT8, 64, "w8a16:g64:rtn:sym"}};
+    double engine_bytes[3];
+    model m;
+    synthesize_small(&m);
+    engine_bytes[0] = (double)engine_decode_weight_bytes(&m);
+    quantize(&m, MEASURED[1].spec);
+    engine_bytes[1] = (double)engine_decode_weight_bytes(&m);
+    model_free(&m);
+    synthesize_small(&m);
+    quantize(&m, MEASURED[2].spec);
+    engine_bytes[2] = (double)engine_decode_weight_bytes(&m);
+    model_free(&m);
+    int n_devices = 0;
+    const device_model* devices = device_models(&n_devices);
+    int compared[3] = {0};
+    for (int draw = 0; draw < 2000; draw++) {
+        quiz_rng rng;
+        quiz_rng_seed(&rng, (uint64_t)draw);
+        quiz_drill d;
+        error_info err = {{0}};
+        assert_int_equal(quiz_drill_generate(QUIZ_DRILL_DECODE_TIME, &list, &rng, &d, &err), 0);
+        for (int k = 0; k < 3; k++) {
+            if (d.in.format != MEASURED[k].format || d.in.group_size != MEASURED[k].group_size) continue;
+            double drill_bytes = d.answer.value / 1e3 * devices[d.in.device].bandwidth_bytes_per_s;
+            if (fabs(drill_bytes - engine_bytes[k]) > 1e-9 * engine_bytes[k])
+                fail_msg("%s\nthe drill counts %.0f bytes per token, the engine's kernels %.0f\n%s", d.prompt,
+                         drill_bytes, engine_bytes[k], d.explanation);
+            quiz_decode_weights counted = quiz_decode_weight_bytes(&small, d.in.format, d.in.group_size);
+            assert_true(counted.total_bytes == engine_bytes[k]);
+            compared[k]++;
+        }
+    }
+    for (int k = 0; k < 3; k++)
+        assert_true(compared[k] > 10);
+}
+
+// Qwen2.5-7B, INT4 with an FP16 scale per 128 weights, on an H200, by hand:
+//   layer matrices  28 x (2 x 3584 x 3584 + 2 x 3584 x 512 + 3 x 3584 x 18944) = 6525288448
+//   output matrix   152064 x 3584                                               =  544997376
+//   embedding       one row: 3584 (not the table: 545M weights)
+//   matrices read   7070289408 weights x (4 / 8 + 2 / 128) bytes               = 3645617976
+//   norm gains      (2 x 28 + 1) x 3584 = 204288, fp32 in the engine: x 4      =     817152
+//   total 3646435128 bytes / 4.8e12 B/s = 0.7597 ms. Counting the whole
+//   table (all 7615487488 weights x 0.515625) gives 3926735736 bytes,
+//   0.8181 ms: 7.7% more, outside the drill's 1% tolerance.
+static void test_decode_time_of_qwen_int4_on_h200_by_hand(void** state) {
+    (void)state;
+    quiz_model_list models = load_models();
+    const quiz_model* qwen = find_model(&models, "Qwen2.5-7B");
+    quiz_model_list only_qwen = {(quiz_model*)qwen, 1};
+    int n_devices = 0;
+    const device_model* devices = device_models(&n_devices);
+    const double by_hand_bytes = 3646435128.0, by_hand_ms = by_hand_bytes / 4.8e12 * 1e3;
+    bool found = false;
+    for (int draw = 0; draw < 5000 && !found; draw++) {
+        quiz_rng rng;
+        quiz_rng_seed(&rng, (uint64_t)draw);
+        quiz_drill d;
+        error_info err = {{0}};
+        assert_int_equal(quiz_drill_generate(QUIZ_DRILL_DECODE_TIME, &only_qwen, &rng, &d, &err), 0);
+        if (d.in.format != QUIZ_WEIGHTS_INT4 || d.in.group_size != 128 || !strstr(devices[d.in.device].name, "H200"))
+            continue;
+        found = true;
+        if (fabs(d.answer.value - by_hand_ms) > 1e-9 * by_hand_ms)
+            fail_msg("drill %.6f ms, by hand %.6f ms\n%s", d.answer.value, by_hand_ms, d.explanation);
+        assert_non_null(strstr(d.explanation, "3646435128"));
+        assert_non_null(strstr(d.explanation, "= 0.7597 ms"));
+        quiz_numeric_verdict verdict;
+        assert_int_equal(quiz_check_numeric(&d.answer, "0.7597 ms", &verdict, &err), 0);
+        assert_true(verdict.correct);
+        assert_int_equal(quiz_check_numeric(&d.answer, "0.8181 ms", &verdict, &err), 0); // the whole table
+        assert_false(verdict.correct);
+    }
+    assert_true(found);
+    quiz_decode_weights counted = quiz_decode_weight_bytes(qwen, QUIZ_WEIGHTS_INT4, 128);
+    assert_true(counted.matrix_weights == 7070289408u && counted.norm_weights == 204288u);
+    assert_true(counted.total_bytes == by_hand_bytes);
     quiz_models_free(&models);
 }
 
@@ -242,6 +435,9 @@ int main(void) {
         cmocka_unit_test(test_bad_model_file),
         cmocka_unit_test(test_each_generator_matches_an_independent_computation),
         cmocka_unit_test(test_quantization_drills_agree_with_the_engine),
+        cmocka_unit_test(test_quantization_worked_answer_uses_the_engines_fp16_scale),
+        cmocka_unit_test(test_decode_time_counts_the_bytes_the_engine_reads),
+        cmocka_unit_test(test_decode_time_of_qwen_int4_on_h200_by_hand),
         cmocka_unit_test(test_same_seed_same_drill),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
