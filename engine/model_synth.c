@@ -1,6 +1,7 @@
 #include "engine/model_synth.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
@@ -29,9 +30,44 @@ static const synth_preset PRESETS[] = {
 
 const synth_preset* synth_presets(void) { return PRESETS; }
 
+// ---- variants with another number of KV heads ---------------------------------
+
+// "small:kv6" is small with 6 KV heads: its multi-head twin (n_kv_heads =
+// n_heads), where the KV cache is 2 x L x d_model wide per token, beside
+// the grouped-query preset's 2 x L x n_kv_heads x head_dim. Every divisor
+// of a preset's query heads is a variant; all are made once, up front, so
+// that the returned pointers stay valid and no caller ever writes them.
+#define SYNTH_MAX_VARIANTS 64 // the presets' head counts (4, 6, 12, 32, 12) have 27 divisors in all
+
+static synth_preset variants[SYNTH_MAX_VARIANTS];
+static char variant_names[SYNTH_MAX_VARIANTS][32];
+static char variant_summaries[SYNTH_MAX_VARIANTS][64];
+static int n_variants;
+static pthread_once_t variants_made = PTHREAD_ONCE_INIT;
+
+static void make_variants(void) {
+    for (const synth_preset* p = PRESETS; p->name; p++)
+        for (int kv_heads = 1; kv_heads <= p->shape.n_heads && n_variants < SYNTH_MAX_VARIANTS; kv_heads++) {
+            if (p->shape.n_heads % kv_heads != 0) continue;
+            synth_preset* v = &variants[n_variants];
+            snprintf(variant_names[n_variants], sizeof variant_names[n_variants], "%s:kv%d", p->name, kv_heads);
+            snprintf(variant_summaries[n_variants], sizeof variant_summaries[n_variants],
+                     "%s with %d KV heads for its %d query heads", p->name, kv_heads, p->shape.n_heads);
+            *v = *p;
+            v->name = variant_names[n_variants];
+            v->summary = variant_summaries[n_variants];
+            v->shape.n_kv_heads = kv_heads;
+            n_variants++;
+        }
+}
+
 const synth_preset* synth_find_preset(const char* name) {
     for (const synth_preset* p = PRESETS; p->name; p++)
         if (strcmp(p->name, name) == 0) return p;
+    if (!strstr(name, ":kv")) return NULL;
+    pthread_once(&variants_made, make_variants);
+    for (int i = 0; i < n_variants; i++)
+        if (strcmp(variants[i].name, name) == 0) return &variants[i];
     return NULL;
 }
 

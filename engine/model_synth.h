@@ -34,7 +34,9 @@ typedef struct synth_preset {
     model_config shape;   // vocab_size 0: the tokenizer decides it; else fixed (stories110m: 32000)
 } synth_preset;
 
-// The preset called name, or NULL.
+// The preset called name, or NULL. "PRESET:kvN" names PRESET with N KV
+// heads, for every N that divides its query heads ("small:kv6" is small's
+// multi-head twin: the same shape, with one KV head per query head).
 const synth_preset* synth_find_preset(const char* name);
 
 // All presets, terminated by an entry with name NULL.

@@ -1,7 +1,7 @@
 // lesson_api_engine: the lab module's models, engines, requests and step
 // records (lessons/README.md documents every function).
 //
-//   m = lab.model{name = "small", dtype = "fp16", quant = "w4a16:g32", tokenizer = PATH, seed = N}
+//   m = lab.model{model = "small", dtype = "fp16", quant = "w4a16:g32", tokenizer = PATH, seed = N, n_kv_heads = 6}
 //   e = lab.engine{model = m | "tiny", kv = "paged", block_size = 16, kv_mem = "8MiB", ...}
 //   id = e:add{prompt = "Once", max_tokens = 16, n = 2, prefix = "System: ..."}
 //   r = e:step();  e:run{stop_when = function(r) return r.running == 0 end}
@@ -233,6 +233,22 @@ static lab_model* push_new_model(lua_State* L, int arg) {
     if (!request.model_arg) lab_field_error(L, arg, "model", "expected a preset (tiny, small, medium, large) or a checkpoint path");
     char model_path[PATH_MAX], tokenizer_path[PATH_MAX];
     struct stat st;
+    // n_kv_heads = N: the preset's variant "PRESET:kvN" (engine/model_synth.h),
+    // e.g. the multi-head twin of a grouped-query preset.
+    char variant[64];
+    if (lua_getfield(L, arg, "n_kv_heads") != LUA_TNIL) {
+        const synth_preset* preset = synth_find_preset(request.model_arg);
+        if (!preset || stat(request.model_arg, &st) == 0 || strchr(request.model_arg, ':'))
+            lab_field_error(L, arg, "n_kv_heads", "applies to a preset (tiny, small, medium, large, stories110m), not '%s'",
+                            request.model_arg);
+        lua_Integer heads = lab_opt_integer_field(L, arg, "n_kv_heads", 0, 1, preset->shape.n_heads);
+        snprintf(variant, sizeof variant, "%s:kv%d", preset->name, (int)heads);
+        if (!synth_find_preset(variant))
+            lab_field_error(L, arg, "n_kv_heads", "expected a divisor of %s's %d query heads, got %d", preset->name,
+                            preset->shape.n_heads, (int)heads);
+        request.model_arg = variant;
+    }
+    lua_pop(L, 1);
     if (!synth_find_preset(request.model_arg) || stat(request.model_arg, &st) == 0) {
         check_model_file(L, arg, "model", request.model_arg, model_path, sizeof model_path);
         request.model_arg = model_path;
@@ -258,7 +274,7 @@ static int lab_model_new(lua_State* L) {
         lua_setfield(L, -2, "model");
         lua_replace(L, 1);
     }
-    static const char* const fields[] = {"model", "tokenizer", "dtype", "quant", "seed", NULL};
+    static const char* const fields[] = {"model", "tokenizer", "dtype", "quant", "seed", "n_kv_heads", NULL};
     lab_check_fields(L, 1, fields);
     push_new_model(L, 1);
     return 1;

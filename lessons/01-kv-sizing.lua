@@ -7,12 +7,17 @@ lab.lesson{
 
 -- The small preset (9 layers, d_model 384, 6 query heads, 2 KV heads of
 -- 64): grouped-query attention, so the cache width is n_kv_heads x d_head
--- = 128, not d_model = 384. fp16 KV: p = 2 bytes.
+-- = 128, not d_model = 384. Its multi-head twin (n_kv_heads = 6, one KV
+-- head per query head) stores d_model = 384 per token and layer: the
+-- bank's formula 2 x B x S x L x d_model x p is the MHA case. fp16 KV: p = 2.
 local model = lab.model("small")
 local shape = model:info()
+local mha_model = lab.model{model = "small", n_kv_heads = shape.n_heads}
+local mha = mha_model:info()
 local p = 2
-lab.say(string.format("Model: %d layers, d_model %d, %d query heads, %d KV heads of d_head %d (KV width %d), fp16 KV.",
-    shape.n_layers, shape.dim, shape.n_heads, shape.n_kv_heads, shape.head_dim, shape.kv_dim))
+lab.say(string.format("Model: %d layers, d_model %d, %d query heads, %d KV heads of d_head %d (KV width %d), fp16 KV; "
+    .. "its multi-head twin has %d KV heads (KV width %d).",
+    shape.n_layers, shape.dim, shape.n_heads, shape.n_kv_heads, shape.head_dim, shape.kv_dim, mha.n_kv_heads, mha.kv_dim))
 
 -- One sequence grows one token per step. After every step we read the KV
 -- bytes the kernels wrote so far (keys and values of every layer) and the
@@ -31,64 +36,114 @@ e:run{stop_when = function(r)
 end}
 lab.pause()
 
+-- The multi-head twin, measured at S = 128 in one prefill step: the bytes
+-- its kernels wrote, and what its pool holds.
+local S = 128
+local function prefill_bytes(m, length)
+    local e = lab.engine{model = m, block_size = 1, num_blocks = 512}
+    local ids = {}
+    for i = 1, length do ids[i] = 1 + i % 200 end
+    e:add{ids = ids, max_tokens = 8} -- still running after the step: its KV stays in the pool
+    local r = e:step()
+    local result = {written = r.bytes.kv_written, pool = r.slots_used * e:pool().bytes_per_slot,
+        prefill = r.prefill_tokens}
+    e:close()
+    return result
+end
+local mha_at = prefill_bytes(mha_model, S)
+
 -- tf3: doubling S doubles the cache (linear); the quadratic cost is the
 -- attention work over all positions, which caching turns into one pass.
-local ratio_kv = at[256].written / at[128].written
+local ratio_kv = at[128].written / at[64].written
+local ratio_kv_2 = at[256].written / at[128].written
 local ratio_attention = at[256].attention / at[128].attention
+local function doubles(ratio) return math.abs(ratio / 2 - 1) <= 0.01 end -- x2 within 1%
+local written_is_held = at[64].written == at[64].pool and at[128].written == at[128].pool
+    and at[256].written == at[256].pool
+local linear = doubles(ratio_kv) and doubles(ratio_kv_2) and written_is_held
 lab.say(string.format("S = 128: %d bytes of KV; S = 256: %d bytes (x%.2f). Attention FLOPs summed over the steps: x%.2f.",
-    at[128].written, at[256].written, ratio_kv, ratio_attention))
+    at[128].written, at[256].written, ratio_kv_2, ratio_attention))
 lab.check{
     id = "tf3",
     claim = "the KV cache grows quadratically with sequence length",
     bank_answer = false,
-    verdict = ratio_kv > 3.0, -- quadratic growth would give about 4x per doubling
-    evidence = string.format("KV bytes written at S=64/128/256: %d / %d / %d (x%.2f per doubling); the pool held %d bytes at S=256; "
-        .. "only the summed attention FLOPs grow ~quadratically (x%.2f)",
-        at[64].written, at[128].written, at[256].written, ratio_kv, at[256].pool, ratio_attention),
+    verdict = not linear,
+    evidence = string.format("%s, x%.2f and x%.2f per doubling; KV bytes written at S=64/128/256: %d / %d / %d, "
+        .. "bytes the pool holds: %d / %d / %d (%s); only the summed attention FLOPs grow ~quadratically (x%.2f)",
+        linear and "linear" or "not linear and held", ratio_kv, ratio_kv_2, at[64].written, at[128].written,
+        at[256].written, at[64].pool, at[128].pool, at[256].pool, written_is_held and "equal" or "different",
+        ratio_attention),
+    breaks_with = {"kv-count-dropped", "kv-count-doubled"},
 }
 
--- se1: the formula without its factor 2 (keys AND values).
-local S = 128
+-- se1: the formula without its factor 2 (keys AND values). Each model's
+-- bytes must equal 2 x B x S x L x (its KV width) x p exactly.
 local measured = at[S].written
-local without_two = 1 * S * shape.n_layers * shape.kv_dim * p
-local with_two = lab.kv_bytes{model = model, batch = 1, seq = S, bytes_per_element = p}
+local with_two = 2 * S * shape.n_layers * shape.kv_dim * p
+local without_two = S * shape.n_layers * shape.kv_dim * p
+local mha_with_two = 2 * S * mha.n_layers * mha.dim * p
+local factor_two_holds = measured == with_two and mha_at.prefill == S and mha_at.written == mha_with_two
+    and mha_at.written == mha_at.pool
 lab.check{
     id = "se1",
     claim = "KV cache size = B x S x L x d x p (no factor 2)",
     bank_answer = false,
-    verdict = measured == without_two,
-    evidence = string.format("S=%d: kernels wrote %d bytes; B*S*L*d*p = %d (x%.2f short), 2*B*S*L*d*p = %d",
-        S, measured, without_two, measured / without_two, with_two),
+    verdict = not factor_two_holds,
+    evidence = string.format("%s: S=%d, GQA: kernels wrote %d bytes, 2*B*S*L*kv_dim*p = %d, without the 2 %d; "
+        .. "multi-head twin: wrote %d (its pool holds %d), 2*B*S*L*d_model*p = %d",
+        factor_two_holds and "the factor 2 (K and V) holds exactly" or "the bytes do not match 2*B*S*L*d*p",
+        S, measured, with_two, without_two, mha_at.written, mha_at.pool, mha_with_two),
+    breaks_with = {"kv-count-dropped", "kv-count-doubled"},
+    note = string.format("the bank's d is d_model, which holds for the multi-head twin only; this GQA preset stores "
+        .. "kv_dim = %d per token and layer, %dx less than d_model", shape.kv_dim, shape.dim // shape.kv_dim),
 }
 
 -- se2: the width in the whole-cache formula. d_head is one head; summed
 -- over the heads that store K and V it is n_kv_heads x d_head (= d_model
 -- without grouped-query attention; here GQA stores 3x less than d_model).
 local with_d_head = 2 * S * shape.n_layers * shape.head_dim * p
-local with_d_model = 2 * S * shape.n_layers * shape.dim * p
 local with_kv_width = 2 * S * shape.n_layers * shape.n_kv_heads * shape.head_dim * p
+local mha_with_d_head = 2 * S * mha.n_layers * mha.head_dim * p
+local width_is_all_kv_heads = measured == with_kv_width and mha_at.written == mha_with_two
 lab.check{
     id = "se2",
     claim = "the whole-cache formula uses d_head because attention works per head",
     bank_answer = false,
-    verdict = measured == with_d_head,
-    evidence = string.format("S=%d: measured %d bytes; with d_head %d (x%.1f short); with d_model %d (x%.1f: without GQA); "
-        .. "with n_kv_heads*d_head %d (exact)",
-        S, measured, with_d_head, measured / with_d_head, with_d_model, with_d_model / measured, with_kv_width),
+    verdict = not width_is_all_kv_heads,
+    evidence = string.format("%s: S=%d, GQA: measured %d bytes; 2*S*L*n_kv_heads*d_head*p = %d, with d_head alone %d "
+        .. "(measured / that = %.2f); multi-head twin: measured %d; 2*S*L*d_model*p = %d, with d_head alone %d "
+        .. "(measured / that = %.2f)",
+        width_is_all_kv_heads and "the width is every KV head, n_kv_heads*d_head" or "the width is not n_kv_heads*d_head",
+        S, measured, with_kv_width, with_d_head, measured / with_d_head, mha_at.written, mha_with_two, mha_with_d_head,
+        mha_at.written / mha_with_d_head),
+    breaks_with = {"kv-count-dropped", "kv-count-doubled"},
 }
 lab.pause()
 
--- edge8: the very first step, S = 1, for a batch of 4 one-token prompts.
+-- edge8: the very first step, S = 1, for a batch of 4 one-token prompts,
+-- in both models.
 local batch = 4
-local b = lab.engine{model = model, block_size = 1, num_blocks = 64}
-for i = 1, batch do b:add{ids = {1}, max_tokens = 8} end -- still running after the step
-local first = b:step()
+local function first_step(m)
+    local b = lab.engine{model = m, block_size = 1, num_blocks = 64}
+    for i = 1, batch do b:add{ids = {1}, max_tokens = 8} end -- still running after the step
+    local first = b:step()
+    b:close()
+    return first
+end
+local first, mha_first = first_step(model), first_step(mha_model)
 local expected = lab.kv_bytes{model = model, batch = batch, seq = 1, bytes_per_element = p}
+local mha_expected = 2 * batch * 1 * mha.n_layers * mha.dim * p
+local one_token_each = first.bytes.kv_written == expected and first.slots_used == batch
+    and mha_first.bytes.kv_written == mha_expected and mha_first.slots_used == batch
 lab.check{
     id = "edge8",
     claim = "at S = 1 the cache holds one token per sequence: 2 x B x L x d x p",
     bank_answer = true,
-    verdict = first.bytes.kv_written == expected and first.slots_used == batch,
-    evidence = string.format("B=%d, S=1: kernels wrote %d bytes into %d slots; 2*B*1*L*d*p = %d",
-        batch, first.bytes.kv_written, first.slots_used, expected),
+    verdict = one_token_each,
+    evidence = string.format("%s: B=%d, S=1, GQA: kernels wrote %d bytes into %d slots, 2*B*1*L*kv_dim*p = %d; "
+        .. "multi-head twin: %d bytes into %d slots, 2*B*1*L*d_model*p = %d",
+        one_token_each and "one token per sequence" or "not one token per sequence", batch, first.bytes.kv_written,
+        first.slots_used, expected, mha_first.bytes.kv_written, mha_first.slots_used, mha_expected),
+    breaks_with = {"kv-count-dropped", "kv-count-doubled"},
+    note = "d is the KV width: d_model with multi-head attention, n_kv_heads x d_head with grouped-query attention",
 }
