@@ -945,6 +945,66 @@ static int engine_config_lua(lua_State* L) {
     return 1;
 }
 
+// ---- the KV formula, in the cache's own layout --------------------------------------------
+
+// lab.kv_bytes{model = m | n_layers = L, kv_dim = D | n_kv_heads = H, head_dim = d,
+//              batch = 1, seq = S, bytes_per_element = 2 | kv_dtype = "fp16" | "fp32" | "int8"}
+//   = 2 x batch x seq x n_layers x (bytes of one token's keys, or values, in one layer)
+// One token's keys in one layer take kv_dim x bytes_per_element; with
+// kv_dtype = "int8" they take kv_dim bytes + one fp32 scale per KV head
+// (kv_dim + 4 x n_kv_heads: engine/kv_memory.h's layout, where each head's
+// scale is max|x| / 127 over its head_dim values). The result is an integer
+// whenever it is whole (every dtype of the cache; bytes_per_element = 0.5
+// gives one only for an even count), else a float.
+static int lab_kv_bytes_layout(lua_State* L) {
+    static const char* const fields[] = {"model", "n_layers", "kv_dim",   "n_kv_heads",        "head_dim",
+                                         "batch", "seq",      "kv_dtype", "bytes_per_element", NULL};
+    lab_check_fields(L, 1, fields);
+    lua_Integer n_layers = 0, n_kv_heads = 0, head_dim = 0, kv_dim = 0;
+    if (lua_getfield(L, 1, "model") != LUA_TNIL) {
+        const model_config* c = &lab_check_model(L, lua_gettop(L))->source.model.config;
+        n_layers = c->n_layers;
+        n_kv_heads = c->n_kv_heads;
+        head_dim = c->head_dim;
+        kv_dim = c->kv_dim;
+    }
+    lua_pop(L, 1);
+    n_layers = lab_opt_integer_field(L, 1, "n_layers", n_layers, 1, 1 << 20);
+    n_kv_heads = lab_opt_integer_field(L, 1, "n_kv_heads", n_kv_heads, 1, 1 << 16);
+    head_dim = lab_opt_integer_field(L, 1, "head_dim", head_dim, 1, 1 << 16);
+    if (n_kv_heads > 0 && head_dim > 0) kv_dim = n_kv_heads * head_dim;
+    kv_dim = lab_opt_integer_field(L, 1, "kv_dim", kv_dim, 1, 1 << 24);
+    if (n_layers == 0) lab_field_error(L, 1, "n_layers", "give model or n_layers");
+    if (kv_dim == 0) lab_field_error(L, 1, "kv_dim", "give model, kv_dim, or n_kv_heads and head_dim");
+    lua_Integer batch = lab_opt_integer_field(L, 1, "batch", 1, 1, 1 << 24);
+    lua_Integer seq = lab_opt_integer_field(L, 1, "seq", -1, 0, 1 << 30);
+    if (seq < 0) lab_field_error(L, 1, "seq", "expected the sequence length S in tokens");
+    const char* dtype = lab_opt_string_field(L, 1, "kv_dtype", NULL);
+    double token_layer_bytes; // one token's keys (or values) in one layer
+    if (dtype) {
+        lua_getfield(L, 1, "bytes_per_element");
+        if (!lua_isnil(L, -1)) lab_field_error(L, 1, "bytes_per_element", "give kv_dtype or bytes_per_element, not both");
+        lua_pop(L, 1);
+        if (strcmp(dtype, "int8") == 0) {
+            if (n_kv_heads == 0)
+                lab_field_error(L, 1, "n_kv_heads", "int8 KV keeps one fp32 scale per KV head: give model or n_kv_heads");
+            if (kv_dim % n_kv_heads != 0)
+                lab_field_error(L, 1, "kv_dim", "%d is not a multiple of n_kv_heads %d", (int)kv_dim, (int)n_kv_heads);
+            token_layer_bytes = (double)kv_slot_bytes(KV_I8, (int)n_kv_heads, (int)(kv_dim / n_kv_heads));
+        } else if (strcmp(dtype, "fp16") == 0 || strcmp(dtype, "fp32") == 0) {
+            token_layer_bytes = (double)kv_dim * (dtype[2] == '1' ? 2.0 : 4.0);
+        } else {
+            return lab_field_error(L, 1, "kv_dtype", "expected fp16, fp32 or int8, got '%s'", dtype);
+        }
+    } else {
+        token_layer_bytes = (double)kv_dim * lab_opt_number_field(L, 1, "bytes_per_element", 2.0, 0.125, 16.0);
+    }
+    double bytes = 2.0 * (double)batch * (double)seq * (double)n_layers * token_layer_bytes;
+    if (bytes == floor(bytes) && bytes < 9007199254740992.0) lua_pushinteger(L, (lua_Integer)bytes); // < 2^53: exact
+    else lua_pushnumber(L, bytes);
+    return 1;
+}
+
 static int engine_tostring(lua_State* L) {
     engine_box* box = luaL_checkudata(L, 1, LAB_ENGINE_TYPE);
     if (!box->engine) lua_pushliteral(L, "engine (closed)");
@@ -1004,4 +1064,6 @@ void lab_open_engine_api(lua_State* L) {
     lua_setfield(L, -2, "model");
     lua_pushcfunction(L, lab_engine_new);
     lua_setfield(L, -2, "engine");
+    lua_pushcfunction(L, lab_kv_bytes_layout);
+    lua_setfield(L, -2, "kv_bytes");
 }
