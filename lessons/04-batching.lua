@@ -156,16 +156,17 @@ local paged_many, contiguous_many = serve("paged", 16), serve("contiguous", 16)
 
 -- One request alone: its CPU time per decode step, paged and contiguous.
 -- The two engines step in turn, one step each, so that whatever else the
--- machine does slows both alike; the medians of 64 steps are compared.
+-- machine does slows both alike; the medians of 128 steps are compared.
+local LONE_STEPS = 128
 local lone = {}
 for _, kv in ipairs{"paged", "contiguous"} do
     lone[kv] = lab.engine{model = small, kv = kv, block_size = 16, num_blocks = POOL_BLOCKS, threads = 1}
-    lone[kv]:add{prompt = "Hi", max_tokens = 65}
+    lone[kv]:add{prompt = "Hi", max_tokens = LONE_STEPS + 1}
     lone[kv]:step() -- the prompt
 end
 local per_step = {paged = {}, contiguous = {}}
-local work = {paged = {flops = 0, bytes = 0}, contiguous = {flops = 0, bytes = 0}} -- summed over the 64 steps
-for i = 1, 64 do
+local work = {paged = {flops = 0, bytes = 0}, contiguous = {flops = 0, bytes = 0}} -- summed over the steps
+for i = 1, LONE_STEPS do
     for _, kv in ipairs{"paged", "contiguous"} do
         local start = os.clock()
         local r = lone[kv]:step()
@@ -186,20 +187,21 @@ lab.check{
     verdict = fits_more and same_latency,
     breaks_with = {"unbatched-decode", "reserve-request-length"},
     evidence = string.format("%s, %s: 16 requests, %d slots: paged runs %d at once, %.0f tok/s; contiguous %d at once, "
-        .. "%.0f tok/s (x%.2f); one request alone: %.2f ms vs %.2f ms CPU per token (x%.2f, median of 64 interleaved steps)",
+        .. "%.0f tok/s (x%.2f); one request alone: %.2f ms vs %.2f ms CPU per token (x%.2f, median of %d interleaved steps)",
         fits_more and "more throughput from more requests at once" or "no throughput gain from fitting more requests",
         same_latency and "the same time per token alone" or "a different time per token alone",
         POOL_BLOCKS * 16, paged_many.peak, paged_many.rate, contiguous_many.peak, contiguous_many.rate, throughput_gain,
-        tpot_paged * 1e3, tpot_contiguous * 1e3, latency_ratio),
+        tpot_paged * 1e3, tpot_contiguous * 1e3, latency_ratio, LONE_STEPS),
 }
 
 -- edge5: with one request there is nothing more to fit, so paging can only
 -- change where its KV lives: the same FLOPs and bytes per step, and the
--- same CPU time within the spread of interleaved medians. Measured here:
--- paged/contiguous 0.96-1.04 over repeated runs, with `yes` on the other
--- core too; 10% each way is the line, so a paged step 10% slower or faster
--- than a contiguous one is a gain or a loss, not "little".
-local EDGE5_TOLERANCE = 0.10
+-- same CPU time within the spread of interleaved medians. Measured on a
+-- shared 2-core machine with `yes` on the other core, paged/contiguous
+-- speed: 0.97-1.07 over 8 runs of 128 steps (0.93-1.04 over 9 runs of 64);
+-- 15% each way keeps twice that margin, and a paged step 15% slower or
+-- faster than a contiguous one would be a loss or a gain, not "little".
+local EDGE5_TOLERANCE = 0.15
 local work_ratio = work.paged.flops / work.contiguous.flops
 local bytes_ratio = work.paged.bytes / work.contiguous.bytes
 local same_work = math.abs(work_ratio - 1) < 0.001 and math.abs(bytes_ratio - 1) < 0.001
@@ -211,11 +213,11 @@ lab.check{
     bank_answer = true,
     verdict = same_work and same_speed,
     breaks_with = {"flops-allocated", "skip-last-block"},
-    evidence = string.format("%s: one request with a 3-token prompt, 64 interleaved steps: paged %.0f tok/s, contiguous "
+    evidence = string.format("%s: one request with a 3-token prompt, %d interleaved steps: paged %.0f tok/s, contiguous "
         .. "%.0f tok/s (x%.2f, within x%.2f..x%.2f); FLOPs per step paged/contiguous x%.4f, bytes x%.4f; against x%.2f "
         .. "for 16 requests",
         same_work and same_speed and "the same work and speed" or not same_work and "different work per step"
             or "a different speed",
-        1 / tpot_paged, 1 / tpot_contiguous, speed_ratio, 1 / (1 + EDGE5_TOLERANCE), 1 + EDGE5_TOLERANCE, work_ratio,
+        LONE_STEPS, 1 / tpot_paged, 1 / tpot_contiguous, speed_ratio, 1 / (1 + EDGE5_TOLERANCE), 1 + EDGE5_TOLERANCE, work_ratio,
         bytes_ratio, throughput_gain),
 }
