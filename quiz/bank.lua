@@ -52,14 +52,17 @@ return {
         seed = {section = "true_false", index = 3, match = "quadratically"},
         prompt = "The KV cache grows quadratically with the sequence length.",
         answer = false,
-        explanation = "The stored cache is 2 * B * S * L * d_model * p bytes: one key and one value vector per "
-            .. "token per layer, so it is linear in S. The O(t^2) cost is the recomputation of past keys and values "
-            .. "that caching avoids, not the memory the cache holds.",
+        explanation = "One key and one value per token per layer: 2 * B * S * L * kv_dim * p bytes, so doubling S "
+            .. "doubles it. kv_dim is d_model with multi-head attention and n_kv_heads * d_head with grouped-query "
+            .. "attention (Llama-2-70B: 8 * 128 = 1024, not 8192). The t^2 is work, not memory: step t attends over "
+            .. "all t cached keys, and without the cache every step would also recompute the past keys and values.",
         hi_en = {
             prompt = "KV cache sequence length ke saath quadratic (square) badhta hai.",
-            explanation = "Cache ka size 2 * B * S * L * d_model * p bytes hai: har token ke liye har layer mein ek "
-                .. "key aur ek value, isliye S mein linear. O(t^2) woh recompute ka kharcha hai jo caching bachata "
-                .. "hai, cache ki memory nahi.",
+            explanation = "Har token har layer mein ek key aur ek value: 2 * B * S * L * kv_dim * p bytes, to S dugna "
+                .. "to cache dugna. kv_dim multi-head attention mein d_model hai, grouped-query attention mein "
+                .. "n_kv_heads * d_head (Llama-2-70B: 8 * 128 = 1024, 8192 nahi). t^2 kaam hai, memory nahi: step t "
+                .. "saari t cached keys par attention karta hai, aur cache ke bina har step purani keys/values bhi "
+                .. "dobara banata.",
         },
     },
     {
@@ -140,12 +143,17 @@ return {
         seed = {section = "true_false", index = 9, match = "spare HBM"},
         prompt = "If the GPU has spare HBM, a bigger batch always raises tokens per second.",
         answer = false,
-        explanation = "Only until the hardware ceiling is reached. Once a decode step saturates HBM bandwidth (or "
-            .. "compute), adding requests makes every step longer: latency goes up while throughput stays flat.",
+        explanation = "False, but the ceiling is compute, not HBM. Batch-1 decode already streams every weight at "
+            .. "full bandwidth, and that is where batching pays: the batch shares one weight read. Each weight byte "
+            .. "then feeds about B FLOPs (FP16), so gains stop at the compute ridge: H100 989 TFLOP/s / 3.35 TB/s "
+            .. "= 295 FLOP/byte, B of about 295. Past it every step grows with the batch: latency up, tokens/s flat.",
         hi_en = {
             prompt = "GPU mein HBM bacha ho to bada batch hamesha tokens/sec badhata hai.",
-            explanation = "Sirf hardware ki chhat tak. Jab decode step HBM bandwidth (ya compute) ko bhar deta hai, "
-                .. "to aur requests har step ko lamba karti hain: latency badhti hai, throughput wahin rukta hai.",
+            explanation = "False, par chhat compute ki hai, HBM ki nahi. Batch 1 decode pehle se har weight poori "
+                .. "bandwidth par padhta hai, aur wahin batching ka fayda hai: poora batch ek hi weight read baant "
+                .. "leta hai. Har weight byte lagbhag B FLOPs karta hai (FP16), to fayda compute ridge par rukta hai: "
+                .. "H100 989 TFLOP/s / 3.35 TB/s = 295 FLOP/byte, yaani B lagbhag 295. Uske baad har step batch ke "
+                .. "saath lamba: latency badhti, tokens/s wahin.",
         },
     },
     {
@@ -176,12 +184,16 @@ return {
             "L should not be there: the layers share one cache",
         },
         answer = 1,
-        explanation = "Each token keeps a key vector and a value vector in every layer, so the size is "
-            .. "2 * B * S * L * d_model * p.",
+        explanation = "Each token keeps a key and a value in every layer: 2 * B * S * L * d_model * p with "
+            .. "multi-head attention (Llama-2-7B: 2 * 32 * 4096 * 2 = 512 KiB per token). With grouped-query "
+            .. "attention only n_kv_heads heads are stored, so d_model becomes n_kv_heads * d_head: Llama-2-70B "
+            .. "2 * 80 * 8 * 128 * 2 = 320 KiB per token, not the 2560 KiB d_model would give.",
         hi_en = {
             prompt = "Galti pakdo: \"KV cache size = B * S * L * d_model * p\"",
-            explanation = "Har token har layer mein ek key aur ek value rakhta hai, isliye size "
-                .. "2 * B * S * L * d_model * p hai.",
+            explanation = "Har token har layer mein ek key aur ek value rakhta hai: multi-head attention mein "
+                .. "2 * B * S * L * d_model * p (Llama-2-7B: 2 * 32 * 4096 * 2 = 512 KiB per token). Grouped-query "
+                .. "attention mein sirf n_kv_heads heads store hote hain, to d_model ki jagah n_kv_heads * d_head: "
+                .. "Llama-2-70B 2 * 80 * 8 * 128 * 2 = 320 KiB per token, d_model wale 2560 KiB nahi.",
         },
     },
     {
@@ -350,15 +362,15 @@ return {
         id = "why2", kind = "why", topics = {"quantization", "roofline"}, claim = "why2",
         seed = {section = "why", index = 2, match = "INT4 tak reduce"},
         prompt = "Why do INT4 weights speed up decode even though the matmul still runs in FP16?",
-        answer = "Decode is limited by reading the weights from HBM. INT4 weights are a quarter of the FP16 bytes, "
-            .. "and turning them back into FP16 inside the kernel is cheap next to the transfer it saves; "
-            .. "arithmetic is not the limit.",
+        answer = "Decode is limited by reading the weights from HBM. INT4 codes are a quarter of the FP16 bytes "
+            .. "(with a scale and zero-point per 64 weights, 0.547 bytes against 2: 3.7x fewer), and turning them "
+            .. "back into FP16 inside the kernel is cheap next to the transfer it saves; arithmetic is not the limit.",
         explanation = "Time per decode step is about bytes read / bandwidth, and the weights are most of the bytes.",
         hi_en = {
             prompt = "Matmul abhi bhi FP16 mein chalta hai, phir bhi INT4 weights decode ko tez kyun karte hain?",
-            answer = "Decode HBM se weights padhne se limited hai. INT4 weights FP16 ke chauthai bytes hain, aur "
-                .. "kernel ke andar unhe FP16 banana bache hue transfer ke saamne sasta hai; arithmetic rukawat "
-                .. "nahi hai.",
+            answer = "Decode HBM se weights padhne se limited hai. INT4 codes FP16 ke chauthai bytes hain (har 64 "
+                .. "weights par ek scale aur zero-point ke saath 0.547 bytes, 2 ke mukable: 3.7x kam), aur kernel ke "
+                .. "andar unhe FP16 banana bache hue transfer ke saamne sasta hai; arithmetic rukawat nahi hai.",
             explanation = "Ek decode step ka time lagbhag bytes / bandwidth hai, aur zyada bytes weights ke hain.",
         },
     },
@@ -417,13 +429,15 @@ return {
         answer = "Sharding splits the weights and the KV cache across GPUs so that bigger models fit, but every GPU "
             .. "still streams its own shard from HBM at every step, and the GPUs must also exchange activations. "
             .. "The per-step bottleneck stays bandwidth (plus communication).",
-        explanation = "Each GPU reads 1/N of the bytes with 1/N of the FLOPs: the ratio, and so the bound, is unchanged.",
+        explanation = "Each GPU reads 1/N of the layer weights and does 1/N of their FLOPs: the ratio, and so the "
+            .. "bound, is unchanged.",
         hi_en = {
             prompt = "Tensor parallelism decode ko memory-bound hone se kyun nahi bachata?",
             answer = "Sharding weights aur KV cache ko GPUs mein baant deta hai taaki bade models fit hon, par har GPU "
                 .. "har step apna hissa HBM se padhta hi hai, upar se GPUs ko activations aapas mein bhejne padte "
                 .. "hain. Har step ki rukawat bandwidth (plus communication) hi rehti hai.",
-            explanation = "Har GPU 1/N bytes aur 1/N FLOPs karta hai: ratio wahi, to bound bhi wahi.",
+            explanation = "Har GPU layer weights ka 1/N padhta hai aur unke FLOPs ka 1/N karta hai: ratio wahi, to "
+                .. "bound bhi wahi.",
         },
     },
 
@@ -559,18 +573,21 @@ return {
         seed = {section = "edge", index = 8, match = "pehle decode step"},
         prompt = "What is the KV cache size at the very first decode step, when S = 1?",
         choices = {
-            "2 * B * L * d_model * p: one token's worth, growing linearly from there",
+            "One token's worth, 2 * B * L * d_model * p (n_kv_heads * d_head in place of d_model with GQA), growing "
+                .. "linearly from there",
             "Zero",
             "2 * B * L * d_model^2 * p",
             "The full max_seq_len reservation",
         },
         answer = 1,
-        explanation = "Put S = 1 into 2 * B * S * L * d_model * p. The cache starts at one token and grows by the "
-            .. "same amount with every token.",
+        explanation = "Put S = 1 into 2 * B * S * L * kv_dim * p: kv_dim = d_model with multi-head attention "
+            .. "(Llama-2-7B, B = 1, FP16: 512 KiB), n_kv_heads * d_head with GQA (Llama-2-70B: 8 * 128 = 1024, "
+            .. "320 KiB, not 2560). The cache then grows by that much with every token.",
         hi_en = {
             prompt = "Bilkul pehle decode step par (S = 1) KV cache kitna bada hai?",
-            explanation = "2 * B * S * L * d_model * p mein S = 1 rakho. Cache ek token se shuru hota hai aur har "
-                .. "token ke saath utna hi badhta hai.",
+            explanation = "2 * B * S * L * kv_dim * p mein S = 1 rakho: multi-head attention mein kv_dim = d_model "
+                .. "(Llama-2-7B, B = 1, FP16: 512 KiB), GQA mein n_kv_heads * d_head (Llama-2-70B: 8 * 128 = 1024, "
+                .. "320 KiB, 2560 nahi). Phir har token ke saath cache utna hi badhta hai.",
         },
     },
 

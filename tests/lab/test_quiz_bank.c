@@ -1,6 +1,9 @@
 // The question bank (quiz/bank.lua): it loads, every item is complete,
-// every item of shared/seed/question-bank.txt is in it exactly once, and
-// every linked claim id is a lesson check (issue 7's list, and lessons/).
+// every item of shared/seed/question-bank.txt is in it exactly once, every
+// linked claim id is a lesson check (issue 7's list, and lessons/), and
+// where the seed is wrong for this engine the bank teaches what the lesson
+// checks measure (the KV width with GQA, tf9's compute ridge), with numbers
+// computed here from quiz/models.lua and engine/devices.h.
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -13,8 +16,10 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "engine/devices.h"
 #include "lab/quiz_bank.h"
 #include "lab/quiz_data.h"
+#include "lab/quiz_models.h"
 #include "tests/test_support.h"
 
 #define SEED_PATH "../shared/seed/question-bank.txt"
@@ -284,6 +289,130 @@ static void test_claims_exist_in_lessons(void** state) {
     quiz_bank_free(&bank);
 }
 
+// ---- where the seed is wrong for this engine ---------------------------------------------
+
+static const quiz_item* find_item(const quiz_bank* bank, const char* id) {
+    for (int i = 0; i < bank->n_items; i++)
+        if (strcmp(bank->items[i].id, id) == 0) return &bank->items[i];
+    fail_msg("item %s is not in quiz/bank.lua", id);
+    return NULL;
+}
+
+static const quiz_model* find_model(const quiz_model_list* list, const char* name) {
+    for (int i = 0; i < list->n_models; i++)
+        if (strcmp(list->models[i].name, name) == 0) return &list->models[i];
+    fail_msg("model %s is not in quiz/models.lua", name);
+    return NULL;
+}
+
+static void expect_in(const char* id, const char* field, const char* text, const char* expected) {
+    if (!text)
+        fail_msg("%s: no %s", id, field);
+    else if (!strstr(text, expected))
+        fail_msg("%s: '%s' is not in its %s: %s", id, expected, field, text);
+}
+
+// The seed's 2 B S L d_model p holds for multi-head attention only; the
+// lab's presets use grouped-query attention, where lesson 01 measures
+// n_kv_heads * d_head. Every kv-sizing text that writes the formula with
+// d_model also names the GQA width, and the per-token sizes quoted for a
+// real MHA model and a real GQA model are the ones their shapes give.
+static void test_kv_formula_items_teach_the_gqa_width(void** state) {
+    (void)state;
+    quiz_bank bank = load_bank();
+    int formulas = 0;
+    for (int i = 0; i < bank.n_items; i++) {
+        const quiz_item* item = &bank.items[i];
+        if (!(item->topics & QUIZ_TOPIC_BIT(QUIZ_TOPIC_KV_SIZING))) continue;
+        const char* texts[5] = {item->explanation.en, item->explanation.hi_en, item->model_answer.en,
+                                item->model_answer.hi_en,
+                                item->n_choices ? item->choices[item->correct_choice].en : NULL};
+        static const char* const FIELDS[5] = {"explanation", "Hinglish explanation", "model answer",
+                                              "Hinglish model answer", "right choice"};
+        for (int t = 0; t < 5; t++) {
+            if (!texts[t] || !strstr(texts[t], "d_model * p")) continue;
+            formulas++;
+            expect_in(item->id, FIELDS[t], texts[t], "n_kv_heads * d_head");
+        }
+    }
+    assert_true(formulas >= 3); // se1 (both languages) and edge8's right choice quote the seed's formula
+    quiz_model_list models;
+    error_info err = {{0}};
+    if (quiz_models_load("quiz/models.lua", &models, &err)) fail_msg("%s", err.message);
+    const quiz_model* mha = find_model(&models, "Llama-2-7B");
+    const quiz_model* gqa = find_model(&models, "Llama-2-70B");
+    assert_int_equal(mha->n_kv_heads, mha->n_heads);
+    assert_true(gqa->n_kv_heads < gqa->n_heads);
+    char mha_kib[32], gqa_kib[32], gqa_as_mha[64], gqa_width[64];
+    snprintf(mha_kib, sizeof mha_kib, "%llu KiB",
+             (unsigned long long)quiz_model_kv_bytes_per_token(mha, true, 2) / 1024);
+    snprintf(gqa_kib, sizeof gqa_kib, "%llu KiB",
+             (unsigned long long)quiz_model_kv_bytes_per_token(gqa, true, 2) / 1024);
+    snprintf(gqa_as_mha, sizeof gqa_as_mha, "%llu",
+             (unsigned long long)quiz_model_kv_bytes_per_token(gqa, false, 2) / 1024);
+    snprintf(gqa_width, sizeof gqa_width, "%d * %d = %d", gqa->n_kv_heads, gqa->head_dim,
+             gqa->n_kv_heads * gqa->head_dim);
+    static const char* const QUOTING_SIZES[2] = {"se1", "edge8"};
+    for (int k = 0; k < 2; k++) {
+        const quiz_item* item = find_item(&bank, QUOTING_SIZES[k]);
+        for (int lang = 0; lang < 2; lang++) {
+            const char* text = lang ? item->explanation.hi_en : item->explanation.en;
+            expect_in(item->id, "explanation", text, mha_kib);    // 512 KiB: d_model is right for MHA
+            expect_in(item->id, "explanation", text, gqa_kib);    // 320 KiB: kv_dim with GQA
+            expect_in(item->id, "explanation", text, gqa_as_mha); // 2560: what d_model would claim
+        }
+    }
+    const quiz_item* tf3 = find_item(&bank, "tf3");
+    expect_in("tf3", "explanation", tf3->explanation.en, "kv_dim");
+    expect_in("tf3", "explanation", tf3->explanation.en, gqa_width);
+    expect_in("tf3", "explanation", tf3->explanation.hi_en, gqa_width);
+    quiz_models_free(&models);
+    quiz_bank_free(&bank);
+}
+
+// tf9: the seed blames HBM saturation; lesson 04 measures the plateau at
+// the compute ridge (batch-1 decode already saturates the bandwidth, and
+// that is where batching pays). The answer stays the seed's (false), the
+// reason is the ridge, with the H100's numbers from engine/devices.h.
+static void test_tf9_names_the_compute_ridge(void** state) {
+    (void)state;
+    quiz_bank bank = load_bank();
+    const quiz_item* tf9 = find_item(&bank, "tf9");
+    assert_true(tf9->has_truth && !tf9->truth);
+    int n_devices = 0;
+    const device_model* devices = device_models(&n_devices);
+    const device_model* h100 = NULL;
+    for (int d = 0; d < n_devices; d++)
+        if (strstr(devices[d].name, "H100")) h100 = &devices[d];
+    assert_non_null(h100);
+    char arithmetic[128];
+    snprintf(arithmetic, sizeof arithmetic, "%.0f TFLOP/s / %.2f TB/s = %.0f FLOP/byte", h100->peak_fp16_flops / 1e12,
+             h100->bandwidth_bytes_per_s / 1e12, device_ridge_point(h100, 0));
+    for (int lang = 0; lang < 2; lang++) {
+        const char* text = lang ? tf9->explanation.hi_en : tf9->explanation.en;
+        expect_in("tf9", "explanation", text, arithmetic);
+        expect_in("tf9", "explanation", text, "compute ridge");
+    }
+    expect_in("tf9", "explanation", tf9->explanation.en, "not HBM");
+    quiz_bank_free(&bank);
+}
+
+// why2: the seed's "4x fewer bytes" counts the codes only; the engine's
+// default W4A16 (one fp16 scale and one zero-point per 64 weights, what
+// lesson 06 measures) reads 0.5 + 3/64 bytes per weight against 2.
+static void test_why2_counts_the_group_scales(void** state) {
+    (void)state;
+    quiz_bank bank = load_bank();
+    const quiz_item* why2 = find_item(&bank, "why2");
+    double int4_bytes = 0.5 + (2.0 + 1.0) / 64.0;
+    char ratio[96];
+    snprintf(ratio, sizeof ratio, "%.3f bytes against 2: %.1fx fewer", int4_bytes, 2.0 / int4_bytes);
+    expect_in("why2", "model answer", why2->model_answer.en, ratio);
+    snprintf(ratio, sizeof ratio, "%.3f bytes, 2 ke mukable: %.1fx kam", int4_bytes, 2.0 / int4_bytes);
+    expect_in("why2", "Hinglish model answer", why2->model_answer.hi_en, ratio);
+    quiz_bank_free(&bank);
+}
+
 // ---- bad data files ----------------------------------------------------------------------
 
 static void expect_bank_error(const char* source, const char* expected) {
@@ -329,9 +458,14 @@ static void test_bad_bank_files_are_named_errors(void** state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_seed_items_are_all_in_the_bank),  cmocka_unit_test(test_every_item_is_complete),
-        cmocka_unit_test(test_claims_are_lesson_claim_ids),     cmocka_unit_test(test_claims_exist_in_lessons),
+        cmocka_unit_test(test_seed_items_are_all_in_the_bank),
+        cmocka_unit_test(test_every_item_is_complete),
+        cmocka_unit_test(test_claims_are_lesson_claim_ids),
+        cmocka_unit_test(test_claims_exist_in_lessons),
         cmocka_unit_test(test_bad_bank_files_are_named_errors),
+        cmocka_unit_test(test_kv_formula_items_teach_the_gqa_width),
+        cmocka_unit_test(test_tf9_names_the_compute_ridge),
+        cmocka_unit_test(test_why2_counts_the_group_scales),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
