@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 
 #include "engine/model_storage.h"
@@ -386,6 +387,7 @@ void model_free(model* m) {
     free(m->layers);
     free(m->storage);
     free(m->f16_tile_storage);
+    if (m->file_mapping) munmap((void*)m->file_mapping, (size_t)m->file_mapping_bytes);
     memset(m, 0, sizeof *m);
 }
 

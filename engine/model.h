@@ -1,8 +1,8 @@
 // model: a Llama-style transformer's configuration and weights.
 //
 // Sources: llama2.c checkpoints (legacy headerless format, export version 1
-// fp32 and version 2 Q8_0) and synthetic presets generated from a seed
-// (engine/model_synth.c). All loaders validate every field before trusting
+// fp32 and version 2 Q8_0), llama.cpp GGUF files (engine/gguf_model.c) and synthetic presets
+// generated from a seed (engine/model_synth.c). All loaders validate every field before trusting
 // it and report one line naming the file, the field and what was expected.
 #ifndef SERVELAB_MODEL_H
 #define SERVELAB_MODEL_H
@@ -35,6 +35,7 @@ typedef enum model_format {
     MODEL_FORMAT_LEGACY = 1,     // llama2.c headerless fp32 (version 0)
     MODEL_FORMAT_EXPORT_V1 = 2,  // "ak42" version 1, fp32
     MODEL_FORMAT_EXPORT_V2 = 3,  // "ak42" version 2, Q8_0 groups
+    MODEL_FORMAT_GGUF = 4,       // llama.cpp's GGUF, v2 or v3 (engine/gguf_model.h)
 } model_format;
 
 typedef struct layer_weights {
@@ -64,6 +65,11 @@ typedef struct model {
     void* f16_tile_storage;       // the fp16 matrices again in the kernel's tile layout, or NULL
     uint64_t f16_tile_bytes;      // its size (held, never streamed twice: the kernel reads one copy)
     uint64_t nonfinite_values;    // NaN/Inf weights found by model_load (0 for a sound checkpoint)
+    // A GGUF's read-only mapping of the whole file: the F32 and F16
+    // matrices point straight into it (the bytes streamed are the file's),
+    // and model_free unmaps it. NULL for every other source.
+    const void* file_mapping;
+    uint64_t file_mapping_bytes;
 } model;
 
 typedef enum model_dtype_choice {
@@ -77,7 +83,9 @@ typedef enum model_dtype_choice {
 // keep every product inside 64 bits. `source` names the file in messages.
 int model_config_validate(model_config* config, const char* source, error_info* err);
 
-// Loads a llama2.c checkpoint (format detected from the header). dtype
+// Loads a llama2.c checkpoint (format detected from the header). A GGUF
+// file is refused here with a message: gguf_model_load (engine/gguf_model.h)
+// reads it, and lab/model_source.c picks the loader by the file's magic. dtype
 // chooses how fp32 tensors are stored (fp32 or fp16); a v2 file keeps its
 // Q8_0 matrices unless fp32/fp16 is asked, in which case they are widened.
 // A file whose weights hold NaN or Inf still loads, with one warning line

@@ -96,13 +96,14 @@ void model_storage_build_f16_tiles(model* m) {
     size_t total = 0; // halves; each matrix's count is a multiple of 64 (4 rows x 16), so each starts aligned
     for (int k = 0; k < n_matrices; k++) {
         const weight_matrix* w = multiplied_matrix(m, k);
-        total += matmul_f16_tile_halves(w->rows, w->cols);
+        if (w->dtype == WEIGHT_F16) total += matmul_f16_tile_halves(w->rows, w->cols);
     }
     uint16_t* tiles = streamed_memory_alloc(total * sizeof(uint16_t));
     if (!tiles) return; // the row-major kernel then: slower, same bits
     size_t offset = 0;
     for (int k = 0; k < n_matrices; k++) {
         weight_matrix* w = multiplied_matrix(m, k);
+        if (w->dtype != WEIGHT_F16) continue; // a GGUF may mix types (an F16 file's norms aside, Q8_0 + F16)
         matmul_f16_fill_tiles(tiles + offset, w);
         w->f16_tiles = tiles + offset;
         offset += matmul_f16_tile_halves(w->rows, w->cols);

@@ -34,7 +34,15 @@ struct tokenizer {
     char* piece_bytes;         // (sum of piece lengths + vocab_size) bytes: every piece and its NUL
     piece_entry* sorted;       // (vocab_size) the pieces in strcmp order; NULL when byte_level
     char byte_pieces[256][2];  // (256, 2) bytes: byte b then NUL, what "<0xXX>" decodes to
+    int32_t byte_ids[256];     // (256) id of byte b's fallback piece "<0xXX>"; -1: none (unk_id is used)
+    int32_t bos_id;            // begin-of-sequence id (1 in llama2.c files)
+    int32_t eos_id;            // end-of-sequence id (2)
+    int32_t unk_id;            // unknown id (0); -1: none
+    bool add_bos;              // the vocabulary asks for BOS before a prompt
+    bool add_space_prefix;     // SentencePiece's add_dummy_prefix: text starts as if after a space
 };
+
+static int byte_piece_value(const char* piece);
 
 // A score a merge must beat to happen at all: llama2.c starts its search
 // from -1e10, so a pair whose piece scores lower is never merged.
@@ -53,7 +61,15 @@ static tokenizer* tokenizer_new(int vocab_size, size_t piece_bytes_total) {
         tok_free(t);
         return NULL;
     }
-    for (int b = 0; b < 256; b++) t->byte_pieces[b][0] = (char)b;  // [1] is already NUL
+    for (int b = 0; b < 256; b++) {
+        t->byte_pieces[b][0] = (char)b;  // [1] is already NUL
+        t->byte_ids[b] = b + TOK_BYTE_OFFSET;
+    }
+    t->bos_id = TOK_BOS_ID;
+    t->eos_id = TOK_EOS_ID;
+    t->unk_id = TOK_UNK_ID;
+    t->add_bos = true;
+    t->add_space_prefix = true;
     return t;
 }
 
@@ -69,6 +85,17 @@ void tok_free(tokenizer* t) {
 int tok_vocab_size(const tokenizer* t) { return t ? t->vocab_size : 0; }
 
 bool tok_is_byte_level(const tokenizer* t) { return t && t->byte_level; }
+
+int32_t tok_bos_id(const tokenizer* t) { return t ? t->bos_id : TOK_BOS_ID; }
+
+int32_t tok_eos_id(const tokenizer* t) { return t ? t->eos_id : TOK_EOS_ID; }
+
+bool tok_adds_bos(const tokenizer* t) { return t ? t->add_bos : true; }
+
+const char* tok_piece(const tokenizer* t, int32_t id) {
+    if (!t || id < 0 || id >= t->vocab_size) return "";
+    return t->byte_level ? tok_decode_piece(t, -1, id) : t->pieces[id];
+}
 
 // ----------------------------------------------------------------------------
 // The piece index
@@ -262,7 +289,7 @@ static int check_file(const char* path, const unsigned char* bytes, size_t size,
 // file): "a" joined to it is "a" again, now standing for two bytes.
 static int find_max_text_per_id(const tokenizer* t) {
     for (int byte = 1; byte < 256; byte++)  // byte 0 ends the text, it is never encoded
-        if (t->pieces[TOK_BYTE_OFFSET + byte][0] == '\0') return 0;
+        if (t->byte_ids[byte] >= 0 && t->pieces[t->byte_ids[byte]][0] == '\0') return 0;
     int longest = 0;
     for (int id = 0; id < t->vocab_size; id++) {
         int length = (int)strlen(t->pieces[id]);
@@ -336,6 +363,84 @@ int tok_load(tokenizer** out, const char* path, int vocab_size, error_info* err)
     if (build_index(t) != 0) {
         tok_free(t);
         return error_set(err, "%s: out of memory for the piece index", path);
+    }
+    *out = t;
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// A vocabulary given as arrays (a GGUF file's tokenizer.ggml.* keys)
+
+// U+2581 LOWER ONE EIGHTH BLOCK, SentencePiece's stand-in for a space.
+static const char SENTENCEPIECE_SPACE[] = "\xe2\x96\x81";
+
+// Copies a piece into out, each "▁" as one ' ' (SentencePiece's marker back
+// to the space it stands for, as llama2.c's tokenizer.bin has it); stops at
+// a NUL byte (pieces are C strings here). Returns the bytes written.
+static size_t copy_piece(char* out, const char* bytes, size_t length, bool sentencepiece_spaces) {
+    size_t n = 0;
+    for (size_t i = 0; i < length && bytes[i] != '\0';) {
+        if (sentencepiece_spaces && length - i >= 3 && memcmp(bytes + i, SENTENCEPIECE_SPACE, 3) == 0) {
+            out[n++] = ' ';
+            i += 3;
+        } else {
+            out[n++] = bytes[i++];
+        }
+    }
+    out[n] = '\0';
+    return n;
+}
+
+int tok_from_vocab(tokenizer** out, const tok_vocab* vocab, const char* source, error_info* err) {
+    if (!out) return error_set(err, "tok_from_vocab: out is NULL");
+    *out = NULL;
+    if (!vocab || !vocab->pieces || !vocab->scores) return error_set(err, "%s: tokenizer: no pieces or scores", source);
+    if (vocab->vocab_size < 1 || vocab->vocab_size > TOK_MAX_VOCAB_SIZE)
+        return error_set(err, "%s: tokenizer.ggml.tokens: %d tokens, expected 1..%d", source, vocab->vocab_size,
+                         TOK_MAX_VOCAB_SIZE);
+    const int32_t special[3] = {vocab->bos_id, vocab->eos_id, vocab->unk_id};
+    const char* special_names[3] = {"bos_token_id", "eos_token_id", "unknown_token_id"};
+    for (int k = 0; k < 3; k++)
+        if (special[k] < -1 || special[k] >= vocab->vocab_size)
+            return error_set(err, "%s: tokenizer.ggml.%s: %d, expected an id below %d (or none)", source,
+                             special_names[k], (int)special[k], vocab->vocab_size);
+    size_t total = 0;
+    for (int id = 0; id < vocab->vocab_size; id++) {
+        if (vocab->pieces[id].length > TOK_MAX_TOKEN_LENGTH_LIMIT)
+            return error_set(err, "%s: tokenizer.ggml.tokens: token %d is %zu bytes, expected at most %d", source, id,
+                             vocab->pieces[id].length, TOK_MAX_TOKEN_LENGTH_LIMIT);
+        if (isnan(vocab->scores[id])) return error_set(err, "%s: tokenizer.ggml.scores: token %d score is NaN", source, id);
+        total += vocab->pieces[id].length + 1;
+    }
+    tokenizer* t = tokenizer_new(vocab->vocab_size, total);
+    if (!t) return error_set(err, "%s: out of memory for %d tokens", source, vocab->vocab_size);
+    char* next_piece = t->piece_bytes;
+    int longest = 1;
+    for (int b = 0; b < 256; b++) t->byte_ids[b] = -1;
+    for (int id = 0; id < vocab->vocab_size; id++) {
+        size_t length = copy_piece(next_piece, vocab->pieces[id].bytes, vocab->pieces[id].length,
+                                   vocab->sentencepiece_spaces);
+        t->pieces[id] = next_piece;
+        t->scores[id] = vocab->scores[id];
+        next_piece += length + 1;
+        if ((int)length > longest) longest = (int)length;
+        // A byte piece stands for its byte whatever its type says: the
+        // llama2c converter marks them BYTE (6), older files NORMAL.
+        int byte = byte_piece_value(t->pieces[id]);
+        if (byte >= 0 && t->byte_ids[byte] < 0 && (!vocab->types || vocab->types[id] == TOK_TYPE_BYTE ||
+                                                     vocab->types[id] == TOK_TYPE_NORMAL))
+            t->byte_ids[byte] = id;
+    }
+    t->max_token_length = longest;
+    t->bos_id = vocab->bos_id;
+    t->eos_id = vocab->eos_id;
+    t->unk_id = vocab->unk_id;
+    t->add_bos = vocab->add_bos && vocab->bos_id >= 0;
+    t->add_space_prefix = vocab->add_space_prefix;
+    t->max_text_per_id = find_max_text_per_id(t);
+    if (build_index(t) != 0) {
+        tok_free(t);
+        return error_set(err, "%s: out of memory for the piece index", source);
     }
     *out = t;
     return 0;
@@ -526,6 +631,13 @@ static int merge_pairs(const tokenizer* t, int32_t* ids, int n, char* joined) {
 
 static bool is_utf8_continuation(unsigned char byte) { return (byte & 0xC0) == 0x80; }
 
+// The id a byte without a piece of its own becomes: its "<0xXX>" piece, or
+// the unknown token in a vocabulary without byte pieces (0 when it has none either).
+static int32_t fallback_id(const tokenizer* t, unsigned char byte) {
+    if (t->byte_ids[byte] >= 0) return t->byte_ids[byte];
+    return t->unk_id >= 0 ? t->unk_id : 0;
+}
+
 static int encode_byte_level(const char* text, size_t text_bytes, bool add_bos, bool add_eos,
                              int32_t* ids, int capacity, int* n_ids, error_info* err) {
     int needed = (int)text_bytes + add_bos + add_eos;
@@ -595,13 +707,13 @@ int tok_encode(const tokenizer* t, const char* text, bool add_bos, bool add_eos,
     }
 
     int n = 0;
-    if (add_bos) work[n++] = TOK_BOS_ID;
+    if (add_bos && t->bos_id >= 0) work[n++] = t->bos_id;
     // SentencePiece's add_dummy_prefix: text starts as if after a space.
     // llama2.c stores -1 here (and later reads out of bounds) when the vocab
     // has no " "; the byte fallback for ' ' is the same text.
-    if (text_bytes > 0) {
+    if (text_bytes > 0 && t->add_space_prefix) {
         int32_t space_id = lookup_piece(t, " ");
-        work[n++] = space_id >= 0 ? space_id : ' ' + TOK_BYTE_OFFSET;
+        work[n++] = space_id >= 0 ? space_id : fallback_id(t, ' ');
     }
     // One id per UTF-8 codepoint when the vocab has it, else one per byte.
     // A codepoint is a byte and the continuation bytes (10xxxxxx) after it,
@@ -618,8 +730,7 @@ int tok_encode(const tokenizer* t, const char* text, bool add_bos, bool add_eos,
         if (id >= 0) {
             work[n++] = id;
         } else {
-            for (size_t i = start; i < end; i++)
-                work[n++] = (unsigned char)text[i] + TOK_BYTE_OFFSET;
+            for (size_t i = start; i < end; i++) work[n++] = fallback_id(t, (unsigned char)text[i]);
         }
         start = end;
     }
@@ -631,7 +742,7 @@ int tok_encode(const tokenizer* t, const char* text, bool add_bos, bool add_eos,
         free(joined);
         return error_set(err, "tok_encode: out of memory merging %zu ids", max_ids);
     }
-    if (add_eos) work[n++] = TOK_EOS_ID;
+    if (add_eos && t->eos_id >= 0) work[n++] = t->eos_id;
 
     int status = 0;
     if (n > capacity) {
@@ -672,7 +783,7 @@ const char* tok_decode_piece(const tokenizer* t, int32_t prev_id, int32_t id) {
     if (t->byte_level) return id >= TOK_BYTE_OFFSET ? t->byte_pieces[id - TOK_BYTE_OFFSET] : "";
     const char* piece = t->pieces[id];
     // After BOS, SentencePiece's decoder drops the dummy prefix's space.
-    if (prev_id == TOK_BOS_ID && piece[0] == ' ') piece++;
+    if (prev_id == t->bos_id && piece[0] == ' ' && t->add_space_prefix) piece++;
     int byte = byte_piece_value(piece);
     if (byte >= 0) return t->byte_pieces[byte];  // byte 0 gives "": a C string cannot hold it
     return piece;

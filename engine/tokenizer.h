@@ -8,6 +8,11 @@
 //     tokens, then one id per byte value), which needs no file.
 //
 // Ids 0, 1, 2 are <unk>, BOS and EOS in both; byte b falls back to id b + 3.
+//
+// A third source, a vocabulary handed over as arrays (tok_from_vocab: what
+// a GGUF file's tokenizer.ggml.* keys hold, read by engine/gguf_vocab.c),
+// uses the same SentencePiece algorithm with its own special ids, byte
+// pieces and add_bos / add_space_prefix flags.
 #ifndef SERVELAB_TOKENIZER_H
 #define SERVELAB_TOKENIZER_H
 
@@ -47,7 +52,53 @@ int tok_file_vocab_size(const char* path, int* vocab_size, error_info* err);
 // byte of the text: no dummy space prefix, no merges.
 int tok_byte_level(tokenizer** out, error_info* err);
 
+// SentencePiece token types as GGUF stores them (tokenizer.ggml.token_type).
+enum {
+    TOK_TYPE_NORMAL = 1,
+    TOK_TYPE_UNKNOWN = 2,
+    TOK_TYPE_CONTROL = 3,
+    TOK_TYPE_USER_DEFINED = 4,
+    TOK_TYPE_UNUSED = 5,
+    TOK_TYPE_BYTE = 6,
+};
+
+// Largest vocabulary tok_from_vocab takes (Llama 3 has 128256, Gemma 256000).
+enum { TOK_MAX_VOCAB_SIZE = 1 << 22 };
+
+typedef struct tok_piece_bytes {
+    const char* bytes; // not NUL-terminated
+    size_t length;     // bytes
+} tok_piece_bytes;
+
+typedef struct tok_vocab {
+    int vocab_size;
+    const tok_piece_bytes* pieces;  // (vocab_size) each token's text
+    const float* scores;            // (vocab_size) merge scores, higher merges first
+    const int32_t* types;           // (vocab_size) TOK_TYPE_*, or NULL
+    int32_t bos_id, eos_id, unk_id; // -1: none
+    bool add_bos;                   // a prompt starts with BOS
+    bool add_space_prefix;          // text is encoded as if after a space
+    bool sentencepiece_spaces;      // "▁" (U+2581) in a piece stands for ' '
+} tok_vocab;
+
+// A SentencePiece tokenizer from a vocabulary: the llama2.c algorithm
+// (tok_encode) with the vocabulary's special ids; byte b falls back to the
+// piece "<0xXX>" (type BYTE or NORMAL), else to unk. Pieces are copied, with
+// "▁" turned into ' ' when sentencepiece_spaces (so a literal U+2581 in a
+// text is not taken for a space, unlike llama.cpp, which marks spaces
+// instead of unmarking pieces). source names the file in messages.
+int tok_from_vocab(tokenizer** out, const tok_vocab* vocab, const char* source, error_info* err);
+
 void tok_free(tokenizer* t);
+
+// The special ids and whether the vocabulary asks for BOS (llama2.c and
+// byte-level: 1, 2, true).
+int32_t tok_bos_id(const tokenizer* t);
+int32_t tok_eos_id(const tokenizer* t);
+bool tok_adds_bos(const tokenizer* t);
+
+// The piece of an id as stored ("" when out of range): for `tokenize`.
+const char* tok_piece(const tokenizer* t, int32_t id);
 
 int tok_vocab_size(const tokenizer* t);
 bool tok_is_byte_level(const tokenizer* t);

@@ -1,0 +1,72 @@
+// gguf_model: a llama.cpp GGUF file as a servelab model.
+//
+// Architecture `llama` (Llama 2/3, TinyLlama, SmolLM, Mistral in the GGUF
+// naming). The metadata gives the shapes; the forward pass (engine/forward.c)
+// implements RoPE base 10000 on adjacent pairs over the whole head, RMSNorm
+// epsilon 1e-5 and no biases, so a file asking for anything else is refused
+// with a line saying what it asked and what the forward pass does, rather
+// than run with silently different math. (README of ../shared/gguf, §5:
+// arch `llama` always uses adjacent-pair RoPE, and the converters have
+// already permuted Hugging Face's q/k rows into that layout: nothing is
+// un-permuted here.)
+//
+// What each tensor type becomes (dtype MODEL_DTYPE_DEFAULT):
+//   F32  -> WEIGHT_F32, pointing into the read-only mapping (no copy)
+//   F16  -> WEIGHT_F16, pointing into the mapping (no copy)
+//   BF16 -> WEIGHT_F32 at load (exact: bf16 is fp32's upper half)
+//   Q8_0 -> WEIGHT_I8 symmetric, group 32, the block's fp16 scale: the same
+//           int8 codes and scale bits, moved out of the file's interleaved
+//           34-byte blocks into the kernel's codes-then-scales layout
+//   Q4_0 -> WEIGHT_I4 symmetric, group 32: the same nibbles (q - 8 is the
+//           kernel's symmetric zero-point 8) and scale bits, reordered from
+//           the block's (j, j + 16) nibble pairs to the kernel's (2j, 2j + 1)
+// Both moves are lossless and keep the byte count (34 and 18 bytes per 32
+// weights); the loader says so in one stderr line. MODEL_DTYPE_FP32 or
+// MODEL_DTYPE_FP16 widens (or rounds) every matrix to that type instead.
+// Other types (Q4_K, Q6_K, ...) are refused, naming the tensor and type.
+#ifndef SERVELAB_GGUF_MODEL_H
+#define SERVELAB_GGUF_MODEL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "engine/error.h"
+#include "engine/gguf.h"
+#include "engine/model.h"
+
+typedef struct gguf_model_options {
+    model_dtype_choice dtype;
+    // 0: the file's `ARCH.context_length`; else this many positions. (The
+    // llama2.c converter writes 128 whatever the checkpoint was trained on,
+    // ../shared/gguf README §11; llama.cpp's n_ctx overrides it the same way,
+    // without RoPE scaling.)
+    int context_length;
+    // false: no stderr line about conversions (tests, fuzzing).
+    bool report_conversions;
+} gguf_model_options;
+
+// What the metadata says, for `servelab info` and for the loader's checks.
+typedef struct gguf_model_info {
+    char architecture[32];
+    char model_name[96];         // general.name, or ""
+    model_config config;         // shapes (vocab from token_embd.weight)
+    int file_context_length;     // ARCH.context_length as written
+    int rope_dimensions;         // ARCH.rope.dimension_count (head_dim when absent)
+    double rope_base;            // ARCH.rope.freq_base (10000 when absent)
+    double rms_epsilon;          // ARCH.attention.layer_norm_rms_epsilon
+    bool has_output_matrix;      // output.weight present (else tied to token_embd)
+    int tensor_type_counts[32];  // tensors of each gguf_tensor_type (index = type number, < 32)
+    uint64_t tensor_data_bytes;  // bytes of every tensor's data in the file
+} gguf_model_info;
+
+// Reads the architecture and shapes from f, checking them the way the loader does.
+int gguf_model_read_info(const gguf_file* f, gguf_model_info* info, error_info* err);
+
+// Loads path as a model. On failure *out is zeroed and err names the field.
+int gguf_model_load(model* out, const char* path, const gguf_model_options* options, error_info* err);
+
+// The same from a parsed file; on success the model takes the file's
+// mapping (gguf_close afterwards frees only the tables).
+int gguf_model_from_file(model* out, gguf_file* f, const gguf_model_options* options, error_info* err);
+
+#endif

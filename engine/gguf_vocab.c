@@ -1,0 +1,91 @@
+#include "engine/gguf_vocab.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+// A special token id: absent gives fallback; llama.cpp writes 0xFFFFFFFF
+// (or -1 as int32) for "none", which becomes -1.
+static int read_special_id(const gguf_file* f, const char* key, int32_t fallback, int32_t* out, error_info* err) {
+    const gguf_kv* kv = gguf_find_kv(f, key);
+    *out = fallback;
+    if (!kv) return 0;
+    if (kv->type == GGUF_VALUE_INT32 && gguf_get_uint(f, key, UINT32_MAX, &(uint64_t){0}, NULL) < 0) {
+        *out = -1; // a negative int32: none
+        return 0;
+    }
+    uint64_t value;
+    if (gguf_get_uint(f, key, UINT32_MAX, &value, err) < 0) return -1;
+    *out = value == UINT32_MAX || value > INT32_MAX ? -1 : (int32_t)value;
+    return 0;
+}
+
+static int read_flag(const gguf_file* f, const char* key, bool fallback, bool* out, error_info* err) {
+    *out = fallback;
+    return gguf_get_bool(f, key, out, err) < 0 ? -1 : 0;
+}
+
+int tok_from_gguf(tokenizer** out, const gguf_file* f, error_info* err) {
+    *out = NULL;
+    char model_name[32];
+    int found = gguf_get_string(f, "tokenizer.ggml.model", model_name, sizeof model_name, err);
+    if (found < 0) return -1;
+    if (!found) return error_set(err, "%s: metadata 'tokenizer.ggml.model' is missing: the file has no tokenizer", f->name);
+    if (strcmp(model_name, "llama") != 0)
+        return error_set(err, "%s: tokenizer.ggml.model: '%s' is not supported (supported: llama, the SentencePiece "
+                              "kind)",
+                         f->name, model_name);
+    const gguf_kv* tokens = gguf_find_kv(f, "tokenizer.ggml.tokens");
+    if (!tokens) return error_set(err, "%s: metadata 'tokenizer.ggml.tokens' is missing", f->name);
+    if (tokens->type != GGUF_VALUE_ARRAY || tokens->array_type != GGUF_VALUE_STRING)
+        return error_set(err, "%s: metadata 'tokenizer.ggml.tokens': expected an array of strings", f->name);
+    if (tokens->array_count < 1 || tokens->array_count > TOK_MAX_VOCAB_SIZE)
+        return error_set(err, "%s: tokenizer.ggml.tokens: %llu tokens, expected 1..%d", f->name,
+                         (unsigned long long)tokens->array_count, TOK_MAX_VOCAB_SIZE);
+    const int n = (int)tokens->array_count;
+    const gguf_kv* scores = gguf_find_kv(f, "tokenizer.ggml.scores");
+    const gguf_kv* types = gguf_find_kv(f, "tokenizer.ggml.token_type");
+    if (scores && (scores->type != GGUF_VALUE_ARRAY || scores->array_type != GGUF_VALUE_FLOAT32 ||
+                   scores->array_count != tokens->array_count))
+        return error_set(err, "%s: metadata 'tokenizer.ggml.scores': expected %d float32 values", f->name, n);
+    if (types && (types->type != GGUF_VALUE_ARRAY || types->array_type != GGUF_VALUE_INT32 ||
+                  types->array_count != tokens->array_count))
+        return error_set(err, "%s: metadata 'tokenizer.ggml.token_type': expected %d int32 values", f->name, n);
+
+    tok_vocab vocab = {.vocab_size = n, .sentencepiece_spaces = true};
+    tok_piece_bytes* pieces = calloc((size_t)n, sizeof *pieces);
+    float* score_values = calloc((size_t)n, sizeof *score_values);
+    int32_t* type_values = types ? calloc((size_t)n, sizeof *type_values) : NULL;
+    if (!pieces || !score_values || (types && !type_values)) {
+        free(pieces), free(score_values), free(type_values);
+        return error_set(err, "%s: out of memory for %d tokens", f->name, n);
+    }
+    uint64_t cursor = 0;
+    for (int i = 0; i < n; i++) {
+        gguf_string s = gguf_array_string_next(tokens, &cursor);
+        pieces[i] = (tok_piece_bytes){s.bytes, (size_t)s.length};
+        score_values[i] = scores ? (float)gguf_array_number(scores, (uint64_t)i) : 0.0f;
+        if (type_values) type_values[i] = (int32_t)gguf_array_number(types, (uint64_t)i);
+    }
+    vocab.pieces = pieces;
+    vocab.scores = score_values;
+    vocab.types = type_values;
+    int status = read_special_id(f, "tokenizer.ggml.bos_token_id", 1, &vocab.bos_id, err) ||
+                 read_special_id(f, "tokenizer.ggml.eos_token_id", 2, &vocab.eos_id, err) ||
+                 read_special_id(f, "tokenizer.ggml.unknown_token_id", 0, &vocab.unk_id, err) ||
+                 read_flag(f, "tokenizer.ggml.add_bos_token", true, &vocab.add_bos, err) ||
+                 read_flag(f, "tokenizer.ggml.add_space_prefix", true, &vocab.add_space_prefix, err);
+    if (status == 0) status = tok_from_vocab(out, &vocab, f->name, err);
+    free(pieces);
+    free(score_values);
+    free(type_values);
+    return status ? -1 : 0;
+}
+
+int tok_load_gguf(tokenizer** out, const char* path, error_info* err) {
+    *out = NULL;
+    gguf_file f;
+    if (gguf_open(&f, path, err)) return -1;
+    int status = tok_from_gguf(out, &f, err);
+    gguf_close(&f);
+    return status;
+}
