@@ -4,6 +4,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "engine/gguf_model.h"
+#include "engine/gguf_vocab.h"
 #include "engine/model_quant.h"
 #include "engine/model_synth.h"
 #include "lab/calibration.h"
@@ -11,6 +13,53 @@
 static bool is_file(const char* path) {
     struct stat st;
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+bool model_source_is_gguf(const char* path) {
+    FILE* file = fopen(path, "rb");
+    if (!file) return false;
+    unsigned char magic[4];
+    bool is_gguf = fread(magic, 1, sizeof magic, file) == sizeof magic && gguf_has_magic(magic, sizeof magic);
+    fclose(file);
+    return is_gguf;
+}
+
+// A GGUF file: the model and, unless --tokenizer names another, the
+// tokenizer its metadata carries (one mapping of the file for both).
+static int open_gguf(model_source* out, const model_request* request, const char* path, error_info* err) {
+    gguf_file file;
+    if (gguf_open(&file, path, err)) return -1;
+    // The tokenizer first: it reads the metadata, which the model's mapping keeps alive.
+    if (!request->tokenizer_arg && tok_from_gguf(&out->tokenizer, &file, err)) {
+        gguf_close(&file);
+        return -1;
+    }
+    // The file's context length. (A --context option needs a field in
+    // model_request, which bench.c and cmd_lab.c initialise positionally.)
+    gguf_model_options options = {request->dtype, 0, true};
+    int status = gguf_model_from_file(&out->model, &file, &options, err);
+    gguf_close(&file);
+    if (status) {
+        model_source_close(out);
+        return -1;
+    }
+    if (request->tokenizer_arg) {
+        if (tok_load(&out->tokenizer, request->tokenizer_arg, out->model.config.vocab_size, err)) {
+            model_source_close(out);
+            return -1;
+        }
+        snprintf(out->tokenizer_label, sizeof out->tokenizer_label, "%s", request->tokenizer_arg);
+    } else {
+        snprintf(out->tokenizer_label, sizeof out->tokenizer_label, "%.400s (its own, %d tokens)", path,
+                 tok_vocab_size(out->tokenizer));
+    }
+    if (out->tokenizer && tok_vocab_size(out->tokenizer) != out->model.config.vocab_size) {
+        error_set(err, "%s: the tokenizer has %d tokens, the model's embedding %d rows", path,
+                  tok_vocab_size(out->tokenizer), out->model.config.vocab_size);
+        model_source_close(out);
+        return -1;
+    }
+    return 0;
 }
 
 // Finds stories260K.bin and tok512.bin together in ./models or ../shared/models.
@@ -120,6 +169,7 @@ static int open_unquantized(model_source* out, const model_request* request, err
         return 0;
     }
 
+    if (model_source_is_gguf(model_arg)) return open_gguf(out, request, model_arg, err);
     if (model_load(&out->model, model_arg, request->dtype, err)) return -1;
     const synth_preset* written_preset = synthetic_checkpoint_preset(&out->model.config);
     if (written_preset)

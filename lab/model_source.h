@@ -1,6 +1,7 @@
 // model_source: turns --model / --tokenizer / --dtype into a loaded model.
 //
-// --model is a checkpoint path or a synthetic preset name (tiny, small,
+// --model is a checkpoint path (llama2.c, or a GGUF file, told apart by its
+// magic: a GGUF brings its own tokenizer unless --tokenizer is given) or a synthetic preset name (tiny, small,
 // medium, large). With no --model the default is stories260K with tok512
 // when found in ./models or ../shared/models, else the `small` preset. A
 // checkpoint's tokenizer is --tokenizer, else the file beside it that fits
@@ -12,6 +13,7 @@
 #ifndef SERVELAB_MODEL_SOURCE_H
 #define SERVELAB_MODEL_SOURCE_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "engine/error.h"
@@ -36,6 +38,9 @@ typedef struct model_source {
 } model_source;
 
 int model_source_open(model_source* out, const model_request* request, error_info* err);
+
+// Whether path is a file that starts with the GGUF magic.
+bool model_source_is_gguf(const char* path);
 
 // When argv[cursor->index] is one of --model, --tokenizer, --dtype,
 // --quant, --synth-seed, applies it to request and returns true (*failed
