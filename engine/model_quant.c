@@ -5,10 +5,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/fault.h"
 #include "engine/forward.h"
 #include "engine/kv_memory.h"
 #include "engine/model_storage.h"
 #include "engine/streamed_memory.h"
+#include "kernels/cpu/fp16.h"
 
 #define CALIBRATION_MAX_SAMPLES 512 // rows kept per layer input: enough for H and AWQ statistics
 #define GPTQ_DAMP 0.01f
@@ -210,6 +212,7 @@ static int quantize_one(matrix_job* job, const model_quant_spec* spec, quant_met
     if (status == 0) status = quant_pack(codes, params, rows, cols, &scheme, storage, &job->packed, err);
     if (status == 0) {
         job->packed.activation_bits = spec->scheme == QUANT_W8A8 ? 8 : 0;
+        if (fault_on(FAULT_W8A8_FLOAT_ACTIVATIONS)) job->packed.activation_bits = 0; // int8 weights, float inputs
         quant_stats total = quant_matrix_stats(job->values, codes, params, rows, cols, &scheme, -1);
         // Error against the original weights: undo AWQ's column scaling.
         quant_matrix_dequantize(codes, params, rows, cols, &scheme, dequantized);
@@ -314,6 +317,18 @@ int model_quantize(model* m, const model_quant_spec* spec, const int32_t* const*
         quant_scheme s = scheme_for(spec, sources[i]->cols);
         take_bytes(&measure, (size_t)quant_packed_bytes(sources[i]->rows, sources[i]->cols, &s));
     }
+    // FAULT_QUANT_KEEPS_FP16: an fp16 copy of every matrix stays allocated
+    // after the packed weights, in the same block (so model_free frees it);
+    // the kernels never read it.
+    uint16_t* kept_copy = NULL; // (sum over the matrices of rows * cols) fp16, under the fault only
+    size_t kept_copy_offset = 0;
+    if (fault_on(FAULT_QUANT_KEEPS_FP16)) {
+        size_t halves = 0;
+        for (int i = 0; i < n_matrices; i++) halves += (size_t)sources[i]->rows * (size_t)sources[i]->cols;
+        take_bytes(&measure, 0);
+        kept_copy_offset = measure.used;
+        take_bytes(&measure, halves * sizeof *kept_copy);
+    }
     unsigned char* storage = streamed_memory_alloc(measure.used > 0 ? (measure.used + 63) / 64 * 64 : 64);
     weight_matrix* packed = calloc((size_t)n_matrices, sizeof *packed); // (n_matrices) results
     float* norms = NULL;
@@ -327,6 +342,21 @@ int model_quantize(model* m, const model_quant_spec* spec, const int32_t* const*
                    (size_t)c->dim * sizeof(float));
         }
         memcpy(norms + (size_t)(2 * c->n_layers) * (size_t)c->dim, m->rms_final, (size_t)c->dim * sizeof(float));
+    }
+
+    if (status == 0 && kept_copy_offset > 0) {
+        kept_copy = (uint16_t*)(storage + kept_copy_offset);
+        int widest = 0;
+        for (int i = 0; i < n_matrices; i++) widest = sources[i]->cols > widest ? sources[i]->cols : widest;
+        float* row = malloc((size_t)widest * sizeof *row); // (widest cols) one source row in fp32
+        size_t at = 0;
+        if (!row) status = error_set(err, "quantize: out of memory");
+        for (int i = 0; status == 0 && i < n_matrices; i++)
+            for (int r = 0; r < sources[i]->rows; r++) {
+                weight_row_to_f32(row, sources[i], r, NULL);
+                for (int col = 0; col < sources[i]->cols; col++) kept_copy[at++] = fp32_to_fp16(row[col]);
+            }
+        free(row);
     }
 
     // The embedding (and classifier): always RTN.

@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "engine/fault.h"
 #include "kernels/cpu/fp16.h"
 
 // ---- codes ---------------------------------------------------------------------------
@@ -65,6 +66,7 @@ quant_params quant_params_for_range(float range_min, float range_max, int bits, 
     if (symmetric) {
         // s = max|r| / (2^(b-1) - 1), z = 0: the range is [-max|r|, max|r|].
         double magnitude = fmax(-low, high);
+        if (fault_on(FAULT_SYM_SCALE_FULL_RANGE)) magnitude = high - low; // the asymmetric width, over half the levels
         p.scale = scale_to_fp16_at_or_above(magnitude / (double)code_max, &overflowed);
         p.zero_point = 0;
         if (overflowed) magnitude = (double)p.scale * (double)code_max;
@@ -77,6 +79,10 @@ quant_params quant_params_for_range(float range_min, float range_max, int bits, 
     // [0, 2^b - 1]; the clamp only guards the saturated (overflowed) case.
     p.scale = scale_to_fp16_at_or_above((high - low) / (double)code_max, &overflowed);
     double zero = round(-low / (double)p.scale);
+    if (fault_enabled_set) { // the quantizer faults (engine/fault.h); one test per range
+        if (fault_on(FAULT_ZERO_POINT_PLUS)) zero = round(low / (double)p.scale);
+        if (fault_on(FAULT_ROUND_FLOOR)) zero = floor((fault_on(FAULT_ZERO_POINT_PLUS) ? low : -low) / (double)p.scale);
+    }
     if (zero < (double)code_min) zero = (double)code_min;
     if (zero > (double)code_max) zero = (double)code_max;
     p.zero_point = (int32_t)zero;
@@ -89,11 +95,31 @@ quant_params quant_params_for_range(float range_min, float range_max, int bits, 
     return p;
 }
 
+// The quantizer faults (engine/fault.h) as the buggy code would compute q:
+// floor instead of round, and a code kept in its b bits by wrapping around
+// (q mod the number of levels, as storing the low bits does) instead of
+// saturating. Out of line, so that the normal path below stays as it was.
+static int32_t quantize_with_faults(float r, const quant_params* p, int32_t code_min, int32_t code_max) {
+    double scaled = (double)r / (double)p->scale;
+    double q = (fault_on(FAULT_ROUND_FLOOR) ? floor(scaled) : round(scaled)) + (double)p->zero_point;
+    if (fault_on(FAULT_WRAP_NOT_CLIP)) {
+        double levels = (double)code_max - (double)code_min + 1.0;
+        double wrapped = fmod(q - (double)code_min, levels); // exact in double, even for an outlier's huge q
+        if (wrapped < 0.0) wrapped += levels;
+        return (int32_t)((double)code_min + wrapped);
+    }
+    if (q < (double)code_min) q = (double)code_min;
+    if (q > (double)code_max) q = (double)code_max;
+    return (int32_t)q;
+}
+
 int32_t quant_quantize(float r, const quant_params* p, int bits, bool symmetric, bool* clipped) {
     int32_t code_min = quant_code_min(bits, symmetric), code_max = quant_code_max(bits, symmetric);
     bool outside = !(r >= p->range_min && r <= p->range_max); // NaN counts as outside
     if (clipped) *clipped = outside;
     if (isnan(r)) return p->zero_point; // no honest code: decode it as 0
+    // One load and a not-taken branch per value with no fault set.
+    if (fault_enabled_set) return quantize_with_faults(r, p, code_min, code_max);
     // q = round(r / s) + z, saturated. Clamp before converting to an integer,
     // because r / s can be far outside int32 for an outlier.
     double q = round((double)r / (double)p->scale) + (double)p->zero_point;
@@ -244,9 +270,16 @@ int quant_matrix_rtn(const float* w, int rows, int cols, const quant_scheme* sch
     size_t total = (size_t)rows * (size_t)cols;
     int n_sets = quant_param_count(rows, cols, scheme);
     size_t set_length = total / (size_t)n_sets;
+    // FAULT_GROUP_TENSOR_MAX: every group gets the (s, z) of the whole matrix.
+    bool groups_from_tensor = scheme->granularity == QUANT_PER_GROUP && fault_on(FAULT_GROUP_TENSOR_MAX);
+    quant_params tensor_params = {0};
+    if (groups_from_tensor)
+        tensor_params = quant_params_for_values(w, total, scheme->bits, scheme->symmetric, scheme->clip_search);
     for (int k = 0; k < n_sets; k++) {
         const float* set = w + (size_t)k * set_length;
-        params[k] = quant_params_for_values(set, set_length, scheme->bits, scheme->symmetric, scheme->clip_search);
+        params[k] = groups_from_tensor ? tensor_params
+                                       : quant_params_for_values(set, set_length, scheme->bits, scheme->symmetric,
+                                                                 scheme->clip_search);
         for (size_t i = 0; i < set_length; i++)
             codes[(size_t)k * set_length + i] =
                 quant_quantize(set[i], &params[k], scheme->bits, scheme->symmetric, NULL);

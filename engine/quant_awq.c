@@ -11,6 +11,8 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "engine/fault.h"
+
 // alpha = 0, 0.05, ..., 1.0, as the AWQ reference's grid of 20 steps.
 #define AWQ_GRID_STEPS 20
 
@@ -131,6 +133,13 @@ int quant_awq_search(const float* const* matrices, const int* rows, int n_matric
                 channel_scales[c] = scales[c];
         }
     }
+
+    // FAULT_AWQ_NO_SCALING: the search ran and *alpha says what it chose, but
+    // the scales handed on are 1, so the caller quantizes (and divides the
+    // input by) nothing: the weights go to RTN unscaled.
+    if (status == 0 && fault_on(FAULT_AWQ_NO_SCALING))
+        for (int c = 0; c < cols; c++)
+            channel_scales[c] = 1.0f;
 
 done:
     free(mean_abs);

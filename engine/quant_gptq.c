@@ -13,6 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/fault.h"
+
 // ---- dense Cholesky helpers (n x n, row-major, double) --------------------------------
 
 // In place: a (n, n) symmetric -> its lower factor L (a = L L^T); the upper
@@ -178,6 +180,24 @@ int quant_gptq(const float* w, int rows, int cols, const float* x, int n_samples
         }
     }
 
+    // FAULT_GPTQ_NO_FEEDBACK: each column is rounded, but its error is never
+    // pushed onto the later columns (GPTQ becomes RTN with GPTQ's groups).
+    const bool feedback = !fault_on(FAULT_GPTQ_NO_FEEDBACK);
+    // FAULT_GROUP_TENSOR_MAX: every group takes the whole matrix's (s, z).
+    const bool groups_from_tensor = scheme->granularity == QUANT_PER_GROUP && fault_on(FAULT_GROUP_TENSOR_MAX);
+    quant_params tensor_params = {0};
+    if (groups_from_tensor) {
+        float* all = malloc(weight_count * sizeof *all);
+        if (!all) {
+            status = error_set(err, "gptq: out of memory for %d x %d weights", rows, cols);
+            goto done;
+        }
+        for (size_t k = 0; k < weight_count; k++)
+            all[k] = (float)work[k];
+        tensor_params = quant_params_for_values(all, weight_count, bits, symmetric, scheme->clip_search);
+        free(all);
+    }
+
     for (int block_start = 0; block_start < cols; block_start += block_size) {
         int block_end = block_start + block_size < cols ? block_start + block_size : cols;
         for (int i = block_start; i < block_end; i++) {
@@ -197,7 +217,9 @@ int quant_gptq(const float* w, int rows, int cols, const float* x, int n_samples
                         group_values[j - i] = (float)value;
                     }
                     params[o * (cols / group_size) + group_index] =
-                        quant_params_for_values(group_values, (size_t)group_size, bits, symmetric, scheme->clip_search);
+                        groups_from_tensor ? tensor_params
+                                           : quant_params_for_values(group_values, (size_t)group_size, bits, symmetric,
+                                                                     scheme->clip_search);
                 }
             }
             // Quantize column i and spread its error over the rest of the block.
@@ -207,7 +229,7 @@ int quant_gptq(const float* w, int rows, int cols, const float* x, int n_samples
                 const quant_params* p = &params[quant_param_index(o, i, rows, cols, scheme)];
                 int32_t q = quant_quantize((float)row[i], p, bits, symmetric, NULL);
                 codes[(size_t)o * n + (size_t)i] = q;
-                double e = (row[i] - (double)quant_dequantize(q, p)) / d;
+                double e = feedback ? (row[i] - (double)quant_dequantize(q, p)) / d : 0.0;
                 block_error[(size_t)o * (size_t)block_size + (size_t)(i - block_start)] = e;
                 const double* u_row = upper + (size_t)i * n;
                 for (int j = i + 1; j < block_end; j++)
