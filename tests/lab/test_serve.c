@@ -1,0 +1,949 @@
+// `servelab serve` over real sockets (issue 31). Each test starts its own
+// server on a free loopback port (--port 0; the port is read from its first
+// line) and stops it with SIGTERM; every socket has a timeout, and the
+// server dies with the test (PR_SET_PDEATHSIG), so nothing hangs.
+//
+//   - the endpoints: /health, /v1/models, completions and chat, streaming
+//     framed as OpenAI frames it, usage, 404/405;
+//   - bad input, in a loop while streaming clients run: each a 4xx with an
+//     error object naming the field and the limit, the next request served,
+//     the streams intact;
+//   - exactness: greedy fp32 through the server equals `servelab generate`,
+//     token for token and text for text, with 1 client and with 32
+//     concurrent streaming clients;
+//   - 100 clients disconnecting at random points: the pool returns to all
+//     free, the server still serves;
+//   - a full queue answers 429.
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <stdlib.h>
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tests/test_support.h"
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+// ---- the server under test ------------------------------------------------------------------
+
+typedef struct test_server {
+    pid_t pid;
+    int port;
+    char model[512];
+} test_server;
+
+// Starts `servelab serve --port 0 --model stories260K <extra>`; fails the
+// test when no port line comes within 60 s (the ASan build loads slowly).
+static void server_start_args(test_server* ts, const char* extra) {
+    REQUIRE_SHARED_MODEL(ts->model, "stories260K.bin");
+    int out[2];
+    assert_int_equal(pipe(out), 0);
+    char command[2048];
+    snprintf(command, sizeof command, "exec %s serve --port 0 --model %s %s 2>%s/serve.err", test_servelab_binary(),
+             ts->model, extra, test_scratch_dir());
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); // a test that dies takes its server along
+        dup2(out[1], 1);
+        close(out[0]);
+        close(out[1]);
+        execl("/bin/sh", "sh", "-c", command, (char*)NULL);
+        _exit(127);
+    }
+    close(out[1]);
+    ts->pid = pid;
+    ts->port = 0;
+    char line[1024] = "";
+    size_t n = 0;
+    double deadline = now_s() + 60.0;
+    while (n + 1 < sizeof line && !strchr(line, '\n') && now_s() < deadline) {
+        struct pollfd p = {.fd = out[0], .events = POLLIN};
+        if (poll(&p, 1, 200) <= 0) continue;
+        ssize_t got = read(out[0], line + n, sizeof line - 1 - n);
+        if (got <= 0) break;
+        n += (size_t)got;
+        line[n] = '\0';
+    }
+    close(out[0]);
+    const char* colon = strstr(line, "127.0.0.1:");
+    if (colon) ts->port = atoi(colon + strlen("127.0.0.1:"));
+    if (ts->port <= 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        char path[600];
+        snprintf(path, sizeof path, "%s/serve.err", test_scratch_dir());
+        char* err = test_read_text(path);
+        fail_msg("serve did not print its port; stdout: '%s'; stderr: %s", line, err);
+    }
+}
+
+static void server_stop_checked(test_server* ts) {
+    kill(ts->pid, SIGTERM);
+    int status = 0;
+    double deadline = now_s() + 20.0;
+    pid_t done = 0;
+    while ((done = waitpid(ts->pid, &status, WNOHANG)) == 0 && now_s() < deadline) test_sleep_ms(20);
+    if (done == 0) {
+        kill(ts->pid, SIGKILL);
+        waitpid(ts->pid, NULL, 0);
+        fail_msg("serve did not stop within 20 s of SIGTERM");
+    }
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        char path[600];
+        snprintf(path, sizeof path, "%s/serve.err", test_scratch_dir());
+        fail_msg("serve exited with status 0x%x; stderr: %s", status, test_read_text(path));
+    }
+}
+
+// ---- plain HTTP over a socket --------------------------------------------------------------
+
+static int connect_to(int port, int timeout_s) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return -1;
+    struct timeval tv = {timeout_s, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    struct sockaddr_in address = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, (struct sockaddr*)&address, sizeof address) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static bool send_all(int fd, const char* bytes, size_t n) {
+    while (n > 0) {
+        ssize_t sent = send(fd, bytes, n, MSG_NOSIGNAL);
+        if (sent <= 0) return false;
+        bytes += sent;
+        n -= (size_t)sent;
+    }
+    return true;
+}
+
+typedef struct http_reply {
+    int status;     // 0 when no status line came
+    char* raw;      // everything received (malloc'ed)
+    char* body;     // into raw: after the blank line, de-chunked
+    bool timed_out;
+} http_reply;
+
+// Removes chunked transfer framing in place.
+static void dechunk(char* body) {
+    char* in = body;
+    char* out = body;
+    for (;;) {
+        char* end = NULL;
+        long size = strtol(in, &end, 16);
+        if (end == in || size <= 0) break;
+        char* data = strstr(end, "\r\n");
+        if (!data) break;
+        data += 2;
+        if ((size_t)size > strlen(data)) size = (long)strlen(data);
+        memmove(out, data, (size_t)size);
+        out += size;
+        in = data + size;
+        if (strncmp(in, "\r\n", 2) == 0) in += 2;
+    }
+    *out = '\0';
+}
+
+// Reads until the server closes (requests say Connection: close).
+static http_reply read_reply(int fd) {
+    http_reply r = {0};
+    size_t n = 0, capacity = 4096;
+    r.raw = malloc(capacity);
+    for (;;) {
+        if (n + 1024 > capacity) r.raw = realloc(r.raw, capacity *= 2);
+        ssize_t got = recv(fd, r.raw + n, capacity - n - 1, 0);
+        if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) r.timed_out = true;
+        if (got <= 0) break;
+        n += (size_t)got;
+    }
+    r.raw[n] = '\0';
+    sscanf(r.raw, "HTTP/1.%*d %d", &r.status);
+    char* blank = strstr(r.raw, "\r\n\r\n");
+    r.body = blank ? blank + 4 : r.raw + n;
+    if (blank && strcasestr(r.raw, "transfer-encoding: chunked") && strcasestr(r.raw, "transfer-encoding: chunked") < blank)
+        dechunk(r.body);
+    return r;
+}
+
+static http_reply http_raw(int port, const char* request, size_t bytes) {
+    int fd = connect_to(port, 60);
+    if (fd < 0) return (http_reply){0, strdup(""), NULL, false};
+    send_all(fd, request, bytes);
+    http_reply r = read_reply(fd);
+    close(fd);
+    return r;
+}
+
+static http_reply http_post(int port, const char* path, const char* body) {
+    size_t bytes = strlen(body) + 256;
+    char* request = malloc(bytes);
+    int n = snprintf(request, bytes,
+                     "POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                     "Content-Length: %zu\r\n\r\n%s",
+                     path, strlen(body), body);
+    http_reply r = http_raw(port, request, (size_t)n);
+    free(request);
+    return r;
+}
+
+static http_reply http_get(int port, const char* path) {
+    char request[512];
+    int n = snprintf(request, sizeof request, "GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", path);
+    return http_raw(port, request, (size_t)n);
+}
+
+static void reply_free(http_reply* r) { free(r->raw); }
+
+// The body as JSON; fails the test with the reply when it is not.
+static json_t* reply_json(const http_reply* r) {
+    json_error_t error;
+    json_t* value = r->body ? json_loads(r->body, 0, &error) : NULL;
+    if (!value) fail_msg("expected a JSON body, got: %s", r->raw);
+    return value;
+}
+
+// ---- streams ---------------------------------------------------------------------------------
+
+// What a streaming client saw: the text and token ids of choice 0 in order,
+// the finish reason, the usage, and whether the framing was OpenAI's.
+typedef struct stream_result {
+    int status;
+    char text[8192];
+    int32_t ids[1024];
+    int n_ids;
+    char finish[16];
+    int usage_completion;
+    int n_events;
+    bool done_seen;      // "data: [DONE]" last
+    bool framing_ok;     // every event "data: {json}\n\n", finish only on the last chunk of the choice
+    char problem[256];
+} stream_result;
+
+static void stream_parse(const http_reply* r, stream_result* out) {
+    memset(out, 0, sizeof *out);
+    out->status = r->status;
+    out->usage_completion = -1;
+    out->framing_ok = true;
+    const char* p = r->body;
+    while (p && *p) {
+        if (strncmp(p, "data: ", 6) != 0) {
+            out->framing_ok = false;
+            snprintf(out->problem, sizeof out->problem, "an event does not start with 'data: ': %.60s", p);
+            return;
+        }
+        const char* end = strstr(p, "\n\n");
+        if (!end) {
+            out->framing_ok = false;
+            snprintf(out->problem, sizeof out->problem, "an event without its blank line: %.60s", p);
+            return;
+        }
+        if (strncmp(p + 6, "[DONE]", 6) == 0) {
+            out->done_seen = true;
+            if (end[2] != '\0') {
+                out->framing_ok = false;
+                snprintf(out->problem, sizeof out->problem, "bytes after [DONE]");
+            }
+            return;
+        }
+        json_error_t error;
+        json_t* chunk = json_loadb(p + 6, (size_t)(end - p - 6), 0, &error);
+        if (!chunk) {
+            out->framing_ok = false;
+            snprintf(out->problem, sizeof out->problem, "an event that is not JSON: %.60s", p);
+            return;
+        }
+        out->n_events++;
+        json_t* choices = json_object_get(chunk, "choices");
+        json_t* usage = json_object_get(chunk, "usage");
+        if (usage && json_is_object(usage))
+            out->usage_completion = (int)json_integer_value(json_object_get(usage, "completion_tokens"));
+        if (!json_is_string(json_object_get(chunk, "id")) || !json_is_integer(json_object_get(chunk, "created")) ||
+            !json_is_string(json_object_get(chunk, "model"))) {
+            out->framing_ok = false;
+            snprintf(out->problem, sizeof out->problem, "a chunk without id, created or model");
+        }
+        for (size_t i = 0; i < json_array_size(choices); i++) {
+            json_t* choice = json_array_get(choices, i);
+            if (json_integer_value(json_object_get(choice, "index")) != 0) continue;
+            if (out->finish[0]) {
+                out->framing_ok = false;
+                snprintf(out->problem, sizeof out->problem, "a chunk after the one with finish_reason");
+            }
+            json_t* text = json_object_get(choice, "text");
+            json_t* delta = json_object_get(choice, "delta");
+            if (delta) text = json_object_get(delta, "content");
+            if (json_is_string(text))
+                strncat(out->text, json_string_value(text), sizeof out->text - strlen(out->text) - 1);
+            json_t* ids = json_object_get(choice, "token_ids");
+            for (size_t k = 0; k < json_array_size(ids) && out->n_ids < 1024; k++)
+                out->ids[out->n_ids++] = (int32_t)json_integer_value(json_array_get(ids, k));
+            json_t* finish = json_object_get(choice, "finish_reason");
+            if (json_is_string(finish)) snprintf(out->finish, sizeof out->finish, "%s", json_string_value(finish));
+        }
+        json_decref(chunk);
+        p = end + 2;
+    }
+    if (!out->done_seen) {
+        out->framing_ok = false;
+        snprintf(out->problem, sizeof out->problem, "no data: [DONE] at the end");
+    }
+}
+
+// ---- references from `servelab generate` -----------------------------------------------------
+
+typedef struct reference {
+    const char* prompt;
+    int max_tokens;
+    int32_t ids[1024];
+    int n_ids;
+    char text[8192];    // the completion's text: generate's line without the prompt's pieces
+    char* full_output;  // generate's stdout (prompt pieces + completion + "\n")
+} reference;
+
+static void reference_make(reference* ref, const char* model_path) {
+    char arguments[1024];
+    snprintf(arguments, sizeof arguments, "generate --model %s --prompt \"%s\" -n %d --ids", model_path, ref->prompt,
+             ref->max_tokens);
+    command_result r = run_servelab(arguments);
+    if (r.exit_status != 0) fail_msg("%s: exit %d: %s", arguments, r.exit_status, r.err);
+    ref->n_ids = 0;
+    for (char* p = r.out; *p;) {
+        char* end = NULL;
+        long id = strtol(p, &end, 10);
+        if (end == p) break;
+        ref->ids[ref->n_ids++] = (int32_t)id;
+        p = end;
+    }
+    free_result(&r);
+    snprintf(arguments, sizeof arguments, "generate --model %s --prompt \"%s\" -n %d", model_path, ref->prompt,
+             ref->max_tokens);
+    r = run_servelab(arguments);
+    if (r.exit_status != 0) fail_msg("%s: exit %d: %s", arguments, r.exit_status, r.err);
+    ref->full_output = r.out;
+    free(r.err);
+    assert_true(ref->n_ids > 0);
+}
+
+// generate prints the prompt's pieces, then the completion, then "\n": the
+// server's text must be exactly what follows the prompt's pieces.
+static void assert_text_matches(const reference* ref, const char* text, const char* who) {
+    size_t out_bytes = strlen(ref->full_output), text_bytes = strlen(text);
+    if (out_bytes < text_bytes + 1 || memcmp(ref->full_output + out_bytes - text_bytes - 1, text, text_bytes) != 0 ||
+        ref->full_output[out_bytes - 1] != '\n')
+        fail_msg("%s: text differs from servelab generate:\n generate: '%s'\n server:   '%s'", who, ref->full_output,
+                 text);
+    // and the part before it is the prompt (generate echoes it piece by piece)
+    if (strncmp(ref->full_output, ref->prompt, strlen(ref->prompt)) != 0)
+        fail_msg("%s: generate's output does not start with the prompt: '%s'", who, ref->full_output);
+}
+
+static void assert_ids_match(const reference* ref, const int32_t* ids, int n_ids, const char* who) {
+    if (n_ids != ref->n_ids) fail_msg("%s: %d tokens, generate gave %d", who, n_ids, ref->n_ids);
+    for (int i = 0; i < n_ids; i++)
+        if (ids[i] != ref->ids[i]) fail_msg("%s: token %d is %d, generate gave %d", who, i, ids[i], ref->ids[i]);
+}
+
+static char* completion_body(const char* prompt, int max_tokens, bool stream) {
+    json_t* body = json_pack("{s:s, s:s, s:i, s:f, s:b, s:b}", "model", "stories260K", "prompt", prompt, "max_tokens",
+                             max_tokens, "temperature", 0.0, "stream", stream, "return_token_ids", 1);
+    if (stream) json_object_set_new(body, "stream_options", json_pack("{s:b}", "include_usage", 1));
+    char* text = json_dumps(body, JSON_COMPACT);
+    json_decref(body);
+    return text;
+}
+
+// ---- health ------------------------------------------------------------------------------------
+
+typedef struct health {
+    int blocks_total, blocks_free, blocks_cached, blocks_used, running, waiting, in_flight;
+} health;
+
+static health health_get(int port) {
+    http_reply r = http_get(port, "/health");
+    health h = {-1, -1, -1, -1, -1, -1, -1};
+    json_error_t error;
+    json_t* body = r.status == 200 && r.body ? json_loads(r.body, 0, &error) : NULL;
+    if (body) {
+        h.blocks_total = (int)json_integer_value(json_object_get(body, "kv_blocks_total"));
+        h.blocks_free = (int)json_integer_value(json_object_get(body, "kv_blocks_free"));
+        h.blocks_cached = (int)json_integer_value(json_object_get(body, "kv_blocks_cached"));
+        h.blocks_used = (int)json_integer_value(json_object_get(body, "kv_blocks_used"));
+        h.running = (int)json_integer_value(json_object_get(body, "sequences_running"));
+        h.waiting = (int)json_integer_value(json_object_get(body, "sequences_waiting"));
+        h.in_flight = (int)json_integer_value(json_object_get(body, "requests_in_flight"));
+    }
+    json_decref(body);
+    reply_free(&r);
+    return h;
+}
+
+// Waits until nothing is in flight and every block is free or only cached.
+static health wait_idle(int port, double timeout_s) {
+    double deadline = now_s() + timeout_s;
+    health h;
+    do {
+        h = health_get(port);
+        if (h.in_flight == 0 && h.running == 0 && h.waiting == 0 && h.blocks_used == 0 &&
+            h.blocks_free + h.blocks_cached == h.blocks_total)
+            return h;
+        test_sleep_ms(20);
+    } while (now_s() < deadline);
+    return h;
+}
+
+// The value after `prefix` (a metric name with its labels and a space) in /metrics.
+static double metric_value(int port, const char* prefix) {
+    http_reply r = http_get(port, "/metrics");
+    const char* line = r.body ? strstr(r.body, prefix) : NULL;
+    if (!line) fail_msg("/metrics has no %s:\n%s", prefix, r.raw);
+    double value = atof(line + strlen(prefix));
+    reply_free(&r);
+    return value;
+}
+
+// ---- test: the endpoints -------------------------------------------------------------------------
+
+static void test_endpoints_and_stream_framing(void** state) {
+    (void)state;
+    test_server ts;
+    server_start_args(&ts, "--kv-dtype fp32");
+    http_reply r = http_get(ts.port, "/v1/models");
+    assert_int_equal(r.status, 200);
+    json_t* body = reply_json(&r);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(json_object_get(body, "data"), 0), "id")),
+                        "stories260K");
+    json_decref(body);
+    reply_free(&r);
+
+    health h = health_get(ts.port);
+    assert_true(h.blocks_total > 0);
+    assert_int_equal(h.blocks_free, h.blocks_total);
+
+    // Non-streaming completion: id, object, created, model, finish_reason, usage.
+    char* request = completion_body("Once upon a time", 12, false);
+    r = http_post(ts.port, "/v1/completions", request);
+    free(request);
+    assert_int_equal(r.status, 200);
+    body = reply_json(&r);
+    assert_string_equal(json_string_value(json_object_get(body, "object")), "text_completion");
+    assert_true(strncmp(json_string_value(json_object_get(body, "id")), "cmpl-", 5) == 0);
+    assert_true(json_integer_value(json_object_get(body, "created")) > 1600000000);
+    assert_string_equal(json_string_value(json_object_get(body, "model")), "stories260K");
+    json_t* choice = json_array_get(json_object_get(body, "choices"), 0);
+    assert_string_equal(json_string_value(json_object_get(choice, "finish_reason")), "length");
+    json_t* usage = json_object_get(body, "usage");
+    assert_int_equal(json_integer_value(json_object_get(usage, "prompt_tokens")), 5); // BOS + 4
+    assert_int_equal(json_integer_value(json_object_get(usage, "completion_tokens")), 12);
+    assert_int_equal(json_integer_value(json_object_get(usage, "total_tokens")), 17);
+    assert_int_equal(json_array_size(json_object_get(choice, "token_ids")), 12);
+    json_decref(body);
+    reply_free(&r);
+
+    // Streaming: data: chunks, a final chunk with finish_reason, usage, [DONE].
+    request = completion_body("Once upon a time", 12, true);
+    r = http_post(ts.port, "/v1/completions", request);
+    free(request);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strcasestr(r.raw, "content-type: text/event-stream"));
+    stream_result* s = malloc(sizeof *s);
+    stream_parse(&r, s);
+    if (!s->framing_ok) fail_msg("stream framing: %s\n%s", s->problem, r.raw);
+    assert_string_equal(s->finish, "length");
+    assert_int_equal(s->usage_completion, 12);
+    assert_int_equal(s->n_ids, 12);
+    reply_free(&r);
+
+    // A stop string cuts the text before it; finish_reason "stop".
+    r = http_post(ts.port, "/v1/completions",
+                  "{\"model\":\"stories260K\",\"prompt\":\"Once upon a time\",\"max_tokens\":40,\"temperature\":0,"
+                  "\"stop\":[\"Lily\"]}");
+    assert_int_equal(r.status, 200);
+    body = reply_json(&r);
+    choice = json_array_get(json_object_get(body, "choices"), 0);
+    assert_string_equal(json_string_value(json_object_get(choice, "finish_reason")), "stop");
+    assert_string_equal(json_string_value(json_object_get(choice, "text")), ", there was a little girl named ");
+    json_decref(body);
+    reply_free(&r);
+
+    // Chat, streaming: the first delta carries the role, the last the finish.
+    r = http_post(ts.port, "/v1/chat/completions",
+                  "{\"model\":\"stories260K\",\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],"
+                  "\"max_tokens\":8,\"temperature\":0,\"stream\":true}");
+    assert_int_equal(r.status, 200);
+    stream_parse(&r, s);
+    if (!s->framing_ok) fail_msg("chat stream framing: %s\n%s", s->problem, r.raw);
+    assert_non_null(strstr(r.body, "\"delta\":{\"role\":\"assistant\",\"content\":\"\"}"));
+    assert_non_null(strstr(r.body, "chat.completion.chunk"));
+    assert_string_equal(s->finish, "length");
+    reply_free(&r);
+
+    // n = 3 samples (forks of one prompt), non-streaming.
+    r = http_post(ts.port, "/v1/completions",
+                  "{\"model\":\"stories260K\",\"prompt\":\"Once\",\"max_tokens\":10,\"temperature\":0.8,\"seed\":7,"
+                  "\"n\":3}");
+    assert_int_equal(r.status, 200);
+    body = reply_json(&r);
+    assert_int_equal(json_array_size(json_object_get(body, "choices")), 3);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(body, "usage"), "completion_tokens")), 30);
+    json_decref(body);
+    reply_free(&r);
+
+    r = http_get(ts.port, "/nowhere");
+    assert_int_equal(r.status, 404);
+    assert_non_null(strstr(r.body, "\"error\""));
+    reply_free(&r);
+    r = http_get(ts.port, "/v1/completions");
+    assert_int_equal(r.status, 405);
+    reply_free(&r);
+
+    r = http_get(ts.port, "/metrics");
+    assert_int_equal(r.status, 200);
+    static const char* const METRICS[] = {
+        "vllm:num_requests_running{", "vllm:num_requests_waiting{", "vllm:gpu_cache_usage_perc{",
+        "vllm:prefix_cache_hits_total{", "vllm:prefix_cache_queries_total{", "vllm:num_preemptions_total{",
+        "vllm:prompt_tokens_total{", "vllm:generation_tokens_total{",
+        "vllm:time_to_first_token_seconds_bucket{", "vllm:time_per_output_token_seconds_count{",
+        "vllm:e2e_request_latency_seconds_sum{"};
+    for (size_t i = 0; i < sizeof METRICS / sizeof METRICS[0]; i++)
+        if (!strstr(r.body, METRICS[i])) fail_msg("/metrics lacks %s:\n%s", METRICS[i], r.body);
+    // Five requests finished: two of 12 tokens, the stop, the chat, the n = 3.
+    assert_non_null(strstr(r.body, "vllm:e2e_request_latency_seconds_count{model_name=\"stories260K\"} 5"));
+    reply_free(&r);
+    free(s);
+    server_stop_checked(&ts);
+}
+
+// ---- test: bad input while streams run ---------------------------------------------------------
+
+typedef struct stream_worker {
+    int port;
+    const reference* ref;
+    volatile bool* stop;
+    int rounds;
+    char problem[512];
+} stream_worker;
+
+static void* stream_worker_main(void* arg) {
+    stream_worker* w = arg;
+    stream_result* s = malloc(sizeof *s);
+    char* body = completion_body(w->ref->prompt, w->ref->max_tokens, true);
+    do {
+        http_reply r = http_post(w->port, "/v1/completions", body);
+        stream_parse(&r, s);
+        bool ids_ok = s->n_ids == w->ref->n_ids && memcmp(s->ids, w->ref->ids, (size_t)s->n_ids * sizeof *s->ids) == 0;
+        if (r.status != 200 || !s->framing_ok || !ids_ok || s->usage_completion != w->ref->n_ids)
+            snprintf(w->problem, sizeof w->problem, "round %d: status %d, framing %s (%s), %d ids (want %d), usage %d",
+                     w->rounds, r.status, s->framing_ok ? "ok" : "broken", s->problem, s->n_ids, w->ref->n_ids,
+                     s->usage_completion);
+        reply_free(&r);
+        w->rounds++;
+    } while (!*w->stop && !w->problem[0]);
+    free(body);
+    free(s);
+    return NULL;
+}
+
+typedef struct bad_case {
+    const char* name;
+    const char* body;     // JSON body (NULL: raw below)
+    int status;
+    const char* param;    // expected error.param, or NULL
+    const char* mentions; // a substring of error.message (the limit)
+} bad_case;
+
+static void check_error_reply(const bad_case* c, const http_reply* r) {
+    if (r->status != c->status) fail_msg("%s: expected %d, got %d:\n%s", c->name, c->status, r->status, r->raw);
+    json_error_t error;
+    json_t* body = r->body ? json_loads(r->body, 0, &error) : NULL;
+    if (!body) fail_msg("%s: the error body is not JSON:\n%s", c->name, r->raw);
+    json_t* e = json_object_get(body, "error");
+    const char* message = json_string_value(json_object_get(e, "message"));
+    if (!message || !json_is_string(json_object_get(e, "type")))
+        fail_msg("%s: not an OpenAI error object:\n%s", c->name, r->body);
+    if (c->param && (!json_is_string(json_object_get(e, "param")) ||
+                     strcmp(json_string_value(json_object_get(e, "param")), c->param) != 0))
+        fail_msg("%s: error.param should be %s:\n%s", c->name, c->param, r->body);
+    if (c->mentions && !strstr(message, c->mentions))
+        fail_msg("%s: the message should mention '%s': %s", c->name, c->mentions, message);
+    json_decref(body);
+}
+
+static void test_bad_input_while_streaming(void** state) {
+    (void)state;
+    test_server ts;
+    server_start_args(&ts, "--kv-dtype fp32 --read-timeout 1");
+    reference ref = {.prompt = "Once upon a time there was a dog", .max_tokens = 200};
+    reference_make(&ref, ts.model);
+
+    char long_ids[8192] = "{\"model\":\"stories260K\",\"prompt\":[";
+    for (int i = 0; i < 600; i++) strcat(long_ids, i ? ",300" : "300");
+    strcat(long_ids, "]}");
+    const bad_case CASES[] = {
+        {"malformed JSON", "{\"model\": \"stories260K\", \"prompt\": ", 400, NULL, "not valid JSON"},
+        {"not an object", "[1, 2, 3]", 400, NULL, "JSON object"},
+        {"wrong type", "{\"model\":\"stories260K\",\"prompt\":\"Hi\",\"max_tokens\":\"10\"}", 400, "max_tokens",
+         "expected an integer"},
+        {"wrong prompt type", "{\"model\":\"stories260K\",\"prompt\":{\"a\":1}}", 400, "prompt", "expected a string"},
+        {"unknown field", "{\"model\":\"stories260K\",\"prompt\":\"Hi\",\"temprature\":0}", 400, "temprature",
+         "Unrecognized request argument"},
+        {"prompt too long", long_ids, 400, "prompt", "context is 512"},
+        {"max_tokens 0", "{\"model\":\"stories260K\",\"prompt\":\"Hi\",\"max_tokens\":0}", 400, "max_tokens", "context is 512"},
+        {"max_tokens too large", "{\"model\":\"stories260K\",\"prompt\":\"Hi\",\"max_tokens\":100000}", 400,
+         "max_tokens", "context is 512"},
+        {"n too large", "{\"model\":\"stories260K\",\"prompt\":\"Hi\",\"n\":100000}", 400, "n", "1..128"},
+        {"negative temperature", "{\"model\":\"stories260K\",\"prompt\":\"Hi\",\"temperature\":-0.5}", 400,
+         "temperature", "0..2"},
+        {"token id outside the vocabulary", "{\"model\":\"stories260K\",\"prompt\":[1,99999]}", 400, "prompt",
+         "0..511"},
+        {"unknown model", "{\"model\":\"gpt-4\",\"prompt\":\"Hi\"}", 404, "model", "stories260K"},
+        {"chat without messages", "{\"model\":\"stories260K\"}", 400, "messages", "required"},
+    };
+    volatile bool stop = false;
+    stream_worker workers[3];
+    pthread_t threads[3];
+    for (int i = 0; i < 3; i++) {
+        workers[i] = (stream_worker){.port = ts.port, .ref = &ref, .stop = &stop};
+        pthread_create(&threads[i], NULL, stream_worker_main, &workers[i]);
+    }
+    char* big = malloc(2u << 20);
+    for (int round = 0; round < 3; round++) {
+        for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
+            const bad_case* c = &CASES[i];
+            http_reply r = http_post(ts.port, strcmp(c->name, "chat without messages") == 0 ? "/v1/chat/completions"
+                                                                                             : "/v1/completions",
+                                     c->body);
+            check_error_reply(c, &r);
+            reply_free(&r);
+        }
+        // A body over the limit: refused from its Content-Length, before it is read.
+        int n = snprintf(big, 2u << 20,
+                         "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 2000000\r\n\r\n{");
+        http_reply r = http_raw(ts.port, big, (size_t)n);
+        check_error_reply(&(bad_case){"body over the limit", NULL, 413, NULL, "1048576"}, &r);
+        reply_free(&r);
+        // The same without Content-Length (chunked): read to its end, then refused.
+        n = snprintf(big, 2u << 20,
+                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     "%x\r\n",
+                     1500000);
+        memset(big + n, 'a', 1500000);
+        n += 1500000;
+        n += sprintf(big + n, "\r\n0\r\n\r\n");
+        r = http_raw(ts.port, big, (size_t)n);
+        check_error_reply(&(bad_case){"chunked body over the limit", NULL, 413, NULL, "1048576"}, &r);
+        reply_free(&r);
+        // A header flood: 150 headers.
+        n = sprintf(big, "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n");
+        for (int k = 0; k < 150; k++) n += sprintf(big + n, "X-Flood-%d: %d\r\n", k, k);
+        n += sprintf(big + n, "\r\n");
+        r = http_raw(ts.port, big, (size_t)n);
+        check_error_reply(&(bad_case){"header flood", NULL, 431, NULL, "100 headers"}, &r);
+        reply_free(&r);
+        // Half a request, then silence: the server closes it after its
+        // read timeout (1 s here), and serves the next one meanwhile.
+        int stalled_body = connect_to(ts.port, 10);
+        int stalled_headers = connect_to(ts.port, 10);
+        assert_true(stalled_body >= 0 && stalled_headers >= 0);
+        const char* half = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"model\":";
+        send_all(stalled_body, half, strlen(half));
+        send_all(stalled_headers, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Le", 49);
+        double start = now_s();
+        health h = health_get(ts.port);
+        assert_true(h.blocks_total > 0);
+        http_reply a = read_reply(stalled_body);
+        http_reply b = read_reply(stalled_headers);
+        double waited = now_s() - start;
+        if (a.timed_out || b.timed_out || waited > 8.0)
+            fail_msg("a stalled client was not dropped by the read timeout (%.1f s)", waited);
+        // libmicrohttpd closes a timed-out connection without an answer.
+        assert_int_equal(a.status, 0);
+        assert_int_equal(b.status, 0);
+        reply_free(&a);
+        reply_free(&b);
+        close(stalled_body);
+        close(stalled_headers);
+        // And the next ordinary request is served.
+        char* body = completion_body(ref.prompt, 20, false);
+        r = http_post(ts.port, "/v1/completions", body);
+        free(body);
+        assert_int_equal(r.status, 200);
+        json_t* ok = reply_json(&r);
+        json_t* ids = json_object_get(json_array_get(json_object_get(ok, "choices"), 0), "token_ids");
+        assert_int_equal(json_array_size(ids), 20);
+        for (int k = 0; k < 20; k++) assert_int_equal(json_integer_value(json_array_get(ids, (size_t)k)), ref.ids[k]);
+        json_decref(ok);
+        reply_free(&r);
+    }
+    free(big);
+    stop = true;
+    int rounds = 0;
+    for (int i = 0; i < 3; i++) {
+        pthread_join(threads[i], NULL);
+        if (workers[i].problem[0]) fail_msg("stream worker %d: %s", i, workers[i].problem);
+        rounds += workers[i].rounds;
+    }
+    print_message("bad input: %zu cases x 3 rounds + 4 transport cases; %d streams of %d tokens intact meanwhile\n",
+                  sizeof CASES / sizeof CASES[0], rounds, ref.n_ids);
+    assert_true(rounds >= 3);
+    health h = wait_idle(ts.port, 10.0);
+    assert_int_equal(h.in_flight, 0);
+    assert_int_equal(h.blocks_used, 0);
+    free(ref.full_output);
+    server_stop_checked(&ts);
+}
+
+// ---- test: exactness against generate, 1 and 32 clients -----------------------------------
+
+typedef struct exact_worker {
+    int port;
+    const reference* ref;
+    stream_result result;
+    int status;
+} exact_worker;
+
+static void* exact_worker_main(void* arg) {
+    exact_worker* w = arg;
+    char* body = completion_body(w->ref->prompt, w->ref->max_tokens, true);
+    http_reply r = http_post(w->port, "/v1/completions", body);
+    free(body);
+    stream_parse(&r, &w->result);
+    w->status = r.status;
+    reply_free(&r);
+    return NULL;
+}
+
+static void test_greedy_equals_generate_with_1_and_32_clients(void** state) {
+    (void)state;
+    test_server ts;
+    server_start_args(&ts, "--kv-dtype fp32");
+    static reference refs[4] = {
+        {.prompt = "Once upon a time", .max_tokens = 120},
+        {.prompt = "The cat sat on the mat", .max_tokens = 100},
+        {.prompt = "Lily and Ben went to the park", .max_tokens = 150},
+        {.prompt = "One day, a big red ball", .max_tokens = 80},
+    };
+    for (int i = 0; i < 4; i++) reference_make(&refs[i], ts.model);
+
+    // One client, not streaming: token for token and text for text.
+    for (int i = 0; i < 4; i++) {
+        char* body = completion_body(refs[i].prompt, refs[i].max_tokens, false);
+        http_reply r = http_post(ts.port, "/v1/completions", body);
+        free(body);
+        assert_int_equal(r.status, 200);
+        json_t* reply = reply_json(&r);
+        json_t* choice = json_array_get(json_object_get(reply, "choices"), 0);
+        json_t* ids = json_object_get(choice, "token_ids");
+        int32_t got[1024];
+        int n = (int)json_array_size(ids);
+        for (int k = 0; k < n && k < 1024; k++) got[k] = (int32_t)json_integer_value(json_array_get(ids, (size_t)k));
+        assert_ids_match(&refs[i], got, n, "1 client");
+        assert_text_matches(&refs[i], json_string_value(json_object_get(choice, "text")), "1 client");
+        json_decref(reply);
+        reply_free(&r);
+    }
+
+    // 32 concurrent streaming clients, 8 per prompt: each gets exactly its own tokens.
+    double tokens_before = metric_value(ts.port, "vllm:generation_tokens_total{model_name=\"stories260K\"} ");
+    double steps_before = metric_value(ts.port, "servelab:engine_steps_total{model_name=\"stories260K\"} ");
+    exact_worker* workers = calloc(32, sizeof *workers);
+    pthread_t threads[32];
+    for (int i = 0; i < 32; i++) {
+        workers[i] = (exact_worker){.port = ts.port, .ref = &refs[i % 4]};
+        pthread_create(&threads[i], NULL, exact_worker_main, &workers[i]);
+    }
+    for (int i = 0; i < 32; i++) pthread_join(threads[i], NULL);
+    for (int i = 0; i < 32; i++) {
+        char who[64];
+        snprintf(who, sizeof who, "client %d of 32", i);
+        assert_int_equal(workers[i].status, 200);
+        if (!workers[i].result.framing_ok) fail_msg("%s: %s", who, workers[i].result.problem);
+        assert_ids_match(workers[i].ref, workers[i].result.ids, workers[i].result.n_ids, who);
+        assert_text_matches(workers[i].ref, workers[i].result.text, who);
+        assert_int_equal(workers[i].result.usage_completion, workers[i].ref->n_ids);
+    }
+    // They shared steps (continuous batching): far more tokens than steps.
+    double tokens_after = metric_value(ts.port, "vllm:generation_tokens_total{model_name=\"stories260K\"} ");
+    double steps_after = metric_value(ts.port, "servelab:engine_steps_total{model_name=\"stories260K\"} ");
+    double per_step = (tokens_after - tokens_before) / (steps_after - steps_before);
+    print_message("32 clients: %.0f tokens in %.0f steps (%.1f a step)\n", tokens_after - tokens_before,
+                  steps_after - steps_before, per_step);
+    assert_true(per_step > 4.0);
+    free(workers);
+    for (int i = 0; i < 4; i++) free(refs[i].full_output);
+    server_stop_checked(&ts);
+}
+
+// ---- test: 100 clients disconnecting ---------------------------------------------------------
+
+typedef struct quitter {
+    int port;
+    unsigned seed;
+    int bytes_read;
+} quitter;
+
+static void* quitter_main(void* arg) {
+    quitter* q = arg;
+    int fd = connect_to(q->port, 20);
+    if (fd < 0) return NULL;
+    char body[256];
+    int max_tokens = 100 + (int)(rand_r(&q->seed) % 300);
+    int n = snprintf(body, sizeof body,
+                     "{\"model\":\"stories260K\",\"prompt\":\"Once upon a time\",\"max_tokens\":%d,\"temperature\":0.9,"
+                     "\"stream\":%s}",
+                     max_tokens, rand_r(&q->seed) % 4 ? "true" : "false");
+    char request[512];
+    int m = snprintf(request, sizeof request,
+                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", n, body);
+    // Where it gives up: mid-headers, mid-body, right after sending, or after reading some of the answer.
+    int mode = (int)(rand_r(&q->seed) % 4);
+    if (mode == 0) send_all(fd, request, (size_t)(m / 2));
+    else send_all(fd, request, (size_t)m);
+    if (mode >= 2) {
+        int want = mode == 2 ? 0 : 1 + (int)(rand_r(&q->seed) % 3000);
+        char buffer[512];
+        while (q->bytes_read < want) {
+            ssize_t got = recv(fd, buffer, sizeof buffer, 0);
+            if (got <= 0) break;
+            q->bytes_read += (int)got;
+        }
+    }
+    test_sleep_ms((int)(rand_r(&q->seed) % 30));
+    struct linger hard = {1, 0}; // some reset, some close politely
+    if (rand_r(&q->seed) % 2) setsockopt(fd, SOL_SOCKET, SO_LINGER, &hard, sizeof hard);
+    close(fd);
+    return NULL;
+}
+
+static void test_100_disconnecting_clients_leave_the_pool_free(void** state) {
+    (void)state;
+    test_server ts;
+    server_start_args(&ts, "--kv-dtype fp32 --read-timeout 2");
+    quitter* quitters = calloc(100, sizeof *quitters);
+    pthread_t threads[100];
+    for (int i = 0; i < 100; i++) {
+        quitters[i] = (quitter){.port = ts.port, .seed = 1234u + (unsigned)i};
+        pthread_create(&threads[i], NULL, quitter_main, &quitters[i]);
+    }
+    for (int i = 0; i < 100; i++) pthread_join(threads[i], NULL);
+    double start = now_s();
+    health h = wait_idle(ts.port, 15.0);
+    if (h.in_flight != 0 || h.blocks_used != 0 || h.running != 0 || h.waiting != 0 ||
+        h.blocks_free + h.blocks_cached != h.blocks_total)
+        fail_msg("after 100 disconnects: %d in flight, %d running, %d waiting, blocks %d used, %d free, %d cached of %d",
+                 h.in_flight, h.running, h.waiting, h.blocks_used, h.blocks_free, h.blocks_cached, h.blocks_total);
+    print_message("100 disconnects: pool all free (%d free + %d cached of %d) %.2f s after the last\n", h.blocks_free,
+                  h.blocks_cached, h.blocks_total, now_s() - start);
+    // Cancelled, not run to the end: fewer tokens than the clients asked for.
+    http_reply r = http_get(ts.port, "/metrics");
+    const char* abort_line = strstr(r.body, "finished_reason=\"abort\"} ");
+    assert_non_null(abort_line);
+    int aborted = atoi(abort_line + strlen("finished_reason=\"abort\"} "));
+    print_message("aborted requests: %d\n", aborted);
+    assert_true(aborted >= 10);
+    reply_free(&r);
+    // And the server still serves.
+    char* body = completion_body("Once upon a time", 16, false);
+    r = http_post(ts.port, "/v1/completions", body);
+    free(body);
+    assert_int_equal(r.status, 200);
+    reply_free(&r);
+    free(quitters);
+    server_stop_checked(&ts);
+}
+
+// A streaming client that goes away mid-stream has its sequence cancelled:
+// its blocks are back long before its 400 tokens would have been made.
+static void test_disconnect_mid_stream_frees_blocks(void** state) {
+    (void)state;
+    test_server ts;
+    server_start_args(&ts, "--kv-dtype fp32");
+    int fd = connect_to(ts.port, 20);
+    char* body = completion_body("Once upon a time", 500, true);
+    char request[1024];
+    int n = snprintf(request, sizeof request, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n%s",
+                     strlen(body), body);
+    free(body);
+    send_all(fd, request, (size_t)n);
+    char buffer[256];
+    assert_true(recv(fd, buffer, sizeof buffer, 0) > 0); // the stream has begun
+    close(fd);
+    health h = wait_idle(ts.port, 10.0);
+    assert_int_equal(h.blocks_used, 0);
+    assert_int_equal(h.in_flight, 0);
+    http_reply r = http_get(ts.port, "/metrics");
+    const char* line = strstr(r.body, "vllm:generation_tokens_total{model_name=\"stories260K\"} ");
+    assert_non_null(line);
+    int generated = atoi(line + strlen("vllm:generation_tokens_total{model_name=\"stories260K\"} "));
+    print_message("disconnected after the first bytes: %d of 500 tokens generated\n", generated);
+    assert_true(generated < 500);
+    reply_free(&r);
+    server_stop_checked(&ts);
+}
+
+// ---- test: a full queue --------------------------------------------------------------------
+
+static void test_full_queue_answers_429(void** state) {
+    (void)state;
+    test_server ts;
+    server_start_args(&ts, "--kv-dtype fp32 --max-queue 1");
+    int fd = connect_to(ts.port, 20);
+    char* body = completion_body("Once upon a time", 500, true);
+    char request[1024];
+    int n = snprintf(request, sizeof request, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n%s",
+                     strlen(body), body);
+    free(body);
+    send_all(fd, request, (size_t)n);
+    char buffer[256];
+    assert_true(recv(fd, buffer, sizeof buffer, 0) > 0); // in flight now; we stop reading
+    http_reply r = http_post(ts.port, "/v1/completions", "{\"model\":\"stories260K\",\"prompt\":\"Hi\",\"max_tokens\":4}");
+    check_error_reply(&(bad_case){"queue full", NULL, 429, NULL, "--max-queue"}, &r);
+    reply_free(&r);
+    close(fd);
+    wait_idle(ts.port, 10.0);
+    r = http_post(ts.port, "/v1/completions", "{\"model\":\"stories260K\",\"prompt\":\"Hi\",\"max_tokens\":4}");
+    assert_int_equal(r.status, 200);
+    reply_free(&r);
+    server_stop_checked(&ts);
+}
+
+int main(void) {
+    signal(SIGPIPE, SIG_IGN);
+    alarm(600); // a hung test dies (and its servers with it) rather than hanging the suite
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_endpoints_and_stream_framing),
+        cmocka_unit_test(test_bad_input_while_streaming),
+        cmocka_unit_test(test_greedy_equals_generate_with_1_and_32_clients),
+        cmocka_unit_test(test_100_disconnecting_clients_leave_the_pool_free),
+        cmocka_unit_test(test_disconnect_mid_stream_frees_blocks),
+        cmocka_unit_test(test_full_queue_answers_429),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
