@@ -190,7 +190,9 @@ static int split_shapes(tp_plan* plan, const model* m, int n_shards, error_info*
 // Under the tp-full-weights fault (engine/fault.h) each shard is handed the
 // whole feed-forward block instead of its slice: all of w1 and w3, and a
 // full-width w2 whose columns outside its slice multiply as 0. The sum over
-// the shards is still the right one, but every shard streams and computes
+// the shards is still the right one (the same greedy ids for fp32, fp16,
+// INT8 and INT4; W8A8 quantizes its w2 input over the whole hidden row, so
+// its codes differ), but every shard streams and computes
 // the full w1, w3, w2 (3/4 of a layer's weight bytes in small and medium:
 // 3 x dim x hidden against 2 x dim x (dim + kv_dim) for attention), the bug
 // of a checkpoint loaded whole on every GPU and masked rather than split.
