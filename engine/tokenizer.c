@@ -94,7 +94,7 @@ bool tok_adds_bos(const tokenizer* t) { return t ? t->add_bos : true; }
 
 const char* tok_piece(const tokenizer* t, int32_t id) {
     if (!t || id < 0 || id >= t->vocab_size) return "";
-    return t->byte_level ? tok_decode_piece(t, -1, id) : t->pieces[id];
+    return t->pieces[id];
 }
 
 // ----------------------------------------------------------------------------

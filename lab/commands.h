@@ -6,6 +6,7 @@
 
 int command_generate(int argc, char** argv);
 int command_info(int argc, char** argv);
+int command_tokenize(int argc, char** argv);
 int command_sim(int argc, char** argv);
 int command_quant(int argc, char** argv);
 int command_lab(int argc, char** argv);

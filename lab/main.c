@@ -17,7 +17,8 @@ static const char USAGE[] =
     "  quant      quantize a model (RTN, AWQ, GPTQ) or one tensor and measure the error\n"
     "  quiz       quiz yourself: question bank, numeric drills, spaced repetition\n"
     "  lesson     Lua lessons: run, list, new, check (lessons/README.md)\n"
-    "  info       what this build supports (CUDA, presets)\n"
+    "  info       what this build supports (CUDA, presets); info FILE.gguf describes a model file\n"
+    "  tokenize   the token ids (and pieces) a model's tokenizer gives a text\n"
     "  synth      write a synthetic preset as a llama2.c checkpoint\n"
     "  bench      performance: bandwidth, decode, prefill, batch scaling, attention\n"
     "  help       this message\n"
@@ -38,6 +39,7 @@ static const command_entry COMMANDS[] = {
     {"quiz", command_quiz},
     {"lesson", command_lesson},
     {"info", command_info},
+    {"tokenize", command_tokenize},
     {"synth", command_synth},
     {"bench", command_bench},
 };
