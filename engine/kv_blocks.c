@@ -129,7 +129,10 @@ static void index_remove(kv_pool* pool, int32_t block) {
 
 void kv_pool_cache(kv_pool* pool, int32_t block, uint64_t hash, uint64_t parent_hash, const int32_t* token_ids) {
     kv_block* b = &pool->blocks[block];
-    if (b->cached || kv_pool_lookup(pool, hash, parent_hash, token_ids) >= 0) return;
+    // A block nobody holds (ref_count 0: on the free stack) is never entered;
+    // only a table that kept an uncounted reference (the prefix-no-refcount
+    // fault) could offer one, and caching it would index a free block.
+    if (b->cached || b->ref_count <= 0 || kv_pool_lookup(pool, hash, parent_hash, token_ids) >= 0) return;
     b->hash = hash;
     b->parent_hash = parent_hash;
     memcpy(pool->block_tokens + (size_t)block * (size_t)pool->block_size, token_ids,
