@@ -463,40 +463,35 @@ static int generate_decode_time(const quiz_model_list* models, quiz_rng* rng, qu
         else
             snprintf(rate, sizeof rate, "%.0f x %d / 8 + 2 x %.0f / %d", (double)read.matrix_weights,
                      d->in.format == QUIZ_WEIGHTS_INT8 ? 8 : 4, (double)read.matrix_weights, d->in.group_size);
+        // Prompt and worked answer together fit the quiz's 80x24 screen (15 rows of 76 columns).
         snprintf(d->prompt, sizeof d->prompt,
-                 "Batch-1 decode of %s (N = %.4f billion parameters, d_model = %d, a vocabulary of %d tokens, %s "
-                 "output matrix; weights in %s) on a %s with %.0f GB/s of memory bandwidth. Count the weight bytes "
-                 "one token really reads (the embedding is a lookup table: how much of it does one token touch?); "
-                 "ignore the KV cache and activations. What is the lower bound on the time per token, in ms?",
+                 "Batch-1 decode of %s (N = %.4f billion parameters, d_model = %d, vocabulary %d, %s; weights in %s) "
+                 "on a %s, %.0f GB/s. Count the weight bytes one token reads (the embedding is a lookup: how much of "
+                 "it does a token touch?), not the KV cache or activations. Lower bound on the time per token, in ms?",
                  m->name, (double)params / 1e9, m->d_model, m->vocab_size,
-                 m->tied_embeddings ? "the embedding table doubling as the" : "a separate", weights, g->name,
+                 m->tied_embeddings ? "output matrix tied to the embedding" : "untied output matrix", weights, g->name,
                  g->bandwidth_bytes_per_s / 1e9);
-        char read_weights[256];
-        if (m->tied_embeddings)
-            snprintf(read_weights, sizeof read_weights,
-                     "the output matrix is the table itself, read whole, and the lookup reads one row of it again: "
-                     "N + d_model = %.0f + %d",
-                     (double)params, m->d_model);
+        char read_weights[160];
+        if (m->tied_embeddings) // the output matrix is the table, read whole; the lookup reads one row again
+            snprintf(read_weights, sizeof read_weights, "the tied output matrix whole, plus one looked-up row: N + %d",
+                     m->d_model);
         else
             snprintf(read_weights, sizeof read_weights,
-                     "every layer matrix and the output matrix once, but only the token's own row of the %d x %d "
-                     "embedding table: N - %d x %d + %d = %.0f",
-                     m->vocab_size, m->d_model, m->vocab_size, m->d_model, m->d_model,
-                     (double)(read.matrix_weights + read.norm_weights));
-        char whole_table[96] = "";
+                     "every layer matrix and the output matrix, but one row of the %d x %d embedding: N - %d x %d + %d",
+                     m->vocab_size, m->d_model, m->vocab_size, m->d_model, m->d_model);
+        char whole_table[64] = "";
         if (!m->tied_embeddings) {
             double skipped_rows = (double)(m->vocab_size - 1) * m->d_model;
-            snprintf(whole_table, sizeof whole_table, " Counting the whole embedding table as read would add %.1f%%.",
+            snprintf(whole_table, sizeof whole_table, " The whole table would add %.1f%%.",
                      100.0 * quiz_weight_bytes((uint64_t)skipped_rows, d->in.format, d->in.group_size) /
                          read.total_bytes);
         }
         snprintf(d->explanation, sizeof d->explanation,
-                 "Per token the engine reads %s weights. Of these, (2 x %d + 1) x %d = %.0f are RMSNorm gains, kept "
-                 "in FP32 (4 bytes); the other %.0f are in %s. Bytes: %s + 4 x %.0f = %.0f. Time >= bytes / "
-                 "bandwidth = %.0f / %.4g = %.4g ms, at most %.0f tokens/s for one sequence.%s",
-                 read_weights, m->n_layers, m->d_model, (double)read.norm_weights, (double)read.matrix_weights,
-                 format_name(d->in.format), rate, (double)read.norm_weights, read.total_bytes, read.total_bytes,
-                 g->bandwidth_bytes_per_s, ms, 1e3 / ms, whole_table);
+                 "Per token: %s = %.0f weights; (2 x %d + 1) x %d = %.0f are norm gains in FP32 (4 bytes), %.0f are "
+                 "%s: %s + 4 x %.0f = %.0f bytes. / %.4g B/s = %.4g ms (%.0f tokens/s).%s",
+                 read_weights, (double)(read.matrix_weights + read.norm_weights), m->n_layers, m->d_model,
+                 (double)read.norm_weights, (double)read.matrix_weights, format_name(d->in.format), rate,
+                 (double)read.norm_weights, read.total_bytes, g->bandwidth_bytes_per_s, ms, 1e3 / ms, whole_table);
         return 0;
     }
     return error_set(err, "drill-decode-time: no model fits on any device");

@@ -70,6 +70,28 @@ static const char* key_bar(const quiz_session* s) {
     }
 }
 
+quiz_view_layout quiz_view_layout_for(const quiz_session* s, int cols, int rows) {
+    quiz_view_layout layout;
+    int body_height = rows - 2; // between the header and the key bar
+    // Two fifths of the body, or more where the question needs it (the
+    // feedback box gives up its rows first; quiz_view_fits made sure the
+    // question and the answer box fit).
+    int question_height = body_height * 2 / 5;
+    if (question_height < 4) question_height = 4;
+    int question_needs = question_rows(s, cols) + 2;
+    if (question_height < question_needs) question_height = question_needs;
+    layout.question = (ui_rect){0, 1, cols, question_height};
+    layout.answer = (ui_rect){0, 1 + question_height, cols, 3};
+    int feedback_y = layout.answer.y + 3, feedback_height = rows - 1 - feedback_y;
+    layout.feedback = (ui_rect){0, feedback_y, cols, feedback_height >= 3 ? feedback_height : 0};
+    return layout;
+}
+
+int quiz_view_feedback_rows(const quiz_view_layout* layout, const char* text) {
+    int width = layout->feedback.w - 4 > 1 ? layout->feedback.w - 4 : 1;
+    return wrap(NULL, (ui_rect){0, 0, width, 1 << 20}, UI_DEFAULT, 0, text);
+}
+
 void quiz_view_draw(ui_screen* screen, const quiz_session* s, const char* input, const char* notice) {
     ui_screen_clear(screen);
     int cols = screen->cols, rows = screen->rows;
@@ -105,26 +127,18 @@ void quiz_view_draw(ui_screen* screen, const quiz_session* s, const char* input,
     } else {
         char question[4096];
         quiz_session_format_question(s, question, sizeof question);
-        // Two fifths of the body, or more where the question needs it (the
-        // feedback box gives up its rows first; quiz_view_fits made sure the
-        // question and the answer box fit).
-        int question_height = body_height * 2 / 5;
-        if (question_height < 4) question_height = 4;
-        if (question_height < question_rows(s, cols) + 2) question_height = question_rows(s, cols) + 2;
-        ui_rect question_box = {0, 1, cols, question_height};
+        quiz_view_layout layout = quiz_view_layout_for(s, cols, rows);
+        ui_rect question_box = layout.question, answer_box = layout.answer, feedback_box = layout.feedback;
         ui_box(screen, question_box, "question", s->stage == QUIZ_STAGE_ASK);
-        quiz_view_wrap(screen, (ui_rect){2, 2, cols - 4, question_height - 2}, UI_DEFAULT, UI_PLAIN, question);
-        ui_rect answer_box = {0, 1 + question_height, cols, 3};
+        quiz_view_wrap(screen, (ui_rect){2, 2, cols - 4, question_box.h - 2}, UI_DEFAULT, UI_PLAIN, question);
         ui_box(screen, answer_box, quiz_session_input_hint(s), s->stage == QUIZ_STAGE_ASK);
         ui_printf(screen, 2, answer_box.y + 1, cols - 4, UI_DEFAULT, UI_BOLD, "> %s%s", input ? input : "",
                   s->stage == QUIZ_STAGE_ASK ? "_" : "");
-        int feedback_y = answer_box.y + 3, feedback_height = rows - 1 - feedback_y;
-        if (feedback_height >= 3) {
-            ui_rect feedback_box = {0, feedback_y, cols, feedback_height};
+        if (feedback_box.h >= 3) {
             bool graded = s->stage == QUIZ_STAGE_FEEDBACK;
             ui_box(screen, feedback_box, notice ? "prove it" : "feedback", s->stage != QUIZ_STAGE_ASK);
             ui_color color = notice || !graded ? UI_DEFAULT : (s->last_correct ? UI_GOOD : UI_BAD);
-            quiz_view_wrap(screen, (ui_rect){2, feedback_y + 1, cols - 4, feedback_height - 2}, color, UI_PLAIN,
+            quiz_view_wrap(screen, (ui_rect){2, feedback_box.y + 1, cols - 4, feedback_box.h - 2}, color, UI_PLAIN,
                            notice ? notice : s->feedback);
         }
     }

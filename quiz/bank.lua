@@ -233,9 +233,9 @@ return {
             .. "rounding so that they lose less; it needs no Hessian.",
         hi_en = {
             prompt = "Galti pakdo: \"AWQ Hessian ki madad se layer ka output error minimise karta hai.\"",
-            explanation = "Hessian (calibration inputs se, X^T X) aur uska error feedback GPTQ ka tareeka hai. AWQ "
-                .. "un weight channels ko dhoondhta hai jinhe bade activations milte hain aur rounding se pehle "
-                .. "unhe scale karta hai taaki woh kam kharab hon; Hessian nahi chahiye.",
+            explanation = "Hessian (calibration inputs se, X^T X) aur uska error feedback GPTQ hai. AWQ bade "
+                .. "activations wale weight channels ko rounding se pehle scale karta hai taaki woh kam bigdein; "
+                .. "Hessian nahi chahiye.",
         },
     },
     {

@@ -299,6 +299,64 @@ static void test_view_draws_headless(void** state) {
     quiz_session_free(&s);
 }
 
+// The answer that grades right (or wrong) for the current question.
+static void answer_for(const quiz_question* q, bool right, char* out, size_t capacity) {
+    if (q->item && q->item->has_truth) {
+        snprintf(out, capacity, "%s", q->item->truth == right ? "t" : "f");
+    } else if (q->item && q->item->n_choices) {
+        int shown = 0;
+        for (int k = 0; k < q->item->n_choices; k++)
+            if (q->choice_order[k] == q->item->correct_choice) shown = k;
+        snprintf(out, capacity, "%c", 'a' + (right ? shown : (shown + 1) % q->item->n_choices));
+    } else if (q->item) {
+        snprintf(out, capacity, "my own words");
+    } else {
+        double factor = q->drill.answer.unit[0] ? quiz_unit_factor(q->drill.answer.unit, NULL) : 1.0;
+        snprintf(out, capacity, "%.6g %s", q->drill.answer.value / factor * (right ? 1.0 : 3.0), q->drill.answer.unit);
+    }
+}
+
+static void expect_feedback_whole(const quiz_session* s, int cols, int rows) {
+    quiz_view_layout layout = quiz_view_layout_for(s, cols, rows);
+    int needed = quiz_view_feedback_rows(&layout, s->feedback), shown = layout.feedback.h - 2;
+    if (needed > shown)
+        fail_msg("%s at %dx%d: the feedback needs %d rows, its box shows %d:\n%s", quiz_session_question(s)->id, cols,
+                 rows, needed, shown, s->feedback);
+}
+
+// At 80x24, the smallest size the lab supports, every question's feedback
+// (verdict, explanation or worked answer, prove-it hint) is shown whole
+// below its question: in both languages, graded right and wrong, and for
+// 40 fresh draws of every drill. The tightest today are edge8 (8 rows of
+// 8) and se2, se3 (7 of 7); the decode-time drill keeps a row spare.
+static void test_every_feedback_is_whole_at_80x24(void** state) {
+    fixture* f = *state;
+    int checked = 0;
+    for (int lang = 0; lang < 2; lang++)
+        for (int right = 0; right < 2; right++)
+            for (uint64_t seed = 0; seed < 40; seed++) {
+                quiz_session s;
+                quiz_session_options o = {QUIZ_ALL_TOPICS, 100,     seed, lang ? QUIZ_LANG_HI_EN : QUIZ_LANG_EN, NOW,
+                                          false,           seed > 0}; // the bank once, then drills only
+                error_info err = {{0}};
+                if (quiz_session_start(&s, &o, &f->bank, &f->models, &f->progress, &err)) fail_msg("%s", err.message);
+                while (s.stage != QUIZ_STAGE_DONE) {
+                    char answer[64];
+                    answer_for(quiz_session_question(&s), right, answer, sizeof answer);
+                    assert_int_not_equal(feed(&s, answer), QUIZ_INPUT_RETRY);
+                    expect_feedback_whole(&s, 80, 24);
+                    if (s.stage == QUIZ_STAGE_SELF_GRADE) {
+                        assert_int_equal(feed(&s, "y"), QUIZ_INPUT_GRADED);
+                        expect_feedback_whole(&s, 80, 24);
+                    }
+                    checked++;
+                    quiz_session_next(&s);
+                }
+                quiz_session_free(&s);
+            }
+    assert_int_equal(checked, 2 * 2 * (f->bank.n_items + 40 * QUIZ_DRILL_COUNT));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_topics_and_count, setup, teardown),
@@ -308,6 +366,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_hinglish_rendering, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stats_per_topic, setup, teardown),
         cmocka_unit_test_setup_teardown(test_view_draws_headless, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_every_feedback_is_whole_at_80x24, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
