@@ -6,8 +6,29 @@
 //   qm, report = lab.quantize_model(m, "w4a16:g32:awq")
 //   c = lab.compare(reference, test)       -- KL, top-1 agreement, perplexities
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+// The heap's bytes in use, from the allocator itself: glibc's counters, or
+// AddressSanitizer's where it replaces malloc (make check).
+#if defined(__SANITIZE_ADDRESS__)
+#define HEAP_COUNTED_BY_SANITIZER 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define HEAP_COUNTED_BY_SANITIZER 1
+#endif
+#endif
+#ifdef HEAP_COUNTED_BY_SANITIZER
+#include <sanitizer/allocator_interface.h>
+static uint64_t heap_bytes_in_use(void) { return (uint64_t)__sanitizer_get_current_allocated_bytes(); }
+#else
+#include <malloc.h>
+static uint64_t heap_bytes_in_use(void) {
+    struct mallinfo2 heap = mallinfo2(); // uordblks: in use in the arenas; hblkhd: in use in mmap'ed blocks
+    return (uint64_t)heap.uordblks + (uint64_t)heap.hblkhd;
+}
+#endif
 
 #include "engine/model_eval.h"
 #include "engine/model_quant.h"
@@ -245,7 +266,11 @@ static int lab_quantize_model(lua_State* L) {
         return luaL_argerror(L, 1, "the model is already quantized: start from the unquantized one");
     // The copy is loaded as the source was (same preset and seed, or file),
     // then quantized in place; calibration comes after anything that may raise.
+    // The heap is read around both, so that the report says what the model
+    // really holds before and after (no Lua code runs in between).
+    uint64_t heap_at_start = heap_bytes_in_use();
     lab_model* m = lab_push_model(L, &source->request);
+    uint64_t heap_with_copy = heap_bytes_in_use();
     calibration_set calibration = {0};
     if (spec.method != QUANT_RTN) build_calibration(L, source, CALIBRATION_FOR_QUANTIZATION, &calibration);
     model_quant_report report = {0};
@@ -256,6 +281,7 @@ static int lab_quantize_model(lua_State* L) {
     int status = model_quantize(&m->source.model, &spec, (const int32_t* const*)calibration.sequences,
                                 calibration.lengths, calibration.n_sequences, NULL, &report, &err);
     calibration_free(&calibration);
+    uint64_t heap_quantized = heap_bytes_in_use();
     if (status) {
         model_quant_report_free(&report);
         lesson_check_time(L); // stopped by keep_going: say why
@@ -273,6 +299,10 @@ static int lab_quantize_model(lua_State* L) {
     lab_set_integer(L, "weight_bytes_before", (lua_Integer)report.weight_bytes_before);
     lab_set_integer(L, "weight_bytes_after", (lua_Integer)report.weight_bytes_after);
     lab_set_integer(L, "calibration_tokens", report.n_calibration_tokens);
+    // Heap bytes the model took: loaded unquantized, then after quantizing in
+    // place (what stays allocated, whatever weight_bytes says).
+    lab_set_integer(L, "heap_bytes_before", (lua_Integer)((int64_t)heap_with_copy - (int64_t)heap_at_start));
+    lab_set_integer(L, "heap_bytes_after", (lua_Integer)((int64_t)heap_quantized - (int64_t)heap_at_start));
     lua_createtable(L, report.n_layers, 0);
     for (int i = 0; i < report.n_layers; i++) {
         const quant_layer_report* layer = &report.layers[i];
