@@ -87,13 +87,13 @@ return {
             .. "zero-point is fixed.",
         answer = false,
         explanation = "For weights that are roughly centred on zero, symmetric wastes almost none of the range, and "
-            .. "it is simpler and faster (no zero-point to subtract). Asymmetric helps when the range is lopsided, "
-            .. "for example ReLU outputs that are never negative.",
+            .. "it is simpler and faster (no zero-point to store or subtract). Asymmetric helps when the range is "
+            .. "lopsided, for example ReLU outputs that are never negative.",
         hi_en = {
             prompt = "Symmetric quantization (z = 0) asymmetric se hamesha bura hai kyunki zero-point fixed hai.",
             explanation = "Zero ke aas-paas centred weights ke liye symmetric range lagbhag waste nahi karta, aur "
-                .. "simple aur fast hai (zero-point ghatana nahi padta). Asymmetric tab kaam aata hai jab range ek "
-                .. "taraf jhuki ho, jaise ReLU outputs jo kabhi negative nahi hote.",
+                .. "simple aur fast hai (zero-point na store karna, na ghatana). Asymmetric tab kaam aata hai jab "
+                .. "range ek taraf jhuki ho, jaise ReLU outputs jo kabhi negative nahi hote.",
         },
     },
     {
@@ -117,12 +117,13 @@ return {
         prompt = "INT4 loses exactly twice as much accuracy as INT8.",
         answer = false,
         explanation = "The error follows the step s, which is proportional to 1 / (2^b - 1). INT8 splits the range "
-            .. "into 255 gaps and INT4 into only 15, so the INT4 step is 255 / 15 = 17 times larger: far worse "
-            .. "than 2x.",
+            .. "into 255 gaps and INT4 into only 15, so the INT4 step is 255 / 15 = 17 times larger, and the mean "
+            .. "squared error (s^2 / 12 for rounding) about 17^2 = 289 times: far worse than 2x.",
         hi_en = {
             prompt = "INT4 ka accuracy loss INT8 se theek do guna hota hai.",
             explanation = "Error step s ke saath chalta hai, aur s ~ 1 / (2^b - 1). INT8 range ko 255 gaps mein "
-                .. "baant ta hai, INT4 sirf 15 mein, to INT4 ka step 255 / 15 = 17 guna bada hai, 2x se kahin zyada.",
+                .. "baant ta hai, INT4 sirf 15 mein, to INT4 ka step 255 / 15 = 17 guna bada hai, aur mean squared "
+                .. "error (rounding ka s^2 / 12) lagbhag 17^2 = 289 guna: 2x se kahin zyada.",
         },
     },
     {
