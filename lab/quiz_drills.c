@@ -466,7 +466,7 @@ static int generate_decode_time(const quiz_model_list* models, quiz_rng* rng, qu
         // Prompt and worked answer together fit the quiz's 80x24 screen (15 rows of 76 columns).
         snprintf(d->prompt, sizeof d->prompt,
                  "Batch-1 decode of %s (N = %.4f billion parameters, d_model = %d, vocabulary %d, %s; weights in %s) "
-                 "on a %s, %.0f GB/s. Count the weight bytes one token reads (the embedding is a lookup: how much of "
+                 "on one %s, %.0f GB/s. Count the weight bytes one token reads (the embedding is a lookup: how much of "
                  "it does a token touch?), not the KV cache or activations. Lower bound on the time per token, in ms?",
                  m->name, (double)params / 1e9, m->d_model, m->vocab_size,
                  m->tied_embeddings ? "output matrix tied to the embedding" : "untied output matrix", weights, g->name,
