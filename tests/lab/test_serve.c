@@ -740,10 +740,10 @@ static void* exact_worker_main(void* arg) {
     return NULL;
 }
 
-static void test_greedy_equals_generate_with_1_and_32_clients(void** state) {
-    (void)state;
+// 32 clients on `server_args`; returns the preemptions the server counted.
+static double run_exactness(const char* server_args) {
     test_server ts;
-    server_start_args(&ts, "--kv-dtype fp32");
+    server_start_args(&ts, server_args);
     static reference refs[4] = {
         {.prompt = "Once upon a time", .max_tokens = 120},
         {.prompt = "The cat sat on the mat", .max_tokens = 100},
@@ -796,9 +796,26 @@ static void test_greedy_equals_generate_with_1_and_32_clients(void** state) {
     print_message("32 clients: %.0f tokens in %.0f steps (%.1f a step)\n", tokens_after - tokens_before,
                   steps_after - steps_before, per_step);
     assert_true(per_step > 4.0);
+    double preemptions = metric_value(ts.port, "vllm:num_preemptions_total{model_name=\"stories260K\"} ");
     free(workers);
     for (int i = 0; i < 4; i++) free(refs[i].full_output);
     server_stop_checked(&ts);
+    return preemptions;
+}
+
+static void test_greedy_equals_generate_with_1_and_32_clients(void** state) {
+    (void)state;
+    run_exactness("--kv-dtype fp32");
+}
+
+// The same on a pool too small for the 32: requests wait, and running ones
+// are preempted and recomputed, as in sim; every client still gets exactly
+// generate's tokens.
+static void test_greedy_exact_through_preemption(void** state) {
+    (void)state;
+    double preemptions = run_exactness("--kv-dtype fp32 --num-blocks 64");
+    print_message("small pool: %.0f preemptions\n", preemptions);
+    assert_true(preemptions > 0);
 }
 
 // ---- test: 100 clients disconnecting ---------------------------------------------------------
@@ -941,6 +958,7 @@ int main(void) {
         cmocka_unit_test(test_endpoints_and_stream_framing),
         cmocka_unit_test(test_bad_input_while_streaming),
         cmocka_unit_test(test_greedy_equals_generate_with_1_and_32_clients),
+        cmocka_unit_test(test_greedy_exact_through_preemption),
         cmocka_unit_test(test_100_disconnecting_clients_leave_the_pool_free),
         cmocka_unit_test(test_disconnect_mid_stream_frees_blocks),
         cmocka_unit_test(test_full_queue_answers_429),
