@@ -30,10 +30,25 @@ int tok_from_gguf(tokenizer** out, const gguf_file* f, error_info* err) {
     int found = gguf_get_string(f, "tokenizer.ggml.model", model_name, sizeof model_name, err);
     if (found < 0) return -1;
     if (!found) return error_set(err, "%s: metadata 'tokenizer.ggml.model' is missing: the file has no tokenizer", f->name);
-    if (strcmp(model_name, "llama") != 0)
+    bool is_bpe = strcmp(model_name, "gpt2") == 0;
+    if (strcmp(model_name, "llama") != 0 && !is_bpe)
         return error_set(err, "%s: tokenizer.ggml.model: '%s' is not supported (supported: llama, the SentencePiece "
-                              "kind)",
+                              "kind; gpt2, byte-level BPE)",
                          f->name, model_name);
+    const gguf_kv* merges = NULL;
+    if (is_bpe) {
+        // Each pre-tokenizer is its own split pattern; only GPT-2's is here.
+        char pre[64] = "default";
+        if (gguf_get_string(f, "tokenizer.ggml.pre", pre, sizeof pre, err) < 0) return -1;
+        if (strcmp(pre, "default") != 0 && strcmp(pre, "gpt-2") != 0 && strcmp(pre, "gpt2") != 0)
+            return error_set(err, "%s: tokenizer.ggml.pre: '%s' is not supported (supported: default, gpt-2)", f->name,
+                             pre);
+        merges = gguf_find_kv(f, "tokenizer.ggml.merges");
+        if (!merges || merges->type != GGUF_VALUE_ARRAY || merges->array_type != GGUF_VALUE_STRING ||
+            merges->array_count < 1 || merges->array_count > TOK_MAX_VOCAB_SIZE)
+            return error_set(err, "%s: metadata 'tokenizer.ggml.merges': expected 1..%d strings for a gpt2 tokenizer",
+                             f->name, TOK_MAX_VOCAB_SIZE);
+    }
     const gguf_kv* tokens = gguf_find_kv(f, "tokenizer.ggml.tokens");
     if (!tokens) return error_set(err, "%s: metadata 'tokenizer.ggml.tokens' is missing", f->name);
     if (tokens->type != GGUF_VALUE_ARRAY || tokens->array_type != GGUF_VALUE_STRING)
@@ -51,7 +66,7 @@ int tok_from_gguf(tokenizer** out, const gguf_file* f, error_info* err) {
                   types->array_count != tokens->array_count))
         return error_set(err, "%s: metadata 'tokenizer.ggml.token_type': expected %d int32 values", f->name, n);
 
-    tok_vocab vocab = {.vocab_size = n, .sentencepiece_spaces = true};
+    tok_vocab vocab = {.vocab_size = n, .sentencepiece_spaces = !is_bpe};
     tok_piece_bytes* pieces = calloc((size_t)n, sizeof *pieces);
     float* score_values = calloc((size_t)n, sizeof *score_values);
     int32_t* type_values = types ? calloc((size_t)n, sizeof *type_values) : NULL;
@@ -69,12 +84,29 @@ int tok_from_gguf(tokenizer** out, const gguf_file* f, error_info* err) {
     vocab.pieces = pieces;
     vocab.scores = score_values;
     vocab.types = type_values;
-    int status = read_special_id(f, "tokenizer.ggml.bos_token_id", 1, &vocab.bos_id, err) ||
-                 read_special_id(f, "tokenizer.ggml.eos_token_id", 2, &vocab.eos_id, err) ||
-                 read_special_id(f, "tokenizer.ggml.unknown_token_id", 0, &vocab.unk_id, err) ||
-                 read_flag(f, "tokenizer.ggml.add_bos_token", true, &vocab.add_bos, err) ||
-                 read_flag(f, "tokenizer.ggml.add_space_prefix", true, &vocab.add_space_prefix, err);
+    tok_piece_bytes* rules = NULL;
+    if (merges) {
+        rules = calloc((size_t)merges->array_count, sizeof *rules);
+        if (!rules) {
+            free(pieces), free(score_values), free(type_values);
+            return error_set(err, "%s: out of memory for %llu merges", f->name, (unsigned long long)merges->array_count);
+        }
+        cursor = 0;
+        for (uint64_t i = 0; i < merges->array_count; i++) {
+            gguf_string rule = gguf_array_string_next(merges, &cursor);
+            rules[i] = (tok_piece_bytes){rule.bytes, (size_t)rule.length};
+        }
+        vocab.merges = rules;
+        vocab.n_merges = (int)merges->array_count;
+    }
+    // llama.cpp's defaults: SentencePiece adds BOS and a leading space, BPE neither.
+    int status = read_special_id(f, "tokenizer.ggml.bos_token_id", is_bpe ? -1 : 1, &vocab.bos_id, err) ||
+                 read_special_id(f, "tokenizer.ggml.eos_token_id", is_bpe ? -1 : 2, &vocab.eos_id, err) ||
+                 read_special_id(f, "tokenizer.ggml.unknown_token_id", is_bpe ? -1 : 0, &vocab.unk_id, err) ||
+                 read_flag(f, "tokenizer.ggml.add_bos_token", !is_bpe, &vocab.add_bos, err) ||
+                 read_flag(f, "tokenizer.ggml.add_space_prefix", !is_bpe, &vocab.add_space_prefix, err);
     if (status == 0) status = tok_from_vocab(out, &vocab, f->name, err);
+    free(rules);
     free(pieces);
     free(score_values);
     free(type_values);

@@ -4,7 +4,10 @@
 // fallback) becomes a tokenizer.h SentencePiece tokenizer: tokens, scores,
 // token_type, bos/eos/unknown_token_id, add_bos_token (default true) and
 // add_space_prefix (default true), as llama.cpp reads them. "gpt2"
-// (byte-level BPE with merges) and any other model are refused by name.
+// (byte-level BPE) becomes a BPE tokenizer from tokenizer.ggml.merges, with
+// GPT-2's pre-tokenizer when tokenizer.ggml.pre is absent, "default" or
+// "gpt-2"; other pre-tokenizers (llama-bpe, qwen2, smollm, ...) and other
+// models are refused by name.
 #ifndef SERVELAB_GGUF_VOCAB_H
 #define SERVELAB_GGUF_VOCAB_H
 

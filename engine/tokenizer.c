@@ -6,6 +6,8 @@
 // says so.
 #include "engine/tokenizer.h"
 
+#include "engine/gguf_unicode.h"
+
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -40,7 +42,23 @@ struct tokenizer {
     int32_t unk_id;            // unknown id (0); -1: none
     bool add_bos;              // the vocabulary asks for BOS before a prompt
     bool add_space_prefix;     // SentencePiece's add_dummy_prefix: text starts as if after a space
+    // Byte-level BPE (GPT-2's kind) only; NULL / 0 otherwise.
+    struct bpe_merge* merges;  // (merge_capacity) open-addressing table: (left, right) -> rank, merged id
+    size_t merge_capacity;     // a power of two, at least twice the merges
+    char* decoded_bytes;       // every piece with its byte-to-character mapping undone, each NUL-ended
+    char** decoded;            // (vocab_size) into decoded_bytes: the text each id stands for
 };
+
+// One merge rule of a byte-level BPE vocabulary: pieces `left` and `right`
+// (by id) join into `merged`; a lower rank merges first.
+typedef struct bpe_merge {
+    int32_t left, right; // -1 left: an empty slot
+    int32_t merged;
+    int32_t rank;
+} bpe_merge;
+
+static size_t merge_slot(size_t capacity, int32_t left, int32_t right);
+static const bpe_merge* find_merge(const tokenizer* t, int32_t left, int32_t right);
 
 static int byte_piece_value(const char* piece);
 
@@ -79,6 +97,9 @@ void tok_free(tokenizer* t) {
     free(t->scores);
     free(t->piece_bytes);
     free(t->sorted);
+    free(t->merges);
+    free(t->decoded_bytes);
+    free(t->decoded);
     free(t);
 }
 
@@ -91,6 +112,11 @@ int32_t tok_bos_id(const tokenizer* t) { return t ? t->bos_id : TOK_BOS_ID; }
 int32_t tok_eos_id(const tokenizer* t) { return t ? t->eos_id : TOK_EOS_ID; }
 
 bool tok_adds_bos(const tokenizer* t) { return t ? t->add_bos : true; }
+
+const char* tok_kind(const tokenizer* t) {
+    if (!t) return "none";
+    return t->byte_level ? "byte-level (one id per byte)" : t->merges ? "byte-level BPE (GPT-2)" : "SentencePiece";
+}
 
 const char* tok_piece(const tokenizer* t, int32_t id) {
     if (!t || id < 0 || id >= t->vocab_size) return "";
@@ -368,6 +394,118 @@ int tok_load(tokenizer** out, const char* path, int vocab_size, error_info* err)
     return 0;
 }
 
+// ---- byte-level BPE (GPT-2) ---------------------------------------------------------------
+
+// GPT-2 spells each byte with a printable character: byte b is U+00b for b
+// in 33..126, 161..172 and 174..255, and the other 68 bytes (controls,
+// space, DEL, NBSP, soft hyphen) are U+0100 + n, n counting them in byte
+// order. So ' ' (the 33rd other byte, n = 32) is U+0120 "Ġ".
+static void bpe_byte_codepoints(uint32_t codepoint_of_byte[256]) {
+    int n = 0;
+    for (int b = 0; b < 256; b++) {
+        bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+        codepoint_of_byte[b] = printable ? (uint32_t)b : (uint32_t)(256 + n++);
+    }
+}
+
+// Decodes one UTF-8 character at text[0..length); returns its byte count
+// (1 for a malformed byte, which stands for itself as U+FFFD would).
+static int utf8_decode(const unsigned char* text, size_t length, uint32_t* codepoint) {
+    unsigned char c = text[0];
+    int n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    if (n == 0 || (size_t)n > length) {
+        *codepoint = 0xFFFD;
+        return 1;
+    }
+    uint32_t value = n == 1 ? c : c & (0x7F >> n);
+    for (int i = 1; i < n; i++) {
+        if ((text[i] & 0xC0) != 0x80) {
+            *codepoint = 0xFFFD;
+            return 1;
+        }
+        value = value << 6 | (text[i] & 0x3F);
+    }
+    *codepoint = value;
+    return n;
+}
+
+static int utf8_encode(uint32_t codepoint, char* out) {
+    if (codepoint < 0x80) {
+        out[0] = (char)codepoint;
+        return 1;
+    }
+    if (codepoint < 0x800) {
+        out[0] = (char)(0xC0 | codepoint >> 6);
+        out[1] = (char)(0x80 | (codepoint & 0x3F));
+        return 2;
+    }
+    out[0] = (char)(0xE0 | codepoint >> 12);
+    out[1] = (char)(0x80 | ((codepoint >> 6) & 0x3F));
+    out[2] = (char)(0x80 | (codepoint & 0x3F));
+    return 3;
+}
+
+// The merge table and the decoded text of every piece. Rules whose pieces
+// are not all in the vocabulary can never apply and are left out; a
+// repeated pair keeps its first (lowest) rank.
+static int bpe_build(tokenizer* t, const tok_vocab* vocab, const char* source, error_info* err) {
+    size_t capacity = 16;
+    while (capacity < 2 * (size_t)vocab->n_merges) capacity *= 2;
+    t->merges = malloc(capacity * sizeof *t->merges);
+    t->decoded = calloc((size_t)t->vocab_size, sizeof *t->decoded);
+    size_t decoded_total = 0;
+    for (int id = 0; id < t->vocab_size; id++) decoded_total += strlen(t->pieces[id]) + 1;
+    t->decoded_bytes = malloc(decoded_total);
+    char* joined = malloc(2 * (size_t)TOK_MAX_TOKEN_LENGTH_LIMIT + 2);
+    if (!t->merges || !t->decoded || !t->decoded_bytes || !joined) {
+        free(joined);
+        return error_set(err, "%s: out of memory for %d merges", source, vocab->n_merges);
+    }
+    t->merge_capacity = capacity;
+    for (size_t i = 0; i < capacity; i++) t->merges[i].left = -1;
+    for (int rank = 0; rank < vocab->n_merges; rank++) {
+        const tok_piece_bytes* rule = &vocab->merges[rank];
+        const char* space = rule->length > 0 ? memchr(rule->bytes, ' ', rule->length) : NULL;
+        if (!space || rule->length > 2 * (size_t)TOK_MAX_TOKEN_LENGTH_LIMIT) continue;
+        size_t left_length = (size_t)(space - rule->bytes), right_length = rule->length - left_length - 1;
+        memcpy(joined, rule->bytes, left_length);
+        joined[left_length] = '\0';
+        int32_t left = lookup_piece(t, joined);
+        memcpy(joined, space + 1, right_length);
+        joined[right_length] = '\0';
+        int32_t right = lookup_piece(t, joined);
+        memcpy(joined, rule->bytes, left_length);
+        memcpy(joined + left_length, space + 1, right_length);
+        joined[left_length + right_length] = '\0';
+        int32_t merged = lookup_piece(t, joined);
+        if (left < 0 || right < 0 || merged < 0 || find_merge(t, left, right)) continue;
+        size_t slot = merge_slot(capacity, left, right);
+        while (t->merges[slot].left >= 0) slot = (slot + 1) & (capacity - 1);
+        t->merges[slot] = (bpe_merge){left, right, merged, rank};
+    }
+    free(joined);
+    uint32_t codepoint_of_byte[256];
+    bpe_byte_codepoints(codepoint_of_byte);
+    int byte_of_codepoint[324]; // stand-ins run up to U+0143
+    for (int c = 0; c < 324; c++) byte_of_codepoint[c] = -1;
+    for (int b = 0; b < 256; b++) byte_of_codepoint[codepoint_of_byte[b]] = b;
+    char* out = t->decoded_bytes;
+    for (int id = 0; id < t->vocab_size; id++) {
+        const unsigned char* piece = (const unsigned char*)t->pieces[id];
+        size_t length = strlen(t->pieces[id]);
+        t->decoded[id] = out;
+        for (size_t i = 0; i < length;) {
+            uint32_t codepoint;
+            int n = utf8_decode(piece + i, length - i, &codepoint);
+            if (codepoint < 324 && byte_of_codepoint[codepoint] >= 0) *out++ = (char)byte_of_codepoint[codepoint];
+            else for (int k = 0; k < n; k++) *out++ = (char)piece[i + k]; // not a stand-in: kept as written
+            i += (size_t)n;
+        }
+        *out++ = '\0';
+    }
+    return 0;
+}
+
 // ----------------------------------------------------------------------------
 // A vocabulary given as arrays (a GGUF file's tokenizer.ggml.* keys)
 
@@ -441,6 +579,10 @@ int tok_from_vocab(tokenizer** out, const tok_vocab* vocab, const char* source, 
     if (build_index(t) != 0) {
         tok_free(t);
         return error_set(err, "%s: out of memory for the piece index", source);
+    }
+    if (vocab->n_merges > 0 && bpe_build(t, vocab, source, err) != 0) {
+        tok_free(t);
+        return -1;
     }
     *out = t;
     return 0;
@@ -563,14 +705,35 @@ static merge_candidate heap_pop(candidate_heap* heap) {
     return top;
 }
 
+// The merge rule for the pair (left, right), or NULL.
+static size_t merge_slot(size_t capacity, int32_t left, int32_t right) {
+    uint64_t key = (uint64_t)(uint32_t)left << 32 | (uint32_t)right;
+    key *= 0x9E3779B97F4A7C15ull; // Fibonacci hashing: the high bits are well mixed
+    return (size_t)(key >> 32) & (capacity - 1);
+}
+
+static const bpe_merge* find_merge(const tokenizer* t, int32_t left, int32_t right) {
+    for (size_t slot = merge_slot(t->merge_capacity, left, right);; slot = (slot + 1) & (t->merge_capacity - 1)) {
+        const bpe_merge* entry = &t->merges[slot];
+        if (entry->left < 0) return NULL;
+        if (entry->left == left && entry->right == right) return entry;
+    }
+}
+
 // Pushes the merge of symbols[left] with the symbol after it, if there is
 // one: its joined piece must be in the vocab and score above NO_MERGE_SCORE
 // (llama2.c's scan never picks a lower one). `joined` as in lookup_pair.
+// A byte-level BPE vocabulary asks its merge table instead: score -rank.
 static void push_pair(const tokenizer* t, candidate_heap* heap, const merge_symbol* symbols,
                       int32_t left, char* joined) {
     if (left < 0 || symbols[left].next < 0) return;
     int32_t left_id = symbols[left].id;
     int32_t right_id = symbols[symbols[left].next].id;
+    if (t->merges) { // byte-level BPE: the merge table decides, the lowest rank first
+        const bpe_merge* rule = find_merge(t, left_id, right_id);
+        if (rule) heap_push(heap, (merge_candidate){-(float)rule->rank, left, left_id, right_id, rule->merged});
+        return;
+    }
     int32_t merged_id = lookup_pair(t, left_id, right_id, joined);
     if (merged_id < 0 || !(t->scores[merged_id] > NO_MERGE_SCORE)) return;
     heap_push(heap, (merge_candidate){t->scores[merged_id], left, left_id, right_id, merged_id});
@@ -663,6 +826,89 @@ static int64_t min_ids_needed(const tokenizer* t, size_t text_bytes, bool add_eo
     return ((int64_t)text_bytes + 1 + per_id - 1) / per_id + add_eos;
 }
 
+// ---- byte-level BPE encoding --------------------------------------------------------------
+
+// The end (character index) of the pre-token that starts at character i
+// of cps[0..n), by GPT-2's split pattern, tried in its order:
+//   's|'t|'re|'ve|'m|'ll|'d | ?\p{L}+ | ?\p{N}+ | ?[^\s\p{L}\p{N}]+ | \s+(?!\S) | \s+
+static int gpt2_pretoken_end(const uint32_t* cps, int n, int i) {
+    if (cps[i] == '\'' && i + 1 < n) {
+        uint32_t a = cps[i + 1], b = i + 2 < n ? cps[i + 2] : 0;
+        if (a == 's' || a == 't' || a == 'm' || a == 'd') return i + 2;
+        if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return i + 3;
+    }
+    int k = cps[i] == ' ' && i + 1 < n ? i + 1 : i; // the optional single space before a run
+    if (unicode_is_letter(cps[k])) {
+        while (k < n && unicode_is_letter(cps[k])) k++;
+        return k;
+    }
+    if (unicode_is_number(cps[k])) {
+        while (k < n && unicode_is_number(cps[k])) k++;
+        return k;
+    }
+    if (!unicode_is_whitespace(cps[k])) {
+        while (k < n && !unicode_is_whitespace(cps[k]) && !unicode_is_letter(cps[k]) && !unicode_is_number(cps[k]))
+            k++;
+        return k;
+    }
+    // Whitespace: the run, less its last character when something other
+    // than whitespace follows (that character starts the next pre-token).
+    int end = i;
+    while (end < n && unicode_is_whitespace(cps[end])) end++;
+    if (end < n && end - i > 1) return end - 1;
+    return end;
+}
+
+static int encode_bpe(const tokenizer* t, const char* text, size_t text_bytes, bool add_bos, bool add_eos,
+                      int32_t* ids, int capacity, int* n_ids, error_info* err) {
+    // At most one id per byte, plus BOS and EOS.
+    int32_t* work = malloc((text_bytes + 2) * sizeof *work);
+    uint32_t* cps = malloc((text_bytes + 1) * sizeof *cps);   // (characters) code points of the text
+    size_t* starts = malloc((text_bytes + 1) * sizeof *starts); // (characters + 1) byte offset of each
+    if (!work || !cps || !starts) {
+        free(work), free(cps), free(starts);
+        return error_set(err, "tok_encode: out of memory for %zu bytes of text", text_bytes);
+    }
+    int n_chars = 0;
+    for (size_t i = 0; i < text_bytes;) {
+        starts[n_chars] = i;
+        i += (size_t)utf8_decode((const unsigned char*)text + i, text_bytes - i, &cps[n_chars]);
+        n_chars++;
+    }
+    starts[n_chars] = text_bytes;
+    uint32_t codepoint_of_byte[256];
+    bpe_byte_codepoints(codepoint_of_byte);
+    int n = 0;
+    if (add_bos && t->bos_id >= 0) work[n++] = t->bos_id;
+    char joined[8];
+    for (int begin = 0; begin < n_chars;) {
+        int end = gpt2_pretoken_end(cps, n_chars, begin);
+        int first = n;
+        for (size_t i = starts[begin]; i < starts[end]; i++) { // each byte as its stand-in's piece
+            char piece[4];
+            int length = utf8_encode(codepoint_of_byte[(unsigned char)text[i]], piece);
+            piece[length] = '\0';
+            int32_t id = lookup_piece(t, piece);
+            if (id < 0) id = t->unk_id;
+            if (id >= 0) work[n++] = id; // a vocabulary without that byte and without <unk> drops it
+        }
+        int merged = merge_pairs(t, work + first, n - first, joined);
+        if (merged < 0) {
+            free(work), free(cps), free(starts);
+            return error_set(err, "tok_encode: out of memory merging");
+        }
+        n = first + merged;
+        begin = end;
+    }
+    if (add_eos && t->eos_id >= 0) work[n++] = t->eos_id;
+    int status = 0;
+    if (n > capacity) status = error_set(err, "tok_encode: text needs %d ids, capacity is %d", n, capacity);
+    else if (n > 0) memcpy(ids, work, (size_t)n * sizeof *ids);
+    *n_ids = n;
+    free(work), free(cps), free(starts);
+    return status;
+}
+
 int tok_encode(const tokenizer* t, const char* text, bool add_bos, bool add_eos, int32_t* ids,
                int capacity, int* n_ids, error_info* err) {
     if (!n_ids) return error_set(err, "tok_encode: n_ids is NULL");
@@ -679,6 +925,7 @@ int tok_encode(const tokenizer* t, const char* text, bool add_bos, bool add_eos,
                          INT_MAX - 3);
     if (t->byte_level)
         return encode_byte_level(text, text_bytes, add_bos, add_eos, ids, capacity, n_ids, err);
+    if (t->merges) return encode_bpe(t, text, text_bytes, add_bos, add_eos, ids, capacity, n_ids, err);
 
     // A text that cannot fit whatever its merges is refused before any work
     // (a 1 MB prompt for a 512-token context takes no time). Only counting
@@ -781,6 +1028,7 @@ static int byte_piece_value(const char* piece) {
 const char* tok_decode_piece(const tokenizer* t, int32_t prev_id, int32_t id) {
     if (!t || id < 0 || id >= t->vocab_size) return "";
     if (t->byte_level) return id >= TOK_BYTE_OFFSET ? t->byte_pieces[id - TOK_BYTE_OFFSET] : "";
+    if (t->decoded) return t->decoded[id];
     const char* piece = t->pieces[id];
     // After BOS, SentencePiece's decoder drops the dummy prefix's space.
     if (prev_id == t->bos_id && piece[0] == ' ' && t->add_space_prefix) piece++;

@@ -79,9 +79,15 @@ typedef struct tok_vocab {
     bool add_bos;                   // a prompt starts with BOS
     bool add_space_prefix;          // text is encoded as if after a space
     bool sentencepiece_spaces;      // "▁" (U+2581) in a piece stands for ' '
+    // Byte-level BPE (GGUF tokenizer.ggml.model "gpt2"): the merge rules
+    // "LEFT RIGHT" in rank order. n_merges > 0 makes this a BPE vocabulary:
+    // pieces spell bytes with GPT-2's printable stand-ins (' ' is "Ġ"), text
+    // is split by GPT-2's pre-tokenizer pattern, each part merged by rank.
+    const tok_piece_bytes* merges;  // (n_merges)
+    int n_merges;
 } tok_vocab;
 
-// A SentencePiece tokenizer from a vocabulary: the llama2.c algorithm
+// A SentencePiece (or, with merges, byte-level BPE) tokenizer from a vocabulary: the llama2.c algorithm
 // (tok_encode) with the vocabulary's special ids; byte b falls back to the
 // piece "<0xXX>" (type BYTE or NORMAL), else to unk. Pieces are copied, with
 // "▁" turned into ' ' when sentencepiece_spaces (so a literal U+2581 in a
@@ -96,6 +102,9 @@ void tok_free(tokenizer* t);
 int32_t tok_bos_id(const tokenizer* t);
 int32_t tok_eos_id(const tokenizer* t);
 bool tok_adds_bos(const tokenizer* t);
+
+// "SentencePiece", "byte-level BPE (GPT-2)" or "byte-level (one id per byte)".
+const char* tok_kind(const tokenizer* t);
 
 // The piece of an id as stored ("" when out of range): for `tokenize`.
 const char* tok_piece(const tokenizer* t, int32_t id);

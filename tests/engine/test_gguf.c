@@ -483,16 +483,20 @@ static void test_dtype_choice_widens(void** state) {
 
 // ---- the tokenizer --------------------------------------------------------------------------
 
-static void test_llama_spm_vectors(void** state) {
-    (void)state;
-    char vocab_path[512], inp_path[512], out_path[512];
-    REQUIRE_GGUF_FILE(vocab_path, "vocab/ggml-vocab-llama-spm.gguf");
-    REQUIRE_GGUF_FILE(inp_path, "vocab/ggml-vocab-llama-spm.gguf.inp");
-    REQUIRE_GGUF_FILE(out_path, "vocab/ggml-vocab-llama-spm.gguf.out");
+// llama.cpp's test-tokenizer-0 cases (README §9): every case of VOCAB.inp
+// gives the ids of VOCAB.out, without BOS or EOS. Returns the cases passed.
+static int run_tokenizer_vectors(const char* vocab_name, int expected_vocab_size) {
+    char vocab_path[512], inp_path[512], out_path[512], name[256];
+    snprintf(name, sizeof name, "vocab/%s", vocab_name);
+    REQUIRE_GGUF_FILE(vocab_path, name);
+    snprintf(name, sizeof name, "vocab/%s.inp", vocab_name);
+    REQUIRE_GGUF_FILE(inp_path, name);
+    snprintf(name, sizeof name, "vocab/%s.out", vocab_name);
+    REQUIRE_GGUF_FILE(out_path, name);
     tokenizer* t = NULL;
     error_info err = {{0}};
     if (tok_load_gguf(&t, vocab_path, &err)) fail_msg("%s", err.message);
-    assert_int_equal(tok_vocab_size(t), 32000);
+    assert_int_equal(tok_vocab_size(t), expected_vocab_size);
     char* inputs = test_read_text(inp_path);
     char* outputs = test_read_text(out_path);
     const char* separator = "\n__ggml_vocab_test__\n";
@@ -516,17 +520,27 @@ static void test_llama_spm_vectors(void** state) {
         bool same = n == n_expected;
         for (int i = 0; same && i < n; i++) same = ids[i] == expected[i];
         if (same) passed++;
-        else print_message("llama-spm case %d differs: '%s' (%d ids, expected %d)\n", cases, input, n, n_expected);
+        else print_message("%s case %d differs: '%s' (%d ids, expected %d)\n", vocab_name, cases, input, n, n_expected);
         cases++;
         output_line = line_end ? line_end + 1 : output_line + strlen(output_line);
     }
-    print_message("llama-spm tokenizer vectors: %d/%d cases give llama.cpp's ids\n", passed, cases);
+    print_message("%s tokenizer vectors: %d/%d cases give llama.cpp's ids\n", vocab_name, passed, cases);
     assert_int_equal(cases, 46);
-    assert_int_equal(passed, cases);
     free(ids);
     free(inputs);
     free(outputs);
     tok_free(t);
+    return passed;
+}
+
+static void test_llama_spm_vectors(void** state) {
+    (void)state;
+    assert_int_equal(run_tokenizer_vectors("ggml-vocab-llama-spm.gguf", 32000), 46);
+}
+
+static void test_gpt2_vectors(void** state) {
+    (void)state;
+    assert_int_equal(run_tokenizer_vectors("ggml-vocab-gpt-2.gguf", 50257), 46);
 }
 
 // The models' own tokenizers give llama.cpp's prompt ids (golden prompt_ids).
@@ -779,6 +793,7 @@ int main(void) {
         cmocka_unit_test(test_q4_0_regrouped_exactly),
         cmocka_unit_test(test_dtype_choice_widens),
         cmocka_unit_test(test_llama_spm_vectors),
+        cmocka_unit_test(test_gpt2_vectors),
         cmocka_unit_test(test_model_tokenizers_give_golden_prompt_ids),
         cmocka_unit_test(test_stories_tokenizer_matches_tok512),
         cmocka_unit_test(test_hostile_headers),
