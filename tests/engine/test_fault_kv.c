@@ -193,6 +193,46 @@ static void test_prefix_no_refcount_undercounts_and_finishes(void** state) {
     model_free(&m);
 }
 
+// Many requests over one prefix in a pool too small to keep them all: blocks
+// held without a reference get evicted, freed and reused while tables still
+// list them. The KV is wrong then (that is the bug), but the pool's own
+// structures must stay whole: every run finishes, the free stack never holds
+// more than every block, and no free block stays indexed.
+static void test_prefix_no_refcount_under_eviction_stays_safe(void** state) {
+    (void)state;
+    model m;
+    load_tiny(&m);
+    const int block_sizes[] = {1, 4, 16};
+    for (size_t k = 0; k < sizeof block_sizes / sizeof block_sizes[0]; k++) {
+        fault_install(only(FAULT_PREFIX_NO_REFCOUNT));
+        engine_config c = config_of(KV_LAYOUT_PAGED, RESERVE_MAX);
+        c.block_size = block_sizes[k];
+        c.num_blocks = 256 / block_sizes[k]; // 256 slots for 24 requests of up to 60 tokens
+        engine e;
+        error_info err = {{0}};
+        assert_int_equal(engine_init(&e, &m, &c, &err), 0);
+        int32_t prompt[48];
+        for (int r = 0; r < 24; r++) {
+            for (int i = 0; i < 48; i++) prompt[i] = i < 40 ? 3 + i : 3 + (r * 7 + i) % 200; // 40 shared tokens
+            request_params p = {prompt, 48, 4 + r % 9, 1 + r % 2, 1.0f, 0.0f, (uint64_t)r, 0.0, true};
+            int32_t id = -1;
+            assert_int_equal(engine_add_request(&e, &p, &id, &err), 0);
+        }
+        const step_record* r = NULL;
+        int steps = 0;
+        while (engine_has_work(&e) && steps < 10000) {
+            assert_int_equal(engine_step(&e, &r, &err), 0);
+            steps++;
+            assert_true(e.pool.n_free <= e.pool.n_blocks);
+        }
+        assert_false(engine_has_work(&e));
+        for (int b = 0; b < e.pool.n_blocks; b++) assert_false(e.pool.blocks[b].ref_count == 0 && e.pool.blocks[b].cached);
+        engine_free(&e);
+        fault_install(0);
+    }
+    model_free(&m);
+}
+
 static void test_reservation_faults(void** state) {
     (void)state;
     model m;
@@ -239,6 +279,7 @@ int main(void) {
         cmocka_unit_test(test_attention_faults_change_paged_logits_only),
         cmocka_unit_test(test_copy_on_write_faults),
         cmocka_unit_test(test_prefix_no_refcount_undercounts_and_finishes),
+        cmocka_unit_test(test_prefix_no_refcount_under_eviction_stays_safe),
         cmocka_unit_test(test_reservation_faults),
         cmocka_unit_test(test_kv_head_variants),
     };
