@@ -296,8 +296,7 @@ int quant_matrix_rtn(const float* w, int rows, int cols, const quant_scheme* sch
                                        : quant_params_for_values(set, set_length, scheme->bits, scheme->symmetric,
                                                                  scheme->clip_search);
         for (size_t i = 0; i < set_length; i++)
-            codes[(size_t)k * set_length + i] =
-                quantize_to_code(set[i], &params[k], code_min, code_max, faulty);
+            codes[(size_t)k * set_length + i] = quantize_to_code(set[i], &params[k], code_min, code_max, faulty);
     }
     return 0;
 }

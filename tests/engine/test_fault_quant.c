@@ -61,7 +61,7 @@ static void test_sym_scale_full_range_doubles_a_centred_step(void** state) {
     assert_true(quant_params_for_range(-1.75f, 1.75f, 4, true).scale == 0.25f);
     fault_install(1u << FAULT_SYM_SCALE_FULL_RANGE);
     assert_true(quant_params_for_range(-1.75f, 1.75f, 4, true).scale == 0.5f);
-    assert_true(quant_params_for_range(0.0f, 1.75f, 4, true).scale == 0.25f); // one-sided: the width is max|r|
+    assert_true(quant_params_for_range(0.0f, 1.75f, 4, true).scale == 0.25f);   // one-sided: the width is max|r|
     assert_true(quant_params_for_range(-1.0f, 2.75f, 4, false).scale == 0.25f); // asymmetric untouched
     fault_install(0);
     assert_true(quant_params_for_range(-1.75f, 1.75f, 4, true).scale == 0.25f);
@@ -92,8 +92,8 @@ static void test_wrap_not_clip_keeps_the_low_bits(void** state) {
 }
 
 // (2, 8) with the left group small and the right group 100x larger.
-static const float two_groups[16] = {0.01f, -0.02f, 0.03f, 0.0f, 1.0f, -2.0f, 3.0f, 0.5f,
-                                     0.02f, -0.01f, 0.0f, 0.04f, 2.0f, -1.0f, 0.5f, 4.0f};
+static const float two_groups[16] = {0.01f, -0.02f, 0.03f, 0.0f,  1.0f, -2.0f, 3.0f, 0.5f,
+                                     0.02f, -0.01f, 0.0f,  0.04f, 2.0f, -1.0f, 0.5f, 4.0f};
 
 static void test_group_tensor_max_gives_every_group_the_tensor_range(void** state) {
     (void)state;
@@ -126,7 +126,8 @@ enum { ROWS = 16, COLS = 32, SAMPLES = 64 };
 
 static void make_layer(float* w, float* x) {
     for (int o = 0; o < ROWS; o++)
-        for (int i = 0; i < COLS; i++) w[o * COLS + i] = (float)sin(o * 1.7 + i * 0.37) * 0.1f;
+        for (int i = 0; i < COLS; i++)
+            w[o * COLS + i] = (float)sin(o * 1.7 + i * 0.37) * 0.1f;
     for (int s = 0; s < SAMPLES; s++)
         for (int i = 0; i < COLS; i++) {
             float v = (float)sin(s * 12.9898 + i * 78.233) * 2.0f;
@@ -147,11 +148,14 @@ static void test_awq_no_scaling_hands_on_unit_scales(void** state) {
     assert_true(alpha > 0.0f);
     assert_true(scales[3] > 2.0f * scales[0]); // the outlier channel is scaled up
     fault_install(1u << FAULT_AWQ_NO_SCALING);
-    assert_int_equal(quant_awq_search(matrices, rows, 1, COLS, x, SAMPLES, &scheme, scales_fault, &alpha_fault, &err), 0);
+    assert_int_equal(quant_awq_search(matrices, rows, 1, COLS, x, SAMPLES, &scheme, scales_fault, &alpha_fault, &err),
+                     0);
     assert_true(alpha_fault == alpha); // the search ran as before
-    for (int i = 0; i < COLS; i++) assert_true(scales_fault[i] == 1.0f);
+    for (int i = 0; i < COLS; i++)
+        assert_true(scales_fault[i] == 1.0f);
     fault_install(0);
-    assert_int_equal(quant_awq_search(matrices, rows, 1, COLS, x, SAMPLES, &scheme, scales_fault, &alpha_fault, &err), 0);
+    assert_int_equal(quant_awq_search(matrices, rows, 1, COLS, x, SAMPLES, &scheme, scales_fault, &alpha_fault, &err),
+                     0);
     assert_memory_equal(scales, scales_fault, sizeof scales);
 }
 
@@ -166,7 +170,8 @@ static void test_gptq_no_feedback_is_rtn(void** state) {
     assert_int_equal(quant_matrix_rtn(w, ROWS, COLS, &scheme, rtn, rtn_params, &err), 0);
     assert_int_equal(quant_gptq(w, ROWS, COLS, x, SAMPLES, &scheme, 0.01f, 8, gptq, gptq_params, &err), 0);
     int differ = 0;
-    for (int k = 0; k < ROWS * COLS; k++) differ += gptq[k] != rtn[k];
+    for (int k = 0; k < ROWS * COLS; k++)
+        differ += gptq[k] != rtn[k];
     assert_true(differ > 10); // the error feedback moves codes off their nearest level
     fault_install(1u << FAULT_GPTQ_NO_FEEDBACK);
     assert_int_equal(quant_gptq(w, ROWS, COLS, x, SAMPLES, &scheme, 0.01f, 8, again, gptq_params, &err), 0);
@@ -224,7 +229,8 @@ static void test_quant_keeps_fp16_keeps_the_fp16_weights(void** state) {
     size_t copy_start = (last_start + (size_t)quant_packed_bytes(last->rows, last->cols, &per_channel) + 63) / 64 * 64;
     // Its first matrix is the embedding, row after row, in fp16: the original's bytes.
     size_t embedding_bytes = (size_t)original.token_embedding.rows * (size_t)original.token_embedding.cols * 2;
-    assert_memory_equal((const unsigned char*)kept.storage + copy_start, original.token_embedding.values, embedding_bytes);
+    assert_memory_equal((const unsigned char*)kept.storage + copy_start, original.token_embedding.values,
+                        embedding_bytes);
     model_free(&original);
     model_free(&plain);
     model_free(&kept);
