@@ -23,9 +23,12 @@ static const char SERVE_USAGE[] =
     "                             unless they start with 1), max_tokens (default 16),\n"
     "                             temperature (0..2, default 1; 0 = greedy), top_p,\n"
     "                             seed, n, stop (up to 4 strings), stream,\n"
-    "                             stream_options.include_usage, return_token_ids\n"
+    "                             stream_options.include_usage, logprobs (0..5: the\n"
+    "                             sampled token's and the likeliest), echo,\n"
+    "                             return_token_ids (vLLM's: token ids beside the text)\n"
     "  POST /v1/chat/completions  messages, the same fields (max_tokens defaults to\n"
-    "                             the rest of the context). The models here are base\n"
+    "                             the rest of the context; logprobs true with\n"
+    "                             top_logprobs 0..20). The models here are base\n"
     "                             models with no chat template; messages are written\n"
     "                             as plain text, each \"System: ...\", \"User: ...\" or\n"
     "                             \"Assistant: ...\" followed by a blank line, and then\n"
@@ -97,7 +100,8 @@ static int parse_serve_args(int argc, char** argv, serve_args* args, error_info*
             if (!failed && parse_int_arg("--max-connections", cursor.value, 1, 65536, &value, err)) return -1;
             if (!failed) args->serve.max_connections = value;
         } else {
-            return error_set(err, "servelab serve: unknown option '%s' (see servelab serve --help)", argv[cursor.index]);
+            return error_set(err, "servelab serve: unknown option '%s' (see servelab serve --help)",
+                             argv[cursor.index]);
         }
         if (failed) return -1;
     }
@@ -123,8 +127,9 @@ static void default_model_name(const model_request* request, const model_source*
 int command_serve(int argc, char** argv) {
     for (int i = 1; i < argc; i++)
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            static const char* const ENGINE_DEFAULTS[] = {NULL}; // serve keeps the engine's own
             fputs(SERVE_USAGE, stdout);
-            engine_options_print_usage(stdout, NULL);
+            engine_options_print_usage(stdout, ENGINE_DEFAULTS);
             return 0;
         }
     error_info err = {{0}};
@@ -139,8 +144,10 @@ int command_serve(int argc, char** argv) {
         return 1;
     }
     char model_name[256];
-    if (args.serve.model_name) snprintf(model_name, sizeof model_name, "%s", args.serve.model_name);
-    else default_model_name(&args.request, &source, model_name, sizeof model_name);
+    if (args.serve.model_name)
+        snprintf(model_name, sizeof model_name, "%s", args.serve.model_name);
+    else
+        default_model_name(&args.request, &source, model_name, sizeof model_name);
     args.serve.model_name = model_name;
 
     // The server's threads inherit this mask: only the main thread takes

@@ -28,6 +28,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <jansson.h>
+#include <math.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -60,7 +61,7 @@ serve_config serve_config_default(void) {
 
 #define HISTOGRAM_BUCKETS 16
 typedef struct histogram {
-    const double* bounds; // (HISTOGRAM_BUCKETS) upper bounds, seconds
+    const double* bounds;                   // (HISTOGRAM_BUCKETS) upper bounds, seconds
     uint64_t counts[HISTOGRAM_BUCKETS + 1]; // the last one is +Inf
     double sum;
     uint64_t count;
@@ -71,22 +72,23 @@ static const double TTFT_BOUNDS[HISTOGRAM_BUCKETS] = {0.001, 0.005, 0.01, 0.02, 
                                                       0.25,  0.5,   0.75, 1.0,  2.5,  5.0,  7.5,  10.0};
 static const double TPOT_BOUNDS[HISTOGRAM_BUCKETS] = {0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15,
                                                       0.2,   0.3,   0.4,  0.5,   0.75, 1.0,   2.5, 5.0};
-static const double E2E_BOUNDS[HISTOGRAM_BUCKETS] = {0.01, 0.05, 0.1,  0.3,  0.5,  0.8,  1.0,  1.5,
-                                                     2.0,  2.5,  5.0,  10.0, 15.0, 20.0, 30.0, 60.0};
+static const double E2E_BOUNDS[HISTOGRAM_BUCKETS] = {0.01, 0.05, 0.1, 0.3,  0.5,  0.8,  1.0,  1.5,
+                                                     2.0,  2.5,  5.0, 10.0, 15.0, 20.0, 30.0, 60.0};
 
 static void histogram_observe(histogram* h, double seconds) {
     int i = 0;
-    while (i < HISTOGRAM_BUCKETS && seconds > h->bounds[i]) i++;
+    while (i < HISTOGRAM_BUCKETS && seconds > h->bounds[i])
+        i++;
     h->counts[i]++;
     h->sum += seconds;
     h->count++;
 }
 
 typedef struct serve_metrics {
-    uint64_t prompt_tokens;      // prompt tokens of requests the engine accepted
-    uint64_t generation_tokens;  // tokens generated and published
+    uint64_t prompt_tokens;     // prompt tokens of requests the engine accepted
+    uint64_t generation_tokens; // tokens generated and published
     uint64_t finished_stop, finished_length, finished_abort, finished_error;
-    uint64_t rejected;           // 4xx/5xx before reaching the engine
+    uint64_t rejected; // 4xx/5xx before reaching the engine
     histogram ttft, tpot, e2e;
     // Measured by the engine thread after each step or cancel:
     int blocks_total, blocks_free, blocks_cached, blocks_used;
@@ -101,19 +103,22 @@ typedef enum job_state { JOB_SUBMITTED = 0, JOB_RUNNING = 1, JOB_DONE = 2 } job_
 typedef enum finish_kind { FINISH_NONE = 0, FINISH_STOP = 1, FINISH_LENGTH = 2, FINISH_ABORT = 3 } finish_kind;
 
 typedef struct serve_choice {
-    int32_t sequence_id;   // -1 until the engine has it (forks appear after the prompt is computed)
-    int32_t* tokens;       // (max_tokens) generated ids, published by the engine thread
+    int32_t sequence_id; // -1 until the engine has it (forks appear after the prompt is computed)
+    int32_t* tokens;     // (max_tokens) generated ids, published by the engine thread
     int n_tokens;
-    char* text;            // (text_capacity) the decoded text, cut before a stop string
+    char* text; // (text_capacity) the decoded text, cut before a stop string
     size_t text_bytes;
     size_t text_capacity;
-    size_t text_ready;     // bytes a stream may send now: held back are a possible stop-string
-                           // start and an incomplete UTF-8 character
+    size_t text_ready; // bytes a stream may send now: held back are a possible stop-string
+                       // start and an incomplete UTF-8 character
     finish_kind finish;
+    float* token_logprobs; // (max_tokens) logprobs wanted: the sampled token's log-probability (NAN: unknown)
+    int32_t* top_ids;      // (max_tokens, params.logprobs) the likeliest tokens at each position
+    float* top_logprobs;   // (max_tokens, params.logprobs) and their log-probabilities
     // The stream's own progress (connection side):
     size_t text_sent;
     int tokens_sent;
-    bool role_sent;
+    bool role_sent; // chat: the role chunk; completions with echo: the prompt's text
     bool final_sent;
 } serve_choice;
 
@@ -122,13 +127,13 @@ typedef struct serve_job {
     int refs;
     serve_params params;
     char id[48];
-    long long created;      // Unix seconds
+    long long created; // Unix seconds
     job_state state;
-    bool failed;            // error set; state is JOB_DONE
+    bool failed; // error set; state is JOB_DONE
     serve_error error;
-    bool abandoned;         // its client went away: the engine thread cancels it
-    int32_t request_id;     // engine request id once running
-    serve_choice* choices;  // (params.n)
+    bool abandoned;        // its client went away: the engine thread cancels it
+    int32_t request_id;    // engine request id once running
+    serve_choice* choices; // (params.n)
     int n_finished;
     double submit_s, first_token_s, last_token_s; // monotonic seconds
 } serve_job;
@@ -158,7 +163,17 @@ struct server {
     uint64_t id_counter;
     uint64_t id_salt;
     serve_metrics metrics;
+    // The engine thread's own (no lock): logits of sequences whose request
+    // asked for logprobs, copied by the logits observer during a step.
+    bool* capture_wanted;           // (capture_capacity) by sequence id
+    struct logit_capture* captures; // (capture_capacity) by sequence id
+    int capture_capacity;
 };
+
+typedef struct logit_capture {
+    int position; // the position of the token the logits follow, -1 when none
+    float* row;   // (vocab) the logits (before temperature)
+} logit_capture;
 
 static double monotonic_s(void) {
     struct timespec t;
@@ -171,6 +186,9 @@ static void job_free(serve_job* job) {
         for (int i = 0; i < job->params.n; i++) {
             free(job->choices[i].tokens);
             free(job->choices[i].text);
+            free(job->choices[i].token_logprobs);
+            free(job->choices[i].top_ids);
+            free(job->choices[i].top_logprobs);
         }
     free(job->choices);
     serve_params_free(&job->params);
@@ -190,18 +208,104 @@ static void job_release(server* s, serve_job* job, bool connection) {
 
 // ---- the engine thread ----------------------------------------------------------------
 
+// ---- logprobs (engine thread only) -------------------------------------------------------------
+
+static bool capture_reserve(server* s, int32_t id) {
+    if (id < s->capture_capacity) return true;
+    int capacity = s->capture_capacity ? s->capture_capacity : 256;
+    while (capacity <= id)
+        capacity *= 2;
+    bool* wanted = realloc(s->capture_wanted, (size_t)capacity * sizeof *wanted);
+    if (wanted) s->capture_wanted = wanted;
+    logit_capture* captures = realloc(s->captures, (size_t)capacity * sizeof *captures);
+    if (captures) s->captures = captures;
+    if (!wanted || !captures) return false;
+    for (int i = s->capture_capacity; i < capacity; i++) {
+        s->capture_wanted[i] = false;
+        s->captures[i] = (logit_capture){-1, NULL};
+    }
+    s->capture_capacity = capacity;
+    return true;
+}
+
+static void capture_want(server* s, int32_t id, bool wanted) {
+    if (wanted && !capture_reserve(s, id)) return;
+    if (id >= s->capture_capacity) return;
+    s->capture_wanted[id] = wanted;
+    if (!wanted) {
+        free(s->captures[id].row);
+        s->captures[id] = (logit_capture){-1, NULL};
+    }
+}
+
+// The engine's logits observer: runs inside engine_step, on the engine thread.
+static void capture_logits(void* user, int32_t id, int position, const float* logits, int vocab_size) {
+    server* s = user;
+    if (id >= s->capture_capacity || !s->capture_wanted[id]) return;
+    logit_capture* c = &s->captures[id];
+    if (!c->row && !(c->row = malloc((size_t)vocab_size * sizeof *c->row))) return;
+    memcpy(c->row, logits, (size_t)vocab_size * sizeof *c->row);
+    c->position = position;
+}
+
+// Fills the logprobs of generated token `index` of choice c (sequence q), from
+// the logits that preceded it: its own, or its fork parent's for a fork's first token.
+static void record_logprobs(server* s, serve_job* job, serve_choice* c, const sequence* q, int index) {
+    int position = q->n_prompt + index - 1;
+    const logit_capture* capture = NULL;
+    if (q->id < s->capture_capacity && s->captures[q->id].position == position)
+        capture = &s->captures[q->id];
+    else if (q->fork_parent >= 0 && q->fork_parent < s->capture_capacity &&
+             s->captures[q->fork_parent].position == position)
+        capture = &s->captures[q->fork_parent];
+    int k = job->params.logprobs;
+    c->token_logprobs[index] = NAN;
+    for (int j = 0; j < k; j++)
+        c->top_ids[index * k + j] = -1;
+    if (!capture || !capture->row) return;
+    const float* row = capture->row;
+    int vocab = s->model->config.vocab_size;
+    float max = row[0];
+    for (int v = 1; v < vocab; v++)
+        max = row[v] > max ? row[v] : max;
+    double sum = 0.0;
+    for (int v = 0; v < vocab; v++)
+        sum += exp((double)(row[v] - max));
+    double log_total = (double)max + log(sum);
+    c->token_logprobs[index] = (float)((double)row[c->tokens[index]] - log_total);
+    for (int j = 0; j < k && j < vocab; j++) { // k passes: k is at most 20
+        int best = -1;
+        for (int v = 0; v < vocab; v++) {
+            bool taken = false;
+            for (int i = 0; i < j; i++)
+                taken |= c->top_ids[index * k + i] == v;
+            if (!taken && (best < 0 || row[v] > row[best])) best = v;
+        }
+        c->top_ids[index * k + j] = best;
+        c->top_logprobs[index * k + j] = (float)((double)row[best] - log_total);
+    }
+}
+
 // Removes a done job from the list (lock held) and drops the engine's reference.
 static void job_retire(server* s, serve_job* job, finish_kind outcome) {
     job->state = JOB_DONE;
+    if (job->params.logprobs >= 0)
+        for (int i = 0; i < job->params.n; i++)
+            if (job->choices[i].sequence_id >= 0) capture_want(s, job->choices[i].sequence_id, false);
     double now = monotonic_s();
-    if (outcome == FINISH_ABORT) s->metrics.finished_abort++;
-    else if (job->failed) s->metrics.finished_error++;
+    if (outcome == FINISH_ABORT)
+        s->metrics.finished_abort++;
+    else if (job->failed)
+        s->metrics.finished_error++;
     else {
         histogram_observe(&s->metrics.e2e, now - job->submit_s);
         bool any_length = false;
-        for (int i = 0; i < job->params.n; i++) any_length |= job->choices[i].finish == FINISH_LENGTH;
-        if (any_length) s->metrics.finished_length++;
-        else s->metrics.finished_stop++;
+        for (int i = 0; i < job->params.n; i++)
+            any_length |= job->choices[i].finish == FINISH_LENGTH;
+        if (any_length)
+            s->metrics.finished_length++;
+        else
+            s->metrics.finished_stop++;
     }
     for (serve_job** link = &s->jobs; *link; link = &(*link)->next)
         if (*link == job) {
@@ -254,8 +358,8 @@ static void admit_and_cancel(server* s) {
         }
         if (job->state != JOB_SUBMITTED) continue;
         const serve_params* p = &job->params;
-        request_params request = {p->prompt, p->n_prompt, p->max_tokens, p->n, p->temperature, p->top_p,
-                                  p->seed,   0.0,         false};
+        request_params request = {p->prompt, p->n_prompt, p->max_tokens, p->n, p->temperature,
+                                  p->top_p,  p->seed,     0.0,           false};
         error_info err = {{0}};
         int32_t first = -1;
         if (engine_add_request(&s->engine, &request, &first, &err)) {
@@ -268,7 +372,10 @@ static void admit_and_cancel(server* s) {
         job->request_id = engine_sequence(&s->engine, first)->request_id;
         for (int k = 0; k < p->n; k++) {
             const sequence* q = first + k < s->engine.n_sequences ? engine_sequence(&s->engine, first + k) : NULL;
-            if (q && q->request_id == job->request_id) job->choices[q->sample_index].sequence_id = q->id;
+            if (q && q->request_id == job->request_id) {
+                job->choices[q->sample_index].sequence_id = q->id;
+                if (p->logprobs >= 0) capture_want(s, q->id, true);
+            }
         }
         job->state = JOB_RUNNING;
         s->metrics.prompt_tokens += (uint64_t)p->n_prompt;
@@ -334,8 +441,10 @@ static void publish(server* s) {
     for (; s->scanned_sequences < e->n_sequences; s->scanned_sequences++) {
         const sequence* q = engine_sequence(e, s->scanned_sequences);
         serve_job* job = job_of_request(s, q->request_id);
-        if (job && q->sample_index >= 0 && q->sample_index < job->params.n)
+        if (job && q->sample_index >= 0 && q->sample_index < job->params.n) {
             job->choices[q->sample_index].sequence_id = q->id;
+            if (job->params.logprobs >= 0) capture_want(s, q->id, true);
+        }
     }
     double now = monotonic_s();
     serve_job* next;
@@ -354,6 +463,7 @@ static void publish(server* s) {
                 int32_t token = q->tokens[q->n_prompt + c->n_tokens];
                 int32_t previous = q->tokens[q->n_prompt + c->n_tokens - 1];
                 c->tokens[c->n_tokens] = token;
+                if (job->params.logprobs >= 0) record_logprobs(s, job, c, q, c->n_tokens);
                 produced = true;
                 s->metrics.generation_tokens++;
                 if (s->tok) {
@@ -379,8 +489,10 @@ static void publish(server* s) {
             }
         }
         if (produced) {
-            if (job->first_token_s == 0) histogram_observe(&s->metrics.ttft, now - job->submit_s);
-            else histogram_observe(&s->metrics.tpot, now - job->last_token_s);
+            if (job->first_token_s == 0)
+                histogram_observe(&s->metrics.ttft, now - job->submit_s);
+            else
+                histogram_observe(&s->metrics.tpot, now - job->last_token_s);
             if (job->first_token_s == 0) job->first_token_s = now;
             job->last_token_s = now;
         }
@@ -412,7 +524,8 @@ static void* engine_thread_main(void* arg) {
             // The engine's state after a failed step is not to be trusted:
             // fail everything in flight and refuse new work.
             fprintf(stderr, "servelab serve: engine step failed: %s\n", err.message);
-            while (s->jobs) job_fail(s, s->jobs, 500, "server_error", err.message);
+            while (s->jobs)
+                job_fail(s, s->jobs, 500, "server_error", err.message);
             s->stopping = true;
             break;
         }
@@ -421,7 +534,8 @@ static void* engine_thread_main(void* arg) {
         pthread_cond_broadcast(&s->progress);
     }
     // Stopping: whatever is in flight ends with an error.
-    while (s->jobs) job_fail(s, s->jobs, 503, "server_error", "the server is shutting down");
+    while (s->jobs)
+        job_fail(s, s->jobs, 503, "server_error", "the server is shutting down");
     pthread_cond_broadcast(&s->progress);
     pthread_mutex_unlock(&s->lock);
     return NULL;
@@ -431,8 +545,7 @@ static void* engine_thread_main(void* arg) {
 
 static enum MHD_Result respond_text(struct MHD_Connection* connection, int status, const char* content_type,
                                     const char* body) {
-    struct MHD_Response* response =
-        MHD_create_response_from_buffer(strlen(body), (void*)body, MHD_RESPMEM_MUST_COPY);
+    struct MHD_Response* response = MHD_create_response_from_buffer(strlen(body), (void*)body, MHD_RESPMEM_MUST_COPY);
     if (!response) return MHD_NO;
     MHD_add_response_header(response, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
     enum MHD_Result result = MHD_queue_response(connection, (unsigned int)status, response);
@@ -443,8 +556,9 @@ static enum MHD_Result respond_text(struct MHD_Connection* connection, int statu
 static enum MHD_Result respond_json(struct MHD_Connection* connection, int status, json_t* body) {
     char* text = body ? json_dumps(body, JSON_COMPACT) : NULL;
     json_decref(body);
-    if (!text) return respond_text(connection, 500, "application/json",
-                                   "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\"}}");
+    if (!text)
+        return respond_text(connection, 500, "application/json",
+                            "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\"}}");
     enum MHD_Result result = respond_text(connection, status, "application/json", text);
     free(text);
     return result;
@@ -483,17 +597,106 @@ static json_t* text_json(const char* text, size_t bytes) {
 
 static json_t* token_ids_json(const int32_t* ids, int n) {
     json_t* array = json_array();
-    for (int i = 0; i < n; i++) json_array_append_new(array, json_integer(ids[i]));
+    for (int i = 0; i < n; i++)
+        json_array_append_new(array, json_integer(ids[i]));
     return array;
 }
 
+// The text of token id after `previous` ("" for a control token, as in the text).
+static const char* piece_of(server* s, int32_t previous, int32_t id) {
+    if (!s->tok) return "";
+    const char* piece = tok_decode_piece(s->tok, previous, id);
+    return tok_piece_is_printable(piece) ? piece : "";
+}
+
+static json_t* bytes_json(const char* piece) {
+    json_t* array = json_array();
+    for (const unsigned char* b = (const unsigned char*)piece; *b; b++)
+        json_array_append_new(array, json_integer(*b));
+    return array;
+}
+
+static json_t* logprob_number(float value) { return isfinite(value) ? json_real(value) : json_null(); }
+
+// The logprobs of generated tokens [from, to) of choice c: completions'
+// {tokens, token_logprobs, top_logprobs, text_offset} or chat's {content}.
+static json_t* logprobs_json(server* s, const serve_job* job, const serve_choice* c, int from, int to) {
+    if (job->params.logprobs < 0) return json_null();
+    int k = job->params.logprobs;
+    const int32_t* prompt = job->params.prompt;
+    bool chat = job->params.endpoint == SERVE_CHAT;
+    json_t* tokens = json_array();
+    json_t* token_logprobs = json_array();
+    json_t* top = json_array();
+    json_t* offsets = json_array();
+    json_t* content = json_array();
+    size_t offset = 0;
+    for (int i = 0; i < from; i++)
+        offset += strlen(piece_of(s, i ? c->tokens[i - 1] : prompt[job->params.n_prompt - 1], c->tokens[i]));
+    for (int i = from; i < to; i++) {
+        int32_t previous = i ? c->tokens[i - 1] : prompt[job->params.n_prompt - 1];
+        const char* piece = piece_of(s, previous, c->tokens[i]);
+        json_t* alternatives = chat ? json_array() : json_object();
+        for (int j = 0; j < k; j++) {
+            int32_t id = c->top_ids[i * k + j];
+            if (id < 0) continue;
+            const char* alternative = piece_of(s, previous, id);
+            if (chat)
+                json_array_append_new(alternatives,
+                                      json_pack("{s:o, s:o, s:o}", "token", text_json(alternative, strlen(alternative)),
+                                                "logprob", logprob_number(c->top_logprobs[i * k + j]), "bytes",
+                                                bytes_json(alternative)));
+            else {
+                char* key = serve_utf8_sanitize(alternative, strlen(alternative));
+                if (key && !json_object_get(alternatives, key)) // two ids may print alike: keep the likelier
+                    json_object_set_new(alternatives, key, logprob_number(c->top_logprobs[i * k + j]));
+                free(key);
+            }
+        }
+        if (chat)
+            json_array_append_new(content, json_pack("{s:o, s:o, s:o, s:o}", "token", text_json(piece, strlen(piece)),
+                                                     "logprob", logprob_number(c->token_logprobs[i]), "bytes",
+                                                     bytes_json(piece), "top_logprobs", alternatives));
+        else {
+            json_array_append_new(tokens, text_json(piece, strlen(piece)));
+            json_array_append_new(token_logprobs, logprob_number(c->token_logprobs[i]));
+            json_array_append_new(top, alternatives);
+            json_array_append_new(offsets, json_integer((json_int_t)offset));
+        }
+        offset += strlen(piece);
+    }
+    if (chat) {
+        json_decref(tokens), json_decref(token_logprobs), json_decref(top), json_decref(offsets);
+        return json_pack("{s:o, s:n}", "content", content, "refusal");
+    }
+    json_decref(content);
+    return json_pack("{s:o, s:o, s:o, s:o}", "tokens", tokens, "token_logprobs", token_logprobs, "top_logprobs", top,
+                     "text_offset", offsets);
+}
+
+// Completions with echo: the prompt's text (after BOS), malloc'ed.
+static char* prompt_text(server* s, const serve_job* job) {
+    if (!s->tok || job->params.n_prompt < 2) return strdup("");
+    size_t bytes =
+        tok_decode_text(s->tok, job->params.prompt[0], job->params.prompt + 1, job->params.n_prompt - 1, NULL, 0);
+    char* text = malloc(bytes + 1);
+    if (text)
+        tok_decode_text(s->tok, job->params.prompt[0], job->params.prompt + 1, job->params.n_prompt - 1, text,
+                        bytes + 1);
+    return text;
+}
+
 static const char* finish_name(finish_kind finish) {
-    return finish == FINISH_STOP ? "stop" : finish == FINISH_LENGTH ? "length" : finish == FINISH_ABORT ? "abort" : NULL;
+    return finish == FINISH_STOP     ? "stop"
+           : finish == FINISH_LENGTH ? "length"
+           : finish == FINISH_ABORT  ? "abort"
+                                     : NULL;
 }
 
 static json_t* usage_json(const serve_job* job) {
     int completion = 0;
-    for (int i = 0; i < job->params.n; i++) completion += job->choices[i].n_tokens;
+    for (int i = 0; i < job->params.n; i++)
+        completion += job->choices[i].n_tokens;
     return json_pack("{s:i, s:i, s:i}", "prompt_tokens", job->params.n_prompt, "completion_tokens", completion,
                      "total_tokens", job->params.n_prompt + completion);
 }
@@ -502,19 +705,34 @@ static json_t* usage_json(const serve_job* job) {
 static json_t* completion_json(server* s, const serve_job* job) {
     bool chat = job->params.endpoint == SERVE_CHAT;
     json_t* choices = json_array();
+    char* echo = job->params.echo ? prompt_text(s, job) : NULL;
     for (int i = 0; i < job->params.n; i++) {
         const serve_choice* c = &job->choices[i];
-        json_t* choice = json_pack("{s:i, s:n, s:s}", "index", i, "logprobs", "finish_reason", finish_name(c->finish));
+        json_t* choice = json_pack("{s:i, s:o, s:s}", "index", i, "logprobs", logprobs_json(s, job, c, 0, c->n_tokens),
+                                   "finish_reason", finish_name(c->finish));
         if (chat)
-            json_object_set_new(choice, "message",
-                                json_pack("{s:s, s:o}", "role", "assistant", "content", text_json(c->text, c->text_bytes)));
-        else json_object_set_new(choice, "text", text_json(c->text, c->text_bytes));
-        if (job->params.return_token_ids) json_object_set_new(choice, "token_ids", token_ids_json(c->tokens, c->n_tokens));
+            json_object_set_new(
+                choice, "message",
+                json_pack("{s:s, s:o}", "role", "assistant", "content", text_json(c->text, c->text_bytes)));
+        else if (echo) {
+            size_t echo_bytes = strlen(echo);
+            char* joined = malloc(echo_bytes + c->text_bytes + 1);
+            if (joined) {
+                memcpy(joined, echo, echo_bytes);
+                memcpy(joined + echo_bytes, c->text ? c->text : "", c->text_bytes);
+                json_object_set_new(choice, "text", text_json(joined, echo_bytes + c->text_bytes));
+            }
+            free(joined);
+        } else
+            json_object_set_new(choice, "text", text_json(c->text, c->text_bytes));
+        if (job->params.return_token_ids)
+            json_object_set_new(choice, "token_ids", token_ids_json(c->tokens, c->n_tokens));
         json_array_append_new(choices, choice);
     }
+    free(echo);
     json_t* body = json_pack("{s:s, s:s, s:I, s:s, s:o, s:o}", "id", job->id, "object",
-                             chat ? "chat.completion" : "text_completion", "created", (json_int_t)job->created,
-                             "model", s->model_name, "choices", choices, "usage", usage_json(job));
+                             chat ? "chat.completion" : "text_completion", "created", (json_int_t)job->created, "model",
+                             s->model_name, "choices", choices, "usage", usage_json(job));
     if (body && job->params.return_token_ids)
         json_object_set_new(body, "prompt_token_ids", token_ids_json(job->params.prompt, job->params.n_prompt));
     return body;
@@ -523,22 +741,22 @@ static json_t* completion_json(server* s, const serve_job* job) {
 // ---- connections -------------------------------------------------------------------------
 
 typedef struct connection_state {
-    char* body;           // (body_capacity) the request body so far
+    char* body; // (body_capacity) the request body so far
     size_t body_bytes;
     size_t body_capacity;
     bool body_too_large;
-    bool answered;        // a response has been queued
+    bool answered; // a response has been queued
 } connection_state;
 
 typedef struct stream_state {
     server* server;
     serve_job* job;
-    int socket;           // the client's socket, to notice it closing while no token comes
-    char* out;            // (out_capacity) SSE bytes not yet handed to MHD
+    int socket; // the client's socket, to notice it closing while no token comes
+    char* out;  // (out_capacity) SSE bytes not yet handed to MHD
     size_t out_bytes;
     size_t out_sent;
     size_t out_capacity;
-    bool done;            // "data: [DONE]" is in out
+    bool done; // "data: [DONE]" is in out
 } stream_state;
 
 // True when the client closed its end (or the socket failed).
@@ -600,8 +818,8 @@ static json_t* chunk_json(server* s, const serve_job* job, json_t* choices) {
 
 // One choice's chunk: text (may be empty) and finish_reason (NULL: null).
 static json_t* choice_chunk(const serve_job* job, int index, const char* text, size_t bytes, const char* role,
-                            const char* finish, const int32_t* ids, int n_ids) {
-    json_t* choice = json_pack("{s:i, s:n}", "index", index, "logprobs");
+                            const char* finish, const int32_t* ids, int n_ids, json_t* logprobs) {
+    json_t* choice = json_pack("{s:i, s:o}", "index", index, "logprobs", logprobs ? logprobs : json_null());
     if (job->params.endpoint == SERVE_CHAT) {
         json_t* delta = json_object();
         if (role) json_object_set_new(delta, "role", json_string(role));
@@ -624,23 +842,32 @@ static int stream_collect(stream_state* st) {
         serve_choice* c = &job->choices[i];
         json_t* choices = json_array();
         if (job->params.endpoint == SERVE_CHAT && !c->role_sent) {
-            json_array_append_new(choices, choice_chunk(job, i, "", 0, "assistant", NULL, NULL, 0));
+            json_array_append_new(choices, choice_chunk(job, i, "", 0, "assistant", NULL, NULL, 0, NULL));
+            c->role_sent = true;
+        }
+        if (job->params.echo && !c->role_sent) {
+            char* echo = prompt_text(s, job);
+            if (echo)
+                json_array_append_new(choices, choice_chunk(job, i, echo, strlen(echo), NULL, NULL, NULL, 0, NULL));
+            free(echo);
             c->role_sent = true;
         }
         bool new_text = c->text_ready > c->text_sent;
         bool new_tokens = c->n_tokens > c->tokens_sent;
-        if (new_text || (new_tokens && job->params.return_token_ids)) {
-            json_array_append_new(choices, choice_chunk(job, i, c->text + c->text_sent, c->text_ready - c->text_sent,
-                                                        NULL, NULL, c->tokens + c->tokens_sent,
-                                                        c->n_tokens - c->tokens_sent));
+        if (new_text || (new_tokens && (job->params.return_token_ids || job->params.logprobs >= 0))) {
+            json_array_append_new(choices,
+                                  choice_chunk(job, i, c->text + c->text_sent, c->text_ready - c->text_sent, NULL, NULL,
+                                               c->tokens + c->tokens_sent, c->n_tokens - c->tokens_sent,
+                                               logprobs_json(s, job, c, c->tokens_sent, c->n_tokens)));
             c->text_sent = c->text_ready;
             c->tokens_sent = c->n_tokens;
         }
         if (c->finish != FINISH_NONE && c->text_sent == c->text_bytes && c->tokens_sent == c->n_tokens &&
             !c->final_sent) {
-            json_array_append_new(choices, job->params.endpoint == SERVE_CHAT
-                                               ? choice_chunk(job, i, NULL, 0, NULL, finish_name(c->finish), NULL, 0)
-                                               : choice_chunk(job, i, "", 0, NULL, finish_name(c->finish), NULL, 0));
+            json_array_append_new(choices,
+                                  job->params.endpoint == SERVE_CHAT
+                                      ? choice_chunk(job, i, NULL, 0, NULL, finish_name(c->finish), NULL, 0, NULL)
+                                      : choice_chunk(job, i, "", 0, NULL, finish_name(c->finish), NULL, 0, NULL));
             c->final_sent = true;
         }
         // One event per chunk, as OpenAI sends them.
@@ -656,7 +883,8 @@ static int stream_collect(stream_state* st) {
     }
     if (job->state == JOB_DONE && !st->done) {
         bool all_final = true;
-        for (int i = 0; i < job->params.n; i++) all_final &= job->choices[i].final_sent;
+        for (int i = 0; i < job->params.n; i++)
+            all_final &= job->choices[i].final_sent;
         if (job->failed) {
             char* text = serve_error_json(&job->error);
             int status = out_append(st, "data: ") || out_append(st, text) || out_append(st, "\n\n");
@@ -725,8 +953,16 @@ static serve_job* job_new(serve_params* params) {
     }
     for (int i = 0; i < job->params.n; i++) {
         job->choices[i].sequence_id = -1;
-        job->choices[i].tokens = malloc((size_t)job->params.max_tokens * sizeof(int32_t));
-        if (!job->choices[i].tokens) {
+        serve_choice* c = &job->choices[i];
+        size_t n = (size_t)job->params.max_tokens;
+        size_t k = job->params.logprobs > 0 ? (size_t)job->params.logprobs : 1;
+        c->tokens = malloc(n * sizeof *c->tokens);
+        if (job->params.logprobs >= 0) {
+            c->token_logprobs = malloc(n * sizeof *c->token_logprobs);
+            c->top_ids = malloc(n * k * sizeof *c->top_ids);
+            c->top_logprobs = malloc(n * k * sizeof *c->top_logprobs);
+        }
+        if (!c->tokens || (job->params.logprobs >= 0 && (!c->token_logprobs || !c->top_ids || !c->top_logprobs))) {
             job_free(job);
             return NULL;
         }
@@ -824,19 +1060,20 @@ static enum MHD_Result handle_generation(server* s, struct MHD_Connection* conne
 }
 
 static enum MHD_Result handle_models(server* s, struct MHD_Connection* connection) {
-    json_t* entry = json_pack("{s:s, s:s, s:I, s:s, s:i}", "id", s->model_name, "object", "model", "created",
-                              (json_int_t)time(NULL), "owned_by", "servelab", "max_model_len", s->limits.context_tokens);
+    json_t* entry =
+        json_pack("{s:s, s:s, s:I, s:s, s:i}", "id", s->model_name, "object", "model", "created",
+                  (json_int_t)time(NULL), "owned_by", "servelab", "max_model_len", s->limits.context_tokens);
     return respond_json(connection, 200, json_pack("{s:s, s:[o]}", "object", "list", "data", entry));
 }
 
 static enum MHD_Result handle_health(server* s, struct MHD_Connection* connection) {
     pthread_mutex_lock(&s->lock);
     const serve_metrics* m = &s->metrics;
-    json_t* body = json_pack("{s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i}", "status",
-                             s->stopping ? "stopping" : "ok", "model", s->model_name, "kv_blocks_total", m->blocks_total,
-                             "kv_blocks_free", m->blocks_free, "kv_blocks_cached", m->blocks_cached, "kv_blocks_used",
-                             m->blocks_used, "sequences_running", m->sequences_running, "sequences_waiting",
-                             m->sequences_waiting, "requests_in_flight", s->n_in_flight, "connections", s->connections);
+    json_t* body = json_pack(
+        "{s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i}", "status", s->stopping ? "stopping" : "ok", "model",
+        s->model_name, "kv_blocks_total", m->blocks_total, "kv_blocks_free", m->blocks_free, "kv_blocks_cached",
+        m->blocks_cached, "kv_blocks_used", m->blocks_used, "sequences_running", m->sequences_running,
+        "sequences_waiting", m->sequences_waiting, "requests_in_flight", s->n_in_flight, "connections", s->connections);
     pthread_mutex_unlock(&s->lock);
     return respond_json(connection, 200, body);
 }
@@ -961,17 +1198,19 @@ static enum MHD_Result tally_header(void* cls, enum MHD_ValueKind kind, const ch
     return MHD_YES;
 }
 
-static enum MHD_Result access_handler(void* cls, struct MHD_Connection* connection, const char* url,
-                                      const char* method, const char* version, const char* upload_data,
-                                      size_t* upload_data_size, void** request_state) {
+static enum MHD_Result access_handler(void* cls, struct MHD_Connection* connection, const char* url, const char* method,
+                                      const char* version, const char* upload_data, size_t* upload_data_size,
+                                      void** request_state) {
     (void)version;
     server* s = cls;
     connection_state* cs = *request_state;
     bool is_post = strcmp(method, "POST") == 0;
     serve_endpoint endpoint = SERVE_COMPLETIONS;
     bool generation = false;
-    if (strcmp(url, "/v1/completions") == 0) generation = true;
-    else if (strcmp(url, "/v1/chat/completions") == 0) generation = true, endpoint = SERVE_CHAT;
+    if (strcmp(url, "/v1/completions") == 0)
+        generation = true;
+    else if (strcmp(url, "/v1/chat/completions") == 0)
+        generation = true, endpoint = SERVE_CHAT;
     if (!cs) { // the first call: headers only
         cs = calloc(1, sizeof *cs);
         if (!cs) return MHD_NO;
@@ -988,7 +1227,8 @@ static enum MHD_Result access_handler(void* cls, struct MHD_Connection* connecti
         if (length && strtoull(length, NULL, 10) > s->config.max_body_bytes) {
             cs->answered = true;
             return respond_fail(s, connection, 413, "invalid_request_error", NULL,
-                                "body: %s bytes, the limit is %zu bytes (--max-body)", length, s->config.max_body_bytes);
+                                "body: %s bytes, the limit is %zu bytes (--max-body)", length,
+                                s->config.max_body_bytes);
         }
         if (!generation || !is_post) {
             cs->answered = true;
@@ -998,8 +1238,8 @@ static enum MHD_Result access_handler(void* cls, struct MHD_Connection* connecti
             if (strcmp(url, "/metrics") == 0 && get) return handle_metrics(s, connection);
             if (generation || strcmp(url, "/health") == 0 || strcmp(url, "/v1/models") == 0 ||
                 strcmp(url, "/metrics") == 0)
-                return respond_fail(s, connection, 405, "invalid_request_error", NULL, "%s: method %s not allowed (use %s)",
-                                    url, method, generation ? "POST" : "GET");
+                return respond_fail(s, connection, 405, "invalid_request_error", NULL,
+                                    "%s: method %s not allowed (use %s)", url, method, generation ? "POST" : "GET");
             return respond_fail(s, connection, 404, "invalid_request_error", NULL,
                                 "%s %s: no such endpoint (POST /v1/completions, POST /v1/chat/completions, GET "
                                 "/v1/models, GET /health, GET /metrics)",
@@ -1075,6 +1315,10 @@ void server_stop(server* s) {
     }
     if (s->daemon) MHD_stop_daemon(s->daemon);
     if (s->engine_ready) engine_free(&s->engine);
+    for (int i = 0; i < s->capture_capacity; i++)
+        free(s->captures[i].row);
+    free(s->captures);
+    free(s->capture_wanted);
     pthread_mutex_destroy(&s->lock);
     pthread_cond_destroy(&s->work);
     pthread_cond_destroy(&s->progress);
@@ -1104,6 +1348,7 @@ int server_start(server** out, const model* m, const tokenizer* tok, const engin
         return -1;
     }
     s->engine_ready = true;
+    engine_set_logits_observer(&s->engine, capture_logits, s);
     measure(s);
 
     struct sockaddr_storage address;

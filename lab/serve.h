@@ -21,15 +21,15 @@
 #include "engine/tokenizer.h"
 
 typedef struct serve_config {
-    const char* host;         // address to listen on (default 127.0.0.1)
-    int port;                 // 0 = any free port (server_port tells which)
-    const char* model_name;   // the name clients give as `model`
-    int max_queue;            // requests in flight (queued or running) at most; more get 429
-    size_t max_body_bytes;    // request bodies at most this; more get 413
-    int read_timeout_s;       // a connection silent this long is closed
-    int max_connections;      // open connections at most
-    int max_header_count;     // headers per request at most; more get 431
-    size_t max_header_bytes;  // bytes of header names and values at most; more get 431
+    const char* host;        // address to listen on (default 127.0.0.1)
+    int port;                // 0 = any free port (server_port tells which)
+    const char* model_name;  // the name clients give as `model`
+    int max_queue;           // requests in flight (queued or running) at most; more get 429
+    size_t max_body_bytes;   // request bodies at most this; more get 413
+    int read_timeout_s;      // a connection silent this long is closed
+    int max_connections;     // open connections at most
+    int max_header_count;    // headers per request at most; more get 431
+    size_t max_header_bytes; // bytes of header names and values at most; more get 431
 } serve_config;
 
 // The defaults: 127.0.0.1:8000, 256 requests in flight, 1 MiB bodies,

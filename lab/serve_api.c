@@ -33,7 +33,8 @@ char* serve_error_json(const serve_error* error) {
 
 void serve_params_free(serve_params* params) {
     free(params->prompt);
-    for (int i = 0; i < params->n_stops; i++) free(params->stops[i]);
+    for (int i = 0; i < params->n_stops; i++)
+        free(params->stops[i]);
     memset(params, 0, sizeof *params);
 }
 
@@ -46,10 +47,14 @@ static int utf8_sequence_length(const unsigned char* text, size_t available) {
     int length;
     uint32_t min_value;
     if (lead < 0x80) return 1;
-    if (lead >= 0xC2 && lead <= 0xDF) length = 2, min_value = 0x80;
-    else if (lead >= 0xE0 && lead <= 0xEF) length = 3, min_value = 0x800;
-    else if (lead >= 0xF0 && lead <= 0xF4) length = 4, min_value = 0x10000;
-    else return 0;
+    if (lead >= 0xC2 && lead <= 0xDF)
+        length = 2, min_value = 0x80;
+    else if (lead >= 0xE0 && lead <= 0xEF)
+        length = 3, min_value = 0x800;
+    else if (lead >= 0xF0 && lead <= 0xF4)
+        length = 4, min_value = 0x10000;
+    else
+        return 0;
     uint32_t value = lead & (0x3F >> (length - 1));
     for (int i = 1; i < length; i++) {
         if ((size_t)i >= available) return -1;
@@ -95,12 +100,15 @@ size_t serve_utf8_complete_prefix(const char* text, size_t length) {
 
 char* serve_chat_prompt_text(const char* const* roles, const char* const* contents, int n_messages) {
     size_t bytes = sizeof "Assistant:";
-    for (int i = 0; i < n_messages; i++) bytes += strlen("Assistant: \n\n") + strlen(contents[i]);
+    for (int i = 0; i < n_messages; i++)
+        bytes += strlen("Assistant: \n\n") + strlen(contents[i]);
     char* text = malloc(bytes);
     if (!text) return NULL;
     size_t n = 0;
     for (int i = 0; i < n_messages; i++) {
-        const char* label = strcmp(roles[i], "system") == 0 ? "System" : strcmp(roles[i], "user") == 0 ? "User" : "Assistant";
+        const char* label = strcmp(roles[i], "system") == 0 ? "System"
+                            : strcmp(roles[i], "user") == 0 ? "User"
+                                                            : "Assistant";
         n += (size_t)sprintf(text + n, "%s: %s\n\n", label, contents[i]);
     }
     memcpy(text + n, "Assistant:", sizeof "Assistant:");
@@ -167,14 +175,45 @@ static int read_bool(json_t* body, const char* field, bool* out, serve_error* er
 // The fields each endpoint knows. Fields OpenAI has but servelab does not
 // implement are accepted only with their neutral value (checked below);
 // any other name is refused, as OpenAI refuses it.
-static const char* const COMPLETION_FIELDS[] = {
-    "model", "prompt", "max_tokens", "temperature", "top_p", "seed", "n", "stop", "stream", "stream_options",
-    "user", "echo", "logprobs", "best_of", "presence_penalty", "frequency_penalty", "logit_bias", "suffix",
-    "return_token_ids", NULL};
-static const char* const CHAT_FIELDS[] = {
-    "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "n", "stop",
-    "stream", "stream_options", "user", "logprobs", "top_logprobs", "presence_penalty", "frequency_penalty",
-    "logit_bias", "return_token_ids", NULL};
+static const char* const COMPLETION_FIELDS[] = {"model",
+                                                "prompt",
+                                                "max_tokens",
+                                                "temperature",
+                                                "top_p",
+                                                "seed",
+                                                "n",
+                                                "stop",
+                                                "stream",
+                                                "stream_options",
+                                                "user",
+                                                "echo",
+                                                "logprobs",
+                                                "best_of",
+                                                "presence_penalty",
+                                                "frequency_penalty",
+                                                "logit_bias",
+                                                "suffix",
+                                                "return_token_ids",
+                                                NULL};
+static const char* const CHAT_FIELDS[] = {"model",
+                                          "messages",
+                                          "max_tokens",
+                                          "max_completion_tokens",
+                                          "temperature",
+                                          "top_p",
+                                          "seed",
+                                          "n",
+                                          "stop",
+                                          "stream",
+                                          "stream_options",
+                                          "user",
+                                          "logprobs",
+                                          "top_logprobs",
+                                          "presence_penalty",
+                                          "frequency_penalty",
+                                          "logit_bias",
+                                          "return_token_ids",
+                                          NULL};
 
 static bool known_field(const char* const* fields, const char* name) {
     for (int i = 0; fields[i]; i++)
@@ -185,13 +224,6 @@ static bool known_field(const char* const* fields, const char* name) {
 // Fields accepted only at their neutral value.
 static int check_unsupported(json_t* body, serve_error* error) {
     json_t* value;
-    if ((value = json_object_get(body, "echo")) && !json_is_null(value) && !json_is_false(value))
-        return serve_fail(error, 400, "invalid_request_error", "echo", "echo: only false is supported by servelab");
-    if ((value = json_object_get(body, "logprobs")) && !json_is_null(value) && !json_is_false(value))
-        return serve_fail(error, 400, "invalid_request_error", "logprobs",
-                          "logprobs: not supported by servelab (give null or leave it out)");
-    if ((value = json_object_get(body, "top_logprobs")) && !json_is_null(value))
-        return serve_fail(error, 400, "invalid_request_error", "top_logprobs", "top_logprobs: not supported by servelab");
     if ((value = json_object_get(body, "suffix")) && !json_is_null(value))
         return serve_fail(error, 400, "invalid_request_error", "suffix", "suffix: not supported by servelab");
     if ((value = json_object_get(body, "best_of")) && !json_is_null(value) &&
@@ -204,11 +236,39 @@ static int check_unsupported(json_t* body, serve_error* error) {
     for (int i = 0; i < 2; i++)
         if ((value = json_object_get(body, PENALTIES[i])) && !json_is_null(value) &&
             !(json_is_number(value) && json_number_value(value) == 0.0))
-            return serve_fail(error, 400, "invalid_request_error", PENALTIES[i],
-                              "%s: only 0 is supported by servelab", PENALTIES[i]);
+            return serve_fail(error, 400, "invalid_request_error", PENALTIES[i], "%s: only 0 is supported by servelab",
+                              PENALTIES[i]);
     if ((value = json_object_get(body, "user")) && !json_is_null(value) && !json_is_string(value))
         return serve_fail(error, 400, "invalid_request_error", "user", "user: expected a string, found %s",
                           json_type_word(value));
+    return 0;
+}
+
+// Completions: logprobs = k (0..5) alternatives; echo (not with logprobs:
+// servelab does not score the prompt). Chat: logprobs true, top_logprobs k (0..20).
+static int read_logprobs(json_t* body, serve_params* params, serve_error* error) {
+    params->logprobs = -1;
+    if (params->endpoint == SERVE_COMPLETIONS) {
+        long long k = -1;
+        if (read_int(body, "logprobs", 0, SERVE_MAX_LOGPROBS_COMPLETIONS, NULL, &k, error)) return -1;
+        params->logprobs = (int)k;
+        if (read_bool(body, "echo", &params->echo, error)) return -1;
+        if (params->echo && params->logprobs >= 0)
+            return serve_fail(error, 400, "invalid_request_error", "echo",
+                              "echo: not supported together with logprobs (servelab does not score the prompt)");
+        return 0;
+    }
+    bool wanted = false;
+    if (read_bool(body, "logprobs", &wanted, error)) return -1;
+    long long k = 0;
+    json_t* top = json_object_get(body, "top_logprobs");
+    if (top && !json_is_null(top)) {
+        if (!wanted)
+            return serve_fail(error, 400, "invalid_request_error", "top_logprobs",
+                              "top_logprobs: only allowed when logprobs is true");
+        if (read_int(body, "top_logprobs", 0, SERVE_MAX_TOP_LOGPROBS, NULL, &k, error)) return -1;
+    }
+    params->logprobs = wanted ? (int)k : -1;
     return 0;
 }
 
@@ -236,8 +296,7 @@ static int read_stops(json_t* body, serve_params* params, serve_error* error) {
         if (memchr(json_string_value(item), '\0', bytes))
             return serve_fail(error, 400, "invalid_request_error", "stop", "stop[%zu]: contains a NUL character", i);
         params->stops[params->n_stops] = strdup(json_string_value(item));
-        if (!params->stops[params->n_stops])
-            return serve_fail(error, 500, "server_error", NULL, "out of memory");
+        if (!params->stops[params->n_stops]) return serve_fail(error, 500, "server_error", NULL, "out of memory");
         params->n_stops++;
     }
     return 0;
@@ -285,7 +344,8 @@ static int read_prompt(json_t* body, const serve_limits* limits, const tokenizer
         return serve_fail(error, 400, "invalid_request_error", "prompt",
                           "prompt: several prompts in one request are not supported by servelab (send one "
                           "request per prompt, or use n)");
-    bool has_bos = json_is_integer(json_array_get(value, 0)) && json_integer_value(json_array_get(value, 0)) == TOK_BOS_ID;
+    bool has_bos =
+        json_is_integer(json_array_get(value, 0)) && json_integer_value(json_array_get(value, 0)) == TOK_BOS_ID;
     size_t n_total = count + (has_bos ? 0 : 1);
     if (n_total >= (size_t)limits->context_tokens)
         return serve_fail(error, 400, "invalid_request_error", "prompt",
@@ -299,8 +359,8 @@ static int read_prompt(json_t* body, const serve_limits* limits, const tokenizer
     for (size_t i = 0; i < count; i++) {
         json_t* item = json_array_get(value, i);
         if (!json_is_integer(item))
-            return serve_fail(error, 400, "invalid_request_error", "prompt", "prompt[%zu]: expected a token id, found %s",
-                              i, json_type_word(item));
+            return serve_fail(error, 400, "invalid_request_error", "prompt",
+                              "prompt[%zu]: expected a token id, found %s", i, json_type_word(item));
         long long id = json_integer_value(item);
         if (id < 0 || id >= limits->vocab_size)
             return serve_fail(error, 400, "invalid_request_error", "prompt",
@@ -331,8 +391,8 @@ static int read_messages(json_t* body, const serve_limits* limits, const tokeniz
     for (size_t i = 0; i < count && status == 0; i++) {
         json_t* message = json_array_get(messages, i);
         if (!json_is_object(message)) {
-            status = serve_fail(error, 400, "invalid_request_error", "messages", "messages[%zu]: expected an object, found %s",
-                                i, json_type_word(message));
+            status = serve_fail(error, 400, "invalid_request_error", "messages",
+                                "messages[%zu]: expected an object, found %s", i, json_type_word(message));
             break;
         }
         json_t* role = json_object_get(message, "role");
@@ -357,8 +417,9 @@ static int read_messages(json_t* body, const serve_limits* limits, const tokeniz
                 json_t* type = json_object_get(part, "type");
                 if (!json_is_object(part) || !json_is_string(type) || strcmp(json_string_value(type), "text") ||
                     !json_is_string(text)) {
-                    status = serve_fail(error, 400, "invalid_request_error", "messages",
-                                        "messages[%zu].content[%zu]: expected {\"type\": \"text\", \"text\": ...}", i, k);
+                    status =
+                        serve_fail(error, 400, "invalid_request_error", "messages",
+                                   "messages[%zu].content[%zu]: expected {\"type\": \"text\", \"text\": ...}", i, k);
                     break;
                 }
                 bytes += json_string_length(text);
@@ -380,13 +441,15 @@ static int read_messages(json_t* body, const serve_limits* limits, const tokeniz
     }
     if (status == 0) {
         char* text = serve_chat_prompt_text(roles, contents, (int)count);
-        if (!text) status = serve_fail(error, 500, "server_error", NULL, "out of memory");
+        if (!text)
+            status = serve_fail(error, 500, "server_error", NULL, "out of memory");
         else {
             status = encode_prompt("messages", text, strlen(text), limits, tok, params, error);
             free(text);
         }
     }
-    for (size_t i = 0; i < count; i++) free(joined[i]);
+    for (size_t i = 0; i < count; i++)
+        free(joined[i]);
     return status;
 }
 
@@ -436,8 +499,8 @@ int serve_parse_request(serve_endpoint endpoint, const char* body_text, size_t b
     // OpenAI's default is 16 for completions; a chat may use the rest of the context.
     long long max_tokens = endpoint == SERVE_CHAT ? room : (room < 16 ? room : 16);
     char limit_note[160];
-    snprintf(limit_note, sizeof limit_note,
-             " (the model's context is %d tokens and the prompt has %d)", limits->context_tokens, params->n_prompt);
+    snprintf(limit_note, sizeof limit_note, " (the model's context is %d tokens and the prompt has %d)",
+             limits->context_tokens, params->n_prompt);
     const char* max_field = endpoint == SERVE_CHAT && json_object_get(body, "max_completion_tokens") &&
                                     !json_is_null(json_object_get(body, "max_completion_tokens"))
                                 ? "max_completion_tokens"
@@ -473,8 +536,8 @@ int serve_parse_request(serve_endpoint endpoint, const char* body_text, size_t b
             goto done;
         }
         if (!json_is_object(options)) {
-            serve_fail(error, 400, "invalid_request_error", "stream_options", "stream_options: expected an object, found %s",
-                       json_type_word(options));
+            serve_fail(error, 400, "invalid_request_error", "stream_options",
+                       "stream_options: expected an object, found %s", json_type_word(options));
             goto done;
         }
         json_object_foreach(options, key, value) {
@@ -487,6 +550,7 @@ int serve_parse_request(serve_endpoint endpoint, const char* body_text, size_t b
         if (read_bool(options, "include_usage", &params->include_usage, error)) goto done;
     }
     if (read_stops(body, params, error)) goto done;
+    if (read_logprobs(body, params, error)) goto done;
     status = 0;
 done:
     json_decref(body);

@@ -12,9 +12,11 @@
 
 #include "engine/tokenizer.h"
 
-#define SERVE_MAX_STOPS 4          // OpenAI's limit on `stop` sequences
-#define SERVE_MAX_STOP_BYTES 128   // each stop string; longer ones are refused
-#define SERVE_MAX_MESSAGES 256     // chat messages per request
+#define SERVE_MAX_STOPS 4                // OpenAI's limit on `stop` sequences
+#define SERVE_MAX_STOP_BYTES 128         // each stop string; longer ones are refused
+#define SERVE_MAX_MESSAGES 256           // chat messages per request
+#define SERVE_MAX_LOGPROBS_COMPLETIONS 5 // OpenAI's limit on completions' `logprobs`
+#define SERVE_MAX_TOP_LOGPROBS 20        // OpenAI's limit on chat's `top_logprobs`
 
 typedef enum serve_endpoint { SERVE_COMPLETIONS = 0, SERVE_CHAT = 1 } serve_endpoint;
 
@@ -22,33 +24,35 @@ typedef enum serve_endpoint { SERVE_COMPLETIONS = 0, SERVE_CHAT = 1 } serve_endp
 typedef struct serve_limits {
     const char* model_name; // the one model served (`model` must name it)
     int vocab_size;
-    int context_tokens;     // the model's max_seq_len: prompt + max_tokens at most this
-    int max_n;              // samples per request at most (the engine's --max-seqs)
+    int context_tokens; // the model's max_seq_len: prompt + max_tokens at most this
+    int max_n;          // samples per request at most (the engine's --max-seqs)
 } serve_limits;
 
 // A checked request.
 typedef struct serve_params {
     serve_endpoint endpoint;
-    int32_t* prompt;        // (n_prompt) token ids, BOS first (malloc'ed; serve_params_free)
+    int32_t* prompt; // (n_prompt) token ids, BOS first (malloc'ed; serve_params_free)
     int n_prompt;
     int max_tokens;
     int n;
-    float temperature;      // 0 = greedy
-    float top_p;            // 1 = off
+    float temperature; // 0 = greedy
+    float top_p;       // 1 = off
     uint64_t seed;
     bool seed_given;
     bool stream;
-    bool include_usage;     // stream_options.include_usage
-    bool return_token_ids;  // vLLM's extension: token ids beside the text
+    bool include_usage;           // stream_options.include_usage
+    bool return_token_ids;        // vLLM's extension: token ids beside the text
+    int logprobs;                 // -1: none; else the sampled token's logprob and this many alternatives
+    bool echo;                    // completions: the prompt's text before the completion
     char* stops[SERVE_MAX_STOPS]; // (n_stops) malloc'ed
     int n_stops;
 } serve_params;
 
 // An OpenAI-style error: {"error": {"message", "type", "param", "code"}}.
 typedef struct serve_error {
-    int http_status;        // 400, 404, 413, 429, ...
-    const char* type;       // "invalid_request_error", "rate_limit_error", ...
-    char param[64];         // the field at fault, "" when none
+    int http_status;  // 400, 404, 413, 429, ...
+    const char* type; // "invalid_request_error", "rate_limit_error", ...
+    char param[64];   // the field at fault, "" when none
     char message[512];
 } serve_error;
 

@@ -24,6 +24,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <jansson.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
@@ -105,7 +106,8 @@ static void server_stop_checked(test_server* ts) {
     int status = 0;
     double deadline = now_s() + 20.0;
     pid_t done = 0;
-    while ((done = waitpid(ts->pid, &status, WNOHANG)) == 0 && now_s() < deadline) test_sleep_ms(20);
+    while ((done = waitpid(ts->pid, &status, WNOHANG)) == 0 && now_s() < deadline)
+        test_sleep_ms(20);
     if (done == 0) {
         kill(ts->pid, SIGKILL);
         waitpid(ts->pid, NULL, 0);
@@ -146,9 +148,9 @@ static bool send_all(int fd, const char* bytes, size_t n) {
 }
 
 typedef struct http_reply {
-    int status;     // 0 when no status line came
-    char* raw;      // everything received (malloc'ed)
-    char* body;     // into raw: after the blank line, de-chunked
+    int status; // 0 when no status line came
+    char* raw;  // everything received (malloc'ed)
+    char* body; // into raw: after the blank line, de-chunked
     bool timed_out;
 } http_reply;
 
@@ -188,7 +190,8 @@ static http_reply read_reply(int fd) {
     sscanf(r.raw, "HTTP/1.%*d %d", &r.status);
     char* blank = strstr(r.raw, "\r\n\r\n");
     r.body = blank ? blank + 4 : r.raw + n;
-    if (blank && strcasestr(r.raw, "transfer-encoding: chunked") && strcasestr(r.raw, "transfer-encoding: chunked") < blank)
+    if (blank && strcasestr(r.raw, "transfer-encoding: chunked") &&
+        strcasestr(r.raw, "transfer-encoding: chunked") < blank)
         dechunk(r.body);
     return r;
 }
@@ -242,8 +245,8 @@ typedef struct stream_result {
     char finish[16];
     int usage_completion;
     int n_events;
-    bool done_seen;      // "data: [DONE]" last
-    bool framing_ok;     // every event "data: {json}\n\n", finish only on the last chunk of the choice
+    bool done_seen;  // "data: [DONE]" last
+    bool framing_ok; // every event "data: {json}\n\n", finish only on the last chunk of the choice
     char problem[256];
 } stream_result;
 
@@ -324,8 +327,8 @@ typedef struct reference {
     int max_tokens;
     int32_t ids[1024];
     int n_ids;
-    char text[8192];    // the completion's text: generate's line without the prompt's pieces
-    char* full_output;  // generate's stdout (prompt pieces + completion + "\n")
+    char text[8192];   // the completion's text: generate's line without the prompt's pieces
+    char* full_output; // generate's stdout (prompt pieces + completion + "\n")
 } reference;
 
 static void reference_make(reference* ref, const char* model_path) {
@@ -429,6 +432,30 @@ static double metric_value(int port, const char* prefix) {
     return value;
 }
 
+// ---- test: the command line ---------------------------------------------------------------
+
+static void test_help_and_bad_flags(void** state) {
+    (void)state;
+    command_result r = run_servelab("serve --help");
+    assert_int_equal(r.exit_status, 0);
+    assert_non_null(strstr(r.out, "POST /v1/chat/completions"));
+    assert_non_null(strstr(r.out, "--max-queue"));
+    assert_non_null(strstr(r.out, "--kv-mem")); // the engine's options
+    free_result(&r);
+    r = run_servelab("serve --port 70000");
+    assert_int_equal(r.exit_status, 2);
+    assert_non_null(strstr(r.err, "--port"));
+    free_result(&r);
+    r = run_servelab("serve --host example.com --model tiny");
+    assert_int_equal(r.exit_status, 1);
+    assert_non_null(strstr(r.err, "numeric"));
+    free_result(&r);
+    r = run_servelab("serve --bogus");
+    assert_int_equal(r.exit_status, 2);
+    assert_non_null(strstr(r.err, "unknown option '--bogus'"));
+    free_result(&r);
+}
+
 // ---- test: the endpoints -------------------------------------------------------------------------
 
 static void test_endpoints_and_stream_framing(void** state) {
@@ -516,6 +543,92 @@ static void test_endpoints_and_stream_framing(void** state) {
     json_decref(body);
     reply_free(&r);
 
+    // logprobs: the first forward pass (BOS alone) against llama2.c's logits
+    // in stories260K.bos-logits: the sampled token and the 5 likeliest.
+    char logits_path[512];
+    REQUIRE_SHARED_MODEL(logits_path, "stories260K.bos-logits");
+    FILE* f = fopen(logits_path, "r");
+    assert_non_null(f);
+    double logits[512], max_logit = -1e30, total = 0.0;
+    for (int i = 0; i < 512; i++) {
+        assert_int_equal(fscanf(f, "%lf", &logits[i]), 1);
+        if (logits[i] > max_logit) max_logit = logits[i];
+    }
+    fclose(f);
+    for (int i = 0; i < 512; i++)
+        total += exp(logits[i] - max_logit);
+    double reference_top[5];
+    int argmax = 0;
+    for (int j = 0; j < 5; j++) {
+        int best = -1;
+        for (int i = 0; i < 512; i++) {
+            bool taken = false;
+            for (int k = 0; k < j; k++)
+                taken |= logits[i] - max_logit - log(total) == reference_top[k];
+            if (!taken && (best < 0 || logits[i] > logits[best])) best = i;
+        }
+        if (j == 0) argmax = best;
+        reference_top[j] = logits[best] - max_logit - log(total);
+    }
+    r = http_post(ts.port, "/v1/completions",
+                  "{\"model\":\"stories260K\",\"prompt\":[1],\"max_tokens\":1,\"temperature\":0,\"logprobs\":5,"
+                  "\"return_token_ids\":true}");
+    assert_int_equal(r.status, 200);
+    body = reply_json(&r);
+    choice = json_array_get(json_object_get(body, "choices"), 0);
+    assert_int_equal(json_integer_value(json_array_get(json_object_get(choice, "token_ids"), 0)), argmax);
+    json_t* logprobs = json_object_get(choice, "logprobs");
+    double sampled = json_number_value(json_array_get(json_object_get(logprobs, "token_logprobs"), 0));
+    if (fabs(sampled - reference_top[0]) > 1e-4) fail_msg("logprob %.6f, llama2.c's %.6f", sampled, reference_top[0]);
+    json_t* top = json_array_get(json_object_get(logprobs, "top_logprobs"), 0);
+    double values[5];
+    size_t n_top = 0;
+    const char* key;
+    json_t* value;
+    json_object_foreach(top, key, value) if (n_top < 5) values[n_top++] = json_number_value(value);
+    assert_true(n_top >= 4); // two ids may print alike; the likelier one stays
+    for (size_t j = 0; j < n_top; j++) {
+        bool found = false;
+        for (int k = 0; k < 5; k++)
+            found |= fabs(values[j] - reference_top[k]) < 1e-4;
+        if (!found) fail_msg("top logprob %.6f is not among llama2.c's 5 likeliest", values[j]);
+    }
+    json_decref(body);
+    reply_free(&r);
+
+    // Chat logprobs: content[i].token, logprob, bytes, top_logprobs.
+    r = http_post(ts.port, "/v1/chat/completions",
+                  "{\"model\":\"stories260K\",\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],"
+                  "\"max_tokens\":3,\"temperature\":0,\"logprobs\":true,\"top_logprobs\":3}");
+    assert_int_equal(r.status, 200);
+    body = reply_json(&r);
+    json_t* content =
+        json_object_get(json_object_get(json_array_get(json_object_get(body, "choices"), 0), "logprobs"), "content");
+    assert_int_equal(json_array_size(content), 3);
+    for (size_t i = 0; i < 3; i++) {
+        json_t* entry = json_array_get(content, i);
+        json_t* alternatives = json_object_get(entry, "top_logprobs");
+        assert_int_equal(json_array_size(alternatives), 3);
+        // Greedy: the sampled token is the likeliest.
+        assert_true(json_number_value(json_object_get(entry, "logprob")) ==
+                    json_number_value(json_object_get(json_array_get(alternatives, 0), "logprob")));
+        assert_true(json_number_value(json_object_get(entry, "logprob")) <= 0.0);
+        assert_true(json_is_array(json_object_get(entry, "bytes")));
+    }
+    json_decref(body);
+    reply_free(&r);
+
+    // echo: the prompt's text before the completion.
+    r = http_post(ts.port, "/v1/completions",
+                  "{\"model\":\"stories260K\",\"prompt\":\"Once upon a time\",\"max_tokens\":3,\"temperature\":0,"
+                  "\"echo\":true}");
+    assert_int_equal(r.status, 200);
+    body = reply_json(&r);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(json_object_get(body, "choices"), 0), "text")),
+                        "Once upon a time, there was");
+    json_decref(body);
+    reply_free(&r);
+
     r = http_get(ts.port, "/nowhere");
     assert_int_equal(r.status, 404);
     assert_non_null(strstr(r.body, "\"error\""));
@@ -526,16 +639,21 @@ static void test_endpoints_and_stream_framing(void** state) {
 
     r = http_get(ts.port, "/metrics");
     assert_int_equal(r.status, 200);
-    static const char* const METRICS[] = {
-        "vllm:num_requests_running{", "vllm:num_requests_waiting{", "vllm:gpu_cache_usage_perc{",
-        "vllm:prefix_cache_hits_total{", "vllm:prefix_cache_queries_total{", "vllm:num_preemptions_total{",
-        "vllm:prompt_tokens_total{", "vllm:generation_tokens_total{",
-        "vllm:time_to_first_token_seconds_bucket{", "vllm:time_per_output_token_seconds_count{",
-        "vllm:e2e_request_latency_seconds_sum{"};
+    static const char* const METRICS[] = {"vllm:num_requests_running{",
+                                          "vllm:num_requests_waiting{",
+                                          "vllm:gpu_cache_usage_perc{",
+                                          "vllm:prefix_cache_hits_total{",
+                                          "vllm:prefix_cache_queries_total{",
+                                          "vllm:num_preemptions_total{",
+                                          "vllm:prompt_tokens_total{",
+                                          "vllm:generation_tokens_total{",
+                                          "vllm:time_to_first_token_seconds_bucket{",
+                                          "vllm:time_per_output_token_seconds_count{",
+                                          "vllm:e2e_request_latency_seconds_sum{"};
     for (size_t i = 0; i < sizeof METRICS / sizeof METRICS[0]; i++)
         if (!strstr(r.body, METRICS[i])) fail_msg("/metrics lacks %s:\n%s", METRICS[i], r.body);
-    // Five requests finished: two of 12 tokens, the stop, the chat, the n = 3.
-    assert_non_null(strstr(r.body, "vllm:e2e_request_latency_seconds_count{model_name=\"stories260K\"} 5"));
+    // Eight requests finished: two of 12 tokens, the stop, the chat, the n = 3, logprobs twice, echo.
+    assert_non_null(strstr(r.body, "vllm:e2e_request_latency_seconds_count{model_name=\"stories260K\"} 8"));
     reply_free(&r);
     free(s);
     server_stop_checked(&ts);
@@ -573,7 +691,7 @@ static void* stream_worker_main(void* arg) {
 
 typedef struct bad_case {
     const char* name;
-    const char* body;     // JSON body (NULL: raw below)
+    const char* body; // JSON body (NULL: raw below)
     int status;
     const char* param;    // expected error.param, or NULL
     const char* mentions; // a substring of error.message (the limit)
@@ -604,7 +722,8 @@ static void test_bad_input_while_streaming(void** state) {
     reference_make(&ref, ts.model);
 
     char long_ids[8192] = "{\"model\":\"stories260K\",\"prompt\":[";
-    for (int i = 0; i < 600; i++) strcat(long_ids, i ? ",300" : "300");
+    for (int i = 0; i < 600; i++)
+        strcat(long_ids, i ? ",300" : "300");
     strcat(long_ids, "]}");
     const bad_case CASES[] = {
         {"malformed JSON", "{\"model\": \"stories260K\", \"prompt\": ", 400, NULL, "not valid JSON"},
@@ -615,7 +734,8 @@ static void test_bad_input_while_streaming(void** state) {
         {"unknown field", "{\"model\":\"stories260K\",\"prompt\":\"Hi\",\"temprature\":0}", 400, "temprature",
          "Unrecognized request argument"},
         {"prompt too long", long_ids, 400, "prompt", "context is 512"},
-        {"max_tokens 0", "{\"model\":\"stories260K\",\"prompt\":\"Hi\",\"max_tokens\":0}", 400, "max_tokens", "context is 512"},
+        {"max_tokens 0", "{\"model\":\"stories260K\",\"prompt\":\"Hi\",\"max_tokens\":0}", 400, "max_tokens",
+         "context is 512"},
         {"max_tokens too large", "{\"model\":\"stories260K\",\"prompt\":\"Hi\",\"max_tokens\":100000}", 400,
          "max_tokens", "context is 512"},
         {"n too large", "{\"model\":\"stories260K\",\"prompt\":\"Hi\",\"n\":100000}", 400, "n", "1..128"},
@@ -625,6 +745,14 @@ static void test_bad_input_while_streaming(void** state) {
          "0..511"},
         {"unknown model", "{\"model\":\"gpt-4\",\"prompt\":\"Hi\"}", 404, "model", "stories260K"},
         {"chat without messages", "{\"model\":\"stories260K\"}", 400, "messages", "required"},
+        {"logprobs too large", "{\"model\":\"stories260K\",\"prompt\":\"Hi\",\"logprobs\":6}", 400, "logprobs", "0..5"},
+        {"stop of the wrong type", "{\"model\":\"stories260K\",\"prompt\":\"Hi\",\"stop\":[1]}", 400, "stop",
+         "expected a string"},
+        {"five stop strings", "{\"model\":\"stories260K\",\"prompt\":\"Hi\",\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}",
+         400, "stop", "at most 4"},
+        {"top_p 0", "{\"model\":\"stories260K\",\"prompt\":\"Hi\",\"top_p\":0}", 400, "top_p", "greater than 0"},
+        {"stream not a boolean", "{\"model\":\"stories260K\",\"prompt\":\"Hi\",\"stream\":\"yes\"}", 400, "stream",
+         "expected a boolean"},
     };
     volatile bool stop = false;
     stream_worker workers[3];
@@ -637,23 +765,24 @@ static void test_bad_input_while_streaming(void** state) {
     for (int round = 0; round < 3; round++) {
         for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
             const bad_case* c = &CASES[i];
-            http_reply r = http_post(ts.port, strcmp(c->name, "chat without messages") == 0 ? "/v1/chat/completions"
-                                                                                             : "/v1/completions",
-                                     c->body);
+            http_reply r = http_post(
+                ts.port, strncmp(c->name, "chat", 4) == 0 ? "/v1/chat/completions" : "/v1/completions", c->body);
             check_error_reply(c, &r);
             reply_free(&r);
         }
         // A body over the limit: refused from its Content-Length, before it is read.
-        int n = snprintf(big, 2u << 20,
-                         "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 2000000\r\n\r\n{");
+        int n = snprintf(
+            big, 2u << 20,
+            "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 2000000\r\n\r\n{");
         http_reply r = http_raw(ts.port, big, (size_t)n);
         check_error_reply(&(bad_case){"body over the limit", NULL, 413, NULL, "1048576"}, &r);
         reply_free(&r);
         // The same without Content-Length (chunked): read to its end, then refused.
-        n = snprintf(big, 2u << 20,
-                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n"
-                     "%x\r\n",
-                     1500000);
+        n = snprintf(
+            big, 2u << 20,
+            "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n"
+            "%x\r\n",
+            1500000);
         memset(big + n, 'a', 1500000);
         n += 1500000;
         n += sprintf(big + n, "\r\n0\r\n\r\n");
@@ -662,7 +791,8 @@ static void test_bad_input_while_streaming(void** state) {
         reply_free(&r);
         // A header flood: 150 headers.
         n = sprintf(big, "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n");
-        for (int k = 0; k < 150; k++) n += sprintf(big + n, "X-Flood-%d: %d\r\n", k, k);
+        for (int k = 0; k < 150; k++)
+            n += sprintf(big + n, "X-Flood-%d: %d\r\n", k, k);
         n += sprintf(big + n, "\r\n");
         r = http_raw(ts.port, big, (size_t)n);
         check_error_reply(&(bad_case){"header flood", NULL, 431, NULL, "100 headers"}, &r);
@@ -698,7 +828,8 @@ static void test_bad_input_while_streaming(void** state) {
         json_t* ok = reply_json(&r);
         json_t* ids = json_object_get(json_array_get(json_object_get(ok, "choices"), 0), "token_ids");
         assert_int_equal(json_array_size(ids), 20);
-        for (int k = 0; k < 20; k++) assert_int_equal(json_integer_value(json_array_get(ids, (size_t)k)), ref.ids[k]);
+        for (int k = 0; k < 20; k++)
+            assert_int_equal(json_integer_value(json_array_get(ids, (size_t)k)), ref.ids[k]);
         json_decref(ok);
         reply_free(&r);
     }
@@ -750,7 +881,8 @@ static double run_exactness(const char* server_args) {
         {.prompt = "Lily and Ben went to the park", .max_tokens = 150},
         {.prompt = "One day, a big red ball", .max_tokens = 80},
     };
-    for (int i = 0; i < 4; i++) reference_make(&refs[i], ts.model);
+    for (int i = 0; i < 4; i++)
+        reference_make(&refs[i], ts.model);
 
     // One client, not streaming: token for token and text for text.
     for (int i = 0; i < 4; i++) {
@@ -763,7 +895,8 @@ static double run_exactness(const char* server_args) {
         json_t* ids = json_object_get(choice, "token_ids");
         int32_t got[1024];
         int n = (int)json_array_size(ids);
-        for (int k = 0; k < n && k < 1024; k++) got[k] = (int32_t)json_integer_value(json_array_get(ids, (size_t)k));
+        for (int k = 0; k < n && k < 1024; k++)
+            got[k] = (int32_t)json_integer_value(json_array_get(ids, (size_t)k));
         assert_ids_match(&refs[i], got, n, "1 client");
         assert_text_matches(&refs[i], json_string_value(json_object_get(choice, "text")), "1 client");
         json_decref(reply);
@@ -779,7 +912,8 @@ static double run_exactness(const char* server_args) {
         workers[i] = (exact_worker){.port = ts.port, .ref = &refs[i % 4]};
         pthread_create(&threads[i], NULL, exact_worker_main, &workers[i]);
     }
-    for (int i = 0; i < 32; i++) pthread_join(threads[i], NULL);
+    for (int i = 0; i < 32; i++)
+        pthread_join(threads[i], NULL);
     for (int i = 0; i < 32; i++) {
         char who[64];
         snprintf(who, sizeof who, "client %d of 32", i);
@@ -798,7 +932,8 @@ static double run_exactness(const char* server_args) {
     assert_true(per_step > 4.0);
     double preemptions = metric_value(ts.port, "vllm:num_preemptions_total{model_name=\"stories260K\"} ");
     free(workers);
-    for (int i = 0; i < 4; i++) free(refs[i].full_output);
+    for (int i = 0; i < 4; i++)
+        free(refs[i].full_output);
     server_stop_checked(&ts);
     return preemptions;
 }
@@ -841,8 +976,10 @@ static void* quitter_main(void* arg) {
                      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", n, body);
     // Where it gives up: mid-headers, mid-body, right after sending, or after reading some of the answer.
     int mode = (int)(rand_r(&q->seed) % 4);
-    if (mode == 0) send_all(fd, request, (size_t)(m / 2));
-    else send_all(fd, request, (size_t)m);
+    if (mode == 0)
+        send_all(fd, request, (size_t)(m / 2));
+    else
+        send_all(fd, request, (size_t)m);
     if (mode >= 2) {
         int want = mode == 2 ? 0 : 1 + (int)(rand_r(&q->seed) % 3000);
         char buffer[512];
@@ -869,13 +1006,15 @@ static void test_100_disconnecting_clients_leave_the_pool_free(void** state) {
         quitters[i] = (quitter){.port = ts.port, .seed = 1234u + (unsigned)i};
         pthread_create(&threads[i], NULL, quitter_main, &quitters[i]);
     }
-    for (int i = 0; i < 100; i++) pthread_join(threads[i], NULL);
+    for (int i = 0; i < 100; i++)
+        pthread_join(threads[i], NULL);
     double start = now_s();
     health h = wait_idle(ts.port, 15.0);
     if (h.in_flight != 0 || h.blocks_used != 0 || h.running != 0 || h.waiting != 0 ||
         h.blocks_free + h.blocks_cached != h.blocks_total)
-        fail_msg("after 100 disconnects: %d in flight, %d running, %d waiting, blocks %d used, %d free, %d cached of %d",
-                 h.in_flight, h.running, h.waiting, h.blocks_used, h.blocks_free, h.blocks_cached, h.blocks_total);
+        fail_msg(
+            "after 100 disconnects: %d in flight, %d running, %d waiting, blocks %d used, %d free, %d cached of %d",
+            h.in_flight, h.running, h.waiting, h.blocks_used, h.blocks_free, h.blocks_cached, h.blocks_total);
     print_message("100 disconnects: pool all free (%d free + %d cached of %d) %.2f s after the last\n", h.blocks_free,
                   h.blocks_cached, h.blocks_total, now_s() - start);
     // Cancelled, not run to the end: fewer tokens than the clients asked for.
@@ -905,8 +1044,8 @@ static void test_disconnect_mid_stream_frees_blocks(void** state) {
     int fd = connect_to(ts.port, 20);
     char* body = completion_body("Once upon a time", 500, true);
     char request[1024];
-    int n = snprintf(request, sizeof request, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n%s",
-                     strlen(body), body);
+    int n = snprintf(request, sizeof request,
+                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n%s", strlen(body), body);
     free(body);
     send_all(fd, request, (size_t)n);
     char buffer[256];
@@ -934,13 +1073,14 @@ static void test_full_queue_answers_429(void** state) {
     int fd = connect_to(ts.port, 20);
     char* body = completion_body("Once upon a time", 500, true);
     char request[1024];
-    int n = snprintf(request, sizeof request, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n%s",
-                     strlen(body), body);
+    int n = snprintf(request, sizeof request,
+                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n%s", strlen(body), body);
     free(body);
     send_all(fd, request, (size_t)n);
     char buffer[256];
     assert_true(recv(fd, buffer, sizeof buffer, 0) > 0); // in flight now; we stop reading
-    http_reply r = http_post(ts.port, "/v1/completions", "{\"model\":\"stories260K\",\"prompt\":\"Hi\",\"max_tokens\":4}");
+    http_reply r =
+        http_post(ts.port, "/v1/completions", "{\"model\":\"stories260K\",\"prompt\":\"Hi\",\"max_tokens\":4}");
     check_error_reply(&(bad_case){"queue full", NULL, 429, NULL, "--max-queue"}, &r);
     reply_free(&r);
     close(fd);
@@ -955,6 +1095,7 @@ int main(void) {
     signal(SIGPIPE, SIG_IGN);
     alarm(600); // a hung test dies (and its servers with it) rather than hanging the suite
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_help_and_bad_flags),
         cmocka_unit_test(test_endpoints_and_stream_framing),
         cmocka_unit_test(test_bad_input_while_streaming),
         cmocka_unit_test(test_greedy_equals_generate_with_1_and_32_clients),
