@@ -81,7 +81,7 @@ lab.check{
     claim = "decode is memory-bound and prefill compute-bound (intensity against the ridge point)",
     bank_answer = true,
     verdict = verdict,
-    breaks_with = {"unbatched-decode", "weight-count-doubled", "flops-allocated"},
+    breaks_with = {"unbatched-decode", "weight-count-doubled", "flops-allocated", "skip-last-block"},
     evidence = string.format("%s: %s decode %.2f FLOP/B, prefill of %d tokens %.1f FLOP/B, ridge %.1f; prefill does %.1f "
         .. "matmul FLOP per weight byte, decode %.2f (x%.0f for %d rows); per token decode %.2f ms vs prefill %.3f ms CPU "
         .. "(x%.1f); counts against the shapes: weights per decode step x%.3f of the model's %.2f MiB, attention FLOPs "
