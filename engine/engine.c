@@ -475,6 +475,7 @@ static void record_tensor_parallel(const engine* e, step_record* r) {
 // and a prompt's tokens no longer share a weight read. Rows run in batch
 // order, so every earlier position of a sequence is cached before a row
 // attends to it, and the logits come out in the batched call's order.
+// CPU backend only: --backend cuda runs its batch whole under every fault.
 static int forward_row_by_row(engine* e, kv_memory* memory, const forward_batch* batch, step_record* r,
                               error_info* err) {
     forward_state* f = &e->forward;
