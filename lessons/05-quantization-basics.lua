@@ -99,11 +99,11 @@ lab.check{
     breaks_with = {"round-floor", "sym-scale-full-range", "zero-point-plus"},
     verdict = a_largest == s_expected / 2 and a_halfway and a_elsewhere < s_expected / 2
         and s_largest == s_expected / 2 and s_halfway and s_elsewhere < s_expected / 2,
-    evidence = string.format("largest error %g = s/2 of s = %g, at every halfway point and only there: %s; "
-        .. "next largest %g (asymmetric [-1, 2.75], %d values, quantizer's s = %g); symmetric [-1.75, 1.75]: largest %g, "
-        .. "every halfway point %s, elsewhere at most %g (s = %g)",
-        a_largest, s_expected, tostring(a_halfway), a_elsewhere, #sweep, asym.s, s_largest, tostring(s_halfway),
-        s_elsewhere, sym.s),
+    evidence = string.format("asymmetric [-1, 2.75] (s = 0.25, quantizer's s = %g), %d values: largest error %g "
+        .. "against s/2 = %g, reached at every halfway point: %s, elsewhere at most %g; symmetric [-1.75, 1.75] (quantizer's "
+        .. "s = %g): largest %g, at every halfway point: %s, elsewhere at most %g",
+        asym.s, #sweep, a_largest, s_expected / 2, tostring(a_halfway), a_elsewhere, sym.s, s_largest, tostring(s_halfway),
+        s_elsewhere),
 }
 
 -- edge3, edge4: far outside the same range [-1, 2.75], s = 0.25, z = 4. The
@@ -147,7 +147,7 @@ lab.check{
     breaks_with = {"round-floor", "wrap-not-clip", "zero-point-plus"},
     verdict = real.within_half_step and edge.r_hat[1] == 2.75 and clipped.mse < real.mse,
     evidence = string.format("%s 4-bit: every in-range error <= s/2: %s (max %.4f, s/2 = %.4f); 4.1 on [-1, 2.75] "
-        .. "saturates to %g (error %.2f) where the wrapped code %d would give %g (error %.2f); a clipped range: MSE %.3g vs "
+        .. "decodes to %g (error %.2f; saturating gives 2.75) where the wrapped code %d would give %g (error %.2f); a clipped range: MSE %.3g vs "
         .. "%.3g, %d values clipped",
         tensor, tostring(real.within_half_step), real.max_error, real.s / 2, edge.r_hat[1], math.abs(4.1 - edge.r_hat[1]),
         wrapped_code, wrapped, math.abs(4.1 - wrapped), clipped.mse, real.mse, clipped.clipped),
@@ -177,11 +177,12 @@ lab.check{
     measure = function()
         local centred_ratio, lopsided_ratio = c_sym.mse / c_asym.mse, l_sym.mse / l_asym.mse
         local saved = b_asym.packed_bytes - b_sym.packed_bytes
-        local evidence = string.format("not strictly worse: on zero-centred values the same MSE (sym %.3g vs asym %.3g, "
+        local evidence = string.format("%s: on zero-centred values MSE sym %.3g vs asym %.3g ("
             .. "x%.3f; 255 vs 256 levels predict x1.008), and %d fewer bytes packed (4-bit g64 %s: %d vs %d, one zero-point "
             .. "byte for each of the %d groups); worse only on lopsided values (x%.2f; half the levels unused predicts x4); "
             .. "MSE / (s^2/12): sym %.2f, asym %.2f",
-            c_sym.mse, c_asym.mse, centred_ratio, saved, tensor, b_sym.packed_bytes, b_asym.packed_bytes, b_asym.sets,
+            centred_ratio > 1.5 and "worse even on zero-centred values" or "not strictly worse", c_sym.mse, c_asym.mse,
+            centred_ratio, saved, tensor, b_sym.packed_bytes, b_asym.packed_bytes, b_asym.sets,
             lopsided_ratio, noise_ratio(c_sym), noise_ratio(c_asym))
         if centred_ratio > 1.5 then return true, evidence end -- worse even where the data is centred
         local holds = centred_ratio > 0.9 and centred_ratio < 1.1 and saved == b_asym.sets

@@ -95,7 +95,7 @@ lab.check{
     bank_answer = false,
     breaks_with = {"awq-no-scaling", "gptq-no-feedback"},
     measure = function()
-        local evidence = string.format("no Hessian in AWQ: its %d scales are mean|x_c|^%.2f to within %.1e (spread x%.0f) and "
+        local evidence = string.format("AWQ: its %d scales are mean|x_c|^%.2f to within %.1e (spread x%.0f) and "
             .. "its codes are the nearest levels of W diag(s) (%d of %d not); GPTQ, which uses H = 2 X^T X, leaves %d of %d "
             .. "codes off the nearest level; output error RTN %.3g, AWQ %.3g, GPTQ %.3g; weight MSE RTN %.3g, GPTQ %.3g",
             rtn.cols, awq.alpha, scale_mismatch, spread, awq.not_nearest, n, gptq.not_nearest, n, rtn.output_mse,
@@ -137,9 +137,10 @@ lab.check{
     bank_answer = false,
     breaks_with = {"w8a8-float-activations"},
     measure = function()
-        local evidence = string.format("W8A8 quantizes the activations too: with the same 8-bit weights (%d vs %d bytes) "
+        local evidence = string.format("%s: with the same 8-bit weights (%d vs %d bytes) "
             .. "its logits differ from W8A16's by up to %.4g (%.1f%% of their range %.3g), where weights alone would give "
             .. "equal logits; activation bits %d vs %d",
+            max_difference > 0 and "W8A8 quantizes the activations too" or "W8A8 computes what W8A16 computes",
             w8a8:info().weight_bytes, w8a16:info().weight_bytes, max_difference, 100 * max_difference / logit_range,
             logit_range, w8a8:info().activation_bits, w8a16:info().activation_bits)
         if max_difference == 0 then return true, evidence end
