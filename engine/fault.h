@@ -41,7 +41,7 @@ typedef enum fault_id {
     FAULT_AWQ_NO_SCALING,        // AWQ searches its scales but quantizes the unscaled weights
     FAULT_GPTQ_NO_FEEDBACK,      // GPTQ rounds each column without feeding the error forward
     // parallelism
-    FAULT_TP_FULL_WEIGHTS,       // a tensor-parallel shard streams the full weight matrices
+    FAULT_TP_FULL_WEIGHTS,       // a tensor-parallel shard streams the whole FFN block (w1, w3, w2), not its slice
     // quantized models
     FAULT_QUANT_KEEPS_FP16,      // a quantized model keeps a copy of its unquantized weights allocated
     FAULT_W8A8_FLOAT_ACTIVATIONS, // W8A8 never quantizes its activations (runs as W8A16)
