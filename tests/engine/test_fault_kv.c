@@ -24,10 +24,10 @@ typedef struct run_result {
     kernel_traffic traffic;       // summed over every step
     float last_logits[MAX_VOCAB]; // (vocab_size) the logits sequence 0 last sampled from
     int vocab_size;
-    uint64_t copy_bytes;          // copy-on-write bytes over the run
-    int copies;                   // copy-on-write events over the run
-    int32_t first_table_length;   // blocks (paged) or slots (contiguous) sequence 0 held after the first step
-    int shared_ref_count;         // with two requests: the ref count of their first block after both ran a step
+    uint64_t copy_bytes;        // copy-on-write bytes over the run
+    int copies;                 // copy-on-write events over the run
+    int32_t first_table_length; // blocks (paged) or slots (contiguous) sequence 0 held after the first step
+    int shared_ref_count;       // with two requests: the ref count of their first block after both ran a step
 } run_result;
 
 static void capture_logits(void* user, int32_t sequence_id, int position, const float* logits, int vocab_size) {
@@ -68,10 +68,11 @@ static void run_with(const model* m, const engine_config* c, fault_set faults, i
     engine_set_logits_observer(&e, capture_logits, out);
     int32_t prompt[PROMPT_LENGTH];
     prompt[0] = 1;
-    for (int i = 1; i < PROMPT_LENGTH; i++) prompt[i] = 3 + (i * 37) % 200;
+    for (int i = 1; i < PROMPT_LENGTH; i++)
+        prompt[i] = 3 + (i * 37) % 200;
     for (int k = 0; k < n_requests; k++) {
-        request_params p = {prompt, PROMPT_LENGTH, NEW_TOKENS, n_samples, n_samples > 1 ? 1.0f : 0.0f, 0.0f, 7, 0.0,
-                            true};
+        request_params p = {prompt, PROMPT_LENGTH, NEW_TOKENS, n_samples, n_samples > 1 ? 1.0f : 0.0f, 0.0f,
+                            7,      0.0,           true};
         int32_t id = -1;
         assert_int_equal(engine_add_request(&e, &p, &id, &err), 0);
     }
@@ -80,7 +81,8 @@ static void run_with(const model* m, const engine_config* c, fault_set faults, i
         assert_int_equal(engine_step(&e, &r, &err), 0);
         traffic_add(&out->traffic, &r->traffic);
         out->copy_bytes += r->copy_bytes;
-        for (int i = 0; i < r->n_events; i++) out->copies += r->events[i].kind == BLOCK_COPY;
+        for (int i = 0; i < r->n_events; i++)
+            out->copies += r->events[i].kind == BLOCK_COPY;
         if (step == 0) out->first_table_length = engine_sequence(&e, 0)->n_table;
         if (n_requests == 2 && out->shared_ref_count < 0 && r->decode_tokens == 2 && c->layout == KV_LAYOUT_PAGED)
             out->shared_ref_count = e.pool.blocks[engine_sequence(&e, 0)->block_table[0]].ref_count;
@@ -187,7 +189,7 @@ static void test_prefix_no_refcount_undercounts_and_finishes(void** state) {
     engine_config paged = config_of(KV_LAYOUT_PAGED, RESERVE_MAX);
     run_result clean, faulty;
     run_with(&m, &paged, 0, 2, 1, &clean);
-    assert_int_equal(clean.shared_ref_count, 3); // two tables + the prefix cache
+    assert_int_equal(clean.shared_ref_count, 3);                         // two tables + the prefix cache
     run_with(&m, &paged, only(FAULT_PREFIX_NO_REFCOUNT), 2, 1, &faulty); // finishes; the free stack never overflows
     assert_int_equal(faulty.shared_ref_count, 2);
     model_free(&m);
@@ -213,7 +215,8 @@ static void test_prefix_no_refcount_under_eviction_stays_safe(void** state) {
         assert_int_equal(engine_init(&e, &m, &c, &err), 0);
         int32_t prompt[48];
         for (int r = 0; r < 24; r++) {
-            for (int i = 0; i < 48; i++) prompt[i] = i < 40 ? 3 + i : 3 + (r * 7 + i) % 200; // 40 shared tokens
+            for (int i = 0; i < 48; i++)
+                prompt[i] = i < 40 ? 3 + i : 3 + (r * 7 + i) % 200; // 40 shared tokens
             request_params p = {prompt, 48, 4 + r % 9, 1 + r % 2, 1.0f, 0.0f, (uint64_t)r, 0.0, true};
             int32_t id = -1;
             assert_int_equal(engine_add_request(&e, &p, &id, &err), 0);
@@ -226,7 +229,8 @@ static void test_prefix_no_refcount_under_eviction_stays_safe(void** state) {
             assert_true(e.pool.n_free <= e.pool.n_blocks);
         }
         assert_false(engine_has_work(&e));
-        for (int b = 0; b < e.pool.n_blocks; b++) assert_false(e.pool.blocks[b].ref_count == 0 && e.pool.blocks[b].cached);
+        for (int b = 0; b < e.pool.n_blocks; b++)
+            assert_false(e.pool.blocks[b].ref_count == 0 && e.pool.blocks[b].cached);
         engine_free(&e);
         fault_install(0);
     }
