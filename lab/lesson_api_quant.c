@@ -20,7 +20,8 @@
 #endif
 #endif
 #ifdef HEAP_COUNTED_BY_SANITIZER
-#include <sanitizer/allocator_interface.h>
+// From libasan (declared here: gcc ships no sanitizer/allocator_interface.h).
+size_t __sanitizer_get_current_allocated_bytes(void);
 static uint64_t heap_bytes_in_use(void) { return (uint64_t)__sanitizer_get_current_allocated_bytes(); }
 #else
 #include <malloc.h>
