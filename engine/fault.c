@@ -15,7 +15,7 @@ typedef struct fault_entry {
 
 // Indexed by fault_id; names are what --fault and breaks_with take.
 static const fault_entry fault_table[FAULT_COUNT] = {
-    [FAULT_PAGED_WRONG_SLOT] = {"paged-wrong-slot", "paged attention reads the previous slot for the tail block's last token"},
+    [FAULT_PAGED_WRONG_SLOT] = {"paged-wrong-slot", "the newest token's K and V are stored one slot early in its tail block (slot mapping off by one), so attention reads a wrong slot"},
     [FAULT_SKIP_LAST_BLOCK] = {"skip-last-block", "paged attention never reads the last block of the context"},
     [FAULT_KV_COUNT_DROPPED] = {"kv-count-dropped", "KV bytes written are not counted"},
     [FAULT_KV_COUNT_DOUBLED] = {"kv-count-doubled", "KV bytes written and read are counted twice"},

@@ -210,30 +210,6 @@ static int lab_time(lua_State* L) {
 
 // ---- the formulas ---------------------------------------------------------------------------
 
-// lab.kv_bytes{model = m | n_layers = L, kv_dim = D, batch = 1, seq = S, bytes_per_element = 2}
-//   = 2 x batch x seq x n_layers x kv_dim x bytes_per_element
-static int lab_kv_bytes(lua_State* L) {
-    static const char* const fields[] = {"model", "n_layers", "kv_dim", "batch", "seq", "bytes_per_element", NULL};
-    lab_check_fields(L, 1, fields);
-    lua_Integer n_layers = 0, kv_dim = 0;
-    if (lua_getfield(L, 1, "model") != LUA_TNIL) {
-        lab_model* m = lab_check_model(L, lua_gettop(L));
-        n_layers = m->source.model.config.n_layers;
-        kv_dim = m->source.model.config.kv_dim;
-    }
-    lua_pop(L, 1);
-    n_layers = lab_opt_integer_field(L, 1, "n_layers", n_layers, 1, 1 << 20);
-    kv_dim = lab_opt_integer_field(L, 1, "kv_dim", kv_dim, 1, 1 << 24);
-    if (n_layers == 0) lab_field_error(L, 1, "n_layers", "give model or n_layers");
-    if (kv_dim == 0) lab_field_error(L, 1, "kv_dim", "give model or kv_dim (n_kv_heads x head_dim)");
-    lua_Integer batch = lab_opt_integer_field(L, 1, "batch", 1, 1, 1 << 24);
-    lua_Integer seq = lab_opt_integer_field(L, 1, "seq", -1, 0, 1 << 30);
-    if (seq < 0) lab_field_error(L, 1, "seq", "expected the sequence length S in tokens");
-    double bytes_per_element = lab_opt_number_field(L, 1, "bytes_per_element", 2.0, 0.125, 16.0);
-    lua_pushnumber(L, 2.0 * (double)batch * (double)seq * (double)n_layers * (double)kv_dim * bytes_per_element);
-    return 1;
-}
-
 // The bandwidth and peak of `device` (a name from lab.devices(), "machine",
 // or {bandwidth =, peak_flops =}) at field index `arg`.
 static void read_device(lua_State* L, int arg, bool int8, double* bandwidth, double* peak, const char** name);
@@ -410,7 +386,7 @@ static int lab_machine(lua_State* L) {
 }
 
 void lab_open_perf_api(lua_State* L) {
-    static const luaL_Reg functions[] = {{"time", lab_time},         {"kv_bytes", lab_kv_bytes},
+    static const luaL_Reg functions[] = {{"time", lab_time},
                                          {"roofline", lab_roofline}, {"devices", lab_devices},
                                          {"machine", lab_machine},   {"median", lab_median},
                                          {NULL, NULL}};
