@@ -54,7 +54,7 @@ static int describe_gguf(const char* path) {
     int found = gguf_get_string(&f, "tokenizer.chat_template", text, sizeof text, &tok_err);
     tokenizer* t = NULL;
     if (tok_from_gguf(&t, &f, &tok_err) == 0) {
-        printf("tokenizer: llama (SentencePiece), %d tokens, BOS %d, EOS %d, %s BOS\n", tok_vocab_size(t),
+        printf("tokenizer: %s, %d tokens, BOS %d, EOS %d, %s BOS\n", tok_kind(t), tok_vocab_size(t),
                (int)tok_bos_id(t), (int)tok_eos_id(t), tok_adds_bos(t) ? "adds" : "does not add");
         tok_free(t);
     } else {

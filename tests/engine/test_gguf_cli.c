@@ -67,6 +67,7 @@ static void test_info_describes_each_model(void** state) {
     free_result(&r);
     r = run("info %s/vocab/ggml-vocab-gpt-2.gguf", dir);
     assert_int_equal(r.exit_status, 1);
+    expect_contains(r.out, "tokenizer: byte-level BPE (GPT-2), 50257 tokens, BOS 50256");
     expect_contains(r.out, "unsupported architecture gpt2 (supported: llama)");
     free_result(&r);
 }
@@ -89,9 +90,10 @@ static void test_tokenize_gives_llama_cpp_ids(void** state) {
     assert_int_equal(r.exit_status, 0);
     expect_contains(r.out, "403  ' Once'");
     free_result(&r);
-    r = run("tokenize --model %s/vocab/ggml-vocab-gpt-2.gguf hi", dir);
-    assert_int_equal(r.exit_status, 1);
-    expect_contains(r.err, "'gpt2' is not supported");
+    // vocab/ggml-vocab-gpt-2.gguf.out, case 16: byte-level BPE, no BOS by default.
+    r = run("tokenize --model %s/vocab/ggml-vocab-gpt-2.gguf --ids 'Hello, world!'", dir);
+    assert_int_equal(r.exit_status, 0);
+    assert_string_equal(r.out, "15496 11 995 0\n");
     free_result(&r);
 }
 
