@@ -220,10 +220,17 @@ static int parse_tensor(gguf_file* f, reader* r, int index, gguf_tensor* t, erro
         return error_set(err, "%s: tensor %d: name truncated (file is %zu bytes)", name, index, r->size);
     char shown[64];
     printable(tensor_name, shown, sizeof shown);
-    if (tensor_name.length == 0 || tensor_name.length > GGUF_MAX_TENSOR_NAME ||
-        memchr(tensor_name.bytes, '\0', (size_t)tensor_name.length))
-        return error_set(err, "%s: tensor %d: name of %llu bytes, expected 1..%d without NUL", name, index,
+    if (tensor_name.length == 0 || tensor_name.length > GGUF_MAX_TENSOR_NAME)
+        return error_set(err, "%s: tensor %d: name of %llu bytes, expected 1..%d", name, index,
                          (unsigned long long)tensor_name.length, GGUF_MAX_TENSOR_NAME);
+    // Names are ASCII identifiers ("blk.0.attn_q.weight"); a control byte
+    // or NUL would end up in messages and lookups, so it is refused here.
+    for (uint64_t i = 0; i < tensor_name.length; i++) {
+        unsigned char c = (unsigned char)tensor_name.bytes[i];
+        if (c < 0x20 || c == 0x7f)
+            return error_set(err, "%s: tensor %d ('%s'): name byte %llu is 0x%02x, expected printable text", name,
+                             index, shown, (unsigned long long)i, c);
+    }
     memcpy(t->name, tensor_name.bytes, (size_t)tensor_name.length);
     t->name[tensor_name.length] = '\0';
     uint32_t n_dims;
@@ -499,7 +506,21 @@ int gguf_get_string(const gguf_file* f, const char* key, char* out, size_t capac
     size_t n = length < capacity - 1 ? (size_t)length : capacity - 1;
     memcpy(out, kv->value + 8, n);
     out[n] = '\0';
+    // These strings are names (an architecture, a tokenizer model) that
+    // messages quote: a control byte (a newline would split a one-line
+    // error) becomes '?', which no real name holds.
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)out[i] < 0x20 || out[i] == 0x7f) out[i] = '?';
     return 1;
+}
+
+gguf_string gguf_kv_string(const gguf_kv* kv) {
+    gguf_string s = {"", 0};
+    if (!kv || kv->type != GGUF_VALUE_STRING || kv->value_bytes < 8) return s;
+    s.length = load_le(kv->value, 8);
+    if (s.length > kv->value_bytes - 8) s.length = 0; // cannot happen after parse_kv
+    s.bytes = (const char*)kv->value + 8;
+    return s;
 }
 
 gguf_string gguf_array_string_next(const gguf_kv* kv, uint64_t* cursor) {

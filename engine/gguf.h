@@ -145,8 +145,12 @@ const gguf_tensor* gguf_find_tensor(const gguf_file* f, const char* name);
 int gguf_get_uint(const gguf_file* f, const char* key, uint64_t max_value, uint64_t* out, error_info* err);
 int gguf_get_float(const gguf_file* f, const char* key, double* out, error_info* err);
 int gguf_get_bool(const gguf_file* f, const char* key, bool* out, error_info* err);
-// Copies the string (cut to capacity - 1 bytes, always NUL-terminated).
+// Copies the string (cut to capacity - 1 bytes, always NUL-terminated;
+// control bytes, NUL included, become '?': these are names quoted in messages).
 int gguf_get_string(const gguf_file* f, const char* key, char* out, size_t capacity, error_info* err);
+
+// The string value of a key of type string ({"", 0} for any other type).
+gguf_string gguf_kv_string(const gguf_kv* kv);
 
 // The elements of an array of strings, in order: set *cursor to 0 first;
 // each call gives the next string. Never reads outside kv (gguf_open

@@ -47,6 +47,8 @@ struct tokenizer {
     size_t merge_capacity;     // a power of two, at least twice the merges
     char* decoded_bytes;       // every piece with its byte-to-character mapping undone, each NUL-ended
     char** decoded;            // (vocab_size) into decoded_bytes: the text each id stands for
+    int32_t* special_ids;      // (n_special) CONTROL and USER_DEFINED tokens, what tok_encode_special matches
+    int n_special;
 };
 
 // One merge rule of a byte-level BPE vocabulary: pieces `left` and `right`
@@ -100,6 +102,7 @@ void tok_free(tokenizer* t) {
     free(t->merges);
     free(t->decoded_bytes);
     free(t->decoded);
+    free(t->special_ids);
     free(t);
 }
 
@@ -584,6 +587,16 @@ int tok_from_vocab(tokenizer** out, const tok_vocab* vocab, const char* source, 
         tok_free(t);
         return -1;
     }
+    if (vocab->types) {
+        t->special_ids = malloc((size_t)vocab->vocab_size * sizeof *t->special_ids);
+        if (!t->special_ids) {
+            tok_free(t);
+            return error_set(err, "%s: out of memory for the special tokens", source);
+        }
+        for (int id = 0; id < vocab->vocab_size; id++)
+            if ((vocab->types[id] == TOK_TYPE_CONTROL || vocab->types[id] == TOK_TYPE_USER_DEFINED) && t->pieces[id][0])
+                t->special_ids[t->n_special++] = id;
+    }
     *out = t;
     return 0;
 }
@@ -1066,4 +1079,72 @@ size_t tok_decode_text(const tokenizer* t, int32_t first_prev_id, const int32_t*
     }
     if (out && out_capacity > 0) out[needed < out_capacity ? needed : out_capacity - 1] = '\0';
     return needed;
+}
+
+// ----------------------------------------------------------------------------
+// Special tokens in the text (chat templates)
+
+int tok_encode_special(const tokenizer* t, const char* text, bool add_bos, bool add_eos, int32_t* ids, int capacity,
+                       int* n_ids, error_info* err) {
+    if (!n_ids) return error_set(err, "tok_encode_special: n_ids is NULL");
+    *n_ids = 0;
+    if (!t || !text) return error_set(err, "tok_encode_special: %s is NULL", t ? "text" : "tokenizer");
+    int n = 0;
+    int32_t bos = t->bos_id;
+    if (add_bos && bos >= 0) {
+        if (n < capacity) ids[n] = bos;
+        n++;
+    }
+    size_t length = strlen(text);
+    char* segment = malloc(length + 1);
+    if (!segment) return error_set(err, "tok_encode_special: out of memory for %zu bytes", length);
+    size_t start = 0;
+    for (size_t i = 0; i <= length;) {
+        // The longest special piece that starts here (none at the end).
+        int32_t match = -1;
+        size_t match_length = 0;
+        for (int k = 0; i < length && k < t->n_special; k++) {
+            const char* piece = t->pieces[t->special_ids[k]];
+            size_t piece_length = strlen(piece);
+            if (piece_length > match_length && piece_length <= length - i && memcmp(text + i, piece, piece_length) == 0) {
+                match = t->special_ids[k];
+                match_length = piece_length;
+            }
+        }
+        if (match < 0 && i < length) {
+            i++;
+            continue;
+        }
+        if (i > start) { // the plain text before this special token (or the end)
+            memcpy(segment, text + start, i - start);
+            segment[i - start] = '\0';
+            int got = 0;
+            int room = capacity - n > 0 ? capacity - n : 0;
+            error_info ignored = {{0}};
+            if (tok_encode(t, segment, false, false, room > 0 ? ids + n : NULL, room, &got, &ignored) != 0 && got == 0) {
+                free(segment);
+                return error_set(err, "tok_encode_special: %s", ignored.message);
+            }
+            if (got > room) { // count exactly what it needs
+                tok_encode(t, segment, false, false, NULL, 0, &got, &ignored);
+            }
+            n += got;
+        }
+        if (match >= 0) {
+            if (n < capacity) ids[n] = match;
+            n++;
+            i += match_length;
+            start = i;
+        } else {
+            break; // i == length
+        }
+    }
+    free(segment);
+    if (add_eos && t->eos_id >= 0) {
+        if (n < capacity) ids[n] = t->eos_id;
+        n++;
+    }
+    *n_ids = n;
+    if (n > capacity) return error_set(err, "tok_encode_special: text needs %d ids, capacity is %d", n, capacity);
+    return 0;
 }

@@ -133,6 +133,16 @@ bool tok_is_byte_level(const tokenizer* t);
 int tok_encode(const tokenizer* t, const char* text, bool add_bos, bool add_eos, int32_t* ids,
                int capacity, int* n_ids, error_info* err);
 
+// tok_encode, except that the text of a CONTROL or USER_DEFINED token
+// (a vocabulary's "<|im_start|>", "</s>", ...: types from tok_from_vocab)
+// becomes that token's id, the longest such text first, and the plain text
+// between them is encoded as tok_encode does (a SentencePiece vocabulary
+// gives each such part its leading space, as llama.cpp does after a special
+// token). For chat templates; llama2.c and byte-level tokenizers have no
+// special texts. Same capacity rules as tok_encode (no early refusal).
+int tok_encode_special(const tokenizer* t, const char* text, bool add_bos, bool add_eos, int32_t* ids, int capacity,
+                       int* n_ids, error_info* err);
+
 // The text of `id` when it follows `prev_id`, as llama2.c's decode(): after
 // BOS one leading space is stripped (it is the dummy prefix); a piece
 // "<0xXX>" becomes that single raw byte. Byte-level: ids 3..258 give their

@@ -31,6 +31,9 @@ static const char GENERATE_USAGE[] =
     "  --dtype fp32|fp16     how weights are stored (default: the file's; fp16 for presets)\n"
     "  --quant SCHEME        quantize after loading: w8a16|w4a16|w8a8[:gG][:rtn|awq|gptq][:sym|asym]\n"
     "  --ids                 print the generated ids on one line instead of text\n"
+    "  --chat                the prompt is a user message, written in the model's chat\n"
+    "                        template (a GGUF's tokenizer.chat_template: Llama 3, ChatML,\n"
+    "                        Llama 2 [INST], Zephyr); --system TEXT adds a system message\n"
     "  --trace FILE          write each engine step's record as JSON Lines\n"
     "\n"
     "The request runs through the serving engine; its engine options apply, with\n"
@@ -58,6 +61,8 @@ typedef struct generate_args {
     const char* prompt_ids_text;
     generate_options options; // n, temperature, top-p, seed
     bool print_ids;
+    bool chat;                // --chat: wrap the prompt in the model's chat template
+    const char* system_text;  // --system TEXT with --chat
 } generate_args;
 
 static int parse_generate_args(int argc, char** argv, generate_args* args, error_info* err) {
@@ -90,12 +95,19 @@ static int parse_generate_args(int argc, char** argv, generate_args* args, error
             if (!failed && parse_u64_arg("--seed", cursor.value, &args->options.seed, err)) return -1;
         } else if (arg_match(&cursor, "--ids", false, &failed, err)) {
             args->print_ids = true;
+        } else if (arg_match(&cursor, "--chat", false, &failed, err)) {
+            args->chat = true;
+        } else if (arg_match(&cursor, "--system", true, &failed, err)) {
+            if (!failed) args->system_text = cursor.value;
         } else {
             return error_set(err, "servelab generate: unknown option '%s' (see servelab generate --help)",
                              argv[cursor.index]);
         }
         if (failed) return -1;
     }
+    if ((args->chat || args->system_text) && !args->prompt_text)
+        return error_set(err, "servelab generate: --chat and --system need --prompt (the user's message)");
+    if (args->system_text && !args->chat) return error_set(err, "servelab generate: --system goes with --chat");
     if (args->prompt_text && args->prompt_ids_text)
         return error_set(err, "servelab generate: give --prompt or --prompt-ids, not both");
     return 0;
@@ -128,6 +140,29 @@ static void print_piece(const tokenizer* tok, int32_t previous, int32_t token) {
 static void print_generated_piece(void* user, int32_t previous, int32_t token) {
     print_piece(user, previous, token);
     fflush(stdout); // the student sees each token as it is decoded
+}
+
+// --chat: [system,] user in the model's template, then the assistant's header,
+// encoded with the template's special tokens as tokens.
+static int encode_chat(const model_source* source, const generate_args* args, int32_t* ids, int capacity, int* n_ids,
+                       error_info* err) {
+    if (source->chat_template == CHAT_TEMPLATE_NONE)
+        return error_set(err, "%s has no chat template servelab recognises (Llama 3, ChatML, Llama 2 [INST], Zephyr)",
+                         source->model_label);
+    chat_message messages[2];
+    int n = 0;
+    if (args->system_text) messages[n++] = (chat_message){"system", args->system_text};
+    messages[n++] = (chat_message){"user", args->prompt_text};
+    size_t needed = 0;
+    chat_template_apply(source->chat_template, messages, n, true, NULL, 0, &needed, NULL);
+    char* text = malloc(needed + 1);
+    if (!text) return error_set(err, "out of memory");
+    int status = chat_template_apply(source->chat_template, messages, n, true, text, needed + 1, &needed, err);
+    if (status == 0)
+        status = tok_encode_special(source->tokenizer, text, tok_adds_bos(source->tokenizer), false, ids, capacity,
+                                    n_ids, err);
+    free(text);
+    return status;
 }
 
 int command_generate(int argc, char** argv) {
@@ -164,7 +199,13 @@ int command_generate(int argc, char** argv) {
             status = 2;
             goto done;
         }
-        if (tok_encode(source.tokenizer, args.prompt_text, true, false, prompt, c->max_seq_len, &n_prompt, &err)) {
+        if (args.chat) {
+            if (encode_chat(&source, &args, prompt, c->max_seq_len, &n_prompt, &err)) {
+                fprintf(stderr, "servelab generate: --chat: %s\n", err.message);
+                status = 2;
+                goto done;
+            }
+        } else if (tok_encode(source.tokenizer, args.prompt_text, true, false, prompt, c->max_seq_len, &n_prompt, &err)) {
             fprintf(stderr, "servelab generate: --prompt: %s; the model's context (max_seq_len) is %d tokens\n",
                     err.message, c->max_seq_len);
             status = 2;

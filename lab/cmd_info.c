@@ -1,7 +1,9 @@
 // servelab info: what this build supports.
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "engine/chat_template.h"
 #include "engine/fault.h"
 #include "engine/gguf.h"
 #include "engine/gguf_model.h"
@@ -49,9 +51,11 @@ static int describe_gguf(const char* path) {
     if (info.architecture[0]) printf("architecture: %s%s%s\n", info.architecture, info.model_name[0] ? ", name " : "",
                                      info.model_name);
     print_tensor_types(&info);
-    char text[64] = "";
     error_info tok_err = {{0}};
-    int found = gguf_get_string(&f, "tokenizer.chat_template", text, sizeof text, &tok_err);
+    gguf_string template_text = gguf_kv_string(gguf_find_kv(&f, "tokenizer.chat_template"));
+    char* template_copy = template_text.length > 0 ? strndup(template_text.bytes, (size_t)template_text.length) : NULL;
+    chat_template_kind chat = chat_template_recognise(template_copy);
+    free(template_copy);
     tokenizer* t = NULL;
     if (tok_from_gguf(&t, &f, &tok_err) == 0) {
         printf("tokenizer: %s, %d tokens, BOS %d, EOS %d, %s BOS\n", tok_kind(t), tok_vocab_size(t),
@@ -60,8 +64,11 @@ static int describe_gguf(const char* path) {
     } else {
         printf("tokenizer: none usable: %s\n", tok_err.message);
     }
-    printf("chat template: %s\n", found > 0 ? "present, not recognised (servelab has no chat templates yet)"
-                                              : "none in the file");
+    if (template_text.length == 0) printf("chat template: none in the file\n");
+    else if (chat == CHAT_TEMPLATE_NONE)
+        printf("chat template: %llu bytes, not one servelab recognises (Llama 3, ChatML, Llama 2 [INST], Zephyr)\n",
+               (unsigned long long)template_text.length);
+    else printf("chat template: %s (recognised; generate --chat uses it)\n", chat_template_name(chat));
     if (status) {
         printf("not loadable: %s\n", err.message);
         gguf_close(&f);

@@ -1,6 +1,7 @@
 #include "lab/model_source.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -29,6 +30,10 @@ bool model_source_is_gguf(const char* path) {
 static int open_gguf(model_source* out, const model_request* request, const char* path, error_info* err) {
     gguf_file file;
     if (gguf_open(&file, path, err)) return -1;
+    gguf_string template_text = gguf_kv_string(gguf_find_kv(&file, "tokenizer.chat_template"));
+    char* template_copy = template_text.length > 0 ? strndup(template_text.bytes, (size_t)template_text.length) : NULL;
+    out->chat_template = chat_template_recognise(template_copy);
+    free(template_copy);
     // The tokenizer first: it reads the metadata, which the model's mapping keeps alive.
     if (!request->tokenizer_arg && tok_from_gguf(&out->tokenizer, &file, err)) {
         gguf_close(&file);

@@ -16,6 +16,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "engine/chat_template.h"
 #include "engine/error.h"
 #include "engine/model.h"
 #include "engine/tokenizer.h"
@@ -35,6 +36,7 @@ typedef struct model_source {
     char model_label[512];   // for messages and stats: the path of a checkpoint; "synthetic (random
                              // weights, shapes of medium)" for a preset; both for synth output
     char tokenizer_label[512];
+    chat_template_kind chat_template; // recognised from a GGUF's tokenizer.chat_template; NONE otherwise
 } model_source;
 
 int model_source_open(model_source* out, const model_request* request, error_info* err);
