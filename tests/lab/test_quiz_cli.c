@@ -1,6 +1,7 @@
 // servelab quiz through the binary, as a student (or a script) uses it:
 // a --plain session on pipes answering right and wrong, the progress file
-// it leaves, end of input, a corrupt progress file, --stats, usage errors.
+// it leaves, end of input, a corrupt progress file, --stats, usage errors;
+// the full-screen view on a pseudo-terminal and in tmux.
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -450,7 +451,8 @@ static int run_on_terminal(const char* home, const char* keys, int signal_number
         close(master);
         setenv("XDG_DATA_HOME", home, 1);
         setenv("TERM", "xterm", 1);
-        execl(test_servelab_binary(), test_servelab_binary(), "quiz", "--only", "bank", "--n", "3", "--seed", "1", (char*)NULL);
+        execl(test_servelab_binary(), test_servelab_binary(), "quiz", "--only", "bank", "--n", "3", "--seed", "1",
+              (char*)NULL);
         _exit(127);
     }
     quiz_child c = {pid, master, master, calloc(1, 1 << 16), 0, 1 << 16};
@@ -509,6 +511,190 @@ static void test_terminal_is_restored(void** state) {
     }
 }
 
+// ---- "prove it" in tmux: the result scrolls --------------------------------------------
+
+static char quiz_socket[64]; // private server: -L servelab-quiz-<pid>
+
+static int quiz_tmux(const char* arguments) { return test_tmux(quiz_socket, arguments); }
+static char* quiz_capture(void) { return test_tmux_output(quiz_socket, "capture-pane -p -t quiz"); }
+
+static int stop_quiz_server(void** state) {
+    (void)state;
+    if (quiz_socket[0]) quiz_tmux("kill-server");
+    return 0;
+}
+
+// Polls the pane until it shows one of `texts` (NULL-terminated); returns
+// which, with the capture in *screen (malloc'ed).
+static int wait_for_one_of(const char* const* texts, char** screen, int timeout_ms) {
+    for (int waited_ms = 0;; waited_ms += 100) {
+        *screen = quiz_capture();
+        for (int i = 0; texts[i]; i++)
+            if (strstr(*screen, texts[i])) return i;
+        if (waited_ms >= timeout_ms)
+            fail_msg("the pane never showed '%s' (or the others); last capture:\n%s", texts[0], *screen);
+        free(*screen);
+        test_sleep_ms(100);
+    }
+}
+
+// The rows inside the framed box of a capture that fills the pane: rows 2
+// to n-3 (the header, the box's top edge, its bottom edge and the key bar
+// left out), each without its frame and trailing blanks; returns how many.
+enum { PANE_ROWS_MAX = 64, PANE_ROW_BYTES = 512 };
+static int box_rows(const char* screen, char rows[][PANE_ROW_BYTES]) {
+    char lines[PANE_ROWS_MAX][PANE_ROW_BYTES];
+    int n = 0;
+    for (const char* p = screen; *p && n < PANE_ROWS_MAX; n++) {
+        size_t length = strcspn(p, "\n");
+        snprintf(lines[n], PANE_ROW_BYTES, "%.*s", (int)length, p);
+        p += length + (p[length] == '\n');
+    }
+    int count = 0;
+    for (int i = 2; i < n - 2; i++) {
+        const char* text = lines[i];
+        if (strncmp(text, "│", strlen("│")) == 0)
+            text += strlen("│");
+        else if (text[0] == '|')
+            text++;
+        if (*text == ' ') text++;
+        snprintf(rows[count], PANE_ROW_BYTES, "%s", text);
+        char* row = rows[count];
+        size_t length = strlen(row);
+        if (length >= strlen("│") && strcmp(row + length - strlen("│"), "│") == 0)
+            length -= strlen("│");
+        else if (length && row[length - 1] == '|')
+            length--;
+        while (length && row[length - 1] == ' ')
+            length--;
+        row[length] = '\0';
+        count++;
+    }
+    return count;
+}
+
+// Answers questions in the full-screen view until one offers "prove it".
+static void answer_until_prove_it(void) {
+    static const char* const STAGES[] = {"Enter: answer", "y: mine matched", "p: prove it", "Enter or space: next",
+                                         NULL};
+    for (int question = 0; question < 40; question++) {
+        char* screen = NULL;
+        int stage = wait_for_one_of(STAGES, &screen, 20000);
+        if (stage == 0) {
+            // Any answer it accepts: 't', a letter, or Enter for a text answer's model answer.
+            const char* keys = strstr(screen, "true or false") ? "t Enter"
+                               : strstr(screen, "a letter")    ? "a Enter"
+                                                               : "Enter";
+            char arguments[64];
+            snprintf(arguments, sizeof arguments, "send-keys -t quiz %s", keys);
+            assert_int_equal(quiz_tmux(arguments), 0);
+            free(screen);
+            static const char* const GRADED[] = {"y: mine matched", "Enter or space: next", NULL};
+            wait_for_one_of(GRADED, &screen, 20000);
+        } else if (stage == 1) {
+            assert_int_equal(quiz_tmux("send-keys -t quiz y"), 0);
+            free(screen);
+            static const char* const GRADED[] = {"Enter or space: next", NULL};
+            wait_for_one_of(GRADED, &screen, 20000);
+        } else if (stage == 2) {
+            free(screen);
+            return;
+        } else {
+            assert_int_equal(quiz_tmux("send-keys -t quiz Enter"), 0);
+        }
+        free(screen);
+        test_sleep_ms(200); // the next frame
+    }
+    fail_msg("no question offered 'p: prove it' in 40");
+}
+
+// The prove-it result at 80x8, the quiz's smallest size, is read whole by
+// scrolling down a row at a time: each position shows the next rows of
+// what an 80x50 pane shows at once, the frame says "more above" and
+// "more below" exactly when rows are hidden, and the quiz's keys still
+// work after it (Enter: the next question; Esc leaves).
+static void test_prove_it_scrolls_in_tmux(void** state) {
+    (void)state;
+    test_tmux_require();
+    snprintf(quiz_socket, sizeof quiz_socket, "servelab-quiz-%d", (int)getpid());
+    char cwd[512], arguments[2048];
+    assert_non_null(getcwd(cwd, sizeof cwd));
+    snprintf(arguments, sizeof arguments,
+             "-f /dev/null new-session -d -s quiz -x 80 -y 24 -c %s \"sh -c 'XDG_DATA_HOME=%s %s quiz --only bank "
+             "--n 40 --seed 3; echo QUIZ-DONE; sleep 60'\"",
+             cwd, data_home("tmux"), test_servelab_binary());
+    assert_int_equal(quiz_tmux(arguments), 0);
+    answer_until_prove_it();
+    assert_int_equal(quiz_tmux("send-keys -t quiz p"), 0);
+    char* screen = NULL;
+    static const char* const PROVED[] = {"running the lesson check for ", NULL};
+    wait_for_one_of(PROVED, &screen, 120000); // the lesson check runs (seconds; more under sanitizers)
+    free(screen);
+    // At 80x50 it all shows at once: the reference.
+    assert_int_equal(quiz_tmux("resize-window -t quiz -x 80 -y 50"), 0);
+    static char whole[PANE_ROWS_MAX][PANE_ROW_BYTES], shown[PANE_ROWS_MAX][PANE_ROW_BYTES];
+    int n_whole = 0;
+    for (int waited = 0; waited < 100; waited++) {
+        screen = quiz_capture();
+        int n = box_rows(screen, whole);
+        for (n_whole = n; n_whole > 0 && whole[n_whole - 1][0] == '\0';)
+            n_whole--;
+        if (n == 46) break;
+        free(screen);
+        screen = NULL;
+        test_sleep_ms(100);
+    }
+    if (!screen) fail_msg("the pane did not redraw at 80x50");
+    if (strstr(screen, "more below") || strstr(screen, "more above")) fail_msg("at 80x50:\n%s", screen);
+    bool verdict = strncmp(whole[1], "PASS ", 5) == 0 || strncmp(whole[1], "DISAGREE ", 9) == 0 ||
+                   strncmp(whole[1], "FAIL ", 5) == 0;
+    if (strncmp(whole[0], "running the lesson check for ", 29) != 0 || !verdict || !strstr(screen, " -- "))
+        fail_msg("no prove-it result at 80x50:\n%s", screen);
+    free(screen);
+    // At 80x8 the box shows 4 rows of them.
+    assert_int_equal(quiz_tmux("resize-window -t quiz -x 80 -y 8"), 0);
+    const int page = 4, last_top = n_whole - page;
+    if (last_top < 1) fail_msg("the result takes %d rows: it fits at 80x8, nothing to scroll", n_whole);
+    for (int top = 0; top <= last_top; top++) {
+        if (top > 0) assert_int_equal(quiz_tmux("send-keys -t quiz Down"), 0);
+        for (int waited = 0;; waited++) {
+            screen = quiz_capture();
+            if (box_rows(screen, shown) == page && strcmp(shown[0], whole[top]) == 0) break;
+            if (waited == 100) fail_msg("at top %d the box does not start with '%s':\n%s", top, whole[top], screen);
+            free(screen);
+            test_sleep_ms(100);
+        }
+        for (int i = 0; i < page; i++)
+            if (strcmp(shown[i], whole[top + i]) != 0)
+                fail_msg("at top %d row %d reads '%s', not '%s':\n%s", top, i, shown[i], whole[top + i], screen);
+        bool above = strstr(screen, "more above") != NULL, below = strstr(screen, "more below") != NULL;
+        if (above != (top > 0) || below != (top < last_top))
+            fail_msg("at top %d of %d the marks are wrong:\n%s", top, last_top, screen);
+        free(screen);
+    }
+    // Down at the end stays there; PgUp goes back a page less one row.
+    assert_int_equal(quiz_tmux("send-keys -t quiz Down PPage"), 0);
+    int back = last_top - (page - 1) > 0 ? last_top - (page - 1) : 0;
+    for (int waited = 0;; waited++) {
+        screen = quiz_capture();
+        if (box_rows(screen, shown) == page && strcmp(shown[0], whole[back]) == 0) break;
+        if (waited == 100) fail_msg("PgUp did not show row %d '%s':\n%s", back, whole[back], screen);
+        free(screen);
+        test_sleep_ms(100);
+    }
+    free(screen);
+    // The quiz's keys as before: Enter goes on to the next question, Esc leaves.
+    assert_int_equal(quiz_tmux("resize-window -t quiz -x 80 -y 24"), 0);
+    assert_int_equal(quiz_tmux("send-keys -t quiz Enter"), 0);
+    static const char* const NEXT[] = {"Enter: answer", NULL};
+    wait_for_one_of(NEXT, &screen, 20000);
+    free(screen);
+    assert_int_equal(quiz_tmux("send-keys -t quiz Escape"), 0);
+    static const char* const DONE[] = {"QUIZ-DONE", NULL};
+    wait_for_one_of(DONE, &screen, 20000);
+    free(screen);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_plain_session_right_and_wrong),
@@ -518,6 +704,7 @@ int main(void) {
         cmocka_unit_test(test_corrupt_progress_is_moved_aside),
         cmocka_unit_test(test_stats_and_usage),
         cmocka_unit_test(test_terminal_is_restored),
+        cmocka_unit_test_teardown(test_prove_it_scrolls_in_tmux, stop_quiz_server),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

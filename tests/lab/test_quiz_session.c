@@ -1,6 +1,7 @@
 // The quiz session as pure functions: choosing questions (topics, Leitner
 // order), grading every kind of answer, recording progress, statistics,
-// and the full-screen view drawn headless.
+// and the full-screen view drawn headless (the feedback box scrolling what
+// does not fit, and the keys that scroll it).
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -11,6 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "lab/quiz_app.h"
 #include "lab/quiz_session.h"
 #include "lab/quiz_view.h"
 
@@ -261,7 +263,7 @@ static void test_view_draws_headless(void** state) {
     const quiz_question* q = advance_to(&s, is_true_false);
     ui_screen screen;
     assert_int_equal(ui_screen_init(&screen, 100, 30, false, false), 0);
-    quiz_view_draw(&screen, &s, "tru", NULL);
+    quiz_view_draw(&screen, &s, "tru", NULL, 0);
     char* text = dump(&screen);
     assert_non_null(strstr(text, q->id));
     assert_non_null(strstr(text, "> tru_"));
@@ -271,18 +273,18 @@ static void test_view_draws_headless(void** state) {
     assert_non_null(strstr(text, first_words));
     free(text);
     feed(&s, q->item->truth ? "f" : "t");
-    quiz_view_draw(&screen, &s, "", NULL);
+    quiz_view_draw(&screen, &s, "", NULL, 0);
     text = dump(&screen);
     assert_non_null(strstr(text, "p: prove it"));
     assert_non_null(strstr(text, "Wrong: it is"));
     free(text);
-    quiz_view_draw(&screen, &s, "", "PASS tf1 ... -- measured");
+    quiz_view_draw(&screen, &s, "", "PASS tf1 ... -- measured", 0);
     text = dump(&screen);
     assert_non_null(strstr(text, "PASS tf1 ... -- measured"));
     free(text);
     // Wrapping keeps every word, and nothing is drawn past the width.
     ui_screen_resize(&screen, 40, 12);
-    quiz_view_draw(&screen, &s, "", NULL);
+    quiz_view_draw(&screen, &s, "", NULL, 0);
     text = dump(&screen);
     for (char* line = text; *line;) {
         char* end = strchr(line, '\n');
@@ -291,7 +293,7 @@ static void test_view_draws_headless(void** state) {
     }
     free(text);
     ui_screen_resize(&screen, 20, 5);
-    quiz_view_draw(&screen, &s, "", NULL);
+    quiz_view_draw(&screen, &s, "", NULL, 0);
     text = dump(&screen);
     assert_non_null(strstr(text, "terminal too small"));
     free(text);
@@ -317,7 +319,7 @@ static void answer_for(const quiz_question* q, bool right, char* out, size_t cap
 }
 
 static void expect_feedback_whole(const quiz_session* s, int cols, int rows) {
-    quiz_view_layout layout = quiz_view_layout_for(s, cols, rows);
+    quiz_view_layout layout = quiz_view_layout_for(s, NULL, cols, rows);
     int needed = quiz_view_feedback_rows(&layout, s->feedback), shown = layout.feedback.h - 2;
     if (needed > shown)
         fail_msg("%s at %dx%d: the feedback needs %d rows, its box shows %d:\n%s", quiz_session_question(s)->id, cols,
@@ -357,6 +359,321 @@ static void test_every_feedback_is_whole_at_80x24(void** state) {
     assert_int_equal(checked, 2 * 2 * (f->bank.n_items + 40 * QUIZ_DRILL_COUNT));
 }
 
+// ---- text that does not fit scrolls ------------------------------------------------------
+
+// A prove-it result line of exactly `length` characters (< 4000) in the form
+// lesson_prove_claim prints, its evidence numbered so that order shows.
+static void long_result_line(char* out, int length, const char* claim) {
+    int used = snprintf(out, 4096,
+                        "PASS %s (bank: false) \"the KV cache grows quadratically with sequence length\" -- "
+                        "measured: linear, x2.00 per doubling; KV bytes written",
+                        claim);
+    for (int k = 1; used < length; k++)
+        used += snprintf(out + used, (size_t)(4096 - used), " at S=%d: %d B,", 32 << k, 4096 << k);
+    out[length] = '\0';
+}
+
+// The text of row y from column x0 up to x1, trailing blanks left out.
+static void row_text(const ui_screen* screen, int x0, int x1, int y, char* out, size_t size) {
+    size_t used = 0;
+    out[0] = '\0';
+    for (int x = x0; x < x1; x++) {
+        const char* cell = screen->cells[y * screen->cols + x].text;
+        size_t n = strlen(cell);
+        if (used + n + 1 > size) break;
+        memcpy(out + used, cell, n + 1);
+        used += n;
+    }
+    while (used > 0 && out[used - 1] == ' ')
+        out[--used] = '\0';
+}
+
+// Text without its blanks: what wrapping at spaces must keep, in order.
+static void without_blanks(const char* text, char* out, size_t size) {
+    size_t used = 0;
+    for (; *text && used + 1 < size; text++)
+        if (*text != ' ' && *text != '\n') out[used++] = *text;
+    out[used] = '\0';
+}
+
+// Draws the feedback box (the prove-it `notice`, or the session's feedback)
+// at every scroll position of a cols x rows screen and checks that every
+// character of the text appears in some position, in order, each row the
+// same wherever it shows; that the frame says "more above" exactly when
+// rows are hidden above and "more below" exactly when rows are hidden
+// below; and that scrolling past the end shows the end. Returns the
+// largest top (0: the text fits whole).
+static int expect_reachable(const quiz_session* s, const char* notice, int cols, int rows) {
+    const char* text = notice ? notice : s->feedback;
+    const char* id = quiz_session_question(s)->id;
+    int need_cols, need_rows;
+    assert_true(quiz_view_fits(s, notice, cols, rows, &need_cols, &need_rows));
+    quiz_view_layout layout = quiz_view_layout_for(s, notice, cols, rows);
+    quiz_view_scroll first = quiz_view_scroll_for(s, notice, cols, rows, 0);
+    if (layout.feedback.h < 3 || first.page != layout.feedback.h - 2)
+        fail_msg("%s at %dx%d: no feedback box (h %d)", id, cols, rows, layout.feedback.h);
+    int total = quiz_view_feedback_rows(&layout, text);
+    if (first.last_top != (total > first.page ? total - first.page : 0))
+        fail_msg("%s at %dx%d: the text takes %d rows, the box shows %d and scrolls down %d", id, cols, rows, total,
+                 first.page, first.last_top);
+    ui_screen screen;
+    assert_int_equal(ui_screen_init(&screen, cols, rows, true, false), 0);
+    enum { ROW_BYTES = 1024 };
+    char(*seen)[ROW_BYTES] = calloc((size_t)total + 1, ROW_BYTES);
+    bool* filled = calloc((size_t)total + 1, sizeof *filled);
+    char row[ROW_BYTES];
+    for (int top = 0; top <= first.last_top + 2; top++) { // two past the end: it stays at the end
+        quiz_view_scroll v = quiz_view_scroll_for(s, notice, cols, rows, top);
+        int shown_top = top < first.last_top ? top : first.last_top;
+        assert_int_equal(v.top, shown_top);
+        quiz_view_draw(&screen, s, "", notice, top);
+        for (int i = 0; i < v.page && shown_top + i < total; i++) {
+            row_text(&screen, layout.feedback.x + 2, layout.feedback.x + layout.feedback.w - 2,
+                     layout.feedback.y + 1 + i, row, sizeof row);
+            int k = shown_top + i;
+            if (filled[k] && strcmp(seen[k], row) != 0)
+                fail_msg("%s at %dx%d: row %d reads '%s' at top %d, '%s' before", id, cols, rows, k, row, top, seen[k]);
+            snprintf(seen[k], ROW_BYTES, "%s", row);
+            filled[k] = true;
+        }
+        char top_edge[ROW_BYTES], bottom_edge[ROW_BYTES];
+        row_text(&screen, 0, cols, layout.feedback.y, top_edge, sizeof top_edge);
+        row_text(&screen, 0, cols, layout.feedback.y + layout.feedback.h - 1, bottom_edge, sizeof bottom_edge);
+        bool above = strstr(top_edge, "more") != NULL, below = strstr(bottom_edge, "more") != NULL;
+        if (above != (shown_top > 0) || below != (shown_top < first.last_top))
+            fail_msg("%s at %dx%d, top %d of %d: frame reads '%s' / '%s'", id, cols, rows, shown_top, first.last_top,
+                     top_edge, bottom_edge);
+    }
+    size_t joined_size = (size_t)(total + 1) * ROW_BYTES;
+    char* joined = calloc(1, joined_size);
+    for (int k = 0; k < total; k++) {
+        if (!filled[k]) fail_msg("%s at %dx%d: row %d of %d never shown", id, cols, rows, k, total);
+        strcat(joined, seen[k]);
+    }
+    char* expected = calloc(1, joined_size);
+    char* got = calloc(1, joined_size);
+    without_blanks(text, expected, joined_size);
+    without_blanks(joined, got, joined_size);
+    if (strcmp(expected, got) != 0) fail_msg("%s at %dx%d: scrolling shows\n%s\nnot\n%s", id, cols, rows, joined, text);
+    free(expected);
+    free(got);
+    free(joined);
+    free(filled);
+    free(seen);
+    ui_screen_free(&screen);
+    return first.last_top;
+}
+
+// What 'p' shows: the line quiz_app prints first, then the result line.
+static void prove_it_notice(const quiz_session* s, int length, char* out, size_t size) {
+    char line[4096];
+    long_result_line(line, length, quiz_session_claim(s));
+    snprintf(out, size, "running the lesson check for %s in quiz/../lessons (headless)...\n%s\n", quiz_session_claim(s),
+             line);
+}
+
+// A 600-character prove-it line is shown whole at 80x24 below every bank
+// question that has a claim: it takes the body below the header. (Below a
+// 12-row question, the feedback box had 5 rows for it, and cut the rest.)
+static void test_prove_it_is_whole_at_80x24(void** state) {
+    fixture* f = *state;
+    quiz_session s;
+    quiz_session_options o = {QUIZ_ALL_TOPICS, 100, 3, QUIZ_LANG_EN, NOW, true, false};
+    error_info err = {{0}};
+    if (quiz_session_start(&s, &o, &f->bank, &f->models, &f->progress, &err)) fail_msg("%s", err.message);
+    int checked = 0;
+    while (s.stage != QUIZ_STAGE_DONE) {
+        char answer[64], notice[4200];
+        answer_for(quiz_session_question(&s), false, answer, sizeof answer);
+        feed(&s, answer);
+        if (s.stage == QUIZ_STAGE_SELF_GRADE) feed(&s, "n");
+        assert_int_equal(s.stage, QUIZ_STAGE_FEEDBACK);
+        if (quiz_session_claim(&s)) {
+            prove_it_notice(&s, 600, notice, sizeof notice);
+            assert_int_equal(expect_reachable(&s, notice, 80, 24), 0);
+            checked++;
+        }
+        quiz_session_next(&s);
+    }
+    assert_true(checked >= 20);
+    quiz_session_free(&s);
+}
+
+// Where it does not fit, it scrolls, and every character of it can be
+// reached: smaller terminals, and a longer line at 80x24.
+static void test_prove_it_scrolls_where_it_does_not_fit(void** state) {
+    fixture* f = *state;
+    quiz_session s = start(f, QUIZ_ALL_TOPICS, 100, 5);
+    advance_to(&s, is_true_false);
+    while (s.stage != QUIZ_STAGE_DONE && !quiz_session_claim(&s)) {
+        s.stage = QUIZ_STAGE_FEEDBACK;
+        quiz_session_next(&s);
+        advance_to(&s, is_true_false);
+    }
+    assert_int_not_equal(s.stage, QUIZ_STAGE_DONE);
+    feed(&s, quiz_session_question(&s)->item->truth ? "f" : "t");
+    assert_int_equal(s.stage, QUIZ_STAGE_FEEDBACK);
+    char notice[4200];
+    prove_it_notice(&s, 600, notice, sizeof notice);
+    static const int SIZES[][2] = {{80, 12}, {80, 10}, {60, 14}, {45, 12}, {30, 8}};
+    for (size_t i = 0; i < sizeof SIZES / sizeof SIZES[0]; i++)
+        if (expect_reachable(&s, notice, SIZES[i][0], SIZES[i][1]) == 0)
+            fail_msg("600 characters at %dx%d fit without scrolling: the test checks nothing", SIZES[i][0],
+                     SIZES[i][1]);
+    prove_it_notice(&s, 2400, notice, sizeof notice);
+    assert_true(expect_reachable(&s, notice, 80, 24) > 0);
+    // The marks and the key bar say how, in words.
+    ui_screen screen;
+    assert_int_equal(ui_screen_init(&screen, 80, 12, true, false), 0);
+    quiz_view_draw(&screen, &s, "", notice, 1);
+    char* text = dump(&screen);
+    assert_non_null(strstr(text, "more above (↑, PgUp)"));
+    assert_non_null(strstr(text, "more below (↓, PgDn)"));
+    assert_non_null(strstr(text, "↑↓ PgUp PgDn: scroll"));
+    assert_non_null(strstr(text, "Enter or space: next"));
+    free(text);
+    ui_screen_free(&screen);
+    assert_int_equal(ui_screen_init(&screen, 80, 12, false, false), 0); // ASCII terminals
+    quiz_view_draw(&screen, &s, "", notice, 1);
+    text = dump(&screen);
+    assert_non_null(strstr(text, "more above (Up, PgUp)"));
+    assert_non_null(strstr(text, "more below (Down, PgDn)"));
+    free(text);
+    ui_screen_free(&screen);
+    quiz_session_free(&s);
+}
+
+// The graded feedback scrolls too where it does not fit, and never
+// vanishes: at sizes from the quiz's smallest up, every question's feedback
+// (bank items and drills, right and wrong) can be read whole.
+static void test_feedback_scrolls_at_small_sizes(void** state) {
+    fixture* f = *state;
+    static const int SIZES[][2] = {{80, 8}, {80, 9}, {80, 12}, {80, 16}, {60, 12}, {40, 14}, {30, 20}};
+    int checked = 0, scrolled = 0;
+    for (int right = 0; right < 2; right++)
+        for (uint64_t seed = 0; seed < 3; seed++) {
+            quiz_session s;
+            quiz_session_options o = {QUIZ_ALL_TOPICS, 100, seed, QUIZ_LANG_EN, NOW, false, seed > 0};
+            error_info err = {{0}};
+            if (quiz_session_start(&s, &o, &f->bank, &f->models, &f->progress, &err)) fail_msg("%s", err.message);
+            while (s.stage != QUIZ_STAGE_DONE) {
+                char answer[64];
+                answer_for(quiz_session_question(&s), right, answer, sizeof answer);
+                feed(&s, answer);
+                for (int graded = 0; graded < 2; graded++) {
+                    for (size_t i = 0; i < sizeof SIZES / sizeof SIZES[0]; i++) {
+                        int need_cols, need_rows;
+                        if (!quiz_view_fits(&s, NULL, SIZES[i][0], SIZES[i][1], &need_cols, &need_rows)) continue;
+                        scrolled += expect_reachable(&s, NULL, SIZES[i][0], SIZES[i][1]) > 0;
+                        checked++;
+                    }
+                    if (s.stage != QUIZ_STAGE_SELF_GRADE) break;
+                    feed(&s, "y");
+                }
+                quiz_session_next(&s);
+            }
+            quiz_session_free(&s);
+        }
+    assert_true(checked > 200);
+    assert_true(scrolled > 50);
+}
+
+// ---- the keys that scroll (quiz_app) --------------------------------------------------------
+
+static int fake_prove(const char* claim_id, FILE* out, error_info* err) {
+    (void)err;
+    char line[4096];
+    long_result_line(line, 600, claim_id);
+    fprintf(out, "running the lesson check for %s in quiz/../lessons (headless)...\n%s\n", claim_id, line);
+    return 0;
+}
+
+static void test_scroll_keys(void** state) {
+    fixture* f = *state;
+    quiz_app app;
+    memset(&app, 0, sizeof app);
+    quiz_app_drawn drawn = {0, 0};
+    app.drawn = &drawn;
+    app.prove = fake_prove;
+    app.session = start(f, QUIZ_ALL_TOPICS, 100, 5);
+    app.session_started = true;
+    quiz_session* s = &app.session;
+    advance_to(s, is_true_false);
+    while (s->stage != QUIZ_STAGE_DONE && !quiz_session_claim(s)) {
+        s->stage = QUIZ_STAGE_FEEDBACK;
+        quiz_session_next(s);
+        advance_to(s, is_true_false);
+    }
+    int question = s->current;
+    feed(s, quiz_session_question(s)->item->truth ? "f" : "t");
+    assert_int_equal(s->stage, QUIZ_STAGE_FEEDBACK);
+    assert_true(quiz_app_key(&app, QUIZ_KEY_DOWN)); // nothing drawn yet: nothing to scroll
+    assert_int_equal(app.feedback_top, 0);
+    assert_true(quiz_app_key(&app, 'p'));
+    assert_non_null(app.notice);
+    ui_screen screen;
+    assert_int_equal(ui_screen_init(&screen, 80, 10, true, false), 0);
+    quiz_app_draw(&screen, &app);
+    quiz_view_scroll v = quiz_view_scroll_for(s, app.notice, 80, 10, 0);
+    assert_true(v.last_top >= 2 && v.page >= 2);
+    char* text = dump(&screen);
+    assert_non_null(strstr(text, "more below"));
+    assert_null(strstr(text, "more above"));
+    free(text);
+    assert_true(quiz_app_key(&app, QUIZ_KEY_DOWN));
+    assert_int_equal(app.feedback_top, 1);
+    quiz_app_draw(&screen, &app);
+    text = dump(&screen);
+    assert_non_null(strstr(text, "more above"));
+    free(text);
+    assert_true(quiz_app_key(&app, QUIZ_KEY_END));
+    assert_int_equal(app.feedback_top, v.last_top);
+    assert_true(quiz_app_key(&app, QUIZ_KEY_DOWN)); // the end holds
+    assert_true(quiz_app_key(&app, QUIZ_KEY_PGDN));
+    assert_int_equal(app.feedback_top, v.last_top);
+    quiz_app_draw(&screen, &app);
+    text = dump(&screen);
+    assert_null(strstr(text, "more below"));
+    assert_non_null(strstr(text, "more above"));
+    free(text);
+    assert_true(quiz_app_key(&app, QUIZ_KEY_PGUP)); // a page less one row
+    int expected = v.last_top - (v.page - 1);
+    assert_int_equal(app.feedback_top, expected > 0 ? expected : 0);
+    assert_true(quiz_app_key(&app, QUIZ_KEY_HOME));
+    assert_int_equal(app.feedback_top, 0);
+    assert_true(quiz_app_key(&app, QUIZ_KEY_UP)); // the top holds
+    assert_int_equal(app.feedback_top, 0);
+    assert_true(quiz_app_key(&app, QUIZ_KEY_PGDN));
+    assert_int_equal(app.feedback_top, v.page - 1 < v.last_top ? v.page - 1 : v.last_top);
+    // On a terminal where it all fits, nothing is hidden and the keys rest at 0.
+    ui_screen_resize(&screen, 80, 24);
+    quiz_app_draw(&screen, &app);
+    text = dump(&screen);
+    assert_null(strstr(text, "more "));
+    free(text);
+    assert_true(quiz_app_key(&app, QUIZ_KEY_DOWN));
+    assert_int_equal(app.feedback_top, 0);
+    ui_screen_resize(&screen, 80, 10);
+    quiz_app_draw(&screen, &app);
+    assert_true(quiz_app_key(&app, QUIZ_KEY_DOWN));
+    assert_int_equal(app.feedback_top, 1);
+    // The quiz's keys work as before: 'p' runs it again from the top; Enter goes on.
+    assert_true(quiz_app_key(&app, 'p'));
+    assert_int_equal(app.feedback_top, 0);
+    assert_non_null(app.notice);
+    assert_true(quiz_app_key(&app, QUIZ_KEY_DOWN));
+    assert_true(quiz_app_key(&app, '\n'));
+    assert_null(app.notice);
+    assert_int_equal(app.feedback_top, 0);
+    assert_int_equal(s->current, question + 1);
+    assert_int_equal(s->stage, QUIZ_STAGE_ASK);
+    // While typing an answer, the scroll keys type nothing.
+    assert_true(quiz_app_key(&app, QUIZ_KEY_DOWN));
+    assert_string_equal(app.input, "");
+    ui_screen_free(&screen);
+    quiz_session_free(s);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_topics_and_count, setup, teardown),
@@ -367,6 +684,10 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_stats_per_topic, setup, teardown),
         cmocka_unit_test_setup_teardown(test_view_draws_headless, setup, teardown),
         cmocka_unit_test_setup_teardown(test_every_feedback_is_whole_at_80x24, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_prove_it_is_whole_at_80x24, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_prove_it_scrolls_where_it_does_not_fit, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_feedback_scrolls_at_small_sizes, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_scroll_keys, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
