@@ -1364,8 +1364,9 @@ int server_start(server** out, const model* m, const tokenizer* tok, const engin
         v6->sin6_port = htons((uint16_t)config->port);
         flags |= MHD_USE_IPv6;
     } else {
-        server_stop(s);
-        return error_set(err, "serve: --host %s: expected a numeric IPv4 or IPv6 address (e.g. 127.0.0.1)", s->host);
+        error_set(err, "serve: --host %s: expected a numeric IPv4 or IPv6 address (e.g. 127.0.0.1)", s->host);
+        server_stop(s); // after the message: it names s->host
+        return -1;
     }
     if (pthread_create(&s->engine_thread, NULL, engine_thread_main, s)) {
         server_stop(s);
