@@ -100,7 +100,7 @@ int main(void) {
     openai_versions(wanted, installed, sizeof wanted);
     if (strcmp(wanted, installed) != 0) {
         char* output = NULL;
-        int status = run_logged("cd tests/serve && timeout 300 npm ci --no-audit --no-fund", "npm_ci.log", &output);
+        int status = run_logged("(cd tests/serve && timeout 300 npm ci --no-audit --no-fund)", "npm_ci.log", &output);
         openai_versions(wanted, installed, sizeof wanted);
         if (status != 0 || strcmp(wanted, installed) != 0) {
             printf("NOT RUN: npm ci could not install openai %s into tests/serve (offline?):\n%s\n", wanted, output);
