@@ -139,6 +139,17 @@ const char* quiz_session_input_hint(const quiz_session* s) {
     return "your answer in a sentence (or Enter to see the model answer)";
 }
 
+const char* quiz_session_input_hint_short(const quiz_session* s) {
+    const quiz_question* q = quiz_session_question(s);
+    if (!q) return "";
+    if (s->stage == QUIZ_STAGE_SELF_GRADE) return "y or n";
+    if (s->stage == QUIZ_STAGE_FEEDBACK) return quiz_session_claim(s) ? "p or Enter" : "Enter: next";
+    if (!q->item) return q->drill.answer.unit[0] ? "a number and unit" : "a number";
+    if (q->item->has_truth) return "t or f";
+    if (q->item->n_choices > 0) return "a letter";
+    return "your answer";
+}
+
 void quiz_session_format_question(const quiz_session* s, char* out, int capacity) {
     out[0] = '\0';
     const quiz_question* q = quiz_session_question(s);

@@ -80,6 +80,8 @@ const quiz_question* quiz_session_question(const quiz_session* s);
 void quiz_session_format_question(const quiz_session* s, char* out, int capacity);
 // What the next line should be, for the prompt: "true or false", "y or n", ...
 const char* quiz_session_input_hint(const quiz_session* s);
+// The same in at most 20 columns, for narrow terminals ("t or f", "p or Enter").
+const char* quiz_session_input_hint_short(const quiz_session* s);
 
 // Feeds one line of input to the current stage (ASK or SELF_GRADE).
 // "q" or "quit" ends the session.

@@ -218,7 +218,10 @@ void quiz_view_draw(ui_screen* screen, const quiz_session* s, const char* input,
                            question);
         }
         if (answer_box.h > 0) {
-            ui_box(screen, answer_box, quiz_session_input_hint(s), s->stage == QUIZ_STAGE_ASK);
+            // ui_box writes ">title " in cols - 4 columns: the short hint where the long one would be cut.
+            const char* hint = quiz_session_input_hint(s);
+            if (ui_text_columns(hint) + 2 > cols - 4) hint = quiz_session_input_hint_short(s);
+            ui_box(screen, answer_box, hint, s->stage == QUIZ_STAGE_ASK);
             ui_printf(screen, 2, answer_box.y + 1, cols - 4, UI_DEFAULT, UI_BOLD, "> %s%s", input ? input : "",
                       s->stage == QUIZ_STAGE_ASK ? "_" : "");
         }

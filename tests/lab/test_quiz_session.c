@@ -345,6 +345,9 @@ static void test_every_feedback_is_whole_at_80x24(void** state) {
                 while (s.stage != QUIZ_STAGE_DONE) {
                     char answer[64];
                     answer_for(quiz_session_question(&s), right, answer, sizeof answer);
+                    // While asking, a retry hint has a box (3 rows or more) below the answer.
+                    if (quiz_view_layout_for(&s, NULL, 80, 24).feedback.h < 3)
+                        fail_msg("%s: no feedback box while asking at 80x24", quiz_session_question(&s)->id);
                     assert_int_not_equal(feed(&s, answer), QUIZ_INPUT_RETRY);
                     expect_feedback_whole(&s, 80, 24);
                     if (s.stage == QUIZ_STAGE_SELF_GRADE) {
@@ -369,7 +372,7 @@ static void long_result_line(char* out, int length, const char* claim) {
                         "measured: linear, x2.00 per doubling; KV bytes written",
                         claim);
     for (int k = 1; used < length; k++)
-        used += snprintf(out + used, (size_t)(4096 - used), " at S=%d: %d B,", 32 << k, 4096 << k);
+        used += snprintf(out + used, (size_t)(4096 - used), " at S=%d: %d B,", 64 * k, 18432 * k);
     out[length] = '\0';
 }
 
@@ -396,12 +399,22 @@ static void without_blanks(const char* text, char* out, size_t size) {
     out[used] = '\0';
 }
 
+// ui_put's cut hook: what the view cut (nothing may be).
+static char cut_text[512];
+static void record_cut(void* user, const char* text, int x, int y, int shown, int columns) {
+    (void)user;
+    if (!cut_text[0])
+        snprintf(cut_text, sizeof cut_text, "'%s' at (%d, %d): %d of its columns shown, %d there", text, x, y, shown,
+                 columns);
+}
+
 // Draws the feedback box (the prove-it `notice`, or the session's feedback)
 // at every scroll position of a cols x rows screen and checks that every
 // character of the text appears in some position, in order, each row the
 // same wherever it shows; that the frame says "more above" exactly when
 // rows are hidden above and "more below" exactly when rows are hidden
-// below; and that scrolling past the end shows the end. Returns the
+// below; that nothing drawn is cut (the key bar, the box titles); and that
+// scrolling past the end shows the end. Returns the
 // largest top (0: the text fits whole).
 static int expect_reachable(const quiz_session* s, const char* notice, int cols, int rows) {
     const char* text = notice ? notice : s->feedback;
@@ -426,7 +439,11 @@ static int expect_reachable(const quiz_session* s, const char* notice, int cols,
         quiz_view_scroll v = quiz_view_scroll_for(s, notice, cols, rows, top);
         int shown_top = top < first.last_top ? top : first.last_top;
         assert_int_equal(v.top, shown_top);
+        cut_text[0] = '\0';
+        ui_set_cut_hook(record_cut, NULL);
         quiz_view_draw(&screen, s, "", notice, top);
+        ui_set_cut_hook(NULL, NULL);
+        if (cut_text[0]) fail_msg("%s at %dx%d, top %d: the view cut %s", id, cols, rows, top, cut_text);
         for (int i = 0; i < v.page && shown_top + i < total; i++) {
             row_text(&screen, layout.feedback.x + 2, layout.feedback.x + layout.feedback.w - 2,
                      layout.feedback.y + 1 + i, row, sizeof row);
@@ -473,8 +490,9 @@ static void prove_it_notice(const quiz_session* s, int length, char* out, size_t
 }
 
 // A 600-character prove-it line is shown whole at 80x24 below every bank
-// question that has a claim: it takes the body below the header. (Below a
-// 12-row question, the feedback box had 5 rows for it, and cut the rest.)
+// question that has a claim: it takes the body below the header. (The
+// feedback box below the question had 9 rows or fewer for its 10, and cut
+// the rest without a word.)
 static void test_prove_it_is_whole_at_80x24(void** state) {
     fixture* f = *state;
     quiz_session s;
@@ -543,6 +561,19 @@ static void test_prove_it_scrolls_where_it_does_not_fit(void** state) {
     quiz_session_free(&s);
 }
 
+// Draws the question being asked with the answer half typed: nothing is
+// cut (or the view says which size it needs).
+static void expect_nothing_cut(const quiz_session* s, int cols, int rows) {
+    ui_screen screen;
+    assert_int_equal(ui_screen_init(&screen, cols, rows, true, false), 0);
+    cut_text[0] = '\0';
+    ui_set_cut_hook(record_cut, NULL);
+    quiz_view_draw(&screen, s, "the bytes", NULL, 0);
+    ui_set_cut_hook(NULL, NULL);
+    if (cut_text[0]) fail_msg("%s at %dx%d: the view cut %s", quiz_session_question(s)->id, cols, rows, cut_text);
+    ui_screen_free(&screen);
+}
+
 // The graded feedback scrolls too where it does not fit, and never
 // vanishes: at sizes from the quiz's smallest up, every question's feedback
 // (bank items and drills, right and wrong) can be read whole.
@@ -559,6 +590,8 @@ static void test_feedback_scrolls_at_small_sizes(void** state) {
             while (s.stage != QUIZ_STAGE_DONE) {
                 char answer[64];
                 answer_for(quiz_session_question(&s), right, answer, sizeof answer);
+                for (size_t i = 0; i < sizeof SIZES / sizeof SIZES[0]; i++) // the question being asked
+                    expect_nothing_cut(&s, SIZES[i][0], SIZES[i][1]);
                 feed(&s, answer);
                 for (int graded = 0; graded < 2; graded++) {
                     for (size_t i = 0; i < sizeof SIZES / sizeof SIZES[0]; i++) {
