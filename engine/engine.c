@@ -233,6 +233,35 @@ int engine_cancel_sequence(engine* e, int32_t id, error_info* err) {
     return 0;
 }
 
+// A released sequence is the only one without tokens: sequence_init always
+// allocates at least one (the prompt has 1..max_seq_len - 1).
+static bool is_released(const sequence* s) { return s->tokens == NULL; }
+
+int engine_release_sequence(engine* e, int32_t id, error_info* err) {
+    if (id < 0 || id >= e->n_sequences)
+        return error_set(err, "release: no sequence %d (ids 0..%d)", id, e->n_sequences - 1);
+    sequence* s = &e->sequences[id];
+    if (is_released(s)) return error_set(err, "release: sequence %d was already released", id);
+    if (s->state != SEQ_FINISHED)
+        return error_set(err, "release: sequence %d is %s; only a finished or cancelled one can be released (cancel it first)",
+                         id, sequence_state_name(s->state));
+    // Finished sequences hold no blocks (finish() and cancel release them);
+    // the table array itself is what is left to free.
+    free(s->tokens);
+    free(s->block_table);
+    sampler_free(&s->sampler);
+    s->tokens = NULL;
+    s->block_table = NULL;
+    // Zero counts, so that a reader walking e->sequences directly sees an
+    // empty sequence rather than a count over a NULL array.
+    s->n_tokens = s->n_prompt = s->n_computed = s->capacity = 0;
+    s->n_table = s->table_capacity = 0;
+    e->n_released++;
+    return 0;
+}
+
+int engine_live_sequences(const engine* e) { return e->n_sequences - e->n_released; }
+
 bool engine_has_work(const engine* e) { return e->n_waiting > 0 || e->n_running > 0; }
 
 void engine_advance_clock(engine* e, double seconds) {
@@ -247,7 +276,7 @@ void engine_set_logits_observer(engine* e, logits_observer observer, void* user)
 }
 
 const sequence* engine_sequence(const engine* e, int32_t id) {
-    return id >= 0 && id < e->n_sequences ? &e->sequences[id] : NULL;
+    return id >= 0 && id < e->n_sequences && !is_released(&e->sequences[id]) ? &e->sequences[id] : NULL;
 }
 
 int64_t engine_pool_slots(const engine* e) {
@@ -514,8 +543,13 @@ int engine_step(engine* e, const step_record** record_out, error_info* err) {
     r->tp_shards = e->config.tp_shards;
     r->tp_link = link_model_get(e->config.tp_link)->name;
     if (e->config.layout == KV_LAYOUT_PAGED) kv_pool_clear_events(&e->pool);
-    // Room for every sequence that could finish this step (forks included).
-    int finished_needed = e->n_sequences + e->config.max_seqs + 1;
+    // Room for every sequence that could finish this step: those running or
+    // admitted now (at most n_running + n_waiting) and the forks they spawn.
+    // Bounded by the live queues, not by n_sequences, which counts every id
+    // ever handed out and would grow this array 4 bytes per request forever.
+    int finished_needed = e->n_running + e->n_waiting + 1;
+    for (int i = 0; i < e->n_running; i++) finished_needed += e->sequences[e->running[i]].pending_forks;
+    for (int i = 0; i < e->n_waiting; i++) finished_needed += e->sequences[e->waiting[i]].pending_forks;
     if (finished_needed > e->finished_capacity) {
         int capacity = finished_needed > 2 * e->finished_capacity ? finished_needed : 2 * e->finished_capacity;
         int32_t* ids = realloc(r->finished_ids, (size_t)capacity * sizeof *ids);

@@ -1,0 +1,226 @@
+// engine_release_sequence on stories260K: a finished (or cancelled)
+// sequence's memory is freed, its id stays taken and is refused afterwards,
+// a waiting or running one is refused, and the step records and the outputs
+// of the other sequences are those of a run without releases. Under ASan
+// (make check) LeakSanitizer also proves that engine_free frees a mix of
+// released and unreleased sequences exactly once.
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <stdlib.h>
+#include <cmocka.h>
+
+#include <string.h>
+
+#include "engine/engine.h"
+#include "tests/test_support.h"
+
+enum { NEW_TOKENS = 24, N_REQUESTS = 6, MAX_STEPS = 400 };
+
+// "Once upon a time" in stories260K's tokenizer, BOS first.
+static const int32_t PROMPT[] = {1, 403, 407, 261, 378};
+static const int N_PROMPT = 5;
+
+static void load_model(model* m) {
+    char path[512];
+    REQUIRE_SHARED_MODEL(path, "stories260K.bin");
+    error_info err = {{0}};
+    assert_int_equal(model_load(m, path, MODEL_DTYPE_DEFAULT, &err), 0);
+}
+
+static void start(engine* e, const model* m) {
+    engine_config c = engine_config_default();
+    c.kv_dtype = KV_F32;
+    c.num_blocks = 64;
+    c.block_size = 16;
+    c.n_threads = 1;
+    error_info err = {{0}};
+    assert_int_equal(engine_init(e, m, &c, &err), 0);
+}
+
+// Request k: greedy, max_tokens NEW_TOKENS - k so that they finish at different steps.
+static void add_requests(engine* e) {
+    error_info err = {{0}};
+    for (int k = 0; k < N_REQUESTS; k++) {
+        request_params p = {PROMPT, N_PROMPT, NEW_TOKENS - k, 1, 0.0f, 1.0f, 7, 0.0, true};
+        int32_t id = -1;
+        assert_int_equal(engine_add_request(e, &p, &id, &err), 0);
+        assert_int_equal(id, k);
+    }
+}
+
+// What a run records per step, to compare a run with releases against one without.
+typedef struct step_digest {
+    int n_sequences, n_running, n_waiting, n_finished, n_finished_now, blocks_free, blocks_used;
+    int64_t slots_used;
+} step_digest;
+
+// Runs to the end; with `release`, every sequence is released as soon as a
+// step finishes it. Fills digests (one per step) and each sequence's output.
+static int run(const model* m, bool release, step_digest* digests, int32_t outputs[N_REQUESTS][NEW_TOKENS]) {
+    engine e;
+    start(&e, m);
+    add_requests(&e);
+    error_info err = {{0}};
+    int steps = 0;
+    while (engine_has_work(&e) && steps < MAX_STEPS) {
+        const step_record* r = NULL;
+        assert_int_equal(engine_step(&e, &r, &err), 0);
+        digests[steps] = (step_digest){r->n_sequences,    r->n_running,   r->n_waiting,   r->n_finished,
+                                       r->n_finished_now, r->blocks_free, r->blocks_used, r->slots_used};
+        for (int i = 0; i < r->n_finished_now; i++) {
+            int32_t id = r->finished_ids[i];
+            const sequence* s = engine_sequence(&e, id);
+            assert_non_null(s);
+            assert_int_equal(s->n_tokens - s->n_prompt, NEW_TOKENS - id);
+            memcpy(outputs[id], s->tokens + s->n_prompt, (size_t)(s->n_tokens - s->n_prompt) * sizeof(int32_t));
+            if (release) {
+                assert_int_equal(engine_release_sequence(&e, id, &err), 0);
+                assert_null(engine_sequence(&e, id));
+            }
+        }
+        steps++;
+    }
+    assert_false(engine_has_work(&e));
+    assert_int_equal(engine_live_sequences(&e), release ? 0 : N_REQUESTS);
+    assert_int_equal(e.pool.n_free + e.pool.n_evictable, e.pool.n_blocks);
+    engine_free(&e);
+    return steps;
+}
+
+// Releasing as sequences finish changes neither the step records nor what the others generate.
+static void test_release_keeps_records_and_outputs(void** state) {
+    (void)state;
+    model m;
+    load_model(&m);
+    static step_digest plain[MAX_STEPS], released[MAX_STEPS];
+    static int32_t plain_out[N_REQUESTS][NEW_TOKENS], released_out[N_REQUESTS][NEW_TOKENS];
+    int n_plain = run(&m, false, plain, plain_out);
+    int n_released = run(&m, true, released, released_out);
+    assert_int_equal(n_plain, n_released);
+    assert_true(n_plain >= NEW_TOKENS); // the longest request decodes NEW_TOKENS times
+    for (int i = 0; i < n_plain; i++) {
+        assert_int_equal(plain[i].n_sequences, released[i].n_sequences);
+        assert_int_equal(plain[i].n_running, released[i].n_running);
+        assert_int_equal(plain[i].n_waiting, released[i].n_waiting);
+        assert_int_equal(plain[i].n_finished, released[i].n_finished);
+        assert_int_equal(plain[i].n_finished_now, released[i].n_finished_now);
+        assert_int_equal(plain[i].blocks_free, released[i].blocks_free);
+        assert_int_equal(plain[i].blocks_used, released[i].blocks_used);
+        assert_int_equal(plain[i].slots_used, released[i].slots_used);
+    }
+    for (int k = 0; k < N_REQUESTS; k++)
+        assert_memory_equal(plain_out[k], released_out[k], (size_t)(NEW_TOKENS - k) * sizeof(int32_t));
+    model_free(&m);
+}
+
+// Waiting and running sequences are refused, a cancelled one is released,
+// a released id is refused twice, ids are never reused, unknown ids refused.
+static void test_release_refuses_and_ids_stay_unique(void** state) {
+    (void)state;
+    model m;
+    load_model(&m);
+    engine e;
+    start(&e, &m);
+    add_requests(&e);
+    error_info err = {{0}};
+    assert_int_equal(engine_live_sequences(&e), N_REQUESTS);
+
+    // Waiting: refused, and it stays in the queue.
+    assert_int_equal(engine_release_sequence(&e, 0, &err), -1);
+    assert_non_null(strstr(err.message, "waiting"));
+    assert_int_equal(e.n_waiting, N_REQUESTS);
+
+    const step_record* r = NULL;
+    assert_int_equal(engine_step(&e, &r, &err), 0);
+    const sequence* s0 = engine_sequence(&e, 0);
+    assert_true(s0->state == SEQ_PREFILL || s0->state == SEQ_DECODE);
+    err.message[0] = '\0';
+    assert_int_equal(engine_release_sequence(&e, 0, &err), -1);
+    assert_non_null(strstr(err.message, "sequence 0"));
+    assert_non_null(strstr(err.message, "cancel it first"));
+    assert_non_null(engine_sequence(&e, 0)); // refused: untouched
+
+    // Cancelled: released, its blocks are already back, its id is gone for good.
+    int free_before = e.pool.n_free + e.pool.n_evictable;
+    assert_int_equal(engine_cancel_sequence(&e, 1, &err), 0);
+    assert_true(e.pool.n_free + e.pool.n_evictable > free_before);
+    assert_int_equal(engine_release_sequence(&e, 1, &err), 0);
+    assert_null(engine_sequence(&e, 1));
+    assert_int_equal(engine_live_sequences(&e), N_REQUESTS - 1);
+    assert_int_equal(engine_release_sequence(&e, 1, &err), -1);
+    assert_non_null(strstr(err.message, "already released"));
+    assert_int_equal(engine_cancel_sequence(&e, 1, &err), 0); // finished: still a no-op
+    int32_t child = -1;
+    assert_int_equal(engine_fork_sequence(&e, 1, 0.0f, 3, &child, &err), -1);
+
+    // Unknown ids.
+    assert_int_equal(engine_release_sequence(&e, -1, &err), -1);
+    assert_int_equal(engine_release_sequence(&e, N_REQUESTS, &err), -1);
+    assert_non_null(strstr(err.message, "no sequence"));
+    assert_null(engine_sequence(&e, N_REQUESTS));
+
+    // A new request gets a fresh id, never a released one.
+    request_params p = {PROMPT, N_PROMPT, 4, 1, 0.0f, 1.0f, 7, 0.0, true};
+    int32_t id = -1;
+    assert_int_equal(engine_add_request(&e, &p, &id, &err), 0);
+    assert_int_equal(id, N_REQUESTS);
+
+    // Run to the end releasing everything; the pool comes back whole.
+    int steps = 0;
+    while (engine_has_work(&e) && steps++ < MAX_STEPS) {
+        assert_int_equal(engine_step(&e, &r, &err), 0);
+        for (int i = 0; i < r->n_finished_now; i++)
+            assert_int_equal(engine_release_sequence(&e, r->finished_ids[i], &err), 0);
+    }
+    assert_false(engine_has_work(&e));
+    assert_int_equal(engine_live_sequences(&e), 0);
+    assert_int_equal(e.n_released, N_REQUESTS + 1);
+    assert_int_equal(e.pool.n_free + e.pool.n_evictable, e.pool.n_blocks);
+    engine_free(&e);
+    model_free(&m);
+}
+
+// Forked samples (n = 3): the parent can be released while its children still
+// share its prompt blocks; they finish with their own outputs. Leaves one
+// sequence unreleased so that engine_free frees a mix (ASan checks both).
+static void test_release_parent_of_running_forks(void** state) {
+    (void)state;
+    model m;
+    load_model(&m);
+    engine e;
+    start(&e, &m);
+    error_info err = {{0}};
+    request_params p = {PROMPT, N_PROMPT, 8, 3, 0.8f, 1.0f, 5, 0.0, true};
+    int32_t parent = -1;
+    assert_int_equal(engine_add_request(&e, &p, &parent, &err), 0);
+    const step_record* r = NULL;
+    assert_int_equal(engine_step(&e, &r, &err), 0); // prefill, then the two forks
+    assert_int_equal(e.n_sequences, 3);
+    assert_int_equal(engine_cancel_sequence(&e, parent, &err), 0);
+    assert_int_equal(engine_release_sequence(&e, parent, &err), 0);
+    int steps = 0;
+    while (engine_has_work(&e) && steps++ < MAX_STEPS)
+        assert_int_equal(engine_step(&e, &r, &err), 0);
+    for (int32_t id = 1; id <= 2; id++) {
+        const sequence* s = engine_sequence(&e, id);
+        assert_non_null(s);
+        assert_int_equal(s->state, SEQ_FINISHED);
+        assert_int_equal(s->n_tokens - s->n_prompt, 8);
+    }
+    assert_int_equal(engine_release_sequence(&e, 1, &err), 0);
+    assert_int_equal(engine_live_sequences(&e), 1);
+    assert_int_equal(e.pool.n_free + e.pool.n_evictable, e.pool.n_blocks);
+    engine_free(&e); // sequence 2 unreleased: freed here
+    model_free(&m);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_release_keeps_records_and_outputs),
+        cmocka_unit_test(test_release_refuses_and_ids_stay_unique),
+        cmocka_unit_test(test_release_parent_of_running_forks),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
