@@ -20,6 +20,7 @@
 #include "lab/engine_options.h"
 #include "lab/lesson.h"
 #include "lab/quiz_app.h"
+#include "lab/serve.h"
 #include "lab/ui_panes.h"
 #include "lab/ui_terminal.h"
 
@@ -40,6 +41,11 @@ static const char LAB_USAGE[] =
     "  --lesson FILE             run a Lua lesson: space continues it at each pause, the\n"
     "                            panes draw its engine and the Lesson pane its checks\n"
     "  --time-limit S            the lesson's CPU seconds (default 60); Ctrl-C also stops it\n"
+    "  --serve PORT              run the OpenAI-compatible server (servelab serve) inside the\n"
+    "                            lab on 127.0.0.1:PORT (0: any free port; the address goes to\n"
+    "                            stderr): clients' requests are the sequences in the panes, and\n"
+    "                            the lab steps the server's engine, so while it is paused the\n"
+    "                            clients wait (space steps, r runs)\n"
     "headless:\n"
     "  --keys KEYS               replay keys: plain characters and <space> <tab> <enter>\n"
     "                            <esc> <f1> <up> <down> <left> <right> <pgup> <pgdn>\n"
@@ -50,6 +56,8 @@ static const char LAB_USAGE[] =
     "  --quiz-seed N             the questions of the quiz page (z), for repeatable runs\n"
     "  --measure-machine         measure this CPU's bandwidth and peak FMA rate first\n"
     "                            (the terminal lab always measures, in the background)\n"
+    "With --serve, <wait:MS> waits MS real milliseconds (clients are real), stepping\n"
+    "in run mode whenever a request waits.\n"
     "Without --keys or --dump-frame, stdin and stdout must be a terminal (exit 2 otherwise).\n"
     "\n";
 
@@ -85,6 +93,9 @@ typedef struct lab_app {
     bool quiz_loaded, quiz_open;
     uint64_t quiz_seed;  // 0: from the clock
     int cols, rows;      // the screen keys act on (the terminal's, or --size and <resize:>)
+    // --serve: the server inside the lab, stepped by do_step (no engine thread
+    // of its own), so that a paused lab holds every client's request.
+    server* server;
 } lab_app;
 
 static double monotonic_seconds(void) {
@@ -176,8 +187,44 @@ static int open_lesson(lab_app* a, const char* path, double time_limit_s, error_
     return 0;
 }
 
+// --serve: copies the server's connection and queue counts into the
+// dashboard; true when they changed (the frame is then redrawn).
+static bool serve_poll(lab_app* a) {
+    if (!a->server) return false;
+    server_activity now = server_activity_now(a->server);
+    bool changed = now.connections != a->d.serve_clients || now.in_flight != a->d.serve_in_flight ||
+                   now.submitted != a->d.serve_submitted;
+    a->d.serve_clients = now.connections;
+    a->d.serve_in_flight = now.in_flight;
+    a->d.serve_submitted = now.submitted;
+    return changed;
+}
+
+// --serve: one step of the server's engine, when a request waits for one.
+static void serve_step(lab_app* a) {
+    error_info err = {{0}};
+    if (a->v.running) a->run_steps++;
+    if (!server_has_work(a->server)) {
+        // Run mode stays on: the next client's request runs as it arrives.
+        snprintf(a->v.message, sizeof a->v.message, "no requests: waiting for clients (curl %s/v1/completions)",
+                 a->d.serve_address);
+        return;
+    }
+    bool stepped = false;
+    if (server_step(a->server, &stepped, &err)) {
+        set_message(a, err.message);
+        a->v.running = false;
+    }
+    dashboard_follow_engine(&a->d, server_engine(a->server)); // its newest step joins the history
+    serve_poll(a);
+}
+
 static void do_step(lab_app* a) {
     error_info err = {{0}};
+    if (a->server) {
+        serve_step(a);
+        return;
+    }
     if (lesson_active(a)) { // space belongs to the lesson until it ends
         if (a->in_terminal) { // show that it runs before it blocks the loop
             a->lesson_resume_pending = true;
@@ -314,12 +361,23 @@ static void handle_key(lab_app* a, int key) {
         break;
     case '+': case '=': if (v->speed_index < 7) v->speed_index++; break;
     case '-': if (v->speed_index > 0) v->speed_index--; break;
-    case 'a': v->mode = UI_MODE_EDIT; v->edit[0] = '\0'; break;
-    case 'f': if (dashboard_fork_selected(&a->d, &err)) set_message(a, err.message); break;
-    case 'p': if (dashboard_add_shared_prompt(&a->d, &err)) set_message(a, err.message); break;
-    case 'x': if (dashboard_cancel_selected(&a->d, &err)) set_message(a, err.message); break;
-    case '[': change_block_size(a, -1); break;
-    case ']': change_block_size(a, +1); break;
+    case 'a': case 'f': case 'p': case 'x': case '[': case ']':
+        if (a->server) { // the panes draw the server's engine: its requests come from clients
+            char text[sizeof v->message];
+            snprintf(text, sizeof text, "serving: requests come from clients, e.g. curl %s/v1/completions -d "
+                     "'{\"model\":\"servelab\",\"prompt\":\"Hi\",\"stream\":true}'", a->d.serve_address);
+            set_message(a, text);
+            break;
+        }
+        if (key == 'a') {
+            v->mode = UI_MODE_EDIT;
+            v->edit[0] = '\0';
+        }
+        if (key == 'f' && dashboard_fork_selected(&a->d, &err)) set_message(a, err.message);
+        if (key == 'p' && dashboard_add_shared_prompt(&a->d, &err)) set_message(a, err.message);
+        if (key == 'x' && dashboard_cancel_selected(&a->d, &err)) set_message(a, err.message);
+        if (key == '[' || key == ']') change_block_size(a, key == '[' ? -1 : +1);
+        break;
     case 'd': v->device = (v->device + 1) % n_devices; break;
     case 'z': open_quiz(a); break;
     case '?': case KEY_CODE_F1: v->help = true; break;
@@ -429,6 +487,28 @@ static int parse_keys(const char* text, int* keys, int capacity, int* n, error_i
     return 0;
 }
 
+// --serve, headless: <wait:MS> is real time, since the clients are real:
+// in run mode the server steps whenever a request waits, at most at the
+// lab's speed; paused, the clients' requests wait.
+static void serve_wait(lab_app* a, int ms) {
+    double deadline = monotonic_seconds() + ms / 1000.0;
+    for (double now = monotonic_seconds(); now < deadline; now = monotonic_seconds()) {
+        int speed = UI_SPEEDS[a->v.speed_index];
+        if (a->v.running && now >= a->next_step_at && server_has_work(a->server)) {
+            do_step(a);
+            a->next_step_at = speed ? now + 1.0 / speed : 0;
+            continue;
+        }
+        serve_poll(a);
+        double pause = a->v.running && a->next_step_at > now ? a->next_step_at - now : 0.005;
+        if (pause > 0.005) pause = 0.005; // 5 ms: a new request starts within one
+        if (pause > deadline - now) pause = deadline - now;
+        struct timespec t = {0, (long)(pause * 1e9)};
+        nanosleep(&t, NULL);
+    }
+    serve_poll(a);
+}
+
 // Headless: keys in order; <wait:MS> advances a virtual clock, and in run
 // mode the engine takes the steps the speed allows in that time (speed
 // "max" counts as 1000/s), so a replay is deterministic.
@@ -450,6 +530,12 @@ static int run_headless(lab_app* a, const char* keys_text, const char* dump_path
     }
     a->cols = cols;
     a->rows = rows;
+    // <frame>: the screen then, kept in memory and written before the final
+    // frame, so that one replay shows several states (and the dump is still
+    // written whole or not at all).
+    char* frames = NULL;
+    size_t frames_bytes = 0;
+    FILE* frames_out = open_memstream(&frames, &frames_bytes);
     for (int i = 0; i < n && !a->quit; i++) {
         if (keys[i] >= KEY_CODE_RESIZE_BASE) {
             int code = keys[i] - KEY_CODE_RESIZE_BASE;
@@ -457,29 +543,43 @@ static int run_headless(lab_app* a, const char* keys_text, const char* dump_path
                 a->cols = screen.cols;
                 a->rows = screen.rows;
             }
+        } else if (keys[i] >= KEY_CODE_WAIT_BASE && a->server) {
+            serve_wait(a, keys[i] - KEY_CODE_WAIT_BASE);
         } else if (keys[i] >= KEY_CODE_WAIT_BASE) {
             if (!a->v.running) continue;
             int speed = UI_SPEEDS[a->v.speed_index] ? UI_SPEEDS[a->v.speed_index] : 1000;
             long steps = (long)(keys[i] - KEY_CODE_WAIT_BASE) * speed / 1000;
             for (long k = 0; k < steps && a->v.running; k++) do_step(a);
-        } else if (keys[i] == KEY_CODE_FRAME) draw_lab(&screen, a);
-        else handle_key(a, keys[i]);
+        } else if (keys[i] == KEY_CODE_FRAME) {
+            serve_poll(a);
+            draw_lab(&screen, a);
+            if (frames_out) ui_screen_dump(&screen, frames_out);
+        } else handle_key(a, keys[i]);
         track_run_time(a);
     }
     free(keys);
     report_run_rate(a, "headless");
+    serve_poll(a);
     draw_lab(&screen, a);
     int status = 0;
+    bool frames_failed = !frames_out || fclose(frames_out) != 0;
+    if (frames_failed) fprintf(stderr, "servelab lab: out of memory for the <frame> frames\n");
     if (dump_path && strcmp(dump_path, "-") == 0) {
-        if (ui_screen_dump(&screen, stdout) || fflush(stdout) != 0) status = 1;
+        if (frames_failed || fwrite(frames, 1, frames_bytes, stdout) != frames_bytes ||
+            ui_screen_dump(&screen, stdout) || fflush(stdout) != 0)
+            status = 1;
     } else if (dump_path) {
         output_file out;
         if (output_file_open(&out, dump_path, &err) ||
-            output_file_commit(&out, ui_screen_dump(&screen, out.stream) != 0, &err)) {
+            output_file_commit(&out,
+                               frames_failed || fwrite(frames, 1, frames_bytes, out.stream) != frames_bytes ||
+                                   ui_screen_dump(&screen, out.stream) != 0,
+                               &err)) {
             fprintf(stderr, "servelab lab: --dump-frame: %s\n", err.message);
             status = 1;
         }
     }
+    free(frames);
     ui_screen_free(&screen);
     return status;
 }
@@ -525,6 +625,7 @@ static int run_terminal(lab_app* a) {
     bool machine_shown = false;
     while (!a->quit && !ui_terminal_stop_requested()) {
         double now = monotonic_seconds();
+        if (serve_poll(a)) dirty = true; // a client came, went or sent a request
         double unused_gb_s, unused_gflop_s;
         if (!machine_shown && dashboard_machine_figures(&a->d, &unused_gb_s, &unused_gflop_s))
             machine_shown = dirty = true; // the background measurement just finished: show it
@@ -547,6 +648,8 @@ static int run_terminal(lab_app* a) {
             if (speed == 0 || now >= a->next_step_at) wait = 0;
             else wait = a->next_step_at - now;
         }
+        // Serving with nothing to do: poll for clients every 20 ms rather than spin.
+        if (a->server && a->v.running && wait < 0.02 && !server_has_work(a->server)) wait = 0.02;
         if (dirty && wait > frame_interval) wait = frame_interval;
         timeout((int)(wait * 1000));
         int c = getch();
@@ -560,7 +663,7 @@ static int run_terminal(lab_app* a) {
             track_run_time(a);
             dirty = true;
         }
-        if (a->v.running && !a->quit) {
+        if (a->v.running && !a->quit && (!a->server || server_has_work(a->server))) {
             now = monotonic_seconds();
             int speed = UI_SPEEDS[a->v.speed_index];
             if (speed == 0 || now >= a->next_step_at) {
@@ -575,6 +678,32 @@ static int run_terminal(lab_app* a) {
     ui_screen_free(&screen);
     ui_terminal_close();
     report_run_rate(a, "terminal");
+    return 0;
+}
+
+// --serve: the server on the dashboard's model, stepped by the lab.
+static int start_server(lab_app* a, int port, const engine_config* config, error_info* err) {
+    serve_config sc = serve_config_default();
+    sc.port = port;
+    sc.external_stepping = true;
+    // Clients name the model by its file name without .bin, as `servelab serve` does.
+    char name[sizeof a->d.source.model_label];
+    const char* label = a->d.source.model_label;
+    const char* base = strrchr(label, '/');
+    snprintf(name, sizeof name, "%s", base ? base + 1 : label);
+    char* dot = strstr(name, ".bin");
+    if (dot) *dot = '\0';
+    sc.model_name = name;
+    // A client that goes away mid-stream must not kill the lab (and leave the terminal raw).
+    signal(SIGPIPE, SIG_IGN);
+    if (server_start(&a->server, &a->d.source.model, a->d.source.tokenizer, config, &sc, err)) return -1;
+    snprintf(a->d.serve_address, sizeof a->d.serve_address, "http://%s:%d", server_host(a->server),
+             server_port(a->server));
+    dashboard_follow_engine(&a->d, server_engine(a->server));
+    fprintf(stderr, "servelab lab: serving %s (model \"%s\"); the lab steps it: space steps, r runs\n",
+            a->d.serve_address, name);
+    fflush(stderr);
+    set_message(a, "serving: paused, so clients wait; space steps, r runs");
     return 0;
 }
 
@@ -598,7 +727,7 @@ int command_lab(int argc, char** argv) {
     const char* prompts[16];
     const char* system_prompt = "Once upon a time, there was a little girl named Lily. She lived in a small house "
                                 "with her mom, her dad and her dog Max.";
-    int n_prompts = 0, cols = 160, rows = 50, max_tokens = 96;
+    int n_prompts = 0, cols = 160, rows = 50, max_tokens = 96, serve_port = -1;
     arg_cursor cursor = {argc, argv, 1, "servelab lab", NULL};
     for (; cursor.index < argc; cursor.index++) {
         bool failed = false;
@@ -633,6 +762,8 @@ int command_lab(int argc, char** argv) {
             if (!failed) dump_path = cursor.value;
         } else if (arg_match(&cursor, "--size", true, &failed, &err)) {
             if (!failed) failed = parse_size(cursor.value, &cols, &rows, &err) != 0;
+        } else if (arg_match(&cursor, "--serve", true, &failed, &err)) {
+            if (!failed) failed = parse_int_arg("--serve", cursor.value, 0, 65535, &serve_port, &err) != 0;
         } else if (arg_match(&cursor, "--lesson", true, &failed, &err)) {
             if (!failed) lesson_path = cursor.value;
         } else if (arg_match(&cursor, "--time-limit", true, &failed, &err)) {
@@ -664,7 +795,11 @@ int command_lab(int argc, char** argv) {
     // requests make it fill up (the engine's 64 MiB default is 6553 blocks
     // of stories260K).
     if (config.num_blocks == 0 && config.kv_mem_bytes == engine_config_default().kv_mem_bytes) config.num_blocks = 128;
-    if (n_prompts == 0) {
+    if (serve_port >= 0 && lesson_path) {
+        fprintf(stderr, "servelab lab: --serve and --lesson: a lesson drives its own engines; give one of them\n");
+        return 2;
+    }
+    if (n_prompts == 0 && serve_port < 0) { // serving, the requests are the clients'
         prompts[n_prompts++] = "Once upon a time, there was a little girl named Lily.";
         prompts[n_prompts++] = "The dog ran";
     }
@@ -686,6 +821,12 @@ int command_lab(int argc, char** argv) {
             free(a);
             return 2;
         }
+    if (serve_port >= 0 && start_server(a, serve_port, &config, &err)) {
+        fprintf(stderr, "servelab lab: --serve %d: %s\n", serve_port, err.message);
+        dashboard_free(&a->d);
+        free(a);
+        return 1;
+    }
     a->in_terminal = !headless;
     a->quiz_seed = quiz_seed;
     // Random weights write gibberish; the first screen says where real ones are.
@@ -695,7 +836,8 @@ int command_lab(int argc, char** argv) {
     if (!headless || measure_machine) dashboard_measure_machine(&a->d, !headless);
     int status = headless ? run_headless(a, keys ? keys : "", dump_path ? dump_path : "-", cols, rows)
                                    : run_terminal(a);
-    dashboard_follow_engine(&a->d, NULL); // the lesson's engines go with it
+    dashboard_follow_engine(&a->d, NULL); // the lesson's (or the server's) engines go with it
+    server_stop(a->server);               // before dashboard_free: it serves the dashboard's model
     if (a->lesson) lesson_close(a->lesson);
     if (a->quiz_loaded) quiz_app_free(&a->quiz);
     dashboard_free(&a->d);

@@ -109,6 +109,12 @@ typedef struct dashboard {
     const engine* lesson_engine; // while a lesson runs: the engine it works on (panes draw it), else NULL
     uint64_t lesson_engine_step; // its last step put into the history
     lesson_log lesson;
+    // servelab lab --serve: the panes follow the server's engine (as a
+    // lesson's, through lesson_engine) and the header shows these.
+    char serve_address[96];     // "http://127.0.0.1:8000", "" when not serving
+    int serve_clients;          // open client connections
+    int serve_in_flight;        // requests queued or running
+    int serve_submitted;        // of those, not yet admitted (waiting for the lab to step)
 } dashboard;
 
 int dashboard_init(dashboard* d, const model_request* request, const engine_config* config, kv_layout primary,

@@ -515,6 +515,45 @@ static void publish(server* s) {
     }
 }
 
+// One round of the engine loop, lock held (dropped during engine_step):
+// admit and cancel, step when there is work, publish. *stepped tells
+// whether a step ran. -1 when the step failed: the engine's state is then
+// not to be trusted, so everything in flight has failed and the server is
+// stopping (err says why).
+static int serve_round(server* s, bool* stepped, error_info* err) {
+    *stepped = false;
+    s->work_pending = false;
+    admit_and_cancel(s);
+    measure(s);
+    pthread_cond_broadcast(&s->progress);
+    if (!engine_has_work(&s->engine)) return 0;
+    pthread_mutex_unlock(&s->lock);
+    const step_record* record = NULL;
+    int status = engine_step(&s->engine, &record, err);
+    pthread_mutex_lock(&s->lock);
+    s->metrics.steps++;
+    if (status) {
+        fprintf(stderr, "servelab serve: engine step failed: %s\n", err->message);
+        while (s->jobs)
+            job_fail(s, s->jobs, 500, "server_error", err->message);
+        s->stopping = true;
+        pthread_cond_broadcast(&s->progress);
+        return -1;
+    }
+    *stepped = true;
+    publish(s);
+    measure(s);
+    pthread_cond_broadcast(&s->progress);
+    return 0;
+}
+
+// Stopping: whatever is in flight ends with an error (lock held).
+static void fail_in_flight(server* s) {
+    while (s->jobs)
+        job_fail(s, s->jobs, 503, "server_error", "the server is shutting down");
+    pthread_cond_broadcast(&s->progress);
+}
+
 static void* engine_thread_main(void* arg) {
     server* s = arg;
     pthread_mutex_lock(&s->lock);
@@ -523,37 +562,50 @@ static void* engine_thread_main(void* arg) {
             pthread_cond_wait(&s->work, &s->lock);
             continue;
         }
-        s->work_pending = false;
-        admit_and_cancel(s);
-        measure(s);
-        pthread_cond_broadcast(&s->progress);
-        if (!engine_has_work(&s->engine)) continue;
-        pthread_mutex_unlock(&s->lock);
-        const step_record* record = NULL;
+        bool stepped = false;
         error_info err = {{0}};
-        int status = engine_step(&s->engine, &record, &err);
-        pthread_mutex_lock(&s->lock);
-        s->metrics.steps++;
-        if (status) {
-            // The engine's state after a failed step is not to be trusted:
-            // fail everything in flight and refuse new work.
-            fprintf(stderr, "servelab serve: engine step failed: %s\n", err.message);
-            while (s->jobs)
-                job_fail(s, s->jobs, 500, "server_error", err.message);
-            s->stopping = true;
-            break;
-        }
-        publish(s);
-        measure(s);
-        pthread_cond_broadcast(&s->progress);
+        if (serve_round(s, &stepped, &err)) break;
     }
-    // Stopping: whatever is in flight ends with an error.
-    while (s->jobs)
-        job_fail(s, s->jobs, 503, "server_error", "the server is shutting down");
-    pthread_cond_broadcast(&s->progress);
+    fail_in_flight(s);
     pthread_mutex_unlock(&s->lock);
     return NULL;
 }
+
+// ---- external stepping (servelab lab --serve) ----------------------------------------------------
+//
+// No engine thread: the caller's thread is the engine thread of the
+// invariant above. It alone calls server_step (and so engine_step) and
+// reads server_engine(); connections still only touch jobs, under the lock.
+
+int server_step(server* s, bool* stepped, error_info* err) {
+    *stepped = false;
+    if (!s->config.external_stepping)
+        return error_set(err, "serve: server_step needs external_stepping (the engine thread steps this server)");
+    pthread_mutex_lock(&s->lock);
+    int status = s->stopping ? error_set(err, "serve: the server has stopped") : serve_round(s, stepped, err);
+    pthread_mutex_unlock(&s->lock);
+    return status;
+}
+
+bool server_has_work(server* s) {
+    pthread_mutex_lock(&s->lock);
+    bool work = s->jobs != NULL || engine_has_work(&s->engine);
+    pthread_mutex_unlock(&s->lock);
+    return work;
+}
+
+const engine* server_engine(const server* s) { return &s->engine; }
+
+server_activity server_activity_now(server* s) {
+    pthread_mutex_lock(&s->lock);
+    server_activity a = {s->connections, s->n_in_flight, 0};
+    for (const serve_job* job = s->jobs; job; job = job->next)
+        a.submitted += job->state == JOB_SUBMITTED;
+    pthread_mutex_unlock(&s->lock);
+    return a;
+}
+
+const char* server_host(const server* s) { return s->host; }
 
 // ---- responses ---------------------------------------------------------------------------
 
@@ -1321,6 +1373,12 @@ int server_port(const server* s) { return s->port; }
 
 void server_stop(server* s) {
     if (!s) return;
+    if (s->config.external_stepping && s->engine_ready) { // no engine thread to fail what is in flight
+        pthread_mutex_lock(&s->lock);
+        s->stopping = true;
+        fail_in_flight(s);
+        pthread_mutex_unlock(&s->lock);
+    }
     if (s->engine_thread_started) {
         pthread_mutex_lock(&s->lock);
         s->stopping = true;
@@ -1383,11 +1441,13 @@ int server_start(server** out, const model* m, const tokenizer* tok, const engin
         server_stop(s); // after the message: it names s->host
         return -1;
     }
-    if (pthread_create(&s->engine_thread, NULL, engine_thread_main, s)) {
-        server_stop(s);
-        return error_set(err, "serve: cannot start the engine thread");
+    if (!config->external_stepping) {
+        if (pthread_create(&s->engine_thread, NULL, engine_thread_main, s)) {
+            server_stop(s);
+            return error_set(err, "serve: cannot start the engine thread");
+        }
+        s->engine_thread_started = true;
     }
-    s->engine_thread_started = true;
     // The connection memory holds the request line, the headers and body
     // pieces: 64 KiB lets our own limits (max_header_bytes) speak first with
     // a JSON error; a flood past 64 KiB gets libmicrohttpd's 431.

@@ -30,6 +30,7 @@ typedef struct serve_config {
     int max_connections;     // open connections at most
     int max_header_count;    // headers per request at most; more get 431
     size_t max_header_bytes; // bytes of header names and values at most; more get 431
+    bool external_stepping;  // no engine thread: the caller steps with server_step (servelab lab --serve)
 } serve_config;
 
 // The defaults: 127.0.0.1:8000, 256 requests in flight, 1 MiB bodies,
@@ -48,5 +49,35 @@ int server_port(const server* s);
 
 // Stops accepting, cancels what is in flight, joins the threads, frees.
 void server_stop(server* s);
+
+// ---- external stepping: the lab steps the server's engine ----
+//
+// With config->external_stepping no engine thread runs: requests wait in
+// the queue until the caller steps. The caller's thread is then the engine
+// thread of serve.c's invariant: only it calls server_step and reads
+// server_engine(), and it may read that engine between its own steps
+// without the lock (connections never touch the engine).
+
+// Admits queued requests, cancels abandoned ones and, when there is work,
+// runs one engine step and publishes its tokens (*stepped: a step ran).
+// -1 when the server was not started for external stepping, has stopped,
+// or the step failed (then every request in flight has failed too).
+int server_step(server* s, bool* stepped, error_info* err);
+
+// Whether a request waits for a step (queued, running, or not yet admitted).
+bool server_has_work(server* s);
+
+// The engine the server runs (read it only from the stepping thread).
+const engine* server_engine(const server* s);
+
+typedef struct server_activity {
+    int connections; // open client connections
+    int in_flight;   // requests queued or running
+    int submitted;   // of those, not yet admitted into the engine (they wait for a step)
+} server_activity;
+server_activity server_activity_now(server* s);
+
+// The address listened on, as given (numeric).
+const char* server_host(const server* s);
 
 #endif

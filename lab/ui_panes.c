@@ -81,6 +81,8 @@ static void draw_requests(ui_screen* s, ui_rect r, const dashboard* d) {
     const step_record* rec = dashboard_primary_record(d);
     int cancelled = 0;
     for (int id = 0; id < e->n_sequences; id++) cancelled += strcmp(state_name(&e->sequences[id]), "cancelled") == 0;
+    int released = 0; // a server's finished requests leave the engine (engine_release_sequence)
+    for (int id = 0; id < e->n_sequences; id++) released += engine_sequence(e, id) == NULL;
     ui_line head;
     ui_line_init(&head);
     ui_line_number(&head, 9, false, "waiting ", e->n_waiting, 1, "");
@@ -96,8 +98,20 @@ static void draw_requests(ui_screen* s, ui_rect r, const dashboard* d) {
     // Newest first would move rows under the cursor; ids are stable, so list by id.
     int first = 0;
     if (d->selected >= r.h - 1) first = d->selected - (r.h - 2);
+    if (released > 0 && first > 0) { // the hidden released rows do not count towards the scroll
+        first = 0;
+        for (int id = d->selected, rows = 0; id >= 0; id--)
+            if (engine_sequence(e, id) && ++rows > r.h - 1) {
+                first = id + 1;
+                break;
+            }
+    }
     for (int id = first; id < e->n_sequences && y < r.y + r.h; id++, y++) {
-        const sequence* q = &e->sequences[id];
+        const sequence* q = engine_sequence(e, id);
+        if (!q) { // released: its tokens went to its client and are no longer kept
+            y--;
+            continue;
+        }
         bool selected = id == d->selected;
         int x = r.x, right = r.x + text_w(r);
         char label[32], state[32];
@@ -338,7 +352,9 @@ static void fragmentation_rows(ui_screen* s, ui_rect r, int y, const char* label
     ui_printf(s, r.x, y, r.w, UI_DEFAULT, UI_BOLD, "%s", label);
     if (!rec) {
         put_whole(s, r.x + 12, y, r.x + text_w(r), UI_DEFAULT, 0,
-                  dashboard_view_engine(d, layout) ? "(idle)" : "(not in the lesson's engine)");
+                  dashboard_view_engine(d, layout)  ? "(idle)"
+                  : d->serve_address[0] ? "(not in the server's engine)"
+                                        : "(not in the lesson's engine)");
         return;
     }
     const char* names[4] = {"tokens", "tail waste", "reserved", "ext. frag"};
@@ -851,15 +867,31 @@ void ui_draw(ui_screen* s, const dashboard* d, const ui_view* v) {
     ui_line header;
     ui_line_init(&header);
     ui_line_text(&header, 3, "servelab lab", "servelab", NULL);
-    const char* model_text = d->lesson_engine ? "(the lesson's engine)" : d->source.model_label;
+    const char* model_text = d->serve_address[0] ? d->source.model_label
+                             : d->lesson_engine  ? "(the lesson's engine)"
+                                                 : d->source.model_label;
     const char* model_base = strrchr(model_text, '/');
     char model_long[UI_LINE_FORM_BYTES], model_short[UI_LINE_FORM_BYTES];
     // A path longer than a form is not shown in part: its file name is.
     if (snprintf(model_long, sizeof model_long, "  %s", model_text) >= (int)sizeof model_long) model_long[0] = '\0';
     if (snprintf(model_short, sizeof model_short, "  %.*s", UI_LINE_FORM_BYTES - 3,
-                 model_base && !d->lesson_engine ? model_base + 1 : model_text) >= (int)sizeof model_short)
+                 model_base && (!d->lesson_engine || d->serve_address[0]) ? model_base + 1 : model_text) >=
+        (int)sizeof model_short)
         model_short[0] = '\0';
     ui_line_text(&header, 4, model_long, model_short, "", NULL);
+    if (d->serve_address[0]) {
+        // What a student runs curl against, and who is connected: these go
+        // only after the model path, like the step (a served lab is about them).
+        char serve_long[UI_LINE_FORM_BYTES], serve_mid[UI_LINE_FORM_BYTES], serve_short[UI_LINE_FORM_BYTES];
+        const char* plural = d->serve_clients == 1 ? "" : "s";
+        snprintf(serve_long, sizeof serve_long, "  serving %s  %d client%s  %d queued", d->serve_address,
+                 d->serve_clients, plural, d->serve_submitted);
+        const char* port = strrchr(d->serve_address, ':');
+        port = port ? port : d->serve_address;
+        snprintf(serve_mid, sizeof serve_mid, "  %s  %d client%s", port, d->serve_clients, plural);
+        snprintf(serve_short, sizeof serve_short, "  %s %dcl", port, d->serve_clients);
+        ui_line_text(&header, 9, serve_long, serve_mid, serve_short, NULL);
+    }
     if (fault_enabled_set) {
         // A deliberate bug (--fault) stays in sight as long as the step does:
         // every number on the screen is the broken engine's.

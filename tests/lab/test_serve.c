@@ -1156,6 +1156,120 @@ static void test_finished_sequences_are_released(void** state) {
     server_stop_checked(&ts);
 }
 
+// ---- test: servelab lab --serve ------------------------------------------------------------------
+
+// `servelab lab --serve 0` headless: 8 streaming clients (two prompts, four
+// each) against the lab. While the lab is paused their requests wait (none is
+// admitted); three spaces prefill and decode them; run mode finishes them.
+// Each client's tokens equal `servelab generate`'s, and the frames show the
+// address, the 8 clients, their sequences and the waiting queue.
+static void test_lab_serve_shows_clients_and_steps_them(void** state) {
+    (void)state;
+    enum { N_CLIENTS = 8 };
+    char model[512];
+    REQUIRE_SHARED_MODEL(model, "stories260K.bin");
+    static reference refs[2] = {{.prompt = "Once upon a time", .max_tokens = 40},
+                                {.prompt = "The cat sat on the mat", .max_tokens = 32}};
+    for (int k = 0; k < 2; k++)
+        reference_make(&refs[k], model);
+    char frame_path[600], command[2048];
+    snprintf(frame_path, sizeof frame_path, "%s/lab_serve_frames.txt", test_scratch_dir());
+    unlink(frame_path);
+    // <wait:1500>: the clients connect and wait (paused). <frame>. Three steps:
+    // prefill, two decodes. <frame>. Speed max (+ four times), r: the rest.
+    snprintf(command, sizeof command,
+             "exec %s lab --model %s --kv-dtype fp32 --serve 0 --size 160x50 --dump-frame %s "
+             "--keys '<wait:1500><frame><space><space><space><frame>++++r<wait:6000>' 2>&1",
+             test_servelab_binary(), model, frame_path);
+    int out[2];
+    assert_int_equal(pipe(out), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        dup2(out[1], 1);
+        close(out[0]);
+        close(out[1]);
+        execl("/bin/sh", "sh", "-c", command, (char*)NULL);
+        _exit(127);
+    }
+    close(out[1]);
+    char line[1024] = "";
+    size_t n = 0;
+    double deadline = now_s() + 60.0;
+    while (n + 1 < sizeof line && !strstr(line, "127.0.0.1:") && now_s() < deadline) {
+        struct pollfd p = {.fd = out[0], .events = POLLIN};
+        if (poll(&p, 1, 200) <= 0) continue;
+        ssize_t got = read(out[0], line + n, sizeof line - 1 - n);
+        if (got <= 0) break;
+        n += (size_t)got;
+        line[n] = '\0';
+    }
+    const char* at = strstr(line, "127.0.0.1:");
+    int port = at ? atoi(at + strlen("127.0.0.1:")) : 0;
+    if (port <= 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        fail_msg("lab --serve printed no address: '%s'", line);
+    }
+    exact_worker workers[N_CLIENTS];
+    pthread_t threads[N_CLIENTS];
+    for (int i = 0; i < N_CLIENTS; i++) {
+        workers[i] = (exact_worker){.port = port, .ref = &refs[i % 2]};
+        pthread_create(&threads[i], NULL, exact_worker_main, &workers[i]);
+    }
+    // Paused: every request is in flight and none is in the engine.
+    test_sleep_ms(700);
+    health h = health_get(port);
+    print_message("paused lab: %d requests in flight, %d sequences in the engine\n", h.in_flight, h.live);
+    assert_int_equal(h.in_flight, N_CLIENTS);
+    assert_int_equal(h.live, 0);
+    assert_int_equal(h.running + h.waiting, 0);
+    for (int i = 0; i < N_CLIENTS; i++)
+        pthread_join(threads[i], NULL);
+    int status = -1;
+    deadline = now_s() + 60.0;
+    pid_t done = 0;
+    while ((done = waitpid(pid, &status, WNOHANG)) == 0 && now_s() < deadline)
+        test_sleep_ms(20);
+    if (done == 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        fail_msg("lab --serve did not end within 60 s of its keys");
+    }
+    close(out[0]);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    for (int i = 0; i < N_CLIENTS; i++) {
+        char who[32];
+        snprintf(who, sizeof who, "client %d", i);
+        assert_int_equal(workers[i].status, 200);
+        if (!workers[i].result.framing_ok || !workers[i].result.done_seen)
+            fail_msg("%s: stream broken: %s", who, workers[i].result.problem);
+        assert_ids_match(workers[i].ref, workers[i].result.ids, workers[i].result.n_ids, who);
+    }
+    char* frames = test_read_text(frame_path);
+    assert_non_null(frames);
+    char expect[256];
+    // Frame 1, paused: the address, 8 clients, 8 requests queued, nothing in the engine.
+    snprintf(expect, sizeof expect, "serving http://127.0.0.1:%d  8 clients  8 queued", port);
+    if (!strstr(frames, expect)) fail_msg("no '%s' in the frames:\n%s", expect, frames);
+    if (!strstr(frames, "waiting 0  running 0  finished 0")) fail_msg("no empty engine while paused:\n%s", frames);
+    // Frame 2, three steps later: 8 sequences decoding, none queued at the server.
+    snprintf(expect, sizeof expect, "serving http://127.0.0.1:%d  8 clients  0 queued", port);
+    if (!strstr(frames, expect)) fail_msg("no '%s' in the frames:\n%s", expect, frames);
+    if (!strstr(frames, "running 8") || !strstr(frames, "#7 decode") || !strstr(frames, "tail 7/16"))
+        fail_msg("frame 2 lacks the 8 running sequences:\n%s", frames);
+    // The last frame: all 8 finished (their sequences released), the clients gone.
+    snprintf(expect, sizeof expect, "serving http://127.0.0.1:%d  0 clients  0 queued", port);
+    if (!strstr(frames, expect) || !strstr(frames, "finished 8"))
+        fail_msg("the last frame does not show 8 finished and no client:\n%s", frames);
+    print_message("frames in %s\n", frame_path);
+    free(frames);
+    for (int k = 0; k < 2; k++)
+        free(refs[k].full_output);
+}
+
 // ---- test: a full queue --------------------------------------------------------------------
 
 static void test_full_queue_answers_429(void** state) {
@@ -1196,6 +1310,7 @@ int main(void) {
         cmocka_unit_test(test_disconnect_mid_stream_frees_blocks),
         cmocka_unit_test(test_full_queue_answers_429),
         cmocka_unit_test(test_finished_sequences_are_released),
+        cmocka_unit_test(test_lab_serve_shows_clients_and_steps_them),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
