@@ -32,7 +32,8 @@ static bool alternate_screen_on(void) { return test_tmux_alternate_screen_on(tmu
 
 // Starts the lab in a fresh 160x50 session; after it exits the shell saves
 // `stty -a` and prints a marker, then stays so the pane can be captured.
-static void start_lab(const char* stty_path) {
+// `model_and_flags`: "--model tiny", or a model and more flags.
+static void start_lab_with(const char* stty_path, const char* model_and_flags) {
     // A server of its own per start: the previous test's server may still be
     // shutting down after kill-server, and must not be reached.
     static int runs = 0;
@@ -42,11 +43,13 @@ static void start_lab(const char* stty_path) {
     remove(stty_path);
     char arguments[2048];
     snprintf(arguments, sizeof arguments,
-             "-f /dev/null new-session -d -s lab -x 160 -y 50 \"sh -c '%s lab --model tiny --system %s; "
+             "-f /dev/null new-session -d -s lab -x 160 -y 50 \"sh -c '%s lab %s --system %s; "
              "stty -a > %s; echo LAB-EXITED; sleep 60'\"",
-             test_servelab_binary(), run_marker, stty_path);
+             test_servelab_binary(), model_and_flags, run_marker, stty_path);
     assert_int_equal(tmux(arguments), 0);
 }
+
+static void start_lab(const char* stty_path) { start_lab_with(stty_path, "--model tiny"); }
 
 static int stop_server(void** state) {
     (void)state;
@@ -147,11 +150,53 @@ static void test_lab_restores_terminal_on_a_crash(void** state) {
     assert_terminal_restored(stty_path);
 }
 
+// `lab --serve 0` in a real terminal: the header shows the address; a curl
+// client's request waits while the lab is paused (1 client, 1 queued, step
+// 0), runs when r is pressed, and streams to its end; q restores the terminal.
+static void test_lab_serve_in_a_terminal(void** state) {
+    (void)state;
+    skip_without_tmux();
+    char model[512], flags[700], stty_path[512], out_path[512], command[2048];
+    REQUIRE_SHARED_MODEL(model, "stories260K.bin");
+    snprintf(flags, sizeof flags, "--model %s --serve 0", model);
+    snprintf(stty_path, sizeof stty_path, "%s/stty-serve.txt", test_scratch_dir());
+    snprintf(out_path, sizeof out_path, "%s/serve-client.txt", test_scratch_dir());
+    remove(out_path);
+    start_lab_with(stty_path, flags);
+    char* screen = wait_for_text("serving http://127.0.0.1:");
+    int port = atoi(strstr(screen, "serving http://127.0.0.1:") + strlen("serving http://127.0.0.1:"));
+    free(screen);
+    assert_true(port > 0);
+    snprintf(command, sizeof command,
+             "curl -sN -m 60 http://127.0.0.1:%d/v1/completions -d '{\"model\": \"stories260K\", \"prompt\": "
+             "\"Once upon a time\", \"max_tokens\": 20, \"stream\": true}' > %s 2>&1 &",
+             port, out_path);
+    assert_int_equal(system(command), 0);
+    // Paused: the request is queued at the server and no step has run.
+    screen = wait_for_text("1 client  1 queued");
+    if (!strstr(screen, "step 0 ")) fail_msg("the paused lab stepped:\n%s", screen);
+    free(screen);
+    test_sleep_ms(300);
+    char* client = test_read_text(out_path);
+    if (client && client[0]) fail_msg("the client got bytes while the lab was paused: %s", client);
+    free(client);
+    assert_int_equal(tmux("send-keys -t lab r"), 0);
+    free(wait_for_text("finished 1"));
+    free(wait_for_text("0 clients  0 queued"));
+    client = test_read_text(out_path);
+    if (!client || !strstr(client, "\"finish_reason\":\"length\"") || !strstr(client, "data: [DONE]"))
+        fail_msg("the client's stream did not end with length and [DONE]: %s", client ? client : "(none)");
+    free(client);
+    assert_int_equal(tmux("send-keys -t lab q"), 0);
+    assert_terminal_restored(stty_path);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_lab_draws_steps_resizes_and_quits, stop_server),
         cmocka_unit_test_teardown(test_lab_restores_terminal_on_sigterm, stop_server),
         cmocka_unit_test_teardown(test_lab_restores_terminal_on_a_crash, stop_server),
+        cmocka_unit_test_teardown(test_lab_serve_in_a_terminal, stop_server),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
