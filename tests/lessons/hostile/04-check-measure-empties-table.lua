@@ -1,5 +1,5 @@
 -- hostile: measure() empties the argument table and collects before the host reports the id
--- expect: PASS h1 a claim
+-- expect: PASS h1 (bank: true) "a claim 2"
 -- expect-status: 0
 lab.lesson{title = "hostile", claims = {"h1"}}
 local t

@@ -1,5 +1,5 @@
 -- hostile: claims, evidence and narration carrying terminal escapes (clear screen, window title)
--- expect: PASS h1 c^[[2J -- ^[]0;pwned^G
+-- expect: PASS h1 (bank: true) "c^[[2J" -- measured: ^[]0;pwned^G
 -- expect: ^[[31mred
 -- expect-status: 0
 lab.lesson{title = "hostile", claims = {"h1"}}
