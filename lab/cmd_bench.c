@@ -1,6 +1,9 @@
 // servelab bench: the performance harness (lab/bench.h measures, this file
 // parses the flags and prints a table or JSON).
+#include <jansson.h>
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "engine/model_synth.h"
@@ -8,6 +11,7 @@
 #include "lab/cli_args.h"
 #include "lab/commands.h"
 #include "lab/progress.h"
+#include "lab/serve_api.h" // serve_utf8_sanitize
 
 static const char BENCH_USAGE[] =
     "usage: servelab bench [--json] [--model M|PRESET] [--threads N] [--repeats R] [--quick] [--progress]\n"
@@ -128,13 +132,6 @@ static void print_probes(const double* values, int n) {
     printf(")\n");
 }
 
-// `"key": [a, b, ...], ` of a probe series.
-static void print_json_probes(const char* key, const double* values, int n) {
-    printf("\"%s\": [", key);
-    for (int i = 0; i < n; i++) printf("%s%.3f", i ? ", " : "", values[i]);
-    printf("], ");
-}
-
 static void print_table(const bench_report* r) {
     printf("servelab bench: model %s, %d threads, SIMD %s\n\n", r->model, r->n_threads, r->simd_level);
     printf("machine\n");
@@ -203,55 +200,149 @@ static void print_table(const bench_report* r) {
                !targets[i].was_measured ? "-" : targets[i].met ? "yes" : "no");
 }
 
+// ---- JSON (Jansson) -----------------------------------------------------------------
+// Every JSON builder below returns NULL when out of memory (Jansson's
+// json_pack and json_array_append_new take the references they are given
+// even when they fail, so a failure anywhere leaves one NULL at the top).
+
+// Text from the user (a model path) as a JSON string: an invalid UTF-8
+// sequence (a non-UTF-8 file name, a path cut at 512 bytes) becomes U+FFFD.
+static json_t* json_text(const char* text) {
+    char* clean = serve_utf8_sanitize(text, strlen(text));
+    json_t* value = clean ? json_string(clean) : NULL;
+    free(clean);
+    return value;
+}
+
+// value as the number that printf's "%.*f" (decimals) or "%.*g" (digits)
+// writes: the same figures the hand-written JSON had, printed by Jansson in
+// their shortest form (JSON_REAL_PRECISION(15) below). A value that is not
+// finite, which JSON cannot hold, is null.
+static json_t* json_rounded(double value, int decimals, int digits) {
+    if (!isfinite(value)) return json_null();
+    char text[512];
+    if (digits > 0)
+        snprintf(text, sizeof text, "%.*g", digits, value);
+    else
+        snprintf(text, sizeof text, "%.*f", decimals, value);
+    return json_real(strtod(text, NULL));
+}
+static json_t* json_decimals(double value, int decimals) { return json_rounded(value, decimals, 0); }
 // Ratios and fractions go out with 6 significant digits, not a fixed number
 // of decimals: on a slow run (a sanitizer build, a tiny model) a fraction
 // of the bandwidth can be 0.002, which 4 decimals would round by 3%.
-static void print_json(const bench_report* r) {
-    printf("{\"model\": \"%s\", \"threads\": %d, \"simd\": \"%s\", \"stream_buffer_bytes\": %zu, ", r->model,
-           r->n_threads, r->simd_level, r->stream_buffer_bytes);
-    printf("\"bandwidth_gb_s\": %.3f, \"peak_gflop_s\": %.3f, ", r->bandwidth_gb_s, r->peak_gflop_s);
-    print_json_probes("bandwidth_probes_gb_s", r->probe_bandwidth_gb_s, r->n_probes);
-    print_json_probes("peak_probes_gflop_s", r->probe_peak_gflop_s, r->n_probes);
-    printf("\"decode_tokens\": %d, \"decode\": [", r->decode_tokens);
-    for (int i = 0; i < r->n_decode; i++) {
+static json_t* json_digits(double value, int digits) { return json_rounded(value, 0, digits); }
+
+// A whole count held in a double (bytes per token) as a JSON integer.
+static json_t* json_whole(double value) {
+    if (isfinite(value) && fabs(value) < 9e15) return json_integer((json_int_t)llround(value));
+    return json_digits(value, 17);
+}
+
+// Appends value (taken) to *array; on failure frees the array and leaves NULL.
+static void append(json_t** array, json_t* value) {
+    if (json_array_append_new(*array, value) != 0) {
+        json_decref(*array);
+        *array = NULL;
+    }
+}
+
+static json_t* probes_json(const double* values, int n) {
+    json_t* array = json_array();
+    for (int i = 0; i < n && array; i++)
+        append(&array, json_decimals(values[i], 3));
+    return array;
+}
+
+static json_t* decode_json(const bench_report* r) {
+    json_t* array = json_array();
+    for (int i = 0; i < r->n_decode && array; i++) {
         const bench_decode* d = &r->decode[i];
-        printf(
-            "%s{\"dtype\": \"%s\", \"tok_s\": %.3f, \"gb_s\": %.6g, \"frac_of_bw\": %.6g, \"bytes_per_token\": %.0f, "
-            "\"x_fp16\": %.6g}",
-            i ? ", " : "", d->dtype, d->tok_s, d->gb_s, d->frac_of_bw, d->bytes_per_token, d->x_fp16);
+        append(&array,
+               json_pack("{s:s, s:o, s:o, s:o, s:o, s:o}", "dtype", d->dtype, "tok_s", json_decimals(d->tok_s, 3),
+                         "gb_s", json_digits(d->gb_s, 6), "frac_of_bw", json_digits(d->frac_of_bw, 6),
+                         "bytes_per_token", json_whole(d->bytes_per_token), "x_fp16", json_digits(d->x_fp16, 6)));
     }
-    printf("], \"prefill\": [");
-    for (int i = 0; i < r->n_prefill; i++) {
+    return array;
+}
+
+static json_t* prefill_json(const bench_report* r) {
+    json_t* array = json_array();
+    for (int i = 0; i < r->n_prefill && array; i++) {
         const bench_prefill* p = &r->prefill[i];
-        printf("%s{\"dtype\": \"%s\", \"tokens\": %d, \"tok_s\": %.3f, \"gflop_s\": %.6g, \"frac_of_peak\": %.6g}",
-               i ? ", " : "", p->dtype, p->tokens, p->tok_s, p->gflop_s, p->frac_of_peak);
+        append(&array, json_pack("{s:s, s:i, s:o, s:o, s:o}", "dtype", p->dtype, "tokens", p->tokens, "tok_s",
+                                 json_decimals(p->tok_s, 3), "gflop_s", json_digits(p->gflop_s, 6), "frac_of_peak",
+                                 json_digits(p->frac_of_peak, 6)));
     }
-    printf("], \"batch_dtype\": \"%s\", \"roofline_flat_batch\": %.3f, \"roofline_flops_per_token\": %.6g, "
-           "\"batch_peak_ceiling_x\": %.6g, \"batch_scaling\": [",
-           r->batch_dtype, r->roofline_flat_batch, r->roofline_flops_per_token, r->batch_peak_ceiling_x);
-    for (int i = 0; i < r->n_batch; i++)
-        printf("%s{\"batch\": %d, \"tok_s\": %.3f, \"x_batch1\": %.6g}", i ? ", " : "", r->batch[i].batch,
-               r->batch[i].tok_s, r->batch[i].x_batch1);
-    printf("], \"attention\": [");
-    for (int i = 0; i < r->n_attention; i++)
-        printf("%s{\"layout\": \"%s\", \"context\": %d, \"us_per_token\": %.3f, \"read_us_per_token\": %.3f, "
-               "\"read_prefetched_us_per_token\": %.3f}",
-               i ? ", " : "", r->attention[i].layout, r->attention[i].context, r->attention[i].us_per_token,
-               r->attention[i].read_us_per_token, r->attention[i].read_prefetched_us_per_token);
-    printf("], \"small_model\": ");
-    if (r->small_model.measured)
-        printf("{\"path\": \"%s\", \"tok_s\": %.3f, \"us_per_token\": %.3f}", r->small_model.path, r->small_model.tok_s,
-               r->small_model.us_per_token);
-    else
-        printf("null");
+    return array;
+}
+
+static json_t* batch_json(const bench_report* r) {
+    json_t* array = json_array();
+    for (int i = 0; i < r->n_batch && array; i++)
+        append(&array,
+               json_pack("{s:i, s:o, s:o}", "batch", r->batch[i].batch, "tok_s", json_decimals(r->batch[i].tok_s, 3),
+                         "x_batch1", json_digits(r->batch[i].x_batch1, 6)));
+    return array;
+}
+
+static json_t* attention_json(const bench_report* r) {
+    json_t* array = json_array();
+    for (int i = 0; i < r->n_attention && array; i++) {
+        const bench_attention* a = &r->attention[i];
+        append(&array,
+               json_pack("{s:s, s:i, s:o, s:o, s:o}", "layout", a->layout, "context", a->context, "us_per_token",
+                         json_decimals(a->us_per_token, 3), "read_us_per_token", json_decimals(a->read_us_per_token, 3),
+                         "read_prefetched_us_per_token", json_decimals(a->read_prefetched_us_per_token, 3)));
+    }
+    return array;
+}
+
+static json_t* small_model_json(const bench_small_model* s) {
+    if (!s->measured) return json_null();
+    return json_pack("{s:o, s:o, s:o}", "path", json_text(s->path), "tok_s", json_decimals(s->tok_s, 3), "us_per_token",
+                     json_decimals(s->us_per_token, 3));
+}
+
+static json_t* targets_json(const bench_report* r) {
     bench_target targets[BENCH_MAX_TARGETS];
     int n_targets = bench_targets(r, targets);
-    printf(", \"targets\": [");
-    for (int i = 0; i < n_targets; i++)
-        printf("%s{\"target\": \"%s\", \"measured\": \"%s\", \"wanted\": \"%s\", \"was_measured\": %s, \"met\": %s}",
-               i ? ", " : "", targets[i].what, targets[i].measured, targets[i].wanted,
-               targets[i].was_measured ? "true" : "false", targets[i].met ? "true" : "false");
-    printf("]}\n");
+    json_t* array = json_array();
+    for (int i = 0; i < n_targets && array; i++)
+        append(&array,
+               json_pack("{s:s, s:s, s:s, s:b, s:b}", "target", targets[i].what, "measured", targets[i].measured,
+                         "wanted", targets[i].wanted, "was_measured", targets[i].was_measured, "met", targets[i].met));
+    return array;
+}
+
+// One JSON object on stdout, keys in the order they are added, ", " and ": "
+// between items and no newlines (what the hand-written JSON printed). 0, or
+// 1 with the reason on stderr.
+static int print_json(const bench_report* r) {
+    json_t* root = json_pack(
+        "{s:o, s:i, s:s, s:I, s:o, s:o, s:o, s:o, s:i, s:o, s:o, s:s, s:o, s:o, s:o, s:o, s:o, s:o, s:o}", "model",
+        json_text(r->model), "threads", r->n_threads, "simd", r->simd_level, "stream_buffer_bytes",
+        (json_int_t)r->stream_buffer_bytes, "bandwidth_gb_s", json_decimals(r->bandwidth_gb_s, 3), "peak_gflop_s",
+        json_decimals(r->peak_gflop_s, 3), "bandwidth_probes_gb_s", probes_json(r->probe_bandwidth_gb_s, r->n_probes),
+        "peak_probes_gflop_s", probes_json(r->probe_peak_gflop_s, r->n_probes), "decode_tokens", r->decode_tokens,
+        "decode", decode_json(r), "prefill", prefill_json(r), "batch_dtype", r->batch_dtype, "roofline_flat_batch",
+        json_decimals(r->roofline_flat_batch, 3), "roofline_flops_per_token",
+        json_digits(r->roofline_flops_per_token, 6), "batch_peak_ceiling_x", json_digits(r->batch_peak_ceiling_x, 6),
+        "batch_scaling", batch_json(r), "attention", attention_json(r), "small_model",
+        small_model_json(&r->small_model), "targets", targets_json(r));
+    char* text = root ? json_dumps(root, JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(15)) : NULL;
+    json_decref(root);
+    if (!text) {
+        fprintf(stderr, "servelab bench: out of memory writing the JSON\n");
+        return 1;
+    }
+    bool written = fputs(text, stdout) >= 0 && putchar('\n') != EOF && fflush(stdout) == 0;
+    free(text);
+    if (!written) {
+        fprintf(stderr, "servelab bench: cannot write the JSON to stdout\n");
+        return 1;
+    }
+    return 0;
 }
 
 int command_bench(int argc, char** argv) {
@@ -274,9 +365,7 @@ int command_bench(int argc, char** argv) {
         fprintf(stderr, "servelab bench: %s\n", err.message);
         return 1;
     }
-    if (args.json)
-        print_json(&report);
-    else
-        print_table(&report);
+    if (args.json) return print_json(&report);
+    print_table(&report);
     return 0;
 }

@@ -1,6 +1,7 @@
 // servelab sim: a workload through the engine, paged against contiguous,
 // continuous against static batching, measured side by side in one run.
 #include <inttypes.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -191,22 +192,54 @@ static int run_simulation(const model* m, const engine_config* config, const wor
     return status;
 }
 
-static void print_json(const sim_result* results, int n) {
-    printf("{");
-    for (int i = 0; i < n; i++) {
-        const sim_result* r = &results[i];
-        printf("%s\"%s\":{\"completed\":%d,\"requests\":%d,\"generated_tokens\":%llu,\"seconds\":%.4f,"
-               "\"throughput_tok_s\":%.3f,\"ttft_ms_mean\":%.3f,\"ttft_ms_p50\":%.3f,\"ttft_ms_p99\":%.3f,"
-               "\"tpot_ms_mean\":%.3f,\"tpot_ms_p50\":%.3f,\"tpot_ms_p99\":%.3f,\"peak_running\":%d,"
-               "\"kv_util_pct\":%.3f,\"kv_waste_pct\":%.3f,\"external_fragmentation_pct\":%.3f,"
-               "\"preemptions\":%llu,\"prefix_hit_tokens\":%llu,\"cow_copies\":%llu,\"steps\":%d}",
-               i ? "," : "", r->label, r->completed, r->n_requests, (unsigned long long)r->generated_tokens,
-               r->seconds, r->throughput_tok_s, r->ttft_ms_mean, r->ttft_ms_p50, r->ttft_ms_p99, r->tpot_ms_mean,
-               r->tpot_ms_p50, r->tpot_ms_p99, r->peak_running, r->kv_util_pct, r->kv_waste_pct,
-               r->external_fragmentation_pct, (unsigned long long)r->preemptions,
-               (unsigned long long)r->prefix_hit_tokens, (unsigned long long)r->copies, r->steps);
+// value as the number printf's "%.*f" writes: the figures the hand-written
+// JSON had, printed by Jansson in their shortest form (JSON_REAL_PRECISION(15)
+// below). A value that is not finite, which JSON cannot hold, is null.
+static json_t* json_decimals(double value, int decimals) {
+    if (!isfinite(value)) return json_null();
+    char text[512];
+    snprintf(text, sizeof text, "%.*f", decimals, value);
+    return json_real(strtod(text, NULL));
+}
+
+// One run's figures; NULL when out of memory (json_pack takes the references
+// it is given even when it fails).
+static json_t* result_json(const sim_result* r) {
+    return json_pack("{s:i, s:i, s:I, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:i, s:o, s:o, s:o, s:I, s:I, s:I, s:i}",
+                     "completed", r->completed, "requests", r->n_requests, "generated_tokens",
+                     (json_int_t)r->generated_tokens, "seconds", json_decimals(r->seconds, 4), "throughput_tok_s",
+                     json_decimals(r->throughput_tok_s, 3), "ttft_ms_mean", json_decimals(r->ttft_ms_mean, 3),
+                     "ttft_ms_p50", json_decimals(r->ttft_ms_p50, 3), "ttft_ms_p99", json_decimals(r->ttft_ms_p99, 3),
+                     "tpot_ms_mean", json_decimals(r->tpot_ms_mean, 3), "tpot_ms_p50", json_decimals(r->tpot_ms_p50, 3),
+                     "tpot_ms_p99", json_decimals(r->tpot_ms_p99, 3), "peak_running", r->peak_running, "kv_util_pct",
+                     json_decimals(r->kv_util_pct, 3), "kv_waste_pct", json_decimals(r->kv_waste_pct, 3),
+                     "external_fragmentation_pct", json_decimals(r->external_fragmentation_pct, 3), "preemptions",
+                     (json_int_t)r->preemptions, "prefix_hit_tokens", (json_int_t)r->prefix_hit_tokens, "cow_copies",
+                     (json_int_t)r->copies, "steps", r->steps);
+}
+
+// One compact JSON object keyed by run label, in the order the runs ran (as
+// the hand-written JSON printed it). 0, or -1 with the reason on stderr.
+static int print_json(const sim_result* results, int n) {
+    json_t* root = json_object();
+    for (int i = 0; i < n && root; i++)
+        if (json_object_set_new(root, results[i].label, result_json(&results[i])) != 0) {
+            json_decref(root);
+            root = NULL;
+        }
+    char* text = root ? json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(15)) : NULL;
+    json_decref(root);
+    if (!text) {
+        fprintf(stderr, "servelab sim: out of memory writing the JSON\n");
+        return -1;
     }
-    printf("}\n");
+    bool written = fputs(text, stdout) >= 0 && putchar('\n') != EOF && fflush(stdout) == 0;
+    free(text);
+    if (!written) {
+        fprintf(stderr, "servelab sim: cannot write the JSON to stdout\n");
+        return -1;
+    }
+    return 0;
 }
 
 static void print_table(const sim_result* results, int n) {
@@ -430,8 +463,10 @@ int command_sim(int argc, char** argv) {
     }
     progress_finish(line);
     if (n_finished > 0) {
-        if (json) print_json(finished, n_finished);
-        else print_table(finished, n_finished);
+        if (!json)
+            print_table(finished, n_finished);
+        else if (print_json(finished, n_finished))
+            status = 1;
     }
     fflush(stdout); // what finished first, then what failed
     for (int i = 0; i < n_failures; i++) fprintf(stderr, "servelab sim: %s\n", failures[i]);
