@@ -96,6 +96,7 @@ typedef struct lab_app {
     // --serve: the server inside the lab, stepped by do_step (no engine thread
     // of its own), so that a paused lab holds every client's request.
     server* server;
+    char serve_model[256]; // the `model` its clients name
 } lab_app;
 
 static double monotonic_seconds(void) {
@@ -365,7 +366,7 @@ static void handle_key(lab_app* a, int key) {
         if (a->server) { // the panes draw the server's engine: its requests come from clients
             char text[sizeof v->message];
             snprintf(text, sizeof text, "serving: requests come from clients, e.g. curl %s/v1/completions -d "
-                     "'{\"model\":\"servelab\",\"prompt\":\"Hi\",\"stream\":true}'", a->d.serve_address);
+                     "'{\"model\":\"%.100s\",\"prompt\":\"Hi\",\"stream\":true}'", a->d.serve_address, a->serve_model);
             set_message(a, text);
             break;
         }
@@ -694,6 +695,7 @@ static int start_server(lab_app* a, int port, const engine_config* config, error
     char* dot = strstr(name, ".bin");
     if (dot) *dot = '\0';
     sc.model_name = name;
+    snprintf(a->serve_model, sizeof a->serve_model, "%.255s", name);
     // A client that goes away mid-stream must not kill the lab (and leave the terminal raw).
     signal(SIGPIPE, SIG_IGN);
     if (server_start(&a->server, &a->d.source.model, a->d.source.tokenizer, config, &sc, err)) return -1;

@@ -961,6 +961,9 @@ void ui_draw(ui_screen* s, const dashboard* d, const ui_view* v) {
         ui_line bar_line;
         ui_line_init(&bar_line);
         for (int i = 0; i < (int)(sizeof KEYS / sizeof KEYS[0]); i++) {
+            // Serving, requests come from clients: a, p, f, x and [/] (indexes 3..7) act on
+            // the lab's own engines, which are not drawn, so the bar leaves them out.
+            if (d->serve_address[0] && i >= 3 && i <= 7) continue;
             char key[32];
             snprintf(key, sizeof key, "%s%s", i ? "  " : "", KEYS[i]);
             ui_line_text(&bar_line, PRIORITY[i], key, "", NULL);
