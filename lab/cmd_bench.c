@@ -11,7 +11,7 @@
 #include "lab/cli_args.h"
 #include "lab/commands.h"
 #include "lab/progress.h"
-#include "lab/serve_api.h" // serve_utf8_sanitize
+#include "lab/json_out.h"
 
 static const char BENCH_USAGE[] =
     "usage: servelab bench [--json] [--model M|PRESET] [--threads N] [--repeats R] [--quick] [--progress]\n"
@@ -205,52 +205,16 @@ static void print_table(const bench_report* r) {
 // json_pack and json_array_append_new take the references they are given
 // even when they fail, so a failure anywhere leaves one NULL at the top).
 
-// Text from the user (a model path) as a JSON string: an invalid UTF-8
-// sequence (a non-UTF-8 file name, a path cut at 512 bytes) becomes U+FFFD.
-static json_t* json_text(const char* text) {
-    char* clean = serve_utf8_sanitize(text, strlen(text));
-    json_t* value = clean ? json_string(clean) : NULL;
-    free(clean);
-    return value;
-}
-
-// value as the number that printf's "%.*f" (decimals) or "%.*g" (digits)
-// writes: the same figures the hand-written JSON had, printed by Jansson in
-// their shortest form (JSON_REAL_PRECISION(15) below). A value that is not
-// finite, which JSON cannot hold, is null.
-static json_t* json_rounded(double value, int decimals, int digits) {
-    if (!isfinite(value)) return json_null();
-    char text[512];
-    if (digits > 0)
-        snprintf(text, sizeof text, "%.*g", digits, value);
-    else
-        snprintf(text, sizeof text, "%.*f", decimals, value);
-    return json_real(strtod(text, NULL));
-}
-static json_t* json_decimals(double value, int decimals) { return json_rounded(value, decimals, 0); }
+static json_t* json_decimals(double value, int decimals) { return json_out_rounded(value, decimals, 0); }
 // Ratios and fractions go out with 6 significant digits, not a fixed number
 // of decimals: on a slow run (a sanitizer build, a tiny model) a fraction
 // of the bandwidth can be 0.002, which 4 decimals would round by 3%.
-static json_t* json_digits(double value, int digits) { return json_rounded(value, 0, digits); }
-
-// A whole count held in a double (bytes per token) as a JSON integer.
-static json_t* json_whole(double value) {
-    if (isfinite(value) && fabs(value) < 9e15) return json_integer((json_int_t)llround(value));
-    return json_digits(value, 17);
-}
-
-// Appends value (taken) to *array; on failure frees the array and leaves NULL.
-static void append(json_t** array, json_t* value) {
-    if (json_array_append_new(*array, value) != 0) {
-        json_decref(*array);
-        *array = NULL;
-    }
-}
+static json_t* json_digits(double value, int digits) { return json_out_rounded(value, 0, digits); }
 
 static json_t* probes_json(const double* values, int n) {
     json_t* array = json_array();
     for (int i = 0; i < n && array; i++)
-        append(&array, json_decimals(values[i], 3));
+        json_out_append(&array, json_decimals(values[i], 3));
     return array;
 }
 
@@ -258,10 +222,10 @@ static json_t* decode_json(const bench_report* r) {
     json_t* array = json_array();
     for (int i = 0; i < r->n_decode && array; i++) {
         const bench_decode* d = &r->decode[i];
-        append(&array,
+        json_out_append(&array,
                json_pack("{s:s, s:o, s:o, s:o, s:o, s:o}", "dtype", d->dtype, "tok_s", json_decimals(d->tok_s, 3),
                          "gb_s", json_digits(d->gb_s, 6), "frac_of_bw", json_digits(d->frac_of_bw, 6),
-                         "bytes_per_token", json_whole(d->bytes_per_token), "x_fp16", json_digits(d->x_fp16, 6)));
+                         "bytes_per_token", json_out_whole(d->bytes_per_token), "x_fp16", json_digits(d->x_fp16, 6)));
     }
     return array;
 }
@@ -270,7 +234,7 @@ static json_t* prefill_json(const bench_report* r) {
     json_t* array = json_array();
     for (int i = 0; i < r->n_prefill && array; i++) {
         const bench_prefill* p = &r->prefill[i];
-        append(&array, json_pack("{s:s, s:i, s:o, s:o, s:o}", "dtype", p->dtype, "tokens", p->tokens, "tok_s",
+        json_out_append(&array, json_pack("{s:s, s:i, s:o, s:o, s:o}", "dtype", p->dtype, "tokens", p->tokens, "tok_s",
                                  json_decimals(p->tok_s, 3), "gflop_s", json_digits(p->gflop_s, 6), "frac_of_peak",
                                  json_digits(p->frac_of_peak, 6)));
     }
@@ -280,7 +244,7 @@ static json_t* prefill_json(const bench_report* r) {
 static json_t* batch_json(const bench_report* r) {
     json_t* array = json_array();
     for (int i = 0; i < r->n_batch && array; i++)
-        append(&array,
+        json_out_append(&array,
                json_pack("{s:i, s:o, s:o}", "batch", r->batch[i].batch, "tok_s", json_decimals(r->batch[i].tok_s, 3),
                          "x_batch1", json_digits(r->batch[i].x_batch1, 6)));
     return array;
@@ -290,7 +254,7 @@ static json_t* attention_json(const bench_report* r) {
     json_t* array = json_array();
     for (int i = 0; i < r->n_attention && array; i++) {
         const bench_attention* a = &r->attention[i];
-        append(&array,
+        json_out_append(&array,
                json_pack("{s:s, s:i, s:o, s:o, s:o}", "layout", a->layout, "context", a->context, "us_per_token",
                          json_decimals(a->us_per_token, 3), "read_us_per_token", json_decimals(a->read_us_per_token, 3),
                          "read_prefetched_us_per_token", json_decimals(a->read_prefetched_us_per_token, 3)));
@@ -300,7 +264,7 @@ static json_t* attention_json(const bench_report* r) {
 
 static json_t* small_model_json(const bench_small_model* s) {
     if (!s->measured) return json_null();
-    return json_pack("{s:o, s:o, s:o}", "path", json_text(s->path), "tok_s", json_decimals(s->tok_s, 3), "us_per_token",
+    return json_pack("{s:o, s:o, s:o}", "path", json_out_text(s->path), "tok_s", json_decimals(s->tok_s, 3), "us_per_token",
                      json_decimals(s->us_per_token, 3));
 }
 
@@ -309,7 +273,7 @@ static json_t* targets_json(const bench_report* r) {
     int n_targets = bench_targets(r, targets);
     json_t* array = json_array();
     for (int i = 0; i < n_targets && array; i++)
-        append(&array,
+        json_out_append(&array,
                json_pack("{s:s, s:s, s:s, s:b, s:b}", "target", targets[i].what, "measured", targets[i].measured,
                          "wanted", targets[i].wanted, "was_measured", targets[i].was_measured, "met", targets[i].met));
     return array;
@@ -321,7 +285,7 @@ static json_t* targets_json(const bench_report* r) {
 static int print_json(const bench_report* r) {
     json_t* root = json_pack(
         "{s:o, s:i, s:s, s:I, s:o, s:o, s:o, s:o, s:i, s:o, s:o, s:s, s:o, s:o, s:o, s:o, s:o, s:o, s:o}", "model",
-        json_text(r->model), "threads", r->n_threads, "simd", r->simd_level, "stream_buffer_bytes",
+        json_out_text(r->model), "threads", r->n_threads, "simd", r->simd_level, "stream_buffer_bytes",
         (json_int_t)r->stream_buffer_bytes, "bandwidth_gb_s", json_decimals(r->bandwidth_gb_s, 3), "peak_gflop_s",
         json_decimals(r->peak_gflop_s, 3), "bandwidth_probes_gb_s", probes_json(r->probe_bandwidth_gb_s, r->n_probes),
         "peak_probes_gflop_s", probes_json(r->probe_peak_gflop_s, r->n_probes), "decode_tokens", r->decode_tokens,
@@ -330,19 +294,7 @@ static int print_json(const bench_report* r) {
         json_digits(r->roofline_flops_per_token, 6), "batch_peak_ceiling_x", json_digits(r->batch_peak_ceiling_x, 6),
         "batch_scaling", batch_json(r), "attention", attention_json(r), "small_model",
         small_model_json(&r->small_model), "targets", targets_json(r));
-    char* text = root ? json_dumps(root, JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(15)) : NULL;
-    json_decref(root);
-    if (!text) {
-        fprintf(stderr, "servelab bench: out of memory writing the JSON\n");
-        return 1;
-    }
-    bool written = fputs(text, stdout) >= 0 && putchar('\n') != EOF && fflush(stdout) == 0;
-    free(text);
-    if (!written) {
-        fprintf(stderr, "servelab bench: cannot write the JSON to stdout\n");
-        return 1;
-    }
-    return 0;
+    return json_out_print(root, 0, "bench");
 }
 
 int command_bench(int argc, char** argv) {

@@ -15,7 +15,7 @@
 #include "lab/commands.h"
 #include "lab/model_source.h"
 #include "lab/progress.h"
-#include "lab/serve_api.h" // serve_utf8_sanitize
+#include "lab/json_out.h"
 
 static const char QUANT_USAGE[] =
     "usage: servelab quant --model M --scheme w8a16|w4a16|w8a8 [--group G] [--method rtn|awq|gptq]\n"
@@ -255,35 +255,12 @@ static int model_spec_from_args(const quant_args* a, model_quant_spec* out) {
 // json_array_append_new take the references they are given even when they
 // fail, so a failure anywhere leaves one NULL at the top).
 
-// Text from the user (the model's path) as a JSON string: an invalid UTF-8
-// sequence (a non-UTF-8 file name, a label cut short) becomes U+FFFD.
-static json_t* json_text(const char* text) {
-    char* clean = serve_utf8_sanitize(text, strlen(text));
-    json_t* value = clean ? json_string(clean) : NULL;
-    free(clean);
-    return value;
-}
-
-// value as the number printf's "%.*g" (digits > 0) or "%.*f" (decimals)
-// writes: the figures the hand-written JSON had, printed by Jansson in their
-// shortest form (JSON_REAL_PRECISION(15) below). A value that is not finite,
-// which JSON cannot hold, is null.
-static json_t* json_rounded(double value, int decimals, int digits) {
-    if (!isfinite(value)) return json_null();
-    char text[512];
-    if (digits > 0)
-        snprintf(text, sizeof text, "%.*g", digits, value);
-    else
-        snprintf(text, sizeof text, "%.*f", decimals, value);
-    return json_real(strtod(text, NULL));
-}
-
 static json_t* layer_json(const quant_layer_report* l) {
-    json_t* object = json_pack("{s:o, s:o, s:o, s:o, s:I}", "name", json_text(l->name), "scale_mean",
-                               json_rounded(l->scale_mean, 0, 6), "mse", json_rounded(l->mse, 0, 6), "max_err",
-                               json_rounded(l->max_error, 0, 6), "clipped", (json_int_t)l->clipped);
+    json_t* object = json_pack("{s:o, s:o, s:o, s:o, s:I}", "name", json_out_text(l->name), "scale_mean",
+                               json_out_rounded(l->scale_mean, 0, 6), "mse", json_out_rounded(l->mse, 0, 6), "max_err",
+                               json_out_rounded(l->max_error, 0, 6), "clipped", (json_int_t)l->clipped);
     if (object && l->awq_alpha >= 0 &&
-        json_object_set_new(object, "awq_alpha", json_rounded((double)l->awq_alpha, 3, 0)) != 0) {
+        json_object_set_new(object, "awq_alpha", json_out_rounded((double)l->awq_alpha, 3, 0)) != 0) {
         json_decref(object);
         return NULL;
     }
@@ -295,31 +272,15 @@ static json_t* layer_json(const quant_layer_report* l) {
 static int print_json(const char* model_label, const char* description, const model_quant_report* report,
                       const model_comparison* comparison) {
     json_t* layers = json_array();
-    for (int i = 0; i < report->n_layers && layers; i++)
-        if (json_array_append_new(layers, layer_json(&report->layers[i])) != 0) {
-            json_decref(layers);
-            layers = NULL;
-        }
+    for (int i = 0; i < report->n_layers && layers; i++) json_out_append(&layers, layer_json(&report->layers[i]));
     json_t* root = json_pack(
-        "{s:o, s:s, s:I, s:I, s:o, s:o, s:o, s:o, s:i, s:i, s:o}", "model", json_text(model_label), "scheme",
+        "{s:o, s:s, s:I, s:I, s:o, s:o, s:o, s:o, s:i, s:i, s:o}", "model", json_out_text(model_label), "scheme",
         description, "weight_bytes", (json_int_t)report->weight_bytes_after, "weight_bytes_ref",
-        (json_int_t)report->weight_bytes_before, "kl_mean", json_rounded(comparison->kl_mean, 0, 6), "top1_agreement",
-        json_rounded(comparison->top1_agreement, 6, 0), "ppl", json_rounded(comparison->ppl_test, 0, 6), "ppl_ref",
-        json_rounded(comparison->ppl_reference, 0, 6), "eval_positions", comparison->n_positions, "calibration_tokens",
+        (json_int_t)report->weight_bytes_before, "kl_mean", json_out_rounded(comparison->kl_mean, 0, 6), "top1_agreement",
+        json_out_rounded(comparison->top1_agreement, 6, 0), "ppl", json_out_rounded(comparison->ppl_test, 0, 6), "ppl_ref",
+        json_out_rounded(comparison->ppl_reference, 0, 6), "eval_positions", comparison->n_positions, "calibration_tokens",
         report->n_calibration_tokens, "layers", layers);
-    char* text = root ? json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(15)) : NULL;
-    json_decref(root);
-    if (!text) {
-        fprintf(stderr, "servelab quant: out of memory writing the JSON\n");
-        return 1;
-    }
-    bool written = fputs(text, stdout) >= 0 && putchar('\n') != EOF && fflush(stdout) == 0;
-    free(text);
-    if (!written) {
-        fprintf(stderr, "servelab quant: cannot write the JSON to stdout\n");
-        return 1;
-    }
-    return 0;
+    return json_out_print(root, JSON_COMPACT, "quant");
 }
 
 // AWQ and GPTQ run the model over the calibration stream and solve per

@@ -11,6 +11,7 @@
 #include "engine/model_synth.h"
 #include "lab/commands.h"
 #include "lab/engine_options.h"
+#include "lab/json_out.h"
 #include "lab/model_source.h"
 #include "lab/progress.h"
 #include "lab/workload.h"
@@ -192,15 +193,7 @@ static int run_simulation(const model* m, const engine_config* config, const wor
     return status;
 }
 
-// value as the number printf's "%.*f" writes: the figures the hand-written
-// JSON had, printed by Jansson in their shortest form (JSON_REAL_PRECISION(15)
-// below). A value that is not finite, which JSON cannot hold, is null.
-static json_t* json_decimals(double value, int decimals) {
-    if (!isfinite(value)) return json_null();
-    char text[512];
-    snprintf(text, sizeof text, "%.*f", decimals, value);
-    return json_real(strtod(text, NULL));
-}
+static json_t* json_decimals(double value, int decimals) { return json_out_rounded(value, decimals, 0); }
 
 // One run's figures; NULL when out of memory (json_pack takes the references
 // it is given even when it fails).
@@ -227,19 +220,7 @@ static int print_json(const sim_result* results, int n) {
             json_decref(root);
             root = NULL;
         }
-    char* text = root ? json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(15)) : NULL;
-    json_decref(root);
-    if (!text) {
-        fprintf(stderr, "servelab sim: out of memory writing the JSON\n");
-        return -1;
-    }
-    bool written = fputs(text, stdout) >= 0 && putchar('\n') != EOF && fflush(stdout) == 0;
-    free(text);
-    if (!written) {
-        fprintf(stderr, "servelab sim: cannot write the JSON to stdout\n");
-        return -1;
-    }
-    return 0;
+    return json_out_print(root, JSON_COMPACT, "sim") ? -1 : 0;
 }
 
 static void print_table(const sim_result* results, int n) {
