@@ -283,8 +283,21 @@ static void open_quiz(lab_app* a) {
 }
 
 static void quiz_key(lab_app* a, int key) {
+    // The quiz scrolls a long prove-it result or feedback with the arrows and
+    // the page keys (lab/quiz_app.h); the other special keys mean nothing there.
+    static const int SCROLL_KEYS[][2] = {{KEY_CODE_UP, QUIZ_KEY_UP},
+                                         {KEY_CODE_DOWN, QUIZ_KEY_DOWN},
+                                         {KEY_CODE_PGUP, QUIZ_KEY_PGUP},
+                                         {KEY_CODE_PGDN, QUIZ_KEY_PGDN}};
     int code = key == KEY_CODE_ENTER ? '\n' : key == KEY_CODE_ESC ? 27 : key == KEY_CODE_BACKSPACE ? 127 : key;
-    if (key >= KEY_CODE_UP && key != KEY_CODE_ENTER && key != KEY_CODE_ESC && key != KEY_CODE_BACKSPACE) return;
+    bool scroll = false;
+    for (size_t i = 0; i < sizeof SCROLL_KEYS / sizeof SCROLL_KEYS[0]; i++)
+        if (key == SCROLL_KEYS[i][0]) {
+            code = SCROLL_KEYS[i][1];
+            scroll = true;
+        }
+    if (!scroll && key >= KEY_CODE_UP && key != KEY_CODE_ENTER && key != KEY_CODE_ESC && key != KEY_CODE_BACKSPACE)
+        return;
     // Behind "terminal too small" only Esc acts (it leaves the quiz): an
     // answer typed blind would be graded.
     if (quiz_app_too_small(&a->quiz, a->cols, a->rows) && key != KEY_CODE_ESC) return;

@@ -220,6 +220,27 @@ static void test_quiz_page_in_the_lab(void** state) {
     unsetenv("XDG_DATA_HOME");
 }
 
+// The lab's quiz page passes the arrows on: a graded feedback too long for
+// a 50x16 terminal scrolls down a row, and the frame says there is more above.
+static void test_quiz_page_scrolls_in_the_lab(void** state) {
+    (void)state;
+    char home[600], cwd[256], command[700];
+    assert_non_null(getcwd(cwd, sizeof cwd));
+    snprintf(home, sizeof home, "%s/%s/quiz-scroll-home", cwd, test_scratch_dir());
+    snprintf(command, sizeof command, "rm -rf '%s'", home);
+    assert_int_equal(system(command), 0);
+    setenv("XDG_DATA_HOME", home, 1);
+    char* frames = dump_frame("--model tiny --quiz-seed 3 --keys 'z0<enter><resize:50x16><frame><down><frame>'");
+    unsetenv("XDG_DATA_HOME");
+    // The frames in order: after the resize, after <down>, and the last.
+    const char* first = strstr(frames, "more below (");
+    const char* after_down = first ? strstr(first, "more above (") : NULL;
+    if (!first || !after_down) fail_msg("the feedback did not scroll with <down> in\n%s", frames);
+    const char* first_frame_end = strstr(frames, "more below (");
+    if (strstr(frames, "more above (") < first_frame_end) fail_msg("more above before any scrolling in\n%s", frames);
+    free(frames);
+}
+
 static void test_step_size_matches_quantizer(void** state) {
     (void)state;
     char model_path[512], arguments[2048];
@@ -424,6 +445,7 @@ int main(void) {
         cmocka_unit_test(test_lesson_runs_in_the_dashboard),
         cmocka_unit_test(test_broken_lessons_leave_the_lab_running),
         cmocka_unit_test(test_quiz_page_in_the_lab),
+        cmocka_unit_test(test_quiz_page_scrolls_in_the_lab),
         cmocka_unit_test(test_cancelled_request_says_cancelled),
         cmocka_unit_test(test_first_screen_says_weights_are_random),
         cmocka_unit_test(test_block_size_change_keeps_forks_and_cancellations),
