@@ -11,7 +11,6 @@
 
 #include <stdio.h>
 #include <string.h>
-#include <sys/wait.h>
 
 #include "engine/fault.h"
 #include "tests/test_support.h"
@@ -25,15 +24,18 @@
 #define UNDER_SANITIZER 0
 #endif
 
-// `servelab ARGUMENTS` with stdout and stderr in one file; the exit status
-// (-1 when killed) and the output in *output (malloc'ed).
+// `servelab ARGUMENTS`: the exit status (-1 when killed) and stdout then
+// stderr in *output (malloc'ed).
 static int servelab(const char* arguments, char** output) {
-    char path[512], command[4096];
-    snprintf(path, sizeof path, "%s/fault-matrix.out", test_scratch_dir());
-    snprintf(command, sizeof command, "%s %s >%s 2>&1 </dev/null", test_servelab_binary(), arguments, path);
-    int raw = system(command);
-    *output = test_read_text(path);
-    return raw != -1 && WIFEXITED(raw) && WEXITSTATUS(raw) < 128 ? WEXITSTATUS(raw) : -1;
+    command_result result = run_servelab(arguments);
+    size_t out_length = strlen(result.out), err_length = strlen(result.err);
+    *output = malloc(out_length + err_length + 1);
+    assert_non_null(*output);
+    memcpy(*output, result.out, out_length);
+    memcpy(*output + out_length, result.err, err_length + 1);
+    int status = result.exit_status;
+    free_result(&result);
+    return status;
 }
 
 static const char* const BANK_CLAIMS[] = {
