@@ -21,6 +21,7 @@ static const char USAGE[] =
     "  tokenize   the token ids (and pieces) a model's tokenizer gives a text\n"
     "  synth      write a synthetic preset as a llama2.c checkpoint\n"
     "  bench      performance: bandwidth, decode, prefill, batch scaling, attention\n"
+    "  calc       KV-cache, memory-fit and roofline arithmetic for a model on a device\n"
     "  help       this message\n"
     "\n"
     "Each command takes --help.\n";
@@ -42,6 +43,7 @@ static const command_entry COMMANDS[] = {
     {"tokenize", command_tokenize},
     {"synth", command_synth},
     {"bench", command_bench},
+    {"calc", command_calc},
 };
 
 // A full-screen command stopped by SIGINT, SIGTERM, SIGHUP or SIGQUIT has
