@@ -150,6 +150,11 @@ int lesson_fault_table(const char* const* paths, int n_paths, const lesson_optio
         }
         const char* base = strrchr(paths[p], '/') ? strrchr(paths[p], '/') + 1 : paths[p];
         for (int i = 0; i < clean.n_claims; i++) {
+            if (clean.claims[i].outcome == CHECK_FAIL && !clean.claims[i].breaks_with) {
+                // Never reached its lab.check: its declaration is unknown, not empty.
+                fprintf(errors, "%s: %s: %s\n", paths[p], clean.claims[i].id, clean.claims[i].evidence);
+                status = 1;
+            }
             char faults[512];
             fault_set_describe(clean.claims[i].breaks_with, faults, sizeof faults);
             for (char* comma = strchr(faults, ','); comma; comma = strchr(comma + 1, ',')) *comma = ' ';
