@@ -21,7 +21,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "engine/gguf.h"
@@ -40,22 +39,8 @@ static const char TEXT[] = "Once upon a time, Zoë saw 日本 <0x41> \t\x01\xff!
 
 // ---- the seeds: a tiny GGUF writer ------------------------------------------------------------
 
-typedef struct buffer {
-    uint8_t* bytes;
-    size_t size, capacity;
-} buffer;
-
-static void put(buffer* b, const void* data, size_t n) {
-    if (b->size + n > b->capacity) {
-        size_t capacity = (b->size + n) * 2;
-        uint8_t* grown = realloc(b->bytes, capacity);
-        if (!grown) abort();
-        b->bytes = grown;
-        b->capacity = capacity;
-    }
-    memcpy(b->bytes + b->size, data, n);
-    b->size += n;
-}
+typedef fuzz_buffer buffer;
+static void put(buffer* b, const void* data, size_t n) { fuzz_put(b, data, n); }
 
 static void put_u32(buffer* b, uint32_t v) { put(b, &v, 4); } // the fuzzing hosts are little-endian
 static void put_u64(buffer* b, uint64_t v) { put(b, &v, 8); }
@@ -209,22 +194,9 @@ static uint8_t* model_seed(gguf_tensor_type matrix_type, bool with_output, size_
     return b.bytes;
 }
 
-static void write_seed(const char* folder, const char* name, const uint8_t* bytes, size_t size) {
-    char path[1024];
-    snprintf(path, sizeof path, "%s/%s", folder, name);
-    struct stat st;
-    if (bytes && stat(path, &st) != 0) fuzz_write_file(path, bytes, size);
-}
-
 int LLVMFuzzerInitialize(int* argc, char*** argv) {
-    const char* folder = NULL;
-    for (int i = 1; i < *argc; i++)
-        if ((*argv)[i][0] != '-') {
-            folder = (*argv)[i];
-            break;
-        }
-    struct stat st;
-    if (!folder || stat(folder, &st) != 0 || !S_ISDIR(st.st_mode)) return 0;
+    const char* folder = fuzz_seed_folder(*argc, *argv);
+    if (!folder) return 0; // a reproducer run: no seeds needed
     const struct {
         const char* name;
         gguf_tensor_type type;
@@ -235,7 +207,7 @@ int LLVMFuzzerInitialize(int* argc, char*** argv) {
     for (size_t i = 0; i < sizeof seeds / sizeof seeds[0]; i++) {
         size_t size = 0;
         uint8_t* bytes = model_seed(seeds[i].type, seeds[i].with_output, &size);
-        write_seed(folder, seeds[i].name, bytes, size);
+        fuzz_write_seed(folder, seeds[i].name, bytes, size);
         free(bytes);
     }
     buffer vocab_only = {NULL, 0, 0};
@@ -245,7 +217,7 @@ int LLVMFuzzerInitialize(int* argc, char*** argv) {
     put_u64(&vocab_only, 8);
     kv_str(&vocab_only, "general.architecture", "llama");
     put_vocab(&vocab_only);
-    write_seed(folder, "seed-vocab-only-v2.gguf", vocab_only.bytes, vocab_only.size);
+    fuzz_write_seed(folder, "seed-vocab-only-v2.gguf", vocab_only.bytes, vocab_only.size);
     free(vocab_only.bytes);
     return 0;
 }

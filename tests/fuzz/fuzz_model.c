@@ -22,7 +22,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "engine/model.h"
@@ -55,21 +54,12 @@ static uint8_t* legacy_seed(int32_t vocab, size_t* size) {
     return bytes;
 }
 
-static void write_seed(const char* folder, const char* name, const void* bytes, size_t size) {
-    char path[1024];
-    snprintf(path, sizeof path, "%s/%s", folder, name);
-    struct stat st;
-    if (stat(path, &st) == 0) return; // an earlier run wrote it
-    fuzz_write_file(path, bytes, size);
-}
-
 // The exports: load the legacy seed from a file, save it in format.
 static void write_export_seed(const char* folder, const char* name, const char* legacy_path, model_format format,
                               int group_size) {
     char path[1024];
     snprintf(path, sizeof path, "%s/%s", folder, name);
-    struct stat st;
-    if (stat(path, &st) == 0) return;
+    if (access(path, F_OK) == 0) return; // an earlier run wrote it
     model m;
     error_info err = {{0}};
     if (model_load(&m, legacy_path, MODEL_DTYPE_FP32, &err) != 0) return;
@@ -78,23 +68,20 @@ static void write_export_seed(const char* folder, const char* name, const char* 
 }
 
 int LLVMFuzzerInitialize(int* argc, char*** argv) {
-    const char* folder = NULL;
-    for (int i = 1; i < *argc && !folder; i++)
-        if ((*argv)[i][0] != '-') folder = (*argv)[i];
-    struct stat st;
-    if (!folder || stat(folder, &st) != 0 || !S_ISDIR(st.st_mode)) return 0; // a reproducer run: no seeds needed
+    const char* folder = fuzz_seed_folder(*argc, *argv);
+    if (!folder) return 0; // a reproducer run: no seeds needed
     size_t size = 0;
     uint8_t* shared = legacy_seed(SEED_VOCAB, &size);
     if (!shared) return 0;
-    write_seed(folder, "seed-legacy-shared.bin", shared, size);
-    write_seed(folder, "seed-truncated.bin", shared, size / 2);
-    write_seed(folder, "seed-header-only.bin", shared, 7 * sizeof(int32_t));
+    fuzz_write_seed(folder, "seed-legacy-shared.bin", shared, size);
+    fuzz_write_seed(folder, "seed-truncated.bin", shared, size / 2);
+    fuzz_write_seed(folder, "seed-header-only.bin", shared, 7 * sizeof(int32_t));
     uint8_t* nan_copy = malloc(size);
     if (nan_copy) {
         memcpy(nan_copy, shared, size);
         float nan_value = NAN;
         memcpy(nan_copy + size - sizeof nan_value, &nan_value, sizeof nan_value);
-        write_seed(folder, "seed-nan.bin", nan_copy, size);
+        fuzz_write_seed(folder, "seed-nan.bin", nan_copy, size);
         free(nan_copy);
     }
     char legacy_path[1024];
@@ -103,7 +90,7 @@ int LLVMFuzzerInitialize(int* argc, char*** argv) {
     write_export_seed(folder, "seed-export-v2-q8.bin", legacy_path, MODEL_FORMAT_EXPORT_V2, 8);
     free(shared);
     uint8_t* unshared = legacy_seed(-SEED_VOCAB, &size);
-    if (unshared) write_seed(folder, "seed-legacy-unshared.bin", unshared, size);
+    if (unshared) fuzz_write_seed(folder, "seed-legacy-unshared.bin", unshared, size);
     free(unshared);
     return 0;
 }

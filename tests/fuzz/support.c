@@ -68,6 +68,34 @@ int fuzz_write_file(const char* path, const void* data, size_t size) {
     return status;
 }
 
+const char* fuzz_seed_folder(int argc, char** argv) {
+    for (int i = 1; i < argc; i++) {
+        if (argv[i][0] == '-') continue;
+        struct stat st;
+        return stat(argv[i], &st) == 0 && S_ISDIR(st.st_mode) ? argv[i] : NULL;
+    }
+    return NULL;
+}
+
+void fuzz_write_seed(const char* folder, const char* name, const void* bytes, size_t size) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", folder, name);
+    struct stat st;
+    if (bytes && stat(path, &st) != 0) fuzz_write_file(path, bytes, size);
+}
+
+void fuzz_put(fuzz_buffer* b, const void* data, size_t n) {
+    if (b->size + n > b->capacity) {
+        size_t capacity = (b->size + n) * 2;
+        uint8_t* grown = realloc(b->bytes, capacity);
+        if (!grown) abort();
+        b->bytes = grown;
+        b->capacity = capacity;
+    }
+    memcpy(b->bytes + b->size, data, n);
+    b->size += n;
+}
+
 void fuzz_check_failed(const char* file, int line, const char* condition) {
     char summary[512];
     snprintf(summary, sizeof summary, "fuzz check failed at %s:%d: %s", file, line, condition);

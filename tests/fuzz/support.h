@@ -19,6 +19,20 @@ void fuzz_remove_tree(const char* path);
 // Writes the bytes to path (created or truncated); 0, or -1.
 int fuzz_write_file(const char* path, const void* data, size_t size);
 
+// Seeds are written at start-up (LLVMFuzzerInitialize), never committed:
+// the corpus folder is the first argument that is not a flag, or NULL when
+// there is none (a reproducer run). fuzz_write_seed writes folder/name unless
+// it exists (an earlier run wrote it); NULL bytes are skipped.
+const char* fuzz_seed_folder(int argc, char** argv);
+void fuzz_write_seed(const char* folder, const char* name, const void* bytes, size_t size);
+
+// A growing byte buffer for building seed files; aborts when out of memory.
+typedef struct fuzz_buffer {
+    uint8_t* bytes;
+    size_t size, capacity;
+} fuzz_buffer;
+void fuzz_put(fuzz_buffer* b, const void* data, size_t n);
+
 // A promise of the code under test that a harness checks: when it does not
 // hold, the run stops like a crash (abort), after "fuzz check failed at
 // FILE:LINE: CONDITION" on the sanitizers' report stream, which libFuzzer
