@@ -379,6 +379,7 @@ typedef struct rope_store_job {
     const shard_kv* view;
     forward_shard* shard;
     const float* rotations; // (n_rows, head_dim) forward_state.rotations
+    const rope_config* rope;
     int head_dim, n_rows, rows_per_task;
     bool tail_slot_one_off; // fault paged-wrong-slot (engine/fault.h); false in a normal run
     kernel_traffic* per_thread_traffic; // (shard->n_thread_slots)
@@ -394,9 +395,10 @@ static void rope_store_task(void* context, int task, int thread) {
     const int end = job->n_rows - first < job->rows_per_task ? job->n_rows : first + job->rows_per_task;
     kernel_traffic* traffic = &job->per_thread_traffic[thread];
     for (int r = first; r < end; r++) {
+        float* query = shard->query + (size_t)r * query_width;
         float* key = shard->key + (size_t)r * kv_width;
-        rope_rotate(shard->query + (size_t)r * query_width, key, job->rotations + (size_t)r * (size_t)job->head_dim,
-                    shard->n_heads, shard->n_kv_heads, job->head_dim, traffic);
+        rope_rotate_for(query, key, job->rotations + (size_t)r * (size_t)job->head_dim, shard->n_heads,
+                        shard->n_kv_heads, job->head_dim, job->rope, traffic);
         const batch_row* row = &view->batch->rows[r];
         int64_t slot = kv_slot_of_position(shard_table(view, r), view->block_size, row->position);
         // The bug: the newest token's slot is computed one short inside its
@@ -421,19 +423,28 @@ static void attention_sublayer(void* context, int k, int thread) {
     kernel_traffic* traffic = &shard->traffic;
     const matmul_output qkv[3] = {{shard->query, &w->wq}, {shard->key, &w->wk}, {shard->value, &w->wv}};
     matmul_set_parallel(qkv, 3, s->xb, n, shard->pool, traffic);
+    const layer_weights* full = &run->m->layers[run->layer]; // biases are sliced here, not by tp_plan
+    if (full->bq) {
+        const size_t kv_offset = (size_t)shard->kv_head_begin * (size_t)head_dim;
+        const int kv_width = shard->n_kv_heads * head_dim;
+        bias_add(shard->query, full->bq + (size_t)shard->head_begin * (size_t)head_dim, n, (int)query_width, traffic);
+        bias_add(shard->key, full->bk + kv_offset, n, kv_width, traffic);
+        bias_add(shard->value, full->bv + kv_offset, n, kv_width, traffic);
+    }
     // Keys and values of every row are stored first, so that a row of a
     // prompt can attend to the rows before it in the same batch.
     shard_kv view = shard_kv_of(run, shard);
     kernel_traffic per_thread_traffic[THREAD_POOL_MAX_THREADS];
     memset(per_thread_traffic, 0, (size_t)shard->n_thread_slots * sizeof *per_thread_traffic);
-    rope_store_job store = {&view,
-                            shard,
-                            s->rotations,
-                            head_dim,
-                            n,
-                            rows_per_task(n, shard->n_thread_slots),
-                            fault_on(FAULT_PAGED_WRONG_SLOT),
-                            per_thread_traffic};
+    rope_store_job store = {.view = &view,
+                            .shard = shard,
+                            .rotations = s->rotations,
+                            .rope = &s->rope,
+                            .head_dim = head_dim,
+                            .n_rows = n,
+                            .rows_per_task = rows_per_task(n, shard->n_thread_slots),
+                            .tail_slot_one_off = fault_on(FAULT_PAGED_WRONG_SLOT),
+                            .per_thread_traffic = per_thread_traffic};
     thread_pool_run(shard->pool, (n + store.rows_per_task - 1) / store.rows_per_task, rope_store_task, &store);
     const int head_slices = attention_head_slices(s, shard, n);
     attention_job job = {&view,       shard,       head_dim, s->max_context, s->attention_groups,
@@ -470,6 +481,7 @@ typedef struct residual_job {
     forward_state* state;
     const float* const* partials; // (n_shards) arrays of (n_rows, dim)
     const float* norm_weight;
+    float rms_epsilon;
     int n_rows, dim, rows_per_task;
     kernel_traffic* per_thread_traffic; // (thread_pool_size(state->pool))
 } residual_job;
@@ -484,7 +496,7 @@ static void residual_task(void* context, int task, int thread) {
     const float* partials[MAX_TP_SHARDS];
     for (int k = 0; k < s->n_shards; k++) partials[k] = job->partials[k] + offset;
     residual_rmsnorm(s->xb + offset, s->x + offset, partials, s->n_shards, job->norm_weight, n, job->dim,
-                     MODEL_RMS_EPS, &job->per_thread_traffic[thread]);
+                     job->rms_epsilon, &job->per_thread_traffic[thread]);
 }
 
 // The all-reduce of the shards' partial sums, fused with the residual add
@@ -496,7 +508,7 @@ static void all_reduce_residual(forward_state* s, int n_rows, const model_config
     const int n_threads = thread_pool_size(s->pool), per_task = rows_per_task(n_rows, n_threads);
     kernel_traffic per_thread_traffic[THREAD_POOL_MAX_THREADS];
     memset(per_thread_traffic, 0, (size_t)n_threads * sizeof *per_thread_traffic);
-    residual_job job = {s, partials, norm_weight, n_rows, c->dim, per_task, per_thread_traffic};
+    residual_job job = {s, partials, norm_weight, model_rms_epsilon(c), n_rows, c->dim, per_task, per_thread_traffic};
     thread_pool_run(s->pool, (n_rows + per_task - 1) / per_task, residual_task, &job);
     for (int t = 0; t < n_threads; t++) traffic_add(traffic, &per_thread_traffic[t]);
     if (s->n_shards > 1) {
@@ -552,11 +564,13 @@ int forward(const model* m, forward_state* s, kv_memory* kv, const forward_batch
 
     // Token embeddings into the residual stream, and each row's RoPE angles
     // (the same in every layer).
+    s->rope = (rope_config){model_rope_base(c), model_rope_dims(c), c->rope_neox};
+    const float rms_epsilon = model_rms_epsilon(c);
     for (int r = 0; r < n; r++) {
         weight_row_to_f32(s->x + (size_t)r * dim, &m->token_embedding, b->rows[r].token, &replicated);
-        rope_rotations(s->rotations + (size_t)r * (size_t)c->head_dim, b->rows[r].position, c->head_dim);
+        rope_rotations_for(s->rotations + (size_t)r * (size_t)c->head_dim, b->rows[r].position, &s->rope);
     }
-    rmsnorm(s->xb, s->x, m->layers[0].rms_attention, n, dim, MODEL_RMS_EPS, &replicated);
+    rmsnorm(s->xb, s->x, m->layers[0].rms_attention, n, dim, rms_epsilon, &replicated);
 
     int n_logit_rows = 0;
     for (int r = 0; r < n; r++) n_logit_rows += b->rows[r].wants_logits;
@@ -587,7 +601,7 @@ int forward(const model* m, forward_state* s, kv_memory* kv, const forward_batch
             memcpy(s->xb2 + (size_t)gathered * dim, s->x + (size_t)r * dim, (size_t)dim * sizeof(float));
             gathered++;
         }
-        rmsnorm(s->xb, s->xb2, m->rms_final, n_logit_rows, dim, MODEL_RMS_EPS, &replicated);
+        rmsnorm(s->xb, s->xb2, m->rms_final, n_logit_rows, dim, rms_epsilon, &replicated);
     }
     if (n_logit_rows > 0) {
         if (s->capture) s->capture(s->capture_user, -1, CAPTURE_CLASSIFIER_INPUT, s->xb, n_logit_rows, dim);

@@ -18,6 +18,7 @@
 #include "engine/model.h"
 #include "engine/tensor_parallel.h"
 #include "kernels/cpu/kernel_traffic.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/cpu/thread_pool.h"
 
 typedef struct batch_row {
@@ -82,6 +83,7 @@ typedef struct forward_state {
     float* hidden;     // (max_rows, hidden_dim) gate, then SwiGLU output
     float* hidden_up;  // (max_rows, hidden_dim)
     float* rotations;  // (max_rows, head_dim) RoPE cos, sin of each row's position (ops.h)
+    rope_config rope;  // the model's RoPE, set by each forward() call
     float* scores;     // (n_thread_slots, max_context) attention weights of one head, per thread
     int* attention_groups; // (max_rows + 1) first row of each group of rows attended together, then n_rows
     int n_attention_groups; // groups in the current forward() call

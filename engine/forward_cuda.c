@@ -124,8 +124,32 @@ static int make_kv_pool(forward_cuda* fc, const kv_memory* kv, error_info* err) 
     return 0;
 }
 
+// The CUDA kernels (kernels/cuda/cuda_ops.cu) do llama2.c's math only:
+// RoPE base 10000 on adjacent pairs over the whole head, RMSNorm epsilon
+// 1e-5, no biases. A model asking for anything else (a GGUF qwen2, a
+// Llama 3 with base 500000) is refused rather than run with other numbers.
+static int check_cuda_math(const model* m, error_info* err) {
+    const model_config* c = &m->config;
+    if (m->layers && m->layers[0].bq)
+        return error_set(err, "--backend cuda: %s has q/k/v biases, which the CUDA path does not add (use the CPU)",
+                         m->name);
+    if (c->rope_neox)
+        return error_set(err, "--backend cuda: %s uses NEOX RoPE pairs, the CUDA path adjacent ones only (use the CPU)",
+                         m->name);
+    if (model_rope_base(c) != MODEL_ROPE_BASE || model_rope_dims(c) != c->head_dim)
+        return error_set(err,
+                         "--backend cuda: %s uses RoPE base %g over %d of %d dims, the CUDA path base %g over "
+                         "the whole head (use the CPU)",
+                         m->name, (double)model_rope_base(c), model_rope_dims(c), c->head_dim, (double)MODEL_ROPE_BASE);
+    if (model_rms_epsilon(c) != MODEL_RMS_EPS)
+        return error_set(err, "--backend cuda: %s uses RMSNorm epsilon %g, the CUDA path %g (use the CPU)", m->name,
+                         (double)model_rms_epsilon(c), (double)MODEL_RMS_EPS);
+    return 0;
+}
+
 int forward_cuda_init(forward_cuda** out, const model* m, const kv_memory* kv, int max_rows, error_info* err) {
     *out = NULL;
+    if (check_cuda_math(m, err)) return -1;
     forward_cuda* fc = calloc(1, sizeof *fc);
     if (!fc) return error_set(err, "forward_cuda: out of host memory");
     fc->config = m->config;

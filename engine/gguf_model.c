@@ -10,9 +10,8 @@
 #include "engine/streamed_memory.h"
 #include "kernels/cpu/fp16.h"
 
-// What engine/forward.c computes (ops.h rope_rotations, MODEL_RMS_EPS): a
-// file that needs other values is refused, not run with different math.
-#define FORWARD_ROPE_BASE 10000.0
+// llama.cpp's defaults when the metadata leaves the key out.
+#define DEFAULT_ROPE_BASE 10000.0
 #define QUANT_BLOCK 32 // Q8_0 and Q4_0 weights per block
 
 // ---- metadata -------------------------------------------------------------------------------
@@ -45,12 +44,9 @@ int gguf_model_read_info(const gguf_file* f, gguf_model_info* info, error_info* 
         if ((unsigned)f->tensors[i].type < 32) info->tensor_type_counts[f->tensors[i].type]++;
         info->tensor_data_bytes += f->tensors[i].bytes;
     }
-    if (strcmp(info->architecture, "qwen2") == 0)
-        return error_set(err, "%s: unsupported architecture qwen2 (supported: llama): its q/k/v biases and NEOX "
-                              "RoPE (pairs i, i + head_dim/2) are not in the forward pass yet",
-                         f->name);
-    if (strcmp(info->architecture, "llama") != 0)
-        return error_set(err, "%s: unsupported architecture %.31s (supported: llama)", f->name, info->architecture);
+    if (strcmp(info->architecture, "llama") != 0 && strcmp(info->architecture, "qwen2") != 0)
+        return error_set(err, "%s: unsupported architecture %.31s (supported: llama, qwen2)", f->name,
+                         info->architecture);
 
     model_config* c = &info->config;
     // The limits are model_config_validate's, which runs last.
@@ -76,7 +72,7 @@ int gguf_model_read_info(const gguf_file* f, gguf_model_info* info, error_info* 
     char key[96];
     info->rope_dimensions = c->head_dim;
     if (read_int_key(f, info, "rope.dimension_count", false, 1 << 17, &info->rope_dimensions, err)) return -1;
-    info->rope_base = FORWARD_ROPE_BASE;
+    info->rope_base = DEFAULT_ROPE_BASE;
     if (gguf_get_float(f, arch_key(info, "rope.freq_base", key, sizeof key), &info->rope_base, err) < 0) return -1;
     info->rms_epsilon = MODEL_RMS_EPS;
     found = gguf_get_float(f, arch_key(info, "attention.layer_norm_rms_epsilon", key, sizeof key),
@@ -90,16 +86,22 @@ int gguf_model_read_info(const gguf_file* f, gguf_model_info* info, error_info* 
         return error_set(err, "%s: attention.key_length/value_length %d/%d: the forward pass needs head_dim = "
                               "embedding_length / head_count = %d",
                          f->name, key_length, value_length, c->head_dim);
-    if (info->rope_dimensions != c->head_dim)
-        return error_set(err, "%s: %s.rope.dimension_count: %d, but the forward pass rotates the whole head (%d)",
-                         f->name, info->architecture, info->rope_dimensions, c->head_dim);
-    if (info->rope_base != FORWARD_ROPE_BASE)
-        return error_set(err, "%s: %s.rope.freq_base: %g, but the forward pass uses RoPE base %g", f->name,
-                         info->architecture, info->rope_base, FORWARD_ROPE_BASE);
-    // Written as an f32: (float)1e-5 is what every llama writer stores.
-    if ((float)info->rms_epsilon != MODEL_RMS_EPS)
-        return error_set(err, "%s: %s.attention.layer_norm_rms_epsilon: %g, but the forward pass uses %g", f->name,
-                         info->architecture, info->rms_epsilon, (double)MODEL_RMS_EPS);
+    if (info->rope_dimensions % 2 != 0 || info->rope_dimensions > c->head_dim)
+        return error_set(err, "%s: %s.rope.dimension_count: %d, expected an even count of at most head_dim %d", f->name,
+                         info->architecture, info->rope_dimensions, c->head_dim);
+    if (!(info->rope_base > 1.0 && info->rope_base <= 1e30))
+        return error_set(err, "%s: %s.rope.freq_base: %g, expected a finite base above 1", f->name, info->architecture,
+                         info->rope_base);
+    // Written as an f32 (llama: 1e-5, qwen2: 1e-6), and used as one.
+    if (!((float)info->rms_epsilon > 0.0f && info->rms_epsilon <= 1.0))
+        return error_set(err, "%s: %s.attention.layer_norm_rms_epsilon: %g, expected a value in (0, 1]", f->name,
+                         info->architecture, info->rms_epsilon);
+    c->rope_base = (float)info->rope_base;
+    c->rope_dims = info->rope_dimensions;
+    // llama.cpp's llama_model_rope_type: LLAMA_ROPE_TYPE_NORM (adjacent
+    // pairs) for llama, LLAMA_ROPE_TYPE_NEOX (halves) for qwen2.
+    c->rope_neox = strcmp(info->architecture, "qwen2") == 0;
+    c->rms_epsilon = (float)info->rms_epsilon;
     uint64_t experts = 0;
     if (gguf_get_uint(f, arch_key(info, "expert_count", key, sizeof key), UINT32_MAX, &experts, err) < 0) return -1;
     if (experts > 0)
@@ -299,10 +301,11 @@ int gguf_model_from_file(model* out, gguf_file* f, const gguf_model_options* opt
     int n_plans = 7 * L + 2;
     matrix_plan* plans = calloc((size_t)n_plans, sizeof *plans);
     const gguf_tensor** norms = calloc((size_t)(2 * L + 1), sizeof *norms); // (2L + 1) attn, ffn per layer, final
+    const gguf_tensor** biases = calloc((size_t)(3 * L), sizeof *biases);   // (3L) q, k, v per layer; NULL: none
     layer_weights* layers = calloc((size_t)L, sizeof *layers);
     bool* used = calloc((size_t)f->n_tensors + 1, sizeof *used);
-    if (!plans || !norms || !layers || !used) {
-        free(plans), free(norms), free(layers), free(used);
+    if (!plans || !norms || !biases || !layers || !used) {
+        free(plans), free(norms), free(biases), free(layers), free(used);
         return error_set(err, "%s: out of memory for %d layers", f->name, L);
     }
     int status = 0;
@@ -337,6 +340,26 @@ int gguf_model_from_file(model* out, gguf_file* f, const gguf_model_options* opt
                 norms[m == -1 ? 2 * l : 2 * l + 1] = t;
             }
         }
+        // q/k/v biases: qwen2 has all three (llama.cpp requires them), llama
+        // files may (optional there); either all three or none.
+        static const char* const bias_names[3] = {"attn_q.bias", "attn_k.bias", "attn_v.bias"};
+        const uint64_t bias_sizes[3] = {dim, kv_dim, kv_dim};
+        int n_found = 0;
+        for (int k = 0; k < 3 && status == 0; k++) {
+            snprintf(name, sizeof name, "blk.%d.%s", l, bias_names[k]);
+            biases[3 * l + k] = gguf_find_tensor(f, name);
+            if (!biases[3 * l + k]) continue;
+            n_found++;
+            status = check_shape(f, biases[3 * l + k], bias_sizes[k], 1, err);
+        }
+        if (status == 0 && n_found != 0 && n_found != 3)
+            status = error_set(err, "%s: layer %d has %d of the 3 biases attn_q/k/v.bias: expected all or none",
+                               f->name, l, n_found);
+        if (status == 0 && n_found == 0 && info.config.rope_neox)
+            status = error_set(err, "%s: tensor 'blk.%d.attn_q.bias' is missing (qwen2 has q/k/v biases)", f->name, l);
+        if (status == 0 && l > 0 && (n_found != 0) != (biases[0] != NULL))
+            status = error_set(err, "%s: layer %d %s q/k/v biases and layer 0 %s: expected every layer alike", f->name,
+                               l, n_found ? "has" : "lacks", biases[0] ? "has them" : "does not");
     }
     // A tensor the model does not use (a bias, rope_freqs, ...) would change
     // what the model computes: refused by name, as llama.cpp refuses a file
@@ -344,14 +367,22 @@ int gguf_model_from_file(model* out, gguf_file* f, const gguf_model_options* opt
     for (int i = 0; i < n_plans && status == 0; i++)
         if (plans[i].tensor) used[plans[i].tensor - f->tensors] = true;
     for (int i = 0; i < 2 * L + 1 && status == 0; i++) used[norms[i] - f->tensors] = true;
+    for (int i = 0; i < 3 * L && status == 0; i++)
+        if (biases[i]) used[biases[i] - f->tensors] = true;
     for (int i = 0; i < f->n_tensors && status == 0; i++)
         if (!used[i])
-            status = error_set(err, "%s: tensor '%s' is not one a llama model uses (biases, rope_freqs and the "
-                                    "like are not supported)",
+            status = error_set(err,
+                               "%s: tensor '%s' is not one a llama model uses (biases, rope_freqs and the "
+                               "like, other than q/k/v biases, are not supported)",
                                f->name, f->tensors[i].name);
     free(used);
+    float* bias_storage = NULL; // (L, dim + 2 kv_dim) q, k, v biases of each layer in fp32
+    if (status == 0 && biases[0]) {
+        bias_storage = malloc((size_t)L * (size_t)(dim + 2 * kv_dim) * sizeof *bias_storage);
+        if (!bias_storage) status = error_set(err, "%s: out of memory for the biases", f->name);
+    }
     if (status) {
-        free(plans), free(norms), free(layers);
+        free(plans), free(norms), free(biases), free(layers);
         return -1;
     }
 
@@ -381,7 +412,7 @@ int gguf_model_from_file(model* out, gguf_file* f, const gguf_model_options* opt
         status = error_set(err, "%s: out of memory: %llu bytes for the converted weights", f->name,
                            (unsigned long long)total);
     if (status) {
-        free(plans), free(norms), free(layers);
+        free(plans), free(norms), free(biases), free(layers), free(bias_storage);
         return -1;
     }
 
@@ -408,6 +439,23 @@ int gguf_model_from_file(model* out, gguf_file* f, const gguf_model_options* opt
         else if (i % 2 == 0) layers[i / 2].rms_attention = gain;
         else layers[i / 2].rms_ffn = gain;
     }
+    if (bias_storage) {
+        out->bias_storage = bias_storage;
+        float* at = bias_storage;
+        for (int l = 0; l < L; l++) {
+            float* targets[3];
+            for (int k = 0; k < 3; k++) {
+                const gguf_tensor* bias = biases[3 * l + k];
+                targets[k] = at;
+                for (uint64_t j = 0; j < bias->ne[0]; j++)
+                    at[j] = element_f32(bias, j);
+                at += bias->ne[0];
+            }
+            layers[l].bq = targets[0];
+            layers[l].bk = targets[1];
+            layers[l].bv = targets[2];
+        }
+    }
     // output.weight absent: the classifier is the embedding (tied). The
     // llama2c converter writes it anyway as a second copy; it stays a
     // separate matrix, as llama.cpp computes the logits from it.
@@ -426,8 +474,9 @@ int gguf_model_from_file(model* out, gguf_file* f, const gguf_model_options* opt
         bytes += weight_matrix_bytes(&out->classifier);
         params += vocab * dim;
     }
-    out->weight_bytes = bytes + norm_values * 4;
-    out->n_parameters = params;
+    const uint64_t bias_values = bias_storage ? (uint64_t)L * (dim + 2 * kv_dim) : 0;
+    out->weight_bytes = bytes + (norm_values + bias_values) * 4;
+    out->n_parameters = params + bias_values;
     void* mapping;
     size_t mapping_bytes;
     gguf_release_mapping(f, &mapping, &mapping_bytes);
@@ -435,6 +484,7 @@ int gguf_model_from_file(model* out, gguf_file* f, const gguf_model_options* opt
     out->file_mapping_bytes = mapping_bytes;
     free(plans);
     free(norms);
+    free(biases);
 
     if (options->report_conversions && (converted_from_q8 || converted_from_q4 || widened_bytes)) {
         char line[400] = "";

@@ -1,14 +1,18 @@
 // gguf_model: a llama.cpp GGUF file as a servelab model.
 //
-// Architecture `llama` (Llama 2/3, TinyLlama, SmolLM, Mistral in the GGUF
-// naming). The metadata gives the shapes; the forward pass (engine/forward.c)
-// implements RoPE base 10000 on adjacent pairs over the whole head, RMSNorm
-// epsilon 1e-5 and no biases, so a file asking for anything else is refused
-// with a line saying what it asked and what the forward pass does, rather
-// than run with silently different math. (README of ../shared/gguf, §5:
-// arch `llama` always uses adjacent-pair RoPE, and the converters have
-// already permuted Hugging Face's q/k rows into that layout: nothing is
-// un-permuted here.)
+// Architectures `llama` (Llama 2/3, TinyLlama, SmolLM, Mistral in the GGUF
+// naming) and `qwen2`. The metadata gives the shapes and the per-model math,
+// which the forward pass (engine/forward.c) follows through model_config:
+// RoPE base (ARCH.rope.freq_base, default 10000), rotary dimensions
+// (ARCH.rope.dimension_count, default head_dim: fewer is partial rotary),
+// RMSNorm epsilon (ARCH.attention.layer_norm_rms_epsilon), the RoPE
+// pairing (llama.cpp's llama_model_rope_type: adjacent pairs for llama,
+// NEOX halves for qwen2), q/k/v biases (blk.N.attn_{q,k,v}.bias: required
+// by qwen2, optional for llama, all three or none) and a tied or separate
+// output matrix. (README of ../shared/gguf, §5: the converters have already
+// permuted Hugging Face's q/k rows of a llama into the adjacent layout:
+// nothing is un-permuted here.) RoPE scaling, experts and any tensor the
+// forward pass would not use are refused by name.
 //
 // What each tensor type becomes (dtype MODEL_DTYPE_DEFAULT):
 //   F32  -> WEIGHT_F32, pointing into the read-only mapping (no copy)

@@ -59,6 +59,12 @@ int model_config_validate(model_config* c, const char* source, error_info* err) 
         return error_set(err, "%s: head size: expected an even dim / n_heads for rotary pairs, found %d / %d = %d",
                          source, c->dim, c->n_heads, c->head_dim);
     c->kv_dim = c->n_kv_heads * c->head_dim;
+    if (c->rope_dims < 0 || c->rope_dims % 2 != 0 || c->rope_dims > c->head_dim)
+        return error_set(err, "%s: rope dimensions: expected an even count of at most head_dim %d, found %d", source,
+                         c->head_dim, c->rope_dims);
+    if (!(c->rope_base >= 0.0f) || !(c->rms_epsilon >= 0.0f) || c->rope_base > 1e30f || c->rms_epsilon > 1.0f)
+        return error_set(err, "%s: rope base %g / rms epsilon %g: expected a finite base and an epsilon in [0, 1]",
+                         source, (double)c->rope_base, (double)c->rms_epsilon);
     return 0;
 }
 
@@ -387,6 +393,7 @@ void model_free(model* m) {
     free(m->layers);
     free(m->storage);
     free(m->f16_tile_storage);
+    free(m->bias_storage);
     if (m->file_mapping) munmap((void*)m->file_mapping, (size_t)m->file_mapping_bytes);
     memset(m, 0, sizeof *m);
 }
@@ -401,6 +408,7 @@ uint64_t model_decode_weight_bytes(const model* m) {
                  weight_matrix_bytes(&layer->w3);
     }
     bytes += (uint64_t)(2 * c->n_layers + 1) * (uint64_t)c->dim * sizeof(float); // norms
+    if (m->bias_storage) bytes += (uint64_t)c->n_layers * (uint64_t)(c->dim + 2 * c->kv_dim) * sizeof(float);
     bytes += weight_matrix_bytes(&m->classifier);
     // One embedding row (its scales included) per token.
     bytes += weight_matrix_bytes(&m->token_embedding) / (uint64_t)c->vocab_size;

@@ -16,6 +16,7 @@
 #define MODEL_EXPORT_MAGIC 0x616b3432u // "ak42" in llama2.c's export header
 #define MODEL_EXPORT_HEADER_BYTES 256
 #define MODEL_RMS_EPS 1e-5f
+#define MODEL_MAX_STOP_TOKENS 8
 
 typedef struct model_config {
     int dim;               // residual stream width (d_model)
@@ -28,7 +29,24 @@ typedef struct model_config {
     int head_dim;          // dim / n_heads
     int kv_dim;            // n_kv_heads * head_dim
     bool shared_classifier; // the classifier reuses the token embedding
+    // Per-model hyper-parameters (GGUF metadata). Zero means llama2.c's
+    // value, so every config built before these existed keeps its math:
+    float rope_base;   // RoPE frequency base theta; 0: 10000 (MODEL_ROPE_BASE)
+    int rope_dims;     // leading dimensions of each head that RoPE rotates (even); 0: head_dim
+    bool rope_neox;    // pairs (i, i + rope_dims / 2) (GPT-NeoX; qwen2) instead of (2i, 2i + 1)
+    float rms_epsilon; // RMSNorm epsilon; 0: 1e-5 (MODEL_RMS_EPS)
 } model_config;
+
+#define MODEL_ROPE_BASE 10000.0f
+
+// The values the forward pass uses (the zero defaults resolved).
+static inline float model_rms_epsilon(const model_config* c) {
+    return c->rms_epsilon > 0.0f ? c->rms_epsilon : MODEL_RMS_EPS;
+}
+static inline float model_rope_base(const model_config* c) {
+    return c->rope_base > 0.0f ? c->rope_base : MODEL_ROPE_BASE;
+}
+static inline int model_rope_dims(const model_config* c) { return c->rope_dims > 0 ? c->rope_dims : c->head_dim; }
 
 typedef enum model_format {
     MODEL_FORMAT_SYNTHETIC = 0,
@@ -48,6 +66,10 @@ typedef struct layer_weights {
     weight_matrix w1;           // (hidden_dim, dim) gate
     weight_matrix w2;           // (dim, hidden_dim) down
     weight_matrix w3;           // (hidden_dim, dim) up
+    // Biases added after wq, wk, wv (qwen2); NULL when the model has none (llama).
+    const float* bq; // (dim)
+    const float* bk; // (kv_dim)
+    const float* bv; // (kv_dim)
 } layer_weights;
 
 typedef struct model {
@@ -70,6 +92,13 @@ typedef struct model {
     // and model_free unmaps it. NULL for every other source.
     const void* file_mapping;
     uint64_t file_mapping_bytes;
+    // The q/k/v biases of every layer in fp32, a block of its own (model_quantize
+    // replaces `storage`, and biases stay fp32 whatever the matrices become); NULL without biases.
+    float* bias_storage;
+    // Tokens that end a generation (a GGUF's EOS, EOT, ...: engine/gguf_vocab.h).
+    // n_stop_tokens 0: llama2.c's convention, EOS 2 and BOS 1 (a new story).
+    int32_t stop_tokens[MODEL_MAX_STOP_TOKENS];
+    int n_stop_tokens;
 } model;
 
 typedef enum model_dtype_choice {

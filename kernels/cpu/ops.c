@@ -66,12 +66,18 @@ void softmax(float* x, int size) {
     for (int i = 0; i < size; i++) x[i] /= sum;
 }
 
-// The rotation of the pair starting at index pair_index (even) inside a head.
-static void rope_rotation(int pair_index, int position, int head_dim, float* cos_angle, float* sin_angle) {
-    float frequency = 1.0f / powf(10000.0f, (float)pair_index / (float)head_dim);
+// The rotation of the pair whose frequency index is pair_index (even) of rotary_dims.
+static void rope_rotation_with_base(int pair_index, int position, int rotary_dims, float base, float* cos_angle,
+                                    float* sin_angle) {
+    float frequency = 1.0f / powf(base, (float)pair_index / (float)rotary_dims);
     float angle = (float)position * frequency;
     *cos_angle = cosf(angle);
     *sin_angle = sinf(angle);
+}
+
+// The rotation of the pair starting at index pair_index (even) inside a head.
+static void rope_rotation(int pair_index, int position, int head_dim, float* cos_angle, float* sin_angle) {
+    rope_rotation_with_base(pair_index, position, head_dim, 10000.0f, cos_angle, sin_angle);
 }
 
 static void rotate_pair(float* vector, int i, float cos_angle, float sin_angle) {
@@ -115,6 +121,40 @@ void rope_rotate(float* query, float* key, const float* rotations, int n_heads, 
     count_rope(traffic, n_heads * head_dim, n_kv_heads * head_dim);
 }
 
+void rope_rotations_for(float* rotations, int position, const rope_config* config) {
+    for (int i = 0; i < config->rotary_dims; i += 2)
+        rope_rotation_with_base(i, position, config->rotary_dims, config->base, &rotations[i], &rotations[i + 1]);
+}
+
+// NEOX pairing: element p turns with element p + half, by the angle of pair p.
+static void rotate_half_pairs(float* head, int half, const float* rotations) {
+    for (int p = 0; p < half; p++) {
+        float cos_angle = rotations[2 * p], sin_angle = rotations[2 * p + 1];
+        float x0 = head[p], x1 = head[p + half];
+        head[p] = x0 * cos_angle - x1 * sin_angle;
+        head[p + half] = x0 * sin_angle + x1 * cos_angle;
+    }
+}
+
+void rope_rotate_for(float* query, float* key, const float* rotations, int n_heads, int n_kv_heads, int head_dim,
+                     const rope_config* config, kernel_traffic* traffic) {
+    const int rotary_dims = config->rotary_dims;
+    for (int h = 0; h < n_heads; h++) {
+        float* query_head = query + (size_t)h * (size_t)head_dim;
+        float* key_head = h < n_kv_heads ? key + (size_t)h * (size_t)head_dim : NULL;
+        if (config->neox_pairs) {
+            rotate_half_pairs(query_head, rotary_dims / 2, rotations);
+            if (key_head) rotate_half_pairs(key_head, rotary_dims / 2, rotations);
+            continue;
+        }
+        for (int i = 0; i < rotary_dims; i += 2) {
+            rotate_pair(query_head, i, rotations[i], rotations[i + 1]);
+            if (key_head) rotate_pair(key_head, i, rotations[i], rotations[i + 1]);
+        }
+    }
+    count_rope(traffic, n_heads * head_dim, n_kv_heads * head_dim);
+}
+
 void swiglu(float* gate, const float* up, int size, kernel_traffic* traffic) {
     for (int i = 0; i < size; i++) {
         float value = gate[i];
@@ -139,4 +179,16 @@ void swiglu_vector(float* gate, const float* up, int size, kernel_traffic* traff
 void residual_add(float* x, const float* delta, int size, kernel_traffic* traffic) {
     for (int i = 0; i < size; i++) x[i] += delta[i];
     if (traffic) traffic->activation_bytes += 3ull * (uint64_t)size * sizeof(float);
+}
+
+void bias_add(float* x, const float* bias, int n_rows, int size, kernel_traffic* traffic) {
+    for (int r = 0; r < n_rows; r++) {
+        float* row = x + (size_t)r * (size_t)size;
+        for (int i = 0; i < size; i++)
+            row[i] += bias[i];
+    }
+    if (traffic) {
+        traffic->weight_bytes_read += (uint64_t)size * sizeof(float);
+        traffic->activation_bytes += 2ull * (uint64_t)n_rows * (uint64_t)size * sizeof(float);
+    }
 }

@@ -11,6 +11,8 @@
 #ifndef SERVELAB_OPS_H
 #define SERVELAB_OPS_H
 
+#include <stdbool.h>
+
 #include "kernels/cpu/kernel_traffic.h"
 
 // For each of n_rows rows: out[i] = weight[i] * x[i] / sqrt(mean(x^2) + eps).
@@ -47,6 +49,26 @@ void rope_rotations(float* rotations, int position, int head_dim);
 void rope_rotate(float* query, float* key, const float* rotations, int n_heads, int n_kv_heads, int head_dim,
                  kernel_traffic* traffic);
 
+// RoPE as a model configures it (GGUF metadata): the base, how many
+// leading dimensions of each head rotate (the rest pass unchanged: partial
+// rotary), and which elements pair up. Pair p (p < rotary_dims / 2) turns by
+// position * base^(-2p / rotary_dims), as llama.cpp's ggml_rope computes it;
+// with base 10000, rotary_dims = head_dim and adjacent pairs this is rope().
+typedef struct rope_config {
+    float base;      // frequency base theta (llama2.c: 10000)
+    int rotary_dims; // even, <= head_dim
+    bool neox_pairs; // pairs (p, p + rotary_dims / 2) (GPT-NeoX, qwen2), else (2p, 2p + 1) (llama)
+} rope_config;
+
+// The rotations of one position under config: rotations (rotary_dims)
+// floats, cos then sin of pair p at [2p], [2p + 1]. With llama2.c's config,
+// the bits of rope_rotations().
+void rope_rotations_for(float* rotations, int position, const rope_config* config);
+
+// rope_rotate() under config, with rotations from rope_rotations_for().
+void rope_rotate_for(float* query, float* key, const float* rotations, int n_heads, int n_kv_heads, int head_dim,
+                     const rope_config* config, kernel_traffic* traffic);
+
 // SwiGLU gate: gate[i] = silu(gate[i]) * up[i], silu(v) = v / (1 + e^-v),
 // one pass over both. gate, up: (size) floats.
 void swiglu(float* gate, const float* up, int size, kernel_traffic* traffic);
@@ -60,5 +82,9 @@ void swiglu_vector(float* gate, const float* up, int size, kernel_traffic* traff
 
 // Residual connection: x[i] += delta[i]; x, delta: (size) floats.
 void residual_add(float* x, const float* delta, int size, kernel_traffic* traffic);
+
+// Bias: x[r][i] += bias[i] for n_rows rows; x: (n_rows, size) floats,
+// bias: (size) floats, counted as weight bytes once per call.
+void bias_add(float* x, const float* bias, int n_rows, int size, kernel_traffic* traffic);
 
 #endif

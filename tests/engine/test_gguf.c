@@ -743,11 +743,13 @@ static void test_hostile_headers(void** state) {
     memcpy(bytes, good, size);
     size_t arch_at = find_bytes(bytes, size, "general.architecture") + strlen("general.architecture") + 4 + 8;
     memcpy(bytes + arch_at, "gpt2x", 5); // 'llama' is 5 bytes
-    expect_refused(bytes, size, "unsupported architecture gpt2x (supported: llama)");
+    expect_refused(bytes, size, "unsupported architecture gpt2x (supported: llama, qwen2)");
     memcpy(bytes, good, size);
     size_t rope_at = find_bytes(bytes, size, "llama.rope.dimension_count") + strlen("llama.rope.dimension_count");
-    put_u32(bytes + rope_at + 4, 4);
-    expect_refused(bytes, size, "rope.dimension_count: 4, but the forward pass rotates the whole head (8)");
+    put_u32(bytes + rope_at + 4, 5);
+    expect_refused(bytes, size, "rope.dimension_count: 5, expected an even count of at most head_dim 8");
+    put_u32(bytes + rope_at + 4, 10);
+    expect_refused(bytes, size, "rope.dimension_count: 10, expected an even count of at most head_dim 8");
     memcpy(bytes, good, size);
     memcpy(bytes + find_bytes(bytes, size, "blk.2.attn_q.weight"), "blk.2.attn_q.bias__", 19);
     expect_refused(bytes, size, "tensor 'blk.2.attn_q.weight' is missing");

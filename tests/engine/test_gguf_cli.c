@@ -68,7 +68,7 @@ static void test_info_describes_each_model(void** state) {
     r = run("info %s/vocab/ggml-vocab-gpt-2.gguf", dir);
     assert_int_equal(r.exit_status, 1);
     expect_contains(r.out, "tokenizer: byte-level BPE (GPT-2), 50257 tokens, BOS 50256");
-    expect_contains(r.out, "unsupported architecture gpt2 (supported: llama)");
+    expect_contains(r.out, "unsupported architecture gpt2 (supported: llama, qwen2)");
     free_result(&r);
 }
 
