@@ -26,8 +26,8 @@ CUDA     ?= auto
 BUILD    ?= build/release
 SANITIZE ?= 0
 
-PKGS      := ncursesw lua5.4 jansson cmocka libmicrohttpd
-DEB_PKGS  := build-essential pkg-config libncurses-dev liblua5.4-dev libjansson-dev libcmocka-dev libmicrohttpd-dev tmux
+PKGS      := ncursesw lua5.4 jansson cmocka libmicrohttpd libcurl
+DEB_PKGS  := build-essential pkg-config libncurses-dev liblua5.4-dev libjansson-dev libcmocka-dev libmicrohttpd-dev libcurl4-openssl-dev tmux
 
 WARNINGS := -Wall -Wextra -Wshadow -Wpointer-arith -Wstrict-prototypes -Wmissing-prototypes -Wvla
 ifdef CI
@@ -36,7 +36,7 @@ endif
 
 # pkg-config is queried lazily so that `make deps` works before the packages exist.
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
-PKG_LIBS   = $(shell pkg-config --libs ncursesw lua5.4 jansson libmicrohttpd 2>/dev/null)
+PKG_LIBS   = $(shell pkg-config --libs ncursesw lua5.4 jansson libmicrohttpd libcurl 2>/dev/null)
 CMOCKA_LIBS = $(shell pkg-config --libs cmocka 2>/dev/null)
 
 CFLAGS   ?= -O2 -g

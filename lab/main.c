@@ -13,6 +13,7 @@ static const char USAGE[] =
     "  lab        the dashboard (also what plain 'servelab' opens)\n"
     "  generate   generate text from a model (checkpoint or synthetic preset)\n"
     "  serve      an OpenAI-compatible HTTP server on the engine (curl, the openai client)\n"
+    "  bench-serve  load on any OpenAI-compatible server: TTFT, TPOT, ITL, throughput\n"
     "  sim        a workload through the engine: paged vs contiguous, continuous vs static\n"
     "  quant      quantize a model (RTN, AWQ, GPTQ) or one tensor and measure the error\n"
     "  quiz       quiz yourself: question bank, numeric drills, spaced repetition\n"
@@ -36,6 +37,7 @@ static const command_entry COMMANDS[] = {
     {"generate", command_generate},
     {"sim", command_sim},
     {"serve", command_serve},
+    {"bench-serve", command_bench_serve},
     {"quant", command_quant},
     {"quiz", command_quiz},
     {"lesson", command_lesson},

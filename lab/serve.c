@@ -372,7 +372,7 @@ static void admit_and_cancel(server* s) {
         if (job->state != JOB_SUBMITTED) continue;
         const serve_params* p = &job->params;
         request_params request = {p->prompt, p->n_prompt, p->max_tokens, p->n, p->temperature,
-                                  p->top_p,  p->seed,     0.0,           false};
+                                  p->top_p,  p->seed,     0.0,           p->ignore_eos};
         error_info err = {{0}};
         int32_t first = -1;
         if (engine_add_request(&s->engine, &request, &first, &err)) {

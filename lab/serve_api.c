@@ -194,6 +194,7 @@ static const char* const COMPLETION_FIELDS[] = {"model",
                                                 "logit_bias",
                                                 "suffix",
                                                 "return_token_ids",
+                                                "ignore_eos",
                                                 NULL};
 static const char* const CHAT_FIELDS[] = {"model",
                                           "messages",
@@ -213,6 +214,7 @@ static const char* const CHAT_FIELDS[] = {"model",
                                           "frequency_penalty",
                                           "logit_bias",
                                           "return_token_ids",
+                                          "ignore_eos",
                                           NULL};
 
 static bool known_field(const char* const* fields, const char* name) {
@@ -528,6 +530,7 @@ int serve_parse_request(serve_endpoint endpoint, const char* body_text, size_t b
     }
     if (read_bool(body, "stream", &params->stream, error)) goto done;
     if (read_bool(body, "return_token_ids", &params->return_token_ids, error)) goto done;
+    if (read_bool(body, "ignore_eos", &params->ignore_eos, error)) goto done;
     json_t* options = json_object_get(body, "stream_options");
     if (options && !json_is_null(options)) {
         if (!params->stream) {

@@ -42,6 +42,7 @@ typedef struct serve_params {
     bool stream;
     bool include_usage;           // stream_options.include_usage
     bool return_token_ids;        // vLLM's extension: token ids beside the text
+    bool ignore_eos;              // vLLM's and llama.cpp's: generate max_tokens whatever the model says (benchmarks)
     int logprobs;                 // -1: none; else the sampled token's logprob and this many alternatives
     bool echo;                    // completions: the prompt's text before the completion
     char* stops[SERVE_MAX_STOPS]; // (n_stops) malloc'ed
