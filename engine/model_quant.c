@@ -24,11 +24,12 @@ int model_quant_spec_parse(const char* text, model_quant_spec* out, error_info* 
         return error_set(err, "--quant: '%s' is too long", text);
     char* save = NULL;
     char* part = strtok_r(copy, ":", &save);
-    if (!part) return error_set(err, "--quant: expected w8a16, w4a16 or w8a8, found ''");
+    if (!part) return error_set(err, "--quant: expected w8a16, w4a16 or w8a8 (or w4a8), found ''");
     if (strcmp(part, "w8a16") == 0) *out = (model_quant_spec){.scheme = QUANT_W8A16, .group_size = 0, .method = QUANT_RTN, .symmetric = false};
     else if (strcmp(part, "w4a16") == 0) *out = (model_quant_spec){.scheme = QUANT_W4A16, .group_size = 64, .method = QUANT_RTN, .symmetric = false};
     else if (strcmp(part, "w8a8") == 0) *out = (model_quant_spec){.scheme = QUANT_W8A8, .group_size = 0, .method = QUANT_RTN, .symmetric = true};
-    else return error_set(err, "--quant: expected w8a16, w4a16 or w8a8, found '%s'", part);
+    else if (strcmp(part, "w4a8") == 0) *out = (model_quant_spec){.scheme = QUANT_W4A8, .group_size = 32, .method = QUANT_RTN, .symmetric = true};
+    else return error_set(err, "--quant: expected w8a16, w4a16 or w8a8 (or w4a8), found '%s'", part);
     while ((part = strtok_r(NULL, ":", &save)) != NULL) {
         char* end = NULL;
         if (strcmp(part, "channel") == 0) out->group_size = 0;
@@ -37,27 +38,32 @@ int model_quant_spec_parse(const char* text, model_quant_spec* out, error_info* 
         else if (strcmp(part, "gptq") == 0) out->method = QUANT_GPTQ;
         else if (strcmp(part, "sym") == 0) out->symmetric = true;
         else if (strcmp(part, "asym") == 0) out->symmetric = false;
+        else if (strcmp(part, "token") == 0) out->per_token_activations = true;
         else if (part[0] == 'g' && part[1] != '\0') {
             long group = strtol(part + 1, &end, 10);
             if (*end != '\0' || group < 1 || group > 65536)
                 return error_set(err, "--quant: group '%s': expected gN with N >= 1 (e.g. g64)", part);
             out->group_size = (int)group;
         } else
-            return error_set(err, "--quant: '%s' is not a group (g64), a method (rtn, awq, gptq) or sym/asym", part);
+            return error_set(err, "--quant: '%s' is not a group (g64), a method (rtn, awq, gptq), sym/asym or token", part);
     }
     if (out->scheme == QUANT_W8A8 && !out->symmetric)
         return error_set(err, "--quant: w8a8 multiplies int8 by int8 and needs symmetric weights (drop asym)");
+    if (out->scheme == QUANT_W4A8 && !out->symmetric)
+        return error_set(err, "--quant: w4a8 multiplies int4 by int8 and needs symmetric weights (drop asym)");
+    if (out->per_token_activations && out->scheme != QUANT_W8A8)
+        return error_set(err, "--quant: token (one activation scale per row) is a w8a8 choice");
     return 0;
 }
 
 void model_quant_spec_describe(const model_quant_spec* spec, char* out, size_t capacity) {
-    const char* schemes[] = {"w8a16", "w4a16", "w8a8"};
+    const char* schemes[] = {"w8a16", "w4a16", "w8a8", "w4a8"};
     const char* methods[] = {"rtn", "awq", "gptq"};
     char group[16];
     if (spec->group_size > 0) snprintf(group, sizeof group, "g%d", spec->group_size);
     else snprintf(group, sizeof group, "per-channel");
-    snprintf(out, capacity, "%s %s %s %s", schemes[spec->scheme], group, methods[spec->method],
-             spec->symmetric ? "sym" : "asym");
+    snprintf(out, capacity, "%s %s %s %s%s", schemes[spec->scheme], group, methods[spec->method],
+             spec->symmetric ? "sym" : "asym", spec->per_token_activations ? " token" : "");
 }
 
 void model_quant_report_free(model_quant_report* report) {
@@ -163,10 +169,21 @@ static void* take_bytes(packed_cursor* cursor, size_t bytes) {
     return cursor->base ? cursor->base + start : NULL;
 }
 
+static bool scheme_is_int4(quant_weight_scheme scheme) { return scheme == QUANT_W4A16 || scheme == QUANT_W4A8; }
+
+// The activation block of a packed matrix (weight_matrix.activation_block):
+// 32 when it divides the group (the row, per channel), else the group;
+// W8A8 per channel or ":token": 0, one scale per row.
+static int activation_block_for(const model_quant_spec* spec, const weight_matrix* packed) {
+    if (spec->scheme != QUANT_W8A8 && spec->scheme != QUANT_W4A8) return 0;
+    if (spec->scheme == QUANT_W8A8 && (spec->per_token_activations || packed->group_size == packed->cols)) return 0;
+    return packed->group_size % 32 == 0 ? 32 : packed->group_size;
+}
+
 // The scheme a matrix of `cols` inputs is packed with: the spec's group when
 // it divides cols, else one scale per output channel.
 static quant_scheme scheme_for(const model_quant_spec* spec, int cols) {
-    quant_scheme s = {spec->scheme == QUANT_W4A16 ? 4 : 8, spec->symmetric, QUANT_PER_CHANNEL, 0, false};
+    quant_scheme s = {scheme_is_int4(spec->scheme) ? 4 : 8, spec->symmetric, QUANT_PER_CHANNEL, 0, false};
     if (spec->group_size > 0 && cols % spec->group_size == 0 && spec->group_size < cols) {
         s.granularity = QUANT_PER_GROUP;
         s.group_size = spec->group_size;
@@ -211,7 +228,8 @@ static int quantize_one(matrix_job* job, const model_quant_spec* spec, quant_met
     }
     if (status == 0) status = quant_pack(codes, params, rows, cols, &scheme, storage, &job->packed, err);
     if (status == 0) {
-        job->packed.activation_bits = spec->scheme == QUANT_W8A8 ? 8 : 0;
+        job->packed.activation_bits = spec->scheme == QUANT_W8A8 || spec->scheme == QUANT_W4A8 ? 8 : 0;
+        job->packed.activation_block = activation_block_for(spec, &job->packed);
         if (fault_on(FAULT_W8A8_FLOAT_ACTIVATIONS)) job->packed.activation_bits = 0; // int8 weights, float inputs
         quant_stats total = quant_matrix_stats(job->values, codes, params, rows, cols, &scheme, -1);
         // Error against the original weights: undo AWQ's column scaling.
@@ -283,6 +301,8 @@ int model_quantize(model* m, const model_quant_spec* spec, const int32_t* const*
                    int n_sequences, thread_pool* pool, model_quant_report* report, error_info* err) {
     const model_config* c = &m->config;
     if (m->dtype == WEIGHT_I8 || m->dtype == WEIGHT_I4) return error_set(err, "quantize: %s is already quantized", m->name);
+    if ((spec->scheme == QUANT_W8A8 || spec->scheme == QUANT_W4A8) && !spec->symmetric)
+        return error_set(err, "quantize: %s needs symmetric weights", spec->scheme == QUANT_W8A8 ? "w8a8" : "w4a8");
     calibration cal = {0};
     int n_calibration_tokens = 0;
     bool needs_calibration = spec->method != QUANT_RTN;
@@ -444,7 +464,7 @@ int model_quantize(model* m, const model_quant_spec* spec, const int32_t* const*
     free(m->f16_tile_storage); // no fp16 matrix is left to read them
     m->f16_tile_storage = NULL;
     m->f16_tile_bytes = 0;
-    m->dtype = spec->scheme == QUANT_W4A16 ? WEIGHT_I4 : WEIGHT_I8;
+    m->dtype = scheme_is_int4(spec->scheme) ? WEIGHT_I4 : WEIGHT_I8;
     m->token_embedding = packed[0];
     uint64_t bytes = norm_floats * sizeof(float) + weight_matrix_bytes(&packed[0]);
     for (int l = 0; l < c->n_layers; l++) {

@@ -27,7 +27,7 @@ static size_t dtype_value_bytes(weight_dtype dtype) {
 }
 
 const char* matmul_activation_format(const weight_matrix* w) {
-    if (matmul_is_w8a8(w)) return "int8";
+    if (matmul_is_w8a8(w) || matmul_is_a8_blocks(w)) return "int8";
     return w->dtype == WEIGHT_I4 ? "bf16" : "fp32";
 }
 
@@ -202,13 +202,42 @@ typedef struct matmul_job {
     const float* in_phased; // INT4 phase kernel: (n_rows, w->cols) in its column order; NULL when not allocated
     const uint16_t* in_bf16_words; // the same with AVX512_BF16: (n_rows, w->cols) bf16 words; NULL when not used
     const float* in_bf16_rows;     // W4A16 otherwise: (n_rows, w->cols) the rows rounded to bf16; NULL when not
+    const int8_t* in_a8_codes;     // group-wise W8A8 / W4A8: (n_rows, matmul_a8_code_stride(cols)) codes in
+                                   // a8_vnni's order or column order; NULL when not allocated
+    const float* in_a8_scales;     // (n_rows, cols / activation_block) their scales
+    const int32_t* in_a8_zero_sums; // (n_rows, cols / activation_block) the VNNI kernel's offset sums
+    bool a8_vnni;                  // group-wise: the VNNI kernel runs (else the scalar one)
 } matmul_job;
+
+// Whether a group-wise W8A8 / W4A8 job at `level` runs the VNNI kernel;
+// every other case (AVX2, AVX-512 without VNNI, other block or group
+// sizes) runs the scalar kernel, with the same bits.
+static bool a8_uses_vnni(const weight_matrix* w, cpu_simd_level level) {
+#if defined(__x86_64__) || defined(__i386__)
+    return level == CPU_SIMD_AVX512 && cpu_features_get()->avx512vnni && matmul_a8_vnni_fits(w);
+#else
+    (void)w, (void)level;
+    return false;
+#endif
+}
 
 // WEIGHT_I8 / WEIGHT_I4 at the job's level (the orders: matmul_int.c).
 static void matmul_int_range(const matmul_job* job, int o_begin, int o_end) {
     float* out = job->out;
     const weight_matrix* w = job->w;
     const int n_rows = job->n_rows;
+    if (matmul_is_a8_blocks(w)) {
+        if (!job->in_a8_codes)
+            matmul_a8_unbuffered(out, job->in, n_rows, w, o_begin, o_end);
+#if defined(__x86_64__) || defined(__i386__)
+        else if (job->a8_vnni)
+            matmul_a8_avx512vnni(out, job->in_a8_codes, job->in_a8_scales, job->in_a8_zero_sums, n_rows, w, o_begin,
+                                 o_end);
+#endif
+        else
+            matmul_a8_scalar(out, job->in_a8_codes, job->in_a8_scales, n_rows, w, o_begin, o_end);
+        return;
+    }
     if (matmul_is_w8a8(w)) {
         if (!job->in_codes) {
             matmul_w8a8_unbuffered(out, job->in, n_rows, w, o_begin, o_end);
@@ -314,12 +343,31 @@ typedef struct prepare_job {
 // the scales after them are aligned.
 static size_t codes_bytes(size_t n_rows, size_t cols) { return (n_rows * cols + 63) / 64 * 64; }
 
+// The same for group-wise W8A8 / W4A8: rows of matmul_a8_code_stride bytes
+// (a multiple of 128), then the scales, then the offset sums.
+static size_t a8_codes_bytes(const weight_matrix* w, size_t n_rows) { return n_rows * matmul_a8_code_stride(w->cols); }
+
+static size_t a8_block_bytes(const weight_matrix* w, size_t n_rows) {
+    size_t n_blocks = (size_t)(w->cols / w->activation_block);
+    return a8_codes_bytes(w, n_rows) + n_rows * n_blocks * (sizeof(float) + sizeof(int32_t));
+}
+
 static void prepare_task(void* ctx, int task, int thread) {
     (void)thread;
     const prepare_job* job = ctx;
     const matmul_job* m = job->matmul;
     const size_t cols = (size_t)m->w->cols, n_rows = (size_t)m->n_rows;
     const float* x = m->in + (size_t)task * cols;
+    if (matmul_is_a8_blocks(m->w)) {
+        const size_t n_blocks = cols / (size_t)m->w->activation_block;
+        int8_t* codes = (int8_t*)job->block + (size_t)task * matmul_a8_code_stride(m->w->cols);
+        float* scales = (float*)((int8_t*)job->block + a8_codes_bytes(m->w, n_rows)) + (size_t)task * n_blocks;
+        int32_t* zero_sums = (int32_t*)((int8_t*)job->block + a8_codes_bytes(m->w, n_rows) +
+                                        n_rows * n_blocks * sizeof(float)) + (size_t)task * n_blocks;
+        matmul_a8_prepare_row(codes, scales, zero_sums, x, m->w,
+                              m->a8_vnni && m->w->dtype == WEIGHT_I4 ? A8_NIBBLES : A8_COLUMNS);
+        return;
+    }
     if (!matmul_is_w8a8(m->w)) {
         float* row = (float*)job->block + (size_t)task * cols;
 #if defined(__x86_64__) || defined(__i386__)
@@ -382,9 +430,22 @@ static void* arena_take(prepare_arena* arena, size_t bytes) {
 // enough values to pay for it.
 static void* prepare_input(matmul_job* job, thread_pool* pool, prepare_arena* arena) {
     const size_t cols = (size_t)job->w->cols, n_rows = (size_t)job->n_rows;
-    const bool w8a8 = matmul_is_w8a8(job->w);
+    const bool w8a8 = matmul_is_w8a8(job->w), a8_blocks = matmul_is_a8_blocks(job->w);
     const bool phased = job->level == CPU_SIMD_AVX512 && matmul_i4_uses_phase_order(job->w);
-    if (n_rows == 0 || (!w8a8 && job->w->dtype != WEIGHT_I4)) return NULL;
+    if (n_rows == 0 || (!w8a8 && !a8_blocks && job->w->dtype != WEIGHT_I4)) return NULL;
+    if (a8_blocks) {
+        void* heap = NULL;
+        const size_t bytes = a8_block_bytes(job->w, n_rows);
+        prepare_job p = {job, arena_take(arena, bytes), I4_BF16_ROWS};
+        if (!p.block) p.block = heap = aligned_alloc(64, (bytes + 63) / 64 * 64);
+        if (!p.block) return NULL;
+        thread_pool_run(n_rows * cols >= MATMUL_MIN_PARALLEL_MACS ? pool : NULL, job->n_rows, prepare_task, &p);
+        const size_t n_blocks = cols / (size_t)job->w->activation_block;
+        job->in_a8_codes = p.block;
+        job->in_a8_scales = (const float*)((const int8_t*)p.block + a8_codes_bytes(job->w, n_rows));
+        job->in_a8_zero_sums = (const int32_t*)(job->in_a8_scales + n_rows * n_blocks);
+        return heap;
+    }
     // 64-byte aligned: the kernels read rows with 64-byte vector loads, and
     // a row of malloc's 16-byte alignment splits every one of them over two
     // cache lines (the phase kernel ran 25% slower on such rows).
@@ -417,8 +478,10 @@ static void* prepare_input(matmul_job* job, thread_pool* pool, prepare_arena* ar
 static int plan_job(matmul_job* job, float* out, const float* in, int n_rows, const weight_matrix* w,
                     cpu_simd_level level, int n_threads) {
     const int d_out = w->rows, d_in = w->cols;
-    *job = (matmul_job){out, in, n_rows, w, cpu_simd_level_clamp(level), d_out, NULL, NULL, NULL, NULL, NULL};
+    *job = (matmul_job){out, in, n_rows, w, cpu_simd_level_clamp(level), d_out, NULL, NULL, NULL, NULL, NULL,
+                        NULL, NULL, NULL, false};
     if (w->dtype == WEIGHT_F32) job->level = CPU_SIMD_SCALAR; // llama2.c's order, bit for bit
+    job->a8_vnni = matmul_is_a8_blocks(w) && a8_uses_vnni(w, job->level);
     if (d_out <= 0 || n_rows <= 0) return 0;
     uint64_t macs = (uint64_t)n_rows * (uint64_t)d_in * (uint64_t)d_out;
     if (n_threads <= 1 || macs < MATMUL_MIN_PARALLEL_MACS) return 1;

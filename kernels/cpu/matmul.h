@@ -17,9 +17,11 @@
 //     per group), or AVX2 / AVX-512 with the fixed vector order described
 //     in matmul_avx2.c and matmul_avx512.c. Different levels round
 //     differently; one level always gives the same bits.
-//   - WEIGHT_I8, WEIGHT_I4 (W8A16, W4A16, W8A8): the per-group order is
-//     documented at the top of matmul_int.c; W8A8's int32 group sums are
-//     exact, so it gives the same bits at every level.
+//   - WEIGHT_I8, WEIGHT_I4 (W8A16, W4A16, per-token W8A8): the per-group
+//     order is documented at the top of matmul_int.c; W8A8's int32 group
+//     sums are exact, so it gives the same bits at every level.
+//   - Group-wise W8A8 and W4A8 (activation_block > 0): the order at the top
+//     of matmul_a8.c; int32 block sums, the same bits at every level.
 #ifndef SERVELAB_MATMUL_H
 #define SERVELAB_MATMUL_H
 
@@ -63,11 +65,16 @@ typedef struct weight_matrix {
     const uint16_t* scales_f16;  // WEIGHT_I8/I4: (rows, cols / group_size) fp16 scales; else NULL
     const uint8_t* zero_points;  // WEIGHT_I8/I4 asymmetric: (rows, cols / group_size); NULL if symmetric
     int activation_bits;         // 0: float activations (fp32; bf16 for WEIGHT_I4, see below);
-                                 // 8: W8A8 (WEIGHT_I8 symmetric only) — each activation row is
-                                 // quantized to int8 at run time (per token, symmetric) and
-                                 // products accumulate in int32
+                                 // 8: int8 activations, quantized at run time (symmetric) once per
+                                 // call, products accumulated in int32; see activation_block
     const uint16_t* f16_tiles;   // WEIGHT_F16: the same values again in the tile layout below, which
                                  // the AVX-512 kernel reads instead of `values`; NULL: it reads `values`
+    int activation_block;        // with activation_bits 8 and symmetric weights: 0 = one activation
+                                 // scale per row (per token; WEIGHT_I8 only: W8A8, matmul_int.c);
+                                 // B > 0 dividing group_size = one scale per B columns (group-wise:
+                                 // W8A8 on WEIGHT_I8, W4A8 on WEIGHT_I4, matmul_a8.c). Anything else
+                                 // leaves the activations in float (WEIGHT_I8 with B not dividing
+                                 // group_size: per token)
 } weight_matrix;
 
 // ---- the fp16 tile layout ---------------------------------------------------------
@@ -108,7 +115,7 @@ void matmul_f16_fill_tiles(uint16_t* tiles, const weight_matrix* w);
 // Bytes the matrix occupies: payload plus per-group scales.
 uint64_t weight_matrix_bytes(const weight_matrix* w);
 
-// What the kernels multiply this matrix's weights with: "int8" (W8A8),
+// What the kernels multiply this matrix's weights with: "int8" (W8A8, W4A8),
 // "bf16" (WEIGHT_I4, i.e. W4A16: every activation rounded to bf16 first,
 // kernels/cpu/matmul_int.c) or "fp32" (every other format). Sums are fp32
 // (int32 for W8A8) in every case.
@@ -166,5 +173,11 @@ void weight_row_to_f32(float* out, const weight_matrix* w, int row, kernel_traff
 // zero and non-finite rows, and every format's reduction order, are at the
 // top of kernels/cpu/matmul_int.c). For lessons and tests: matmul does this itself.
 void matmul_quantize_row(int8_t* codes, float* scale, const float* x, int cols);
+
+// Group-wise W8A8 / W4A8 (activation_block = block > 0): the same rule per
+// block of `block` columns: codes (cols) int8, scales (cols / block) floats,
+// scales[b] = max |x| over block b / 127 (block divides cols). For lessons
+// and tests: matmul does this itself.
+void matmul_quantize_row_blocks(int8_t* codes, float* scales, const float* x, int cols, int block);
 
 #endif

@@ -79,6 +79,37 @@ void matmul_w8a8_avx512vnni(float* out, const int8_t* codes, const float* code_s
 // to when it cannot allocate the codes. Same bits as the kernels above.
 void matmul_w8a8_unbuffered(float* out, const float* in, int n_rows, const weight_matrix* w, int o_begin, int o_end);
 
+// ---- group-wise W8A8 / W4A8 (matmul_is_a8_blocks): matmul_a8*.c ---------------
+//
+// The activations are prepared once per call by matmul_a8_prepare_row into
+// codes (n_rows, matmul_a8_code_stride(cols)) int8 in the kernel's column
+// order (a8_order), scales (n_rows, n_blocks) fp32 and zero_sums (n_rows,
+// n_blocks) int32 (the VNNI kernel's correction: the weights' unsigned
+// offset times the block's code sum). n_blocks = cols / activation_block.
+typedef enum a8_order {
+    A8_COLUMNS, // codes in column order (the scalar kernel, and the VNNI kernel for INT8)
+    A8_NIBBLES, // per 128 columns: the 64 even columns, then the 64 odd ones (the VNNI kernel for INT4)
+} a8_order;
+
+// Bytes of one prepared row of codes: cols rounded up to 128, zero-padded.
+static inline size_t matmul_a8_code_stride(int cols) { return ((size_t)cols + 127) / 128 * 128; }
+
+// Whether the VNNI kernel takes this matrix: blocks of 32 and groups of
+// 32, 64 or a multiple of 128 (one step of it is 128 columns).
+static inline bool matmul_a8_vnni_fits(const weight_matrix* w) {
+    return w->activation_block == 32 && (w->group_size == 32 || w->group_size == 64 || w->group_size % 128 == 0);
+}
+
+void matmul_a8_prepare_row(int8_t* codes, float* scales, int32_t* zero_sums, const float* x, const weight_matrix* w,
+                           a8_order order);
+void matmul_a8_scalar(float* out, const int8_t* codes, const float* scales, int n_rows, const weight_matrix* w,
+                      int o_begin, int o_end);
+void matmul_a8_avx512vnni(float* out, const int8_t* codes, const float* scales, const int32_t* zero_sums, int n_rows,
+                          const weight_matrix* w, int o_begin, int o_end);
+// Straight from fp32 rows, each block quantized where it is used (no
+// scratch; far slower): the fallback without memory, the same bits.
+void matmul_a8_unbuffered(float* out, const float* in, int n_rows, const weight_matrix* w, int o_begin, int o_end);
+
 // matmul_quantize_row with AVX2: the same codes and scale, bit for bit.
 void matmul_quantize_row_avx2(int8_t* codes, float* scale, const float* x, int cols);
 
@@ -129,10 +160,18 @@ static inline void prefetch_ahead(const void* p, size_t ahead) {
 // columns rounded up to whole steps of 16. A group of 4 rows is 4 of these.
 static inline size_t f16_tile_row_halves(int cols) { return (size_t)(cols + 15) / 16 * 16; }
 
-// W8A8 runs only for symmetric INT8 weights; any other matrix with
-// activation_bits = 8 keeps its activations in fp32.
+// Group-wise int8 activations (W8A8 on symmetric INT8, W4A8 on symmetric
+// INT4): activation_bits 8 and an activation block that divides the group.
+static inline bool matmul_is_a8_blocks(const weight_matrix* w) {
+    return (w->dtype == WEIGHT_I8 || w->dtype == WEIGHT_I4) && w->activation_bits == 8 && w->zero_points == NULL &&
+           w->activation_block > 0 && w->group_size % w->activation_block == 0;
+}
+
+// Per-token W8A8 runs only for symmetric INT8 weights without a group-wise
+// activation block; any other matrix with activation_bits = 8 and no
+// group-wise block keeps its activations in float.
 static inline bool matmul_is_w8a8(const weight_matrix* w) {
-    return w->dtype == WEIGHT_I8 && w->activation_bits == 8 && w->zero_points == NULL;
+    return w->dtype == WEIGHT_I8 && w->activation_bits == 8 && w->zero_points == NULL && !matmul_is_a8_blocks(w);
 }
 
 // Whether WEIGHT_I4 at AVX-512 runs the phase kernel: groups of a multiple

@@ -193,6 +193,66 @@ static void test_spec_parsing(void** state) {
     assert_int_equal(model_quant_spec_parse("w8a8:asym", &s, &err), -1);
     assert_non_null(strstr(err.message, "symmetric"));
     assert_int_equal(model_quant_spec_parse("w4a16:fast", &s, &err), -1);
+    // W4A8: group 32, symmetric by default (llama.cpp's q4_0 layout).
+    assert_int_equal(model_quant_spec_parse("w4a8", &s, &err), 0);
+    assert_int_equal(s.scheme, QUANT_W4A8);
+    assert_int_equal(s.group_size, 32);
+    assert_true(s.symmetric);
+    assert_int_equal(model_quant_spec_parse("w4a8:g128:sym", &s, &err), 0);
+    assert_int_equal(s.group_size, 128);
+    assert_int_equal(model_quant_spec_parse("w4a8:asym", &s, &err), -1);
+    assert_non_null(strstr(err.message, "symmetric"));
+    assert_int_equal(model_quant_spec_parse("w8a8:g32:token", &s, &err), 0);
+    assert_true(s.per_token_activations);
+    char text[64];
+    model_quant_spec_describe(&s, text, sizeof text);
+    assert_string_equal(text, "w8a8 g32 rtn sym token");
+    assert_int_equal(model_quant_spec_parse("w4a8:token", &s, &err), -1);
+    assert_non_null(strstr(err.message, "w8a8"));
+}
+
+// What each scheme asks the kernels for, matrix by matrix: W4A8 and grouped
+// W8A8 quantize activations in blocks of 32 (or of the group, where 32 does
+// not divide it); per-channel or ":token" W8A8 one scale per row. And the
+// integer-activation models stay close to their 16-bit-activation twins.
+static void test_w4a8_and_grouped_w8a8(void** state) {
+    (void)state;
+    static const struct {
+        const char* spec;
+        weight_dtype dtype;
+        int group_size, activation_block; // of wq (64 columns)
+    } cases[] = {
+        {"w4a8:g32", WEIGHT_I4, 32, 32}, {"w4a8:g64", WEIGHT_I4, 0, 32}, // g64 = all 64 columns: per channel
+        {"w4a8:g16", WEIGHT_I4, 16, 16}, {"w8a8:g32", WEIGHT_I8, 32, 32},
+        {"w8a8:g32:token", WEIGHT_I8, 32, 0}, {"w8a8", WEIGHT_I8, 0, 0},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        model m;
+        load_stories(&m);
+        model_quant_spec spec;
+        error_info err = {{0}};
+        assert_int_equal(model_quant_spec_parse(cases[k].spec, &spec, &err), 0);
+        assert_int_equal(model_quantize(&m, &spec, NULL, NULL, 0, NULL, NULL, &err), 0);
+        const weight_matrix* wq = &m.layers[0].wq;
+        assert_int_equal(wq->dtype, cases[k].dtype);
+        assert_int_equal(wq->activation_bits, 8);
+        assert_int_equal(wq->group_size, cases[k].group_size ? cases[k].group_size : wq->cols);
+        assert_int_equal(wq->activation_block, cases[k].activation_block);
+        assert_null(wq->zero_points);
+        // w2 has 172 columns: no group of these divides them, so per channel,
+        // and W4A8's activation block is then the whole row.
+        const weight_matrix* w2 = &m.layers[0].w2;
+        assert_int_equal(w2->group_size, 172);
+        assert_int_equal(w2->activation_block,
+                         cases[k].dtype == WEIGHT_I4 ? (w2->group_size % 32 == 0 ? 32 : w2->group_size) : 0);
+        model_free(&m);
+    }
+    model_comparison w4a8 = quantize_and_compare("w4a8:g32", NULL, NULL);
+    model_comparison w4a16 = quantize_and_compare("w4a16:g32:sym", NULL, NULL);
+    model_comparison w8a8 = quantize_and_compare("w8a8:g32", NULL, NULL);
+    assert_true(w4a8.top1_agreement > 0.5);
+    assert_true(w4a8.kl_mean < 2 * w4a16.kl_mean + 0.01);
+    assert_true(w8a8.top1_agreement >= 0.95);
 }
 
 // The engine runs a quantized model (W4A16 and W8A8) and an int8 KV cache;
@@ -264,6 +324,7 @@ static void test_engine_runs_quantized_model_and_int8_kv(void** state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_spec_parsing),
+        cmocka_unit_test(test_w4a8_and_grouped_w8a8),
         cmocka_unit_test(test_w8a16_keeps_top1_above_99_percent),
         cmocka_unit_test(test_w4a16_g32_is_reported),
         cmocka_unit_test(test_methods_and_schemes_all_run),
