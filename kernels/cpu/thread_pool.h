@@ -10,9 +10,13 @@
 // runs a task varies from run to run: a task's result must depend only on
 // its number, never on `thread` (use `thread` for scratch space).
 //
-// Idle workers spin for a few tens of microseconds (a decode step calls
-// run() every ~0.1 ms, and waking a sleeping thread costs about as much),
-// then sleep on a condition variable, so an idle pool burns no CPU.
+// run() returns when every task has finished; it never waits for a worker
+// that took no task (one descheduled by another process, say): the others
+// take its span. Idle threads poll for a few tens of microseconds (a decode
+// step's runs come about that far apart, and waking a sleeping thread costs
+// about as much), and about a microsecond once the thread has been
+// preempted lately (another process wants the core), then sleep on a
+// condition variable, so an idle pool burns no CPU.
 //
 // One run at a time per pool: run() must not be called from two threads at
 // once, nor from inside a task. Kernels report no errors of their own, so
