@@ -28,6 +28,20 @@ const char* stop_reason_name(stop_reason reason) {
     return "?";
 }
 
+bool generate_stops_at(const model* m, int32_t token, stop_reason* reason) {
+    if (m->n_stop_tokens == 0) {
+        if (token != TOK_EOS_ID && token != TOK_BOS_ID) return false;
+        *reason = token == TOK_EOS_ID ? STOP_EOS : STOP_BOS;
+        return true;
+    }
+    for (int i = 0; i < m->n_stop_tokens; i++)
+        if (token == m->stop_tokens[i]) {
+            *reason = STOP_EOS;
+            return true;
+        }
+    return false;
+}
+
 int generate(const model* m, const int32_t* prompt_ids, int n_prompt, const generate_options* options,
              int32_t* out_ids, int* n_out, token_callback on_token, void* user, generate_stats* stats,
              error_info* err) {
@@ -75,14 +89,7 @@ int generate(const model* m, const int32_t* prompt_ids, int n_prompt, const gene
     start = now_seconds();
     while (*n_out < options->max_new_tokens) {
         int32_t token = sampler_sample(&sampler_state, logits);
-        if (token == TOK_EOS_ID) {
-            stats->stop = STOP_EOS;
-            break;
-        }
-        if (token == TOK_BOS_ID) {
-            stats->stop = STOP_BOS;
-            break;
-        }
+        if (generate_stops_at(m, token, &stats->stop)) break;
         out_ids[(*n_out)++] = token;
         if (on_token) on_token(user, previous, token);
         previous = token;

@@ -1,13 +1,15 @@
 // generate: plain generation of one sequence (the foundation's driver).
 //
 // The prompt (BOS first) runs as one batch (prefill), then one token per
-// step (decode) until EOS, BOS (llama2.c's convention: a new story), the
-// token limit, or the model's maximum length. The paged engine and its
+// step (decode) until a stop token (generate_stops_at: the model's EOS and
+// the like, or llama2.c's EOS and BOS), the token limit, or the model's
+// maximum length. The paged engine and its
 // scheduler (engine/engine.c, later) drive many sequences through the same
 // forward pass; this file keeps the single-sequence path small and exact.
 #ifndef SERVELAB_GENERATE_H
 #define SERVELAB_GENERATE_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "engine/error.h"
@@ -51,5 +53,11 @@ int generate(const model* m, const int32_t* prompt_ids, int n_prompt, const gene
              error_info* err);
 
 const char* stop_reason_name(stop_reason reason);
+
+// Whether sampling `token` ends a generation on model m, and why: one of
+// m->stop_tokens (a GGUF's EOS, EOT, <|im_end|>...) gives STOP_EOS; a model
+// without them (llama2.c checkpoints, synthetic presets) stops on EOS 2
+// (STOP_EOS) and BOS 1 (STOP_BOS, llama2.c's "a new story").
+bool generate_stops_at(const model* m, int32_t token, stop_reason* reason);
 
 #endif

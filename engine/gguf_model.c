@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "engine/gguf_vocab.h"
 #include "engine/model_storage.h"
 #include "engine/streamed_memory.h"
 #include "kernels/cpu/fp16.h"
@@ -506,6 +507,11 @@ int gguf_model_from_file(model* out, gguf_file* f, const gguf_model_options* opt
         fprintf(stderr, "%s: converted at load%s\n", f->name, line);
     }
     model_storage_build_f16_tiles(out);
+    // No end-of-generation token (no tokenizer in the file, or a bad id key,
+    // which tok_from_gguf refuses by name): llama2.c's EOS 2 / BOS 1.
+    error_info ignored = {{0}};
+    if (gguf_vocab_stop_tokens(f, out->stop_tokens, MODEL_MAX_STOP_TOKENS, &out->n_stop_tokens, &ignored))
+        out->n_stop_tokens = 0;
     return 0;
 }
 

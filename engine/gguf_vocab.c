@@ -113,6 +113,39 @@ int tok_from_gguf(tokenizer** out, const gguf_file* f, error_info* err) {
     return status ? -1 : 0;
 }
 
+static void add_stop_token(int32_t id, int64_t vocab_size, int32_t* stop_tokens, int capacity, int* n) {
+    if (id < 0 || id >= vocab_size || *n >= capacity) return;
+    for (int i = 0; i < *n; i++)
+        if (stop_tokens[i] == id) return;
+    stop_tokens[(*n)++] = id;
+}
+
+int gguf_vocab_stop_tokens(const gguf_file* f, int32_t* stop_tokens, int capacity, int* n_stop_tokens,
+                           error_info* err) {
+    *n_stop_tokens = 0;
+    const gguf_kv* tokens = gguf_find_kv(f, "tokenizer.ggml.tokens");
+    if (!tokens || tokens->type != GGUF_VALUE_ARRAY || tokens->array_type != GGUF_VALUE_STRING) return 0;
+    const int64_t vocab_size = (int64_t)tokens->array_count;
+    static const char* const id_keys[3] = {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
+                                           "tokenizer.ggml.eom_token_id"};
+    for (int k = 0; k < 3; k++) {
+        int32_t id;
+        if (read_special_id(f, id_keys[k], -1, &id, err)) return -1;
+        add_stop_token(id, vocab_size, stop_tokens, capacity, n_stop_tokens);
+    }
+    static const char* const end_texts[7] = {"<|eot_id|>",    "<|im_end|>", "<|end|>", "<end_of_turn>",
+                                             "<|endoftext|>", "<|eom_id|>", "<EOT>"};
+    uint64_t cursor = 0;
+    for (int64_t i = 0; i < vocab_size; i++) {
+        gguf_string piece = gguf_array_string_next(tokens, &cursor);
+        if (piece.length < 5 || piece.length > 13 || piece.bytes[0] != '<') continue; // the texts' lengths
+        for (int k = 0; k < 7; k++)
+            if (gguf_string_equals(piece, end_texts[k]))
+                add_stop_token((int32_t)i, vocab_size, stop_tokens, capacity, n_stop_tokens);
+    }
+    return 0;
+}
+
 int tok_load_gguf(tokenizer** out, const char* path, error_info* err) {
     *out = NULL;
     gguf_file f;

@@ -17,6 +17,15 @@
 
 int tok_from_gguf(tokenizer** out, const gguf_file* f, error_info* err);
 
+// The tokens that end a generation, as llama.cpp's end-of-generation set:
+// tokenizer.ggml.eos_token_id, eot_token_id and eom_token_id when present,
+// and every token spelled <|eot_id|>, <|im_end|>, <|end|>, <end_of_turn>,
+// <|endoftext|>, <|eom_id|> or <EOT> (Qwen's <|endoftext|> beside its EOS
+// <|im_end|>, Llama 3's <|eot_id|> beside <|end_of_text|>). Each id once, in
+// that order, at most `capacity` (the rest dropped). A file without
+// tokenizer.ggml.tokens gives 0 ids. Ids outside the vocabulary are skipped.
+int gguf_vocab_stop_tokens(const gguf_file* f, int32_t* stop_tokens, int capacity, int* n_stop_tokens, error_info* err);
+
 // Opens path (mapped, then unmapped again) and reads its tokenizer.
 int tok_load_gguf(tokenizer** out, const char* path, error_info* err);
 

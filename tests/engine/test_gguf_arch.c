@@ -11,6 +11,7 @@
 // ggml_rope for the pairings). Each test also checks that the same file read
 // with llama2.c's values gives logits farther than the tolerance from the
 // reference, so that a setting the forward pass ignored would fail it.
+// Last, the tokens that end a generation, from the tokenizer metadata.
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -23,6 +24,7 @@
 #include <string.h>
 
 #include "engine/forward.h"
+#include "engine/generate.h"
 #include "engine/gguf.h"
 #include "engine/gguf_model.h"
 #include "engine/kv_memory.h"
@@ -79,7 +81,14 @@ typedef struct arch_case {
     float rope_base;
     int rope_dims;
     float rms_epsilon;
+    bool with_vocab; // tokenizer.ggml.tokens (VOCAB_PIECES) and eos_token_id 4
 } arch_case;
+
+// A ChatML-like vocabulary: EOS is <|im_end|> (4); <|endoftext|> (5) ends a
+// generation by its text, as llama.cpp's end-of-generation set has it.
+static const char* const VOCAB_PIECES[12] = {
+    "<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>", "<|endoftext|>", "a", "b", "c", "d", "e", "f"};
+enum { VOCAB_EOS = 4, VOCAB_ENDOFTEXT = 5 };
 
 // One tensor of the file: row-major (ne1 rows of ne0 floats).
 typedef struct test_tensor {
@@ -146,7 +155,7 @@ static void write_model_file(test_model_file* f, const arch_case* a) {
     add_tensor(f, "blk.0.ffn_down.weight", a->hidden_dim, a->dim, 0.5f, 0.0f);
 
     char key[96];
-    int n_kv = 7 + (a->rope_base > 0) + (a->rope_dims > 0) + (a->rms_epsilon > 0);
+    int n_kv = 7 + (a->rope_base > 0) + (a->rope_dims > 0) + (a->rms_epsilon > 0) + (a->with_vocab ? 2 : 0);
     byte_buffer* b = &f->file;
     put(b, "GGUF", 4);
     put_u32(b, 3);
@@ -164,6 +173,16 @@ static void write_model_file(test_model_file* f, const arch_case* a) {
     if (a->rope_dims > 0) kv_u32(b, ARCH_KEY("rope.dimension_count"), (uint32_t)a->rope_dims);
     if (a->rms_epsilon > 0) kv_f32(b, ARCH_KEY("attention.layer_norm_rms_epsilon"), a->rms_epsilon);
 #undef ARCH_KEY
+    if (a->with_vocab) {
+        assert_int_equal(a->vocab_size, 12);
+        put_str(b, "tokenizer.ggml.tokens");
+        put_u32(b, GGUF_VALUE_ARRAY);
+        put_u32(b, GGUF_VALUE_STRING);
+        put_u64(b, 12);
+        for (int i = 0; i < 12; i++)
+            put_str(b, VOCAB_PIECES[i]);
+        kv_u32(b, "tokenizer.ggml.eos_token_id", VOCAB_EOS);
+    }
     uint64_t offset = 0;
     for (int i = 0; i < f->n_tensors; i++) {
         const test_tensor* t = &f->tensors[i];
@@ -365,7 +384,7 @@ static const reference_settings LLAMA2C = {10000.0, 0, false, 1e-5, false}; // r
 // say; grouped-query attention (4 query heads on 2 KV heads), tied output.
 static void test_qwen2_matches_reference(void** state) {
     (void)state;
-    const arch_case qwen2 = {"qwen2", 32, 4, 2, 48, 12, true, false, 1000000.0f, 0, 1e-6f};
+    const arch_case qwen2 = {"qwen2", 32, 4, 2, 48, 12, true, false, 1000000.0f, 0, 1e-6f, false};
     const reference_settings expected = {1000000.0, 8, true, (double)1e-6f, true};
     reference_settings contrast = LLAMA2C; // adjacent pairs, no bias: what a llama forward pass would do
     contrast.rope_dims = 8;
@@ -384,7 +403,7 @@ static void test_qwen2_matches_reference(void** state) {
 // The model's config says what the metadata said.
 static void test_qwen2_config(void** state) {
     (void)state;
-    const arch_case qwen2 = {"qwen2", 32, 4, 2, 48, 12, true, true, 1000000.0f, 0, 1e-6f};
+    const arch_case qwen2 = {"qwen2", 32, 4, 2, 48, 12, true, true, 1000000.0f, 0, 1e-6f, false};
     test_model_file f;
     write_model_file(&f, &qwen2);
     gguf_file parsed;
@@ -428,7 +447,7 @@ static void test_qwen2_config(void** state) {
 // qwen2 without its biases is refused by name, as llama.cpp refuses it.
 static void test_qwen2_without_bias_refused(void** state) {
     (void)state;
-    const arch_case qwen2 = {"qwen2", 32, 4, 2, 48, 12, false, false, 1000000.0f, 0, 1e-6f};
+    const arch_case qwen2 = {"qwen2", 32, 4, 2, 48, 12, false, false, 1000000.0f, 0, 1e-6f, false};
     test_model_file f;
     write_model_file(&f, &qwen2);
     gguf_file parsed;
@@ -445,7 +464,7 @@ static void test_qwen2_without_bias_refused(void** state) {
 // rotated (partial rotary) and a large epsilon: each setting is honoured.
 static void test_llama_hyperparameters_honoured(void** state) {
     (void)state;
-    const arch_case llama = {"llama", 32, 2, 1, 48, 12, false, true, 500000.0f, 4, 1e-2f};
+    const arch_case llama = {"llama", 32, 2, 1, 48, 12, false, true, 500000.0f, 4, 1e-2f, false};
     const reference_settings expected = {500000.0, 4, false, (double)1e-2f, false};
     reference_settings contrast = LLAMA2C;
     contrast.rope_dims = 16;
@@ -466,12 +485,62 @@ static void test_llama_hyperparameters_honoured(void** state) {
 // A llama file with llama2.c's values (keys absent) runs llama2.c's math.
 static void test_llama_defaults(void** state) {
     (void)state;
-    const arch_case llama = {"llama", 32, 2, 1, 48, 12, false, false, 0.0f, 0, 0.0f};
+    const arch_case llama = {"llama", 32, 2, 1, 48, 12, false, false, 0.0f, 0, 0.0f, false};
     reference_settings expected = LLAMA2C;
     expected.rope_dims = 16;
     reference_settings neox = expected;
     neox.neox_pairs = true;
     check_case(&llama, &expected, &neox);
+}
+
+// ---- the tokens that end a generation -------------------------------------------------------
+
+// llama2.c checkpoints and synthetic presets (no stop tokens) stop on EOS 2
+// and BOS 1; a GGUF stops on its EOS and end-of-turn tokens and on nothing else.
+static void test_stop_tokens(void** state) {
+    (void)state;
+    model llama2c = {0};
+    stop_reason reason = STOP_LENGTH;
+    assert_true(generate_stops_at(&llama2c, 2, &reason));
+    assert_int_equal(reason, STOP_EOS);
+    assert_true(generate_stops_at(&llama2c, 1, &reason));
+    assert_int_equal(reason, STOP_BOS);
+    assert_false(generate_stops_at(&llama2c, VOCAB_EOS, &reason));
+
+    arch_case chatml = {"qwen2", 32, 4, 2, 48, 12, true, false, 1000000.0f, 0, 1e-6f, true};
+    test_model_file f;
+    write_model_file(&f, &chatml);
+    gguf_file parsed;
+    error_info err = {{0}};
+    assert_int_equal(gguf_parse(&parsed, f.file.bytes, f.file.size, "chatml.gguf", &err), 0);
+    model m;
+    if (gguf_model_from_file(&m, &parsed, NULL, &err)) fail_msg("%s", err.message);
+    assert_int_equal(m.n_stop_tokens, 2);
+    assert_int_equal(m.stop_tokens[0], VOCAB_EOS);
+    assert_int_equal(m.stop_tokens[1], VOCAB_ENDOFTEXT);
+    reason = STOP_LENGTH;
+    assert_true(generate_stops_at(&m, VOCAB_ENDOFTEXT, &reason));
+    assert_int_equal(reason, STOP_EOS);
+    assert_false(generate_stops_at(&m, 2, &reason)); // "</s>" is an ordinary piece here
+    assert_false(generate_stops_at(&m, 1, &reason));
+
+    // generate() stops there: make the greedy first token a stop token.
+    const int32_t prompt[2] = {6, 7};
+    int32_t out[4];
+    int n_out = 0;
+    generate_stats stats;
+    generate_options options = {.max_new_tokens = 4};
+    assert_int_equal(generate(&m, prompt, 2, &options, out, &n_out, NULL, NULL, &stats, &err), 0);
+    assert_true(n_out >= 1);
+    const int32_t first = out[0];
+    m.stop_tokens[0] = first;
+    m.n_stop_tokens = 1;
+    assert_int_equal(generate(&m, prompt, 2, &options, out, &n_out, NULL, NULL, &stats, &err), 0);
+    assert_int_equal(n_out, 0);
+    assert_int_equal(stats.stop, STOP_EOS);
+    model_free(&m);
+    gguf_close(&parsed);
+    free_model_file(&f);
 }
 
 int main(void) {
@@ -481,6 +550,7 @@ int main(void) {
         cmocka_unit_test(test_qwen2_without_bias_refused),
         cmocka_unit_test(test_llama_hyperparameters_honoured),
         cmocka_unit_test(test_llama_defaults),
+        cmocka_unit_test(test_stop_tokens),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
