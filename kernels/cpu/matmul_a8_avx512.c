@@ -51,7 +51,7 @@ A8_INLINE __m512 step_weight_scales(const a8_shape* s, const uint16_t* scales, i
     const int n_live = s->groups_per_step == 4 ? n_live_blocks : s->groups_per_step == 2 ? (n_live_blocks + 1) / 2 : 1;
     const __mmask8 live = (__mmask8)((1u << n_live) - 1u);
     __m128i h[4];
-    for (int c = 0; c < 4; c++)
+    UNROLL_TILE for (int c = 0; c < 4; c++)
         h[c] = c < C ? _mm_maskz_loadu_epi16(live, scales + (size_t)c * (size_t)s->n_groups + (size_t)first)
                      : _mm_setzero_si128();
     __m256i halves = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_unpacklo_epi64(h[0], h[1])),
@@ -68,7 +68,7 @@ A8_INLINE void a8_tile(float* out, int d_out, const uint8_t* w, const uint16_t* 
     const __m512i low_nibbles = _mm512_set1_epi8(0x0f), flip = _mm512_set1_epi8((char)0x80);
     const __m512i quarter_of_lane = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     __m512 total[A8_ROWS_MAX];
-    for (int r = 0; r < R; r++)
+    UNROLL_TILE for (int r = 0; r < R; r++)
         total[r] = _mm512_setzero_ps();
     for (int step = 0; step * 4 < n_blocks; step++) {
         const int n_live = n_blocks - step * 4 < 4 ? n_blocks - step * 4 : 4;
@@ -76,13 +76,13 @@ A8_INLINE void a8_tile(float* out, int d_out, const uint8_t* w, const uint16_t* 
         const __mmask8 live_blocks = (__mmask8)((1u << n_live) - 1u);
         const int live_bytes = n_live * (i4 ? 16 : 32); // of each weight row in this step
         __m512i a0[A8_ROWS_MAX], a1[A8_ROWS_MAX], sums[4][A8_ROWS_MAX];
-        for (int r = 0; r < R; r++) {
+        UNROLL_TILE for (int r = 0; r < R; r++) {
             const int8_t* p = a + (size_t)r * s->code_stride + (size_t)step * 128;
             a0[r] = _mm512_loadu_si512(p);
             a1[r] = _mm512_loadu_si512(p + 64);
         }
-        for (int c = 0; c < 4; c++) {
-            for (int r = 0; r < R; r++)
+        UNROLL_TILE for (int c = 0; c < 4; c++) {
+            UNROLL_TILE for (int r = 0; r < R; r++)
                 sums[c][r] = _mm512_setzero_si512();
             if (c >= C) continue;
             const uint8_t* p = w + (size_t)c * s->row_bytes + (size_t)step * (i4 ? 64 : 128);
@@ -92,7 +92,7 @@ A8_INLINE void a8_tile(float* out, int d_out, const uint8_t* w, const uint16_t* 
                                                   : _mm512_maskz_loadu_epi8(((__mmask64)1 << live_bytes) - 1, p);
                 __m512i even = _mm512_and_si512(packed, low_nibbles);
                 __m512i odd = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low_nibbles);
-                for (int r = 0; r < R; r++) {
+                UNROLL_TILE for (int r = 0; r < R; r++) {
                     sums[c][r] = _mm512_dpbusd_epi32(sums[c][r], even, a0[r]);
                     sums[c][r] = _mm512_dpbusd_epi32(sums[c][r], odd, a1[r]);
                 }
@@ -106,7 +106,7 @@ A8_INLINE void a8_tile(float* out, int d_out, const uint8_t* w, const uint16_t* 
                 // Bytes past the row load as 0 and flip to 128, against activation codes of 0.
                 w0 = _mm512_xor_si512(w0, flip);
                 w1 = _mm512_xor_si512(w1, flip);
-                for (int r = 0; r < R; r++) {
+                UNROLL_TILE for (int r = 0; r < R; r++) {
                     __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w0, a0[r]); // blocks 0, 0, 1, 1
                     __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w1, a1[r]); // blocks 2, 2, 3, 3
                     sums[c][r] = _mm512_add_epi32(_mm512_shuffle_i32x4(s0, s1, _MM_SHUFFLE(2, 0, 2, 0)),
@@ -115,7 +115,7 @@ A8_INLINE void a8_tile(float* out, int d_out, const uint8_t* w, const uint16_t* 
             }
         }
         const __m512 w_scales = step_weight_scales(s, scales, step, n_live, C);
-        for (int r = 0; r < R; r++) {
+        UNROLL_TILE for (int r = 0; r < R; r++) {
             const size_t first_block = (size_t)r * (size_t)n_blocks + (size_t)step * 4;
             // Block k's values in every lane of quarter k.
             __m512i offsets = _mm512_permutexvar_epi32(
@@ -130,7 +130,7 @@ A8_INLINE void a8_tile(float* out, int d_out, const uint8_t* w, const uint16_t* 
     }
     // out = (T0 + T2) + (T1 + T3): quarters 0 + 2 and 1 + 3, then the two added.
     const __mmask8 live_outputs = (__mmask8)((1u << C) - 1u);
-    for (int r = 0; r < R; r++) {
+    UNROLL_TILE for (int r = 0; r < R; r++) {
         __m512 halves = _mm512_add_ps(total[r], _mm512_shuffle_f32x4(total[r], total[r], _MM_SHUFFLE(1, 0, 3, 2)));
         __m128 sum = _mm_add_ps(_mm512_castps512_ps128(halves), _mm512_extractf32x4_ps(halves, 1));
         _mm_mask_storeu_ps(out + (size_t)r * (size_t)d_out, live_outputs, sum);
@@ -145,11 +145,23 @@ static A8_TARGET __attribute__((noinline)) void a8_tile_any(float* out, int d_ou
     (i4 ? a8_tile(out, d_out, w, scales, a, a_scales, zero_sums, s, 1, c, r)                                           \
         : a8_tile(out, d_out, w, scales, a, a_scales, zero_sums, s, 0, c, r))
     switch (C * 8 + R) {
+    case 1 * 8 + 1: A8_TILE(1, 1); break;
+    case 1 * 8 + 2: A8_TILE(1, 2); break;
+    case 1 * 8 + 3: A8_TILE(1, 3); break;
+    case 1 * 8 + 4: A8_TILE(1, 4); break;
+    case 2 * 8 + 1: A8_TILE(2, 1); break;
+    case 2 * 8 + 2: A8_TILE(2, 2); break;
+    case 2 * 8 + 3: A8_TILE(2, 3); break;
+    case 2 * 8 + 4: A8_TILE(2, 4); break;
+    case 3 * 8 + 1: A8_TILE(3, 1); break;
+    case 3 * 8 + 2: A8_TILE(3, 2); break;
+    case 3 * 8 + 3: A8_TILE(3, 3); break;
+    case 3 * 8 + 4: A8_TILE(3, 4); break;
     case 4 * 8 + 1: A8_TILE(4, 1); break;
     case 4 * 8 + 2: A8_TILE(4, 2); break;
     case 4 * 8 + 3: A8_TILE(4, 3); break;
     case 4 * 8 + 4: A8_TILE(4, 4); break;
-    default: a8_tile(out, d_out, w, scales, a, a_scales, zero_sums, s, i4, C, R); break; // edges: not unrolled
+    default: break; // larger tiles are never asked for
     }
 #undef A8_TILE
 }
@@ -166,7 +178,7 @@ A8_TARGET void matmul_a8_avx512vnni(float* out, const int8_t* codes, const float
     s.groups_per_step = w->group_size == 32 ? 4 : w->group_size == 64 ? 2 : 1;
     int lane[16]; // lane 4k + c reads output c's loaded scale 4c + (its group within the step)
     for (int k = 0; k < 4; k++)
-        for (int c = 0; c < 4; c++)
+        UNROLL_TILE for (int c = 0; c < 4; c++)
             lane[4 * k + c] = 4 * c + k * s.groups_per_step / 4;
     s.scale_lane = _mm512_loadu_si512(lane);
     const int n_blocks = w->cols / 32, i4 = w->dtype == WEIGHT_I4;
