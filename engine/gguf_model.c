@@ -1,5 +1,6 @@
 #include "engine/gguf_model.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,7 +14,9 @@
 
 // llama.cpp's defaults when the metadata leaves the key out.
 #define DEFAULT_ROPE_BASE 10000.0
-#define QUANT_BLOCK 32 // Q8_0 and Q4_0 weights per block
+#define QUANT_BLOCK 32 // Q8_0 and Q4_0 weights per block; Q4_K and Q5_K's sub-block
+#define KQUANT_SUPER_BLOCK 256
+#define KQUANT_Q6_SUB_BLOCK 16
 
 // ---- metadata -------------------------------------------------------------------------------
 
@@ -133,9 +136,13 @@ static const layer_tensor LAYER_TENSORS[9] = {
 };
 
 // Whether the kernels can hold a tensor of this type after loading.
+static bool is_kquant(gguf_tensor_type type) {
+    return type == GGUF_TENSOR_Q4_K || type == GGUF_TENSOR_Q5_K || type == GGUF_TENSOR_Q6_K;
+}
+
 static bool loadable_type(gguf_tensor_type type) {
-    return type == GGUF_TENSOR_F32 || type == GGUF_TENSOR_F16 || type == GGUF_TENSOR_BF16 ||
-           type == GGUF_TENSOR_Q8_0 || type == GGUF_TENSOR_Q4_0;
+    return type == GGUF_TENSOR_F32 || type == GGUF_TENSOR_F16 || type == GGUF_TENSOR_BF16 || type == GGUF_TENSOR_Q8_0 ||
+           type == GGUF_TENSOR_Q4_0 || is_kquant(type);
 }
 
 static int check_shape(const gguf_file* f, const gguf_tensor* t, uint64_t ne0, uint64_t ne1, error_info* err) {
@@ -145,22 +152,35 @@ static int check_shape(const gguf_file* f, const gguf_tensor* t, uint64_t ne0, u
                          (unsigned long long)t->ne[0], (unsigned long long)t->ne[1], (unsigned long long)t->ne[2],
                          (unsigned long long)t->ne[3], (unsigned long long)ne0, (unsigned long long)ne1);
     if (!loadable_type(t->type))
-        return error_set(err, "%s: tensor '%s': type %s is not supported (supported: F32, F16, BF16, Q8_0, Q4_0)",
-                         f->name, t->name, gguf_tensor_type_name(t->type));
+        return error_set(
+            err, "%s: tensor '%s': type %s is not supported (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K)",
+            f->name, t->name, gguf_tensor_type_name(t->type));
     return 0;
 }
+
+// What converting one k-quant type to int8 costs (the stderr line).
+typedef struct kquant_cost {
+    uint64_t weights;
+    double extra_bytes_per_token; // int8 bytes minus the file's, as a decode step streams them
+} kquant_cost;
 
 // Where one matrix comes from and what it becomes.
 typedef struct matrix_plan {
     const gguf_tensor* tensor;
     weight_matrix* target;
     weight_dtype dtype;   // what the kernels will read
+    int group_size;       // WEIGHT_I8/I4: weights per scale along a row
+    bool asymmetric;      // WEIGHT_I8/I4: with per-group zero-points
     bool mapped;          // points into the file (no copy)
     uint64_t bytes;       // bytes in storage when not mapped
 } matrix_plan;
 
-static weight_dtype dtype_for(gguf_tensor_type type, model_dtype_choice choice, bool* mapped) {
+static weight_dtype dtype_for(gguf_tensor_type type, model_dtype_choice choice, bool* mapped, int* group_size,
+                              bool* asymmetric) {
     *mapped = false;
+    *group_size = QUANT_BLOCK;
+    *asymmetric = type == GGUF_TENSOR_Q4_K || type == GGUF_TENSOR_Q5_K;
+    if (type == GGUF_TENSOR_Q6_K) *group_size = KQUANT_Q6_SUB_BLOCK;
     if (choice == MODEL_DTYPE_FP32) {
         *mapped = type == GGUF_TENSOR_F32;
         return WEIGHT_F32;
@@ -174,17 +194,21 @@ static weight_dtype dtype_for(gguf_tensor_type type, model_dtype_choice choice, 
     case GGUF_TENSOR_F16: *mapped = true; return WEIGHT_F16;
     case GGUF_TENSOR_Q8_0: return WEIGHT_I8;
     case GGUF_TENSOR_Q4_0: return WEIGHT_I4;
+    case GGUF_TENSOR_Q4_K:
+    case GGUF_TENSOR_Q5_K:
+    case GGUF_TENSOR_Q6_K: return WEIGHT_I8;
     default: return WEIGHT_F32; // BF16
     }
 }
 
-static uint64_t storage_bytes(weight_dtype dtype, uint64_t rows, uint64_t cols) {
-    uint64_t n = rows * cols; // both below 2^31: fits
-    switch (dtype) {
+static uint64_t storage_bytes(const matrix_plan* p) {
+    uint64_t n = p->tensor->ne[1] * p->tensor->ne[0];                                       // both below 2^31: fits
+    uint64_t groups = n / (uint64_t)p->group_size, per_group = 2 + (p->asymmetric ? 1 : 0); // fp16 scale, zero-point
+    switch (p->dtype) {
     case WEIGHT_F32: return n * 4;
     case WEIGHT_F16: return n * 2;
-    case WEIGHT_I8: return n + n / QUANT_BLOCK * 2;
-    case WEIGHT_I4: return n / 2 + n / QUANT_BLOCK * 2;
+    case WEIGHT_I8: return n + groups * per_group;
+    case WEIGHT_I4: return n / 2 + groups * per_group;
     default: return 0;
     }
 }
@@ -201,9 +225,150 @@ static float f32_at(const unsigned char* p, uint64_t i) {
 
 static uint16_t u16_at(const unsigned char* p) { return (uint16_t)(p[0] | p[1] << 8); }
 
-// Element i of a tensor as fp32 (F32, F16, BF16, Q8_0, Q4_0).
+// ---- k-quants: 256-weight super-blocks of sub-blocks --------------------------------------------
+//
+// ggml's layouts (ggml-common.h; dequantize_row_q4_K/q5_K/q6_K in ggml-quants.c):
+//   Q4_K, 144 bytes: fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles.
+//     Sub-block j (32 weights) = d * sc_j * q - dmin * m_j, q in 0..15; the 32 bytes of chunk
+//     j / 2 hold sub-block j in their low nibbles when j is even, high nibbles when odd.
+//   Q5_K, 176 bytes: d, dmin, 12 scale bytes, 32 bytes of high bits, 128 of nibbles: as Q4_K
+//     with q + 16 * bit j of high-bit byte l (l = the weight's place in its sub-block), q in 0..31.
+//   Q6_K, 210 bytes: 128 bytes of low nibbles, 64 of 2-bit highs, 16 int8 scales, fp16 d.
+//     Sub-block k (16 weights) = d * sc_k * (q - 32), q in 0..63.
+
+// One super-block unpacked: weight e = step[e / sub_size] * (q[e] - center)
+// - offset[e / sub_size] (Q4_K/Q5_K: center 0; Q6_K: center 32, offset 0).
+typedef struct kquant_block {
+    uint8_t q[KQUANT_SUPER_BLOCK];
+    float step[16];   // (n_sub) d * sc, exact in fp32 (11 x 8 significant bits)
+    float offset[16]; // (n_sub) dmin * m
+    int n_sub, sub_size, max_q, center;
+} kquant_block;
+
+// Q4_K/Q5_K's packed 6-bit scale and min of sub-block j (of 8).
+static void kquant_scale_min(const unsigned char* scales, int j, int* scale, int* min) {
+    if (j < 4) {
+        *scale = scales[j] & 63;
+        *min = scales[j + 4] & 63;
+    } else {
+        *scale = (scales[j + 4] & 15) | (scales[j - 4] >> 6) << 4;
+        *min = (scales[j + 4] >> 4) | (scales[j] >> 6) << 4;
+    }
+}
+
+static void kquant_unpack(gguf_tensor_type type, const unsigned char* block, kquant_block* out) {
+    if (type == GGUF_TENSOR_Q6_K) {
+        const unsigned char *low = block, *high = block + 128;
+        const int8_t* scales = (const int8_t*)(block + 192);
+        const float d = fp16_to_fp32(u16_at(block + 208));
+        *out = (kquant_block){.n_sub = 16, .sub_size = KQUANT_Q6_SUB_BLOCK, .max_q = 63, .center = 32};
+        for (int e = 0; e < KQUANT_SUPER_BLOCK; e++) {
+            const int half = e / 128, quarter = e % 128 / 32, l = e % 32; // quarter picks nibble and bit pair
+            const unsigned char low_byte = low[64 * half + l + (quarter % 2) * 32];
+            const int nibble = quarter < 2 ? low_byte & 15 : low_byte >> 4;
+            out->q[e] = (uint8_t)(nibble | ((high[32 * half + l] >> (2 * quarter)) & 3) << 4);
+        }
+        for (int k = 0; k < 16; k++)
+            out->step[k] = d * (float)scales[k];
+        return;
+    }
+    const bool five_bit = type == GGUF_TENSOR_Q5_K;
+    const float d = fp16_to_fp32(u16_at(block)), dmin = fp16_to_fp32(u16_at(block + 2));
+    const unsigned char* scales = block + 4;
+    const unsigned char* high = block + 16; // Q5_K only
+    const unsigned char* nibbles = block + (five_bit ? 48 : 16);
+    *out = (kquant_block){.n_sub = 8, .sub_size = QUANT_BLOCK, .max_q = five_bit ? 31 : 15, .center = 0};
+    for (int j = 0; j < 8; j++) {
+        int scale, min;
+        kquant_scale_min(scales, j, &scale, &min);
+        out->step[j] = d * (float)scale;
+        out->offset[j] = dmin * (float)min;
+        for (int l = 0; l < 32; l++) {
+            const unsigned char byte = nibbles[32 * (j / 2) + l];
+            int q = j % 2 == 0 ? byte & 15 : byte >> 4;
+            if (five_bit) q += ((high[l] >> j) & 1) * 16;
+            out->q[32 * j + l] = (uint8_t)q;
+        }
+    }
+}
+
+// Weight e of an unpacked super-block, as ggml's dequantize_row_* rounds it.
+static float kquant_value(const kquant_block* b, int e) {
+    const int k = e / b->sub_size;
+    return b->step[k] * (float)(b->q[e] - b->center) - b->offset[k];
+}
+
+#define FP16_MAX 65504.0f
+
+// One sub-block as WEIGHT_I8 codes, fp16 scale and zero-point (zero_point NULL:
+// symmetric). Exactly where the file's grid fits the kernel's:
+//   symmetric (Q6_K): codes q - 32, scale fp16(step); only the scale rounds (2^-12 relative).
+//   asymmetric (Q4_K, Q5_K): codes M * q + k, scale fp16(step / M), zero-point
+//     round(M * offset / step) + k (k >= 0 lifts a negative zero-point), for the
+//     M in 16, 8, 4, 2, 1 with M * max_q + k <= 255 whose weights come out
+//     closest (the largest, unless step / M is so small that fp16 rounds it
+//     coarsely). With M = 16 the offset moves by at most step / 32 (Q4_K), with
+//     M = 8 by step / 16 (Q5_K, whose 31 * 16 > 255).
+// Where neither fits (a zero step, an offset beyond 255 steps: no real file,
+// llama.cpp's quantizer keeps offset <= 63 * dmin), the sub-block's values are
+// quantized afresh by min/max to 8 bits: error <= range / 510 and the scale's rounding.
+static void kquant_sub_to_i8(const kquant_block* b, int k, uint8_t* codes, uint16_t* scale, uint8_t* zero_point) {
+    const int n = b->sub_size, first = k * n;
+    const float step = b->step[k];
+    if (!zero_point && step != 0.0f && fabsf(step) <= FP16_MAX) {
+        *scale = fp32_to_fp16(step);
+        for (int i = 0; i < n; i++)
+            codes[i] = (uint8_t)(int8_t)(b->q[first + i] - b->center);
+        return;
+    }
+    int best_multiple = 0;
+    double best_error = INFINITY, best_lift = 0, best_zero = 0;
+    for (int multiple = 16; zero_point && step > 0.0f && step <= FP16_MAX && multiple >= 1; multiple /= 2) {
+        const double zero = nearbyint((double)multiple * (double)b->offset[k] / (double)step);
+        const double lift = zero < 0 ? -zero : 0;
+        const float rounded_scale = fp16_to_fp32(fp32_to_fp16(step / (float)multiple));
+        if (multiple * b->max_q + lift > 255 || zero + lift > 255 || !(rounded_scale > 0.0f)) continue;
+        double error = 0;
+        for (int i = 0; i < n; i++)
+            error = fmax(error, fabs((double)rounded_scale * (double)(multiple * b->q[first + i] - zero) -
+                                     (double)kquant_value(b, first + i)));
+        if (error < best_error) best_multiple = multiple, best_error = error, best_lift = lift, best_zero = zero;
+    }
+    if (best_multiple > 0) {
+        *scale = fp32_to_fp16(step / (float)best_multiple);
+        *zero_point = (uint8_t)(best_zero + best_lift);
+        for (int i = 0; i < n; i++)
+            codes[i] = (uint8_t)(best_multiple * b->q[first + i] + (int)best_lift);
+        return;
+    }
+    float lo = 0.0f, hi = 0.0f; // the range, with 0 inside so that a zero-point exists
+    for (int i = 0; i < n; i++) {
+        const float v = kquant_value(b, first + i);
+        lo = v < lo ? v : lo;
+        hi = v > hi ? v : hi;
+    }
+    if (!zero_point) hi = fmaxf(hi, -lo), lo = -hi;
+    const float levels = zero_point ? 255.0f : 254.0f;
+    float s = fminf((hi - lo) / levels, FP16_MAX);
+    *scale = fp32_to_fp16(s);
+    s = fp16_to_fp32(*scale);
+    const float zero = zero_point ? nearbyintf(-lo / (s > 0 ? s : 1.0f)) : 0.0f;
+    if (zero_point) *zero_point = (uint8_t)fminf(fmaxf(zero, 0.0f), 255.0f);
+    for (int i = 0; i < n; i++) {
+        float c = s > 0 ? nearbyintf(kquant_value(b, first + i) / s) + zero : zero;
+        c = fminf(fmaxf(c, zero_point ? 0.0f : -127.0f), zero_point ? 255.0f : 127.0f);
+        codes[i] = zero_point ? (uint8_t)c : (uint8_t)(int8_t)c;
+    }
+}
+
+// Element i of a tensor as fp32 (F32, F16, BF16, Q8_0, Q4_0, and k-quants).
 static float element_f32(const gguf_tensor* t, uint64_t i) {
     const unsigned char* p = t->data;
+    if (is_kquant(t->type)) {
+        kquant_block b;
+        kquant_unpack(t->type, p + i / KQUANT_SUPER_BLOCK * gguf_tensor_block_bytes(t->type), &b);
+        return kquant_value(&b, (int)(i % KQUANT_SUPER_BLOCK));
+    }
     switch (t->type) {
     case GGUF_TENSOR_F32: return f32_at(p, i);
     case GGUF_TENSOR_F16: return fp16_to_fp32(u16_at(p + i * 2));
@@ -236,6 +401,39 @@ static void convert_matrix(const matrix_plan* plan, unsigned char* destination) 
         return;
     }
     w->values = destination;
+    if (is_kquant(t->type)) {
+        const uint64_t block_bytes = gguf_tensor_block_bytes(t->type), n_blocks = n / KQUANT_SUPER_BLOCK;
+        const uint64_t n_groups = n / (uint64_t)plan->group_size;
+        uint8_t* codes = destination;
+        uint16_t* scales = (uint16_t*)(destination + n);
+        uint8_t* zero_points = plan->asymmetric ? destination + n + n_groups * 2 : NULL;
+        kquant_block b;
+        for (uint64_t block = 0; block < n_blocks; block++) {
+            kquant_unpack(t->type, t->data + block * block_bytes, &b);
+            const uint64_t first = block * KQUANT_SUPER_BLOCK;
+            if (plan->dtype == WEIGHT_F32 || plan->dtype == WEIGHT_F16) {
+                for (int e = 0; e < KQUANT_SUPER_BLOCK; e++) {
+                    float value = kquant_value(&b, e);
+                    if (plan->dtype == WEIGHT_F32)
+                        ((float*)destination)[first + (uint64_t)e] = value;
+                    else
+                        ((uint16_t*)destination)[first + (uint64_t)e] = fp32_to_fp16(value);
+                }
+                continue;
+            }
+            for (int k = 0; k < b.n_sub; k++) {
+                const uint64_t group = first / (uint64_t)b.sub_size + (uint64_t)k;
+                kquant_sub_to_i8(&b, k, codes + first + (uint64_t)k * (uint64_t)b.sub_size, &scales[group],
+                                 zero_points ? &zero_points[group] : NULL);
+            }
+        }
+        if (plan->dtype == WEIGHT_I8) {
+            w->group_size = plan->group_size;
+            w->scales_f16 = scales;
+            w->zero_points = zero_points;
+        }
+        return;
+    }
     if (plan->dtype == WEIGHT_F32) {
         float* out = (float*)destination;
         for (uint64_t i = 0; i < n; i++) out[i] = element_f32(t, i);
@@ -313,10 +511,10 @@ int gguf_model_from_file(model* out, gguf_file* f, const gguf_model_options* opt
     char name[96];
     const gguf_tensor* t = gguf_find_tensor(f, "token_embd.weight");
     status = check_shape(f, t, dim, vocab, err);
-    plans[0] = (matrix_plan){t, &out->token_embedding, WEIGHT_F32, false, 0};
+    plans[0] = (matrix_plan){.tensor = t, .target = &out->token_embedding};
     const gguf_tensor* output = gguf_find_tensor(f, "output.weight");
     if (status == 0 && output) status = check_shape(f, output, dim, vocab, err);
-    plans[1] = (matrix_plan){output, &out->classifier, WEIGHT_F32, false, 0};
+    plans[1] = (matrix_plan){.tensor = output, .target = &out->classifier};
     const gguf_tensor* final_norm = gguf_find_tensor(f, "output_norm.weight");
     if (status == 0 && !final_norm) status = error_set(err, "%s: tensor 'output_norm.weight' is missing", f->name);
     if (status == 0) status = check_shape(f, final_norm, dim, 1, err);
@@ -334,8 +532,8 @@ int gguf_model_from_file(model* out, gguf_file* f, const gguf_model_options* opt
             int m = LAYER_TENSORS[k].matrix;
             if (m >= 0) {
                 status = check_shape(f, t, shapes[m][0], shapes[m][1], err);
-                plans[2 + 7 * l + m] = (matrix_plan){t, (weight_matrix*)model_storage_layer_matrix(&layers[l], m),
-                                                     WEIGHT_F32, false, 0};
+                plans[2 + 7 * l + m] =
+                    (matrix_plan){.tensor = t, .target = (weight_matrix*)model_storage_layer_matrix(&layers[l], m)};
             } else {
                 status = check_shape(f, t, dim, 1, err);
                 norms[m == -1 ? 2 * l : 2 * l + 1] = t;
@@ -390,13 +588,22 @@ int gguf_model_from_file(model* out, gguf_file* f, const gguf_model_options* opt
     // Sizes of what is converted (norms are fp32 in the kernels: a norm
     // stored as F16/BF16 is widened).
     uint64_t total = 0, converted_from_q8 = 0, converted_from_q4 = 0, widened_bytes = 0;
+    kquant_cost kquant_costs[3] = {{0}}; // Q4_K, Q5_K, Q6_K converted to int8
     for (int i = 0; i < n_plans; i++) {
         matrix_plan* p = &plans[i];
         if (!p->tensor) continue;
-        p->dtype = dtype_for(p->tensor->type, options->dtype, &p->mapped);
-        p->bytes = p->mapped ? 0 : round_up_64(storage_bytes(p->dtype, p->tensor->ne[1], p->tensor->ne[0]));
+        p->dtype = dtype_for(p->tensor->type, options->dtype, &p->mapped, &p->group_size, &p->asymmetric);
+        p->bytes = p->mapped ? 0 : round_up_64(storage_bytes(p));
         total += p->bytes;
-        if (p->dtype == WEIGHT_I8) converted_from_q8 += p->tensor->bytes;
+        if (p->dtype == WEIGHT_I8 && is_kquant(p->tensor->type)) {
+            kquant_cost* cost = &kquant_costs[p->tensor->type - GGUF_TENSOR_Q4_K];
+            // A decode step streams each matrix once, but one row of the embedding
+            // (the whole of it again when it is also the classifier).
+            const double per_token = i == 0 ? 1.0 / (double)vocab + (output ? 0.0 : 1.0) : 1.0;
+            cost->weights += p->tensor->ne[0] * p->tensor->ne[1];
+            cost->extra_bytes_per_token += per_token * ((double)storage_bytes(p) - (double)p->tensor->bytes);
+        } else if (p->dtype == WEIGHT_I8)
+            converted_from_q8 += p->tensor->bytes;
         else if (p->dtype == WEIGHT_I4) converted_from_q4 += p->tensor->bytes;
         else if (!p->mapped) widened_bytes += p->tensor->bytes;
     }
@@ -487,10 +694,28 @@ int gguf_model_from_file(model* out, gguf_file* f, const gguf_model_options* opt
     free(norms);
     free(biases);
 
-    if (options->report_conversions && (converted_from_q8 || converted_from_q4 || widened_bytes)) {
-        char line[400] = "";
+    const bool any_kquant = kquant_costs[0].weights || kquant_costs[1].weights || kquant_costs[2].weights;
+    if (options->report_conversions && (converted_from_q8 || converted_from_q4 || widened_bytes || any_kquant)) {
+        char line[1024] = "";
         size_t used_chars = 0;
-        if (converted_from_q8)
+        for (int k = 0; k < 3; k++) {
+            if (!kquant_costs[k].weights || used_chars >= sizeof line) continue;
+            static const char* const how[3] = {
+                "int8 g32 asym (W8A16): codes M*q, fp16 scales d*sc/M, zero-points within d*sc/2M (M = 16 "
+                "unless the offset needs a smaller one)",
+                "int8 g32 asym (W8A16): codes M*q, fp16 scales d*sc/M, zero-points within d*sc/2M (M = 8 unless "
+                "the offset needs a smaller one)",
+                "int8 g16 sym (W8A16): codes q-32, fp16 scales d*sc"};
+            static const double int8_bits[3] = {8.0 + 24.0 / 32, 8.0 + 24.0 / 32, 8.0 + 16.0 / 16}; // + scale, zero
+            const gguf_tensor_type type = (gguf_tensor_type)(GGUF_TENSOR_Q4_K + k);
+            const double file_bits = 8.0 * (double)gguf_tensor_block_bytes(type) / KQUANT_SUPER_BLOCK;
+            const double extra = kquant_costs[k].extra_bytes_per_token;
+            used_chars += (size_t)snprintf(line + used_chars, sizeof line - used_chars,
+                                           "; %s -> %s: %.2f -> %.2f bits per weight, +%.1f %s per token",
+                                           gguf_tensor_type_name(type), how[k], file_bits, int8_bits[k],
+                                           extra >= 1e5 ? extra / 1e6 : extra / 1e3, extra >= 1e5 ? "MB" : "KB");
+        }
+        if (converted_from_q8 && used_chars < sizeof line)
             used_chars += (size_t)snprintf(line + used_chars, sizeof line - used_chars,
                                            "; Q8_0 -> int8 g32 (W8A16): %llu bytes regrouped, codes and fp16 scales "
                                            "unchanged, same bytes per token",

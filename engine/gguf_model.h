@@ -25,9 +25,21 @@
 //           kernel's symmetric zero-point 8) and scale bits, reordered from
 //           the block's (j, j + 16) nibble pairs to the kernel's (2j, 2j + 1)
 // Both moves are lossless and keep the byte count (34 and 18 bytes per 32
-// weights); the loader says so in one stderr line. MODEL_DTYPE_FP32 or
-// MODEL_DTYPE_FP16 widens (or rounds) every matrix to that type instead.
-// Other types (Q4_K, Q6_K, ...) are refused, naming the tensor and type.
+// weights). The k-quants have no kernel of their own and are converted:
+//   Q4_K -> WEIGHT_I8 asymmetric, group 32 (a Q4_K sub-block): codes 16q,
+//           fp16 scale d*sc/16, zero-point round(16 * dmin*m / (d*sc)): each
+//           weight within 1/32 of a Q4_K step (+ the scale's fp16 rounding);
+//           4.5 -> 8.75 bits per weight
+//   Q5_K -> the same with codes 8q: within 1/16 of a step; 5.5 -> 8.75 bits
+//   Q6_K -> WEIGHT_I8 symmetric, group 16: codes q - 32, fp16 scale d*sc
+//           (only the scale rounds); 6.5625 -> 9 bits
+// (a smaller multiple where a large offset needs room, and a fresh 8-bit
+// min/max quantization of a sub-block that fits neither: gguf_model.c).
+// The loader says what it converted, to what, and the bytes per token it
+// adds, in one stderr line. MODEL_DTYPE_FP32 or MODEL_DTYPE_FP16 widens (or
+// rounds) every matrix to that type instead (k-quants dequantized as ggml's
+// dequantize_row_* does). Other types (Q2_K, Q3_K, Q4_1, ...) are refused,
+// naming the tensor and type.
 #ifndef SERVELAB_GGUF_MODEL_H
 #define SERVELAB_GGUF_MODEL_H
 
