@@ -190,6 +190,8 @@ static void matmul_scalar_range(float* out, const float* in, int n_rows, const w
 // fp16 decode than 4 (and 2% for W4A16), side by side in one process.
 #define MATMUL_CHUNKS_PER_THREAD 8
 
+typedef enum a8_kernel { A8_KERNEL_SCALAR, A8_KERNEL_AVX2, A8_KERNEL_VNNI } a8_kernel;
+
 typedef struct matmul_job {
     float* out;             // (n_rows, w->rows)
     const float* in;        // (n_rows, w->cols)
@@ -206,19 +208,20 @@ typedef struct matmul_job {
                                    // a8_vnni's order or column order; NULL when not allocated
     const float* in_a8_scales;     // (n_rows, cols / activation_block) their scales
     const int32_t* in_a8_zero_sums; // (n_rows, cols / activation_block) the VNNI kernel's offset sums
-    bool a8_vnni;                  // group-wise: the VNNI kernel runs (else the scalar one)
+    a8_kernel a8;                  // group-wise: which kernel runs
 } matmul_job;
 
-// Whether a group-wise W8A8 / W4A8 job at `level` runs the VNNI kernel;
-// every other case (AVX2, AVX-512 without VNNI, other block or group
-// sizes) runs the scalar kernel, with the same bits.
-static bool a8_uses_vnni(const weight_matrix* w, cpu_simd_level level) {
+// Which kernel a group-wise W8A8 / W4A8 job at `level` runs: VNNI where it
+// fits, else AVX2 for blocks of 32 (also AVX-512 without VNNI), else the
+// scalar one; all give the same bits.
+static a8_kernel a8_kernel_for(const weight_matrix* w, cpu_simd_level level) {
 #if defined(__x86_64__) || defined(__i386__)
-    return level == CPU_SIMD_AVX512 && cpu_features_get()->avx512vnni && matmul_a8_vnni_fits(w);
+    if (level == CPU_SIMD_AVX512 && cpu_features_get()->avx512vnni && matmul_a8_vnni_fits(w)) return A8_KERNEL_VNNI;
+    if (level >= CPU_SIMD_AVX2 && w->activation_block == 32) return A8_KERNEL_AVX2;
 #else
     (void)w, (void)level;
-    return false;
 #endif
+    return A8_KERNEL_SCALAR;
 }
 
 // WEIGHT_I8 / WEIGHT_I4 at the job's level (the orders: matmul_int.c).
@@ -230,9 +233,11 @@ static void matmul_int_range(const matmul_job* job, int o_begin, int o_end) {
         if (!job->in_a8_codes)
             matmul_a8_unbuffered(out, job->in, n_rows, w, o_begin, o_end);
 #if defined(__x86_64__) || defined(__i386__)
-        else if (job->a8_vnni)
+        else if (job->a8 == A8_KERNEL_VNNI)
             matmul_a8_avx512vnni(out, job->in_a8_codes, job->in_a8_scales, job->in_a8_zero_sums, n_rows, w, o_begin,
                                  o_end);
+        else if (job->a8 == A8_KERNEL_AVX2)
+            matmul_a8_avx2(out, job->in_a8_codes, job->in_a8_scales, job->in_a8_zero_sums, n_rows, w, o_begin, o_end);
 #endif
         else
             matmul_a8_scalar(out, job->in_a8_codes, job->in_a8_scales, n_rows, w, o_begin, o_end);
@@ -364,8 +369,11 @@ static void prepare_task(void* ctx, int task, int thread) {
         float* scales = (float*)((int8_t*)job->block + a8_codes_bytes(m->w, n_rows)) + (size_t)task * n_blocks;
         int32_t* zero_sums = (int32_t*)((int8_t*)job->block + a8_codes_bytes(m->w, n_rows) +
                                         n_rows * n_blocks * sizeof(float)) + (size_t)task * n_blocks;
-        matmul_a8_prepare_row(codes, scales, zero_sums, x, m->w,
-                              m->a8_vnni && m->w->dtype == WEIGHT_I4 ? A8_NIBBLES : A8_COLUMNS);
+        const a8_order order = m->w->dtype != WEIGHT_I4     ? A8_COLUMNS
+                               : m->a8 == A8_KERNEL_VNNI ? A8_NIBBLES
+                               : m->a8 == A8_KERNEL_AVX2 ? A8_NIBBLES_32
+                                                         : A8_COLUMNS;
+        matmul_a8_prepare_row(codes, scales, zero_sums, x, m->w, order);
         return;
     }
     if (!matmul_is_w8a8(m->w)) {
@@ -479,9 +487,9 @@ static int plan_job(matmul_job* job, float* out, const float* in, int n_rows, co
                     cpu_simd_level level, int n_threads) {
     const int d_out = w->rows, d_in = w->cols;
     *job = (matmul_job){out, in, n_rows, w, cpu_simd_level_clamp(level), d_out, NULL, NULL, NULL, NULL, NULL,
-                        NULL, NULL, NULL, false};
+                        NULL, NULL, NULL, A8_KERNEL_SCALAR};
     if (w->dtype == WEIGHT_F32) job->level = CPU_SIMD_SCALAR; // llama2.c's order, bit for bit
-    job->a8_vnni = matmul_is_a8_blocks(w) && a8_uses_vnni(w, job->level);
+    if (matmul_is_a8_blocks(w)) job->a8 = a8_kernel_for(w, job->level);
     if (d_out <= 0 || n_rows <= 0) return 0;
     uint64_t macs = (uint64_t)n_rows * (uint64_t)d_in * (uint64_t)d_out;
     if (n_threads <= 1 || macs < MATMUL_MIN_PARALLEL_MACS) return 1;

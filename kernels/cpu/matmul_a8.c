@@ -1,6 +1,7 @@
 // matmul_a8: group-wise W8A8 and W4A8 (activation_bits 8, activation_block
 // B > 0): the activation quantizer, the scalar kernel, and the reduction
-// order every level follows (the VNNI kernel is matmul_a8_avx512.c).
+// order every level follows (the SIMD kernels: matmul_a8_avx2.c and
+// matmul_a8_avx512.c, which needs AVX512_VNNI).
 //
 // The scheme of llama.cpp's q8_0 / q4_0 CPU path: the activations are
 // quantized once per call to int8 with one scale per block of B columns,
@@ -66,6 +67,16 @@ void matmul_a8_prepare_row(int8_t* codes, float* scales, int32_t* zero_sums, con
     }
     memset(codes + cols, 0, stride - (size_t)cols);
     if (order == A8_COLUMNS) return;
+    if (order == A8_NIBBLES_32) { // per block of 32: byte j is column 2j, byte 16 + j column 2j + 1
+        for (size_t chunk = 0; chunk < stride; chunk += 32) {
+            memcpy(scratch, codes + chunk, 32);
+            for (int j = 0; j < 16; j++) {
+                codes[chunk + (size_t)j] = scratch[2 * j];
+                codes[chunk + 16 + (size_t)j] = scratch[2 * j + 1];
+            }
+        }
+        return;
+    }
     // A8_NIBBLES, 128 columns at a time: byte 16k + j of the first half is
     // column 32k + 2j (the low nibble of packed byte 16k + j), of the
     // second half column 32k + 2j + 1 (its high nibble).

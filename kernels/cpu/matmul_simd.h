@@ -89,6 +89,7 @@ void matmul_w8a8_unbuffered(float* out, const float* in, int n_rows, const weigh
 typedef enum a8_order {
     A8_COLUMNS, // codes in column order (the scalar kernel, and the VNNI kernel for INT8)
     A8_NIBBLES, // per 128 columns: the 64 even columns, then the 64 odd ones (the VNNI kernel for INT4)
+    A8_NIBBLES_32, // per 32 columns: the 16 even columns, then the 16 odd ones (the AVX2 kernel for INT4)
 } a8_order;
 
 // Bytes of one prepared row of codes: cols rounded up to 128, zero-padded.
@@ -104,6 +105,9 @@ void matmul_a8_prepare_row(int8_t* codes, float* scales, int32_t* zero_sums, con
                            a8_order order);
 void matmul_a8_scalar(float* out, const int8_t* codes, const float* scales, int n_rows, const weight_matrix* w,
                       int o_begin, int o_end);
+// AVX2 (maddubs / madd), activation_block 32 only.
+void matmul_a8_avx2(float* out, const int8_t* codes, const float* scales, const int32_t* zero_sums, int n_rows,
+                    const weight_matrix* w, int o_begin, int o_end);
 void matmul_a8_avx512vnni(float* out, const int8_t* codes, const float* scales, const int32_t* zero_sums, int n_rows,
                           const weight_matrix* w, int o_begin, int o_end);
 // Straight from fp32 rows, each block quantized where it is used (no

@@ -2,7 +2,7 @@
 // matrices built here from random codes and scales, at every SIMD level:
 //   - every level gives, bit for bit, the order written at the top of
 //     kernels/cpu/matmul_a8.c, recomputed here from its definition with a
-//     quantizer of this file's own (so the scalar kernel, the VNNI kernel
+//     quantizer of this file's own (so the scalar, AVX2 and VNNI kernels
 //     and the fallback without scratch memory are all checked against it);
 //   - groups 32, 64, 128 and 256 (the VNNI kernel), 96 and 16 (the scalar
 //     one), per channel; row lengths that end in a partial 128-column step;
