@@ -214,6 +214,9 @@ static bool valid_claim_id(const char* id) {
 // lab.check{id=, claim=, bank_answer=, verdict=, evidence=} or with
 // measure=function() return verdict, evidence end instead of verdict and
 // evidence (an error inside measure is a FAIL line, not a failed lesson).
+// A claim the question bank does not make (the lab's own, beyond the bank)
+// gives beyond_bank = true and answer = what the lesson expects instead of
+// bank_answer.
 // breaks_with = {"no-cow", ...}: the faults (engine/fault.h) under which the
 // verdict must turn; "" in problem when the list is well formed.
 static fault_set read_breaks_with(lua_State* L, char* problem, size_t capacity) {
@@ -244,8 +247,8 @@ static fault_set read_breaks_with(lua_State* L, char* problem, size_t capacity) 
 }
 
 static int lab_check(lua_State* L) {
-    static const char* const fields[] = {"id", "claim", "bank_answer", "verdict", "evidence", "measure",
-                                         "breaks_with", "note", NULL};
+    static const char* const fields[] = {"id", "claim", "bank_answer", "beyond_bank", "answer", "verdict",
+                                         "evidence", "measure", "breaks_with", "note", NULL};
     lab_check_fields(L, 1, fields);
     lesson* l = lesson_of(L);
     // Copies: measure() below runs the lesson's code, which may empty the
@@ -262,8 +265,21 @@ static int lab_check(lua_State* L) {
     if (strlen(given_claim) > LESSON_MAX_CLAIM_BYTES)
         lab_field_error(L, 1, "claim", "%zu bytes is too long (at most %d)", strlen(given_claim), LESSON_MAX_CLAIM_BYTES);
     snprintf(claim, sizeof claim, "%s", given_claim);
-    if (lua_getfield(L, 1, "bank_answer") != LUA_TBOOLEAN)
-        lab_field_error(L, 1, "bank_answer", "expected true or false (what the question bank says), got %s",
+    int beyond_type = lua_getfield(L, 1, "beyond_bank");
+    bool beyond_bank = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    if (beyond_type != LUA_TNIL && beyond_type != LUA_TBOOLEAN)
+        lab_field_error(L, 1, "beyond_bank", "expected true (a claim the question bank does not make), got %s",
+                        luaL_typename(L, beyond_type));
+    const char* answer_field = beyond_bank ? "answer" : "bank_answer";
+    const char* other_field = beyond_bank ? "bank_answer" : "answer";
+    if (lua_getfield(L, 1, other_field) != LUA_TNIL)
+        lab_field_error(L, 1, other_field, beyond_bank ? "a claim beyond the bank has no bank_answer; give answer"
+                                                       : "answer goes with beyond_bank = true; a bank claim gives bank_answer");
+    lua_pop(L, 1);
+    if (lua_getfield(L, 1, answer_field) != LUA_TBOOLEAN)
+        lab_field_error(L, 1, answer_field, beyond_bank ? "expected true or false (what the lesson expects), got %s"
+                                                        : "expected true or false (what the question bank says), got %s",
                         luaL_typename(L, -1));
     bool bank_answer = lua_toboolean(L, -1);
     lua_pop(L, 1);
@@ -274,7 +290,7 @@ static int lab_check(lua_State* L) {
         lab_field_error(L, 1, "note", "%zu bytes is too long (at most %d)", strlen(given_note), LESSON_MAX_CLAIM_BYTES);
     snprintf(note, sizeof note, "%s", given_note);
 
-    lesson_check_result result = {id, claim, bank_answer, false, "", CHECK_FAIL, 0, note, 0};
+    lesson_check_result result = {id, claim, bank_answer, false, "", CHECK_FAIL, 0, note, 0, beyond_bank};
     char problem[600] = "";
     result.breaks_with = read_breaks_with(L, problem, sizeof problem);
     lab_declared_claim* declared = find_declared(l, id);
@@ -588,7 +604,7 @@ void lesson_finish(lesson* l) {
         char evidence[1200];
         snprintf(evidence, sizeof evidence, "never checked: %s",
                  l->status == LESSON_FAILED ? l->error : "the lesson ended before lab.check for it");
-        lesson_check_result result = {l->declared[i].id, "(declared in lab.lesson)", false, false, evidence, CHECK_FAIL, 0, "", 0};
+        lesson_check_result result = {l->declared[i].id, "(declared in lab.lesson)", false, false, evidence, CHECK_FAIL, 0, "", 0, false};
         report_check(l, &result);
     }
 }

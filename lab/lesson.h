@@ -63,13 +63,14 @@ typedef enum check_outcome {
 typedef struct lesson_check_result {
     const char* id;        // "tf1", "se3", ...
     const char* claim;     // the statement checked, in words
-    bool bank_answer;      // what the question bank says about the claim
+    bool bank_answer;      // what the question bank says about the claim (beyond_bank: what the lesson expects)
     bool verdict;          // what the measurement says (meaningless for CHECK_FAIL)
     const char* evidence;  // the numbers behind the verdict, or the error for CHECK_FAIL
     check_outcome outcome;
     fault_set breaks_with; // the faults that must turn this verdict (lab.check's breaks_with)
     const char* note;      // "" or where the measured cause differs from the bank's reason
     fault_set running;     // the faults the engine ran with when this was measured (0 normally)
+    bool beyond_bank;      // a claim the question bank does not make: the lab's own
 } lesson_check_result;
 
 typedef struct lesson_options {
@@ -144,6 +145,7 @@ int lesson_list_folder(const char* folder, lesson_file_name* names, int capacity
 
 // Prints one check as the headless runner does:
 //   PASS <id> (bank: true|false) "<claim>" -- measured: <evidence>[ -- note: <note>]
+//     ("(beyond the bank: true|false)" for a claim the bank does not make)
 //   DISAGREE <id> (bank: ...) "<claim>" -- measured: <evidence> (the measurement contradicts the bank: ...)
 //   FAIL <id> (bank: ...) "<claim>" -- <error>
 // Under --fault, a bracketed tail says whether the fault turned the claim

@@ -10,10 +10,14 @@ void lesson_print_check(FILE* out, const lesson_check_result* r) {
     static const char* const words[] = {"PASS", "DISAGREE", "FAIL"};
     // The claim as the bank states it, quoted, beside the bank's answer: a
     // PASS line of a false claim must not read as if the claim held.
-    fprintf(out, "%s %s (bank: %s) \"%s\" -- %s%s", words[r->outcome], r->id, r->bank_answer ? "true" : "false", r->claim,
-            r->outcome == CHECK_FAIL ? "" : "measured: ", r->evidence);
-    if (r->outcome == CHECK_DISAGREE)
-        fprintf(out, " (the measurement contradicts the bank: bank says %s, measured %s)", r->bank_answer ? "true" : "false",
+    const char* expected = r->bank_answer ? "true" : "false";
+    fprintf(out, "%s %s (%s: %s) \"%s\" -- %s%s", words[r->outcome], r->id, r->beyond_bank ? "beyond the bank" : "bank",
+            expected, r->claim, r->outcome == CHECK_FAIL ? "" : "measured: ", r->evidence);
+    if (r->outcome == CHECK_DISAGREE && r->beyond_bank)
+        fprintf(out, " (the measurement contradicts the lesson: it expects %s, measured %s)", expected,
+                r->verdict ? "true" : "false");
+    else if (r->outcome == CHECK_DISAGREE)
+        fprintf(out, " (the measurement contradicts the bank: bank says %s, measured %s)", expected,
                 r->verdict ? "true" : "false");
     if (r->note && r->note[0]) fprintf(out, " -- note: %s", r->note);
     if (r->running) {

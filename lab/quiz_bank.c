@@ -92,10 +92,18 @@ static int read_topics(quiz_data_file* f, quiz_item* item, error_info* err) {
     return status;
 }
 
+// seed = {section, index, match}, or beyond_bank = true for a claim the
+// seed does not make (then seed must be absent).
 static int read_seed(quiz_data_file* f, quiz_item* item, error_info* err) {
+    if (quiz_data_bool(f, "beyond_bank", false, &item->beyond_bank, err)) return -1;
     int entered = quiz_data_enter_table(f, "seed", err);
     if (entered < 0) return -1;
-    if (entered == 0) return error_set(err, "%s: %s: field 'seed' is missing", f->path, f->where);
+    if (item->beyond_bank) {
+        if (entered == 0) return 0;
+        quiz_data_leave(f);
+        return error_set(err, "%s: %s: an item beyond the bank has no field 'seed'", f->path, f->where);
+    }
+    if (entered == 0) return error_set(err, "%s: %s: field 'seed' is missing (or beyond_bank = true)", f->path, f->where);
     char* section = NULL;
     int status = quiz_data_string(f, "section", true, &section, err);
     if (status == 0) {

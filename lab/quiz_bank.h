@@ -67,7 +67,9 @@ typedef struct quiz_item {
     unsigned topics;              // QUIZ_TOPIC_BIT mask, at least one
     char claim[QUIZ_ID_CAPACITY]; // the lesson check id ("tf1")
     // Where it comes from in shared/seed/question-bank.txt: the section
-    // (a quiz_kind name), the 1-based position in it, and words of the seed question.
+    // (a quiz_kind name), the 1-based position in it, and words of the seed
+    // question. A claim beyond the bank (the lab's own) has no seed.
+    bool beyond_bank;
     quiz_kind seed_section;
     int seed_index;
     char* seed_match;
@@ -88,7 +90,7 @@ typedef struct quiz_bank {
 } quiz_bank;
 
 // Loads and validates bank.lua: every item has an id (unique), a kind,
-// topics, a claim, a seed reference, a prompt, an answer of the form its
+// topics, a claim, a seed reference (or beyond_bank = true), a prompt, an answer of the form its
 // kind needs, and an explanation. 0, or -1 with err naming the item and field.
 int quiz_bank_load(const char* path, quiz_bank* bank, error_info* err);
 void quiz_bank_free(quiz_bank* bank);

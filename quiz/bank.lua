@@ -607,4 +607,26 @@ return {
             explanation = "Phase ko kaunsa resource rokta hai, wahi tay karta hai ki kam bytes madad karenge ya nahi.",
         },
     },
+
+    -- ---- Beyond the bank: the lab's own claims, measured by the lessons like the others --------
+    {
+        id = "w4a8-prefill", kind = "true_false", topics = {"quantization", "roofline"}, claim = "w4a8-prefill",
+        beyond_bank = true,
+        prompt = "If the activations are quantized to 8 bits as well (W4A8, integer dot products), 4-bit weights "
+            .. "make prefill faster.",
+        answer = true,
+        explanation = "W4A16 is slow in prefill because every 4-bit weight is turned back into a float before the "
+            .. "multiply, and prefill is limited by that arithmetic. W4A8 quantizes each activation row once per "
+            .. "matmul (int8, one scale per 32 values) and multiplies 4-bit by 8-bit integers directly: one AVX-512 "
+            .. "VNNI instruction does 64 multiply-adds, and no weight is converted. Lesson 06 times it against fp16.",
+        hi_en = {
+            prompt = "Agar activations bhi 8 bit mein quantize hon (W4A8, integer dot products), to 4-bit weights "
+                .. "prefill ko fast karte hain.",
+            explanation = "W4A16 prefill mein isliye slow hai ki har 4-bit weight multiply se pehle float mein wapas "
+                .. "banta hai, aur prefill isi arithmetic se limited hai. W4A8 har activation row ko matmul mein ek "
+                .. "baar int8 mein badalta hai (har 32 values par ek scale) aur 4-bit x 8-bit integers seedha multiply "
+                .. "karta hai: AVX-512 VNNI ki ek instruction 64 multiply-adds karti hai, koi weight convert nahi hota. "
+                .. "Lesson 06 ise fp16 ke saath time karta hai.",
+        },
+    },
 }

@@ -137,6 +137,11 @@ static const bad_case BAD_CASES[] = {
     {"lab.check{claim = 'c', bank_answer = true, verdict = true, evidence = 'e'}", "field 'id'"},
     {"lab.check{id = 'Bad Id', claim = 'c', bank_answer = true, verdict = true, evidence = 'e'}", "field 'id'"},
     {"lab.check{id = 'c1', claim = 'c', verdict = true, evidence = 'e'}", "field 'bank_answer'"},
+    {"lab.check{id = 'c1', claim = 'c', beyond_bank = true, verdict = true, evidence = 'e'}", "field 'answer'"},
+    {"lab.check{id = 'c1', claim = 'c', beyond_bank = true, answer = true, bank_answer = true, verdict = true, "
+     "evidence = 'e'}", "no bank_answer"},
+    {"lab.check{id = 'c1', claim = 'c', bank_answer = true, answer = true, verdict = true, evidence = 'e'}",
+     "goes with beyond_bank"},
     {"lab.check{id = 'c1', claim = 'c', bank_answer = true, verdict = true, evidence = 'e', extra = 1}", "field 'extra'"},
     {"lab.lesson{title = 'again', claims = {'x'}}", "lab.lesson{} may be called once"},
     {"local closed = lab.engine{model = TINY, num_blocks = 4}; closed:close(); closed:step()", "the engine was closed"},
@@ -348,9 +353,13 @@ static void test_checks_pass_disagree_fail_and_unreached(void** state) {
 static void test_headless_output_format(void** state) {
     (void)state;
     const char* source =
-        "lab.lesson{title = 'format', claims = {'f1', 'f2'}}\n"
+        "lab.lesson{title = 'format', claims = {'f1', 'f2', 'f3', 'f4'}}\n"
         "lab.check{id = 'f1', claim = 'one is one', bank_answer = true, verdict = true, evidence = 'n = 1'}\n"
-        "lab.check{id = 'f2', claim = 'two is three', bank_answer = true, verdict = 2 == 3, evidence = 'n = 2'}\n";
+        "lab.check{id = 'f2', claim = 'two is three', bank_answer = true, verdict = 2 == 3, evidence = 'n = 2'}\n"
+        "lab.check{id = 'f3', claim = 'four is four', beyond_bank = true, answer = true, verdict = true, "
+        "evidence = 'n = 4'}\n"
+        "lab.check{id = 'f4', claim = 'five is six', beyond_bank = true, answer = true, verdict = 5 == 6, "
+        "evidence = 'n = 5'}\n";
     char path[512], out_path[512];
     snprintf(path, sizeof path, "%s/format.lua", test_scratch_dir());
     snprintf(out_path, sizeof out_path, "%s/format.out", test_scratch_dir());
@@ -365,7 +374,10 @@ static void test_headless_output_format(void** state) {
     assert_string_equal(text, "PASS f1 (bank: true) \"one is one\" -- measured: n = 1\n"
                               "DISAGREE f2 (bank: true) \"two is three\" -- measured: n = 2 (the measurement contradicts "
                               "the bank: bank says true, measured false)\n"
-                              "1 passed, 1 failed\n");
+                              "PASS f3 (beyond the bank: true) \"four is four\" -- measured: n = 4\n"
+                              "DISAGREE f4 (beyond the bank: true) \"five is six\" -- measured: n = 5 (the measurement "
+                              "contradicts the lesson: it expects true, measured false)\n"
+                              "2 passed, 2 failed\n");
     free(text);
 }
 
