@@ -36,13 +36,29 @@ int tok_from_gguf(tokenizer** out, const gguf_file* f, error_info* err) {
                               "kind; gpt2, byte-level BPE)",
                          f->name, model_name);
     const gguf_kv* merges = NULL;
+    tok_pretokenizer pretokenizer = TOK_PRE_GPT2;
     if (is_bpe) {
-        // Each pre-tokenizer is its own split pattern; only GPT-2's is here.
+        // Each pre-tokenizer is its own split pattern (tokenizer.h); the
+        // names are llama.cpp's (llama-vocab.cpp) for the same pattern.
+        static const struct {
+            const char* name;
+            tok_pretokenizer pretokenizer;
+        } known[] = {{"default", TOK_PRE_GPT2},  {"gpt-2", TOK_PRE_GPT2},
+                     {"gpt2", TOK_PRE_GPT2},     {"llama-bpe", TOK_PRE_LLAMA3},
+                     {"llama3", TOK_PRE_LLAMA3}, {"llama-v3", TOK_PRE_LLAMA3},
+                     {"qwen2", TOK_PRE_QWEN2},   {"deepseek-r1-qwen", TOK_PRE_QWEN2},
+                     {"smollm", TOK_PRE_SMOLLM}};
         char pre[64] = "default";
         if (gguf_get_string(f, "tokenizer.ggml.pre", pre, sizeof pre, err) < 0) return -1;
-        if (strcmp(pre, "default") != 0 && strcmp(pre, "gpt-2") != 0 && strcmp(pre, "gpt2") != 0)
-            return error_set(err, "%s: tokenizer.ggml.pre: '%s' is not supported (supported: default, gpt-2)", f->name,
-                             pre);
+        size_t k = 0, n_known = sizeof known / sizeof known[0];
+        while (k < n_known && strcmp(pre, known[k].name) != 0)
+            k++;
+        if (k == n_known)
+            return error_set(err,
+                             "%s: tokenizer.ggml.pre: '%s' is not supported (supported: default, gpt-2, llama-bpe, "
+                             "qwen2, smollm)",
+                             f->name, pre);
+        pretokenizer = known[k].pretokenizer;
         merges = gguf_find_kv(f, "tokenizer.ggml.merges");
         if (!merges || merges->type != GGUF_VALUE_ARRAY || merges->array_type != GGUF_VALUE_STRING ||
             merges->array_count < 1 || merges->array_count > TOK_MAX_VOCAB_SIZE)
@@ -66,7 +82,7 @@ int tok_from_gguf(tokenizer** out, const gguf_file* f, error_info* err) {
                   types->array_count != tokens->array_count))
         return error_set(err, "%s: metadata 'tokenizer.ggml.token_type': expected %d int32 values", f->name, n);
 
-    tok_vocab vocab = {.vocab_size = n, .sentencepiece_spaces = !is_bpe};
+    tok_vocab vocab = {.vocab_size = n, .sentencepiece_spaces = !is_bpe, .pretokenizer = pretokenizer};
     tok_piece_bytes* pieces = calloc((size_t)n, sizeof *pieces);
     float* score_values = calloc((size_t)n, sizeof *score_values);
     int32_t* type_values = types ? calloc((size_t)n, sizeof *type_values) : NULL;

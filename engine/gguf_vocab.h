@@ -5,9 +5,11 @@
 // token_type, bos/eos/unknown_token_id, add_bos_token (default true) and
 // add_space_prefix (default true), as llama.cpp reads them. "gpt2"
 // (byte-level BPE) becomes a BPE tokenizer from tokenizer.ggml.merges, with
-// GPT-2's pre-tokenizer when tokenizer.ggml.pre is absent, "default" or
-// "gpt-2"; other pre-tokenizers (llama-bpe, qwen2, smollm, ...) and other
-// models are refused by name.
+// the pre-tokenizer tokenizer.ggml.pre names: GPT-2's when it is absent,
+// "default" or "gpt-2"; Llama 3's for "llama-bpe" (or llama3, llama-v3);
+// Qwen2's for "qwen2" (or deepseek-r1-qwen); SmolLM's for "smollm"
+// (tokenizer.h tok_pretokenizer). Any other pre-tokenizer, and other
+// models, are refused by name.
 #ifndef SERVELAB_GGUF_VOCAB_H
 #define SERVELAB_GGUF_VOCAB_H
 

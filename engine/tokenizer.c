@@ -49,6 +49,7 @@ struct tokenizer {
     char** decoded;            // (vocab_size) into decoded_bytes: the text each id stands for
     int32_t* special_ids;      // (n_special) CONTROL and USER_DEFINED tokens, what tok_encode_special matches
     int n_special;
+    tok_pretokenizer pretokenizer; // byte-level BPE: how text is split before merging
 };
 
 // One merge rule of a byte-level BPE vocabulary: pieces `left` and `right`
@@ -578,6 +579,7 @@ int tok_from_vocab(tokenizer** out, const tok_vocab* vocab, const char* source, 
     t->unk_id = vocab->unk_id;
     t->add_bos = vocab->add_bos && vocab->bos_id >= 0;
     t->add_space_prefix = vocab->add_space_prefix;
+    t->pretokenizer = vocab->pretokenizer;
     t->max_text_per_id = find_max_text_per_id(t);
     if (build_index(t) != 0) {
         tok_free(t);
@@ -872,16 +874,78 @@ static int gpt2_pretoken_end(const uint32_t* cps, int n, int i) {
     return end;
 }
 
-static int encode_bpe(const tokenizer* t, const char* text, size_t text_bytes, bool add_bos, bool add_eos,
-                      int32_t* ids, int capacity, int* n_ids, error_info* err) {
-    // At most one id per byte, plus BOS and EOS.
-    int32_t* work = malloc((text_bytes + 2) * sizeof *work);
-    uint32_t* cps = malloc((text_bytes + 1) * sizeof *cps);   // (characters) code points of the text
-    size_t* starts = malloc((text_bytes + 1) * sizeof *starts); // (characters + 1) byte offset of each
-    if (!work || !cps || !starts) {
-        free(work), free(cps), free(starts);
-        return error_set(err, "tok_encode: out of memory for %zu bytes of text", text_bytes);
+static bool is_newline(uint32_t c) { return c == '\r' || c == '\n'; }
+
+// \s, \p{L} and \p{N} excluded: the pattern's "[^\s\p{L}\p{N}]".
+static bool is_symbol(uint32_t c) {
+    return !unicode_is_whitespace(c) && !unicode_is_letter(c) && !unicode_is_number(c);
+}
+
+static uint32_t ascii_lower(uint32_t c) { return c >= 'A' && c <= 'Z' ? c + ('a' - 'A') : c; }
+
+// The end of the pre-token at character i by Llama 3's pattern (qwen2's
+// with max_digits 1), its alternatives tried in order (tokenizer.h).
+static int llama3_pretoken_end(const uint32_t* cps, int n, int i, int max_digits) {
+    if (cps[i] == '\'' && i + 1 < n) { // contractions, either case
+        uint32_t a = ascii_lower(cps[i + 1]), b = i + 2 < n ? ascii_lower(cps[i + 2]) : 0;
+        if (a == 's' || a == 't' || a == 'm' || a == 'd') return i + 2;
+        if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return i + 3;
     }
+    int k = i; // [^\r\n\p{L}\p{N}]?\p{L}+
+    if (!is_newline(cps[k]) && !unicode_is_letter(cps[k]) && !unicode_is_number(cps[k]) && k + 1 < n &&
+        unicode_is_letter(cps[k + 1]))
+        k++;
+    if (unicode_is_letter(cps[k])) {
+        while (k < n && unicode_is_letter(cps[k]))
+            k++;
+        return k;
+    }
+    if (unicode_is_number(cps[i])) { // \p{N}{1,max_digits}
+        k = i;
+        while (k < n && k - i < max_digits && unicode_is_number(cps[k]))
+            k++;
+        return k;
+    }
+    k = cps[i] == ' ' && i + 1 < n ? i + 1 : i; // ' ?[^\s\p{L}\p{N}]+[\r\n]*'
+    if (is_symbol(cps[k])) {
+        while (k < n && is_symbol(cps[k]))
+            k++;
+        while (k < n && is_newline(cps[k]))
+            k++;
+        return k;
+    }
+    // Whitespace from here (every other start matched above).
+    int end = i;
+    while (end < n && unicode_is_whitespace(cps[end]))
+        end++;
+    for (int j = end - 1; j >= i; j--) // \s*[\r\n]+: through the run's last newline
+        if (is_newline(cps[j])) return j + 1;
+    if (end < n && end - i > 1) return end - 1; // \s+(?!\S): leave one space for what follows
+    return end;                                 // \s+
+}
+
+// The end of the pre-token starting at character i of cps[0..n) under pre.
+static int pretoken_end(tok_pretokenizer pre, const uint32_t* cps, int n, int i) {
+    switch (pre) {
+    case TOK_PRE_LLAMA3: return llama3_pretoken_end(cps, n, i, 3);
+    case TOK_PRE_QWEN2: return llama3_pretoken_end(cps, n, i, 1);
+    case TOK_PRE_SMOLLM: {
+        // Number characters split first, one each; GPT-2's pattern then runs
+        // on the text between them as if each stretch were the whole text.
+        if (unicode_is_number(cps[i])) return i + 1;
+        int stretch_end = i;
+        while (stretch_end < n && !unicode_is_number(cps[stretch_end]))
+            stretch_end++;
+        return gpt2_pretoken_end(cps, stretch_end, i);
+    }
+    case TOK_PRE_GPT2: break;
+    }
+    return gpt2_pretoken_end(cps, n, i);
+}
+
+// The code points of text[0..text_bytes) and the byte offset of each (starts:
+// (characters + 1), the last text_bytes). Returns the character count.
+static int decode_characters(const char* text, size_t text_bytes, uint32_t* cps, size_t* starts) {
     int n_chars = 0;
     for (size_t i = 0; i < text_bytes;) {
         starts[n_chars] = i;
@@ -889,14 +953,62 @@ static int encode_bpe(const tokenizer* t, const char* text, size_t text_bytes, b
         n_chars++;
     }
     starts[n_chars] = text_bytes;
+    return n_chars;
+}
+
+int tok_pretokenize(tok_pretokenizer pre, const char* text, size_t* ends, int capacity) {
+    const size_t text_bytes = strlen(text);
+    uint32_t* cps = malloc((text_bytes + 1) * sizeof *cps);
+    size_t* starts = malloc((text_bytes + 1) * sizeof *starts);
+    if (!cps || !starts) {
+        free(cps), free(starts);
+        return -1;
+    }
+    const int n_chars = decode_characters(text, text_bytes, cps, starts);
+    int n_pieces = 0;
+    for (int begin = 0; begin < n_chars; n_pieces++) {
+        const int end = pretoken_end(pre, cps, n_chars, begin);
+        if (n_pieces < capacity) ends[n_pieces] = starts[end];
+        begin = end;
+    }
+    free(cps), free(starts);
+    return n_pieces;
+}
+
+static int encode_bpe(const tokenizer* t, const char* text, size_t text_bytes, bool add_bos, bool add_eos, int32_t* ids,
+                      int capacity, int* n_ids, error_info* err) {
+    // At most one id per byte, plus BOS and EOS.
+    int32_t* work = malloc((text_bytes + 2) * sizeof *work);
+    uint32_t* cps = malloc((text_bytes + 1) * sizeof *cps);     // (characters) code points of the text
+    size_t* starts = malloc((text_bytes + 1) * sizeof *starts); // (characters + 1) byte offset of each
+    // (2 text_bytes + 1) a pre-token spelled in stand-in characters (U+0000..U+0143: <= 2 bytes each)
+    char* whole_word = t->pretokenizer == TOK_PRE_LLAMA3 ? malloc(2 * text_bytes + 1) : NULL;
+    if (!work || !cps || !starts || (t->pretokenizer == TOK_PRE_LLAMA3 && !whole_word)) {
+        free(work), free(cps), free(starts), free(whole_word);
+        return error_set(err, "tok_encode: out of memory for %zu bytes of text", text_bytes);
+    }
+    const int n_chars = decode_characters(text, text_bytes, cps, starts);
     uint32_t codepoint_of_byte[256];
     bpe_byte_codepoints(codepoint_of_byte);
     int n = 0;
     if (add_bos && t->bos_id >= 0) work[n++] = t->bos_id;
     char joined[8];
     for (int begin = 0; begin < n_chars;) {
-        int end = gpt2_pretoken_end(cps, n_chars, begin);
+        int end = pretoken_end(t->pretokenizer, cps, n_chars, begin);
         int first = n;
+        if (t->pretokenizer == TOK_PRE_LLAMA3) {
+            // ignore_merges: a pre-token spelled by one piece is that piece.
+            char* end_of_word = whole_word;
+            for (size_t i = starts[begin]; i < starts[end]; i++)
+                end_of_word += utf8_encode(codepoint_of_byte[(unsigned char)text[i]], end_of_word);
+            *end_of_word = '\0';
+            int32_t whole = lookup_piece(t, whole_word);
+            if (whole >= 0) {
+                work[n++] = whole;
+                begin = end;
+                continue;
+            }
+        }
         for (size_t i = starts[begin]; i < starts[end]; i++) { // each byte as its stand-in's piece
             char piece[4];
             int length = utf8_encode(codepoint_of_byte[(unsigned char)text[i]], piece);
@@ -907,7 +1019,7 @@ static int encode_bpe(const tokenizer* t, const char* text, size_t text_bytes, b
         }
         int merged = merge_pairs(t, work + first, n - first, joined);
         if (merged < 0) {
-            free(work), free(cps), free(starts);
+            free(work), free(cps), free(starts), free(whole_word);
             return error_set(err, "tok_encode: out of memory merging");
         }
         n = first + merged;
@@ -918,7 +1030,7 @@ static int encode_bpe(const tokenizer* t, const char* text, size_t text_bytes, b
     if (n > capacity) status = error_set(err, "tok_encode: text needs %d ids, capacity is %d", n, capacity);
     else if (n > 0) memcpy(ids, work, (size_t)n * sizeof *ids);
     *n_ids = n;
-    free(work), free(cps), free(starts);
+    free(work), free(cps), free(starts), free(whole_word);
     return status;
 }
 

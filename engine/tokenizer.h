@@ -70,6 +70,25 @@ typedef struct tok_piece_bytes {
     size_t length;     // bytes
 } tok_piece_bytes;
 
+// How a byte-level BPE vocabulary splits text before merging (GGUF
+// tokenizer.ggml.pre), each a split pattern of llama.cpp's llama-vocab.cpp:
+typedef enum tok_pretokenizer {
+    // GPT-2: 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+    TOK_PRE_GPT2 = 0,
+    // Llama 3 ("llama-bpe"): contractions in either case, one non-letter before
+    // letters ("(hello", " hello"), numbers in runs of 1-3 digits, symbols with
+    // the newlines after them, newlines with the spaces before them:
+    // (?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
+    //  ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+    // A pre-token that is itself a piece of the vocabulary is taken whole, unmerged
+    // (llama.cpp's ignore_merges for this pre-tokenizer).
+    TOK_PRE_LLAMA3 = 1,
+    // Qwen2: Llama 3's pattern with \p{N} (every digit alone) for \p{N}{1,3}.
+    TOK_PRE_QWEN2 = 2,
+    // SmolLM: every number character alone first, then GPT-2's pattern on the rest.
+    TOK_PRE_SMOLLM = 3,
+} tok_pretokenizer;
+
 typedef struct tok_vocab {
     int vocab_size;
     const tok_piece_bytes* pieces;  // (vocab_size) each token's text
@@ -85,6 +104,7 @@ typedef struct tok_vocab {
     // is split by GPT-2's pre-tokenizer pattern, each part merged by rank.
     const tok_piece_bytes* merges;  // (n_merges)
     int n_merges;
+    tok_pretokenizer pretokenizer; // byte-level BPE only
 } tok_vocab;
 
 // A SentencePiece (or, with merges, byte-level BPE) tokenizer from a vocabulary: the llama2.c algorithm
@@ -108,6 +128,12 @@ const char* tok_kind(const tokenizer* t);
 
 // The piece of an id as stored ("" when out of range): for `tokenize`.
 const char* tok_piece(const tokenizer* t, int32_t id);
+
+// The pre-tokens of text (UTF-8, NUL-terminated) under `pre`: the byte
+// offset where each piece ends goes to ends[0..capacity). Returns the number
+// of pieces (only the first `capacity` are written), or -1 out of memory.
+// For tests and for `tokenize`: tok_encode splits the same way.
+int tok_pretokenize(tok_pretokenizer pre, const char* text, size_t* ends, int capacity);
 
 int tok_vocab_size(const tokenizer* t);
 bool tok_is_byte_level(const tokenizer* t);
