@@ -19,13 +19,17 @@
 #include <stdint.h>
 
 #include "engine/error.h"
+#include "engine/model.h"
+#include "lab/bench_peer.h"
 
 typedef struct bench_options {
-    const char* model_arg; // preset or llama2.c checkpoint (default stories110m)
-    int n_threads;         // worker threads, the probes' too; 0 = one per online CPU
-    int repeats;           // runs per figure, the median is kept
-    bool quick;            // fewer tokens and steps, a small stream buffer: a smoke test
-    uint64_t synth_seed;   // weights of a preset
+    const char* model_arg;   // preset or llama2.c checkpoint (default stories110m)
+    int n_threads;           // worker threads, the probes' too; 0 = one per online CPU
+    int repeats;             // runs per figure, the median is kept
+    bool quick;              // fewer tokens and steps, a small stream buffer: a smoke test
+    uint64_t synth_seed;     // weights of a preset
+    bench_peer_options peer; // against llama.cpp on the same GGUF files (lab/bench_peer.h)
+    bool peer_only;          // that section alone
 } bench_options;
 
 #define BENCH_MAX_DECODE 5
@@ -53,7 +57,7 @@ typedef struct bench_prefill {
 } bench_prefill;
 
 typedef struct bench_batch {
-    int batch;    // sequences decoding together
+    int batch;       // sequences decoding together
     double tok_s;    // tokens per second, all sequences together
     double x_batch1; // median over the repeats of tok_s / batch 1's tok_s in the same repeat
 } bench_batch;
@@ -92,7 +96,7 @@ typedef struct bench_report {
     double probe_bandwidth_gb_s[BENCH_MAX_PROBES]; // streaming read, GB/s
     double probe_peak_gflop_s[BENCH_MAX_PROBES];   // fp32 FMA, GFLOP/s
     int n_probes;
-    int decode_tokens;          // tokens per decode run
+    int decode_tokens; // tokens per decode run
     bench_decode decode[BENCH_MAX_DECODE];
     int n_decode;
     bench_prefill prefill[BENCH_MAX_PREFILL];
@@ -100,7 +104,7 @@ typedef struct bench_report {
     char batch_dtype[24]; // the weights batch scaling runs on (fp16)
     bench_batch batch[BENCH_MAX_BATCH];
     int n_batch;
-    double roofline_flat_batch; // batch where B x FLOPs/token / peak = bytes/token / bandwidth
+    double roofline_flat_batch;      // batch where B x FLOPs/token / peak = bytes/token / bandwidth
     double roofline_bytes_per_token; // batch-1 fp16 decode: weight + KV bytes per token
     double roofline_flops_per_token; // and FLOPs per token
     // The most any batch's decode could gain over the measured batch 1 if
@@ -111,13 +115,15 @@ typedef struct bench_report {
     bench_attention attention[BENCH_MAX_ATTENTION];
     int n_attention;
     bench_small_model small_model;
+    bool peer_only;         // only the peer section ran
+    bench_peer_report peer; // servelab against llama.cpp, side by side
 } bench_report;
 
 // The targets of the CPU-performance issue, judged on a report: what was
 // measured against what the issue asks. A target whose figures the run did
 // not produce (a model too short for 512 tokens, no stories260K) is
 // reported as not measured, never as met.
-#define BENCH_MAX_TARGETS 8
+#define BENCH_MAX_TARGETS 16
 typedef struct bench_target {
     char what[64];     // "fp16 decode, of bandwidth"
     char measured[64]; // "67%" or "not measured"
@@ -133,6 +139,12 @@ int bench_targets(const bench_report* r, bench_target* out);
 // are done of how many a whole run has, goes to `progress` when it is not
 // NULL, so that a long run shows it is alive.
 typedef void (*bench_progress_fn)(void* user, const char* line, int parts_done, int parts_total);
+
+// Tokens per second of `batch` requests of prompt_tokens tokens that each
+// generate max_new, on m through a fresh engine of n_threads: the steps that
+// are pure prefill (prefill) or that decode every sequence and nothing else.
+int bench_engine_rate(const model* m, int n_threads, int batch, int prompt_tokens, int max_new, bool prefill,
+                      uint64_t seed, double* tok_s, error_info* err);
 
 // Runs every section. Returns -1 with err when a model cannot be opened or
 // an engine cannot be built (nothing is half-reported then).

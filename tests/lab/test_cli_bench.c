@@ -13,6 +13,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "engine/model.h"
@@ -155,7 +156,8 @@ static int number_array(const char* json, const char* key, double* values, int m
         if (n == max) return max + 1;
         values[n++] = v;
         cursor = end;
-        while (*cursor == ',' || *cursor == ' ') cursor++;
+        while (*cursor == ',' || *cursor == ' ')
+            cursor++;
     }
     return n;
 }
@@ -255,7 +257,8 @@ static void test_bench_quick_json(void** state) {
     // prompts stop at 254 tokens, so its 512-token prefill target is "not
     // measured", never met.
     cursor = array_of(json, "targets");
-    const bool measured[6] = {true, true, true, false, true, true};
+    // Without a peer, batch 16 (judged against llama-batched-bench) is not measured either.
+    const bool measured[6] = {true, true, true, false, false, true};
     for (int i = 0; i < 6; i++) {
         cursor = strstr(cursor, "{\"target\": ");
         assert_non_null(cursor);
@@ -265,6 +268,8 @@ static void test_bench_quick_json(void** state) {
         assert_true(strncmp(cursor, measured[i] ? "true" : "false", measured[i] ? 4 : 5) == 0);
         if (!measured[i]) assert_true(strncmp(strstr(cursor, "\"met\": "), "\"met\": false", 12) == 0);
     }
+    // No peer given: the comparison is not measured, and says why.
+    assert_non_null(strstr(json, "\"peer\": {\"measured\": false, \"not_measured\": \"no peer given"));
     free_result(&r);
 }
 
@@ -297,15 +302,41 @@ static bench_report target_report(void) {
         r.attention[2 * i + 1] = (bench_attention){"contiguous", 512 << (2 * i), contiguous[i], 0, 0};
     }
     r.n_attention = 6;
+    // Side by side with llama.cpp: every ratio exactly 1, and the busy rows
+    // of two formats (each engine keeping the same share of its speed).
+    bench_peer_report* p = &r.peer;
+    p->measured = true;
+    p->rounds = 3;
+    const bench_peer_row rows[] = {
+        {PEER_DECODE, "f32", 128, 3, {50, 49, 51}, {50, 49, 51}, {1, 1, 1}},
+        {PEER_DECODE, "f16", 128, 3, {120, 119, 121}, {120, 119, 121}, {1, 1, 1}},
+        {PEER_DECODE, "q8_0", 128, 3, {200, 199, 201}, {200, 199, 201}, {1, 1, 1}},
+        {PEER_DECODE, "q4_0", 128, 3, {300, 299, 301}, {300, 299, 301}, {1, 1, 1}},
+        {PEER_PREFILL, "q8_0", 128, 3, {900, 899, 901}, {900, 899, 901}, {1, 1, 1}},
+        {PEER_PREFILL, "q8_0", 512, 3, {800, 799, 801}, {800, 799, 801}, {1, 1, 1}},
+        {PEER_PREFILL, "q4_0", 128, 3, {900, 899, 901}, {900, 899, 901}, {1, 1, 1}},
+        {PEER_PREFILL, "q4_0", 512, 3, {800, 799, 801}, {800, 799, 801}, {1, 1, 1}},
+        {PEER_BUSY, "f16", 128, 3, {0.6, 0.5, 0.7}, {0.5, 0.4, 0.6}, {1.2, 1.1, 1.3}},
+        {PEER_BUSY, "q4_0", 128, 3, {0.5, 0.4, 0.6}, {0.5, 0.4, 0.6}, {1, 1, 1}},
+        {PEER_BATCH, "f16", 128, 3, {1000, 990, 1010}, {1000, 990, 1010}, {1, 1, 1}},
+    };
+    p->n_rows = (int)(sizeof rows / sizeof rows[0]);
+    memcpy(p->rows, rows, sizeof rows);
     return r;
+}
+
+// The row of the report's peer section: kind, format, tokens (0: any).
+static bench_peer_row* peer_row(bench_report* r, bench_peer_kind kind, const char* format, int tokens) {
+    return (bench_peer_row*)bench_peer_find(&r->peer, kind, format, tokens);
 }
 
 static void test_bench_targets(void** state) {
     (void)state;
     bench_report r = target_report();
     bench_target t[BENCH_MAX_TARGETS];
-    assert_int_equal(bench_targets(&r, t), 7);
-    for (int i = 0; i < 6; i++) { // every threshold reached exactly
+    assert_int_equal(bench_targets(&r, t), 14);
+    for (int i = 0; i < 14; i++) { // every threshold reached exactly
+        if (i == 6) continue;
         assert_true(t[i].was_measured);
         if (!t[i].met) fail_msg("%s: %s against %s, expected met", t[i].what, t[i].measured, t[i].wanted);
     }
@@ -313,23 +344,31 @@ static void test_bench_targets(void** state) {
     assert_false(t[6].met);
     assert_string_equal(t[6].measured, "not measured");
     assert_string_equal(t[1].measured, "75.0%, 1.80x");
-    assert_string_equal(t[4].measured, "8.00x"); // no ceiling in the report: the ratio alone
-    r.batch_peak_ceiling_x = 7.93;
-    bench_targets(&r, t);
-    assert_string_equal(t[4].measured, "8.00x (peak 7.9x)");
-    assert_true(t[4].met); // the ceiling is shown beside the ratio, never judged in its place
+    // Batch 16 is judged against llama-batched-bench, not against batch 1.
+    assert_string_equal(t[4].what, "batch-16 decode, x llama-batched-bench");
+    assert_string_equal(t[4].measured, "1.00x");
+    assert_string_equal(t[11].measured, "1.00x / 1.00x");
+    // The busy target: the worst format's ratio decides, shown with both
+    // engines' kept speed.
+    assert_string_equal(t[13].measured, "1.00x (0.50 / 0.50 q4_0)");
 
     // Just past each threshold.
     r.decode[0].frac_of_bw = 0.849;
     r.decode[1].x_fp16 = 1.79; // the speed-up measured run for run, not tok_s over tok_s
     r.decode[2].frac_of_bw = 0.699;
     r.prefill[0].frac_of_peak = 0.599;
-    r.batch[1].x_batch1 = 7.99;
     r.attention[2].us_per_token = 111; // the 2048 context is now the worst: 1.11
     r.small_model.measured = true;
     r.small_model.tok_s = 9900; // the target is strictly faster than llama2.c
-    assert_int_equal(bench_targets(&r, t), 7);
-    for (int i = 0; i < 7; i++) {
+    const char* formats[4] = {"f32", "f16", "q8_0", "q4_0"};
+    for (int f = 0; f < 4; f++)
+        peer_row(&r, PEER_DECODE, formats[f], 0)->ratio.median = 0.99;
+    peer_row(&r, PEER_PREFILL, "q8_0", 512)->ratio.median = 0.99; // one of the two lengths short is enough
+    peer_row(&r, PEER_PREFILL, "q4_0", 128)->ratio.median = 0.99;
+    peer_row(&r, PEER_BUSY, "q4_0", 0)->ratio.median = 0.99;
+    peer_row(&r, PEER_BATCH, "f16", 0)->ratio.median = 0.99;
+    assert_int_equal(bench_targets(&r, t), 14);
+    for (int i = 0; i < 14; i++) {
         assert_true(t[i].was_measured);
         if (t[i].met) fail_msg("%s: %s against %s, expected not met", t[i].what, t[i].measured, t[i].wanted);
     }
@@ -350,8 +389,135 @@ static void test_bench_targets(void** state) {
     // A run without the figures: nothing is measured, nothing is met.
     bench_report empty;
     memset(&empty, 0, sizeof empty);
-    assert_int_equal(bench_targets(&empty, t), 7);
-    for (int i = 0; i < 7; i++) assert_false(t[i].was_measured || t[i].met);
+    assert_int_equal(bench_targets(&empty, t), 14);
+    for (int i = 0; i < 14; i++)
+        assert_false(t[i].was_measured || t[i].met);
+    // Rows of a peer run that did not finish are never judged.
+    r.peer.measured = false;
+    bench_targets(&r, t);
+    for (int i = 7; i < 14; i++)
+        assert_false(t[i].was_measured);
+    assert_false(t[4].was_measured);
+}
+
+// ---- against a peer ----------------------------------------------------------------
+
+// Stand-ins for llama.cpp's tools: llama-bench's -o json for the -p and -n
+// it is given (prefill 1000 tok/s, decode 100 tok/s), and
+// llama-batched-bench's jsonl line at 16 sequences (400 tok/s).
+static const char FAKE_LLAMA_BENCH[] =
+    "#!/bin/sh\n"
+    "p=0; n=0\n"
+    "while [ $# -gt 0 ]; do case \"$1\" in -p) p=$2; shift;; -n) n=$2; shift;; esac; shift; done\n"
+    "echo '['; sep=''\n"
+    "for x in $(echo $p | tr ',' ' '); do [ \"$x\" = 0 ] && continue\n"
+    "  echo \"$sep{\\\"n_prompt\\\": $x, \\\"n_gen\\\": 0, \\\"avg_ts\\\": 1000.0}\"; sep=','; done\n"
+    "[ \"$n\" != 0 ] && echo \"$sep{\\\"n_prompt\\\": 0, \\\"n_gen\\\": $n, \\\"avg_ts\\\": 100.0}\"\n"
+    "echo ']'\n";
+static const char FAKE_BATCHED_BENCH[] = "#!/bin/sh\necho '{\"pl\": 16, \"speed_tg\": 400.0}'\n";
+
+static void write_script(const char* path, const char* text) {
+    assert_true(test_write_file(path, text, strlen(text)));
+    assert_int_equal(chmod(path, 0755), 0);
+}
+
+// The median, min and max of "key": {...} at or after *cursor.
+static void next_spread(const char** cursor, const char* key, double* spread) {
+    char quoted[64];
+    snprintf(quoted, sizeof quoted, "\"%s\": {", key);
+    const char* at = strstr(*cursor, quoted);
+    if (!at) fail_msg("%s not found", key);
+    *cursor = at;
+    spread[0] = next_number(cursor, "median");
+    spread[1] = next_number(cursor, "min");
+    spread[2] = next_number(cursor, "max");
+}
+
+// ../shared/gguf/<name> (SERVELAB_SHARED moves ../shared): llama.cpp's
+// own files. Skips without them; fails under CI, which always has them.
+#define REQUIRE_SHARED_GGUF(buffer, name)                                                                              \
+    do {                                                                                                               \
+        const char* shared = getenv("SERVELAB_SHARED");                                                                \
+        snprintf((buffer), sizeof(buffer), "%s/gguf/%s", shared ? shared : "../shared", (name));                       \
+        struct stat st;                                                                                                \
+        if (stat((buffer), &st) != 0) {                                                                                \
+            if (getenv("CI")) fail_msg("%s is missing and CI is set", (buffer));                                       \
+            print_message("skipping: %s is missing (llama.cpp reference files)\n", (buffer));                          \
+            skip();                                                                                                    \
+        }                                                                                                              \
+    } while (0)
+
+static void test_bench_peer(void** state) {
+    (void)state;
+    char f32[512], f16[512], q8[512], q4[512];
+    REQUIRE_SHARED_GGUF(f32, "stories260K-f32.gguf");
+    REQUIRE_SHARED_GGUF(f16, "synth-gqa-f16.gguf");
+    REQUIRE_SHARED_GGUF(q8, "synth-gqa-q8_0.gguf");
+    REQUIRE_SHARED_GGUF(q4, "synth-gqa-q4_0.gguf");
+    char bench[512], batched[512], arguments[4096];
+    snprintf(bench, sizeof bench, "%s/fake-llama-bench", test_scratch_dir());
+    snprintf(batched, sizeof batched, "%s/fake-llama-batched-bench", test_scratch_dir());
+    write_script(bench, FAKE_LLAMA_BENCH);
+    write_script(batched, FAKE_BATCHED_BENCH);
+    snprintf(arguments, sizeof arguments,
+             "bench --quick --json --threads 2 --peer-only --peer-rounds 2 --peer-bench %s --peer-batched-bench %s "
+             "--peer-models %s,%s,%s,%s",
+             bench, batched, q4, f32, q8, f16);
+    command_result r = run_servelab(arguments);
+    if (r.exit_status != 0) fail_msg("exit %d: %s", r.exit_status, r.err);
+    const char* cursor = strstr(r.out, "\"peer\": {\"measured\": true");
+    assert_non_null(cursor);
+    assert_int_equal((int)next_number(&cursor, "rounds"), 2);
+    // In the table's order whatever the order given; the contexts of 128
+    // leave no room for a 128-token prompt, so no prefill rows.
+    const char* rows[9] = {"f32 decode 16",           "f32 decode, 1 core busy",  "f16 decode 16",
+                           "f16 decode, 1 core busy", "q8_0 decode 16",           "q8_0 decode, 1 core busy",
+                           "q4_0 decode 16",          "q4_0 decode, 1 core busy", "f16 batch 16 decode 16"};
+    const double peer_figure[9] = {100, 1, 100, 1, 100, 1, 100, 1, 400};
+    for (int i = 0; i < 9; i++) {
+        char expected[96];
+        snprintf(expected, sizeof expected, "{\"row\": \"%s\"", rows[i]);
+        const char* row = strstr(cursor, expected);
+        if (!row) fail_msg("row %s missing or out of order", rows[i]);
+        cursor = row;
+        assert_int_equal((int)next_number(&cursor, "rounds"), 2);
+        double servelab[3], peer[3], ratio[3];
+        next_spread(&cursor, "servelab", servelab);
+        next_spread(&cursor, "llama_cpp", peer);
+        next_spread(&cursor, "ratio", ratio);
+        assert_true(servelab[1] > 0 && servelab[1] <= servelab[0] && servelab[0] <= servelab[2]);
+        assert_true(close_to(peer[0], peer_figure[i], 1e-6)); // what the stand-in printed, read back
+        // The ratio is taken round by round against a constant peer: its
+        // median (of 2 rounds, their mean) is servelab's median over it.
+        assert_true(close_to(ratio[0], servelab[0] / peer_figure[i], 1e-4));
+        assert_true(close_to(ratio[1], servelab[1] / peer_figure[i], 1e-4));
+    }
+    assert_null(strstr(r.out, "{\"row\": \"f16 prefill"));
+    cursor = strstr(r.out, "\"target\": \"batch-16 decode, x llama-batched-bench\"");
+    assert_non_null(cursor);
+    assert_non_null(strstr(cursor, "\"was_measured\": true"));
+    cursor = strstr(r.out, "\"target\": \"1 core busy: speed kept, x llama.cpp's\"");
+    assert_non_null(cursor);
+    free_result(&r);
+
+    // A peer that fails or prints what is not llama-bench's JSON stops the run.
+    snprintf(arguments, sizeof arguments, "bench --quick --peer-only --peer-bench /bin/false --peer-models %s", f16);
+    r = run_servelab(arguments);
+    assert_int_equal(r.exit_status, 1);
+    assert_non_null(strstr(r.err, "/bin/false failed"));
+    free_result(&r);
+    snprintf(arguments, sizeof arguments, "bench --quick --peer-only --peer-bench %s --peer-models %s", batched, f16);
+    r = run_servelab(arguments);
+    assert_int_equal(r.exit_status, 1);
+    assert_non_null(strstr(r.err, "expected a JSON array"));
+    free_result(&r);
+    // A file whose name tells no format.
+    snprintf(arguments, sizeof arguments, "bench --quick --peer-only --peer-bench %s --peer-models /tmp/model.gguf",
+             bench);
+    r = run_servelab(arguments);
+    assert_int_equal(r.exit_status, 1);
+    assert_non_null(strstr(r.err, "expected f32, f16, q8_0 or q4_0 in the file name"));
+    free_result(&r);
 }
 
 static void test_bench_table_and_bad_flags(void** state) {
@@ -359,9 +525,13 @@ static void test_bench_table_and_bad_flags(void** state) {
     command_result r = run_servelab("bench --quick --model tiny");
     assert_int_equal(r.exit_status, 0);
     assert_non_null(strstr(r.out, "streaming read"));
-    assert_non_null(strstr(r.out, "llama.cpp q4_0")); // the published reference column, labelled
+    // No published figure stands beside a measured one: without a peer the
+    // comparison is "not measured".
+    assert_null(strstr(r.out, "published"));
+    assert_non_null(strstr(r.out, "against a peer: not measured"));
     assert_non_null(strstr(r.out, "targets (the project's performance goals"));
-    assert_non_null(strstr(r.out, "batch 16 / batch 1 decode"));
+    assert_non_null(strstr(r.out, "batch-16 decode, x llama-batched-bench"));
+    assert_null(strstr(r.out, "batch 16 / batch 1 decode"));
     // A user never saw the issue the goals came from: the table speaks of
     // the project's goals and published figures, never of "the issue".
     assert_null(strstr(r.out, "issue"));
@@ -374,7 +544,14 @@ static void test_bench_table_and_bad_flags(void** state) {
     assert_null(strstr(r.out, "issue"));
     assert_non_null(strstr(r.out, "--progress"));
     free_result(&r);
-    const char* usage_errors[] = {"bench --threads 0", "bench --repeats x", "bench --bogus", "bench --model"};
+    const char* usage_errors[] = {"bench --threads 0",
+                                  "bench --repeats x",
+                                  "bench --bogus",
+                                  "bench --model",
+                                  "bench --peer-models /tmp",
+                                  "bench --peer-only",
+                                  "bench --peer-bench /bin/true",
+                                  "bench --peer-bench /bin/true --peer-models /tmp --peer-rounds 0"};
     for (size_t i = 0; i < sizeof usage_errors / sizeof usage_errors[0]; i++) {
         r = run_servelab(usage_errors[i]);
         assert_int_equal(r.exit_status, 2);
@@ -388,9 +565,12 @@ static void test_bench_table_and_bad_flags(void** state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_synth_round_trip),          cmocka_unit_test(test_stories110m_preset_shape),
-        cmocka_unit_test(test_synth_bad_input),           cmocka_unit_test(test_bench_quick_json),
+        cmocka_unit_test(test_synth_round_trip),
+        cmocka_unit_test(test_stories110m_preset_shape),
+        cmocka_unit_test(test_synth_bad_input),
+        cmocka_unit_test(test_bench_quick_json),
         cmocka_unit_test(test_bench_targets),
+        cmocka_unit_test(test_bench_peer),
         cmocka_unit_test(test_bench_table_and_bad_flags),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
