@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -230,9 +231,14 @@ static int llama_batched_bench(const char* bench, const char* file, int n_thread
 
 // A child process that only spins, as `sh -c 'while :; do :; done'` does:
 // one more runnable thread than the machine's cores beside a 2-thread run.
+// It dies with the bench (PR_SET_PDEATHSIG), so an interrupted bench
+// leaves no spinning process behind.
 static pid_t busy_start(void) {
+    pid_t parent = getpid();
     pid_t pid = fork();
     if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent) _exit(0); // the bench ended before prctl
         for (volatile unsigned long spins = 0;; spins++) {
         }
     }
