@@ -438,6 +438,10 @@ static void transfer_finish(transfer* t, CURLcode code) {
             set_reason(r, "timed out: %s", detail);
         else if (r->chunk_tokens > 0 || t->events > 0)
             set_reason(r, "connection dropped mid-stream after %d tokens: %s", r->chunk_tokens, detail);
+        else if (code == CURLE_PARTIAL_FILE || code == CURLE_RECV_ERROR || code == CURLE_GOT_NOTHING)
+            // The time tells a server's own idle limit apart (a queued request cut at 10.0 s).
+            set_reason(r, "the server closed the connection before the first event, %.0f s after sending: %s", r->e2e_s,
+                       detail);
         else
             set_reason(r, "%s", detail);
         return;

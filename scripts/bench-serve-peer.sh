@@ -67,8 +67,12 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 # servelab serve with extra options; sets url.
+# --read-timeout 600, llama-server's own default: with serve's 10 s a request
+# still queued after 10 s had its connection closed (52 of 64 at concurrency
+# 32 with contiguous KV on a loaded machine).
 start_servelab() {
-    "$servelab" serve --port 0 --model "$model" --threads "$threads" "$@" >"$work/serve.out" 2>"$work/serve.err" &
+    "$servelab" serve --port 0 --model "$model" --threads "$threads" --read-timeout 600 "$@" \
+        >"$work/serve.out" 2>"$work/serve.err" &
     server_pid=$!
     i=0
     while [ $i -lt 240 ]; do
