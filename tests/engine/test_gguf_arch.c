@@ -317,7 +317,8 @@ static void reference_logits(const test_model_file* f, const arch_case* a, const
 static const int32_t PROMPT[PROMPT_TOKENS] = {3, 1, 4, 1, 5, 9};
 
 // Loads f's bytes and runs the whole prompt as one batch: logits (n_tokens, vocab).
-static void engine_logits(const test_model_file* f, model* m, float* logits) {
+// n_shards > 1: tensor-parallel over that many simulated devices.
+static void engine_logits_sharded(const test_model_file* f, model* m, float* logits, int n_shards) {
     gguf_file parsed;
     error_info err = {{0}};
     if (gguf_parse(&parsed, f->file.bytes, f->file.size, "arch-test.gguf", &err))
@@ -330,6 +331,8 @@ static void engine_logits(const test_model_file* f, model* m, float* logits) {
     forward_state state;
     assert_int_equal(kv_memory_init(&kv, c, KV_F32, 1, 16, &err), 0);
     assert_int_equal(forward_state_init(&state, c, PROMPT_TOKENS, 16, &err), 0);
+    if (n_shards > 1 && forward_state_set_tensor_parallel(&state, m, n_shards, 1, &err))
+        fail_msg("--tp %d: %s", n_shards, err.message);
     const int32_t table[1] = {0};
     const int32_t* tables[1] = {table};
     batch_row rows[PROMPT_TOKENS];
@@ -340,6 +343,8 @@ static void engine_logits(const test_model_file* f, model* m, float* logits) {
     forward_state_free(&state);
     kv_memory_free(&kv);
 }
+
+static void engine_logits(const test_model_file* f, model* m, float* logits) { engine_logits_sharded(f, m, logits, 1); }
 
 static double max_abs_difference(const float* ours, const double* reference, int n) {
     double worst = 0.0;
@@ -398,6 +403,26 @@ static void test_qwen2_matches_reference(void** state) {
     reference_settings unbiased = expected;
     unbiased.add_bias = false;
     check_case(&qwen2, &expected, &unbiased);
+}
+
+// Split over 2 simulated devices (each its own query and KV heads), each
+// shard adds its own slice of the biases: the same logits as the reference.
+static void test_qwen2_tensor_parallel(void** state) {
+    (void)state;
+    const arch_case qwen2 = {"qwen2", 32, 4, 2, 48, 12, true, false, 1000000.0f, 0, 1e-6f, false};
+    const reference_settings expected = {1000000.0, 8, true, (double)1e-6f, true};
+    test_model_file f;
+    write_model_file(&f, &qwen2);
+    model m;
+    float ours[PROMPT_TOKENS * 12];
+    double reference[PROMPT_TOKENS * 12];
+    engine_logits_sharded(&f, &m, ours, 2);
+    reference_logits(&f, &qwen2, &expected, PROMPT, PROMPT_TOKENS, reference);
+    double error = max_abs_difference(ours, reference, PROMPT_TOKENS * 12);
+    print_message("qwen2 on 2 shards: max |ours - reference| %.2e\n", error);
+    assert_true(error < LOGIT_TOLERANCE);
+    model_free(&m);
+    free_model_file(&f);
 }
 
 // The model's config says what the metadata said.
@@ -546,6 +571,7 @@ static void test_stop_tokens(void** state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_qwen2_matches_reference),
+        cmocka_unit_test(test_qwen2_tensor_parallel),
         cmocka_unit_test(test_qwen2_config),
         cmocka_unit_test(test_qwen2_without_bias_refused),
         cmocka_unit_test(test_llama_hyperparameters_honoured),
