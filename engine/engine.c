@@ -8,6 +8,7 @@
 #include "engine/block_manager.h"
 #include "engine/fault.h"
 #include "engine/forward_cuda.h"
+#include "engine/generate.h"
 #include "engine/scheduler.h"
 #include "engine/tokenizer.h"
 
@@ -299,8 +300,9 @@ static void finish(engine* e, sequence* s, stop_reason reason) {
 // Appends the sampled token, or finishes the sequence on EOS/BOS/length.
 static void accept_token(engine* e, sequence* s, int32_t token) {
     if (s->first_token_time < 0) s->first_token_time = e->clock_seconds;
-    if (!s->ignore_eos && (token == TOK_EOS_ID || token == TOK_BOS_ID)) {
-        finish(e, s, token == TOK_EOS_ID ? STOP_EOS : STOP_BOS);
+    stop_reason reason;
+    if (!s->ignore_eos && generate_stops_at(e->model, token, &reason)) {
+        finish(e, s, reason);
         return;
     }
     s->tokens[s->n_tokens++] = token;

@@ -205,7 +205,7 @@ int command_generate(int argc, char** argv) {
                 status = 2;
                 goto done;
             }
-        } else if (tok_encode(source.tokenizer, args.prompt_text, true, false, prompt, c->max_seq_len, &n_prompt, &err)) {
+        } else if (tok_encode(source.tokenizer, args.prompt_text, tok_adds_bos(source.tokenizer), false, prompt, c->max_seq_len, &n_prompt, &err)) {
             fprintf(stderr, "servelab generate: --prompt: %s; the model's context (max_seq_len) is %d tokens\n",
                     err.message, c->max_seq_len);
             status = 2;

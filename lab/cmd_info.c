@@ -79,8 +79,8 @@ static int describe_gguf(const char* path) {
            c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads,
            c->n_kv_heads == c->n_heads ? "multi-head" : c->n_kv_heads == 1 ? "multi-query" : "grouped-query",
            c->head_dim, c->vocab_size, info.file_context_length);
-    printf("rope: base %g, %d of %d dims, adjacent pairs; rmsnorm epsilon %g\n", info.rope_base, info.rope_dimensions,
-           c->head_dim, info.rms_epsilon);
+    printf("rope: base %g, %d of %d dims, %s; rmsnorm epsilon %g\n", info.rope_base, info.rope_dimensions, c->head_dim,
+           c->rope_neox ? "NEOX pairs (i, i + dims/2)" : "adjacent pairs", info.rms_epsilon);
     model m;
     gguf_model_options options = {MODEL_DTYPE_DEFAULT, 0, false};
     status = gguf_model_from_file(&m, &f, &options, &err);

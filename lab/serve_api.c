@@ -317,7 +317,7 @@ static int encode_prompt(const char* field, const char* text, size_t bytes, cons
     if (!params->prompt) return serve_fail(error, 500, "server_error", NULL, "out of memory");
     error_info err = {{0}};
     int n = 0;
-    if (tok_encode(tok, text, true, false, params->prompt, capacity, &n, &err))
+    if (tok_encode(tok, text, tok_adds_bos(tok), false, params->prompt, capacity, &n, &err))
         return serve_fail(error, 400, "invalid_request_error", field,
                           "%s: %d tokens or more, but the model's context is %d tokens (one must be left for the "
                           "completion)",
