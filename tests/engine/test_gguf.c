@@ -459,6 +459,17 @@ static void test_q4_0_regrouped_exactly(void** state) {
     check_regrouped("synth-gqa-q4_0.gguf", GGUF_TENSOR_Q4_0);
 }
 
+// The loader runs Q8_0 with int8 activations (W8A8 g32, as llama.cpp); with
+// float activations the regrouped weights are the file's values exactly.
+static void use_float_activations(model* m) {
+    for (int l = 0; l < m->config.n_layers; l++) {
+        layer_weights* w = &m->layers[l];
+        weight_matrix* matrices[7] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w1, &w->w2, &w->w3};
+        for (int k = 0; k < 7; k++) matrices[k]->activation_bits = 0;
+    }
+    m->classifier.activation_bits = 0;
+}
+
 // --dtype fp32 widens every matrix: the Q8_0 file then gives the W8A16
 // logits to within fp32 rounding (the same values, another sum order).
 static void test_dtype_choice_widens(void** state) {
@@ -469,6 +480,9 @@ static void test_dtype_choice_widens(void** state) {
     load_gguf_or_fail(&packed, path, MODEL_DTYPE_DEFAULT, 0);
     load_gguf_or_fail(&widened, path, MODEL_DTYPE_FP32, 0);
     assert_int_equal(widened.dtype, WEIGHT_F32);
+    assert_int_equal(packed.layers[0].wq.activation_bits, 8);
+    assert_int_equal(packed.layers[0].wq.activation_block, 32);
+    use_float_activations(&packed);
     int32_t prompt[5] = {1, 9038, 2501, 263, 931}, ids[1];
     float* a = malloc(32000 * sizeof(float));
     float* b = malloc(32000 * sizeof(float));
