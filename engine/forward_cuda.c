@@ -144,6 +144,12 @@ static int check_cuda_math(const model* m, error_info* err) {
     if (model_rms_epsilon(c) != MODEL_RMS_EPS)
         return error_set(err, "--backend cuda: %s uses RMSNorm epsilon %g, the CUDA path %g (use the CPU)", m->name,
                          (double)model_rms_epsilon(c), (double)MODEL_RMS_EPS);
+    // Group-wise int8 activations (W4A8, W8A8 gN, GGUF Q8_0/Q4_0) have no
+    // CUDA kernel: run there they would silently become W4A16 or per-token W8A8.
+    if (m->layers && m->layers[0].wq.activation_bits == 8 && m->layers[0].wq.activation_block > 0)
+        return error_set(err, "--backend cuda: %s multiplies int8 activations in blocks of %d (W4A8/W8A8 gN), which "
+                         "the CUDA kernels do not (use the CPU, or w4a16 / w8a8 per token)",
+                         m->name, m->layers[0].wq.activation_block);
     return 0;
 }
 

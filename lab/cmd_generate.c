@@ -29,7 +29,7 @@ static const char GENERATE_USAGE[] =
     "  --seed N              sampler seed (default 42)\n"
     "  --synth-seed N        seed of a synthetic preset's weights\n"
     "  --dtype fp32|fp16     how weights are stored (default: the file's; fp16 for presets)\n"
-    "  --quant SCHEME        quantize after loading: w8a16|w4a16|w8a8[:gG][:rtn|awq|gptq][:sym|asym]\n"
+    "  --quant SCHEME        quantize after loading: w8a16|w4a16|w8a8|w4a8[:gG][:rtn|awq|gptq][:sym|asym]\n"
     "  --ids                 print the generated ids on one line instead of text\n"
     "  --chat                the prompt is a user message, written in the model's chat\n"
     "                        template (a GGUF's tokenizer.chat_template: Llama 3, ChatML,\n"

@@ -141,9 +141,10 @@ int command_info(int argc, char** argv) {
     if (f->env_ignored) printf("  SERVELAB_SIMD was set but not understood (scalar, avx2, avx512): ignored\n");
     // Every weight_dtype the matmul kernels take (kernels/cpu/matmul.h).
     printf("weights: fp32, fp16 (presets and llama2.c files), q8_0 (llama2.c export v2), int8 and int4 "
-           "(--quant w8a16, w4a16, w8a8)\n");
-    printf("GGUF (--model FILE.gguf, info FILE.gguf): architecture llama; F32, F16, BF16, Q8_0 (as int8 g32), Q4_0 "
-           "(as int4 g32); tokenizer llama (SentencePiece)\n");
+           "(--quant w8a16, w4a16, w8a8, w4a8)\n");
+    printf("GGUF (--model FILE.gguf, info FILE.gguf): architectures llama, qwen2; F32, F16, BF16, Q8_0 (as W8A8 g32), "
+           "Q4_0 (as W4A8 g32), Q4_K/Q5_K/Q6_K (converted to int8); tokenizers llama (SentencePiece), gpt2 "
+           "(byte-level BPE)\n");
     printf("KV cache: fp16, fp32, int8 (--kv-dtype; generate defaults to fp32, sim to fp16)\n");
     printf("cuda: %s, %d device(s): %s\n", cuda_backend_built() ? "built" : "not built", n_devices, cuda_message);
     printf("synthetic presets (random weights: the shapes of real models, not their knowledge):\n");

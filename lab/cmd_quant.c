@@ -18,7 +18,7 @@
 #include "lab/json_out.h"
 
 static const char QUANT_USAGE[] =
-    "usage: servelab quant --model M --scheme w8a16|w4a16|w8a8 [--group G] [--method rtn|awq|gptq]\n"
+    "usage: servelab quant --model M --scheme w8a16|w4a16|w8a8|w4a8 [--group G] [--method rtn|awq|gptq]\n"
     "                      [--sym|--asym] [--json] [--progress]\n"
     "       servelab quant --model M --tensor NAME --bits B [--granularity tensor|channel|group:G]\n"
     "                      [--sym|--asym] [--clip] [--set K]\n"

@@ -45,7 +45,7 @@ static const char SIM_USAGE_HEAD[] =
     "  --full                    the full-size run described above\n"
     "model:\n"
     "  --model PATH|PRESET       (default medium)   --tokenizer FILE   --dtype fp32|fp16\n"
-    "  --quant SCHEME            w8a16|w4a16|w8a8[:gG][:rtn|awq|gptq][:sym|asym]\n"
+    "  --quant SCHEME            w8a16|w4a16|w8a8|w4a8[:gG][:rtn|awq|gptq][:sym|asym]\n"
     "output:\n"
     "  --json                    one JSON object keyed by run (paged, contiguous, ...)\n"
     "  --trace FILE              step records as JSON Lines (FILE.<run> when several runs)\n"
