@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "lab/seeded_random.h"
 #include "lab/workload.h"
 
 // ---- lengths -------------------------------------------------------------------
@@ -39,34 +40,18 @@ int bench_length_parse(const char* flag, const char* text, bench_length* out, er
                      flag, BENCH_MAX_LENGTH, text);
 }
 
-// splitmix64: small, seedable, the same on every machine.
-static uint64_t next_random(uint64_t* state) {
-    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static double next_unit(uint64_t* state) { // (0, 1]
-    return ((double)(next_random(state) >> 11) + 1.0) / 9007199254740992.0;
-}
-
-static double next_normal(uint64_t* state) { // Box-Muller
-    return sqrt(-2.0 * log(next_unit(state))) * cos(6.283185307179586 * next_unit(state));
-}
-
 static int draw_length(const bench_length* d, uint64_t* state) {
     double value = d->a;
     if (d->kind == BENCH_LENGTH_UNIFORM) {
-        value = d->a + floor(next_unit(state) * (d->b - d->a + 1.0));
+        value = d->a + floor(seeded_unit(state) * (d->b - d->a + 1.0));
         if (value > d->b) value = d->b;
     } else if (d->kind == BENCH_LENGTH_NORMAL) {
-        value = d->a + d->b * next_normal(state);
+        value = d->a + d->b * seeded_normal(state);
     } else if (d->kind == BENCH_LENGTH_LOGNORMAL) {
         // Lengths with mean m and standard deviation s: the underlying normal
         // has sigma^2 = ln(1 + s^2/m^2) and mu = ln(m) - sigma^2 / 2.
         double sigma2 = log(1.0 + (d->b * d->b) / (d->a * d->a));
-        value = exp(log(d->a) - sigma2 / 2.0 + sqrt(sigma2) * next_normal(state));
+        value = exp(log(d->a) - sigma2 / 2.0 + sqrt(sigma2) * seeded_normal(state));
     }
     if (value > BENCH_MAX_LENGTH) value = BENCH_MAX_LENGTH;
     int length = (int)llround(value);
@@ -100,7 +85,7 @@ int bench_workload_generate(bench_workload* out, const bench_workload_spec* spec
     uint64_t state = spec->seed ^ 0xBE5CBE5CBE5Cull;
     const uint64_t id_range = (uint64_t)spec->vocab_size - 3; // ids 0..2 are <unk>, BOS, EOS
     for (int i = 0; i < spec->shared_prefix; i++)
-        prefix[i] = 3 + (int32_t)(next_random(&state) % id_range);
+        prefix[i] = 3 + (int32_t)(seeded_next(&state) % id_range);
     for (int r = 0; r < spec->n_requests; r++) {
         bench_request* q = &out->requests[r];
         int prompt_length = draw_length(&spec->prompt_length, &state);
@@ -114,7 +99,7 @@ int bench_workload_generate(bench_workload* out, const bench_workload_spec* spec
         }
         q->prompt[0] = 1; // BOS
         for (int t = 1; t < prompt_length; t++)
-            q->prompt[t] = t - 1 < spec->shared_prefix ? prefix[t - 1] : 3 + (int32_t)(next_random(&state) % id_range);
+            q->prompt[t] = t - 1 < spec->shared_prefix ? prefix[t - 1] : 3 + (int32_t)(seeded_next(&state) % id_range);
         q->n_prompt = prompt_length;
         out->n_requests++;
     }
@@ -126,7 +111,7 @@ void bench_workload_set_arrivals(bench_workload* w, double rate_per_s, uint64_t 
     uint64_t state = seed ^ 0xA77A77A77A77ull;
     double clock = 0.0;
     for (int i = 0; i < w->n_requests; i++) {
-        if (rate_per_s > 0 && i > 0) clock += -log(next_unit(&state)) / rate_per_s;
+        if (rate_per_s > 0 && i > 0) clock += -log(seeded_unit(&state)) / rate_per_s;
         w->requests[i].arrival_s = clock;
     }
 }

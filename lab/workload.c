@@ -10,6 +10,8 @@
 
 #include <jansson.h>
 
+#include "lab/seeded_random.h"
+
 // ---- lengths -------------------------------------------------------------------
 
 int length_distribution_parse(const char* flag, const char* text, length_distribution* out, error_info* err) {
@@ -31,29 +33,17 @@ int length_distribution_parse(const char* flag, const char* text, length_distrib
                      flag, text);
 }
 
-// splitmix64: small, seedable, the same on every machine.
-static uint64_t next_random(uint64_t* state) {
-    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static double next_unit(uint64_t* state) { // (0, 1]
-    return ((double)(next_random(state) >> 11) + 1.0) / 9007199254740992.0;
-}
-
 static int draw_length(const length_distribution* d, uint64_t* state) {
     double value = d->a;
     if (d->kind == LENGTH_UNIFORM) {
-        value = d->a + floor(next_unit(state) * (d->b - d->a + 1.0));
+        value = d->a + floor(seeded_unit(state) * (d->b - d->a + 1.0));
         if (value > d->b) value = d->b;
     } else if (d->kind == LENGTH_LOGNORMAL) {
         // Lengths with mean m and standard deviation s: the underlying normal
         // has sigma^2 = ln(1 + s^2/m^2) and mu = ln(m) - sigma^2 / 2.
         double sigma2 = log(1.0 + (d->b * d->b) / (d->a * d->a));
         double mu = log(d->a) - sigma2 / 2.0;
-        double normal = sqrt(-2.0 * log(next_unit(state))) * cos(6.283185307179586 * next_unit(state));
+        double normal = seeded_normal(state);
         value = exp(mu + sqrt(sigma2) * normal);
     }
     int length = (int)llround(value);
@@ -74,7 +64,7 @@ int workload_generate(workload* out, const workload_spec* spec, error_info* err)
     int32_t* prefix = malloc((size_t)(spec->shared_prefix + 1) * sizeof *prefix); // (shared_prefix) ids
     if (!prefix) return error_set(err, "workload: out of memory");
     const int id_range = spec->vocab_size - 3; // ids 0..2 are <unk>, BOS, EOS
-    for (int i = 0; i < spec->shared_prefix; i++) prefix[i] = 3 + (int32_t)(next_random(&state) % (uint64_t)id_range);
+    for (int i = 0; i < spec->shared_prefix; i++) prefix[i] = 3 + (int32_t)(seeded_next(&state) % (uint64_t)id_range);
     double clock = 0.0;
     for (int r = 0; r < spec->n_requests; r++) {
         workload_request* q = &out->requests[r];
@@ -92,10 +82,10 @@ int workload_generate(workload* out, const workload_spec* spec, error_info* err)
         q->prompt[0] = TOK_BOS_ID;
         for (int t = 1; t < prompt_length; t++)
             q->prompt[t] = t - 1 < spec->shared_prefix ? prefix[t - 1]
-                                                       : 3 + (int32_t)(next_random(&state) % (uint64_t)id_range);
+                                                       : 3 + (int32_t)(seeded_next(&state) % (uint64_t)id_range);
         q->n_prompt = prompt_length;
         q->max_tokens = output_length;
-        if (spec->arrival_rate > 0) clock += -log(next_unit(&state)) / spec->arrival_rate;
+        if (spec->arrival_rate > 0) clock += -log(seeded_unit(&state)) / spec->arrival_rate;
         q->arrival_time = clock;
         out->n_requests++;
     }

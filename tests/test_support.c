@@ -10,9 +10,12 @@
 #include "kernels/cpu/cpu_features.h"
 
 #include <errno.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -154,4 +157,57 @@ bool test_tmux_alternate_screen_on(const char* socket, const char* target) {
     bool on = flag[0] == '1';
     free(flag);
     return on;
+}
+
+// The port after "127.0.0.1:" once a character other than a digit follows it; else 0.
+static int port_in(const char* text) {
+    const char* at = strstr(text, "127.0.0.1:");
+    if (!at) return 0;
+    const char* digits = at + strlen("127.0.0.1:");
+    const char* end = digits;
+    while (*end >= '0' && *end <= '9') end++;
+    return end > digits && *end ? atoi(digits) : 0;
+}
+
+int test_spawn_until_port(const char* command, double timeout_s, int* pid, int* stdout_fd, char* line,
+                          size_t line_capacity) {
+    int out[2];
+    line[0] = '\0';
+    *pid = -1;
+    if (stdout_fd) *stdout_fd = -1;
+    if (pipe(out) != 0) return 0;
+    pid_t child = fork();
+    if (child < 0) {
+        close(out[0]);
+        close(out[1]);
+        return 0;
+    }
+    if (child == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); // a test that dies takes its server along
+        dup2(out[1], 1);
+        close(out[0]);
+        close(out[1]);
+        execl("/bin/sh", "sh", "-c", command, (char*)NULL);
+        _exit(127);
+    }
+    close(out[1]);
+    *pid = (int)child;
+    size_t n = 0;
+    struct timespec start, now;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    int port = 0;
+    for (;;) {
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        double elapsed = (double)(now.tv_sec - start.tv_sec) + 1e-9 * (double)(now.tv_nsec - start.tv_nsec);
+        if ((port = port_in(line)) > 0 || n + 1 >= line_capacity || elapsed > timeout_s) break;
+        struct pollfd p = {.fd = out[0], .events = POLLIN};
+        if (poll(&p, 1, 200) <= 0) continue;
+        ssize_t got = read(out[0], line + n, line_capacity - 1 - n);
+        if (got <= 0) break;
+        n += (size_t)got;
+        line[n] = '\0';
+    }
+    if (stdout_fd) *stdout_fd = out[0];
+    else close(out[0]);
+    return port;
 }

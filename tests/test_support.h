@@ -63,6 +63,17 @@ char* test_tmux_output(const char* socket, const char* arguments);
 char* test_tmux_wait_for_text(const char* socket, const char* target, const char* text, int timeout_ms);
 // True while pane `target` is on the alternate screen (a full-screen program holds it).
 bool test_tmux_alternate_screen_on(const char* socket, const char* target);
+// Starts `sh -c command` with its stdout on a pipe (the child is killed
+// when the test process dies) and reads that stdout until it names the
+// local address, "127.0.0.1:PORT" followed by another character, or until
+// timeout_s passes (the sanitizer build loads slowly: give it 60). Returns
+// PORT, or 0 when none came; *pid gets the child either way and what was
+// read is in line (line_capacity bytes, NUL-terminated). stdout_fd NULL:
+// the pipe is closed (a child that writes more gets SIGPIPE); else it stays
+// open, *stdout_fd gets its read end and the caller closes it.
+int test_spawn_until_port(const char* command, double timeout_s, int* pid, int* stdout_fd, char* line,
+                          size_t line_capacity);
+
 void test_sleep_ms(int ms);
 
 // Resolves a shared model file into `path_buffer` or skips (fails under CI).

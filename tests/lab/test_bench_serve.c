@@ -44,41 +44,17 @@ typedef struct served {
 } served;
 
 // Starts `servelab serve --port 0 --model stories260K`; the port is read
-// from its first line (60 s: the sanitizer build loads slowly).
+// from its first line.
 static void serve_start(served* s) {
     char model[512];
     REQUIRE_SHARED_MODEL(model, "stories260K.bin");
-    int out[2];
-    assert_int_equal(pipe(out), 0);
     char command[2048];
     snprintf(command, sizeof command, "exec %s serve --port 0 --model %s 2>%s/serve.err", test_servelab_binary(), model,
              test_scratch_dir());
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL); // a test that dies takes its server along
-        dup2(out[1], 1);
-        close(out[0]);
-        close(out[1]);
-        execl("/bin/sh", "sh", "-c", command, (char*)NULL);
-        _exit(127);
-    }
-    close(out[1]);
-    char line[1024] = "";
-    size_t n = 0;
-    double deadline = now_s() + 60.0;
-    while (n + 1 < sizeof line && !strchr(line, '\n') && now_s() < deadline) {
-        struct pollfd p = {.fd = out[0], .events = POLLIN};
-        if (poll(&p, 1, 200) <= 0) continue;
-        ssize_t got = read(out[0], line + n, sizeof line - 1 - n);
-        if (got <= 0) break;
-        n += (size_t)got;
-        line[n] = '\0';
-    }
-    close(out[0]);
+    char line[1024];
+    int pid = 0;
+    s->port = test_spawn_until_port(command, 60.0, &pid, NULL, line, sizeof line);
     s->pid = pid;
-    const char* colon = strstr(line, "127.0.0.1:");
-    s->port = colon ? atoi(colon + strlen("127.0.0.1:")) : 0;
     if (s->port <= 0) {
         kill(pid, SIGKILL);
         waitpid(pid, NULL, 0);

@@ -59,38 +59,13 @@ typedef struct test_server {
 // test when no port line comes within 60 s (the ASan build loads slowly).
 static void server_start_args(test_server* ts, const char* extra) {
     REQUIRE_SHARED_MODEL(ts->model, "stories260K.bin");
-    int out[2];
-    assert_int_equal(pipe(out), 0);
     char command[2048];
     snprintf(command, sizeof command, "exec %s serve --port 0 --model %s %s 2>%s/serve.err", test_servelab_binary(),
              ts->model, extra, test_scratch_dir());
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL); // a test that dies takes its server along
-        dup2(out[1], 1);
-        close(out[0]);
-        close(out[1]);
-        execl("/bin/sh", "sh", "-c", command, (char*)NULL);
-        _exit(127);
-    }
-    close(out[1]);
+    char line[1024];
+    int pid = 0;
+    ts->port = test_spawn_until_port(command, 60.0, &pid, NULL, line, sizeof line);
     ts->pid = pid;
-    ts->port = 0;
-    char line[1024] = "";
-    size_t n = 0;
-    double deadline = now_s() + 60.0;
-    while (n + 1 < sizeof line && !strchr(line, '\n') && now_s() < deadline) {
-        struct pollfd p = {.fd = out[0], .events = POLLIN};
-        if (poll(&p, 1, 200) <= 0) continue;
-        ssize_t got = read(out[0], line + n, sizeof line - 1 - n);
-        if (got <= 0) break;
-        n += (size_t)got;
-        line[n] = '\0';
-    }
-    close(out[0]);
-    const char* colon = strstr(line, "127.0.0.1:");
-    if (colon) ts->port = atoi(colon + strlen("127.0.0.1:"));
     if (ts->port <= 0) {
         kill(pid, SIGKILL);
         waitpid(pid, NULL, 0);
@@ -1181,32 +1156,9 @@ static void test_lab_serve_shows_clients_and_steps_them(void** state) {
              "exec %s lab --model %s --kv-dtype fp32 --serve 0 --size 160x50 --dump-frame %s "
              "--keys '<wait:1500><frame><space><space><space><frame>++++r<wait:6000>' 2>&1",
              test_servelab_binary(), model, frame_path);
-    int out[2];
-    assert_int_equal(pipe(out), 0);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        dup2(out[1], 1);
-        close(out[0]);
-        close(out[1]);
-        execl("/bin/sh", "sh", "-c", command, (char*)NULL);
-        _exit(127);
-    }
-    close(out[1]);
-    char line[1024] = "";
-    size_t n = 0;
-    double deadline = now_s() + 60.0;
-    while (n + 1 < sizeof line && !strstr(line, "127.0.0.1:") && now_s() < deadline) {
-        struct pollfd p = {.fd = out[0], .events = POLLIN};
-        if (poll(&p, 1, 200) <= 0) continue;
-        ssize_t got = read(out[0], line + n, sizeof line - 1 - n);
-        if (got <= 0) break;
-        n += (size_t)got;
-        line[n] = '\0';
-    }
-    const char* at = strstr(line, "127.0.0.1:");
-    int port = at ? atoi(at + strlen("127.0.0.1:")) : 0;
+    char line[1024];
+    int pid = 0, lab_stdout = -1; // open until the lab ends: it keeps drawing
+    int port = test_spawn_until_port(command, 60.0, &pid, &lab_stdout, line, sizeof line);
     if (port <= 0) {
         kill(pid, SIGKILL);
         waitpid(pid, NULL, 0);
@@ -1228,7 +1180,7 @@ static void test_lab_serve_shows_clients_and_steps_them(void** state) {
     for (int i = 0; i < N_CLIENTS; i++)
         pthread_join(threads[i], NULL);
     int status = -1;
-    deadline = now_s() + 60.0;
+    double deadline = now_s() + 60.0;
     pid_t done = 0;
     while ((done = waitpid(pid, &status, WNOHANG)) == 0 && now_s() < deadline)
         test_sleep_ms(20);
@@ -1237,7 +1189,7 @@ static void test_lab_serve_shows_clients_and_steps_them(void** state) {
         waitpid(pid, NULL, 0);
         fail_msg("lab --serve did not end within 60 s of its keys");
     }
-    close(out[0]);
+    close(lab_stdout);
     assert_true(WIFEXITED(status));
     assert_int_equal(WEXITSTATUS(status), 0);
     for (int i = 0; i < N_CLIENTS; i++) {
