@@ -743,7 +743,7 @@ int gguf_model_from_file(model* out, gguf_file* f, const gguf_model_options* opt
                      weight_dtype_name(out->dtype));
         fprintf(stderr, "%s: converted at load%s\n", f->name, line);
     }
-    model_storage_build_f16_tiles(out);
+    model_storage_build_tiles(out);
     // No end-of-generation token (no tokenizer in the file, or a bad id key,
     // which tok_from_gguf refuses by name): llama2.c's EOS 2 / BOS 1.
     error_info ignored = {{0}};

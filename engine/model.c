@@ -384,7 +384,7 @@ int model_load(model* out, const char* path, model_dtype_choice dtype_choice, er
                 "meaningless\n",
                 name, reader.first_nonfinite, (unsigned long long)reader.first_nonfinite_count, more);
     }
-    model_storage_build_f16_tiles(out);
+    model_storage_build_tiles(out);
     return 0;
 }
 
@@ -392,7 +392,7 @@ void model_free(model* m) {
     if (!m) return;
     free(m->layers);
     free(m->storage);
-    free(m->f16_tile_storage);
+    free(m->tile_storage);
     free(m->bias_storage);
     if (m->file_mapping) munmap((void*)m->file_mapping, (size_t)m->file_mapping_bytes);
     memset(m, 0, sizeof *m);

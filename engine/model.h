@@ -84,8 +84,8 @@ typedef struct model {
     uint64_t weight_bytes;        // every weight byte held (norms + matrices + scales)
     uint64_t n_parameters;        // number of weight values
     void* storage;                // one allocation holding every tensor
-    void* f16_tile_storage;       // the fp16 matrices again in the kernel's tile layout, or NULL
-    uint64_t f16_tile_bytes;      // its size (held, never streamed twice: the kernel reads one copy)
+    void* tile_storage;           // the fp16 or fp32 matrices again in the kernel's tile layout, or NULL
+    uint64_t tile_bytes;          // its size (held, never streamed twice: the kernel reads one copy)
     uint64_t nonfinite_values;    // NaN/Inf weights found by model_load (0 for a sound checkpoint)
     // A GGUF's read-only mapping of the whole file: the F32 and F16
     // matrices point straight into it (the bytes streamed are the file's),

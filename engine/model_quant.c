@@ -461,9 +461,9 @@ int model_quantize(model* m, const model_quant_spec* spec, const int32_t* const*
     uint64_t before = m->weight_bytes;
     free(m->storage);
     m->storage = storage;
-    free(m->f16_tile_storage); // no fp16 matrix is left to read them
-    m->f16_tile_storage = NULL;
-    m->f16_tile_bytes = 0;
+    free(m->tile_storage); // no fp16 or fp32 matrix is left to read them
+    m->tile_storage = NULL;
+    m->tile_bytes = 0;
     m->dtype = scheme_is_int4(spec->scheme) ? WEIGHT_I4 : WEIGHT_I8;
     m->token_embedding = packed[0];
     uint64_t bytes = norm_floats * sizeof(float) + weight_matrix_bytes(&packed[0]);

@@ -90,26 +90,41 @@ static weight_matrix* multiplied_matrix(model* m, int index) {
     return (weight_matrix*)model_storage_layer_matrix(&m->layers[index / 7], index % 7);
 }
 
-void model_storage_build_f16_tiles(model* m) {
-    if (m->dtype != WEIGHT_F16 || !matmul_f16_tiles_used() || m->f16_tile_storage) return;
+// fp16: 4 rows x 16 columns per step; fp32: 16 rows per column (matmul.h).
+static size_t tile_bytes_of(const weight_matrix* w) {
+    return w->dtype == WEIGHT_F16 ? matmul_f16_tile_halves(w->rows, w->cols) * sizeof(uint16_t)
+                                  : matmul_f32_tile_floats(w->rows, w->cols) * sizeof(float);
+}
+
+void model_storage_build_tiles(model* m) {
+    const bool f16 = m->dtype == WEIGHT_F16 && matmul_f16_tiles_used();
+    const bool f32 = m->dtype == WEIGHT_F32 && matmul_f32_tiles_used();
+    if ((!f16 && !f32) || m->tile_storage) return;
     const int n_matrices = 7 * m->config.n_layers + 1;
-    size_t total = 0; // halves; each matrix's count is a multiple of 64 (4 rows x 16), so each starts aligned
+    // Each matrix's tiles are a multiple of 64 bytes (fp16: 4 rows x 16
+    // halves a step; fp32: 16 floats a column), so each starts aligned.
+    size_t total = 0;
     for (int k = 0; k < n_matrices; k++) {
         const weight_matrix* w = multiplied_matrix(m, k);
-        if (w->dtype == WEIGHT_F16) total += matmul_f16_tile_halves(w->rows, w->cols);
+        if (w->dtype == m->dtype) total += tile_bytes_of(w);
     }
-    uint16_t* tiles = streamed_memory_alloc(total * sizeof(uint16_t));
-    if (!tiles) return; // the row-major kernel then: slower, same bits
+    unsigned char* tiles = streamed_memory_alloc(total);
+    if (!tiles) return; // the row-major kernels then: slower, same bits
     size_t offset = 0;
     for (int k = 0; k < n_matrices; k++) {
         weight_matrix* w = multiplied_matrix(m, k);
-        if (w->dtype != WEIGHT_F16) continue; // a GGUF may mix types (an F16 file's norms aside, Q8_0 + F16)
-        matmul_f16_fill_tiles(tiles + offset, w);
-        w->f16_tiles = tiles + offset;
-        offset += matmul_f16_tile_halves(w->rows, w->cols);
+        if (w->dtype != m->dtype) continue; // a GGUF may mix types (an F16 file's norms aside, Q8_0 + F16)
+        if (f16) {
+            matmul_f16_fill_tiles((uint16_t*)(tiles + offset), w);
+            w->f16_tiles = (const uint16_t*)(tiles + offset);
+        } else {
+            matmul_f32_fill_tiles((float*)(tiles + offset), w);
+            w->f32_tiles = (const float*)(tiles + offset);
+        }
+        offset += tile_bytes_of(w);
     }
-    m->f16_tile_storage = tiles;
-    m->f16_tile_bytes = (uint64_t)total * sizeof(uint16_t);
+    m->tile_storage = tiles;
+    m->tile_bytes = (uint64_t)total;
 }
 
 const weight_matrix* model_storage_layer_matrix(const layer_weights* layer, int index) {

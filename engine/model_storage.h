@@ -14,13 +14,14 @@
 int model_storage_allocate(model* out, const model_config* config, weight_dtype dtype, int group_size,
                            error_info* err);
 
-// Where this process's fp16 kernel reads the tile layout (matmul.h), lays
-// every fp16 matrix the forward pass multiplies with (the layers' and the
-// classifier) out again that way in out->f16_tile_storage and points their
-// f16_tiles at it. Call once the values are filled. Without tiles (another
+// Where this process's fp16 or fp32 kernel reads a tile layout (matmul.h),
+// lays every matrix of the model's dtype that the forward pass multiplies
+// with (the layers' and the classifier) out again that way in
+// out->tile_storage and points their f16_tiles / f32_tiles at it. Call once
+// the values are filled. Without tiles (another
 // dtype or SIMD level, or no memory for them) the kernels read the
 // row-major values, with the same results.
-void model_storage_build_f16_tiles(model* m);
+void model_storage_build_tiles(model* m);
 
 // The layer's matrices by index, in checkpoint order:
 // 0 wq, 1 wk, 2 wv, 3 wo, 4 w1, 5 w2, 6 w3.

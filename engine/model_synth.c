@@ -188,6 +188,6 @@ int model_synthesize(model* out, const char* name, int vocab_size, model_dtype_c
     }
     fill_norm(out->rms_final, config.dim, seed, tensor_index++);
     free(scratch);
-    model_storage_build_f16_tiles(out);
+    model_storage_build_tiles(out);
     return 0;
 }

@@ -434,5 +434,6 @@ int quant_pack(const int32_t* codes, const quant_params* params, int rows, int c
     out->zero_points = zero_points;
     out->activation_bits = 0;
     out->f16_tiles = NULL;
+    out->f32_tiles = NULL;
     return 0;
 }

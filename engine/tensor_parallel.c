@@ -28,8 +28,10 @@ static int view_rows(weight_matrix* out, const weight_matrix* w, int row_begin, 
                      int layer, int n_shards, error_info* err) {
     *out = *w;
     out->rows = row_end - row_begin;
-    // A shard's rows keep their tiles where it starts a group of 4 (matmul.h).
+    // A shard's rows keep their tiles where it starts a group (4 rows of
+    // fp16, 16 of fp32: matmul.h); elsewhere the kernels read the values.
     out->f16_tiles = matmul_f16_tiles_from_row(w, row_begin);
+    out->f32_tiles = matmul_f32_tiles_from_row(w, row_begin);
     if (w->dtype == WEIGHT_Q8_0) {
         // Groups run over the flattened matrix: the slice must start and end
         // on a group boundary.
@@ -76,6 +78,7 @@ static void copy_columns(weight_matrix* out, const weight_matrix* w, int col_beg
                          int keep_end, arena_cursor* cursor) {
     *out = *w;
     out->f16_tiles = NULL; // the copied columns are row-major only
+    out->f32_tiles = NULL;
     const int width = col_end - col_begin;
     out->cols = width;
     const size_t rows = (size_t)w->rows, source_row = row_bytes(w), target_row = row_bytes(out);

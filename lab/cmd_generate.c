@@ -302,11 +302,11 @@ int command_generate(int argc, char** argv) {
     fflush(stdout);
     double decode_rate = decode_ns > 0 ? decode_steps / (decode_ns * 1e-9) : 0.0;
     double prefill_rate = prefill_ns > 0 ? n_prompt / (prefill_ns * 1e-9) : 0.0;
-    // fp16 weights held twice where the AVX-512 kernel reads them tiled (matmul.h).
+    // fp16 / fp32 weights held twice where the AVX-512 kernel reads them tiled (matmul.h).
     char tile_copy[96] = "";
-    if (source.model.f16_tile_bytes)
+    if (source.model.tile_bytes)
         snprintf(tile_copy, sizeof tile_copy, ", + %llu bytes tiled for the kernel",
-                 (unsigned long long)source.model.f16_tile_bytes);
+                 (unsigned long long)source.model.tile_bytes);
     fprintf(stderr,
             "servelab: %s (%s, %.2fM params, %llu weight bytes%s); prefill %d tok at %.0f tok/s; "
             "decode %d tok at %.1f tok/s; %llu weight bytes read per token; stop: %s\n",

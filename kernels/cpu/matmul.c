@@ -72,6 +72,30 @@ void matmul_f16_fill_tiles(uint16_t* tiles, const weight_matrix* w) {
             }
 }
 
+// ---- the fp32 tile layout (matmul.h) -----------------------------------------
+
+size_t matmul_f32_tile_floats(int rows, int cols) { return (size_t)((rows + 15) / 16) * 16 * (size_t)cols; }
+
+bool matmul_f32_tiles_used(void) { return cpu_simd_level_selected() == CPU_SIMD_AVX512; }
+
+const float* matmul_f32_tiles_from_row(const weight_matrix* w, int row) {
+    if (!w->f32_tiles || row % 16 != 0) return NULL;
+    return w->f32_tiles + (size_t)row * (size_t)w->cols;
+}
+
+void matmul_f32_fill_tiles(float* tiles, const weight_matrix* w) {
+    const float* values = w->values; // (rows, cols)
+    const size_t cols = (size_t)w->cols;
+    for (int g = 0; g < (w->rows + 15) / 16; g++)
+        for (size_t i = 0; i < cols; i++) {
+            float* to = tiles + ((size_t)g * cols + i) * 16;
+            for (int j = 0; j < 16; j++) {
+                const int row = 16 * g + j;
+                to[j] = row < w->rows ? values[(size_t)row * cols + i] : 0.0f;
+            }
+        }
+}
+
 // ---- the scalar level: one dot product per dtype, reduced in index order ---
 
 static float dot_f32(const float* weights, const float* x, int n) {
@@ -139,8 +163,14 @@ static void matmul_scalar_range(float* out, const float* in, int n_rows, const w
     const int d_out = w->rows, d_in = w->cols;
 #if defined(__x86_64__) || defined(__i386__)
     // Sixteen outputs in the lanes of AVX-512 vectors, still llama2.c's
-    // order (matmul_avx512.c); SERVELAB_SIMD=scalar turns it off.
-    if (w->dtype == WEIGHT_F32 && d_in >= 16 && cpu_simd_level_selected() == CPU_SIMD_AVX512) {
+    // order (matmul_f32_avx512.c from tiles, else matmul_avx512.c);
+    // SERVELAB_SIMD=scalar turns it off.
+    const bool avx512 = cpu_simd_level_selected() == CPU_SIMD_AVX512;
+    if (w->dtype == WEIGHT_F32 && w->f32_tiles && o_begin % 16 == 0 && avx512) {
+        matmul_f32_tiles_avx512(out, in, n_rows, w, o_begin, o_end);
+        return;
+    }
+    if (w->dtype == WEIGHT_F32 && d_in >= 16 && avx512) {
         int n_blocks = (o_end - o_begin) / 16;
         matmul_f32_avx512(out, in, n_rows, w, o_begin, n_blocks);
         o_begin += 16 * n_blocks;
@@ -494,10 +524,12 @@ static int plan_job(matmul_job* job, float* out, const float* in, int n_rows, co
     uint64_t macs = (uint64_t)n_rows * (uint64_t)d_in * (uint64_t)d_out;
     if (n_threads <= 1 || macs < MATMUL_MIN_PARALLEL_MACS) return 1;
     // Chunks of a multiple of 8 outputs, so the SIMD kernels' tiles (up to
-    // 4 outputs) are not cut short inside a chunk.
+    // 4 outputs) are not cut short inside a chunk; fp32 of 16, the outputs
+    // its kernels run side by side (a group of the fp32 tile layout).
     int wanted = n_threads * MATMUL_CHUNKS_PER_THREAD;
     int per_task = (d_out + wanted - 1) / wanted;
-    job->outputs_per_task = (per_task + 7) / 8 * 8;
+    const int chunk_multiple = w->dtype == WEIGHT_F32 ? 16 : 8;
+    job->outputs_per_task = (per_task + chunk_multiple - 1) / chunk_multiple * chunk_multiple;
     return (d_out + job->outputs_per_task - 1) / job->outputs_per_task;
 }
 

@@ -12,7 +12,8 @@
 // row r sits in it, and however many threads share the work (the outputs
 // are split between threads; every element is computed by one thread).
 //   - WEIGHT_F32: always the scalar loop sum += W[o][i] * x[i], i = 0, 1, ...,
-//     as llama2.c's run.c does, so fp32 greedy decoding matches it exactly.
+//     as llama2.c's run.c does, so fp32 greedy decoding matches it exactly
+//     (the AVX-512 kernels run 16 such loops in the lanes: the same bits).
 //   - WEIGHT_F16, WEIGHT_Q8_0: scalar (same loop, fp16 widened / one scale
 //     per group), or AVX2 / AVX-512 with the fixed vector order described
 //     in matmul_avx2.c and matmul_avx512.c. Different levels round
@@ -75,6 +76,9 @@ typedef struct weight_matrix {
                                  // W8A8 on WEIGHT_I8, W4A8 on WEIGHT_I4, matmul_a8.c). Anything else
                                  // leaves the activations in float (WEIGHT_I8 with B not dividing
                                  // group_size: per token)
+    const float* f32_tiles;      // WEIGHT_F32: the same values again in the fp32 tile layout below,
+                                 // which the AVX-512 kernel reads instead of `values`; NULL: it reads
+                                 // `values`
 } weight_matrix;
 
 // ---- the fp16 tile layout ---------------------------------------------------------
@@ -111,6 +115,37 @@ const uint16_t* matmul_f16_tiles_from_row(const weight_matrix* w, int row);
 // Writes w's values (WEIGHT_F16, row-major) in the tile layout into tiles:
 // matmul_f16_tile_halves(w->rows, w->cols) halves.
 void matmul_f16_fill_tiles(uint16_t* tiles, const weight_matrix* w);
+
+// ---- the fp32 tile layout ---------------------------------------------------------
+//
+// The fp32 kernel keeps llama2.c's order (one output's sum runs over the
+// columns in order), so it puts 16 outputs side by side, one per lane
+// (matmul_f32_avx512.c), and reads the 16 rows' values of one column as one
+// 64-byte vector. Rows are taken in groups of 16, and group g holds, column
+// after column, the 16 rows' values of that column:
+//   tiles[(g * cols + i) * 16 + j] = W[16g + j][i]
+// and +0 where 16g + j >= rows. Shape (ceil(rows / 16), cols, 16) floats;
+// each group is one stream read front to back. Row-major, the same 16 rows
+// are 16 streams and every 16 x 16 block must be transposed in registers
+// (matmul_avx512.c's matmul_f32_avx512, the kernel without tiles).
+// The tiles are a second copy of the weights: an fp32 model's memory
+// doubles where the AVX-512 kernel runs (stories110m: 438 MB + 438 MB),
+// as with fp16 tiles; the kernel streams only the tiles.
+
+// Floats the tile layout of a (rows, cols) matrix takes.
+size_t matmul_f32_tile_floats(int rows, int cols);
+
+// Whether the kernels of this process read fp32 tiles (the selected SIMD
+// level is AVX-512).
+bool matmul_f32_tiles_used(void);
+
+// The tiles of w from row `row` on, for a view of its rows [row, ...): NULL
+// where w has none or row is not the first of a group of 16.
+const float* matmul_f32_tiles_from_row(const weight_matrix* w, int row);
+
+// Writes w's values (WEIGHT_F32, row-major) in the tile layout into tiles:
+// matmul_f32_tile_floats(w->rows, w->cols) floats.
+void matmul_f32_fill_tiles(float* tiles, const weight_matrix* w);
 
 // Bytes the matrix occupies: payload plus per-group scales.
 uint64_t weight_matrix_bytes(const weight_matrix* w);
@@ -160,7 +195,8 @@ void matmul_swiglu_parallel(float* gate, float* up, const float* in, int n_rows,
 
 // matmul_parallel at an explicit SIMD level, lowered to what the CPU has
 // (cpu_simd_level_clamp): for tests and benchmarks that compare levels in
-// one process. WEIGHT_F32 ignores the level (always the scalar order).
+// one process. WEIGHT_F32 ignores the level (always the scalar order; the
+// process's level only decides whether 16 outputs run in vector lanes).
 void matmul_at_level(float* out, const float* in, int n_rows, const weight_matrix* w, thread_pool* pool,
                      cpu_simd_level level, kernel_traffic* traffic);
 

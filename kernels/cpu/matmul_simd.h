@@ -21,6 +21,8 @@ void matmul_q8_avx512(float* out, const float* in, int n_rows, const weight_matr
 // WEIGHT_F32 in the scalar loop's exact order (matmul_avx512.c), outputs
 // [o_begin, o_begin + 16 * n_blocks).
 void matmul_f32_avx512(float* out, const float* in, int n_rows, const weight_matrix* w, int o_begin, int n_blocks);
+// The same bits from w->f32_tiles (matmul_f32_avx512.c); o_begin a multiple of 16.
+void matmul_f32_tiles_avx512(float* out, const float* in, int n_rows, const weight_matrix* w, int o_begin, int o_end);
 
 // ---- the packed integer formats (WEIGHT_I8, WEIGHT_I4): matmul_int*.c ----------
 //

@@ -217,10 +217,10 @@ static void test_generation_is_deterministic_and_round_trips(void** state) {
     model_free(&m);
 }
 
-// fp16 weights get a tiled copy for the AVX-512 kernel (and only there),
-// sized as matmul.h says, and generation reads the same logits with it as
+// fp16 and fp32 weights get a tiled copy for the AVX-512 kernel (and only
+// there), sized as matmul.h says, and generation reads the same logits with it as
 // without: the sampled ids (temperature 0.8) agree token for token.
-static void test_f16_tiles_built_and_same_generation(void** state) {
+static void test_tiles_built_and_same_generation(void** state) {
     (void)state;
     model m;
     synth_or_fail(&m, "small", MODEL_DTYPE_FP16, 5);
@@ -236,12 +236,12 @@ static void test_f16_tiles_built_and_same_generation(void** state) {
         assert_true((matrices[k]->f16_tiles != NULL) == matmul_f16_tiles_used());
     }
     if (matmul_f16_tiles_used()) {
-        assert_non_null(m.f16_tile_storage);
-        assert_int_equal(m.f16_tile_bytes, halves * sizeof(uint16_t));
-        assert_ptr_equal(matrices[0]->f16_tiles, m.f16_tile_storage);
+        assert_non_null(m.tile_storage);
+        assert_int_equal(m.tile_bytes, halves * sizeof(uint16_t));
+        assert_ptr_equal(matrices[0]->f16_tiles, m.tile_storage);
     } else {
-        assert_null(m.f16_tile_storage);
-        assert_int_equal(m.f16_tile_bytes, 0);
+        assert_null(m.tile_storage);
+        assert_int_equal(m.tile_bytes, 0);
     }
     int32_t with_tiles[40], without[40];
     const int n_with = sample_after_hi(&m, with_tiles);
@@ -251,10 +251,28 @@ static void test_f16_tiles_built_and_same_generation(void** state) {
     assert_int_equal(n_with, n_without);
     assert_memory_equal(with_tiles, without, (size_t)n_with * sizeof(int32_t));
     model_free(&m);
-    // fp32 weights are read as they are: no copy.
+    // fp32 weights get their own layout (16 rows a group, matmul.h), with
+    // the same generation as without it.
     synth_or_fail(&m, "tiny", MODEL_DTYPE_FP32, 5);
-    assert_null(m.f16_tile_storage);
     assert_null(m.classifier.f16_tiles);
+    uint64_t floats = 0;
+    for (int l = 0; l < m.config.n_layers; l++)
+        for (int i = 0; i < 7; i++) {
+            weight_matrix* w = (weight_matrix*)model_storage_layer_matrix(&m.layers[l], i);
+            floats += matmul_f32_tile_floats(w->rows, w->cols);
+            assert_true((w->f32_tiles != NULL) == matmul_f32_tiles_used());
+        }
+    floats += matmul_f32_tile_floats(m.classifier.rows, m.classifier.cols);
+    assert_true((m.classifier.f32_tiles != NULL) == matmul_f32_tiles_used());
+    assert_int_equal(m.tile_bytes, matmul_f32_tiles_used() ? floats * sizeof(float) : 0);
+    const int n_f32_with = sample_after_hi(&m, with_tiles);
+    for (int l = 0; l < m.config.n_layers; l++)
+        for (int i = 0; i < 7; i++) ((weight_matrix*)model_storage_layer_matrix(&m.layers[l], i))->f32_tiles = NULL;
+    m.classifier.f32_tiles = NULL;
+    const int n_f32_without = sample_after_hi(&m, without);
+    assert_true(n_f32_with > 0);
+    assert_int_equal(n_f32_with, n_f32_without);
+    assert_memory_equal(with_tiles, without, (size_t)n_f32_with * sizeof(int32_t));
     model_free(&m);
 }
 
@@ -267,7 +285,7 @@ int main(void) {
         cmocka_unit_test(test_weight_bytes_exact_for_both_dtypes),
         cmocka_unit_test(test_weights_have_outlier_channels),
         cmocka_unit_test(test_generation_is_deterministic_and_round_trips),
-        cmocka_unit_test(test_f16_tiles_built_and_same_generation),
+        cmocka_unit_test(test_tiles_built_and_same_generation),
     };
     return cmocka_run_group_tests_name("engine/model_synth", tests, NULL, NULL);
 }

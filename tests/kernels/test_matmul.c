@@ -47,7 +47,8 @@ typedef struct test_matrix {
 } test_matrix;
 
 static test_matrix make_matrix(weight_dtype dtype, int rows, int cols, int group_size) {
-    test_matrix m = {{dtype, rows, cols, dtype == WEIGHT_Q8_0 ? group_size : 0, NULL, NULL, NULL, NULL, 0, NULL, 0}, NULL, NULL, NULL};
+    test_matrix m = {{dtype, rows, cols, dtype == WEIGHT_Q8_0 ? group_size : 0, NULL, NULL, NULL, NULL, 0, NULL, 0, NULL},
+                     NULL, NULL, NULL};
     size_t count = (size_t)rows * (size_t)cols;
     float* source = malloc(count * sizeof(float));
     m.exact = malloc(count * sizeof(double));
