@@ -124,6 +124,7 @@ static const char* const BENCH_KEYS[] = {"model",
                                          "attention",
                                          "small_model",
                                          "targets",
+                                         "peer",
                                          NULL};
 
 // The whole shape of bench --json; returns nothing, fails on a difference.
@@ -165,6 +166,10 @@ static void check_bench_json(const json_t* root) {
     assert_string(target, "target");
     assert_true(json_is_boolean(json_object_get(target, "was_measured")));
     assert_true(json_is_boolean(json_object_get(target, "met")));
+    // Without --peer-bench the peer section says it was not measured, and why.
+    const json_t* peer = json_object_get(root, "peer");
+    assert_true(json_is_false(json_object_get(peer, "measured")));
+    assert_string(peer, "not_measured");
     const json_t* small = json_object_get(root, "small_model");
     if (!json_is_null(small)) {
         const char* const keys[] = {"path", "tok_s", "us_per_token", NULL};
