@@ -729,12 +729,12 @@ int gguf_model_from_file(model* out, gguf_file* f, const gguf_model_options* opt
         }
         if (converted_from_q8 && used_chars < sizeof line)
             used_chars += (size_t)snprintf(line + used_chars, sizeof line - used_chars,
-                                           "; Q8_0 -> int8 g32 (W8A16): %llu bytes regrouped, codes and fp16 scales "
+                                           "; Q8_0 -> int8 g32 (W8A8, int8 activations per 32): %llu bytes regrouped, codes and fp16 scales "
                                            "unchanged, same bytes per token",
                                            (unsigned long long)converted_from_q8);
         if (converted_from_q4 && used_chars < sizeof line)
             used_chars += (size_t)snprintf(line + used_chars, sizeof line - used_chars,
-                                           "; Q4_0 -> int4 g32 (W4A16): %llu bytes, nibbles reordered, scales "
+                                           "; Q4_0 -> int4 g32 (W4A8, int8 activations per 32): %llu bytes, nibbles reordered, scales "
                                            "unchanged, same bytes per token",
                                            (unsigned long long)converted_from_q4);
         if (widened_bytes && used_chars < sizeof line)

@@ -128,15 +128,24 @@ int calibration_build(const model* m, const tokenizer* tok, calibration_purpose 
         }
         return 0;
     }
+    // A story longer than the model's context is cut to its first
+    // max_seq_len tokens (a GGUF from llama.cpp's llama2.c converter says
+    // 128, and the longest story is 131 tokens).
+    const bool add_bos = tok_adds_bos(tok);
     for (int q = 0; q < n_stories; q++) {
-        int capacity = m->config.max_seq_len;
-        out->sequences[q] = malloc((size_t)capacity * sizeof(int32_t));
-        if (!out->sequences[q] ||
-            tok_encode(tok, stories[q], true, false, out->sequences[q], capacity, &out->lengths[q], err)) {
+        int needed = 0;
+        tok_encode(tok, stories[q], add_bos, false, NULL, 0, &needed, NULL); // counts, never refused
+        out->sequences[q] = malloc((size_t)(needed > 0 ? needed : 1) * sizeof(int32_t));
+        if (!out->sequences[q]) {
+            calibration_free(out);
+            return error_set(err, "calibration: out of memory");
+        }
+        out->n_sequences++;
+        if (tok_encode(tok, stories[q], add_bos, false, out->sequences[q], needed, &out->lengths[q], err)) {
             calibration_free(out);
             return -1;
         }
-        out->n_sequences++;
+        if (out->lengths[q] > m->config.max_seq_len) out->lengths[q] = m->config.max_seq_len;
     }
     return 0;
 }
