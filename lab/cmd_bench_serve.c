@@ -344,14 +344,22 @@ static double nice_ceiling(double value) {
     return 10.0 * power;
 }
 
-static void print_chart(const bench_summary* points, const int* concurrency, int n) {
-    double x_max = 0, y_max = 0;
+// The chart's axis ends: output tokens/s (x) and TPOT p50 in ms (y), 5%
+// above the largest point, rounded up to a round number.
+static void chart_axes(const bench_summary* points, int n, double* x_max, double* y_max) {
+    *x_max = 0;
+    *y_max = 0;
     for (int i = 0; i < n; i++) {
-        if (points[i].output_throughput > x_max) x_max = points[i].output_throughput;
-        if (points[i].tpot_ms.p50 > y_max) y_max = points[i].tpot_ms.p50;
+        if (points[i].output_throughput > *x_max) *x_max = points[i].output_throughput;
+        if (points[i].tpot_ms.p50 > *y_max) *y_max = points[i].tpot_ms.p50;
     }
-    x_max = nice_ceiling(x_max * 1.05);
-    y_max = nice_ceiling(y_max * 1.05);
+    *x_max = nice_ceiling(*x_max * 1.05);
+    *y_max = nice_ceiling(*y_max * 1.05);
+}
+
+static void print_chart(const bench_summary* points, const int* concurrency, int n) {
+    double x_max, y_max;
+    chart_axes(points, n, &x_max, &y_max);
     char grid[CHART_HEIGHT][CHART_WIDTH + 1];
     for (int r = 0; r < CHART_HEIGHT; r++) {
         memset(grid[r], ' ', CHART_WIDTH);
@@ -391,13 +399,8 @@ static int write_svg(const char* path, const bench_summary* points, const int* c
     FILE* f = fopen(temporary, "w");
     if (!f) return error_set(err, "--svg: cannot write %s: %s", temporary, strerror(errno));
     const double width = 640, height = 420, left = 70, right = 20, top = 40, bottom = 60;
-    double x_max = 0, y_max = 0;
-    for (int i = 0; i < n; i++) {
-        if (points[i].output_throughput > x_max) x_max = points[i].output_throughput;
-        if (points[i].tpot_ms.p50 > y_max) y_max = points[i].tpot_ms.p50;
-    }
-    x_max = nice_ceiling(x_max * 1.05);
-    y_max = nice_ceiling(y_max * 1.05);
+    double x_max, y_max;
+    chart_axes(points, n, &x_max, &y_max);
     double plot_w = width - left - right, plot_h = height - top - bottom;
     fprintf(f,
             "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%g\" height=\"%g\" font-family=\"sans-serif\" "
