@@ -83,11 +83,11 @@ static void spawn(quiz_child* c, const char* home, const char* const* args) {
 }
 
 // Waits for output and appends it to the transcript; the bytes read (0 at end of output).
-// 120 s: "prove it" runs a whole lesson headless before its next line
+// 300 s: "prove it" runs a whole lesson headless before its next line
 // (lesson 06 takes over 20 s under the sanitizers).
 static ssize_t read_some(quiz_child* c) {
     struct pollfd p = {c->from_child, POLLIN, 0};
-    if (poll(&p, 1, 120000) <= 0) fail_msg("no output within 120 s; so far:\n%s", c->out);
+    if (poll(&p, 1, 300000) <= 0) fail_msg("no output within 300 s; so far:\n%s", c->out);
     if (c->length + 4096 >= c->capacity) {
         c->capacity *= 2;
         c->out = realloc(c->out, c->capacity);
@@ -630,7 +630,7 @@ static void test_prove_it_scrolls_in_tmux(void** state) {
     assert_int_equal(quiz_tmux("send-keys -t quiz p"), 0);
     char* screen = NULL;
     static const char* const PROVED[] = {"running the lesson check for ", NULL};
-    wait_for_one_of(PROVED, &screen, 120000); // the lesson check runs (seconds; more under sanitizers)
+    wait_for_one_of(PROVED, &screen, 300000); // the lesson check runs (seconds; more under sanitizers)
     free(screen);
     // At 40x50 it all shows at once: the reference (40 columns: a short
     // DISAGREE line, as a sanitizer build's timings can give, still takes 8 rows).
