@@ -69,10 +69,11 @@ NVCC_FLAGS := -O2 -std=c++17 -Xcompiler -Wall \
   -gencode arch=compute_80,code=sm_80 -gencode arch=compute_89,code=sm_89 \
   -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
 
-# ---- sources, by layer (DESIGN.md: kernels <- engine <- lab) --------------
-KERNEL_SRCS := $(wildcard kernels/cpu/*.c)
+# ---- sources, by layer (docs/design.md: base <- kernels <- engine <- lab) --
+# base/ (errors, arenas) is the one layer every other may include.
+KERNEL_SRCS := $(wildcard base/*.c) $(wildcard kernels/cpu/*.c)
 ENGINE_SRCS := $(wildcard engine/*.c)
-LAB_SRCS    := $(filter-out lab/main.c,$(wildcard lab/*.c))
+LAB_SRCS    := $(filter-out lab/main.c,$(wildcard lab/*.c lab/*/*.c))
 ifeq ($(USE_CUDA),1)
   CUDA_SRCS := $(wildcard kernels/cuda/*.cu)
   ALL_CFLAGS += -DSERVELAB_CUDA=1
@@ -208,7 +209,7 @@ FUZZ_DEB_PKGS := clang libclang-rt-14-dev
 FUZZ_NAMES    := $(patsubst tests/fuzz/%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_BINS     := $(patsubst %,$(FUZZ_BUILD)/bin/%,$(FUZZ_NAMES))
 # CPU kernels only (the CUDA stubs), as with CUDA=0.
-FUZZ_SRCS     := $(wildcard kernels/cpu/*.c) kernels/cuda/cuda_absent.c $(ENGINE_SRCS) $(LAB_SRCS)
+FUZZ_SRCS     := $(wildcard base/*.c) $(wildcard kernels/cpu/*.c) kernels/cuda/cuda_absent.c $(ENGINE_SRCS) $(LAB_SRCS)
 FUZZ_OBJS     := $(patsubst %.c,$(FUZZ_BUILD)/obj/%.o,$(FUZZ_SRCS))
 FUZZ_LIB      := $(FUZZ_BUILD)/libservelab.a
 FUZZ_SUPPORT  := $(FUZZ_BUILD)/obj/tests/fuzz/support.o

@@ -16,7 +16,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "engine/error.h"
+#include "base/error.h"
 
 typedef enum chat_template_kind {
     CHAT_TEMPLATE_NONE = 0, // no template, or one not recognised

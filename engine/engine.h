@@ -10,7 +10,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "engine/error.h"
+#include "base/error.h"
 #include "engine/forward.h"
 #include "engine/kv_blocks.h"
 #include "engine/kv_contiguous.h"

@@ -17,7 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/error.h"
+#include "base/error.h"
 
 typedef enum fault_id {
     // paged attention and the KV cache

@@ -13,7 +13,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "engine/error.h"
+#include "base/error.h"
 #include "engine/kv_memory.h"
 #include "engine/model.h"
 #include "engine/tensor_parallel.h"

@@ -18,7 +18,7 @@
 
 #include <stdint.h>
 
-#include "engine/error.h"
+#include "base/error.h"
 #include "engine/forward.h"
 #include "engine/kv_blocks.h"
 #include "engine/kv_memory.h"

@@ -12,7 +12,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "engine/error.h"
+#include "base/error.h"
 #include "engine/model.h"
 #include "kernels/cpu/kernel_traffic.h"
 

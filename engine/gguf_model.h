@@ -46,7 +46,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "engine/error.h"
+#include "base/error.h"
 #include "engine/gguf.h"
 #include "engine/model.h"
 

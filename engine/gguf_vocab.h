@@ -13,7 +13,7 @@
 #ifndef SERVELAB_GGUF_VOCAB_H
 #define SERVELAB_GGUF_VOCAB_H
 
-#include "engine/error.h"
+#include "base/error.h"
 #include "engine/gguf.h"
 #include "engine/tokenizer.h"
 

@@ -14,7 +14,7 @@
 
 #include <stdint.h>
 
-#include "engine/error.h"
+#include "base/error.h"
 #include "engine/kv_memory.h"
 
 typedef struct kv_reservation {

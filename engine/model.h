@@ -10,7 +10,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "engine/error.h"
+#include "base/error.h"
 #include "kernels/cpu/matmul.h"
 
 #define MODEL_EXPORT_MAGIC 0x616b3432u // "ak42" in llama2.c's export header
@@ -114,7 +114,7 @@ int model_config_validate(model_config* config, const char* source, error_info* 
 
 // Loads a llama2.c checkpoint (format detected from the header). A GGUF
 // file is refused here with a message: gguf_model_load (engine/gguf_model.h)
-// reads it, and lab/model_source.c picks the loader by the file's magic. dtype
+// reads it, and lab/common/model_source.c picks the loader by the file's magic. dtype
 // chooses how fp32 tensors are stored (fp32 or fp16); a v2 file keeps its
 // Q8_0 matrices unless fp32/fp16 is asked, in which case they are widened.
 // A file whose weights hold NaN or Inf still loads, with one warning line

@@ -29,7 +29,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "engine/error.h"
+#include "base/error.h"
 #include "engine/model.h"
 #include "engine/quant.h"
 #include "kernels/cpu/thread_pool.h"

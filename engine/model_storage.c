@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/arena.h"
+#include "base/arena.h"
 #include "engine/streamed_memory.h"
 
 static size_t dtype_bytes(weight_dtype dtype) { return dtype == WEIGHT_F32 ? 4 : dtype == WEIGHT_F16 ? 2 : 1; }

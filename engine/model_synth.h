@@ -23,7 +23,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "engine/error.h"
+#include "base/error.h"
 #include "engine/model.h"
 
 #define SYNTH_DEFAULT_SEED 20240601u

@@ -8,7 +8,7 @@
 #ifndef SERVELAB_MODEL_WRITE_H
 #define SERVELAB_MODEL_WRITE_H
 
-#include "engine/error.h"
+#include "base/error.h"
 #include "engine/model.h"
 
 int model_write_checkpoint(const model* m, const char* path, model_format format, int group_size, error_info* err);

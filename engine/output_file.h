@@ -12,7 +12,7 @@
 #include <stdbool.h>
 #include <stdio.h>
 
-#include "engine/error.h"
+#include "base/error.h"
 
 typedef struct output_file {
     FILE* stream;          // write here between open and commit/abort

@@ -24,7 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/error.h"
+#include "base/error.h"
 #include "kernels/cpu/matmul.h"
 
 typedef enum quant_granularity {

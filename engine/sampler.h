@@ -11,7 +11,7 @@
 
 #include <stdint.h>
 
-#include "engine/error.h"
+#include "base/error.h"
 
 typedef struct sampler_candidate {
     float probability;

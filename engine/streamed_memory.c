@@ -5,7 +5,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#include "engine/arena.h"
+#include "base/arena.h"
 
 void* streamed_memory_alloc(size_t bytes) {
     const size_t huge_page = (size_t)2 << 20;

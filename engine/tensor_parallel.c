@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/arena.h"
+#include "base/arena.h"
 #include "engine/fault.h"
 #include "engine/model_storage.h"
 #include "engine/streamed_memory.h"

@@ -41,7 +41,7 @@
 #ifndef SERVELAB_TENSOR_PARALLEL_H
 #define SERVELAB_TENSOR_PARALLEL_H
 
-#include "engine/error.h"
+#include "base/error.h"
 #include "engine/model.h"
 
 #define MAX_TP_SHARDS 16

@@ -16,7 +16,7 @@
 #ifndef SERVELAB_TOKENIZER_H
 #define SERVELAB_TOKENIZER_H
 
-#include "engine/error.h"
+#include "base/error.h"
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -3,8 +3,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "lab/commands.h"
-#include "lab/ui_terminal.h"
+#include "lab/cmd/commands.h"
+#include "lab/ui/terminal.h"
 
 static const char USAGE[] =
     "usage: servelab <command> [options]\n"

@@ -4,7 +4,7 @@
 -- Hugging Face hub (num_hidden_layers, hidden_size, num_attention_heads,
 -- num_key_value_heads, head_dim = hidden_size / num_attention_heads,
 -- vocab_size, intermediate_size, tie_word_embeddings). The parameter count
--- the drills use is computed from these fields (lab/quiz_models.c), and
+-- the drills use is computed from these fields (lab/quiz/models.c), and
 -- tests/lab/test_quiz_drills.c checks it against the published totals.
 --
 -- Fields:

@@ -29,7 +29,7 @@
 extern "C" {
 #endif
 
-#include "engine/error.h"
+#include "base/error.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/kernel_traffic.h"
 #include "kernels/cpu/matmul.h"

@@ -26,7 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "lab/lesson.h"
+#include "lab/lesson/lesson.h"
 #include "tests/fuzz/support.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);

@@ -1,4 +1,4 @@
-// fuzz_quiz_progress: the quiz progress file reader (lab/quiz_progress.c).
+// fuzz_quiz_progress: the quiz progress file reader (lab/quiz/progress.c).
 //
 // The input is the whole progress file, written into a fresh folder under
 // /dev/shm and read with quiz_progress_load (which parses it, and moves a
@@ -13,7 +13,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "lab/quiz_progress.h"
+#include "lab/quiz/progress.h"
 #include "tests/fuzz/support.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);

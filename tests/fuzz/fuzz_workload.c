@@ -1,4 +1,4 @@
-// fuzz_workload: the `sim --workload` JSON Lines reader (lab/workload.c,
+// fuzz_workload: the `sim --workload` JSON Lines reader (lab/bench/workload.c,
 // Jansson underneath).
 //
 // The input is the file's text, read with the byte-level tokenizer (vocab
@@ -12,7 +12,7 @@
 #include <stdio.h>
 
 #include "engine/tokenizer.h"
-#include "lab/workload.h"
+#include "lab/bench/workload.h"
 #include "tests/fuzz/support.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);

@@ -1,4 +1,4 @@
-// --backend cpu|cuda (lab/engine_options.c): cpu runs as before; cuda runs
+// --backend cpu|cuda (lab/common/engine_options.c): cpu runs as before; cuda runs
 // the forward pass on the GPU where there is one, and otherwise fails with
 // one clear line and exit 2 (never a crash): no device, or a build without
 // CUDA. (The GPU's results are checked in tests/cuda/gpu_equivalence.c.)

@@ -27,7 +27,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "lab/bench_serve.h"
+#include "lab/bench/serve_load.h"
 #include "tests/test_support.h"
 
 static double now_s(void) {

@@ -19,7 +19,7 @@
 #include "engine/kv_memory.h"
 #include "engine/model_synth.h"
 #include "engine/tokenizer.h"
-#include "lab/quiz_drills.h"
+#include "lab/quiz/drills.h"
 #include "tests/test_support.h"
 
 // calc's --device words, in device_models() order.

@@ -20,7 +20,7 @@
 #include "engine/model_storage.h"
 #include "engine/model_synth.h"
 #include "engine/tokenizer.h"
-#include "lab/bench.h"
+#include "lab/bench/bench.h"
 #include "tests/test_support.h"
 
 // ---- synth ---------------------------------------------------------------------

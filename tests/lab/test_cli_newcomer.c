@@ -17,8 +17,8 @@
 #include <sys/wait.h>
 
 #include "kernels/cpu/cpu_features.h"
-#include "lab/quiz_drills.h"
-#include "lab/quiz_models.h"
+#include "lab/quiz/drills.h"
+#include "lab/quiz/models.h"
 #include "tests/test_support.h"
 
 // The line of `text` that starts with `prefix` (up to its newline), or "".

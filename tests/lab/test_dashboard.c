@@ -15,7 +15,7 @@
 #include "engine/model_synth.h"
 #include "engine/quant.h"
 #include "engine/tokenizer.h"
-#include "lab/model_source.h"
+#include "lab/common/model_source.h"
 #include "tests/test_support.h"
 
 // Runs the lab headless with `arguments` and returns the dumped frame (malloc'ed).

@@ -28,9 +28,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "lab/commands.h"
-#include "lab/ui_layout.h"
-#include "lab/ui_screen.h"
+#include "lab/cmd/commands.h"
+#include "lab/ui/layout.h"
+#include "lab/ui/screen.h"
 #include "tests/test_support.h"
 
 static const int WIDTHS[] = {80, 100, 120, 160, 200, 250};

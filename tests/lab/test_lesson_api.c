@@ -1,4 +1,4 @@
-// The lesson host (lab/lesson.h) and the lab module: every function on good
+// The lesson host (lab/lesson/lesson.h) and the lab module: every function on good
 // arguments (real values) and on bad ones (a Lua error naming the argument
 // or field, never a crash), the sandbox and the limits, pauses, checks.
 #include <setjmp.h>
@@ -12,7 +12,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "lab/lesson.h"
+#include "lab/lesson/lesson.h"
 #include "tests/test_support.h"
 
 // What a lesson said and checked, in order.

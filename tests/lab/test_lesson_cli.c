@@ -12,7 +12,7 @@
 #include <string.h>
 #include <sys/wait.h>
 
-#include "lab/lesson.h"
+#include "lab/lesson/lesson.h"
 #include "tests/test_support.h"
 
 // Sanitizers slow the kernels unevenly, so timing verdicts there may

@@ -17,9 +17,9 @@
 #include <string.h>
 
 #include "engine/devices.h"
-#include "lab/quiz_bank.h"
-#include "lab/quiz_data.h"
-#include "lab/quiz_models.h"
+#include "lab/quiz/bank.h"
+#include "lab/quiz/data.h"
+#include "lab/quiz/models.h"
 #include "tests/test_support.h"
 
 #define SEED_PATH "../shared/seed/question-bank.txt"

@@ -19,8 +19,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "lab/quiz_bank.h"
-#include "lab/quiz_progress.h"
+#include "lab/quiz/bank.h"
+#include "lab/quiz/progress.h"
 #include "tests/test_support.h"
 
 // A fresh XDG_DATA_HOME for one test (one buffer per name, kept for the run).

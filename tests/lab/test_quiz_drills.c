@@ -19,7 +19,7 @@
 #include "engine/model_quant.h"
 #include "engine/model_synth.h"
 #include "engine/quant.h"
-#include "lab/quiz_drills.h"
+#include "lab/quiz/drills.h"
 #include "tests/test_support.h"
 
 enum { DRAWS = 400 };

@@ -19,7 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "lab/quiz_progress.h"
+#include "lab/quiz/progress.h"
 #include "tests/test_support.h"
 
 static const int64_t DAY = 86400;

@@ -12,9 +12,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "lab/quiz_app.h"
-#include "lab/quiz_session.h"
-#include "lab/quiz_view.h"
+#include "lab/quiz/app.h"
+#include "lab/quiz/session.h"
+#include "lab/quiz/view.h"
 
 typedef struct fixture {
     quiz_bank bank;

@@ -10,7 +10,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "lab/quiz_units.h"
+#include "lab/quiz/units.h"
 
 static void expect_quantity(const char* text, double base_value, quiz_dimension dim, const char* unit) {
     quiz_quantity q;

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <cmocka.h>
 
-#include "lab/ui_layout.h"
+#include "lab/ui/layout.h"
 #include "tests/test_support.h"
 
 static bool overlap(ui_rect a, ui_rect b) {

@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "engine/tokenizer.h"
-#include "lab/workload.h"
+#include "lab/bench/workload.h"
 #include "tests/test_support.h"
 
 static const int VOCAB = TOK_MIN_VOCAB_SIZE; // the byte-level tokenizer's 259

@@ -1,0 +1,452 @@
+// servelab lesson run|list|new|check: Lua lessons that drive the engine
+// and check the question bank's claims against its measurements.
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "engine/fault.h"
+#include "lab/common/cli_args.h"
+#include "lab/cmd/commands.h"
+#include "lab/common/engine_options.h"
+#include "lab/lesson/lesson.h"
+#include "lab/common/progress.h"
+
+static const char LESSON_USAGE[] =
+    "usage: servelab lesson run FILE [--headless] [--full] [--only ID] [--time-limit S]\n"
+    "                           [--memory-limit SIZE] [--output DIR] [--verbose] [--progress]\n"
+    "                           [--fault NAME[,NAME]]\n"
+    "       servelab lesson list [DIR]        title and claims of each lesson (default: the lessons\n"
+    "                                         beside the binary, in share/servelab, or ./lessons)\n"
+    "       servelab lesson new NAME          write a commented skeleton NAME.lua\n"
+    "       servelab lesson check FILE...     syntax and declaration, without running\n"
+    "       servelab lesson faults [--matrix] [--undeclared] [--time-limit S] [--output DIR] FILE...\n"
+    "                                         the claim -> faults table (breaks_with), or with\n"
+    "                                         --matrix: each lesson run clean (every claim must\n"
+    "                                         PASS), then once per declared fault (each claim that\n"
+    "                                         declares it must turn); --undeclared also runs the\n"
+    "                                         other faults and lists the claims they turn\n"
+    "\n"
+    "run: narration and checks in the terminal (lab.pause() waits for Enter when\n"
+    "stdin is a terminal). --headless prints one line per check:\n"
+    "  PASS <id> (bank: B) \"<claim>\" -- measured: <evidence>      the measurement agrees with the bank\n"
+    "  DISAGREE <id> (bank: B) \"<claim>\" -- measured: <evidence>  the measurement contradicts the bank\n"
+    "  FAIL <id> (bank: B) \"<claim>\" -- <error>                   the check itself failed\n"
+    "(B is the bank's answer: a PASS of a false claim means the engine showed it false),\n"
+    "then 'N passed, M failed'; the exit status is 0 only when every check passed.\n"
+    "\n"
+    "  --full               the full-size scenarios (lab.full = true; make lessons); they\n"
+    "                       take minutes, so a progress line (checks done, elapsed) shows\n"
+    "                       on stderr when it is a terminal\n"
+    "  --progress           --full: the progress line even when stderr is not a terminal\n"
+    "  --only ID            report only claim ID's check\n"
+    "  --time-limit S       CPU seconds before the lesson is stopped (default 60)\n"
+    "  --memory-limit SIZE  Lua heap + engines + models (default 512MiB)\n"
+    "  --output DIR         the one folder lessons may write to (default lesson-output)\n"
+    "  --verbose            headless: print the narration too, as '# ' lines\n"
+    "  --fault NAME[,NAME]  run the engine with deliberate bugs (servelab info --faults): each\n"
+    "                       line then says whether the bug turned its claim, and whether the\n"
+    "                       claim declares it (breaks_with)\n"
+    "\n"
+    "Writing lessons: lessons/README.md.\n";
+
+typedef struct run_args {
+    const char* path;
+    bool headless;
+    bool verbose;
+    bool progress_forced;
+    lesson_options options;
+} run_args;
+
+static int parse_run_args(int argc, char** argv, run_args* a, error_info* err) {
+    a->options = lesson_options_default();
+    arg_cursor cursor = {argc, argv, 2, "servelab lesson run", NULL};
+    for (; cursor.index < argc; cursor.index++) {
+        bool failed = false;
+        if (arg_match(&cursor, "--headless", false, &failed, err)) a->headless = true;
+        else if (arg_match(&cursor, "--verbose", false, &failed, err)) a->verbose = true;
+        else if (arg_match(&cursor, "--full", false, &failed, err)) a->options.full = true;
+        else if (arg_match(&cursor, "--progress", false, &failed, err)) a->progress_forced = true;
+        else if (arg_match(&cursor, "--only", true, &failed, err)) {
+            if (!failed) a->options.only_claim = cursor.value;
+        } else if (arg_match(&cursor, "--fault", true, &failed, err)) {
+            fault_set set = 0;
+            if (!failed && fault_set_parse(cursor.value, &set, err)) return -1;
+            a->options.faults |= set;
+        } else if (arg_match(&cursor, "--output", true, &failed, err)) {
+            if (!failed) a->options.output_dir = cursor.value;
+        } else if (arg_match(&cursor, "--time-limit", true, &failed, err)) {
+            float seconds = 0;
+            if (!failed && parse_float_arg("--time-limit", cursor.value, 0.01, 86400, &seconds, err)) return -1;
+            a->options.time_limit_s = seconds;
+        } else if (arg_match(&cursor, "--memory-limit", true, &failed, err)) {
+            if (!failed && parse_size_arg("--memory-limit", cursor.value, &a->options.memory_limit_bytes, err)) return -1;
+            if (a->options.memory_limit_bytes < (4u << 20))
+                return error_set(err, "--memory-limit: expected at least 4MiB, found '%s'", cursor.value);
+        } else if (argv[cursor.index][0] == '-') {
+            return error_set(err, "servelab lesson run: unknown option '%s' (see servelab lesson --help)", argv[cursor.index]);
+        } else if (!a->path) {
+            a->path = argv[cursor.index];
+        } else {
+            return error_set(err, "servelab lesson run: one lesson file at a time ('%s' and '%s')", a->path,
+                             argv[cursor.index]);
+        }
+        if (failed) return -1;
+    }
+    if (!a->path) return error_set(err, "servelab lesson run: which lesson? (servelab lesson run lessons/01-kv-sizing.lua)");
+    return 0;
+}
+
+static void say_to_terminal(void* user, const char* text) {
+    (void)user;
+    printf("%s\n", text);
+    fflush(stdout);
+}
+
+static void say_as_comment(void* user, const char* text) {
+    (void)user;
+    // Every line of the narration becomes a '# ' line (the check lines stay parseable).
+    for (const char* line = text; *line;) {
+        size_t length = strcspn(line, "\n");
+        printf("# %.*s\n", (int)length, line);
+        line += length + (line[length] == '\n');
+    }
+    fflush(stdout);
+}
+
+static void check_to_terminal(void* user, const lesson_check_result* result) {
+    (void)user;
+    lesson_print_check(stdout, result);
+}
+
+static void wait_for_enter(void* user) {
+    (void)user;
+    printf("-- press Enter to continue --");
+    fflush(stdout);
+    int c;
+    while ((c = getchar()) != '\n' && c != EOF) {
+    }
+}
+
+static int run_in_terminal(const run_args* a) {
+    lesson_options options = a->options;
+    options.interactive = isatty(STDIN_FILENO);
+    options.on_say = say_to_terminal;
+    options.on_check = check_to_terminal;
+    return lesson_run_file(a->path, &options, wait_for_enter, NULL, stdout, stderr, true);
+}
+
+// ---- --full: the same run, with a progress line ------------------------------------
+
+// The full-size scenarios run for minutes between check lines. The progress
+// line counts the checks against the claims the lesson declares; it is
+// erased while the lesson prints (narration, a check, the Enter prompt),
+// and finished before the errors and the summary, so no text lands on it.
+typedef struct full_run_progress {
+    progress* line;
+    const char* path;
+    int checks_done, checks_total;
+    void (*say)(void* user, const char* text);
+    void (*check)(void* user, const lesson_check_result* result);
+} full_run_progress;
+
+static void say_around_progress(void* user, const char* text) {
+    full_run_progress* f = user;
+    if (!f->say) return;
+    progress_hold(f->line);
+    f->say(NULL, text);
+    progress_resume(f->line);
+}
+
+static void check_around_progress(void* user, const lesson_check_result* result) {
+    full_run_progress* f = user;
+    progress_hold(f->line);
+    f->check(NULL, result);
+    f->checks_done++;
+    progress_set(f->line, f->path, f->checks_done, f->checks_total, "checks");
+    progress_resume(f->line);
+}
+
+// lesson_run_file and lesson_run_headless (lesson_run.c), step by step, so
+// that the line is finished before the error and the summary are printed.
+static int run_full_with_progress(const run_args* a) {
+    lesson_options options = a->options;
+    full_run_progress f = {NULL, a->path, 0, 0, a->headless ? NULL : say_to_terminal, check_to_terminal};
+    if (a->headless && a->verbose) f.say = say_as_comment;
+    lesson_info info;
+    error_info ignored = {{0}};
+    if (a->options.only_claim) f.checks_total = 1;
+    else if (lesson_read_info(a->path, &info, &ignored) == 0) f.checks_total = info.n_claims;
+    options.interactive = !a->headless && isatty(STDIN_FILENO);
+    options.on_say = say_around_progress;
+    options.on_check = check_around_progress;
+    options.user = &f;
+    f.line = progress_start("servelab lesson", a->progress_forced);
+    progress_set(f.line, a->path, 0, f.checks_total, "checks");
+    lesson* l = NULL;
+    error_info err = {{0}};
+    if (lesson_open(&l, a->path, &options, &err)) {
+        progress_finish(f.line);
+        fprintf(stderr, "%s\n", err.message);
+        printf("0 passed, 1 failed\n");
+        return 1;
+    }
+    lesson_status status;
+    while ((status = lesson_resume(l)) == LESSON_PAUSED) {
+        progress_hold(f.line);
+        wait_for_enter(NULL);
+        progress_resume(f.line);
+    }
+    progress_finish(f.line);
+    if (status == LESSON_FAILED) fprintf(stderr, "%s\n", lesson_error(l));
+    int passed = 0, failed = 0;
+    lesson_counts(l, &passed, &failed);
+    lesson_close(l);
+    if (status == LESSON_FAILED && passed + failed == 0) failed = 1; // a lesson that failed before any check
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed == 0 && status == LESSON_DONE ? 0 : 1;
+}
+
+// SIGINT, SIGTERM and SIGHUP stop the lesson (within half a second, even
+// inside a long call); the run then reports what it checked, and the exit
+// status is 128 + the signal, as shells expect.
+static volatile sig_atomic_t stop_signal = 0;
+static void on_stop_signal(int signal_number) { stop_signal = signal_number; }
+
+static void catch_stop_signals(void) {
+    struct sigaction action;
+    memset(&action, 0, sizeof action);
+    action.sa_handler = on_stop_signal;
+    sigemptyset(&action.sa_mask);
+    static const int STOP_SIGNALS[] = {SIGINT, SIGTERM, SIGHUP};
+    for (size_t i = 0; i < sizeof STOP_SIGNALS / sizeof STOP_SIGNALS[0]; i++) sigaction(STOP_SIGNALS[i], &action, NULL);
+}
+
+static int command_run(int argc, char** argv) {
+    run_args a = {0};
+    error_info err = {{0}};
+    if (parse_run_args(argc, argv, &a, &err)) {
+        fprintf(stderr, "%s\n", err.message);
+        return 2;
+    }
+    catch_stop_signals();
+    a.options.stop_flag = &stop_signal;
+    int status;
+    if (a.options.full && progress_wanted(a.progress_forced)) {
+        status = run_full_with_progress(&a);
+    } else if (!a.headless) {
+        status = run_in_terminal(&a);
+    } else {
+        if (a.verbose) a.options.on_say = say_as_comment;
+        status = lesson_run_headless(a.path, &a.options, stdout, stderr);
+    }
+    if (stop_signal) {
+        fprintf(stderr, "servelab lesson run: stopped by %s\n", strsignal(stop_signal));
+        return 128 + stop_signal;
+    }
+    return status;
+}
+
+// The lessons that came with this binary, found the way the quiz finds
+// quiz/ (lab/quiz/data.c), so `lesson list` works from any folder: beside
+// the binary (bin/../lessons, and build/<name>/bin/../../../lessons in a
+// clone), the install prefix's share/servelab/lessons, then ./lessons.
+// The first folder with a .lua file in it wins.
+static int find_lessons_folder(char* out, size_t capacity) {
+    char exe[512];
+    ssize_t length = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    exe[length > 0 ? length : 0] = '\0';
+    char* slash = strrchr(exe, '/');
+    if (slash) *slash = '\0'; // the binary's folder
+    static const char* const BESIDE_BINARY[] = {"%s/../lessons", "%s/../../../lessons", "%s/../share/servelab/lessons"};
+    static lesson_file_name names[LESSON_MAX_FILES];
+    for (size_t i = 0; length > 0 && i < sizeof BESIDE_BINARY / sizeof BESIDE_BINARY[0]; i++) {
+        snprintf(out, capacity, BESIDE_BINARY[i], exe);
+        if (lesson_list_folder(out, names, LESSON_MAX_FILES) > 0) return 0;
+    }
+    snprintf(out, capacity, "lessons");
+    if (lesson_list_folder(out, names, LESSON_MAX_FILES) > 0) return 0;
+    fprintf(stderr,
+            "servelab lesson list: cannot find the lessons: looked in %s/../lessons, %s/../share/servelab/lessons "
+            "and ./lessons; name the folder (servelab lesson list DIR)\n",
+            exe, exe);
+    return -1;
+}
+
+static int command_list(int argc, char** argv) {
+    if (argc > 3) {
+        fprintf(stderr, "servelab lesson list: expected at most one folder\n");
+        return 2;
+    }
+    char found[600];
+    if (argc < 3 && find_lessons_folder(found, sizeof found)) return 1;
+    const char* folder = argc == 3 ? argv[2] : found;
+    static lesson_file_name names[LESSON_MAX_FILES];
+    int n = lesson_list_folder(folder, names, LESSON_MAX_FILES);
+    if (n < 0) {
+        fprintf(stderr, "servelab lesson list: %s: no such folder\n", folder);
+        return 1;
+    }
+    int status = 0;
+    for (int i = 0; i < n; i++) {
+        char path[1400];
+        snprintf(path, sizeof path, "%.1000s/%.255s", folder, names[i]);
+        lesson_info info;
+        error_info err = {{0}};
+        if (lesson_read_info(path, &info, &err)) {
+            fprintf(stderr, "%s\n", err.message);
+            status = 1;
+        } else {
+            printf("%-28s %s\n%28s claims:", names[i], info.title, "");
+            for (int k = 0; k < info.n_claims; k++) printf(" %s", info.claims[k]);
+            printf("\n");
+        }
+    }
+    return status;
+}
+
+static int command_check(int argc, char** argv) {
+    if (argc < 3) {
+        fprintf(stderr, "servelab lesson check: which lesson files?\n");
+        return 2;
+    }
+    int status = 0;
+    for (int i = 2; i < argc; i++) {
+        lesson_info info;
+        error_info err = {{0}};
+        if (lesson_read_info(argv[i], &info, &err)) {
+            fprintf(stderr, "%s\n", err.message);
+            status = 1;
+            continue;
+        }
+        printf("%s: ok: \"%s\", %d claims:", argv[i], info.title, info.n_claims);
+        for (int k = 0; k < info.n_claims; k++) printf(" %s", info.claims[k]);
+        printf("\n");
+    }
+    return status;
+}
+
+static int command_faults(int argc, char** argv) {
+    lesson_options options = lesson_options_default();
+    bool matrix = false, undeclared = false;
+    const char** paths = calloc((size_t)argc, sizeof *paths);
+    int n_paths = 0;
+    arg_cursor cursor = {argc, argv, 2, "servelab lesson faults", NULL};
+    error_info err = {{0}};
+    for (; cursor.index < argc; cursor.index++) {
+        bool failed = false;
+        if (arg_match(&cursor, "--matrix", false, &failed, &err)) matrix = true;
+        else if (arg_match(&cursor, "--undeclared", false, &failed, &err)) undeclared = true;
+        else if (arg_match(&cursor, "--output", true, &failed, &err)) {
+            if (!failed) options.output_dir = cursor.value;
+        } else if (arg_match(&cursor, "--time-limit", true, &failed, &err)) {
+            float seconds = 0;
+            if (!failed) failed = parse_float_arg("--time-limit", cursor.value, 0.01, 86400, &seconds, &err) != 0;
+            options.time_limit_s = seconds;
+        } else if (argv[cursor.index][0] == '-') {
+            failed = error_set(&err, "servelab lesson faults: unknown option '%s' (see servelab lesson --help)",
+                               argv[cursor.index]) != 0;
+        } else {
+            paths[n_paths++] = argv[cursor.index];
+        }
+        if (failed) {
+            fprintf(stderr, "%s\n", err.message);
+            free(paths);
+            return 2;
+        }
+    }
+    if (n_paths == 0) {
+        fprintf(stderr, "servelab lesson faults: which lesson files? (servelab lesson faults lessons/*.lua)\n");
+        free(paths);
+        return 2;
+    }
+    int status = matrix || undeclared ? lesson_fault_matrix(paths, n_paths, &options, undeclared, stdout, stderr)
+                                      : lesson_fault_table(paths, n_paths, &options, stdout, stderr);
+    free(paths);
+    return status;
+}
+
+static const char SKELETON[] =
+    "-- %s: a servelab lesson (see lessons/README.md for the whole lab API).\n"
+    "--\n"
+    "-- Run it:   servelab lesson run %s --headless\n"
+    "-- Check it: servelab lesson check %s\n"
+    "\n"
+    "-- 1. Declare the lesson first: its title and every claim id it checks.\n"
+    "lab.lesson{\n"
+    "    title = \"My lesson\",\n"
+    "    claims = {\"mine1\"},\n"
+    "}\n"
+    "\n"
+    "-- 2. Build a scenario. Presets run without files: tiny, small, medium, large.\n"
+    "local e = lab.engine{model = \"tiny\", block_size = 16, num_blocks = 64}\n"
+    "local id = e:add{prompt = \"Hello\", max_tokens = 8}\n"
+    "lab.say(\"One request of \" .. e:sequence(id).n_prompt .. \" prompt tokens.\")\n"
+    "lab.pause() -- waits for a key in the dashboard; does nothing headless\n"
+    "\n"
+    "-- 3. Measure. Every step returns its record: tokens, bytes, FLOPs, pool figures.\n"
+    "local written = {}\n"
+    "e:run{stop_when = function(r)\n"
+    "    written[#written + 1] = r.bytes.kv_written\n"
+    "    return false\n"
+    "end}\n"
+    "\n"
+    "-- 4. Check the claim with a verdict computed from the measurement, and\n"
+    "--    evidence that carries the numbers. Never write the verdict by hand.\n"
+    "local per_token = written[#written]\n"
+    "local same = true\n"
+    "for step = 2, #written do same = same and written[step] == per_token end\n"
+    "lab.check{\n"
+    "    id = \"mine1\",\n"
+    "    claim = \"every decode step writes the same number of KV bytes (one token's keys and values)\",\n"
+    "    bank_answer = true,\n"
+    "    verdict = same,\n"
+    "    evidence = string.format(\"%%d decode steps, each wrote %%d bytes\", #written - 1, per_token),\n"
+    "}\n";
+
+static int command_new(int argc, char** argv) {
+    if (argc != 3) {
+        fprintf(stderr, "servelab lesson new: expected one NAME (writes NAME.lua)\n");
+        return 2;
+    }
+    char path[1024], temporary[1100];
+    size_t length = strlen(argv[2]);
+    bool has_suffix = length > 4 && strcmp(argv[2] + length - 4, ".lua") == 0;
+    snprintf(path, sizeof path, "%s%s", argv[2], has_suffix ? "" : ".lua");
+    struct stat st;
+    if (stat(path, &st) == 0) {
+        fprintf(stderr, "servelab lesson new: %s already exists (not overwritten)\n", path);
+        return 1;
+    }
+    snprintf(temporary, sizeof temporary, "%s.tmp%ld", path, (long)getpid());
+    FILE* f = fopen(temporary, "w");
+    if (!f) {
+        fprintf(stderr, "servelab lesson new: cannot write %s\n", path);
+        return 1;
+    }
+    fprintf(f, SKELETON, path, path, path);
+    if (fclose(f) != 0 || rename(temporary, path) != 0) {
+        remove(temporary);
+        fprintf(stderr, "servelab lesson new: cannot write %s\n", path);
+        return 1;
+    }
+    printf("wrote %s\n", path);
+    return 0;
+}
+
+int command_lesson(int argc, char** argv) {
+    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
+        (argc > 2 && (strcmp(argv[2], "--help") == 0 || strcmp(argv[2], "-h") == 0))) {
+        fputs(LESSON_USAGE, argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (strcmp(argv[1], "run") == 0) return command_run(argc, argv);
+    if (strcmp(argv[1], "list") == 0) return command_list(argc, argv);
+    if (strcmp(argv[1], "new") == 0) return command_new(argc, argv);
+    if (strcmp(argv[1], "check") == 0) return command_check(argc, argv);
+    if (strcmp(argv[1], "faults") == 0) return command_faults(argc, argv);
+    fprintf(stderr, "servelab lesson: unknown subcommand '%s' (run, list, new, check, faults)\n", argv[1]);
+    return 2;
+}

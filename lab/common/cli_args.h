@@ -1,0 +1,32 @@
+// cli_args: strict parsing of command-line values.
+//
+// Every value is checked whole ("12x" is not 12) and against its range; a
+// bad one gives a message naming the flag, what was found and what was
+// expected. Flags take their value as the next argument or after '='.
+#ifndef SERVELAB_CLI_ARGS_H
+#define SERVELAB_CLI_ARGS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "base/error.h"
+
+typedef struct arg_cursor {
+    int argc;
+    char** argv;
+    int index;           // the argument being looked at
+    const char* command; // "servelab generate", for messages
+    const char* value;   // the value of the last matched flag
+} arg_cursor;
+
+// True when argv[index] is `flag` (or `flag=...`); for a flag that takes a
+// value (takes_value), cursor->value is set and the cursor moves past it.
+// A missing value is an error (returns true and sets *failed).
+bool arg_match(arg_cursor* cursor, const char* flag, bool takes_value, bool* failed, error_info* err);
+
+int parse_int_arg(const char* flag, const char* text, long min_value, long max_value, int* out, error_info* err);
+int parse_u64_arg(const char* flag, const char* text, uint64_t* out, error_info* err);
+int parse_float_arg(const char* flag, const char* text, double min_value, double max_value, float* out,
+                    error_info* err);
+
+#endif

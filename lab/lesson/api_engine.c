@@ -1,0 +1,1069 @@
+// lesson_api_engine: the lab module's models, engines, requests and step
+// records (lessons/README.md documents every function).
+//
+//   m = lab.model{model = "small", dtype = "fp16", quant = "w4a16:g32", tokenizer = PATH, seed = N, n_kv_heads = 6}
+//   e = lab.engine{model = m | "tiny", kv = "paged", block_size = 16, kv_mem = "8MiB", ...}
+//   id = e:add{prompt = "Once", max_tokens = 16, n = 2, prefix = "System: ..."}
+//   r = e:step();  e:run{stop_when = function(r) return r.running == 0 end}
+//   e:record(), e:pool(), e:sequence(id), e:sequences(), e:queues(), e:totals(), e:logits(id)
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "engine/model_quant.h"
+#include "engine/model_synth.h"
+#include "engine/tokenizer.h"
+#include "lab/common/engine_options.h"
+#include "lab/lesson/internal.h"
+
+// ---- object lists ---------------------------------------------------------------------
+
+typedef struct model_box {
+    lab_model* model; // NULL once released
+} model_box;
+
+typedef struct engine_box {
+    lab_engine* engine; // NULL once closed
+} engine_box;
+
+static void model_unreference(lesson* l, lab_model* m) {
+    if (--m->references > 0) return;
+    if (m->previous) m->previous->next = m->next;
+    else l->models = m->next;
+    if (m->next) m->next->previous = m->previous;
+    model_source_close(&m->source);
+    lesson_release_bytes(l, m->reserved_bytes);
+    free(m);
+}
+
+static void engine_release(lesson* l, lab_engine* e) {
+    if (l->focus == &e->engine) l->focus = NULL;
+    if (e->previous) e->previous->next = e->next;
+    else l->engines = e->next;
+    if (e->next) e->next->previous = e->previous;
+    engine_free(&e->engine);
+    free(e->last_logits);
+    free(e->logits_position);
+    lesson_release_bytes(l, e->reserved_bytes);
+    lab_model* m = e->model;
+    free(e);
+    if (m) model_unreference(l, m);
+}
+
+void lab_free_objects(lesson* l) {
+    while (l->engines) engine_release(l, l->engines);
+    while (l->models) {
+        l->models->references = 1;
+        model_unreference(l, l->models);
+    }
+}
+
+// ---- models ---------------------------------------------------------------------------------
+
+// An upper bound of the bytes a model will take, before loading it: a
+// preset from its shape, a file from its size (fp16 storage halves fp32,
+// Q8_0 widened to fp32 takes 4x). Quantizing holds both copies a moment.
+static uint64_t estimate_model_bytes(const model_request* request) {
+    const char* name = request->model_arg ? request->model_arg : "small";
+    double bytes = 0;
+    const synth_preset* preset = synth_find_preset(name);
+    struct stat st;
+    if (preset && stat(name, &st) != 0) {
+        const model_config* c = &preset->shape;
+        double kv_dim = (double)c->n_kv_heads * c->dim / c->n_heads;
+        double per_layer = 2.0 * c->dim * c->dim + 2.0 * kv_dim * c->dim + 3.0 * c->dim * c->hidden_dim + 2.0 * c->dim;
+        double parameters = 512.0 * c->dim + c->n_layers * per_layer + c->dim;
+        bytes = parameters * (request->dtype == MODEL_DTYPE_FP32 ? 4.0 : 2.0);
+    } else if (stat(name, &st) == 0) {
+        bytes = (double)st.st_size * 4.0;
+    }
+    if (request->quant) bytes *= 1.5;
+    return (uint64_t)bytes + (1u << 20);
+}
+
+// Maps lab field names onto the command-line flags they stand for, so that
+// a lesson's engine means exactly what `servelab sim` means.
+typedef struct field_flag {
+    const char* field;
+    const char* flag;
+    bool is_switch; // a boolean: false adds `flag`, true adds nothing
+} field_flag;
+
+static const field_flag MODEL_FIELDS[] = {
+    {"model", "--model", false},   {"tokenizer", "--tokenizer", false}, {"dtype", "--dtype", false},
+    {"quant", "--quant", false},   {"seed", "--synth-seed", false},     {NULL, NULL, false},
+};
+
+static const field_flag ENGINE_FIELDS[] = {
+    {"kv", "--kv", false},
+    {"block_size", "--block-size", false},
+    {"kv_mem", "--kv-mem", false},
+    {"num_blocks", "--num-blocks", false},
+    {"kv_dtype", "--kv-dtype", false},
+    {"reserve", "--reserve", false},
+    {"batching", "--batching", false},
+    {"max_seqs", "--max-seqs", false},
+    {"max_batched_tokens", "--max-batched-tokens", false},
+    {"threads", "--threads", false},
+    {"tp", "--tp", false},
+    {"tp_link", "--tp-link", false},
+    {"chunked_prefill", "--no-chunked-prefill", true},
+    {"prefix_caching", "--no-prefix-caching", true},
+    {NULL, NULL, false},
+};
+
+// Applies the fields of table `arg` in `fields` through `match`, one flag
+// at a time; an error names the field.
+typedef bool (*flag_matcher)(arg_cursor* cursor, void* target, bool* failed, error_info* err);
+
+// Each given field goes through the command line's own option parser. The
+// parsed request may keep pointers to the texts (a model path, a tokenizer
+// path), so every text stays on the Lua stack until the calling C function
+// returns: read raw from the table (no __index proxy can hand back a string
+// nothing else holds), and a number's text pushed as a Lua string rather
+// than formatted into a local buffer (fuzzing found `tokenizer = 5` left
+// the request pointing at a dead stack slot).
+static void apply_fields(lua_State* L, int arg, const field_flag* fields, flag_matcher match, void* target) {
+    arg = lua_absindex(L, arg);
+    for (const field_flag* f = fields; f->field; f++) {
+        lua_pushstring(L, f->field);
+        int type = lua_rawget(L, arg);
+        if (type == LUA_TNIL || (f->is_switch && type == LUA_TBOOLEAN && lua_toboolean(L, -1))) {
+            lua_pop(L, 1);
+            continue;
+        }
+        if (f->is_switch) {
+            if (type != LUA_TBOOLEAN) lab_field_error(L, arg, f->field, "expected true or false, got %s", luaL_typename(L, -1));
+        } else if (type == LUA_TNUMBER) {
+            if (!lua_isinteger(L, -1)) lab_field_error(L, arg, f->field, "expected an integer, got %g", lua_tonumber(L, -1));
+            lua_pushfstring(L, "%I", (LUAI_UACINT)lua_tointeger(L, -1));
+            lua_remove(L, -2);
+        } else if (type != LUA_TSTRING) {
+            lab_field_error(L, arg, f->field, "expected a string or a number, got %s", luaL_typename(L, -1));
+        }
+        const char* text = lua_tostring(L, -1); // a switch's boolean gives NULL: the flag takes no value
+        char* argv[3] = {(char*)"lab", (char*)f->flag, (char*)text};
+        arg_cursor cursor = {f->is_switch ? 2 : 3, argv, 1, "lab", NULL};
+        bool failed = false;
+        error_info err = {{0}};
+        if (!match(&cursor, target, &failed, &err) || failed)
+            lab_field_error(L, arg, f->field, "%s", err.message[0] ? err.message : "not accepted here");
+        luaL_checkstack(L, 2, "too many fields");
+        // The text stays (see above).
+    }
+}
+
+static bool match_model_flag(arg_cursor* cursor, void* target, bool* failed, error_info* err) {
+    return model_option_match(cursor, target, failed, err);
+}
+
+static bool match_engine_flag(arg_cursor* cursor, void* target, bool* failed, error_info* err) {
+    return engine_option_match(cursor, target, NULL, NULL, failed, err);
+}
+
+static int model_gc(lua_State* L);
+
+lab_model* lab_push_model(lua_State* L, const model_request* request) {
+    lesson_check_time(L); // loading takes up to seconds of C the hook does not see
+    lesson* l = lesson_of(L);
+    uint64_t estimate = estimate_model_bytes(request);
+    model_box* box = lua_newuserdatauv(L, sizeof *box, 0);
+    box->model = NULL;
+    luaL_setmetatable(L, LAB_MODEL_TYPE);
+    lesson_reserve_bytes(L, estimate, "this model");
+    lab_model* m = calloc(1, sizeof *m);
+    if (!m) {
+        lesson_release_bytes(l, estimate);
+        lab_error(L, "lab.model: out of memory");
+    }
+    error_info err = {{0}};
+    if (model_source_open(&m->source, request, &err)) {
+        free(m);
+        lesson_release_bytes(l, estimate);
+        lab_error(L, "lab.model: %s", err.message);
+    }
+    lesson_release_bytes(l, estimate);
+    m->reserved_bytes = m->source.model.weight_bytes;
+    l->external_bytes += m->reserved_bytes; // the real size, now known
+    m->references = 1;
+    m->request = *request;
+    snprintf(m->model_arg, sizeof m->model_arg, "%s", request->model_arg);
+    m->request.model_arg = m->model_arg;
+    if (request->tokenizer_arg) snprintf(m->tokenizer_arg, sizeof m->tokenizer_arg, "%s", request->tokenizer_arg);
+    m->request.tokenizer_arg = request->tokenizer_arg ? m->tokenizer_arg : NULL;
+    m->request.quant = NULL; // what the model was before quantization
+    snprintf(m->label, sizeof m->label, "%.80s%s%.60s", request->model_arg, request->quant ? " " : "",
+             request->quant ? request->quant : "");
+    m->next = l->models;
+    if (l->models) l->models->previous = m;
+    l->models = m;
+    box->model = m;
+    return m;
+}
+
+// A model or tokenizer file a lesson may read: inside the lesson's folder,
+// or in the model folders servelab itself looks in (./models,
+// ../shared/models). Relative paths are tried from the lesson's folder
+// first, then from the working directory. Writes the resolved path.
+static void check_model_file(lua_State* L, int arg, const char* field, const char* path, char* out, size_t capacity) {
+    lesson* l = lesson_of(L);
+    char joined[PATH_MAX + 1200], resolved[PATH_MAX];
+    snprintf(joined, sizeof joined, "%s/%s", l->lesson_dir, path);
+    bool found = path[0] != '/' && realpath(joined, resolved);
+    if (!found && !realpath(path, resolved))
+        lab_field_error(L, arg, field, "'%s' is neither a preset (tiny, small, medium, large) nor a file", path);
+    const char* roots[] = {"models", "../shared/models"};
+    bool allowed = lesson_path_inside(resolved, l->lesson_dir);
+    for (size_t i = 0; i < sizeof roots / sizeof roots[0] && !allowed; i++) {
+        char root[PATH_MAX];
+        allowed = realpath(roots[i], root) && lesson_path_inside(resolved, root);
+    }
+    if (!allowed)
+        lab_field_error(L, arg, field, "'%s' is outside the lesson's folder and the model folders (models, ../shared/models)", path);
+    snprintf(out, capacity, "%s", resolved);
+}
+
+// Loads a model described by the model fields of table `arg` and pushes its handle.
+static lab_model* push_new_model(lua_State* L, int arg) {
+    model_request request = {0};
+    request.synth_seed = SYNTH_DEFAULT_SEED;
+    apply_fields(L, arg, MODEL_FIELDS, match_model_flag, &request);
+    if (!request.model_arg) lab_field_error(L, arg, "model", "expected a preset (tiny, small, medium, large) or a checkpoint path");
+    char model_path[PATH_MAX], tokenizer_path[PATH_MAX];
+    struct stat st;
+    // n_kv_heads = N: the preset's variant "PRESET:kvN" (engine/model_synth.h),
+    // e.g. the multi-head twin of a grouped-query preset.
+    char variant[64];
+    if (lua_getfield(L, arg, "n_kv_heads") != LUA_TNIL) {
+        const synth_preset* preset = synth_find_preset(request.model_arg);
+        if (!preset || stat(request.model_arg, &st) == 0 || strchr(request.model_arg, ':'))
+            lab_field_error(L, arg, "n_kv_heads", "applies to a preset (tiny, small, medium, large, stories110m), not '%s'",
+                            request.model_arg);
+        lua_Integer heads = lab_opt_integer_field(L, arg, "n_kv_heads", 0, 1, preset->shape.n_heads);
+        snprintf(variant, sizeof variant, "%s:kv%d", preset->name, (int)heads);
+        if (!synth_find_preset(variant))
+            lab_field_error(L, arg, "n_kv_heads", "expected a divisor of %s's %d query heads, got %d", preset->name,
+                            preset->shape.n_heads, (int)heads);
+        request.model_arg = variant;
+    }
+    lua_pop(L, 1);
+    if (!synth_find_preset(request.model_arg) || stat(request.model_arg, &st) == 0) {
+        check_model_file(L, arg, "model", request.model_arg, model_path, sizeof model_path);
+        request.model_arg = model_path;
+    }
+    if (request.tokenizer_arg) {
+        check_model_file(L, arg, "tokenizer", request.tokenizer_arg, tokenizer_path, sizeof tokenizer_path);
+        request.tokenizer_arg = tokenizer_path;
+    }
+    return lab_push_model(L, &request);
+}
+
+lab_model* lab_check_model(lua_State* L, int arg) {
+    model_box* box = luaL_checkudata(L, arg, LAB_MODEL_TYPE);
+    if (!box->model) luaL_argerror(L, arg, "the model was released");
+    return box->model;
+}
+
+// lab.model{model=..., ...} or lab.model("small").
+static int lab_model_new(lua_State* L) {
+    if (lua_type(L, 1) == LUA_TSTRING) {
+        lua_createtable(L, 0, 1);
+        lua_pushvalue(L, 1);
+        lua_setfield(L, -2, "model");
+        lua_replace(L, 1);
+    }
+    static const char* const fields[] = {"model", "tokenizer", "dtype", "quant", "seed", "n_kv_heads", NULL};
+    lab_check_fields(L, 1, fields);
+    push_new_model(L, 1);
+    return 1;
+}
+
+static int model_gc(lua_State* L) {
+    model_box* box = luaL_checkudata(L, 1, LAB_MODEL_TYPE);
+    if (box->model) model_unreference(lesson_of(L), box->model);
+    box->model = NULL;
+    return 0;
+}
+
+static void push_model_info(lua_State* L, const lab_model* m) {
+    const model* mo = &m->source.model;
+    const model_config* c = &mo->config;
+    lua_createtable(L, 0, 16);
+    lab_set_string(L, "name", m->label);
+    lab_set_integer(L, "dim", c->dim);
+    lab_set_integer(L, "hidden_dim", c->hidden_dim);
+    lab_set_integer(L, "n_layers", c->n_layers);
+    lab_set_integer(L, "n_heads", c->n_heads);
+    lab_set_integer(L, "n_kv_heads", c->n_kv_heads);
+    lab_set_integer(L, "head_dim", c->head_dim);
+    lab_set_integer(L, "kv_dim", c->kv_dim);
+    lab_set_integer(L, "vocab_size", c->vocab_size);
+    lab_set_integer(L, "max_seq_len", c->max_seq_len);
+    lab_set_integer(L, "weight_bytes", (lua_Integer)mo->weight_bytes);
+    lab_set_integer(L, "decode_weight_bytes", (lua_Integer)model_decode_weight_bytes(mo));
+    lab_set_integer(L, "n_parameters", (lua_Integer)mo->n_parameters);
+    lab_set_string(L, "dtype", weight_dtype_name(mo->layers[0].wq.dtype));
+    lab_set_integer(L, "activation_bits", mo->layers[0].wq.activation_bits);
+    lab_set_string(L, "activations", matmul_activation_format(&mo->layers[0].wq));
+}
+
+static int model_info(lua_State* L) {
+    push_model_info(L, lab_check_model(L, 1));
+    return 1;
+}
+
+// m:tensor(name) -> values (row-major array), rows, cols
+static int model_tensor(lua_State* L) {
+    lab_model* m = lab_check_model(L, 1);
+    const char* name = luaL_checkstring(L, 2);
+    const weight_matrix* w = model_matrix_by_name(&m->source.model, name);
+    if (!w)
+        return luaL_argerror(L, 2, lua_pushfstring(L, "no tensor '%s' (token_embedding, classifier, layers.0..%d.wq|wk|wv|wo|w1|w2|w3)",
+                                                   name, m->source.model.config.n_layers - 1));
+    float* row = lua_newuserdatauv(L, (size_t)w->cols * sizeof *row, 0); // scratch, collected
+    lua_createtable(L, w->rows * w->cols, 0);
+    for (int r = 0; r < w->rows; r++) {
+        weight_row_to_f32(row, w, r, NULL);
+        for (int i = 0; i < w->cols; i++) {
+            lua_pushnumber(L, row[i]);
+            lua_rawseti(L, -2, (lua_Integer)r * w->cols + i + 1);
+        }
+    }
+    lua_pushinteger(L, w->rows);
+    lua_pushinteger(L, w->cols);
+    return 3;
+}
+
+// Encodes text (BOS first when add_bos) into a userdata buffer left on the
+// stack (collected with it, so an error cannot leak it); *n gets the count.
+static int32_t* encode_text(lua_State* L, const tokenizer* t, const char* text, bool add_bos, int* n, int arg,
+                            const char* field) {
+    if (!t) lab_field_error(L, arg, field, "this model has no tokenizer: give token ids instead");
+    error_info err = {{0}};
+    int needed = 0;
+    tok_encode(t, text, add_bos, false, NULL, 0, &needed, &err);
+    int32_t* ids = lua_newuserdatauv(L, (size_t)(needed > 0 ? needed : 1) * sizeof *ids, 0);
+    if (tok_encode(t, text, add_bos, false, ids, needed, n, &err))
+        lab_field_error(L, arg, field, "cannot encode: %s", err.message);
+    return ids;
+}
+
+// The most token ids one array may hold: 2^20, past the longest context of
+// any model the lab loads, and 4 MiB of ids.
+enum { LAB_MAX_TOKEN_IDS = 1 << 20 };
+
+// Token ids from an array at `index` into a userdata buffer left on the
+// stack. The length is bounded before anything is allocated (a lesson's
+// __len can claim any number), and every id must be an integer of the
+// vocabulary 0..vocab_size-1.
+static int32_t* read_ids(lua_State* L, int index, int arg, const char* field, int vocab_size, bool allow_empty,
+                         int* n) {
+    index = lua_absindex(L, index);
+    if (lua_type(L, index) != LUA_TTABLE)
+        lab_field_error(L, arg, field, "expected an array of token ids, got %s", luaL_typename(L, index));
+    lua_Integer length = luaL_len(L, index);
+    if (length < (allow_empty ? 0 : 1) || length > LAB_MAX_TOKEN_IDS)
+        lab_field_error(L, arg, field, "expected %d..%d token ids, got %lld", allow_empty ? 0 : 1, LAB_MAX_TOKEN_IDS,
+                        (long long)length);
+    int32_t* ids = lua_newuserdatauv(L, (size_t)(length ? length : 1) * sizeof *ids, 0);
+    for (lua_Integer i = 0; i < length; i++) {
+        lua_geti(L, index, i + 1);
+        int is_integer = 0;
+        lua_Integer id = lua_tointegerx(L, -1, &is_integer);
+        if (!is_integer) {
+            if (lua_type(L, -1) == LUA_TNUMBER)
+                lab_field_error(L, arg, field, "element %lld: expected a token id (an integer), got %g", (long long)i + 1,
+                                lua_tonumber(L, -1));
+            lab_field_error(L, arg, field, "element %lld: expected a token id (an integer), got %s", (long long)i + 1,
+                            luaL_typename(L, -1));
+        }
+        if (id < 0 || id >= vocab_size)
+            lab_field_error(L, arg, field, "element %lld: token id %lld is outside the vocabulary 0..%d", (long long)i + 1,
+                            (long long)id, vocab_size - 1);
+        ids[i] = (int32_t)id;
+        lua_pop(L, 1);
+    }
+    *n = (int)length;
+    return ids;
+}
+
+static int model_encode(lua_State* L) {
+    lab_model* m = lab_check_model(L, 1);
+    const char* text = luaL_checkstring(L, 2);
+    int n = 0;
+    int32_t* ids = encode_text(L, m->source.tokenizer, text, true, &n, 2, NULL);
+    lab_push_int32_array(L, ids, (size_t)n);
+    return 1;
+}
+
+static void push_decoded(lua_State* L, const tokenizer* t, int32_t previous, const int32_t* ids, int n) {
+    if (!t) {
+        lua_pushliteral(L, "");
+        return;
+    }
+    size_t length = tok_decode_text(t, previous, ids, n, NULL, 0);
+    char* text = lua_newuserdatauv(L, length + 1, 0); // scratch, collected
+    tok_decode_text(t, previous, ids, n, text, length + 1);
+    lua_pushlstring(L, text, length);
+    lua_remove(L, -2);
+}
+
+static int model_decode(lua_State* L) {
+    lab_model* m = lab_check_model(L, 1);
+    int n = 0;
+    int32_t* ids = read_ids(L, 2, 2, NULL, m->source.model.config.vocab_size, true, &n);
+    push_decoded(L, m->source.tokenizer, TOK_BOS_ID, ids, n);
+    return 1;
+}
+
+// ---- engines -------------------------------------------------------------------------------
+
+static lab_engine* check_engine(lua_State* L, int arg) {
+    engine_box* box = luaL_checkudata(L, arg, LAB_ENGINE_TYPE);
+    if (!box->engine) luaL_argerror(L, arg, "the engine was closed");
+    return box->engine;
+}
+
+static void observe_logits(void* user, int32_t sequence_id, int position, const float* logits, int vocab) {
+    lab_engine* e = user;
+    if (sequence_id >= e->logits_capacity) {
+        int capacity = e->logits_capacity ? e->logits_capacity : 16;
+        while (capacity <= sequence_id) capacity *= 2;
+        float* grown = realloc(e->last_logits, (size_t)capacity * (size_t)vocab * sizeof *grown);
+        if (!grown) return;
+        e->last_logits = grown;
+        int* positions = realloc(e->logits_position, (size_t)capacity * sizeof *positions);
+        if (!positions) return;
+        for (int i = e->logits_capacity; i < capacity; i++) positions[i] = -1;
+        e->logits_position = positions;
+        e->logits_capacity = capacity;
+    }
+    memcpy(e->last_logits + (size_t)sequence_id * (size_t)vocab, logits, (size_t)vocab * sizeof *logits);
+    e->logits_position[sequence_id] = position;
+}
+
+uint64_t lab_engine_bytes_estimate(const model_config* c, const engine_config* config) {
+    uint64_t block_bytes = kv_memory_block_bytes(c, config->kv_dtype, config->block_size);
+    uint64_t kv = config->num_blocks > 0 ? (uint64_t)config->num_blocks * block_bytes : config->kv_mem_bytes;
+    uint64_t rows = (uint64_t)config->max_batched_tokens + (uint64_t)config->max_seqs;
+    if (!config->chunked_prefill && (uint64_t)c->max_seq_len > (uint64_t)config->max_batched_tokens)
+        rows = (uint64_t)c->max_seq_len + (uint64_t)config->max_seqs;
+    uint64_t activations = rows * (5ull * (uint64_t)c->dim + 2ull * (uint64_t)c->kv_dim + 2ull * (uint64_t)c->hidden_dim) * 4;
+    uint64_t scores = 64ull * (uint64_t)c->max_seq_len * 4;
+    uint64_t logits = 2ull * (uint64_t)config->max_seqs * (uint64_t)c->vocab_size * 4;
+    return kv + activations + scores + logits + (1u << 20);
+}
+
+static int engine_gc(lua_State* L) {
+    engine_box* box = luaL_checkudata(L, 1, LAB_ENGINE_TYPE);
+    if (box->engine) engine_release(lesson_of(L), box->engine);
+    box->engine = NULL;
+    return 0;
+}
+
+// lab.engine{model = m | "preset" | PATH, <model fields>, <engine fields>}
+static int lab_engine_new(lua_State* L) {
+    static const char* const fields[] = {"model", "tokenizer", "dtype", "quant", "seed", "kv", "block_size",
+                                         "kv_mem", "num_blocks", "kv_dtype", "reserve", "batching", "max_seqs",
+                                         "max_batched_tokens", "threads", "chunked_prefill", "prefix_caching",
+                                         "watermark_blocks", "tp", "tp_link", NULL};
+    lab_check_fields(L, 1, fields);
+    lesson_check_time(L);
+    lesson* l = lesson_of(L);
+    engine_config config = engine_config_default();
+    apply_fields(L, 1, ENGINE_FIELDS, match_engine_flag, &config);
+    config.watermark_blocks = (int)lab_opt_integer_field(L, 1, "watermark_blocks", -1, -1, 1 << 24);
+
+    // The model: a handle, or loaded here from the model fields.
+    lab_model* m = NULL;
+    int model_index;
+    if (lua_getfield(L, 1, "model") == LUA_TUSERDATA) {
+        m = lab_check_model(L, -1);
+        static const char* const model_only[] = {"tokenizer", "dtype", "quant", "seed", NULL};
+        for (const char* const* f = model_only; *f; f++)
+            if (lua_getfield(L, 1, *f) != LUA_TNIL) lab_field_error(L, 1, *f, "set it in lab.model{}, not with a loaded model");
+            else lua_pop(L, 1);
+    } else {
+        lua_pop(L, 1);
+        m = push_new_model(L, 1);
+    }
+    model_index = lua_gettop(L); // the model handle, kept by the engine's user value
+    engine_box* box = lua_newuserdatauv(L, sizeof *box, 1);
+    box->engine = NULL;
+    luaL_setmetatable(L, LAB_ENGINE_TYPE);
+    lua_pushvalue(L, model_index);
+    lua_setiuservalue(L, -2, 1);
+
+    uint64_t estimate = lab_engine_bytes_estimate(&m->source.model.config, &config);
+    lesson_reserve_bytes(L, estimate, "this engine (KV pool and activations; lower kv_mem or num_blocks)");
+    lab_engine* e = calloc(1, sizeof *e);
+    if (!e) {
+        lesson_release_bytes(l, estimate);
+        return lab_error(L, "lab.engine: out of memory");
+    }
+    error_info err = {{0}};
+    if (engine_init(&e->engine, &m->source.model, &config, &err)) {
+        free(e);
+        lesson_release_bytes(l, estimate);
+        return lab_error(L, "lab.engine: %s", err.message);
+    }
+    e->reserved_bytes = estimate;
+    e->model = m;
+    m->references++;
+    engine_set_logits_observer(&e->engine, observe_logits, e);
+    e->next = l->engines;
+    if (l->engines) l->engines->previous = e;
+    l->engines = e;
+    box->engine = e;
+    l->focus = &e->engine;
+    return 1;
+}
+
+static int engine_close(lua_State* L) {
+    check_engine(L, 1);
+    return engine_gc(L);
+}
+
+static int engine_model(lua_State* L) {
+    check_engine(L, 1);
+    lua_getiuservalue(L, 1, 1);
+    return 1;
+}
+
+// Reads the prompt of e:add (prefix, then prompt text or ids) into a
+// userdata buffer left on the stack.
+static int32_t* read_prompt(lua_State* L, const lab_engine* e, int* n_out) {
+    const tokenizer* t = e->model->source.tokenizer;
+    int vocab_size = e->model->source.model.config.vocab_size;
+    int prompt_type = lua_getfield(L, 2, "prompt");
+    int ids_type = lua_getfield(L, 2, "ids");
+    lua_pop(L, 2);
+    if ((prompt_type == LUA_TNIL) == (ids_type == LUA_TNIL))
+        lab_field_error(L, 2, "prompt", "give exactly one of prompt (text) and ids (token ids)");
+    int n_prefix = 0, n_body = 0;
+    int32_t* prefix = NULL;
+    int type = lua_getfield(L, 2, "prefix");
+    if (type == LUA_TSTRING) prefix = encode_text(L, t, lua_tostring(L, -1), true, &n_prefix, 2, "prefix");
+    else if (type == LUA_TTABLE) prefix = read_ids(L, -1, 2, "prefix", vocab_size, false, &n_prefix);
+    else if (type == LUA_TNIL) lua_pushnil(L);
+    else lab_field_error(L, 2, "prefix", "expected text or an array of token ids, got %s", luaL_typename(L, -1));
+    int32_t* body = NULL;
+    if (prompt_type != LUA_TNIL) {
+        if (lua_getfield(L, 2, "prompt") != LUA_TSTRING)
+            lab_field_error(L, 2, "prompt", "expected text, got %s", luaL_typename(L, -1));
+        body = encode_text(L, t, lua_tostring(L, -1), prefix == NULL, &n_body, 2, "prompt");
+    } else {
+        lua_getfield(L, 2, "ids");
+        body = read_ids(L, -1, 2, "ids", vocab_size, false, &n_body);
+    }
+    int32_t* all = lua_newuserdatauv(L, (size_t)(n_prefix + n_body) * sizeof *all, 0);
+    if (n_prefix) memcpy(all, prefix, (size_t)n_prefix * sizeof *all);
+    memcpy(all + n_prefix, body, (size_t)n_body * sizeof *all);
+    *n_out = n_prefix + n_body;
+    return all; // the scratch below it stays on the stack until the function returns
+}
+
+// e:add{prompt = "text" | ids = {...}, prefix = "text" | {...}, max_tokens = 16, n = 1,
+//       temperature = 0, top_p = 0, seed = 1, stop_at_eos = false, arrival = 0} -> first sequence id
+static int engine_add(lua_State* L) {
+    lab_engine* e = check_engine(L, 1);
+    static const char* const fields[] = {"prompt", "ids", "prefix", "max_tokens", "n", "temperature", "top_p",
+                                         "seed", "stop_at_eos", "arrival", NULL};
+    lab_check_fields(L, 2, fields);
+    request_params p = {0};
+    p.max_new_tokens = (int)lab_opt_integer_field(L, 2, "max_tokens", 16, 1, 1 << 20);
+    p.n_samples = (int)lab_opt_integer_field(L, 2, "n", 1, 1, 4096);
+    p.temperature = (float)lab_opt_number_field(L, 2, "temperature", 0.0, 0.0, 100.0);
+    p.top_p = (float)lab_opt_number_field(L, 2, "top_p", 0.0, 0.0, 1.0);
+    p.seed = (uint64_t)lab_opt_integer_field(L, 2, "seed", 1, 0, INT64_MAX);
+    p.ignore_eos = !lab_opt_boolean_field(L, 2, "stop_at_eos", false);
+    p.arrival_time = lab_opt_number_field(L, 2, "arrival", 0.0, 0.0, 1e9);
+    int n = 0;
+    p.prompt = read_prompt(L, e, &n);
+    p.n_prompt = n;
+    int32_t id = -1;
+    error_info err = {{0}};
+    if (engine_add_request(&e->engine, &p, &id, &err)) return luaL_argerror(L, 2, err.message);
+    lua_pushinteger(L, id);
+    return 1;
+}
+
+static const char* phase_name(step_phase phase) { return phase == PHASE_PREFILL ? "prefill" : "decode"; }
+
+static void push_traffic(lua_State* L, const kernel_traffic* t) {
+    uint64_t bytes = t->weight_bytes_read + t->kv_bytes_read + t->kv_bytes_written + t->activation_bytes;
+    uint64_t flops = t->matmul_flops + t->attention_flops;
+    lua_createtable(L, 0, 5);
+    lab_set_integer(L, "weights", (lua_Integer)t->weight_bytes_read);
+    lab_set_integer(L, "kv_read", (lua_Integer)t->kv_bytes_read);
+    lab_set_integer(L, "kv_written", (lua_Integer)t->kv_bytes_written);
+    lab_set_integer(L, "activations", (lua_Integer)t->activation_bytes);
+    lab_set_integer(L, "total", (lua_Integer)bytes);
+    lua_setfield(L, -2, "bytes");
+    lua_createtable(L, 0, 3);
+    lab_set_integer(L, "matmul", (lua_Integer)t->matmul_flops);
+    lab_set_integer(L, "attention", (lua_Integer)t->attention_flops);
+    lab_set_integer(L, "total", (lua_Integer)flops);
+    lua_setfield(L, -2, "flops");
+    lab_set_number(L, "intensity", bytes ? (double)flops / (double)bytes : 0.0);
+}
+
+static void push_record(lua_State* L, const step_record* r) {
+    lua_createtable(L, 0, 32);
+    lab_set_integer(L, "step", (lua_Integer)r->step);
+    lab_set_number(L, "clock", r->clock_seconds);
+    lab_set_number(L, "seconds", (double)r->wall_ns * 1e-9);
+    lab_set_integer(L, "prefill_tokens", r->prefill_tokens);
+    lab_set_integer(L, "decode_tokens", r->decode_tokens);
+    push_traffic(L, &r->traffic);
+    lab_set_integer(L, "blocks_total", r->blocks_total);
+    lab_set_integer(L, "blocks_free", r->blocks_free);
+    lab_set_integer(L, "blocks_used", r->blocks_used);
+    lab_set_integer(L, "blocks_cached", r->blocks_cached);
+    lab_set_integer(L, "slots_total", r->slots_total);
+    lab_set_integer(L, "slots_used", r->slots_used);
+    lab_set_integer(L, "slots_allocated", r->slots_allocated);
+    lab_set_integer(L, "tail_waste", r->tail_waste_slots);
+    lab_set_integer(L, "reserved_unused", r->reserved_unused_slots);
+    lab_set_integer(L, "external_fragmentation", r->external_fragmentation_slots);
+    lab_set_integer(L, "waiting", r->n_waiting);
+    lab_set_integer(L, "running", r->n_running);
+    lab_set_integer(L, "finished", r->n_finished);
+    lab_set_integer(L, "preempted", r->n_preempted);
+    lab_set_integer(L, "prefix_hit_tokens", r->prefix_hit_tokens);
+    lab_set_integer(L, "copy_bytes", (lua_Integer)r->copy_bytes);
+    int copies = 0;
+    lua_createtable(L, r->n_events, 0);
+    for (int i = 0; i < r->n_events; i++) {
+        const block_event* ev = &r->events[i];
+        copies += ev->kind == BLOCK_COPY;
+        lua_createtable(L, 0, 4);
+        lab_set_string(L, "kind", block_event_name(ev->kind));
+        lab_set_integer(L, "block", ev->block);
+        lab_set_integer(L, "sequence", ev->sequence);
+        lab_set_integer(L, "other_block", ev->other_block);
+        lua_rawseti(L, -2, i + 1);
+    }
+    lua_setfield(L, -2, "events");
+    lab_set_integer(L, "copies", copies);
+    lua_createtable(L, r->n_sequences, 0);
+    for (int i = 0; i < r->n_sequences; i++) {
+        const step_sequence* s = &r->sequences[i];
+        lua_createtable(L, 0, 8);
+        lab_set_integer(L, "id", s->id);
+        lab_set_integer(L, "request_id", s->request_id);
+        lab_set_string(L, "phase", phase_name(s->phase));
+        lab_set_integer(L, "tokens", s->n_tokens);
+        lab_set_integer(L, "context", s->context_length);
+        lab_set_integer(L, "tail_fill", s->tail_fill);
+        lab_push_int32_array(L, r->block_ids + s->table_offset, (size_t)s->n_table);
+        lua_setfield(L, -2, "block_table");
+        lua_rawseti(L, -2, i + 1);
+    }
+    lua_setfield(L, -2, "sequences");
+    lab_push_int32_array(L, r->finished_ids, (size_t)r->n_finished_now);
+    lua_setfield(L, -2, "finished_ids");
+    // Simulated tensor parallelism: each shard's own traffic (same shape as
+    // the step's bytes/flops/intensity) and the all-reduces between them.
+    lua_createtable(L, 0, 6);
+    lab_set_integer(L, "shards", r->tp_shards);
+    lab_set_string(L, "link", r->tp_link ? r->tp_link : "");
+    lab_set_integer(L, "allreduces", r->n_allreduces);
+    lab_set_integer(L, "allreduce_bytes", (lua_Integer)r->allreduce_bytes);
+    lab_set_number(L, "allreduce_seconds", r->allreduce_seconds);
+    int n_shards = r->tp_shards > 1 ? r->tp_shards : 0;
+    lua_createtable(L, n_shards, 0);
+    for (int i = 0; i < n_shards; i++) {
+        lua_createtable(L, 0, 3);
+        push_traffic(L, &r->shard_traffic[i]);
+        lua_rawseti(L, -2, i + 1);
+    }
+    lua_setfield(L, -2, "shard");
+    lua_setfield(L, -2, "tp");
+}
+
+static void accumulate(lab_totals* t, const step_record* r) {
+    t->steps++;
+    t->prefill_tokens += (uint64_t)r->prefill_tokens;
+    t->decode_tokens += (uint64_t)r->decode_tokens;
+    traffic_add(&t->traffic, &r->traffic);
+    t->seconds += (double)r->wall_ns * 1e-9;
+    t->preemptions += (uint64_t)r->n_preempted;
+    t->prefix_hit_tokens += (uint64_t)r->prefix_hit_tokens;
+    for (int i = 0; i < r->n_events; i++) t->copies += r->events[i].kind == BLOCK_COPY;
+    t->copy_bytes += r->copy_bytes;
+    if (r->n_running > t->peak_running) t->peak_running = r->n_running;
+    if (r->slots_used > t->peak_slots_used) t->peak_slots_used = r->slots_used;
+    if (r->slots_allocated > t->peak_slots_allocated) t->peak_slots_allocated = r->slots_allocated;
+    if (r->slots_allocated > 0) {
+        t->waste_pct_sum += 100.0 * (double)(r->slots_allocated - r->slots_used) / (double)r->slots_allocated;
+        t->waste_steps++;
+    }
+    if (r->slots_total > 0) t->util_pct_sum += 100.0 * (double)r->slots_used / (double)r->slots_total;
+}
+
+static const step_record* step_once(lua_State* L, lab_engine* e) {
+    const step_record* r = NULL;
+    error_info err = {{0}};
+    if (engine_step(&e->engine, &r, &err)) lab_error(L, "engine step: %s", err.message);
+    e->stepped = true;
+    accumulate(&e->totals, r);
+    lesson_of(L)->focus = &e->engine;
+    return r;
+}
+
+static int engine_step_lua(lua_State* L) {
+    lab_engine* e = check_engine(L, 1);
+    push_record(L, step_once(L, e));
+    return 1;
+}
+
+// e:run{stop_when = function(record) -> boolean, max_steps = N} -> steps, last record
+static int engine_run(lua_State* L) {
+    lab_engine* e = check_engine(L, 1);
+    lua_Integer max_steps = 1000000;
+    bool has_condition = false;
+    if (!lua_isnoneornil(L, 2)) {
+        static const char* const fields[] = {"stop_when", "max_steps", NULL};
+        lab_check_fields(L, 2, fields);
+        max_steps = lab_opt_integer_field(L, 2, "max_steps", max_steps, 1, INT32_MAX);
+        int type = lua_getfield(L, 2, "stop_when");
+        if (type != LUA_TNIL && type != LUA_TFUNCTION)
+            lab_field_error(L, 2, "stop_when", "expected a function(record) returning true to stop, got %s",
+                            luaL_typename(L, -1));
+        has_condition = type == LUA_TFUNCTION;
+    } else {
+        lua_pushnil(L);
+    }
+    int condition = lua_gettop(L);
+    lua_Integer steps = 0;
+    const step_record* r = NULL;
+    while (steps < max_steps && engine_has_work(&e->engine)) {
+        lesson_check_time(L);
+        r = step_once(L, e);
+        steps++;
+        if (has_condition) {
+            lua_pushvalue(L, condition);
+            push_record(L, r);
+            lua_call(L, 1, 1);
+            bool stop = lua_toboolean(L, -1);
+            lua_pop(L, 1);
+            if (stop) break;
+        }
+    }
+    lua_pushinteger(L, steps);
+    if (r) push_record(L, r);
+    else lua_pushnil(L);
+    return 2;
+}
+
+static int engine_record(lua_State* L) {
+    lab_engine* e = check_engine(L, 1);
+    if (!e->stepped) lua_pushnil(L);
+    else push_record(L, &e->engine.record);
+    return 1;
+}
+
+static int engine_has_work_lua(lua_State* L) {
+    lua_pushboolean(L, engine_has_work(&check_engine(L, 1)->engine));
+    return 1;
+}
+
+static int engine_cancel(lua_State* L) {
+    lab_engine* e = check_engine(L, 1);
+    lua_Integer id = luaL_checkinteger(L, 2);
+    error_info err = {{0}};
+    if (id < 0 || id > INT32_MAX || engine_cancel_sequence(&e->engine, (int32_t)id, &err))
+        return luaL_argerror(L, 2, err.message[0] ? err.message : "no such sequence");
+    return 0;
+}
+
+static int engine_pool(lua_State* L) {
+    lab_engine* le = check_engine(L, 1);
+    const engine* e = &le->engine;
+    const model_config* c = &e->model->config;
+    bool paged = e->config.layout == KV_LAYOUT_PAGED;
+    uint64_t slot_bytes = kv_memory_block_bytes(c, e->config.kv_dtype, 1);
+    lua_createtable(L, 0, 12);
+    lab_set_string(L, "layout", paged ? "paged" : "contiguous");
+    lab_set_integer(L, "block_size", e->config.block_size);
+    lab_set_integer(L, "bytes_per_slot", (lua_Integer)slot_bytes);
+    lab_set_integer(L, "block_bytes", (lua_Integer)kv_memory_block_bytes(c, e->config.kv_dtype, e->config.block_size));
+    lab_set_integer(L, "slots_total", engine_pool_slots(e));
+    lab_set_integer(L, "bytes_total", (lua_Integer)((uint64_t)engine_pool_slots(e) * slot_bytes));
+    if (paged) {
+        lab_set_integer(L, "blocks_total", e->pool.n_blocks);
+        lab_set_integer(L, "blocks_free", e->pool.n_free);
+        lab_set_integer(L, "blocks_evictable", e->pool.n_evictable);
+        lab_set_integer(L, "blocks_cached", e->pool.n_cached);
+        lab_set_integer(L, "copies", (lua_Integer)e->pool.total_copies);
+        lab_set_integer(L, "evictions", (lua_Integer)e->pool.total_evictions);
+        lua_createtable(L, e->pool.n_blocks, 0);
+        for (int b = 0; b < e->pool.n_blocks; b++) {
+            lua_pushinteger(L, e->pool.blocks[b].ref_count);
+            lua_rawseti(L, -2, b + 1);
+        }
+        lua_setfield(L, -2, "ref_counts");
+        lua_createtable(L, e->pool.n_blocks, 0);
+        for (int b = 0; b < e->pool.n_blocks; b++) {
+            lua_pushinteger(L, e->pool.blocks[b].n_filled);
+            lua_rawseti(L, -2, b + 1);
+        }
+        lua_setfield(L, -2, "filled");
+    }
+    return 1;
+}
+
+static const sequence* check_sequence(lua_State* L, const lab_engine* e, int arg) {
+    lua_Integer id = luaL_checkinteger(L, arg);
+    const sequence* s = id >= 0 && id <= INT32_MAX ? engine_sequence(&e->engine, (int32_t)id) : NULL;
+    if (!s && e->engine.n_sequences == 0)
+        luaL_argerror(L, arg, lua_pushfstring(L, "no sequence %I (this engine has none yet: e:add makes them)",
+                                              (LUAI_UACINT)id));
+    if (!s)
+        luaL_argerror(L, arg, lua_pushfstring(L, "no sequence %I (this engine has %d: ids 0..%d)", (LUAI_UACINT)id,
+                                              e->engine.n_sequences, e->engine.n_sequences - 1));
+    return s;
+}
+
+static void push_sequence(lua_State* L, const lab_engine* e, const sequence* s) {
+    lua_createtable(L, 0, 20);
+    lab_set_integer(L, "id", s->id);
+    lab_set_integer(L, "request_id", s->request_id);
+    lab_set_integer(L, "sample", s->sample_index);
+    lab_set_string(L, "state", sequence_state_name(s->state));
+    lab_set_integer(L, "n_prompt", s->n_prompt);
+    lab_set_integer(L, "n_tokens", s->n_tokens);
+    lab_set_integer(L, "n_computed", s->n_computed);
+    lab_set_integer(L, "generated", s->n_tokens - s->n_prompt);
+    lab_set_integer(L, "fork_parent", s->fork_parent);
+    lab_set_integer(L, "preemptions", s->n_preemptions);
+    lab_set_string(L, "stop", s->state == SEQ_FINISHED ? stop_reason_name(s->stop) : "");
+    lab_set_number(L, "arrival", s->arrival_time);
+    if (s->first_token_time >= 0) lab_set_number(L, "ttft", s->first_token_time - s->arrival_time);
+    int generated = s->n_tokens - s->n_prompt;
+    if (s->finish_time >= 0 && s->first_token_time >= 0 && generated > 1)
+        lab_set_number(L, "tpot", (s->finish_time - s->first_token_time) / (generated - 1));
+    if (s->finish_time >= 0) lab_set_number(L, "latency", s->finish_time - s->arrival_time);
+    lab_push_int32_array(L, s->tokens, (size_t)s->n_tokens);
+    lua_setfield(L, -2, "tokens");
+    lab_push_int32_array(L, s->block_table, (size_t)s->n_table);
+    lua_setfield(L, -2, "block_table");
+    if (e->engine.config.layout == KV_LAYOUT_PAGED)
+        lab_set_integer(L, "tail_waste", s->n_table > 0 ? (lua_Integer)s->n_table * e->engine.config.block_size - s->n_tokens : 0);
+    push_decoded(L, e->model->source.tokenizer, s->tokens[s->n_prompt - 1], s->tokens + s->n_prompt, generated);
+    lua_setfield(L, -2, "text");
+}
+
+static int engine_sequence_lua(lua_State* L) {
+    lab_engine* e = check_engine(L, 1);
+    push_sequence(L, e, check_sequence(L, e, 2));
+    return 1;
+}
+
+static int engine_sequences(lua_State* L) {
+    lab_engine* e = check_engine(L, 1);
+    lua_createtable(L, e->engine.n_sequences, 0);
+    for (int i = 0; i < e->engine.n_sequences; i++) {
+        push_sequence(L, e, &e->engine.sequences[i]);
+        lua_rawseti(L, -2, i + 1);
+    }
+    return 1;
+}
+
+static int engine_queues(lua_State* L) {
+    const engine* e = &check_engine(L, 1)->engine;
+    lua_createtable(L, 0, 3);
+    lab_push_int32_array(L, e->waiting, (size_t)e->n_waiting);
+    lua_setfield(L, -2, "waiting");
+    lab_push_int32_array(L, e->running, (size_t)e->n_running);
+    lua_setfield(L, -2, "running");
+    lab_set_integer(L, "finished", e->n_finished);
+    return 1;
+}
+
+static int engine_totals(lua_State* L) {
+    lab_engine* le = check_engine(L, 1);
+    const lab_totals* t = &le->totals;
+    uint64_t generated = 0;
+    for (int i = 0; i < le->engine.n_sequences; i++)
+        generated += (uint64_t)(le->engine.sequences[i].n_tokens - le->engine.sequences[i].n_prompt);
+    lua_createtable(L, 0, 24);
+    lab_set_integer(L, "steps", (lua_Integer)t->steps);
+    lab_set_integer(L, "prefill_tokens", (lua_Integer)t->prefill_tokens);
+    lab_set_integer(L, "decode_tokens", (lua_Integer)t->decode_tokens);
+    lab_set_integer(L, "generated_tokens", (lua_Integer)generated);
+    push_traffic(L, &t->traffic);
+    lab_set_number(L, "seconds", t->seconds);
+    lab_set_number(L, "clock", le->engine.clock_seconds);
+    lab_set_number(L, "tokens_per_s", t->seconds > 0 ? (double)generated / t->seconds : 0.0);
+    lab_set_integer(L, "preemptions", (lua_Integer)t->preemptions);
+    lab_set_integer(L, "prefix_hit_tokens", (lua_Integer)t->prefix_hit_tokens);
+    lab_set_integer(L, "copies", (lua_Integer)t->copies);
+    lab_set_integer(L, "copy_bytes", (lua_Integer)t->copy_bytes);
+    lab_set_integer(L, "peak_running", t->peak_running);
+    lab_set_integer(L, "peak_slots_used", t->peak_slots_used);
+    lab_set_integer(L, "peak_slots_allocated", t->peak_slots_allocated);
+    lab_set_number(L, "waste_pct", t->waste_steps ? t->waste_pct_sum / (double)t->waste_steps : 0.0);
+    lab_set_number(L, "util_pct", t->steps ? t->util_pct_sum / (double)t->steps : 0.0);
+    lab_set_integer(L, "requests", le->engine.n_requests);
+    lab_set_integer(L, "finished", le->engine.n_finished);
+    return 1;
+}
+
+// e:logits(id) -> array of vocab_size logits the sequence last sampled from, position
+static int engine_logits(lua_State* L) {
+    lab_engine* e = check_engine(L, 1);
+    const sequence* s = check_sequence(L, e, 2);
+    if (s->id >= e->logits_capacity || e->logits_position[s->id] < 0)
+        return luaL_argerror(L, 2, lua_pushfstring(L, "sequence %d has not sampled a token yet", s->id));
+    int vocab = e->engine.model->config.vocab_size;
+    lab_push_float_array(L, e->last_logits + (size_t)s->id * (size_t)vocab, (size_t)vocab);
+    lua_pushinteger(L, e->logits_position[s->id]);
+    return 2;
+}
+
+static int engine_config_lua(lua_State* L) {
+    const engine_config* c = &check_engine(L, 1)->engine.config;
+    lua_createtable(L, 0, 14);
+    lab_set_string(L, "kv", c->layout == KV_LAYOUT_PAGED ? "paged" : "contiguous");
+    lab_set_string(L, "kv_dtype", c->kv_dtype == KV_F32 ? "fp32" : c->kv_dtype == KV_F16 ? "fp16" : "int8");
+    lab_set_integer(L, "block_size", c->block_size);
+    lab_set_integer(L, "num_blocks", c->num_blocks);
+    lab_set_string(L, "reserve", c->reserve == RESERVE_MAX ? "max" : "request");
+    lab_set_string(L, "batching", c->batching == BATCHING_CONTINUOUS ? "continuous" : "static");
+    lab_set_integer(L, "max_seqs", c->max_seqs);
+    lab_set_integer(L, "max_batched_tokens", c->max_batched_tokens);
+    lab_set_boolean(L, "chunked_prefill", c->chunked_prefill);
+    lab_set_boolean(L, "prefix_caching", c->prefix_caching);
+    lab_set_integer(L, "watermark_blocks", c->watermark_blocks);
+    lab_set_integer(L, "threads", c->n_threads);
+    lab_set_integer(L, "tp", c->tp_shards);
+    lab_set_string(L, "tp_link", link_model_get(c->tp_link)->name);
+    return 1;
+}
+
+// ---- the KV formula, in the cache's own layout --------------------------------------------
+
+// lab.kv_bytes{model = m | n_layers = L, kv_dim = D | n_kv_heads = H, head_dim = d,
+//              batch = 1, seq = S, bytes_per_element = 2 | kv_dtype = "fp16" | "fp32" | "int8"}
+//   = 2 x batch x seq x n_layers x (bytes of one token's keys, or values, in one layer)
+// One token's keys in one layer take kv_dim x bytes_per_element; with
+// kv_dtype = "int8" they take kv_dim bytes + one fp32 scale per KV head
+// (kv_dim + 4 x n_kv_heads: engine/kv_memory.h's layout, where each head's
+// scale is max|x| / 127 over its head_dim values). The result is an integer
+// whenever it is whole (every dtype of the cache; bytes_per_element = 0.5
+// gives one only for an even count), else a float.
+static int lab_kv_bytes_layout(lua_State* L) {
+    static const char* const fields[] = {"model", "n_layers", "kv_dim",   "n_kv_heads",        "head_dim",
+                                         "batch", "seq",      "kv_dtype", "bytes_per_element", NULL};
+    lab_check_fields(L, 1, fields);
+    lua_Integer n_layers = 0, n_kv_heads = 0, head_dim = 0, kv_dim = 0;
+    if (lua_getfield(L, 1, "model") != LUA_TNIL) {
+        const model_config* c = &lab_check_model(L, lua_gettop(L))->source.model.config;
+        n_layers = c->n_layers;
+        n_kv_heads = c->n_kv_heads;
+        head_dim = c->head_dim;
+        kv_dim = c->kv_dim;
+    }
+    lua_pop(L, 1);
+    n_layers = lab_opt_integer_field(L, 1, "n_layers", n_layers, 1, 1 << 20);
+    n_kv_heads = lab_opt_integer_field(L, 1, "n_kv_heads", n_kv_heads, 1, 1 << 16);
+    head_dim = lab_opt_integer_field(L, 1, "head_dim", head_dim, 1, 1 << 16);
+    if (n_kv_heads > 0 && head_dim > 0) kv_dim = n_kv_heads * head_dim;
+    kv_dim = lab_opt_integer_field(L, 1, "kv_dim", kv_dim, 1, 1 << 24);
+    if (n_layers == 0) lab_field_error(L, 1, "n_layers", "give model or n_layers");
+    if (kv_dim == 0) lab_field_error(L, 1, "kv_dim", "give model, kv_dim, or n_kv_heads and head_dim");
+    lua_Integer batch = lab_opt_integer_field(L, 1, "batch", 1, 1, 1 << 24);
+    lua_Integer seq = lab_opt_integer_field(L, 1, "seq", -1, 0, 1 << 30);
+    if (seq < 0) lab_field_error(L, 1, "seq", "expected the sequence length S in tokens");
+    const char* dtype = lab_opt_string_field(L, 1, "kv_dtype", NULL);
+    double token_layer_bytes; // one token's keys (or values) in one layer
+    if (dtype) {
+        lua_getfield(L, 1, "bytes_per_element");
+        if (!lua_isnil(L, -1)) lab_field_error(L, 1, "bytes_per_element", "give kv_dtype or bytes_per_element, not both");
+        lua_pop(L, 1);
+        if (strcmp(dtype, "int8") == 0) {
+            if (n_kv_heads == 0)
+                lab_field_error(L, 1, "n_kv_heads", "int8 KV keeps one fp32 scale per KV head: give model or n_kv_heads");
+            if (kv_dim % n_kv_heads != 0)
+                lab_field_error(L, 1, "kv_dim", "%d is not a multiple of n_kv_heads %d", (int)kv_dim, (int)n_kv_heads);
+            token_layer_bytes = (double)kv_slot_bytes(KV_I8, (int)n_kv_heads, (int)(kv_dim / n_kv_heads));
+        } else if (strcmp(dtype, "fp16") == 0 || strcmp(dtype, "fp32") == 0) {
+            token_layer_bytes = (double)kv_dim * (dtype[2] == '1' ? 2.0 : 4.0);
+        } else {
+            return lab_field_error(L, 1, "kv_dtype", "expected fp16, fp32 or int8, got '%s'", dtype);
+        }
+    } else {
+        token_layer_bytes = (double)kv_dim * lab_opt_number_field(L, 1, "bytes_per_element", 2.0, 0.125, 16.0);
+    }
+    double bytes = 2.0 * (double)batch * (double)seq * (double)n_layers * token_layer_bytes;
+    if (bytes == floor(bytes) && bytes < 9007199254740992.0) lua_pushinteger(L, (lua_Integer)bytes); // < 2^53: exact
+    else lua_pushnumber(L, bytes);
+    return 1;
+}
+
+static int engine_tostring(lua_State* L) {
+    engine_box* box = luaL_checkudata(L, 1, LAB_ENGINE_TYPE);
+    if (!box->engine) lua_pushliteral(L, "engine (closed)");
+    else
+        lua_pushfstring(L, "engine (%s, %s, block size %d)", box->engine->model->label,
+                        box->engine->engine.config.layout == KV_LAYOUT_PAGED ? "paged" : "contiguous",
+                        box->engine->engine.config.block_size);
+    return 1;
+}
+
+static int model_tostring(lua_State* L) {
+    model_box* box = luaL_checkudata(L, 1, LAB_MODEL_TYPE);
+    lua_pushfstring(L, "model (%s)", box->model ? box->model->label : "released");
+    return 1;
+}
+
+// A metatable `name` whose __index holds `methods`, with __gc and __tostring.
+// The methods are also listed as package `shown_as` in the registry's
+// loaded table, where Lua looks for a function's name when it reports a bad
+// argument ("bad argument #2 to 'engine.add'", not to '?', when the method
+// was called through pcall).
+static void register_userdata_type(lua_State* L, const char* name, const char* shown_as, const luaL_Reg* methods,
+                                   lua_CFunction gc, lua_CFunction tostring) {
+    luaL_newmetatable(L, name);
+    lua_newtable(L); // luaL_newlib needs the array itself, not a pointer to it
+    luaL_setfuncs(L, methods, 0);
+    lua_getfield(L, LUA_REGISTRYINDEX, LUA_LOADED_TABLE);
+    lua_pushvalue(L, -2);
+    lua_setfield(L, -2, shown_as);
+    lua_pop(L, 1);
+    lua_setfield(L, -2, "__index");
+    lua_pushcfunction(L, gc);
+    lua_setfield(L, -2, "__gc");
+    lua_pushcfunction(L, tostring);
+    lua_setfield(L, -2, "__tostring");
+    // Out of the lesson's reach: a replaced __gc would run the lesson's
+    // code with hooks off, and skip freeing the engine or model.
+    lua_pushstring(L, name);
+    lua_setfield(L, -2, "__metatable");
+    lua_pop(L, 1);
+}
+
+void lab_open_engine_api(lua_State* L) {
+    static const luaL_Reg model_methods[] = {{"info", model_info},     {"tensor", model_tensor},
+                                             {"encode", model_encode}, {"decode", model_decode},
+                                             {NULL, NULL}};
+    static const luaL_Reg engine_methods[] = {
+        {"add", engine_add},         {"step", engine_step_lua},         {"run", engine_run},
+        {"record", engine_record},   {"has_work", engine_has_work_lua}, {"cancel", engine_cancel},
+        {"pool", engine_pool},       {"sequence", engine_sequence_lua}, {"sequences", engine_sequences},
+        {"queues", engine_queues},   {"totals", engine_totals},         {"logits", engine_logits},
+        {"config", engine_config_lua}, {"model", engine_model},         {"close", engine_close},
+        {NULL, NULL}};
+    register_userdata_type(L, LAB_MODEL_TYPE, "model", model_methods, model_gc, model_tostring);
+    register_userdata_type(L, LAB_ENGINE_TYPE, "engine", engine_methods, engine_gc, engine_tostring);
+    lua_pushcfunction(L, lab_model_new);
+    lua_setfield(L, -2, "model");
+    lua_pushcfunction(L, lab_engine_new);
+    lua_setfield(L, -2, "engine");
+    lua_pushcfunction(L, lab_kv_bytes_layout);
+    lua_setfield(L, -2, "kv_bytes");
+}

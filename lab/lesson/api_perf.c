@@ -1,0 +1,394 @@
+// lesson_api_perf: timing, the analytic formulas, device models and this
+// machine's measured bandwidth and FLOP rate.
+//
+//   t = lab.time{model = m, phase = "prefill" | "decode", tokens = N, batch = B, repeats = 5, context = 16}
+//     (bytes, weight_bytes, kv_bytes, flops, matmul_flops, attention_flops: summed over the timed steps of one round)
+//   lab.kv_bytes{model = m, batch = B, seq = S, bytes_per_element = 2}
+//   lab.roofline{bytes = b, flops = f, device = "H100" | "machine"}
+//   lab.devices(), lab.machine(), lab.median{...}
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include "engine/devices.h"
+#include "engine/sampler.h"
+#include "kernels/cpu/fp16.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/thread_pool.h"
+#include "lab/lesson/internal.h"
+
+// Seconds on the monotonic clock (the machine measurements' wall time).
+static double wall_seconds(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (double)now.tv_sec + 1e-9 * (double)now.tv_nsec;
+}
+
+static int compare_doubles(const void* a, const void* b) {
+    double x = *(const double*)a, y = *(const double*)b;
+    return (x > y) - (x < y);
+}
+
+static double median_of(double* values, int n) {
+    qsort(values, (size_t)n, sizeof *values, compare_doubles);
+    return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+// lab.median{...} -> the median of an array of numbers
+static int lab_median(lua_State* L) {
+    size_t n = 0;
+    float* values = lab_read_number_array(L, 1, 1, NULL, &n);
+    double* sorted = lua_newuserdatauv(L, n * sizeof *sorted, 0);
+    for (size_t i = 0; i < n; i++) sorted[i] = values[i];
+    lua_pushnumber(L, median_of(sorted, (int)n));
+    return 1;
+}
+
+// ---- timing prefill and decode ------------------------------------------------------------
+
+typedef struct timing_engine {
+    engine engine;
+    bool initialised;
+    uint64_t reserved;
+} timing_engine;
+
+static int timing_engine_gc(lua_State* L) {
+    timing_engine* t = lua_touserdata(L, 1);
+    if (t->initialised) engine_free(&t->engine);
+    t->initialised = false;
+    lesson_of(L)->timing_engine = NULL;
+    lesson_release_bytes(lesson_of(L), t->reserved);
+    t->reserved = 0;
+    return 0;
+}
+
+// Adds `batch` requests of `prompt_length` random tokens (BOS first):
+// reproducible (the sampler's generator, seeded) and distinct, so that no
+// prompt shares a block with another (prefix caching is off anyway).
+static void add_batch(lua_State* L, engine* e, int batch, int prompt_length, int max_new_tokens, uint64_t* rng) {
+    int vocab = e->model->config.vocab_size;
+    int32_t* prompt = lua_newuserdatauv(L, (size_t)prompt_length * sizeof *prompt, 0);
+    for (int b = 0; b < batch; b++) {
+        prompt[0] = 1;
+        for (int i = 1; i < prompt_length; i++)
+            prompt[i] = 3 + (int32_t)(sampler_random_unit(rng) * (float)(vocab - 3));
+        request_params p = {prompt, prompt_length, max_new_tokens, 1, 0.0f, 0.0f, 1, 0.0, true};
+        error_info err = {{0}};
+        if (engine_add_request(e, &p, NULL, &err)) lab_error(L, "lab.time: %s", err.message);
+    }
+    lua_pop(L, 1);
+}
+
+// lab.time{model=, phase=, tokens=, batch=, repeats=, context=, threads=} -> timing table
+static int lab_time(lua_State* L) {
+    static const char* const fields[] = {"model", "phase", "tokens", "batch", "repeats", "context", "threads", NULL};
+    lab_check_fields(L, 1, fields);
+    if (lua_getfield(L, 1, "model") != LUA_TUSERDATA) lab_field_error(L, 1, "model", "expected a model from lab.model{}");
+    lab_model* m = lab_check_model(L, lua_gettop(L));
+    const model_config* mc = &m->source.model.config;
+    static const char* const phases[] = {"prefill", "decode", NULL};
+    int phase = lab_opt_choice_field(L, 1, "phase", phases, -1);
+    if (phase < 0) lab_field_error(L, 1, "phase", "expected \"prefill\" or \"decode\"");
+    int tokens = (int)lab_opt_integer_field(L, 1, "tokens", 0, 1, mc->max_seq_len - 1);
+    if (tokens == 0) lab_field_error(L, 1, "tokens", "expected the number of tokens to time");
+    int batch = (int)lab_opt_integer_field(L, 1, "batch", 1, 1, 1024);
+    int repeats = (int)lab_opt_integer_field(L, 1, "repeats", 5, 1, 101);
+    int context = (int)lab_opt_integer_field(L, 1, "context", 16, 1, mc->max_seq_len - 2);
+    int threads = (int)lab_opt_integer_field(L, 1, "threads", 0, 0, 256);
+    if (phase == 1 && context + tokens + 1 > mc->max_seq_len)
+        lab_field_error(L, 1, "tokens", "context %d + %d decode tokens exceed the model's max length %d", context,
+                        tokens, mc->max_seq_len);
+
+    // Prefill: batch prompts of `tokens` tokens in one step. Decode: batch
+    // prompts of `context` tokens, prefilled untimed, then `tokens` decode steps.
+    int prompt_length = phase == 0 ? tokens : context;
+    int longest = prompt_length + (phase == 0 ? 1 : tokens + 1);
+    engine_config config = engine_config_default();
+    config.block_size = 16;
+    config.num_blocks = batch * ((longest + 15) / 16 + 1) + 4;
+    config.max_seqs = batch;
+    config.max_batched_tokens = batch * prompt_length;
+    config.prefix_caching = false;
+    config.n_threads = threads;
+    config.watermark_blocks = 0;
+    timing_engine* t = lua_newuserdatauv(L, sizeof *t, 0);
+    memset(t, 0, sizeof *t);
+    lua_createtable(L, 0, 1);
+    lua_pushcfunction(L, timing_engine_gc);
+    lua_setfield(L, -2, "__gc");
+    lua_setmetatable(L, -2);
+    int holder = lua_gettop(L);
+    uint64_t estimate = lab_engine_bytes_estimate(mc, &config);
+    lesson_reserve_bytes(L, estimate, "lab.time's engine");
+    t->reserved = estimate;
+    error_info err = {{0}};
+    if (engine_init(&t->engine, &m->source.model, &config, &err)) lab_error(L, "lab.time: %s", err.message);
+    lesson_of(L)->timing_engine = &t->engine; // freed by the watchdog's abandon if no finalizer runs
+    t->initialised = true;
+
+    double* seconds = lua_newuserdatauv(L, (size_t)(repeats + 1) * sizeof *seconds, 0);
+    double* cpu = lua_newuserdatauv(L, (size_t)(repeats + 1) * sizeof *cpu, 0);
+    kernel_traffic traffic = {0};
+    uint64_t rng = 0x5EED0000u + (uint64_t)tokens * 131u + (uint64_t)batch;
+    // One untimed round first: caches, page faults and thread start-up.
+    for (int round = 0; round <= repeats; round++) {
+        lesson_check_time(L);
+        engine* e = &t->engine;
+        add_batch(L, e, batch, prompt_length, phase == 0 ? 1 : tokens + 1, &rng);
+        const step_record* r = NULL;
+        uint64_t elapsed = 0;
+        double elapsed_cpu = 0;
+        kernel_traffic round_traffic = {0};
+        if (phase == 0) {
+            double cpu_start = lesson_cpu_seconds();
+            if (engine_step(e, &r, &err)) lab_error(L, "lab.time: %s", err.message);
+            elapsed_cpu = lesson_cpu_seconds() - cpu_start;
+            if (r->prefill_tokens != batch * tokens)
+                lab_error(L, "lab.time: the prefill step computed %d tokens, expected %d", r->prefill_tokens, batch * tokens);
+            elapsed = r->wall_ns;
+            round_traffic = r->traffic;
+        } else {
+            while (engine_has_work(e)) { // the prefill step is not timed
+                double cpu_start = lesson_cpu_seconds();
+                if (engine_step(e, &r, &err)) lab_error(L, "lab.time: %s", err.message);
+                if (r->prefill_tokens == 0 && r->decode_tokens == batch) {
+                    elapsed_cpu += lesson_cpu_seconds() - cpu_start;
+                    elapsed += r->wall_ns;
+                    traffic_add(&round_traffic, &r->traffic);
+                }
+            }
+        }
+        while (engine_has_work(e))
+            if (engine_step(e, &r, &err)) lab_error(L, "lab.time: %s", err.message);
+        if (round > 0) {
+            seconds[round - 1] = (double)elapsed * 1e-9;
+            cpu[round - 1] = elapsed_cpu;
+            traffic = round_traffic;
+        }
+    }
+    lua_createtable(L, repeats, 0);
+    for (int i = 0; i < repeats; i++) {
+        lua_pushnumber(L, seconds[i]);
+        lua_rawseti(L, -2, i + 1);
+    }
+    double median = median_of(seconds, repeats);
+    double median_cpu = median_of(cpu, repeats);
+    lua_createtable(L, 0, 16);
+    lua_insert(L, -2);
+    lua_setfield(L, -2, "samples");
+    lab_set_string(L, "phase", phases[phase]);
+    lab_set_integer(L, "tokens", tokens);
+    lab_set_integer(L, "batch", batch);
+    lab_set_number(L, "seconds", median);
+    lab_set_number(L, "tokens_per_s", median > 0 ? (double)tokens * batch / median : 0.0);
+    // CPU time of the whole process over the timed steps: with threads = 1 it
+    // is the work itself, unaffected by other programs taking the cores.
+    lab_set_number(L, "cpu_seconds", median_cpu);
+    lab_set_number(L, "cpu_tokens_per_s", median_cpu > 0 ? (double)tokens * batch / median_cpu : 0.0);
+    lab_set_number(L, "seconds_per_step", phase == 0 ? median : median / tokens);
+    uint64_t bytes = traffic.weight_bytes_read + traffic.kv_bytes_read + traffic.kv_bytes_written + traffic.activation_bytes;
+    uint64_t flops = traffic.matmul_flops + traffic.attention_flops;
+    lab_set_integer(L, "bytes", (lua_Integer)bytes);
+    lab_set_integer(L, "weight_bytes", (lua_Integer)traffic.weight_bytes_read);
+    lab_set_integer(L, "flops", (lua_Integer)flops);
+    // The two kinds of work apart: a matmul's FLOPs scale with the weights
+    // it streams, attention's with the context (lessons check each against
+    // the model's shapes).
+    lab_set_integer(L, "matmul_flops", (lua_Integer)traffic.matmul_flops);
+    lab_set_integer(L, "attention_flops", (lua_Integer)traffic.attention_flops);
+    lab_set_integer(L, "kv_bytes", (lua_Integer)(traffic.kv_bytes_read + traffic.kv_bytes_written));
+    lab_set_number(L, "intensity", bytes ? (double)flops / (double)bytes : 0.0);
+    // Free the engine now rather than at the next collection (the
+    // finalizer then finds nothing left to do).
+    lua_pushcfunction(L, timing_engine_gc);
+    lua_pushvalue(L, holder);
+    lua_call(L, 1, 0);
+    return 1;
+}
+
+// ---- the formulas ---------------------------------------------------------------------------
+
+// The bandwidth and peak of `device` (a name from lab.devices(), "machine",
+// or {bandwidth =, peak_flops =}) at field index `arg`.
+static void read_device(lua_State* L, int arg, bool int8, double* bandwidth, double* peak, const char** name);
+
+static int lab_machine(lua_State* L);
+
+// lab.roofline{bytes =, flops =, device = "H100", int8 = false}
+static int lab_roofline(lua_State* L) {
+    static const char* const fields[] = {"bytes", "flops", "device", "int8", NULL};
+    lab_check_fields(L, 1, fields);
+    double bytes = lab_opt_number_field(L, 1, "bytes", -1, 0, 1e20);
+    double flops = lab_opt_number_field(L, 1, "flops", -1, 0, 1e24);
+    if (bytes < 0) lab_field_error(L, 1, "bytes", "expected the bytes moved");
+    if (flops < 0) lab_field_error(L, 1, "flops", "expected the FLOPs computed");
+    bool int8 = lab_opt_boolean_field(L, 1, "int8", false);
+    double bandwidth = 0, peak = 0;
+    const char* name = NULL;
+    read_device(L, 1, int8, &bandwidth, &peak, &name);
+    double memory_s = bytes / bandwidth, compute_s = flops / peak;
+    lua_createtable(L, 0, 8);
+    lab_set_string(L, "device", name);
+    lab_set_number(L, "memory_seconds", memory_s);
+    lab_set_number(L, "compute_seconds", compute_s);
+    lab_set_number(L, "seconds", memory_s > compute_s ? memory_s : compute_s);
+    lab_set_string(L, "bound", memory_s >= compute_s ? "memory" : "compute");
+    lab_set_number(L, "intensity", bytes > 0 ? flops / bytes : 0.0);
+    lab_set_number(L, "ridge", peak / bandwidth);
+    return 1;
+}
+
+static void push_device(lua_State* L, const device_model* d) {
+    lua_createtable(L, 0, 6);
+    lab_set_string(L, "name", d->name);
+    lab_set_number(L, "bandwidth", d->bandwidth_bytes_per_s);
+    lab_set_number(L, "capacity", d->capacity_bytes);
+    lab_set_number(L, "peak_flops", d->peak_fp16_flops);
+    lab_set_number(L, "peak_int8", d->peak_int8_ops);
+    lab_set_number(L, "ridge", device_ridge_point(d, 0));
+}
+
+static int lab_devices(lua_State* L) {
+    int count = 0;
+    const device_model* devices = device_models(&count);
+    lua_createtable(L, count, 0);
+    for (int i = 0; i < count; i++) {
+        push_device(L, &devices[i]);
+        lua_rawseti(L, -2, i + 1);
+    }
+    return 1;
+}
+
+static void read_device(lua_State* L, int arg, bool int8, double* bandwidth, double* peak, const char** name) {
+    int type = lua_getfield(L, arg, "device");
+    if (type == LUA_TTABLE) {
+        int table = lua_gettop(L);
+        *bandwidth = lab_opt_number_field(L, table, "bandwidth", 0, 1, 1e18);
+        *peak = lab_opt_number_field(L, table, "peak_flops", 0, 1, 1e20);
+        if (*bandwidth <= 0 || *peak <= 0) lab_field_error(L, arg, "device", "a device table needs bandwidth and peak_flops");
+        *name = "custom";
+    } else if (type == LUA_TSTRING && strcmp(lua_tostring(L, -1), "machine") == 0) {
+        lua_pushcfunction(L, lab_machine);
+        lua_call(L, 0, 1);
+        lua_getfield(L, -1, "bandwidth");
+        lua_getfield(L, -2, "peak_flops");
+        *bandwidth = lua_tonumber(L, -2);
+        *peak = lua_tonumber(L, -1);
+        lua_pop(L, 3);
+        *name = "this machine";
+    } else if (type == LUA_TSTRING) {
+        const char* wanted = lua_tostring(L, -1);
+        int count = 0;
+        const device_model* devices = device_models(&count);
+        const device_model* found = NULL;
+        for (int i = 0; i < count && !found; i++)
+            if (strcasestr(devices[i].name, wanted)) found = &devices[i];
+        if (!found) lab_field_error(L, arg, "device", "no device '%s' (A100, H100, H200, L4, 4090, or \"machine\")", wanted);
+        *bandwidth = found->bandwidth_bytes_per_s;
+        *peak = int8 ? found->peak_int8_ops : found->peak_fp16_flops;
+        *name = found->name;
+    } else {
+        lab_field_error(L, arg, "device", "expected a device name (\"H100\"), \"machine\" or {bandwidth=, peak_flops=}");
+    }
+    lua_pop(L, 1);
+}
+
+// ---- this machine ------------------------------------------------------------------------------
+
+typedef struct read_job {
+    const uint64_t* data; // (n_words)
+    size_t n_words;
+    int n_tasks;
+    uint64_t sums[THREAD_POOL_MAX_THREADS];
+} read_job;
+
+static void read_task(void* ctx, int task, int thread) {
+    read_job* job = ctx;
+    size_t chunk = job->n_words / (size_t)job->n_tasks;
+    const uint64_t* p = job->data + (size_t)task * chunk;
+    uint64_t a = 0, b = 0, c = 0, d = 0;
+    for (size_t i = 0; i + 4 <= chunk; i += 4) {
+        a += p[i];
+        b += p[i + 1];
+        c += p[i + 2];
+        d += p[i + 3];
+    }
+    job->sums[thread] += a ^ b ^ c ^ d; // keeps the reads from being optimised away
+}
+
+enum { STREAM_BYTES = 64 << 20, PEAK_ROWS = 1024, PEAK_COLS = 1024, PEAK_BATCH = 128, MACHINE_REPEATS = 15 };
+
+// The best of a machine's samples: a peak is what the hardware can do, and
+// on a shared machine every other program only ever makes a sample slower.
+static double best_of(const double* samples, int n) {
+    double best = samples[0];
+    for (int i = 1; i < n; i++)
+        if (samples[i] > best) best = samples[i];
+    return best;
+}
+
+// Streams a 64 MiB buffer (twice the 32 MiB L3) with every core: the best
+// of 15 reads, in bytes per second.
+static double measure_bandwidth(uint64_t* data, thread_pool* pool) {
+    for (size_t i = 0; i < STREAM_BYTES / 8; i++) data[i] = i;
+    read_job job = {data, STREAM_BYTES / 8, thread_pool_size(pool) * 4, {0}};
+    double samples[MACHINE_REPEATS];
+    for (int r = 0; r < MACHINE_REPEATS; r++) {
+        double start = wall_seconds();
+        thread_pool_run(pool, job.n_tasks, read_task, &job);
+        samples[r] = (double)STREAM_BYTES / (wall_seconds() - start);
+    }
+    return best_of(samples, MACHINE_REPEATS);
+}
+
+// The fp16 matmul kernel on a 1024 x 1024 matrix and 128 rows (compute
+// bound: 128 FLOP per weight byte): the best of 15, in FLOP per second.
+static double measure_peak_flops(uint16_t* weights, float* in, float* out, thread_pool* pool) {
+    uint64_t rng = 7;
+    for (size_t i = 0; i < (size_t)PEAK_ROWS * PEAK_COLS; i++)
+        weights[i] = fp32_to_fp16(sampler_random_unit(&rng) - 0.5f);
+    for (size_t i = 0; i < (size_t)PEAK_BATCH * PEAK_COLS; i++) in[i] = (float)((i % 17) * 0.01);
+    weight_matrix w = {.dtype = WEIGHT_F16, .rows = PEAK_ROWS, .cols = PEAK_COLS, .values = weights};
+    double samples[MACHINE_REPEATS];
+    for (int r = 0; r < MACHINE_REPEATS; r++) {
+        double start = wall_seconds();
+        matmul_parallel(out, in, PEAK_BATCH, &w, pool, NULL);
+        samples[r] = 2.0 * PEAK_BATCH * PEAK_ROWS * PEAK_COLS / (wall_seconds() - start);
+    }
+    return best_of(samples, MACHINE_REPEATS);
+}
+
+// lab.machine() -> {name, bandwidth, peak_flops, ridge}, measured once per lesson.
+static int lab_machine(lua_State* L) {
+    lesson* l = lesson_of(L);
+    if (!l->machine_measured) {
+        // Buffers first (a memory error must not leak the threads).
+        uint64_t* stream = lua_newuserdatauv(L, STREAM_BYTES, 0);
+        uint16_t* weights = lua_newuserdatauv(L, (size_t)PEAK_ROWS * PEAK_COLS * sizeof *weights, 0);
+        float* in = lua_newuserdatauv(L, (size_t)PEAK_BATCH * PEAK_COLS * sizeof *in, 0);
+        float* out = lua_newuserdatauv(L, (size_t)PEAK_BATCH * PEAK_ROWS * sizeof *out, 0);
+        thread_pool* pool = NULL;
+        thread_pool_create(0, &pool); // NULL on failure: the calling thread alone
+        l->machine_bandwidth_bytes_per_s = measure_bandwidth(stream, pool);
+        l->machine_peak_flops = measure_peak_flops(weights, in, out, pool);
+        thread_pool_free(pool);
+        lua_pop(L, 4);
+        l->machine_measured = true;
+    }
+    lua_createtable(L, 0, 4);
+    lab_set_string(L, "name", "this machine (measured: 64 MiB stream read, fp16 matmul)");
+    lab_set_number(L, "bandwidth", l->machine_bandwidth_bytes_per_s);
+    lab_set_number(L, "peak_flops", l->machine_peak_flops);
+    lab_set_number(L, "ridge", l->machine_peak_flops / l->machine_bandwidth_bytes_per_s);
+    return 1;
+}
+
+void lab_open_perf_api(lua_State* L) {
+    static const luaL_Reg functions[] = {{"time", lab_time},
+                                         {"roofline", lab_roofline}, {"devices", lab_devices},
+                                         {"machine", lab_machine},   {"median", lab_median},
+                                         {NULL, NULL}};
+    luaL_setfuncs(L, functions, 0);
+}

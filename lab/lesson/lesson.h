@@ -1,0 +1,189 @@
+// lesson: the host of a Lua lesson (an embedded Lua 5.4 state with the
+// `lab` module, a sandbox and limits), driven one pause at a time.
+//
+// A lesson file runs as the body of a Lua coroutine. lab.pause() yields
+// that coroutine when the host is interactive (the dashboard, a terminal)
+// and does nothing headless, so a host drives a lesson like this:
+//
+//   lesson* l;
+//   lesson_options o = lesson_options_default();
+//   o.interactive = true; o.on_say = show_text; o.on_check = show_check; o.user = ui;
+//   if (lesson_open(&l, "lessons/02-paged-attention.lua", &o, &err)) { show(err.message); return; }
+//   for (;;) {
+//       lesson_status s = lesson_resume(l);     // runs until lab.pause(), the end, or an error
+//       draw(lesson_focus_engine(l));           // the engine the lesson last created or stepped
+//       if (s != LESSON_PAUSED) break;          // DONE or FAILED (lesson_error(l): "FILE:LINE: message")
+//       wait_for_key();
+//   }
+//   lesson_close(l);                            // frees every engine and model the lesson made
+//
+// The lesson's checks arrive through on_check as they happen; claims the
+// lesson declared (lab.lesson{claims = {...}}) but never checked are
+// reported as FAIL through on_check when it ends (lesson_resume calls
+// lesson_finish on DONE and FAILED). A failing lesson never takes its host
+// down: Lua errors, the time limit and the memory cap all come back as
+// LESSON_FAILED with a message, and lesson_close frees everything.
+//
+// Sandbox (lessons are shared between people): the base library without
+// dofile/loadfile/load of binary chunks, string, table, math, utf8,
+// coroutine, os.time/clock/date only, io.open/io.lines restricted to
+// reading inside the lesson's folder and writing inside the output
+// folder, and require() of .lua files from the lesson's folder only. An
+// instruction-count hook stops the lesson after time_limit_s seconds of
+// process CPU time, and a watchdog stops what the hook cannot reach (one
+// long call into Lua's library, code running with hooks off) half a second
+// later, abandoning the Lua state; the Lua allocator and the engines' own
+// memory (model weights, KV pool, scratch) share one cap,
+// memory_limit_bytes. Links are never followed, only regular files open,
+// and control characters in what a lesson prints are made visible.
+#ifndef SERVELAB_LESSON_H
+#define SERVELAB_LESSON_H
+
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "engine/engine.h"
+#include "base/error.h"
+#include "engine/fault.h"
+
+typedef enum lesson_status {
+    LESSON_PAUSED = 0, // lab.pause() in an interactive host: call lesson_resume again
+    LESSON_DONE = 1,   // the lesson ran to its end
+    LESSON_FAILED = 2, // a Lua error, the time limit or the memory cap: see lesson_error
+} lesson_status;
+
+typedef enum check_outcome {
+    CHECK_PASS = 0,     // the measured verdict equals the bank's answer
+    CHECK_DISAGREE = 1, // the measurement contradicts the bank's answer
+    CHECK_FAIL = 2,     // the check itself erred (bad arguments, or never reached)
+} check_outcome;
+
+typedef struct lesson_check_result {
+    const char* id;        // "tf1", "se3", ...
+    const char* claim;     // the statement checked, in words
+    bool bank_answer;      // what the question bank says about the claim (beyond_bank: what the lesson expects)
+    bool verdict;          // what the measurement says (meaningless for CHECK_FAIL)
+    const char* evidence;  // the numbers behind the verdict, or the error for CHECK_FAIL
+    check_outcome outcome;
+    fault_set breaks_with; // the faults that must turn this verdict (lab.check's breaks_with)
+    const char* note;      // "" or where the measured cause differs from the bank's reason
+    fault_set running;     // the faults the engine ran with when this was measured (0 normally)
+    bool beyond_bank;      // a claim the question bank does not make: the lab's own
+} lesson_check_result;
+
+typedef struct lesson_options {
+    bool interactive;          // lab.pause() yields (false: it is a no-op)
+    bool full;                 // lab.full: run the full-size scenarios (make lessons)
+    double time_limit_s;       // process CPU seconds (default 60)
+    uint64_t memory_limit_bytes; // Lua heap + engines + models (default 512 MiB)
+    const char* output_dir;    // where io.open may write (default "lesson-output"); created on demand
+    fault_set faults;          // deliberate bugs installed for the run (engine/fault.h); 0 normally
+    const char* only_claim;    // when set, on_check sees only this claim's result (others still run);
+                               // a lesson that does not declare it fails at its declaration
+    // When set, the lesson stops once *stop_flag is non-zero (a signal
+    // handler's flag: Ctrl-C in the dashboard), even inside a long call.
+    const volatile sig_atomic_t* stop_flag;
+    // Callbacks (may be NULL); strings are valid during the call only.
+    void (*on_say)(void* user, const char* text);
+    void (*on_check)(void* user, const lesson_check_result* result);
+    void* user;
+} lesson_options;
+
+lesson_options lesson_options_default(void);
+
+typedef struct lesson lesson;
+
+// Creates the sandboxed state and loads the file (a syntax error fails
+// here, with "FILE:LINE: message" in err). Runs nothing yet.
+int lesson_open(lesson** out, const char* path, const lesson_options* options, error_info* err);
+
+// Runs the lesson until its next pause, its end, or an error. After DONE or
+// FAILED, further calls return the same status.
+lesson_status lesson_resume(lesson* l);
+
+// "FILE:LINE: message" of a failed lesson; "" otherwise.
+const char* lesson_error(const lesson* l);
+
+// The engine the lesson most recently created or stepped, or NULL. Valid
+// until the next lesson_resume or lesson_close.
+const engine* lesson_focus_engine(const lesson* l);
+
+// Counts so far (DISAGREE and FAIL count as failed).
+void lesson_counts(const lesson* l, int* passed, int* failed);
+
+// Reports every declared claim that was not checked as FAIL (once).
+// lesson_resume calls it when the lesson ends; a host that abandons a
+// paused lesson and wants its remaining claims reported may call it.
+void lesson_finish(lesson* l);
+
+// Closes the Lua state and frees every engine and model it made.
+void lesson_close(lesson* l);
+
+// ---- metadata, without running the lesson ------------------------------------------
+
+typedef struct lesson_info {
+    char title[160];
+    char claims[64][16]; // (n_claims) claim ids declared by lab.lesson{}
+    int n_claims;
+} lesson_info;
+
+// Loads the file and runs it only up to its lab.lesson{title=..., claims=...}
+// declaration (which must come before any other lab call), checking the
+// syntax and the declaration. "FILE:LINE: message" in err on failure.
+int lesson_read_info(const char* path, lesson_info* out, error_info* err);
+
+// The .lua files of a folder, sorted by name (lessons are numbered in
+// teaching order). Returns how many (at most capacity), or -1 when the
+// folder cannot be read.
+enum { LESSON_MAX_FILES = 256 };
+typedef char lesson_file_name[256];
+int lesson_list_folder(const char* folder, lesson_file_name* names, int capacity);
+
+// ---- headless running ----------------------------------------------------------------
+
+// Prints one check as the headless runner does:
+//   PASS <id> (bank: true|false) "<claim>" -- measured: <evidence>[ -- note: <note>]
+//     ("(beyond the bank: true|false)" for a claim the bank does not make)
+//   DISAGREE <id> (bank: ...) "<claim>" -- measured: <evidence> (the measurement contradicts the bank: ...)
+//   FAIL <id> (bank: ...) "<claim>" -- <error>
+// Under --fault, a bracketed tail says whether the fault turned the claim
+// and whether the claim declares it (breaks_with).
+void lesson_print_check(FILE* out, const lesson_check_result* result);
+
+// Runs a lesson to its end with `options` as given (callbacks included),
+// calling on_pause (may be NULL) at every pause; prints errors to `errors`
+// and, when summary is set, "N passed, M failed" to `out`. Returns 0 when
+// every reported check passed and the lesson did not fail, 1 otherwise.
+int lesson_run_file(const char* path, const lesson_options* options, void (*on_pause)(void* user), void* pause_user,
+                    FILE* out, FILE* errors, bool summary);
+
+// Runs a lesson headless, printing its check lines (only claim only_claim's
+// when set) and, unless only_claim is set, the summary "N passed, M failed".
+// Errors go to `errors` as "FILE:LINE: message". Returns 0 when every
+// printed check passed and the lesson did not fail, 1 otherwise.
+int lesson_run_headless(const char* path, const lesson_options* options, FILE* out, FILE* errors);
+
+// ---- the fault matrix (lab/lesson/faults.c) -------------------------------------------
+
+// Runs each lesson once with no fault and prints a markdown table of its
+// claims and the faults each declares (breaks_with). Returns 0 when every
+// lesson ran.
+int lesson_fault_table(const char* const* paths, int n_paths, const lesson_options* options, FILE* out, FILE* errors);
+
+// Runs each lesson with no fault (every claim must PASS and declare a
+// fault), then once per fault its claims declare (each claim declaring it
+// must not PASS); with `undeclared`, under every other fault too, reporting
+// the claims they also turn. Each run is a child process. One line per
+// (claim, fault) pair and a summary; returns 0 when nothing is wrong.
+int lesson_fault_matrix(const char* const* paths, int n_paths, const lesson_options* options, bool undeclared,
+                        FILE* out, FILE* errors);
+
+// The quiz's "prove it": finds the lesson in lessons_dir that declares
+// claim_id, runs it headless and prints that check's line to out. Returns
+// 0 when it passed, 1 when it did not (DISAGREE, FAIL or a failed lesson),
+// -1 with err when no lesson declares the claim.
+int lesson_prove_claim(const char* lessons_dir, const char* claim_id, FILE* out, error_info* err);
+
+#endif
