@@ -1,5 +1,6 @@
 #include "engine/block_manager.h"
 
+#include <stdint.h>
 #include <string.h>
 
 #include "engine/fault.h"
@@ -15,15 +16,30 @@ static int admission_blocks(const sequence* s, int block_size) {
     return blocks_for(tokens, block_size);
 }
 
-int block_manager_blocks_for_length(const engine* e, int length) {
-    return e->config.layout == KV_LAYOUT_PAGED ? blocks_for(length, e->config.block_size) : length;
+int64_t block_manager_units_for_length(const block_manager* bm, int length) {
+    if (bm->layout == KV_LAYOUT_PAGED) return blocks_for(length, bm->block_size);
+    return bm->reserve == RESERVE_MAX ? bm->max_seq_len : length;
+}
+
+int64_t block_manager_capacity_units(const block_manager* bm) {
+    return bm->layout == KV_LAYOUT_PAGED ? bm->pool->n_blocks : bm->contiguous->n_slots;
+}
+
+int64_t block_manager_slots(const block_manager* bm) {
+    return bm->layout == KV_LAYOUT_PAGED ? (int64_t)bm->pool->n_blocks * bm->pool->block_size
+                                         : bm->contiguous->n_slots;
+}
+
+int64_t block_manager_available(const block_manager* bm) {
+    // Contiguous: whether a hole fits is decided by kv_contiguous_reserve at admission.
+    return bm->layout == KV_LAYOUT_PAGED ? kv_pool_available(bm->pool) : INT64_MAX;
 }
 
 // Contiguous reservation length for a sequence.
-static int reservation_length(const engine* e, const sequence* s) {
-    int max_len = e->model->config.max_seq_len;
+static int reservation_length(const block_manager* bm, const sequence* s) {
+    int max_len = bm->max_seq_len;
     // The bug (reserve-request-length): "max" reserves only the request.
-    if (e->config.reserve == RESERVE_MAX && !fault_on(FAULT_RESERVE_REQUEST_LENGTH)) return max_len;
+    if (bm->reserve == RESERVE_MAX && !fault_on(FAULT_RESERVE_REQUEST_LENGTH)) return max_len;
     return s->capacity < max_len ? s->capacity : max_len;
 }
 
@@ -32,18 +48,18 @@ static int reservation_length(const engine* e, const sequence* s) {
 // computed to produce the logits of the next one.
 // *evictable_hits counts the hits that only the cache holds now: taking them
 // removes them from what the pool can hand out.
-static int count_prefix_hits(const engine* e, const sequence* s, uint64_t* last_hash, int* evictable_hits) {
-    const int bs = e->config.block_size;
+static int count_prefix_hits(const block_manager* bm, const sequence* s, uint64_t* last_hash, int* evictable_hits) {
+    const int bs = bm->block_size;
     int hits = 0;
     uint64_t parent = 0;
     *evictable_hits = 0;
-    if (!e->config.prefix_caching) return 0;
+    if (!bm->prefix_caching) return 0;
     while ((hits + 1) * bs <= s->n_tokens - 1) {
         const int32_t* tokens = s->tokens + (size_t)hits * (size_t)bs;
         uint64_t hash = kv_block_hash(parent, tokens, bs);
-        int32_t block = kv_pool_lookup(&e->pool, hash, parent, tokens);
+        int32_t block = kv_pool_lookup(bm->pool, hash, parent, tokens);
         if (block < 0) break;
-        if (e->pool.blocks[block].ref_count == 1) (*evictable_hits)++;
+        if (bm->pool->blocks[block].ref_count == 1) (*evictable_hits)++;
         parent = hash;
         hits++;
     }
@@ -53,11 +69,11 @@ static int count_prefix_hits(const engine* e, const sequence* s, uint64_t* last_
 
 // True when block `index` of s (by content) is being computed now by a
 // running sequence: same tokens at the same place, not yet cached.
-static bool prefix_block_pending(const engine* e, const sequence* s, int index) {
-    const int bs = e->config.block_size;
+static bool prefix_block_pending(const block_manager* bm, const sequence* s, int index, running_view running) {
+    const int bs = bm->block_size;
     const int32_t* tokens = s->tokens;
-    for (int r = 0; r < e->n_running; r++) {
-        const sequence* other = &e->sequences[e->running[r]];
+    for (int r = 0; r < running.n_running; r++) {
+        const sequence* other = &running.sequences[running.running[r]];
         if (other->state != SEQ_PREFILL || other->n_tokens < (index + 1) * bs) continue;
         if (other->n_computed >= (index + 1) * bs) continue; // computed: it is (or will be) cached
         if (memcmp(other->tokens, tokens, (size_t)(index + 1) * (size_t)bs * sizeof *tokens) == 0) return true;
@@ -65,26 +81,27 @@ static bool prefix_block_pending(const engine* e, const sequence* s, int index) 
     return false;
 }
 
-int block_manager_admission_cost(engine* e, const sequence* s, int* hit_blocks, bool* pending) {
+int block_manager_admission_cost(const block_manager* bm, const sequence* s, running_view running, int* hit_blocks,
+                                 bool* pending) {
     *hit_blocks = 0;
     *pending = false;
-    if (e->config.layout == KV_LAYOUT_CONTIGUOUS) return reservation_length(e, s);
+    if (bm->layout == KV_LAYOUT_CONTIGUOUS) return reservation_length(bm, s);
     int evictable_hits;
-    int hits = count_prefix_hits(e, s, NULL, &evictable_hits);
+    int hits = count_prefix_hits(bm, s, NULL, &evictable_hits);
     *hit_blocks = hits;
-    if (e->config.prefix_caching && (hits + 1) * e->config.block_size <= s->n_tokens - 1)
-        *pending = prefix_block_pending(e, s, hits);
-    return admission_blocks(s, e->config.block_size) - hits + evictable_hits;
+    if (bm->prefix_caching && (hits + 1) * bm->block_size <= s->n_tokens - 1)
+        *pending = prefix_block_pending(bm, s, hits, running);
+    return admission_blocks(s, bm->block_size) - hits + evictable_hits;
 }
 
-int block_manager_admit(engine* e, sequence* s, int* prefix_hit_tokens) {
+int block_manager_admit(block_manager* bm, sequence* s, int* prefix_hit_tokens) {
     *prefix_hit_tokens = 0;
     s->n_table = 0;
-    if (e->config.layout == KV_LAYOUT_CONTIGUOUS) {
-        int length = reservation_length(e, s);
-        int32_t start = kv_contiguous_reserve(&e->contiguous, s->id, length);
+    if (bm->layout == KV_LAYOUT_CONTIGUOUS) {
+        int length = reservation_length(bm, s);
+        int32_t start = kv_contiguous_reserve(bm->contiguous, s->id, length);
         if (start < 0 || sequence_reserve_table(s, length)) {
-            if (start >= 0) kv_contiguous_release(&e->contiguous, s->id);
+            if (start >= 0) kv_contiguous_release(bm->contiguous, s->id);
             return -1;
         }
         for (int i = 0; i < length; i++) s->block_table[i] = start + i;
@@ -93,12 +110,12 @@ int block_manager_admit(engine* e, sequence* s, int* prefix_hit_tokens) {
         s->n_computed = 0;
         return 0;
     }
-    const int bs = e->config.block_size;
+    const int bs = bm->block_size;
     uint64_t last_hash = 0;
     int evictable_hits;
-    int hits = count_prefix_hits(e, s, &last_hash, &evictable_hits);
+    int hits = count_prefix_hits(bm, s, &last_hash, &evictable_hits);
     int needed = admission_blocks(s, bs);
-    if (needed - hits + evictable_hits > kv_pool_available(&e->pool) || sequence_reserve_table(s, needed)) return -1;
+    if (needed - hits + evictable_hits > kv_pool_available(bm->pool) || sequence_reserve_table(s, needed)) return -1;
     // Share the cached prefix blocks (walking the chain again to find them).
     // The bug (prefix-no-refcount): the table lists them without a reference.
     const bool count_references = !fault_on(FAULT_PREFIX_NO_REFCOUNT);
@@ -106,15 +123,15 @@ int block_manager_admit(engine* e, sequence* s, int* prefix_hit_tokens) {
     for (int i = 0; i < hits; i++) {
         const int32_t* tokens = s->tokens + (size_t)i * (size_t)bs;
         uint64_t hash = kv_block_hash(parent, tokens, bs);
-        int32_t block = kv_pool_lookup(&e->pool, hash, parent, tokens);
-        if (count_references) kv_pool_retain(&e->pool, block, s->id);
+        int32_t block = kv_pool_lookup(bm->pool, hash, parent, tokens);
+        if (count_references) kv_pool_retain(bm->pool, block, s->id);
         s->block_table[s->n_table++] = block;
         parent = hash;
     }
     for (int i = hits; i < needed; i++) {
-        int32_t block = kv_pool_allocate(&e->pool, s->id);
+        int32_t block = kv_pool_allocate(bm->pool, s->id);
         if (block < 0) { // cannot happen after the check above; undo rather than run with a hole
-            block_manager_release(e, s);
+            block_manager_release(bm, s);
             return -1;
         }
         s->block_table[s->n_table++] = block;
@@ -126,45 +143,45 @@ int block_manager_admit(engine* e, sequence* s, int* prefix_hit_tokens) {
     return 0;
 }
 
-int block_manager_prepare_decode(engine* e, sequence* s) {
-    if (e->config.layout == KV_LAYOUT_CONTIGUOUS) return 0; // reserved at admission
-    const int bs = e->config.block_size;
+int block_manager_prepare_decode(block_manager* bm, sequence* s) {
+    if (bm->layout == KV_LAYOUT_CONTIGUOUS) return 0; // reserved at admission
+    const int bs = bm->block_size;
     int position = s->n_computed; // the slot the next token's KV goes to
     int index = position / bs;
     if (index == s->n_table) {
         if (sequence_reserve_table(s, 1)) return -1;
-        int32_t block = kv_pool_allocate(&e->pool, s->id);
+        int32_t block = kv_pool_allocate(bm->pool, s->id);
         if (block < 0) return -1;
         s->block_table[s->n_table++] = block;
         return 0;
     }
     int32_t block = s->block_table[index];
     // Shared: copy before writing (the bug no-cow writes into it as it is).
-    if (e->pool.blocks[block].ref_count > 1 && !fault_on(FAULT_NO_COW)) {
-        int32_t copy = kv_pool_copy_on_write(&e->pool, block, s->id);
+    if (bm->pool->blocks[block].ref_count > 1 && !fault_on(FAULT_NO_COW)) {
+        int32_t copy = kv_pool_copy_on_write(bm->pool, block, s->id);
         if (copy < 0) return -1;
         s->block_table[index] = copy;
     }
     return 0;
 }
 
-void block_manager_release(engine* e, sequence* s) {
-    if (e->config.layout == KV_LAYOUT_CONTIGUOUS) {
-        if (s->reservation_start >= 0) kv_contiguous_release(&e->contiguous, s->id);
+void block_manager_release(block_manager* bm, sequence* s) {
+    if (bm->layout == KV_LAYOUT_CONTIGUOUS) {
+        if (s->reservation_start >= 0) kv_contiguous_release(bm->contiguous, s->id);
         s->reservation_start = -1;
     } else {
         // Release in reverse so the tail goes first: the prefix blocks, which
         // other requests are likelier to share, stay cached the longest.
-        for (int i = s->n_table - 1; i >= 0; i--) kv_pool_release(&e->pool, s->block_table[i], s->id);
+        for (int i = s->n_table - 1; i >= 0; i--) kv_pool_release(bm->pool, s->block_table[i], s->id);
     }
     s->n_table = 0;
     s->n_hashed_blocks = 0;
     s->last_block_hash = 0;
 }
 
-void block_manager_fork(engine* e, const sequence* parent, sequence* child) {
+void block_manager_fork(block_manager* bm, const sequence* parent, sequence* child) {
     for (int i = 0; i < parent->n_table; i++) {
-        kv_pool_retain(&e->pool, parent->block_table[i], child->id);
+        kv_pool_retain(bm->pool, parent->block_table[i], child->id);
         child->block_table[i] = parent->block_table[i];
     }
     child->n_table = parent->n_table;
@@ -172,19 +189,19 @@ void block_manager_fork(engine* e, const sequence* parent, sequence* child) {
     child->last_block_hash = parent->last_block_hash;
 }
 
-void block_manager_after_compute(engine* e, sequence* s, int from, int to) {
-    if (e->config.layout == KV_LAYOUT_CONTIGUOUS) return;
-    const int bs = e->config.block_size;
+void block_manager_after_compute(block_manager* bm, sequence* s, int from, int to) {
+    if (bm->layout == KV_LAYOUT_CONTIGUOUS) return;
+    const int bs = bm->block_size;
     for (int position = from; position < to; position++) {
-        kv_block* block = &e->pool.blocks[s->block_table[position / bs]];
+        kv_block* block = &bm->pool->blocks[s->block_table[position / bs]];
         if (block->n_filled < position % bs + 1) block->n_filled = position % bs + 1;
     }
-    if (!e->config.prefix_caching) return;
+    if (!bm->prefix_caching) return;
     while ((s->n_hashed_blocks + 1) * bs <= s->n_computed) {
         int index = s->n_hashed_blocks;
         const int32_t* tokens = s->tokens + (size_t)index * (size_t)bs;
         uint64_t hash = kv_block_hash(s->last_block_hash, tokens, bs);
-        kv_pool_cache(&e->pool, s->block_table[index], hash, s->last_block_hash, tokens);
+        kv_pool_cache(bm->pool, s->block_table[index], hash, s->last_block_hash, tokens);
         s->last_block_hash = hash;
         s->n_hashed_blocks++;
     }

@@ -6,38 +6,77 @@
 // new block each time it crosses a block boundary, and copies a shared tail
 // block before writing into it (copy-on-write).
 // Contiguous: at admission one run of slots for the whole reservation.
+//
+// The block manager decides; the pool (engine/kv_blocks.h) or the
+// contiguous allocator (engine/kv_contiguous.h) it is given holds the memory.
 #ifndef SERVELAB_BLOCK_MANAGER_H
 #define SERVELAB_BLOCK_MANAGER_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
-#include "engine/engine.h"
+#include "engine/kv_blocks.h"
+#include "engine/kv_contiguous.h"
+#include "engine/kv_layout.h"
+#include "engine/sequence.h"
+
+typedef enum reserve_policy {
+    RESERVE_MAX = 0,     // contiguous: every request reserves the model's max length
+    RESERVE_REQUEST = 1, // contiguous: prompt + max_tokens (an oracle that knows output lengths)
+} reserve_policy;
+
+typedef struct block_manager {
+    kv_layout layout;
+    int block_size;             // tokens per block (paged)
+    bool prefix_caching;        // share cached full blocks of equal prefixes (paged)
+    reserve_policy reserve;     // contiguous
+    int max_seq_len;            // the model's: what RESERVE_MAX reserves
+    kv_pool* pool;              // paged: the pool (not owned)
+    kv_contiguous* contiguous;  // contiguous: the slots (not owned)
+} block_manager;
+
+// The running sequences, which admission looks through for a prefix being
+// computed right now.
+typedef struct running_view {
+    const sequence* sequences; // every sequence, by id
+    const int32_t* running;    // (n_running) ids
+    int n_running;
+} running_view;
 
 // Blocks (paged) or slots (contiguous) the sequence needs to be admitted now,
 // after prefix-cache hits; *hit_blocks gets the number of cached blocks it
 // would reuse. *pending is true when one of its prompt blocks is being
 // computed right now by another running sequence (admit it next step and
 // reuse that block instead of computing it twice).
-int block_manager_admission_cost(engine* e, const sequence* s, int* hit_blocks, bool* pending);
+int block_manager_admission_cost(const block_manager* bm, const sequence* s, running_view running, int* hit_blocks,
+                                 bool* pending);
+
+// Blocks (paged) or slots (contiguous) admission may take now.
+int64_t block_manager_available(const block_manager* bm);
 
 // Gives the sequence its memory for admission. Returns -1 when it does not fit.
-int block_manager_admit(engine* e, sequence* s, int* prefix_hit_tokens);
+int block_manager_admit(block_manager* bm, sequence* s, int* prefix_hit_tokens);
 
 // Makes sure the slot of the sequence's next token exists and is private
 // (allocating a block or copying a shared one). -1 when the pool is empty.
-int block_manager_prepare_decode(engine* e, sequence* s);
+int block_manager_prepare_decode(block_manager* bm, sequence* s);
 
 // Returns every block (or the reservation) of the sequence.
-void block_manager_release(engine* e, sequence* s);
+void block_manager_release(block_manager* bm, sequence* s);
 
-// Child shares all of parent's blocks.
-void block_manager_fork(engine* e, const sequence* parent, sequence* child);
+// Child shares all of parent's blocks (paged).
+void block_manager_fork(block_manager* bm, const sequence* parent, sequence* child);
 
 // After tokens [from, to) of s were written: block fill counts, and full
 // blocks offered to the prefix cache.
-void block_manager_after_compute(engine* e, sequence* s, int from, int to);
+void block_manager_after_compute(block_manager* bm, sequence* s, int from, int to);
 
-// Largest number of slots a sequence of `length` tokens needs (for rejection).
-int block_manager_blocks_for_length(const engine* e, int length);
+// Largest number of blocks (paged) or slots (contiguous) a sequence of
+// `length` tokens needs, and how many the whole memory has (for rejection).
+int64_t block_manager_units_for_length(const block_manager* bm, int length);
+int64_t block_manager_capacity_units(const block_manager* bm);
+
+// Slots the memory offers (paged: n_blocks x block_size).
+int64_t block_manager_slots(const block_manager* bm);
 
 #endif

@@ -11,6 +11,7 @@
 #include <stdio.h>
 
 #include "base/error.h"
+#include "engine/batch.h"
 #include "engine/forward.h"
 #include "engine/kv_blocks.h"
 #include "engine/kv_contiguous.h"
@@ -18,16 +19,8 @@
 #include "engine/links.h"
 #include "engine/model.h"
 #include "engine/sequence.h"
+#include "engine/scheduler.h"
 #include "engine/step_record.h"
-
-typedef enum reserve_policy {
-    RESERVE_MAX = 0,     // contiguous: every request reserves the model's max length
-    RESERVE_REQUEST = 1, // contiguous: prompt + max_tokens (an oracle that knows output lengths)
-} reserve_policy;
-typedef enum batching_policy {
-    BATCHING_CONTINUOUS = 0, // admit and retire at every step
-    BATCHING_STATIC = 1,     // admit a batch only when the previous one has fully finished
-} batching_policy;
 
 typedef enum engine_backend {
     BACKEND_CPU = 0,  // forward() on the CPU kernels
@@ -82,40 +75,37 @@ typedef void (*logits_observer)(void* user, int32_t sequence_id, int position, c
 typedef struct engine {
     const model* model;
     engine_config config;
-    kv_pool pool;               // paged layout
-    kv_contiguous contiguous;   // contiguous layout
+    kv_pool pool;               // paged layout: the memory the scheduler's block manager hands out
+    kv_contiguous contiguous;   // contiguous layout: the same
+    scheduler scheduler;        // the sequences, the queues and the block manager
+    step_batch batch;           // this step's plan, rows and samples (reused every step)
     forward_state forward;
     struct forward_cuda* cuda;  // BACKEND_CUDA: weights, KV pool and activations on the GPU; else NULL
     thread_pool* workers;       // the kernels' worker threads (owned)
-    sequence* sequences;        // (n_sequences) every sequence ever added, by id
-    int n_sequences;
-    int sequences_capacity;
-    int32_t* waiting;           // (n_waiting) ids, FCFS; preempted ones go to the front
-    int n_waiting;
-    int32_t* running;           // (n_running) ids in admission order
-    int n_running;
-    int n_finished;             // cancelled ones included
-    int n_cancelled;
-    int n_released;             // finished sequences whose memory engine_release_sequence freed
-    int32_t* live_ids;          // (n_live) ids added and not released, ascending
-    int n_live;
+    float* logits;              // (logits_rows, vocab) one row per sequence sampling this step
+    int logits_rows;
     int n_requests;
-    uint64_t admit_counter;
     uint64_t step_counter;
     double clock_seconds;       // sum of step wall times plus idle jumps
-    float* logits;              // (step_capacity, vocab) one row per sequence sampling this step
-    batch_row* rows;            // (max_batched_tokens + max_seqs)
-    const int32_t** tables;     // (step_capacity) block table per batch sequence
-    struct scheduled_sequence* plan_items; // (step_capacity) the scheduler's output, reused every step
-    int step_capacity;          // sequences one step can hold (grown on demand)
     step_record record;         // the last step's record (it owns its arrays)
     FILE* trace;                // JSON Lines trace, or NULL
-    uint64_t* mark;             // (n_blocks or n_slots) scratch for counting shared blocks once
+    uint64_t* mark;             // (n_blocks) scratch for counting shared blocks once
     uint64_t mark_epoch;
-    uint64_t total_preemptions;
     uint64_t total_prefix_hit_tokens;
     logits_observer observer;
     void* observer_user;
+    // Copies of the scheduler's figures for readers that predate the step
+    // record (lab/ and tests), refreshed by every engine call that changes
+    // them; read-only. The step record carries the same, and these go once
+    // no reader is left.
+    const sequence* sequences;  // (n_sequences) scheduler.sequences
+    int n_sequences;
+    const int32_t* waiting;     // (n_waiting) scheduler.waiting
+    int n_waiting;
+    const int32_t* running;     // (n_running) scheduler.running
+    int n_running;
+    int n_finished;
+    uint64_t total_preemptions;
 } engine;
 
 int engine_init(engine* e, const model* m, const engine_config* config, error_info* err);

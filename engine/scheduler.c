@@ -1,141 +1,379 @@
 #include "engine/scheduler.h"
 
+#include <stdlib.h>
 #include <string.h>
 
-#include "engine/block_manager.h"
 #include "engine/fault.h"
 
-void scheduler_remove_running(engine* e, int32_t id) {
-    for (int i = 0; i < e->n_running; i++) {
-        if (e->running[i] != id) continue;
-        memmove(e->running + i, e->running + i + 1, (size_t)(e->n_running - i - 1) * sizeof *e->running);
-        e->n_running--;
+int scheduler_init(scheduler* s, const scheduler_config* config, const block_manager* kv, error_info* err) {
+    (void)err;
+    memset(s, 0, sizeof *s);
+    s->config = *config;
+    s->kv = *kv;
+    return 0;
+}
+
+void scheduler_free(scheduler* s) {
+    for (int i = 0; i < s->n_sequences; i++) sequence_free(&s->sequences[i]);
+    free(s->sequences);
+    free(s->waiting);
+    free(s->running);
+    free(s->live_ids);
+    memset(s, 0, sizeof *s);
+}
+
+bool scheduler_has_work(const scheduler* s) { return s->n_waiting > 0 || s->n_running > 0; }
+
+// ---- the queues ---------------------------------------------------------------------------
+
+// Removes `id` from a queue of ids, keeping the order; no-op when absent.
+static void remove_id(int32_t* queue, int* n, int32_t id) {
+    for (int i = 0; i < *n; i++) {
+        if (queue[i] != id) continue;
+        memmove(queue + i, queue + i + 1, (size_t)(*n - i - 1) * sizeof *queue);
+        (*n)--;
         return;
     }
 }
 
-static void push_waiting_front(engine* e, int32_t id) {
-    memmove(e->waiting + 1, e->waiting, (size_t)e->n_waiting * sizeof *e->waiting);
-    e->waiting[0] = id;
-    e->n_waiting++;
+static void push_waiting_front(scheduler* s, int32_t id) {
+    memmove(s->waiting + 1, s->waiting, (size_t)s->n_waiting * sizeof *s->waiting);
+    s->waiting[0] = id;
+    s->n_waiting++;
 }
 
-static void pop_waiting_front(engine* e) {
-    memmove(e->waiting, e->waiting + 1, (size_t)(e->n_waiting - 1) * sizeof *e->waiting);
-    e->n_waiting--;
+static void pop_waiting_front(scheduler* s) {
+    memmove(s->waiting, s->waiting + 1, (size_t)(s->n_waiting - 1) * sizeof *s->waiting);
+    s->n_waiting--;
 }
+
+// ---- sequences ----------------------------------------------------------------------------
+
+sequence* scheduler_new_sequence(scheduler* s, error_info* err) {
+    if (s->n_sequences == s->sequences_capacity) {
+        int capacity = s->sequences_capacity ? 2 * s->sequences_capacity : 64;
+        sequence* grown = realloc(s->sequences, (size_t)capacity * sizeof *grown);
+        if (grown) s->sequences = grown;
+        int32_t* waiting = realloc(s->waiting, (size_t)capacity * sizeof *waiting);
+        if (waiting) s->waiting = waiting;
+        int32_t* running = realloc(s->running, (size_t)capacity * sizeof *running);
+        if (running) s->running = running;
+        int32_t* live = realloc(s->live_ids, (size_t)capacity * sizeof *live);
+        if (live) s->live_ids = live;
+        if (!grown || !waiting || !running || !live) {
+            error_set(err, "scheduler: out of memory for %d sequences", capacity);
+            return NULL;
+        }
+        s->sequences_capacity = capacity;
+    }
+    return &s->sequences[s->n_sequences];
+}
+
+void scheduler_commit(scheduler* s) {
+    s->live_ids[s->n_live++] = s->n_sequences;
+    s->n_sequences++;
+}
+
+void scheduler_add_waiting(scheduler* s) {
+    sequence* q = &s->sequences[s->n_sequences];
+    q->state = SEQ_WAITING;
+    s->waiting[s->n_waiting++] = q->id;
+    scheduler_commit(s);
+}
+
+sequence* scheduler_clone(scheduler* s, int32_t parent_id, int32_t sample_index, uint64_t seed, error_info* err) {
+    sequence* child = scheduler_new_sequence(s, err);
+    if (!child) return NULL;
+    const sequence* parent = &s->sequences[parent_id]; // new_sequence may have moved the array
+    if (sequence_init(child, s->n_sequences, parent->request_id, parent->tokens, parent->n_tokens,
+                      parent->max_new_tokens, s->kv.max_seq_len, err))
+        return NULL;
+    if (sequence_reserve_table(child, parent->n_table)) {
+        sequence_free(child);
+        error_set(err, "scheduler: out of memory for a block table");
+        return NULL;
+    }
+    child->n_prompt = parent->n_prompt;
+    child->sample_index = sample_index;
+    child->seed = seed;
+    child->fork_parent = parent->id;
+    child->ignore_eos = parent->ignore_eos;
+    child->arrival_time = parent->arrival_time;
+    scheduler_commit(s);
+    return child;
+}
+
+// The child shares every block the parent holds and runs from the next step.
+static void share_running(scheduler* s, int32_t parent_id, sequence* child) {
+    const sequence* parent = &s->sequences[parent_id];
+    child->n_computed = parent->n_computed;
+    child->state = parent->state;
+    child->admit_order = ++s->admit_counter;
+    block_manager_fork(&s->kv, parent, child);
+    s->running[s->n_running++] = child->id;
+}
+
+void scheduler_place_fork(scheduler* s, int32_t parent_id, int32_t child_id) {
+    const sequence* parent = &s->sequences[parent_id];
+    sequence* child = &s->sequences[child_id];
+    bool holds_kv = parent->state == SEQ_PREFILL || parent->state == SEQ_DECODE;
+    if (holds_kv && s->kv.layout == KV_LAYOUT_PAGED) share_running(s, parent_id, child);
+    else { // nothing to share (contiguous memory is private, or the parent holds none): compute it again
+        child->state = SEQ_WAITING;
+        s->waiting[s->n_waiting++] = child->id;
+    }
+}
+
+void scheduler_cancel(scheduler* s, int32_t id, double clock_seconds) {
+    sequence* q = &s->sequences[id];
+    if (q->state == SEQ_FINISHED) return;
+    remove_id(s->waiting, &s->n_waiting, id);
+    block_manager_release(&s->kv, q); // a waiting or preempted sequence holds nothing: no-op
+    remove_id(s->running, &s->n_running, id);
+    q->pending_forks = 0;
+    q->state = SEQ_FINISHED;
+    q->stop = STOP_CANCELLED;
+    q->finish_time = clock_seconds;
+    s->n_finished++;
+    s->n_cancelled++;
+}
+
+void scheduler_release(scheduler* s, int32_t id) {
+    sequence* q = &s->sequences[id];
+    // Finished sequences hold no blocks (finish() and cancel release them);
+    // the table array itself is what is left to free.
+    free(q->tokens);
+    free(q->block_table);
+    sampler_free(&q->sampler);
+    q->tokens = NULL;
+    q->block_table = NULL;
+    // Zero counts, so that a reader walking the sequences directly sees an
+    // empty sequence rather than a count over a NULL array.
+    q->n_tokens = q->n_prompt = q->n_computed = q->capacity = 0;
+    q->n_table = q->table_capacity = 0;
+    s->n_released++;
+    remove_id(s->live_ids, &s->n_live, id);
+}
+
+// ---- schedule -----------------------------------------------------------------------------
 
 // Preemption by recompute: the victim's blocks go back to the pool, its
 // tokens (prompt and generated) stay, and it waits at the front of the
 // queue to compute them all again.
-static void preempt(engine* e, sequence* victim) {
-    block_manager_release(e, victim);
+static void preempt(scheduler* s, sequence* victim) {
+    block_manager_release(&s->kv, victim);
     victim->n_computed = 0;
     victim->state = SEQ_PREEMPTED;
     victim->n_preemptions++;
-    scheduler_remove_running(e, victim->id);
-    push_waiting_front(e, victim->id);
-    e->total_preemptions++;
+    remove_id(s->running, &s->n_running, victim->id);
+    push_waiting_front(s, victim->id);
+    s->total_preemptions++;
 }
 
 // The running sequence admitted last (the preemption victim).
-static sequence* latest_admitted(engine* e) {
+static sequence* latest_admitted(scheduler* s) {
     sequence* latest = NULL;
-    for (int i = 0; i < e->n_running; i++) {
-        sequence* s = &e->sequences[e->running[i]];
-        if (!latest || s->admit_order > latest->admit_order) latest = s;
+    for (int i = 0; i < s->n_running; i++) {
+        sequence* q = &s->sequences[s->running[i]];
+        if (!latest || q->admit_order > latest->admit_order) latest = q;
     }
     return latest;
 }
 
-static bool already_scheduled(const schedule_result* out, int32_t id) {
-    for (int i = 0; i < out->n_items; i++)
-        if (out->items[i].id == id) return true;
+static bool already_scheduled(const step_batch* b, int32_t id) {
+    for (int i = 0; i < b->n_items; i++)
+        if (b->items[i].id == id) return true;
     return false;
 }
 
-static int chunk_for(const engine* e, const sequence* s, int budget) {
-    int pending = sequence_pending_tokens(s);
-    if (!e->config.chunked_prefill) return pending <= budget || budget == e->config.max_batched_tokens ? pending : 0;
+static int chunk_for(const scheduler* s, const sequence* q, int budget) {
+    int pending = sequence_pending_tokens(q);
+    if (!s->config.chunked_prefill) return pending <= budget || budget == s->config.max_batched_tokens ? pending : 0;
     return pending < budget ? pending : budget;
 }
 
-int scheduler_schedule(engine* e, schedule_result* out, error_info* err) {
-    (void)err;
-    out->n_items = out->n_preempted = out->prefix_hit_tokens = 0;
-    int budget = e->config.max_batched_tokens;
-
-    // 1. Running sequences, oldest first.
-    for (int i = 0; i < e->n_running && budget > 0; i++) {
-        sequence* s = &e->sequences[e->running[i]];
-        if (s->state == SEQ_DECODE) {
+// 1. Running sequences, oldest first: a decode token each (preempting the
+// latest admitted when the pool is out of blocks), or their next prefill chunk.
+static void schedule_running(scheduler* s, step_batch* b, int* budget) {
+    for (int i = 0; i < s->n_running && *budget > 0; i++) {
+        sequence* q = &s->sequences[s->running[i]];
+        if (q->state == SEQ_DECODE) {
             bool preempted_self = false;
-            while (block_manager_prepare_decode(e, s) != 0) {
-                sequence* victim = latest_admitted(e);
-                bool is_self = victim == s;
+            while (block_manager_prepare_decode(&s->kv, q) != 0) {
+                sequence* victim = latest_admitted(s);
+                bool is_self = victim == q;
                 // A victim already in this step's batch is removed from it.
-                for (int k = 0; k < out->n_items; k++)
-                    if (out->items[k].id == victim->id) {
-                        budget += out->items[k].n_tokens;
-                        memmove(out->items + k, out->items + k + 1, (size_t)(out->n_items - k - 1) * sizeof *out->items);
-                        out->n_items--;
+                for (int k = 0; k < b->n_items; k++)
+                    if (b->items[k].id == victim->id) {
+                        *budget += b->items[k].n_tokens;
+                        memmove(b->items + k, b->items + k + 1, (size_t)(b->n_items - k - 1) * sizeof *b->items);
+                        b->n_items--;
                         break;
                     }
-                preempt(e, victim);
-                out->n_preempted++;
+                preempt(s, victim);
+                b->n_preempted++;
                 if (is_self) {
                     preempted_self = true;
                     break;
                 }
-                // The running list shifted; re-find s's index.
-                for (int k = 0; k < e->n_running; k++)
-                    if (e->running[k] == s->id) i = k;
+                // The running list shifted; re-find q's index.
+                for (int k = 0; k < s->n_running; k++)
+                    if (s->running[k] == q->id) i = k;
             }
             if (preempted_self) {
                 i--; // the list shifted under us
                 continue;
             }
-            out->items[out->n_items++] = (scheduled_sequence){s->id, 1, PHASE_DECODE};
-            budget -= 1;
-        } else if (s->state == SEQ_PREFILL && !already_scheduled(out, s->id)) {
-            int chunk = chunk_for(e, s, budget);
+            b->items[b->n_items++] = (scheduled_sequence){q->id, 1, PHASE_DECODE};
+            *budget -= 1;
+        } else if (q->state == SEQ_PREFILL && !already_scheduled(b, q->id)) {
+            int chunk = chunk_for(s, q, *budget);
             if (chunk == 0) continue;
-            out->items[out->n_items++] = (scheduled_sequence){s->id, chunk, PHASE_PREFILL};
-            budget -= chunk;
+            b->items[b->n_items++] = (scheduled_sequence){q->id, chunk, PHASE_PREFILL};
+            *budget -= chunk;
         }
     }
+}
 
-    // 2. Waiting requests, first come first served. Static batching admits
-    // only into an empty batch; so does "continuous" batching under the
-    // static-batching fault (engine/fault.h), the bug where the admission
-    // test is the static one.
-    bool admits_only_when_empty = e->config.batching == BATCHING_STATIC || fault_on(FAULT_STATIC_BATCHING);
-    bool may_admit = !admits_only_when_empty || e->n_running == 0;
+// 2. Waiting requests, first come first served. Static batching admits
+// only into an empty batch; so does "continuous" batching under the
+// static-batching fault (engine/fault.h), the bug where the admission
+// test is the static one.
+static void admit_waiting(scheduler* s, step_batch* b, int* budget) {
+    bool admits_only_when_empty = s->config.batching == BATCHING_STATIC || fault_on(FAULT_STATIC_BATCHING);
+    bool may_admit = !admits_only_when_empty || s->n_running == 0;
     // Static batching admits the whole batch at once, whatever this step's
     // token budget: the members prefill over the following steps.
-    bool ignore_budget = e->config.batching == BATCHING_STATIC;
-    while (may_admit && e->n_waiting > 0 && e->n_running < e->config.max_seqs && (budget > 0 || ignore_budget)) {
-        sequence* s = &e->sequences[e->waiting[0]];
+    bool ignore_budget = s->config.batching == BATCHING_STATIC;
+    while (may_admit && s->n_waiting > 0 && s->n_running < s->config.max_seqs && (*budget > 0 || ignore_budget)) {
+        sequence* q = &s->sequences[s->waiting[0]];
         int hit_blocks;
         bool pending;
-        int cost = block_manager_admission_cost(e, s, &hit_blocks, &pending);
+        running_view running = {s->sequences, s->running, s->n_running};
+        int cost = block_manager_admission_cost(&s->kv, q, running, &hit_blocks, &pending);
         if (pending) break; // its prefix is being computed right now: share it next step
-        if (e->config.layout == KV_LAYOUT_PAGED) {
-            int headroom = e->n_running > 0 ? e->config.watermark_blocks : 0;
-            if (cost + headroom > kv_pool_available(&e->pool)) break;
-        }
+        int headroom = s->n_running > 0 ? s->config.watermark_blocks : 0;
+        if (s->kv.layout == KV_LAYOUT_PAGED && cost + headroom > block_manager_available(&s->kv)) break;
         int hit_tokens = 0;
-        if (block_manager_admit(e, s, &hit_tokens) != 0) break; // contiguous: no hole fits
-        pop_waiting_front(e);
-        s->state = SEQ_PREFILL;
-        s->admit_order = ++e->admit_counter;
-        e->running[e->n_running++] = s->id;
-        out->prefix_hit_tokens += hit_tokens;
-        int chunk = chunk_for(e, s, budget);
+        if (block_manager_admit(&s->kv, q, &hit_tokens) != 0) break; // contiguous: no hole fits
+        pop_waiting_front(s);
+        q->state = SEQ_PREFILL;
+        q->admit_order = ++s->admit_counter;
+        s->running[s->n_running++] = q->id;
+        b->prefix_hit_tokens += hit_tokens;
+        int chunk = chunk_for(s, q, *budget);
         if (chunk > 0) {
-            out->items[out->n_items++] = (scheduled_sequence){s->id, chunk, PHASE_PREFILL};
-            budget -= chunk;
+            b->items[b->n_items++] = (scheduled_sequence){q->id, chunk, PHASE_PREFILL};
+            *budget -= chunk;
         }
     }
+}
+
+// The forward pass's rows: one per new token, in batch order; the last
+// token of a sequence wants logits.
+static void build_rows(scheduler* s, step_batch* b) {
+    int n_rows = 0;
+    for (int i = 0; i < b->n_items; i++) {
+        const sequence* q = &s->sequences[b->items[i].id];
+        b->block_tables[i] = q->block_table;
+        for (int t = 0; t < b->items[i].n_tokens; t++) {
+            int position = q->n_computed + t;
+            bool last = position == q->n_tokens - 1;
+            b->rows[n_rows++] = (batch_row){q->tokens[position], position, i, last};
+            b->n_logit_rows += last;
+        }
+        if (b->items[i].phase == PHASE_PREFILL) b->prefill_tokens += b->items[i].n_tokens;
+        else b->decode_tokens += b->items[i].n_tokens;
+    }
+    b->forward = (forward_batch){n_rows, b->rows, b->n_items, b->block_tables};
+}
+
+int scheduler_schedule(scheduler* s, step_batch* b, error_info* err) {
+    // A step runs at most every running sequence plus the newly admitted
+    // ones (forks can push running past max_seqs). Room for every sequence
+    // that could finish: those running or admitted now (at most n_running +
+    // n_waiting) and the forks they spawn; bounded by the live queues, not
+    // by n_sequences, which counts every id ever handed out and would grow
+    // this array 4 bytes per request forever.
+    int max_items = s->n_running + s->config.max_seqs;
+    int finished_needed = s->n_running + s->n_waiting + 1;
+    for (int i = 0; i < s->n_running; i++) finished_needed += s->sequences[s->running[i]].pending_forks;
+    for (int i = 0; i < s->n_waiting; i++) finished_needed += s->sequences[s->waiting[i]].pending_forks;
+    if (step_batch_reserve(b, max_items, s->config.max_batched_tokens + s->config.max_seqs, finished_needed))
+        return error_set(err, "scheduler: out of memory");
+    b->n_items = b->n_preempted = b->prefix_hit_tokens = 0;
+    b->n_logit_rows = b->prefill_tokens = b->decode_tokens = 0;
+    b->n_forks = b->n_finished = 0;
+    int budget = s->config.max_batched_tokens;
+    schedule_running(s, b, &budget);
+    admit_waiting(s, b, &budget);
+    build_rows(s, b);
     return 0;
+}
+
+// ---- postprocess --------------------------------------------------------------------------
+
+static void finish(scheduler* s, step_batch* b, sequence* q, stop_reason reason, double clock_seconds) {
+    q->state = SEQ_FINISHED;
+    q->stop = reason;
+    q->finish_time = clock_seconds;
+    block_manager_release(&s->kv, q);
+    remove_id(s->running, &s->n_running, q->id);
+    s->n_finished++;
+    b->finished_ids[b->n_finished++] = q->id;
+}
+
+// Appends the sampled token, or finishes the sequence on an end token or its length.
+static void accept_token(scheduler* s, step_batch* b, sequence* q, sampled_token token, double clock_seconds) {
+    if (q->first_token_time < 0) q->first_token_time = clock_seconds;
+    if (token.stops) {
+        finish(s, b, q, token.reason, clock_seconds);
+        return;
+    }
+    q->tokens[q->n_tokens++] = token.token;
+    q->state = SEQ_DECODE;
+    if (q->n_tokens - q->n_prompt >= q->max_new_tokens) finish(s, b, q, STOP_LENGTH, clock_seconds);
+    else if (q->n_tokens >= q->capacity) finish(s, b, q, STOP_CONTEXT, clock_seconds);
+}
+
+// The other samples of a request start as copies of sample 0 right after
+// its prompt is computed, sharing every block; each takes the sampler and
+// first token the engine drew for it from the same logits.
+static int spawn_forks(scheduler* s, step_batch* b, int32_t parent_id, int first_fork, double clock_seconds,
+                       error_info* err) {
+    int n_forks = s->sequences[parent_id].pending_forks;
+    s->sequences[parent_id].pending_forks = 0;
+    for (int k = 1; k <= n_forks; k++) {
+        sequence* child = scheduler_clone(s, parent_id, k, s->sequences[parent_id].seed + (uint64_t)k, err);
+        if (!child) return -1;
+        sampler* prepared = &b->fork_samplers[first_fork + k - 1];
+        child->sampler = *prepared;
+        memset(prepared, 0, sizeof *prepared); // handed over: step_batch_free must not free it
+        share_running(s, parent_id, child);
+        accept_token(s, b, child, b->fork_tokens[first_fork + k - 1], clock_seconds);
+    }
+    return 0;
+}
+
+int scheduler_postprocess(scheduler* s, step_batch* b, double clock_seconds, error_info* err) {
+    int logit_row = 0, fork = 0;
+    int status = 0;
+    for (int i = 0; i < b->n_items; i++) {
+        int32_t id = b->items[i].id;
+        sequence* q = &s->sequences[id];
+        int from = q->n_computed;
+        q->n_computed += b->items[i].n_tokens;
+        block_manager_after_compute(&s->kv, q, from, q->n_computed);
+        if (q->n_computed < q->n_tokens) continue; // more prompt to go
+        int n_forks = q->pending_forks;
+        if (n_forks > 0 && spawn_forks(s, b, id, fork, clock_seconds, err)) {
+            status = -1;
+            break;
+        }
+        fork += n_forks;
+        accept_token(s, b, &s->sequences[id], b->sampled[logit_row++], clock_seconds); // forks may have moved the array
+    }
+    for (int k = 0; k < b->n_forks; k++) sampler_free(&b->fork_samplers[k]); // any not handed over (an error)
+    b->n_forks = 0;
+    return status;
 }

@@ -197,49 +197,45 @@ static int grow(void* array, int* capacity, int n, size_t size) {
     return 0;
 }
 
-int step_record_reserve(step_record* r, int n_sequences, int n_finished) {
-    if (grow(&r->sequences, &r->sequences_capacity, n_sequences, sizeof *r->sequences)) return -1;
-    return grow(&r->finished_ids, &r->finished_capacity, n_finished, sizeof *r->finished_ids);
-}
-
 // ---- filling it from the engine ----------------------------------------------------------------
 
-static int32_t tail_waste(const engine* e, const sequence* s) {
-    if (e->config.layout != KV_LAYOUT_PAGED) return 0;
+static int32_t tail_waste(const block_manager* kv, const sequence* s) {
+    if (kv->layout != KV_LAYOUT_PAGED) return 0;
     // Slots of its blocks past its last token (computed or still to
     // compute), at most block_size - 1 by construction. A token just
     // sampled may sit one past the table until the next step gives it a block.
-    int64_t tail = (int64_t)s->n_table * e->config.block_size - s->n_tokens;
+    int64_t tail = (int64_t)s->n_table * kv->block_size - s->n_tokens;
     return tail > 0 ? (int32_t)tail : 0;
 }
 
 // Occupancy and waste of the pool, over the running sequences.
 static void measure_pool(engine* e, step_record* r) {
-    r->slots_total = engine_pool_slots(e);
-    if (e->config.layout == KV_LAYOUT_PAGED) {
-        const kv_pool* pool = &e->pool;
+    const scheduler* s = &e->scheduler;
+    r->slots_total = block_manager_slots(&s->kv);
+    if (s->kv.layout == KV_LAYOUT_PAGED) {
+        const kv_pool* pool = s->kv.pool;
         r->blocks_total = pool->n_blocks;
         r->blocks_free = pool->n_free;
         r->blocks_cached = pool->n_evictable;
         // Count each physical block once, however many tables share it.
         e->mark_epoch++;
         int used = 0;
-        for (int i = 0; i < e->n_running; i++) {
-            const sequence* s = &e->sequences[e->running[i]];
-            for (int b = 0; b < s->n_table; b++) {
-                int32_t block = s->block_table[b];
+        for (int i = 0; i < s->n_running; i++) {
+            const sequence* q = &s->sequences[s->running[i]];
+            for (int b = 0; b < q->n_table; b++) {
+                int32_t block = q->block_table[b];
                 if (e->mark[block] == e->mark_epoch) continue;
                 e->mark[block] = e->mark_epoch;
                 used++;
                 r->slots_used += pool->blocks[block].n_filled;
             }
-            r->tail_waste_slots += tail_waste(e, s);
+            r->tail_waste_slots += tail_waste(&s->kv, q);
         }
         r->blocks_used = used;
         r->slots_allocated = (int64_t)used * pool->block_size;
     } else {
-        kv_contiguous_usage usage = kv_contiguous_measure(&e->contiguous);
-        for (int i = 0; i < e->n_running; i++) r->slots_used += e->sequences[e->running[i]].n_computed;
+        kv_contiguous_usage usage = kv_contiguous_measure(s->kv.contiguous);
+        for (int i = 0; i < s->n_running; i++) r->slots_used += s->sequences[s->running[i]].n_computed;
         r->slots_allocated = usage.reserved_slots;
         r->reserved_unused_slots = usage.reserved_slots - r->slots_used;
         r->external_fragmentation_slots = usage.free_slots - usage.largest_hole;
@@ -247,8 +243,7 @@ static void measure_pool(engine* e, step_record* r) {
 }
 
 // Every pool block's owners and fill (paged).
-static void record_blocks(const engine* e, step_record* r) {
-    const kv_pool* pool = &e->pool;
+static void record_blocks(const kv_pool* pool, step_record* r) {
     for (int b = 0; b < pool->n_blocks; b++) {
         const kv_block* k = &pool->blocks[b];
         int owners = k->ref_count - (k->cached ? 1 : 0); // block tables holding it
@@ -267,14 +262,24 @@ static void record_blocks(const engine* e, step_record* r) {
 }
 
 // The sequences that ran, with a copy of their block tables.
-static int record_ran(const engine* e, const schedule_result* plan, step_record* r) {
+static int record_ran(const scheduler* sched, const step_batch* plan, step_record* r) {
     int total = 0;
-    for (int i = 0; i < plan->n_items; i++) total += e->sequences[plan->items[i].id].n_table;
-    if (grow(&r->block_ids, &r->block_ids_capacity, total, sizeof *r->block_ids)) return -1;
+    for (int i = 0; i < plan->n_items; i++) total += sched->sequences[plan->items[i].id].n_table;
+    if (grow(&r->block_ids, &r->block_ids_capacity, total, sizeof *r->block_ids) ||
+        grow(&r->sequences, &r->sequences_capacity, plan->n_items, sizeof *r->sequences) ||
+        grow(&r->finished_ids, &r->finished_capacity, plan->n_finished, sizeof *r->finished_ids))
+        return -1;
+    r->prefill_tokens = plan->prefill_tokens;
+    r->decode_tokens = plan->decode_tokens;
+    r->n_preempted = plan->n_preempted;
+    r->prefix_hit_tokens = plan->prefix_hit_tokens;
+    r->n_finished_now = plan->n_finished;
+    if (plan->n_finished > 0)
+        memcpy(r->finished_ids, plan->finished_ids, (size_t)plan->n_finished * sizeof *r->finished_ids);
     r->n_sequences = plan->n_items;
     int offset = 0;
     for (int i = 0; i < plan->n_items; i++) {
-        const sequence* s = &e->sequences[plan->items[i].id];
+        const sequence* s = &sched->sequences[plan->items[i].id];
         step_sequence* out = &r->sequences[i];
         out->id = s->id;
         out->request_id = s->request_id;
@@ -283,10 +288,10 @@ static int record_ran(const engine* e, const schedule_result* plan, step_record*
         out->context_length = s->n_computed;
         out->table_offset = offset;
         out->n_table = s->n_table;
-        out->tail_fill = e->config.layout == KV_LAYOUT_PAGED && s->n_computed > 0
-                             ? (s->n_computed - 1) % e->config.block_size + 1
+        out->tail_fill = sched->kv.layout == KV_LAYOUT_PAGED && s->n_computed > 0
+                             ? (s->n_computed - 1) % sched->kv.block_size + 1
                              : 0;
-        out->tail_waste_slots = tail_waste(e, s);
+        out->tail_waste_slots = tail_waste(&sched->kv, s);
         // A sequence that finished this step has released its table (n_table 0,
         // and block_ids may still be NULL): memcpy must not see NULL even for 0 bytes.
         if (s->n_table > 0) memcpy(r->block_ids + offset, s->block_table, (size_t)s->n_table * sizeof(int32_t));
@@ -296,7 +301,7 @@ static int record_ran(const engine* e, const schedule_result* plan, step_record*
 }
 
 // The queues and every sequence still held, for the request lists.
-static int record_sequences(const engine* e, step_record* r) {
+static int record_sequences(const scheduler* e, step_record* r) {
     if (grow(&r->waiting_ids, &r->waiting_capacity, e->n_waiting, sizeof *r->waiting_ids) ||
         grow(&r->running_ids, &r->running_capacity, e->n_running, sizeof *r->running_ids) ||
         grow(&r->live_sequences, &r->live_capacity, e->n_live, sizeof *r->live_sequences))
@@ -307,8 +312,8 @@ static int record_sequences(const engine* e, step_record* r) {
     if (e->n_running > 0) memcpy(r->running_ids, e->running, (size_t)e->n_running * sizeof *e->running);
     r->n_finished = e->n_finished;
     r->n_cancelled = e->n_cancelled;
-    r->n_requests = e->n_requests;
     r->n_sequence_ids = e->n_sequences;
+    r->total_preemptions = e->total_preemptions;
     r->n_live_sequences = e->n_live;
     for (int i = 0; i < e->n_live; i++) {
         const sequence* s = &e->sequences[e->live_ids[i]];
@@ -323,7 +328,7 @@ static int record_sequences(const engine* e, step_record* r) {
             .n_computed = s->n_computed,
             .fork_parent = s->fork_parent,
             .n_preemptions = s->n_preemptions,
-            .tail_waste_slots = tail_waste(e, s),
+            .tail_waste_slots = tail_waste(&e->kv, s),
             .arrival_time = s->arrival_time,
             .first_token_time = s->first_token_time,
             .finish_time = s->finish_time,
@@ -335,22 +340,22 @@ static int record_sequences(const engine* e, step_record* r) {
     return 0;
 }
 
-int step_record_fill(step_record* r, engine* e, const schedule_result* plan) {
-    r->layout = e->config.layout;
-    r->block_size = e->config.block_size;
+int step_record_fill(step_record* r, engine* e, const step_batch* b) {
+    const scheduler* s = &e->scheduler;
+    r->layout = s->kv.layout;
+    r->block_size = s->kv.block_size;
     r->tp_shards = e->config.tp_shards;
     r->tp_link = link_model_get(e->config.tp_link)->name;
-    r->prefix_hit_tokens = plan->prefix_hit_tokens;
-    r->total_preemptions = e->total_preemptions;
+    r->n_requests = e->n_requests;
     r->total_prefix_hit_tokens = e->total_prefix_hit_tokens;
-    if (record_ran(e, plan, r) || record_sequences(e, r)) return -1;
+    if (record_ran(s, b, r) || record_sequences(s, r)) return -1;
     measure_pool(e, r);
-    if (e->config.layout == KV_LAYOUT_PAGED) {
+    if (s->kv.layout == KV_LAYOUT_PAGED) {
         if (!r->blocks) {
-            r->blocks = malloc((size_t)e->pool.n_blocks * sizeof *r->blocks);
+            r->blocks = malloc((size_t)s->kv.pool->n_blocks * sizeof *r->blocks);
             if (!r->blocks) return -1;
         }
-        record_blocks(e, r);
+        record_blocks(s->kv.pool, r);
     }
     return 0;
 }

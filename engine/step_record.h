@@ -168,19 +168,16 @@ void step_record_write_json(const step_record* record, FILE* out);
 // ---- for the engine only --------------------------------------------------------------------
 
 struct engine;
-struct schedule_result;
+struct step_batch;
 
 // Zeroes the step's figures, keeping the arrays the record owns.
 void step_record_clear(step_record* record);
 
-// Room for n_sequences ran and n_finished finished this step; -1 when out of memory.
-int step_record_reserve(step_record* record, int n_sequences, int n_finished);
-
-// Fills everything but the traffic, the token counts and the finished ids
-// (the forward pass and the postprocessing write those as they happen):
-// the sequences that ran, the pool, its blocks, the queues and every live
-// sequence, measured once after the step. -1 when out of memory.
-int step_record_fill(step_record* record, struct engine* e, const struct schedule_result* plan);
+// Fills everything but the traffic (the forward pass writes it as it runs)
+// and the times: from the step's batch, the sequences that ran and those
+// that finished; from the scheduler, the pool, its blocks, the queues and
+// every live sequence, measured once after the step. -1 when out of memory.
+int step_record_fill(step_record* record, struct engine* e, const struct step_batch* b);
 
 // Frees the arrays the record owns (the engine calls it in engine_free).
 void step_record_free(step_record* record);

@@ -224,7 +224,7 @@ static void test_release_refuses_and_ids_stay_unique(void** state) {
     }
     assert_false(engine_has_work(&e));
     assert_int_equal(engine_live_sequences(&e), 0);
-    assert_int_equal(e.n_released, N_REQUESTS + 1);
+    assert_int_equal(e.scheduler.n_released, N_REQUESTS + 1);
     assert_int_equal(e.pool.n_free + e.pool.n_evictable, e.pool.n_blocks);
     engine_free(&e);
     model_free(&m);
