@@ -1,208 +1,49 @@
 #include "engine/block_manager.h"
 
-#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
-#include "engine/fault.h"
+// Each call goes to the layout's own function (engine/kv_layout_paged.c,
+// engine/kv_layout_contiguous.c).
 
-static int blocks_for(int tokens, int block_size) { return (tokens + block_size - 1) / block_size; }
-
-// Paged blocks a sequence takes at admission: those of its tokens so far.
-// The bug (paged-allocate-ahead): those of everything it may ever hold,
-// prompt + max_tokens, as a reservation would.
-static int admission_blocks(const sequence* s, int block_size) {
-    int tokens = s->n_tokens;
-    if (fault_on(FAULT_PAGED_ALLOCATE_AHEAD) && s->capacity > tokens) tokens = s->capacity;
-    return blocks_for(tokens, block_size);
-}
-
-int64_t block_manager_units_for_length(const block_manager* bm, int length) {
-    if (bm->layout == KV_LAYOUT_PAGED) return blocks_for(length, bm->block_size);
-    return bm->reserve == RESERVE_MAX ? bm->max_seq_len : length;
-}
-
-int64_t block_manager_capacity_units(const block_manager* bm) {
-    return bm->layout == KV_LAYOUT_PAGED ? bm->pool->n_blocks : bm->contiguous->n_slots;
-}
-
-int64_t block_manager_slots(const block_manager* bm) {
-    return bm->layout == KV_LAYOUT_PAGED ? (int64_t)bm->pool->n_blocks * bm->pool->block_size
-                                         : bm->contiguous->n_slots;
-}
-
-int64_t block_manager_available(const block_manager* bm) {
-    // Contiguous: whether a hole fits is decided by kv_contiguous_reserve at admission.
-    return bm->layout == KV_LAYOUT_PAGED ? kv_pool_available(bm->pool) : INT64_MAX;
-}
-
-// Contiguous reservation length for a sequence.
-static int reservation_length(const block_manager* bm, const sequence* s) {
-    int max_len = bm->max_seq_len;
-    // The bug (reserve-request-length): "max" reserves only the request.
-    if (bm->reserve == RESERVE_MAX && !fault_on(FAULT_RESERVE_REQUEST_LENGTH)) return max_len;
-    return s->capacity < max_len ? s->capacity : max_len;
-}
-
-// Walks the sequence's full blocks from the start while they are cached.
-// Never counts the block holding the last token: at least one token must be
-// computed to produce the logits of the next one.
-// *evictable_hits counts the hits that only the cache holds now: taking them
-// removes them from what the pool can hand out.
-static int count_prefix_hits(const block_manager* bm, const sequence* s, uint64_t* last_hash, int* evictable_hits) {
-    const int bs = bm->block_size;
-    int hits = 0;
-    uint64_t parent = 0;
-    *evictable_hits = 0;
-    if (!bm->prefix_caching) return 0;
-    while ((hits + 1) * bs <= s->n_tokens - 1) {
-        const int32_t* tokens = s->tokens + (size_t)hits * (size_t)bs;
-        uint64_t hash = kv_block_hash(parent, tokens, bs);
-        int32_t block = kv_pool_lookup(bm->pool, hash, parent, tokens);
-        if (block < 0) break;
-        if (bm->pool->blocks[block].ref_count == 1) (*evictable_hits)++;
-        parent = hash;
-        hits++;
-    }
-    if (last_hash) *last_hash = parent;
-    return hits;
-}
-
-// True when block `index` of s (by content) is being computed now by a
-// running sequence: same tokens at the same place, not yet cached.
-static bool prefix_block_pending(const block_manager* bm, const sequence* s, int index, running_view running) {
-    const int bs = bm->block_size;
-    const int32_t* tokens = s->tokens;
-    for (int r = 0; r < running.n_running; r++) {
-        const sequence* other = &running.sequences[running.running[r]];
-        if (other->state != SEQ_PREFILL || other->n_tokens < (index + 1) * bs) continue;
-        if (other->n_computed >= (index + 1) * bs) continue; // computed: it is (or will be) cached
-        if (memcmp(other->tokens, tokens, (size_t)(index + 1) * (size_t)bs * sizeof *tokens) == 0) return true;
-    }
-    return false;
+void block_manager_free(block_manager* bm) {
+    free(bm->mark);
+    memset(bm, 0, sizeof *bm);
 }
 
 int block_manager_admission_cost(const block_manager* bm, const sequence* s, running_view running, int* hit_blocks,
                                  bool* pending) {
-    *hit_blocks = 0;
-    *pending = false;
-    if (bm->layout == KV_LAYOUT_CONTIGUOUS) return reservation_length(bm, s);
-    int evictable_hits;
-    int hits = count_prefix_hits(bm, s, NULL, &evictable_hits);
-    *hit_blocks = hits;
-    if (bm->prefix_caching && (hits + 1) * bm->block_size <= s->n_tokens - 1)
-        *pending = prefix_block_pending(bm, s, hits, running);
-    return admission_blocks(s, bm->block_size) - hits + evictable_hits;
+    return bm->ops->admission_cost(bm, s, running, hit_blocks, pending);
 }
+
+int64_t block_manager_available(const block_manager* bm) { return bm->ops->available_units(bm); }
 
 int block_manager_admit(block_manager* bm, sequence* s, int* prefix_hit_tokens) {
-    *prefix_hit_tokens = 0;
-    s->n_table = 0;
-    if (bm->layout == KV_LAYOUT_CONTIGUOUS) {
-        int length = reservation_length(bm, s);
-        int32_t start = kv_contiguous_reserve(bm->contiguous, s->id, length);
-        if (start < 0 || sequence_reserve_table(s, length)) {
-            if (start >= 0) kv_contiguous_release(bm->contiguous, s->id);
-            return -1;
-        }
-        for (int i = 0; i < length; i++) s->block_table[i] = start + i;
-        s->n_table = length;
-        s->reservation_start = start;
-        s->n_computed = 0;
-        return 0;
-    }
-    const int bs = bm->block_size;
-    uint64_t last_hash = 0;
-    int evictable_hits;
-    int hits = count_prefix_hits(bm, s, &last_hash, &evictable_hits);
-    int needed = admission_blocks(s, bs);
-    if (needed - hits + evictable_hits > kv_pool_available(bm->pool) || sequence_reserve_table(s, needed)) return -1;
-    // Share the cached prefix blocks (walking the chain again to find them).
-    // The bug (prefix-no-refcount): the table lists them without a reference.
-    const bool count_references = !fault_on(FAULT_PREFIX_NO_REFCOUNT);
-    uint64_t parent = 0;
-    for (int i = 0; i < hits; i++) {
-        const int32_t* tokens = s->tokens + (size_t)i * (size_t)bs;
-        uint64_t hash = kv_block_hash(parent, tokens, bs);
-        int32_t block = kv_pool_lookup(bm->pool, hash, parent, tokens);
-        if (count_references) kv_pool_retain(bm->pool, block, s->id);
-        s->block_table[s->n_table++] = block;
-        parent = hash;
-    }
-    for (int i = hits; i < needed; i++) {
-        int32_t block = kv_pool_allocate(bm->pool, s->id);
-        if (block < 0) { // cannot happen after the check above; undo rather than run with a hole
-            block_manager_release(bm, s);
-            return -1;
-        }
-        s->block_table[s->n_table++] = block;
-    }
-    s->n_computed = hits * bs;
-    s->n_hashed_blocks = hits;
-    s->last_block_hash = last_hash;
-    *prefix_hit_tokens = hits * bs;
-    return 0;
+    return bm->ops->admit(bm, s, prefix_hit_tokens);
 }
 
-int block_manager_prepare_decode(block_manager* bm, sequence* s) {
-    if (bm->layout == KV_LAYOUT_CONTIGUOUS) return 0; // reserved at admission
-    const int bs = bm->block_size;
-    int position = s->n_computed; // the slot the next token's KV goes to
-    int index = position / bs;
-    if (index == s->n_table) {
-        if (sequence_reserve_table(s, 1)) return -1;
-        int32_t block = kv_pool_allocate(bm->pool, s->id);
-        if (block < 0) return -1;
-        s->block_table[s->n_table++] = block;
-        return 0;
-    }
-    int32_t block = s->block_table[index];
-    // Shared: copy before writing (the bug no-cow writes into it as it is).
-    if (bm->pool->blocks[block].ref_count > 1 && !fault_on(FAULT_NO_COW)) {
-        int32_t copy = kv_pool_copy_on_write(bm->pool, block, s->id);
-        if (copy < 0) return -1;
-        s->block_table[index] = copy;
-    }
-    return 0;
-}
+int block_manager_prepare_decode(block_manager* bm, sequence* s) { return bm->ops->prepare_decode(bm, s); }
 
-void block_manager_release(block_manager* bm, sequence* s) {
-    if (bm->layout == KV_LAYOUT_CONTIGUOUS) {
-        if (s->reservation_start >= 0) kv_contiguous_release(bm->contiguous, s->id);
-        s->reservation_start = -1;
-    } else {
-        // Release in reverse so the tail goes first: the prefix blocks, which
-        // other requests are likelier to share, stay cached the longest.
-        for (int i = s->n_table - 1; i >= 0; i--) kv_pool_release(bm->pool, s->block_table[i], s->id);
-    }
-    s->n_table = 0;
-    s->n_hashed_blocks = 0;
-    s->last_block_hash = 0;
-}
+void block_manager_release(block_manager* bm, sequence* s) { bm->ops->release(bm, s); }
 
 void block_manager_fork(block_manager* bm, const sequence* parent, sequence* child) {
-    for (int i = 0; i < parent->n_table; i++) {
-        kv_pool_retain(bm->pool, parent->block_table[i], child->id);
-        child->block_table[i] = parent->block_table[i];
-    }
-    child->n_table = parent->n_table;
-    child->n_hashed_blocks = parent->n_hashed_blocks;
-    child->last_block_hash = parent->last_block_hash;
+    bm->ops->fork(bm, parent, child);
 }
 
 void block_manager_after_compute(block_manager* bm, sequence* s, int from, int to) {
-    if (bm->layout == KV_LAYOUT_CONTIGUOUS) return;
-    const int bs = bm->block_size;
-    for (int position = from; position < to; position++) {
-        kv_block* block = &bm->pool->blocks[s->block_table[position / bs]];
-        if (block->n_filled < position % bs + 1) block->n_filled = position % bs + 1;
-    }
-    if (!bm->prefix_caching) return;
-    while ((s->n_hashed_blocks + 1) * bs <= s->n_computed) {
-        int index = s->n_hashed_blocks;
-        const int32_t* tokens = s->tokens + (size_t)index * (size_t)bs;
-        uint64_t hash = kv_block_hash(s->last_block_hash, tokens, bs);
-        kv_pool_cache(bm->pool, s->block_table[index], hash, s->last_block_hash, tokens);
-        s->last_block_hash = hash;
-        s->n_hashed_blocks++;
-    }
+    bm->ops->after_compute(bm, s, from, to);
 }
+
+int64_t block_manager_units_for_length(const block_manager* bm, int length) {
+    return bm->ops->units_for_length(bm, length);
+}
+
+int64_t block_manager_capacity_units(const block_manager* bm) { return bm->ops->capacity_units(bm); }
+
+int64_t block_manager_slots(const block_manager* bm) { return bm->ops->slots(bm); }
+
+kv_memory* block_manager_memory(block_manager* bm) { return bm->ops->memory(bm); }
+
+int32_t block_manager_tail_waste(const block_manager* bm, const sequence* s) { return bm->ops->tail_waste(bm, s); }
+
+kv_usage block_manager_measure(block_manager* bm, running_view running) { return bm->ops->measure(bm, running); }

@@ -1,20 +1,23 @@
 // block_manager: a sequence's KV memory, paged or contiguous.
 //
+// The block manager decides who holds which part of the KV memory; the
+// pool (engine/kv_blocks.h) or the contiguous allocator
+// (engine/kv_contiguous.h) it is given holds the memory itself. What each
+// layout does is in its own file behind engine/kv_layout.h:
+//
 // Paged: blocks come from the pool one at a time. At admission a sequence
 // gets blocks for every token it must compute now; blocks whose chained hash
 // is in the prefix cache are shared instead of computed. In decode it gets a
 // new block each time it crosses a block boundary, and copies a shared tail
 // block before writing into it (copy-on-write).
 // Contiguous: at admission one run of slots for the whole reservation.
-//
-// The block manager decides; the pool (engine/kv_blocks.h) or the
-// contiguous allocator (engine/kv_contiguous.h) it is given holds the memory.
 #ifndef SERVELAB_BLOCK_MANAGER_H
 #define SERVELAB_BLOCK_MANAGER_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "base/error.h"
 #include "engine/kv_blocks.h"
 #include "engine/kv_contiguous.h"
 #include "engine/kv_layout.h"
@@ -27,21 +30,25 @@ typedef enum reserve_policy {
 
 typedef struct block_manager {
     kv_layout layout;
+    const kv_layout_ops* ops;   // the layout's functions
     int block_size;             // tokens per block (paged)
     bool prefix_caching;        // share cached full blocks of equal prefixes (paged)
     reserve_policy reserve;     // contiguous
     int max_seq_len;            // the model's: what RESERVE_MAX reserves
-    kv_pool* pool;              // paged: the pool (not owned)
-    kv_contiguous* contiguous;  // contiguous: the slots (not owned)
+    kv_pool* pool;              // paged: the pool (not owned), else NULL
+    kv_contiguous* contiguous;  // contiguous: the slots (not owned), else NULL
+    uint64_t* mark;             // paged: (n_blocks) scratch for counting shared blocks once
+    uint64_t mark_epoch;
 } block_manager;
 
-// The running sequences, which admission looks through for a prefix being
-// computed right now.
-typedef struct running_view {
-    const sequence* sequences; // every sequence, by id
-    const int32_t* running;    // (n_running) ids
-    int n_running;
-} running_view;
+// A paged manager over `pool`.
+int block_manager_init_paged(block_manager* bm, kv_pool* pool, bool prefix_caching, error_info* err);
+
+// A contiguous manager over `contiguous`; RESERVE_MAX reserves max_seq_len slots.
+int block_manager_init_contiguous(block_manager* bm, kv_contiguous* contiguous, reserve_policy reserve,
+                                  int max_seq_len, error_info* err);
+
+void block_manager_free(block_manager* bm);
 
 // Blocks (paged) or slots (contiguous) the sequence needs to be admitted now,
 // after prefix-cache hits; *hit_blocks gets the number of cached blocks it
@@ -64,7 +71,7 @@ int block_manager_prepare_decode(block_manager* bm, sequence* s);
 // Returns every block (or the reservation) of the sequence.
 void block_manager_release(block_manager* bm, sequence* s);
 
-// Child shares all of parent's blocks (paged).
+// Child shares all of parent's blocks (layouts that share blocks only).
 void block_manager_fork(block_manager* bm, const sequence* parent, sequence* child);
 
 // After tokens [from, to) of s were written: block fill counts, and full
@@ -78,5 +85,14 @@ int64_t block_manager_capacity_units(const block_manager* bm);
 
 // Slots the memory offers (paged: n_blocks x block_size).
 int64_t block_manager_slots(const block_manager* bm);
+
+// The keys and values themselves.
+kv_memory* block_manager_memory(block_manager* bm);
+
+// Slots of the sequence's memory past its last token (paged: 0..block_size - 1; contiguous: 0).
+int32_t block_manager_tail_waste(const block_manager* bm, const sequence* s);
+
+// Occupancy and waste over the running sequences (each shared block once).
+kv_usage block_manager_measure(block_manager* bm, running_view running);
 
 #endif

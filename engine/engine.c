@@ -93,18 +93,22 @@ int engine_init(engine* e, const model* m, const engine_config* config, error_in
     c->num_blocks = n_blocks;
     if (c->watermark_blocks < 0) c->watermark_blocks = n_blocks / 100 > 1 ? n_blocks / 100 : 1;
     int64_t n_slots = (int64_t)n_blocks * c->block_size;
+    // The memory, and the block manager that hands it out.
+    block_manager kv;
     if (c->layout == KV_LAYOUT_PAGED) {
         if (kv_pool_init(&e->pool, &m->config, c->kv_dtype, n_blocks, c->block_size, err)) return -1;
+        if (block_manager_init_paged(&kv, &e->pool, c->prefix_caching, err)) {
+            engine_free(e);
+            return -1;
+        }
     } else {
         c->prefix_caching = false; // no sharing without blocks
         if (n_slots > (1 << 30)) return error_set(err, "--kv-mem: too many slots");
         if (kv_contiguous_init(&e->contiguous, &m->config, c->kv_dtype, (int)n_slots, err)) return -1;
+        block_manager_init_contiguous(&kv, &e->contiguous, c->reserve, m->config.max_seq_len, err);
     }
-    const bool paged = c->layout == KV_LAYOUT_PAGED;
-    block_manager kv = {c->layout, c->block_size, c->prefix_caching, c->reserve, m->config.max_seq_len,
-                        paged ? &e->pool : NULL, paged ? NULL : &e->contiguous};
-    scheduler_config policy = {c->batching, c->max_seqs, c->max_batched_tokens, c->chunked_prefill,
-                               c->watermark_blocks};
+    scheduler_config policy = {c->batching,        c->max_seqs,        c->max_batched_tokens,
+                               c->chunked_prefill, c->watermark_blocks, m->config.max_seq_len};
     scheduler_init(&e->scheduler, &policy, &kv, err);
     int max_rows = c->max_batched_tokens + c->max_seqs;
     if (forward_state_init(&e->forward, &m->config, max_rows, m->config.max_seq_len, err)) {
@@ -139,13 +143,12 @@ int engine_init(engine* e, const model* m, const engine_config* config, error_in
                          c->tp_shards);
     }
     if (c->backend == BACKEND_CUDA &&
-        forward_cuda_init(&e->cuda, m, paged ? &e->pool.memory : &e->contiguous.memory,
+        forward_cuda_init(&e->cuda, m, block_manager_memory(&e->scheduler.kv),
                           max_rows, err)) {
         engine_free(e);
         return -1;
     }
-    e->mark = calloc((size_t)(c->layout == KV_LAYOUT_PAGED ? n_blocks : 1), sizeof *e->mark);
-    if (!e->mark || ensure_logits(e, 2 * c->max_seqs)) {
+    if (ensure_logits(e, 2 * c->max_seqs)) {
         engine_free(e);
         return error_set(err, "engine: out of memory");
     }
@@ -156,13 +159,12 @@ int engine_init(engine* e, const model* m, const engine_config* config, error_in
 void engine_free(engine* e) {
     scheduler_free(&e->scheduler);
     step_batch_free(&e->batch);
-    if (e->config.layout == KV_LAYOUT_PAGED) kv_pool_free(&e->pool);
-    else kv_contiguous_free(&e->contiguous);
+    kv_pool_free(&e->pool); // the layout not in use is all zeros: freeing it is a no-op
+    kv_contiguous_free(&e->contiguous);
     forward_state_free(&e->forward);
     forward_cuda_free(e->cuda);
     thread_pool_free(e->workers);
     free(e->logits);
-    free(e->mark);
     step_record_free(&e->record);
     memset(e, 0, sizeof *e);
 }
@@ -182,13 +184,13 @@ int engine_add_request(engine* e, const request_params* p, int32_t* first_sequen
     int longest = p->n_prompt + p->max_new_tokens < mc->max_seq_len ? p->n_prompt + p->max_new_tokens : mc->max_seq_len;
     const block_manager* kv = &e->scheduler.kv;
     int64_t need = block_manager_units_for_length(kv, longest), have = block_manager_capacity_units(kv);
-    const bool paged = e->config.layout == KV_LAYOUT_PAGED;
     if (need > have)
         return error_set(err, "request: needs %lld %s for %d tokens but the whole pool has %lld; it could never run",
-                         (long long)need, paged ? "blocks" : "slots", longest, (long long)have);
-    // Paged: one sequence now, the other samples fork off after its prefill.
-    // Contiguous: no sharing, so every sample is its own sequence.
-    int n_now = paged ? 1 : p->n_samples;
+                         (long long)need, kv->ops->unit_name, longest, (long long)have);
+    // Paged: one sequence now, the other samples fork off after its prefill
+    // and share its blocks. Contiguous: every sample is its own sequence.
+    const bool forks_share = kv->ops->shares_blocks;
+    int n_now = forks_share ? 1 : p->n_samples;
     int32_t request_id = e->n_requests++;
     for (int k = 0; k < n_now; k++) {
         sequence* s = scheduler_new_sequence(&e->scheduler, err);
@@ -203,7 +205,7 @@ int engine_add_request(engine* e, const request_params* p, int32_t* first_sequen
             return -1;
         }
         s->arrival_time = p->arrival_time > 0 ? p->arrival_time : e->clock_seconds;
-        s->pending_forks = paged ? p->n_samples - 1 : 0;
+        s->pending_forks = forks_share ? p->n_samples - 1 : 0;
         s->ignore_eos = p->ignore_eos;
         if (k == 0 && first_sequence_id) *first_sequence_id = s->id;
         scheduler_add_waiting(&e->scheduler);
@@ -335,12 +337,12 @@ static int forward_row_by_row(engine* e, kv_memory* memory, const forward_batch*
 static int run_batch(engine* e, const step_batch* b, step_record* r, error_info* err) {
     if (b->forward.n_rows == 0) return 0;
     if (ensure_logits(e, b->n_logit_rows)) return error_set(err, "engine: out of memory");
-    const bool paged = e->config.layout == KV_LAYOUT_PAGED;
-    // --backend cuda: the same batch on the GPU, after this step's copy-on-write copies.
+    // --backend cuda: the same batch on the GPU, after this step's copy-on-write
+    // copies (the pool's events; a contiguous engine's empty pool has none).
     if (e->cuda)
-        return forward_cuda_run(e->cuda, e->model, &b->forward, paged ? e->pool.events : NULL,
-                                paged ? e->pool.n_events : 0, e->logits, &r->traffic, &r->device_ns, err);
-    kv_memory* memory = paged ? &e->pool.memory : &e->contiguous.memory;
+        return forward_cuda_run(e->cuda, e->model, &b->forward, e->pool.events, e->pool.n_events, e->logits,
+                                &r->traffic, &r->device_ns, err);
+    kv_memory* memory = block_manager_memory(&e->scheduler.kv);
     int status = fault_on(FAULT_UNBATCHED_DECODE)
                      ? forward_row_by_row(e, memory, &b->forward, r, err)
                      : forward(e->model, &e->forward, memory, &b->forward, e->logits, &r->traffic, err);
@@ -396,7 +398,7 @@ int engine_step(engine* e, const step_record** record_out, error_info* err) {
     step_batch* b = &e->batch;
     step_record_clear(r);
     r->step = ++e->step_counter;
-    if (e->config.layout == KV_LAYOUT_PAGED) kv_pool_clear_events(&e->pool);
+    kv_pool_clear_events(&e->pool);
 
     if (scheduler_schedule(&e->scheduler, b, err)) return -1; // 1. which sequences, how many tokens
     if (run_batch(e, b, r, err)) return -1;                   // 2. the forward pass

@@ -89,8 +89,6 @@ typedef struct engine {
     double clock_seconds;       // sum of step wall times plus idle jumps
     step_record record;         // the last step's record (it owns its arrays)
     FILE* trace;                // JSON Lines trace, or NULL
-    uint64_t* mark;             // (n_blocks) scratch for counting shared blocks once
-    uint64_t mark_epoch;
     uint64_t total_prefix_hit_tokens;
     logits_observer observer;
     void* observer_user;

@@ -14,6 +14,7 @@ int scheduler_init(scheduler* s, const scheduler_config* config, const block_man
 }
 
 void scheduler_free(scheduler* s) {
+    block_manager_free(&s->kv);
     for (int i = 0; i < s->n_sequences; i++) sequence_free(&s->sequences[i]);
     free(s->sequences);
     free(s->waiting);
@@ -86,7 +87,7 @@ sequence* scheduler_clone(scheduler* s, int32_t parent_id, int32_t sample_index,
     if (!child) return NULL;
     const sequence* parent = &s->sequences[parent_id]; // new_sequence may have moved the array
     if (sequence_init(child, s->n_sequences, parent->request_id, parent->tokens, parent->n_tokens,
-                      parent->max_new_tokens, s->kv.max_seq_len, err))
+                      parent->max_new_tokens, s->config.max_seq_len, err))
         return NULL;
     if (sequence_reserve_table(child, parent->n_table)) {
         sequence_free(child);
@@ -117,7 +118,7 @@ void scheduler_place_fork(scheduler* s, int32_t parent_id, int32_t child_id) {
     const sequence* parent = &s->sequences[parent_id];
     sequence* child = &s->sequences[child_id];
     bool holds_kv = parent->state == SEQ_PREFILL || parent->state == SEQ_DECODE;
-    if (holds_kv && s->kv.layout == KV_LAYOUT_PAGED) share_running(s, parent_id, child);
+    if (holds_kv && s->kv.ops->shares_blocks) share_running(s, parent_id, child);
     else { // nothing to share (contiguous memory is private, or the parent holds none): compute it again
         child->state = SEQ_WAITING;
         s->waiting[s->n_waiting++] = child->id;
@@ -253,7 +254,7 @@ static void admit_waiting(scheduler* s, step_batch* b, int* budget) {
         int cost = block_manager_admission_cost(&s->kv, q, running, &hit_blocks, &pending);
         if (pending) break; // its prefix is being computed right now: share it next step
         int headroom = s->n_running > 0 ? s->config.watermark_blocks : 0;
-        if (s->kv.layout == KV_LAYOUT_PAGED && cost + headroom > block_manager_available(&s->kv)) break;
+        if (cost + headroom > block_manager_available(&s->kv)) break;
         int hit_tokens = 0;
         if (block_manager_admit(&s->kv, q, &hit_tokens) != 0) break; // contiguous: no hole fits
         pop_waiting_front(s);

@@ -39,6 +39,7 @@ typedef struct scheduler_config {
     int max_batched_tokens; // tokens computed per step (prefill chunks + decodes)
     bool chunked_prefill;   // split long prompts over steps
     int watermark_blocks;   // blocks kept free at admission for running sequences to grow (paged)
+    int max_seq_len;        // the model's: no sequence grows past it
 } scheduler_config;
 
 typedef struct scheduler {
@@ -60,6 +61,7 @@ typedef struct scheduler {
     uint64_t total_preemptions;
 } scheduler;
 
+// Takes over `kv` (scheduler_free frees it).
 int scheduler_init(scheduler* s, const scheduler_config* config, const block_manager* kv, error_info* err);
 void scheduler_free(scheduler* s);
 

@@ -199,47 +199,20 @@ static int grow(void* array, int* capacity, int n, size_t size) {
 
 // ---- filling it from the engine ----------------------------------------------------------------
 
-static int32_t tail_waste(const block_manager* kv, const sequence* s) {
-    if (kv->layout != KV_LAYOUT_PAGED) return 0;
-    // Slots of its blocks past its last token (computed or still to
-    // compute), at most block_size - 1 by construction. A token just
-    // sampled may sit one past the table until the next step gives it a block.
-    int64_t tail = (int64_t)s->n_table * kv->block_size - s->n_tokens;
-    return tail > 0 ? (int32_t)tail : 0;
-}
-
-// Occupancy and waste of the pool, over the running sequences.
-static void measure_pool(engine* e, step_record* r) {
-    const scheduler* s = &e->scheduler;
-    r->slots_total = block_manager_slots(&s->kv);
-    if (s->kv.layout == KV_LAYOUT_PAGED) {
-        const kv_pool* pool = s->kv.pool;
-        r->blocks_total = pool->n_blocks;
-        r->blocks_free = pool->n_free;
-        r->blocks_cached = pool->n_evictable;
-        // Count each physical block once, however many tables share it.
-        e->mark_epoch++;
-        int used = 0;
-        for (int i = 0; i < s->n_running; i++) {
-            const sequence* q = &s->sequences[s->running[i]];
-            for (int b = 0; b < q->n_table; b++) {
-                int32_t block = q->block_table[b];
-                if (e->mark[block] == e->mark_epoch) continue;
-                e->mark[block] = e->mark_epoch;
-                used++;
-                r->slots_used += pool->blocks[block].n_filled;
-            }
-            r->tail_waste_slots += tail_waste(&s->kv, q);
-        }
-        r->blocks_used = used;
-        r->slots_allocated = (int64_t)used * pool->block_size;
-    } else {
-        kv_contiguous_usage usage = kv_contiguous_measure(s->kv.contiguous);
-        for (int i = 0; i < s->n_running; i++) r->slots_used += s->sequences[s->running[i]].n_computed;
-        r->slots_allocated = usage.reserved_slots;
-        r->reserved_unused_slots = usage.reserved_slots - r->slots_used;
-        r->external_fragmentation_slots = usage.free_slots - usage.largest_hole;
-    }
+// Occupancy and waste of the memory, over the running sequences.
+static void measure_pool(scheduler* s, step_record* r) {
+    running_view running = {s->sequences, s->running, s->n_running};
+    kv_usage u = block_manager_measure(&s->kv, running);
+    r->blocks_total = u.blocks_total;
+    r->blocks_free = u.blocks_free;
+    r->blocks_used = u.blocks_used;
+    r->blocks_cached = u.blocks_cached;
+    r->slots_total = u.slots_total;
+    r->slots_used = u.slots_used;
+    r->slots_allocated = u.slots_allocated;
+    r->tail_waste_slots = u.tail_waste_slots;
+    r->reserved_unused_slots = u.reserved_unused_slots;
+    r->external_fragmentation_slots = u.external_fragmentation_slots;
 }
 
 // Every pool block's owners and fill (paged).
@@ -288,10 +261,10 @@ static int record_ran(const scheduler* sched, const step_batch* plan, step_recor
         out->context_length = s->n_computed;
         out->table_offset = offset;
         out->n_table = s->n_table;
-        out->tail_fill = sched->kv.layout == KV_LAYOUT_PAGED && s->n_computed > 0
+        out->tail_fill = sched->kv.pool && s->n_computed > 0
                              ? (s->n_computed - 1) % sched->kv.block_size + 1
                              : 0;
-        out->tail_waste_slots = tail_waste(&sched->kv, s);
+        out->tail_waste_slots = block_manager_tail_waste(&sched->kv, s);
         // A sequence that finished this step has released its table (n_table 0,
         // and block_ids may still be NULL): memcpy must not see NULL even for 0 bytes.
         if (s->n_table > 0) memcpy(r->block_ids + offset, s->block_table, (size_t)s->n_table * sizeof(int32_t));
@@ -328,7 +301,7 @@ static int record_sequences(const scheduler* e, step_record* r) {
             .n_computed = s->n_computed,
             .fork_parent = s->fork_parent,
             .n_preemptions = s->n_preemptions,
-            .tail_waste_slots = tail_waste(&e->kv, s),
+            .tail_waste_slots = block_manager_tail_waste(&e->kv, s),
             .arrival_time = s->arrival_time,
             .first_token_time = s->first_token_time,
             .finish_time = s->finish_time,
@@ -349,13 +322,11 @@ int step_record_fill(step_record* r, engine* e, const step_batch* b) {
     r->n_requests = e->n_requests;
     r->total_prefix_hit_tokens = e->total_prefix_hit_tokens;
     if (record_ran(s, b, r) || record_sequences(s, r)) return -1;
-    measure_pool(e, r);
-    if (s->kv.layout == KV_LAYOUT_PAGED) {
-        if (!r->blocks) {
-            r->blocks = malloc((size_t)s->kv.pool->n_blocks * sizeof *r->blocks);
-            if (!r->blocks) return -1;
-        }
-        record_blocks(s->kv.pool, r);
+    measure_pool(&e->scheduler, r);
+    const kv_pool* pool = s->kv.pool; // paged only
+    if (pool) {
+        if (!r->blocks && !(r->blocks = malloc((size_t)pool->n_blocks * sizeof *r->blocks))) return -1;
+        record_blocks(pool, r);
     }
     return 0;
 }
