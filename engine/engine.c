@@ -107,8 +107,12 @@ int engine_init(engine* e, const model* m, const engine_config* config, error_in
         if (kv_contiguous_init(&e->contiguous, &m->config, c->kv_dtype, (int)n_slots, err)) return -1;
         block_manager_init_contiguous(&kv, &e->contiguous, c->reserve, m->config.max_seq_len, err);
     }
-    scheduler_config policy = {c->batching,        c->max_seqs,        c->max_batched_tokens,
-                               c->chunked_prefill, c->watermark_blocks, m->config.max_seq_len};
+    scheduler_config policy = {.batching = c->batching,
+                               .max_seqs = c->max_seqs,
+                               .max_batched_tokens = c->max_batched_tokens,
+                               .chunked_prefill = c->chunked_prefill,
+                               .watermark_blocks = c->watermark_blocks,
+                               .max_seq_len = m->config.max_seq_len};
     scheduler_init(&e->scheduler, &policy, &kv, err);
     int max_rows = c->max_batched_tokens + c->max_seqs;
     if (forward_state_init(&e->forward, &m->config, max_rows, m->config.max_seq_len, err)) {
@@ -143,8 +147,7 @@ int engine_init(engine* e, const model* m, const engine_config* config, error_in
                          c->tp_shards);
     }
     if (c->backend == BACKEND_CUDA &&
-        forward_cuda_init(&e->cuda, m, block_manager_memory(&e->scheduler.kv),
-                          max_rows, err)) {
+        forward_cuda_init(&e->cuda, m, block_manager_memory(&e->scheduler.kv), max_rows, err)) {
         engine_free(e);
         return -1;
     }
@@ -154,7 +157,6 @@ int engine_init(engine* e, const model* m, const engine_config* config, error_in
     }
     return 0;
 }
-
 
 void engine_free(engine* e) {
     scheduler_free(&e->scheduler);
@@ -391,6 +393,8 @@ static int sample_batch(engine* e, step_batch* b, error_info* err) {
     free(row);
     return 0;
 }
+
+const step_record* engine_view(engine* e) { return step_record_fill_state(&e->record, e) ? NULL : &e->record; }
 
 int engine_step(engine* e, const step_record** record_out, error_info* err) {
     uint64_t start = now_ns();

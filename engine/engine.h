@@ -1,5 +1,6 @@
-// engine: one model, one KV pool, one scheduler; engine_step() runs one
-// iteration (schedule -> run -> postprocess) and returns its step record.
+// engine: one model, one KV memory, one scheduler; engine_step() runs one
+// iteration (schedule -> run -> sample -> postprocess -> record) and returns
+// its step record.
 //
 // Several engines can live in one process (a lesson runs paged and
 // contiguous side by side): all state is in the struct, nothing global.
@@ -146,6 +147,13 @@ int engine_fork_sequence(engine* e, int32_t id, float temperature, uint64_t seed
 
 // Runs one step. *record points into the engine until the next step.
 int engine_step(engine* e, const step_record** record, error_info* err);
+
+// The last step's record with its window brought up to now: the queues,
+// every live sequence, the pool and its blocks as they are after the calls
+// since that step (adds, cancels, forks, releases). Before the first step,
+// a record of step 0 with only that window. NULL when out of memory.
+// Valid until the next engine call.
+const step_record* engine_view(engine* e);
 
 // True while any request is waiting or running.
 bool engine_has_work(const engine* e);

@@ -229,9 +229,6 @@ static void record_blocks(const kv_pool* pool, step_record* r) {
     r->blocks_in_prefix_cache = pool->n_cached;
     r->total_copies = pool->total_copies;
     r->total_evictions = pool->total_evictions;
-    r->events = pool->events;
-    r->n_events = pool->n_events;
-    r->copy_bytes = pool->copy_bytes;
 }
 
 // The sequences that ran, with a copy of their block tables.
@@ -314,15 +311,26 @@ static int record_sequences(const scheduler* e, step_record* r) {
 }
 
 int step_record_fill(step_record* r, engine* e, const step_batch* b) {
-    const scheduler* s = &e->scheduler;
+    if (record_ran(&e->scheduler, b, r)) return -1;
+    const kv_pool* pool = e->scheduler.kv.pool; // paged only
+    if (pool) {
+        r->events = pool->events;
+        r->n_events = pool->n_events;
+        r->copy_bytes = pool->copy_bytes;
+    }
+    return step_record_fill_state(r, e);
+}
+
+int step_record_fill_state(step_record* r, engine* e) {
+    scheduler* s = &e->scheduler;
     r->layout = s->kv.layout;
-    r->block_size = s->kv.block_size;
+    r->block_size = e->config.block_size;
     r->tp_shards = e->config.tp_shards;
     r->tp_link = link_model_get(e->config.tp_link)->name;
     r->n_requests = e->n_requests;
     r->total_prefix_hit_tokens = e->total_prefix_hit_tokens;
-    if (record_ran(s, b, r) || record_sequences(s, r)) return -1;
-    measure_pool(&e->scheduler, r);
+    if (record_sequences(s, r)) return -1;
+    measure_pool(s, r);
     const kv_pool* pool = s->kv.pool; // paged only
     if (pool) {
         if (!r->blocks && !(r->blocks = malloc((size_t)pool->n_blocks * sizeof *r->blocks))) return -1;

@@ -179,6 +179,11 @@ void step_record_clear(step_record* record);
 // every live sequence, measured once after the step. -1 when out of memory.
 int step_record_fill(step_record* record, struct engine* e, const struct step_batch* b);
 
+// Refills only what the engine holds now (the queues, every live sequence,
+// the pool and its blocks), keeping the last step's own figures (its
+// sequences, traffic, events, times): engine_view() between steps.
+int step_record_fill_state(step_record* record, struct engine* e);
+
 // Frees the arrays the record owns (the engine calls it in engine_free).
 void step_record_free(step_record* record);
 

@@ -1,9 +1,11 @@
 // engine_release_sequence on stories260K: a finished (or cancelled)
 // sequence's memory is freed, its id stays taken and is refused afterwards,
 // a waiting or running one is refused, and the step records and the outputs
-// of the other sequences are those of a run without releases. Under ASan
-// (make check) LeakSanitizer also proves that engine_free frees a mix of
-// released and unreleased sequences exactly once.
+// of the other sequences are those of a run without releases. The step
+// record's window (queues, live sequences, block states, tail waste) says
+// what the engine holds after every step, and through engine_view() between
+// steps. Under ASan (make check) LeakSanitizer also proves that engine_free
+// frees a mix of released and unreleased sequences exactly once.
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -174,6 +176,17 @@ static void test_release_refuses_and_ids_stay_unique(void** state) {
     add_requests(&e);
     error_info err = {{0}};
     assert_int_equal(engine_live_sequences(&e), N_REQUESTS);
+    // Before any step, the view already lists the queued requests.
+    const step_record* view = engine_view(&e);
+    assert_non_null(view);
+    assert_int_equal(view->step, 0);
+    assert_int_equal(view->n_waiting, N_REQUESTS);
+    assert_int_equal(view->n_live_sequences, N_REQUESTS);
+    for (int k = 0; k < N_REQUESTS; k++) {
+        assert_int_equal(view->waiting_ids[k], k);
+        assert_int_equal(view->live_sequences[k].state, SEQ_WAITING);
+    }
+    assert_int_equal(view->blocks_free, e.pool.n_blocks);
 
     // Waiting: refused, and it stays in the queue.
     assert_int_equal(engine_release_sequence(&e, 0, &err), -1);
@@ -194,9 +207,20 @@ static void test_release_refuses_and_ids_stay_unique(void** state) {
     int free_before = e.pool.n_free + e.pool.n_evictable;
     assert_int_equal(engine_cancel_sequence(&e, 1, &err), 0);
     assert_true(e.pool.n_free + e.pool.n_evictable > free_before);
+    view = engine_view(&e); // between steps: the cancel shows, the step's own figures stay
+    assert_int_equal(view->step, 1);
+    assert_int_equal(view->n_cancelled, 1);
+    assert_int_equal(view->live_sequences[1].state, SEQ_FINISHED);
+    assert_int_equal(view->live_sequences[1].stop, STOP_CANCELLED);
+    assert_int_equal(view->blocks_free + view->blocks_cached, e.pool.n_free + e.pool.n_evictable);
+    check_record_window(&e, view);
     assert_int_equal(engine_release_sequence(&e, 1, &err), 0);
     assert_null(engine_sequence(&e, 1));
     assert_int_equal(engine_live_sequences(&e), N_REQUESTS - 1);
+    view = engine_view(&e);
+    assert_int_equal(view->n_live_sequences, N_REQUESTS - 1);
+    assert_int_equal(view->n_sequence_ids, N_REQUESTS);
+    check_record_window(&e, view);
     assert_int_equal(engine_release_sequence(&e, 1, &err), -1);
     assert_non_null(strstr(err.message, "already released"));
     assert_int_equal(engine_cancel_sequence(&e, 1, &err), 0); // finished: still a no-op
