@@ -24,7 +24,13 @@ int step_batch_reserve(step_batch* b, int n_items, int n_rows, int n_finished) {
         if (grow(&b->sampled, &capacity, n_items, sizeof *b->sampled)) return -1;
         b->items_capacity = capacity;
     }
-    if (grow(&b->rows, &b->rows_capacity, n_rows, sizeof *b->rows)) return -1;
+    if (n_rows > b->rows_capacity) {
+        int capacity = b->rows_capacity;
+        if (grow(&b->rows, &capacity, n_rows, sizeof *b->rows)) return -1;
+        capacity = b->rows_capacity;
+        if (grow(&b->slot_mapping, &capacity, n_rows, sizeof *b->slot_mapping)) return -1;
+        b->rows_capacity = capacity;
+    }
     return grow(&b->finished_ids, &b->finished_capacity, n_finished, sizeof *b->finished_ids);
 }
 
@@ -44,6 +50,7 @@ void step_batch_free(step_batch* b) {
     free(b->block_tables);
     free(b->sampled);
     free(b->rows);
+    free(b->slot_mapping);
     free(b->fork_samplers);
     free(b->fork_tokens);
     free(b->finished_ids);

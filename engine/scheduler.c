@@ -271,8 +271,10 @@ static void admit_waiting(scheduler* s, step_batch* b, int* budget) {
 }
 
 // The forward pass's rows: one per new token, in batch order; the last
-// token of a sequence wants logits.
+// token of a sequence wants logits. Each row's KV slot follows from its
+// block table (a contiguous table lists slots: block size 1).
 static void build_rows(scheduler* s, step_batch* b) {
+    const int block_size = s->kv.block_size;
     int n_rows = 0;
     for (int i = 0; i < b->n_items; i++) {
         const sequence* q = &s->sequences[b->items[i].id];
@@ -280,6 +282,7 @@ static void build_rows(scheduler* s, step_batch* b) {
         for (int t = 0; t < b->items[i].n_tokens; t++) {
             int position = q->n_computed + t;
             bool last = position == q->n_tokens - 1;
+            b->slot_mapping[n_rows] = q->block_table[position / block_size] * block_size + position % block_size;
             b->rows[n_rows++] = (batch_row){q->tokens[position], position, i, last};
             b->n_logit_rows += last;
         }

@@ -147,8 +147,17 @@ static void test_chunked_prefill(void** state) {
         int chunk = k < 2 ? 7 : 6;
         assert_int_equal(b->items[1].n_tokens, chunk);
         assert_int_equal(b->forward.n_rows, 1 + chunk);
-        // Rows of the chunk sit at consecutive positions after what is cached.
-        for (int t = 0; t < chunk; t++) assert_int_equal(b->rows[1 + t].position, done + t);
+        // Rows of the chunk sit at consecutive positions after what is cached,
+        // and their KV goes to the slot their block table gives them.
+        int decode_position = b->rows[0].position;
+        assert_int_equal(b->slot_mapping[0],
+                         seq(&h, a)->block_table[decode_position / 4] * 4 + decode_position % 4);
+        const int32_t* table = seq(&h, b_id)->block_table;
+        for (int t = 0; t < chunk; t++) {
+            int position = done + t;
+            assert_int_equal(b->rows[1 + t].position, position);
+            assert_int_equal(b->slot_mapping[1 + t], table[position / 4] * 4 + position % 4);
+        }
         assert_int_equal(b->n_logit_rows, k < 2 ? 1 : 2); // a's decode; b's only at its end
         done += chunk;
         if (done >= 20) break;
