@@ -442,14 +442,15 @@ static void attention_on_shard(void* context, int k, int thread) {
     forward_shard* shard = &step->state->shards[k];
     const layer_weights* w = tp_shard_layer(&step->state->tp, step->m, k, step->layer);
     const shard_cache cache = shard_cache_of(step->kv, step->layer, shard);
+    const int n = step->batch->n_rows, dim = step->m->config.dim, head_dim = step->m->config.head_dim;
+    kernel_traffic* traffic = &shard->traffic;
     // xb = rmsnorm(x) with rms_attention: the residual add before this made it
-    capture(step, CAPTURE_ATTENTION_INPUT, step->state->xb, step->m->config.dim);
+    capture(step, CAPTURE_ATTENTION_INPUT, step->state->xb, dim);
     qkv_matmuls(step, shard, w);            // q = wq xb, k = wk xb, v = wv xb
     rope_and_write_kv(step, shard, &cache); // q, k = rope(q, k); K[slot] = k, V[slot] = v
     attend(step, shard, &cache);            // attention = softmax(q . K / sqrt(head_dim)) . V
-    capture(step, CAPTURE_ATTENTION_OUTPUT, shard->attention, shard->n_heads * step->m->config.head_dim);
-    matmul_parallel(shard->partial, shard->attention, step->batch->n_rows, &w->wo, shard->pool,
-                    &shard->traffic); // partial = wo . attention
+    capture(step, CAPTURE_ATTENTION_OUTPUT, shard->attention, shard->n_heads * head_dim);
+    matmul_parallel(shard->partial, shard->attention, n, &w->wo, shard->pool, traffic); // partial = wo . attention
 }
 
 // The feed-forward half on shard k: its hidden features' share of
@@ -460,12 +461,14 @@ static void ffn_on_shard(void* context, int k, int thread) {
     forward_shard* shard = &step->state->shards[k];
     const layer_weights* w = tp_shard_layer(&step->state->tp, step->m, k, step->layer);
     const int n = step->batch->n_rows;
+    const float* xb = step->state->xb;
+    kernel_traffic* traffic = &shard->traffic;
     // xb = rmsnorm(x) with rms_ffn: the residual add before this made it
-    capture(step, CAPTURE_FFN_INPUT, step->state->xb, step->m->config.dim);
-    matmul_swiglu_parallel(shard->hidden, shard->hidden_up, step->state->xb, n, &w->w1, &w->w3, shard->pool,
-                           &shard->traffic); // hidden = silu(w1 xb) * (w3 xb)
+    capture(step, CAPTURE_FFN_INPUT, xb, step->m->config.dim);
+    // hidden = silu(w1 xb) * (w3 xb), one pass (matmul.h)
+    matmul_swiglu_parallel(shard->hidden, shard->hidden_up, xb, n, &w->w1, &w->w3, shard->pool, traffic);
     capture(step, CAPTURE_FFN_HIDDEN, shard->hidden, shard->hidden_size);
-    matmul_parallel(shard->partial, shard->hidden, n, &w->w2, shard->pool, &shard->traffic); // partial = w2 . hidden
+    matmul_parallel(shard->partial, shard->hidden, n, &w->w2, shard->pool, traffic); // partial = w2 . hidden
 }
 
 // x += partial (with shards: the sum of their partials, the all-reduce),

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "engine/engine.h"
+#include "engine/fault.h"
 #include "engine/model_quant.h"
 #include "engine/model_synth.h"
 #include "engine/model_write.h"
@@ -396,6 +397,35 @@ static void test_tiny_fp32_and_fp16(void** state) {
     model_free(&m);
 }
 
+// The KV-cache faults (engine/fault.h) turn a sharded run as they turn an
+// unsharded one: every shard writes and reads its heads' slots through the
+// batch's own block tables, so the bug lands in every shard.
+static void test_kv_faults_act_on_every_shard(void** state) {
+    (void)state;
+    model m;
+    synthesize_tiny(&m, MODEL_DTYPE_FP32);
+    const int n_prompt = 6, n_new = 40;
+    const fault_id faults[2] = {FAULT_PAGED_WRONG_SLOT, FAULT_SKIP_LAST_BLOCK};
+    tp_run clean, one_device, sharded;
+    engine_config unsharded = tp_config(1, LINK_NVLINK), two_shards = tp_config(2, LINK_NVLINK);
+    unsharded.block_size = two_shards.block_size = 4; // 46 positions end in 12 blocks, most of them full
+    run_requests(&m, &two_shards, &n_prompt, 1, 0, n_new, &clean);
+    for (int i = 0; i < 2; i++) {
+        fault_set previous = fault_install((fault_set)1 << faults[i]);
+        run_requests(&m, &unsharded, &n_prompt, 1, 0, n_new, &one_device);
+        run_requests(&m, &two_shards, &n_prompt, 1, 0, n_new, &sharded);
+        fault_install(previous);
+        assert_int_equal(sharded.n_tokens[0], n_new);
+        assert_memory_equal(sharded.tokens[0], one_device.tokens[0], (size_t)n_new * sizeof(int32_t));
+        if (memcmp(sharded.tokens[0], clean.tokens[0], (size_t)n_new * sizeof(int32_t)) == 0)
+            fail_msg("fault %d left the sharded run's greedy ids unchanged", (int)faults[i]);
+        free_run(&one_device);
+        free_run(&sharded);
+    }
+    free_run(&clean);
+    model_free(&m);
+}
+
 static void quantize_tiny(model* m, const char* spec_text) {
     model_quant_spec spec;
     error_info err = {{0}};
@@ -479,6 +509,7 @@ int main(void) {
         cmocka_unit_test(test_bad_shard_counts),
         cmocka_unit_test(test_record_json_has_shards),
         cmocka_unit_test(test_tiny_fp32_and_fp16),
+        cmocka_unit_test(test_kv_faults_act_on_every_shard),
         cmocka_unit_test(test_tiny_quantized),
         cmocka_unit_test(test_tiny_q8_0),
     };
