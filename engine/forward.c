@@ -5,7 +5,6 @@
 #include <string.h>
 
 #include "engine/fault.h"
-#include "engine/links.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/ops.h"

@@ -323,8 +323,8 @@ uint64_t tp_all_reduce_residual_rmsnorm(float* out, float* x, const float* const
     memset(per_thread_traffic, 0, (size_t)n_threads * sizeof *per_thread_traffic);
     all_reduce_job job = {out, x, partials, n_shards, norm_weight, eps, n_rows, dim, rows_per_task, per_thread_traffic};
     thread_pool_run(pool, (n_rows + rows_per_task - 1) / rows_per_task, all_reduce_task, &job);
-    for (int t = 0; t < n_threads; t++)
-        traffic_add(traffic, &per_thread_traffic[t]);
+    if (traffic)
+        for (int t = 0; t < n_threads; t++) traffic_add(traffic, &per_thread_traffic[t]);
     const uint64_t message_bytes = (uint64_t)n_rows * (uint64_t)dim * sizeof(float); // fp32 partial sums
     return link_ring_allreduce_bytes(n_shards, message_bytes);
 }
