@@ -5,7 +5,6 @@
 #include <string.h>
 
 #include "engine/fault.h"
-#include "engine/links.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/ops.h"
@@ -88,11 +87,6 @@ static void free_shards(forward_state* s) {
         }
     memset(s->shards, 0, sizeof s->shards);
     tp_plan_free(&s->tp);
-    free(s->shard_slots);
-    free(s->shard_slot_offsets);
-    s->shard_slots = NULL;
-    s->shard_slot_offsets = NULL;
-    s->shard_slots_capacity = s->shard_offsets_capacity = 0;
     s->n_shards = 1;
 }
 
@@ -171,7 +165,7 @@ int forward_state_set_tensor_parallel(forward_state* s, const model* m, int n_sh
     return 0;
 }
 
-// ---- batch checks and the shards' slot tables -------------------------------------------------
+// ---- batch checks and how work is shared out ---------------------------------------------------
 
 static int check_batch(const model* m, const forward_state* s, const kv_memory* kv, const forward_batch* b,
                        error_info* err) {
@@ -191,164 +185,18 @@ static int check_batch(const model* m, const forward_state* s, const kv_memory* 
         if (block < 0 || block >= kv->n_blocks)
             return error_set(err, "forward: row %d: block %d outside the pool of %d", r, block, kv->n_blocks);
     }
-    if (s->n_shards > 1 && (int64_t)kv->n_blocks * kv->block_size * s->n_shards > INT32_MAX)
-        return error_set(err, "--tp %d: a pool of %d blocks of %d slots is too large to shard", s->n_shards,
-                         kv->n_blocks, kv->block_size);
     return 0;
 }
 
-// A shard sees the KV cache of its own heads only. Its keys of slot t are
-// kv_dim / n_shards elements at t x kv_dim + (its first KV head) x head_dim
-// of the layer's array, so viewing that array as (n_slots x n_shards) rows
-// of its width, slot t is row t x n_shards. The attention kernel then runs
-// unchanged on block tables of one slot per block holding t x n_shards for
-// every position of each batch sequence (built once per forward() call).
-static int build_shard_slots(forward_state* s, const kv_memory* kv, const forward_batch* b, error_info* err) {
-    if (b->n_sequences + 1 > s->shard_offsets_capacity) {
-        int64_t* offsets = realloc(s->shard_slot_offsets, (size_t)(b->n_sequences + 1) * sizeof *offsets);
-        if (!offsets) return error_set(err, "forward: out of memory for %d sequences", b->n_sequences);
-        s->shard_slot_offsets = offsets;
-        s->shard_offsets_capacity = b->n_sequences + 1;
-    }
-    int64_t* offsets = s->shard_slot_offsets; // first the length each sequence needs, then where it starts
-    memset(offsets, 0, (size_t)(b->n_sequences + 1) * sizeof *offsets);
-    for (int r = 0; r < b->n_rows; r++)
-        if (b->rows[r].position + 1 > offsets[b->rows[r].sequence + 1])
-            offsets[b->rows[r].sequence + 1] = b->rows[r].position + 1;
-    for (int q = 0; q < b->n_sequences; q++) offsets[q + 1] += offsets[q];
-    int64_t total = offsets[b->n_sequences];
-    if (total > s->shard_slots_capacity) {
-        if (total > INT32_MAX) return error_set(err, "forward: too many positions in one batch");
-        int32_t* slots = realloc(s->shard_slots, (size_t)total * sizeof *slots);
-        if (!slots) return error_set(err, "forward: out of memory for %lld slots", (long long)total);
-        s->shard_slots = slots;
-        s->shard_slots_capacity = (int)total;
-    }
-    for (int q = 0; q < b->n_sequences; q++)
-        for (int64_t p = 0; p < offsets[q + 1] - offsets[q]; p++)
-            s->shard_slots[offsets[q] + p] =
-                (int32_t)(kv_slot_of_position(b->block_tables[q], kv->block_size, (int)p) * s->n_shards);
-    return 0;
-}
-
-// ---- the sublayers of one shard ----------------------------------------------------------------
-
-typedef struct layer_run {
-    const model* m;
-    forward_state* state;
-    kv_memory* kv;
-    const forward_batch* batch;
-    int layer;
-} layer_run;
-
-// One shard's view of a layer's KV cache (see build_shard_slots).
-typedef struct shard_kv {
-    kv_dtype dtype;
-    void* keys;          // its first element of slot 0
-    void* values;
-    float* key_scales;   // KV_I8: its first scale of slot 0; else NULL
-    float* value_scales;
-    int block_size;      // slots per block of the tables below
-    const forward_batch* batch;
-    const forward_state* state;
-} shard_kv;
-
-static shard_kv shard_kv_of(const layer_run* run, const forward_shard* shard) {
-    const kv_memory* kv = run->kv;
-    const size_t byte_offset =
-        (size_t)shard->kv_head_begin * (size_t)kv->head_dim * (size_t)kv_dtype_bytes(kv->dtype);
-    float* key_scales = kv_memory_layer_key_scales(kv, run->layer);
-    float* value_scales = kv_memory_layer_value_scales(kv, run->layer);
-    return (shard_kv){kv->dtype,
-                      (char*)kv_memory_layer_keys(kv, run->layer) + byte_offset,
-                      (char*)kv_memory_layer_values(kv, run->layer) + byte_offset,
-                      key_scales ? key_scales + shard->kv_head_begin : NULL,
-                      value_scales ? value_scales + shard->kv_head_begin : NULL,
-                      run->state->n_shards > 1 ? 1 : kv->block_size,
-                      run->batch,
-                      run->state};
-}
-
-// The block table of batch row r in the shard's view.
-static const int32_t* shard_table(const shard_kv* view, int r) {
-    int sequence = view->batch->rows[r].sequence;
-    if (view->state->n_shards == 1) return view->batch->block_tables[sequence];
-    return view->state->shard_slots + view->state->shard_slot_offsets[sequence];
-}
-
-// Attention of one row of one shard, run as a task of the shard's threads:
-// rows are independent (their keys and values were all written before),
-// and each thread has its own score scratch and traffic tally.
-typedef struct attention_job {
-    const shard_kv* view;
-    const forward_shard* shard;
-    int head_dim;
-    int max_context;
-    const int* groups;                  // (n_groups + 1) forward_state.attention_groups
-    int head_slices;                    // tasks per group, each a slice of its KV heads (1: whole)
-    bool skip_last_block;               // fault skip-last-block (engine/fault.h); false in a normal run
-    kernel_traffic* per_thread_traffic; // (shard->n_thread_slots)
-} attention_job;
-
-// Task = one slice of the KV heads (with their query heads) of one group
-// of rows (forward_state.attention_groups): a decode row alone, or up to
-// ATTENTION_ROWS_MAX consecutive rows of one prompt, which attention_rows
-// runs together (each row's bits are those of the row alone). Heads are
-// independent, so a slice's heads get the bits of the whole row.
-static void attention_task(void* context, int task, int thread) {
-    const attention_job* job = context;
-    const shard_kv* view = job->view;
-    const forward_shard* shard = job->shard;
-    const int group = task / job->head_slices, slice = task % job->head_slices;
-    const int kv_begin = shard->n_kv_heads * slice / job->head_slices,
-              kv_end = shard->n_kv_heads * (slice + 1) / job->head_slices;
-    const int queries_per_kv_head = shard->n_heads / shard->n_kv_heads;
-    const size_t width = (size_t)shard->n_heads * (size_t)job->head_dim;
-    const size_t query_offset = (size_t)kv_begin * (size_t)queries_per_kv_head * (size_t)job->head_dim;
-    const size_t kv_byte_offset = (size_t)kv_begin * (size_t)job->head_dim * (size_t)kv_dtype_bytes(view->dtype);
-    const int first = job->groups[group], n_rows = job->groups[group + 1] - first;
-    int n_context = view->batch->rows[first].position + 1;
-    if (job->skip_last_block && view->block_size > 1) {
-        // The bug: the block loop stops before the context's last block.
-        // (A context inside its first block keeps it: nothing would be left.)
-        const int tail = (n_context - 1) % view->block_size + 1;
-        if (n_context > tail) n_context -= tail;
-    }
-    kv_layer_view layer = {view->dtype,
-                           (const char*)view->keys + kv_byte_offset,
-                           (const char*)view->values + kv_byte_offset,
-                           shard_table(view, first),
-                           view->block_size,
-                           view->key_scales ? view->key_scales + kv_begin : NULL,
-                           view->value_scales ? view->value_scales + kv_begin : NULL,
-                           shard->n_kv_heads};
-    // A slice of a multi-row group would need the rows' stride: groups of
-    // several rows are only sliced whole (head_slices is 1 when any is).
-    attention_rows(shard->attention + (size_t)first * width + query_offset,
-                   shard->query + (size_t)first * width + query_offset, &layer, n_context, n_rows,
-                   (kv_end - kv_begin) * queries_per_kv_head, kv_end - kv_begin, job->head_dim,
-                   shard->scores + (size_t)thread * (size_t)job->max_context, &job->per_thread_traffic[thread]);
-}
-
-// Slices per group: with fewer single-row groups than threads (decode of a
-// small batch), each row's heads are shared out so that no thread idles;
-// otherwise the groups themselves keep every thread busy.
-static int attention_head_slices(const forward_state* s, const forward_shard* shard, int n_rows) {
-    const int n_groups = s->n_attention_groups;
-    if (n_groups != n_rows || n_groups >= shard->n_thread_slots) return 1;
-    int slices = (shard->n_thread_slots + n_groups - 1) / n_groups;
-    return slices < shard->n_kv_heads ? slices : shard->n_kv_heads;
-}
-
-// Splits the batch into attention_task's groups: runs of rows of one
-// sequence at consecutive positions (a prompt, or a chunk of one), at most
-// ATTENTION_ROWS_MAX long. groups: (n_rows + 1); returns the group count.
+// Splits the batch into the groups of rows attention runs together: runs
+// of rows of one sequence at consecutive positions (a prompt, or a chunk of
+// one), at most ATTENTION_ROWS_MAX long. groups: (n_rows + 1); returns the
+// group count.
 static int group_attention_rows(int* groups, const forward_batch* b) {
     int n_groups = 0;
     for (int r = 0; r < b->n_rows;) {
         int size = 1;
-        while (size < ATTENTION_ROWS_MAX && r + size < b->n_rows &&
-               b->rows[r + size].sequence == b->rows[r].sequence &&
+        while (size < ATTENTION_ROWS_MAX && r + size < b->n_rows && b->rows[r + size].sequence == b->rows[r].sequence &&
                b->rows[r + size].position == b->rows[r].position + size)
             size++;
         groups[n_groups++] = r;
@@ -356,11 +204,6 @@ static int group_attention_rows(int* groups, const forward_batch* b) {
     }
     groups[n_groups] = b->n_rows;
     return n_groups;
-}
-
-static const layer_weights* shard_weights(const layer_run* run, int k) {
-    const forward_state* s = run->state;
-    return s->n_shards == 1 ? &run->m->layers[run->layer] : &s->tp.shards[k].layers[run->layer];
 }
 
 // Rows per task when per-row work (norms, RoPE, KV writes) is shared out
@@ -373,149 +216,288 @@ static int rows_per_task(int n_rows, int n_threads) {
     return (n_rows + 4 * n_threads - 1) / (4 * n_threads);
 }
 
-// RoPE and the KV cache writes of a task's rows: each row rotates its own
-// query and key and writes its own slot.
-typedef struct rope_store_job {
-    const shard_kv* view;
-    forward_shard* shard;
-    const float* rotations; // (n_rows, head_dim) forward_state.rotations
-    const rope_config* rope;
-    int head_dim, n_rows, rows_per_task;
-    bool tail_slot_one_off; // fault paged-wrong-slot (engine/fault.h); false in a normal run
-    kernel_traffic* per_thread_traffic; // (shard->n_thread_slots)
-} rope_store_job;
+// Slices of the KV heads per attention group: with fewer single-row groups
+// than threads (decode of a small batch), each row's heads are shared out
+// so that no thread idles; otherwise the groups themselves keep every
+// thread busy.
+static int attention_head_slices(const forward_state* s, const forward_shard* shard, int n_rows) {
+    const int n_groups = s->n_attention_groups;
+    if (n_groups != n_rows || n_groups >= shard->n_thread_slots) return 1;
+    int slices = (shard->n_thread_slots + n_groups - 1) / n_groups;
+    return slices < shard->n_kv_heads ? slices : shard->n_kv_heads;
+}
 
-static void rope_store_task(void* context, int task, int thread) {
-    const rope_store_job* job = context;
+// Runs n_tasks tasks of `task` on pool. Each task adds its kernels' work to
+// its own thread's tally (per_thread_traffic, zeroed here, one per thread
+// slot), so no two threads add to one counter; the tallies go into
+// *traffic once the pool is done.
+static void run_tallied(thread_pool* pool, int n_tasks, thread_pool_task_fn task, void* job,
+                        kernel_traffic* per_thread_traffic, int n_thread_slots, kernel_traffic* traffic) {
+    memset(per_thread_traffic, 0, (size_t)n_thread_slots * sizeof *per_thread_traffic);
+    thread_pool_run(pool, n_tasks, task, job);
+    for (int t = 0; t < n_thread_slots; t++)
+        traffic_add(traffic, &per_thread_traffic[t]);
+}
+
+// ---- the steps of a layer on one shard ------------------------------------------------------------
+//
+// A shard computes the heads and hidden features it owns
+// (engine/tensor_parallel.h). On one device the shard is the whole model:
+// every head, every hidden feature, the model's own weights and KV cache.
+
+// What every step of layer `layer` reads.
+typedef struct layer_step {
+    const model* m;
+    forward_state* state;
+    const kv_memory* kv;
+    const forward_batch* batch;
+    int layer;
+} layer_step;
+
+// Shows the rows to the calibration hook (forward_state.capture), when one is set.
+static void capture(const layer_step* step, capture_site site, const float* rows, int width) {
+    const forward_state* s = step->state;
+    if (s->capture) s->capture(s->capture_user, step->layer, site, rows, step->batch->n_rows, width);
+}
+
+// The layer's KV cache as a shard sees it: its KV heads of every slot.
+// Slots keep the whole cache's stride, so the batch's block tables hold
+// for every shard.
+typedef struct shard_cache {
+    kv_dtype dtype;
+    char* keys;        // its first KV head of slot 0, in the layer's (n_slots, kv_dim) keys
+    char* values;      // likewise in the values
+    float* key_scales; // KV_I8: its first head's scale of slot 0 in (n_slots, n_kv_heads); else NULL
+    float* value_scales;
+    int slot_kv_heads; // KV heads in one slot: the model's n_kv_heads
+    int block_size;    // slots per block
+} shard_cache;
+
+static shard_cache shard_cache_of(const kv_memory* kv, int layer, const forward_shard* shard) {
+    const size_t first_head_bytes =
+        (size_t)shard->kv_head_begin * (size_t)kv->head_dim * (size_t)kv_dtype_bytes(kv->dtype);
+    float* key_scales = kv_memory_layer_key_scales(kv, layer);
+    float* value_scales = kv_memory_layer_value_scales(kv, layer);
+    return (shard_cache){kv->dtype,
+                         (char*)kv_memory_layer_keys(kv, layer) + first_head_bytes,
+                         (char*)kv_memory_layer_values(kv, layer) + first_head_bytes,
+                         key_scales ? key_scales + shard->kv_head_begin : NULL,
+                         value_scales ? value_scales + shard->kv_head_begin : NULL,
+                         kv->n_kv_heads,
+                         kv->block_size};
+}
+
+// q = wq xb, k = wk xb, v = wv xb (+ bq, bk, bv where the model has them),
+// for the shard's heads.
+static void qkv_matmuls(const layer_step* step, forward_shard* shard, const layer_weights* w) {
+    const forward_state* s = step->state;
+    const int n = step->batch->n_rows, head_dim = step->m->config.head_dim;
+    const matmul_output qkv[3] = {{shard->query, &w->wq}, {shard->key, &w->wk}, {shard->value, &w->wv}};
+    matmul_set_parallel(qkv, 3, s->xb, n, shard->pool, &shard->traffic);
+    const layer_weights* full = &step->m->layers[step->layer]; // biases are sliced here, not by tp_plan
+    if (!full->bq) return;
+    const size_t kv_offset = (size_t)shard->kv_head_begin * (size_t)head_dim;
+    const int kv_width = shard->n_kv_heads * head_dim;
+    bias_add(shard->query, full->bq + (size_t)shard->head_begin * (size_t)head_dim, n, shard->n_heads * head_dim,
+             &shard->traffic);
+    bias_add(shard->key, full->bk + kv_offset, n, kv_width, &shard->traffic);
+    bias_add(shard->value, full->bv + kv_offset, n, kv_width, &shard->traffic);
+}
+
+typedef struct rope_and_write_job {
+    const layer_step* step;
+    forward_shard* shard;
+    const shard_cache* cache;
+    int rows_per_task;
+    bool tail_slot_one_off;             // fault paged-wrong-slot (engine/fault.h); false in a normal run
+    kernel_traffic* per_thread_traffic; // (shard->n_thread_slots)
+} rope_and_write_job;
+
+// A task's rows: each rotates its own query and key and writes its own slot.
+static void rope_and_write_task(void* context, int task, int thread) {
+    const rope_and_write_job* job = context;
+    const forward_state* s = job->step->state;
+    const forward_batch* b = job->step->batch;
     const forward_shard* shard = job->shard;
-    const shard_kv* view = job->view;
-    const size_t query_width = (size_t)shard->n_heads * (size_t)job->head_dim,
-                 kv_width = (size_t)shard->n_kv_heads * (size_t)job->head_dim;
+    const shard_cache* cache = job->cache;
+    const int head_dim = job->step->m->config.head_dim;
+    const size_t query_width = (size_t)shard->n_heads * (size_t)head_dim,
+                 kv_width = (size_t)shard->n_kv_heads * (size_t)head_dim;
+    // kv_write_row strides slots by the heads it is given: counted in the
+    // shard's heads, slot t of the cache starts at t x slot_stride.
+    const int64_t slot_stride = cache->slot_kv_heads / shard->n_kv_heads;
     const int first = task * job->rows_per_task;
-    const int end = job->n_rows - first < job->rows_per_task ? job->n_rows : first + job->rows_per_task;
+    const int end = b->n_rows - first < job->rows_per_task ? b->n_rows : first + job->rows_per_task;
     kernel_traffic* traffic = &job->per_thread_traffic[thread];
     for (int r = first; r < end; r++) {
         float* query = shard->query + (size_t)r * query_width;
         float* key = shard->key + (size_t)r * kv_width;
-        rope_rotate_for(query, key, job->rotations + (size_t)r * (size_t)job->head_dim, shard->n_heads,
-                        shard->n_kv_heads, job->head_dim, job->rope, traffic);
-        const batch_row* row = &view->batch->rows[r];
-        int64_t slot = kv_slot_of_position(shard_table(view, r), view->block_size, row->position);
+        rope_rotate_for(query, key, s->rotations + (size_t)r * (size_t)head_dim, shard->n_heads, shard->n_kv_heads,
+                        head_dim, &s->rope, traffic);
+        const batch_row* row = &b->rows[r];
+        int64_t slot = kv_slot_of_position(b->block_tables[row->sequence], cache->block_size, row->position);
         // The bug: the newest token's slot is computed one short inside its
         // tail block, so its K and V land on the previous token's slot and
         // attention reads the wrong slot for both.
-        if (job->tail_slot_one_off && row->wants_logits && row->position % view->block_size != 0) slot--;
-        kv_write_row(view->keys, view->values, view->key_scales, view->value_scales, view->dtype, slot, key,
-                     shard->value + (size_t)r * kv_width, shard->n_kv_heads, job->head_dim, traffic);
+        if (job->tail_slot_one_off && row->wants_logits && row->position % cache->block_size != 0) slot--;
+        kv_write_row(cache->keys, cache->values, cache->key_scales, cache->value_scales, cache->dtype,
+                     slot * slot_stride, key, shard->value + (size_t)r * kv_width, shard->n_kv_heads, head_dim,
+                     traffic);
     }
 }
 
-// q, k, v of the shard's heads, RoPE, the KV cache writes, attention, and
-// its partial sums of wo: partial = wo[:, its columns] . attention.
-static void attention_sublayer(void* context, int k, int thread) {
+// q, k = rope(q, k) at each row's position; then each row's k and v go to
+// its slot of the cache. Every row's keys and values are stored before any
+// row attends, so that a row of a prompt attends to the rows before it in
+// the same batch.
+static void rope_and_write_kv(const layer_step* step, forward_shard* shard, const shard_cache* cache) {
+    kernel_traffic per_thread_traffic[THREAD_POOL_MAX_THREADS];
+    const int n = step->batch->n_rows;
+    rope_and_write_job job = {step,
+                              shard,
+                              cache,
+                              rows_per_task(n, shard->n_thread_slots),
+                              fault_on(FAULT_PAGED_WRONG_SLOT),
+                              per_thread_traffic};
+    run_tallied(shard->pool, (n + job.rows_per_task - 1) / job.rows_per_task, rope_and_write_task, &job,
+                per_thread_traffic, shard->n_thread_slots, &shard->traffic);
+}
+
+typedef struct attention_job {
+    const layer_step* step;
+    const forward_shard* shard;
+    const shard_cache* cache;
+    int head_slices;                    // tasks per group, each a slice of its KV heads (1: whole)
+    bool skip_last_block;               // fault skip-last-block (engine/fault.h); false in a normal run
+    kernel_traffic* per_thread_traffic; // (shard->n_thread_slots)
+} attention_job;
+
+// Task = one slice of the KV heads (with their query heads) of one group
+// of rows (forward_state.attention_groups): a decode row alone, or up to
+// ATTENTION_ROWS_MAX consecutive rows of one prompt, which attention_rows
+// runs together (each row's bits are those of the row alone). Heads are
+// independent, so a slice's heads get the bits of the whole row; each
+// thread has its own score scratch.
+static void attention_task(void* context, int task, int thread) {
+    const attention_job* job = context;
+    const forward_state* s = job->step->state;
+    const forward_batch* b = job->step->batch;
+    const forward_shard* shard = job->shard;
+    const shard_cache* cache = job->cache;
+    const int head_dim = job->step->m->config.head_dim;
+    const int group = task / job->head_slices, slice = task % job->head_slices;
+    const int kv_begin = shard->n_kv_heads * slice / job->head_slices,
+              kv_end = shard->n_kv_heads * (slice + 1) / job->head_slices;
+    const int queries_per_kv_head = shard->n_heads / shard->n_kv_heads;
+    const size_t width = (size_t)shard->n_heads * (size_t)head_dim;
+    const size_t query_offset = (size_t)kv_begin * (size_t)queries_per_kv_head * (size_t)head_dim;
+    const size_t kv_byte_offset = (size_t)kv_begin * (size_t)head_dim * (size_t)kv_dtype_bytes(cache->dtype);
+    const int first = s->attention_groups[group], n_rows = s->attention_groups[group + 1] - first;
+    int n_context = b->rows[first].position + 1;
+    if (job->skip_last_block && cache->block_size > 1) {
+        // The bug: the block loop stops before the context's last block.
+        // (A context inside its first block keeps it: nothing would be left.)
+        const int tail = (n_context - 1) % cache->block_size + 1;
+        if (n_context > tail) n_context -= tail;
+    }
+    kv_layer_view layer = {cache->dtype,
+                           cache->keys + kv_byte_offset,
+                           cache->values + kv_byte_offset,
+                           b->block_tables[b->rows[first].sequence],
+                           cache->block_size,
+                           cache->key_scales ? cache->key_scales + kv_begin : NULL,
+                           cache->value_scales ? cache->value_scales + kv_begin : NULL,
+                           cache->slot_kv_heads};
+    // A slice of a multi-row group would need the rows' stride: groups of
+    // several rows are only sliced whole (head_slices is 1 when any is).
+    attention_rows(shard->attention + (size_t)first * width + query_offset,
+                   shard->query + (size_t)first * width + query_offset, &layer, n_context, n_rows,
+                   (kv_end - kv_begin) * queries_per_kv_head, kv_end - kv_begin, head_dim,
+                   shard->scores + (size_t)thread * (size_t)s->max_context, &job->per_thread_traffic[thread]);
+}
+
+// attention = softmax(q . K / sqrt(head_dim)) . V per head, each row over
+// its own sequence's cached positions up to its own.
+static void attend(const layer_step* step, forward_shard* shard, const shard_cache* cache) {
+    kernel_traffic per_thread_traffic[THREAD_POOL_MAX_THREADS];
+    const forward_state* s = step->state;
+    const int head_slices = attention_head_slices(s, shard, step->batch->n_rows);
+    attention_job job = {step, shard, cache, head_slices, fault_on(FAULT_SKIP_LAST_BLOCK), per_thread_traffic};
+    run_tallied(shard->pool, s->n_attention_groups * head_slices, attention_task, &job, per_thread_traffic,
+                shard->n_thread_slots, &shard->traffic);
+}
+
+// ---- one layer ----------------------------------------------------------------------------------
+//
+// llama2.c's layer, one line per equation. Each half runs on every shard
+// at once (tp_run_on_shards); the residual add between them sums the
+// shards' partial outputs (the all-reduce).
+
+// The attention half of layer step->layer on shard k: its heads' share of
+// wo . attention(rope(wq xb), rope(wk xb), wv xb).
+static void attention_on_shard(void* context, int k, int thread) {
     (void)thread; // a shard's result depends only on its number
-    const layer_run* run = context;
-    forward_state* s = run->state;
-    forward_shard* shard = &s->shards[k];
-    const layer_weights* w = shard_weights(run, k);
-    const int n = run->batch->n_rows, head_dim = run->m->config.head_dim;
-    const size_t query_width = (size_t)shard->n_heads * (size_t)head_dim;
+    const layer_step* step = context;
+    forward_shard* shard = &step->state->shards[k];
+    const layer_weights* w = tp_shard_layer(&step->state->tp, step->m, k, step->layer);
+    const shard_cache cache = shard_cache_of(step->kv, step->layer, shard);
+    const int n = step->batch->n_rows, dim = step->m->config.dim, head_dim = step->m->config.head_dim;
     kernel_traffic* traffic = &shard->traffic;
-    const matmul_output qkv[3] = {{shard->query, &w->wq}, {shard->key, &w->wk}, {shard->value, &w->wv}};
-    matmul_set_parallel(qkv, 3, s->xb, n, shard->pool, traffic);
-    const layer_weights* full = &run->m->layers[run->layer]; // biases are sliced here, not by tp_plan
-    if (full->bq) {
-        const size_t kv_offset = (size_t)shard->kv_head_begin * (size_t)head_dim;
-        const int kv_width = shard->n_kv_heads * head_dim;
-        bias_add(shard->query, full->bq + (size_t)shard->head_begin * (size_t)head_dim, n, (int)query_width, traffic);
-        bias_add(shard->key, full->bk + kv_offset, n, kv_width, traffic);
-        bias_add(shard->value, full->bv + kv_offset, n, kv_width, traffic);
-    }
-    // Keys and values of every row are stored first, so that a row of a
-    // prompt can attend to the rows before it in the same batch.
-    shard_kv view = shard_kv_of(run, shard);
-    kernel_traffic per_thread_traffic[THREAD_POOL_MAX_THREADS];
-    memset(per_thread_traffic, 0, (size_t)shard->n_thread_slots * sizeof *per_thread_traffic);
-    rope_store_job store = {.view = &view,
-                            .shard = shard,
-                            .rotations = s->rotations,
-                            .rope = &s->rope,
-                            .head_dim = head_dim,
-                            .n_rows = n,
-                            .rows_per_task = rows_per_task(n, shard->n_thread_slots),
-                            .tail_slot_one_off = fault_on(FAULT_PAGED_WRONG_SLOT),
-                            .per_thread_traffic = per_thread_traffic};
-    thread_pool_run(shard->pool, (n + store.rows_per_task - 1) / store.rows_per_task, rope_store_task, &store);
-    const int head_slices = attention_head_slices(s, shard, n);
-    attention_job job = {&view,       shard,       head_dim, s->max_context, s->attention_groups,
-                         head_slices, fault_on(FAULT_SKIP_LAST_BLOCK), per_thread_traffic};
-    thread_pool_run(shard->pool, s->n_attention_groups * head_slices, attention_task, &job);
-    for (int t = 0; t < shard->n_thread_slots; t++) traffic_add(traffic, &per_thread_traffic[t]);
-    if (s->capture)
-        s->capture(s->capture_user, run->layer, CAPTURE_ATTENTION_OUTPUT, shard->attention, n, (int)query_width);
-    matmul_parallel(shard->partial, shard->attention, n, &w->wo, shard->pool, traffic);
+    // xb = rmsnorm(x) with rms_attention: the residual add before this made it
+    capture(step, CAPTURE_ATTENTION_INPUT, step->state->xb, dim);
+    qkv_matmuls(step, shard, w);            // q = wq xb, k = wk xb, v = wv xb
+    rope_and_write_kv(step, shard, &cache); // q, k = rope(q, k); K[slot] = k, V[slot] = v
+    attend(step, shard, &cache);            // attention = softmax(q . K / sqrt(head_dim)) . V
+    capture(step, CAPTURE_ATTENTION_OUTPUT, shard->attention, shard->n_heads * head_dim);
+    matmul_parallel(shard->partial, shard->attention, n, &w->wo, shard->pool, traffic); // partial = wo . attention
 }
 
-// The SwiGLU of the shard's hidden features and its partial sums of w2.
-static void ffn_sublayer(void* context, int k, int thread) {
+// The feed-forward half on shard k: its hidden features' share of
+// w2 . (silu(w1 xb) * (w3 xb)).
+static void ffn_on_shard(void* context, int k, int thread) {
     (void)thread;
-    const layer_run* run = context;
-    forward_state* s = run->state;
-    forward_shard* shard = &s->shards[k];
-    const layer_weights* w = shard_weights(run, k);
-    const int n = run->batch->n_rows, hidden = shard->hidden_size;
+    const layer_step* step = context;
+    forward_shard* shard = &step->state->shards[k];
+    const layer_weights* w = tp_shard_layer(&step->state->tp, step->m, k, step->layer);
+    const int n = step->batch->n_rows;
+    const float* xb = step->state->xb;
     kernel_traffic* traffic = &shard->traffic;
-    matmul_swiglu_parallel(shard->hidden, shard->hidden_up, s->xb, n, &w->w1, &w->w3, shard->pool, traffic);
-    if (s->capture) s->capture(s->capture_user, run->layer, CAPTURE_FFN_HIDDEN, shard->hidden, n, hidden);
-    matmul_parallel(shard->partial, shard->hidden, n, &w->w2, shard->pool, traffic);
+    // xb = rmsnorm(x) with rms_ffn: the residual add before this made it
+    capture(step, CAPTURE_FFN_INPUT, xb, step->m->config.dim);
+    // hidden = silu(w1 xb) * (w3 xb), one pass (matmul.h)
+    matmul_swiglu_parallel(shard->hidden, shard->hidden_up, xb, n, &w->w1, &w->w3, shard->pool, traffic);
+    capture(step, CAPTURE_FFN_HIDDEN, shard->hidden, shard->hidden_size);
+    matmul_parallel(shard->partial, shard->hidden, n, &w->w2, shard->pool, traffic); // partial = w2 . hidden
 }
 
-// Runs a sublayer on every shard: each shard is one task of the state's
-// pool, so shards run side by side, each on its own threads.
-static void run_shards(forward_state* s, layer_run* run, thread_pool_task_fn sublayer) {
-    if (s->n_shards == 1) sublayer(run, 0, 0);
-    else thread_pool_run(s->pool, s->n_shards, sublayer, run);
-}
-
-typedef struct residual_job {
-    forward_state* state;
-    const float* const* partials; // (n_shards) arrays of (n_rows, dim)
-    const float* norm_weight;
-    float rms_epsilon;
-    int n_rows, dim, rows_per_task;
-    kernel_traffic* per_thread_traffic; // (thread_pool_size(state->pool))
-} residual_job;
-
-// residual_rmsnorm of one task's rows: each row depends only on itself.
-static void residual_task(void* context, int task, int thread) {
-    const residual_job* job = context;
-    forward_state* s = job->state;
-    const int first = task * job->rows_per_task;
-    const int n = job->n_rows - first < job->rows_per_task ? job->n_rows - first : job->rows_per_task;
-    const size_t offset = (size_t)first * (size_t)job->dim;
+// x += partial (with shards: the sum of their partials, the all-reduce),
+// then xb = rmsnorm(x) with next_norm, the norm of whatever reads x next:
+// the FFN's, the next layer's attention's, or the final norm (NULL: none).
+// Fused because the norm reads the x the add has just written: 4 passes
+// over the (n_rows, dim) activations instead of 5 (add: read x and
+// partial, write x; norm: read x, write xb), and N + 3 instead of N + 6
+// with N shards whose all-reduce would first sum into a buffer of its own.
+static void residual_add_then_next_rmsnorm(forward_state* s, const model_config* c, int n_rows, const float* next_norm,
+                                           kernel_traffic* traffic) {
     const float* partials[MAX_TP_SHARDS];
-    for (int k = 0; k < s->n_shards; k++) partials[k] = job->partials[k] + offset;
-    residual_rmsnorm(s->xb + offset, s->x + offset, partials, s->n_shards, job->norm_weight, n, job->dim,
-                     job->rms_epsilon, &job->per_thread_traffic[thread]);
-}
-
-// The all-reduce of the shards' partial sums, fused with the residual add
-// and the RMSNorm that follows it (norm_weight NULL: no norm).
-static void all_reduce_residual(forward_state* s, int n_rows, const model_config* c, const float* norm_weight,
-                                kernel_traffic* traffic) {
-    const float* partials[MAX_TP_SHARDS];
-    for (int k = 0; k < s->n_shards; k++) partials[k] = s->shards[k].partial;
-    const int n_threads = thread_pool_size(s->pool), per_task = rows_per_task(n_rows, n_threads);
-    kernel_traffic per_thread_traffic[THREAD_POOL_MAX_THREADS];
-    memset(per_thread_traffic, 0, (size_t)n_threads * sizeof *per_thread_traffic);
-    residual_job job = {s, partials, norm_weight, model_rms_epsilon(c), n_rows, c->dim, per_task, per_thread_traffic};
-    thread_pool_run(s->pool, (n_rows + per_task - 1) / per_task, residual_task, &job);
-    for (int t = 0; t < n_threads; t++) traffic_add(traffic, &per_thread_traffic[t]);
+    for (int k = 0; k < s->n_shards; k++)
+        partials[k] = s->shards[k].partial;
+    const int per_task = rows_per_task(n_rows, thread_pool_size(s->pool));
+    const uint64_t sent_bytes =
+        tp_all_reduce_residual_rmsnorm(s->xb, s->x, partials, s->n_shards, next_norm, n_rows, c->dim,
+                                       model_rms_epsilon(c), s->pool, per_task, traffic);
     if (s->n_shards > 1) {
-        uint64_t message_bytes = (uint64_t)n_rows * (uint64_t)c->dim * sizeof(float); // fp32 partial sums
-        s->allreduce_bytes += link_ring_allreduce_bytes(s->n_shards, message_bytes);
+        s->allreduce_bytes += sent_bytes;
         s->n_allreduces++;
     }
+}
+
+// The norm after layer l: the next layer's attention norm; after the last
+// layer the final norm, when every row wants logits (else the classifier's
+// rows are gathered and normed apart, forward()).
+static const float* norm_after_layer(const model* m, int l, bool every_row_logits) {
+    if (l + 1 < m->config.n_layers) return m->layers[l + 1].rms_attention;
+    return every_row_logits ? m->rms_final : NULL;
 }
 
 // ---- the counting faults (engine/fault.h) ------------------------------------------------------
@@ -551,13 +533,12 @@ static void miscount_traffic(kernel_traffic* t, uint64_t extra_attention_flops) 
 int forward(const model* m, forward_state* s, kv_memory* kv, const forward_batch* b, float* logits,
             kernel_traffic* traffic, error_info* err) {
     if (check_batch(m, s, kv, b, err)) return -1;
-    if (s->n_shards > 1 && s->capture)
-        return error_set(err, "forward: activation capture runs without sharding only");
-    if (s->n_shards > 1 && build_shard_slots(s, kv, b, err)) return -1;
+    if (s->n_shards > 1 && s->capture) return error_set(err, "forward: activation capture runs without sharding only");
     s->n_attention_groups = group_attention_rows(s->attention_groups, b);
     const model_config* c = &m->config;
     const int n = b->n_rows, dim = c->dim;
-    for (int k = 0; k < s->n_shards; k++) memset(&s->shards[k].traffic, 0, sizeof s->shards[k].traffic);
+    for (int k = 0; k < s->n_shards; k++)
+        memset(&s->shards[k].traffic, 0, sizeof s->shards[k].traffic);
     s->allreduce_bytes = 0;
     s->n_allreduces = 0;
     kernel_traffic replicated = {0}; // embedding, norms, residual stream, classifier
@@ -573,22 +554,15 @@ int forward(const model* m, forward_state* s, kv_memory* kv, const forward_batch
     rmsnorm(s->xb, s->x, m->layers[0].rms_attention, n, dim, rms_epsilon, &replicated);
 
     int n_logit_rows = 0;
-    for (int r = 0; r < n; r++) n_logit_rows += b->rows[r].wants_logits;
-    bool every_row_logits = n_logit_rows == n;
+    for (int r = 0; r < n; r++)
+        n_logit_rows += b->rows[r].wants_logits;
+    const bool every_row_logits = n_logit_rows == n;
     for (int l = 0; l < c->n_layers; l++) {
-        layer_run run = {m, s, kv, b, l};
-        // ---- attention: x += wo . attention(rope(wq xb), rope(wk xb), wv xb); xb = rmsnorm(x)
-        if (s->capture) s->capture(s->capture_user, l, CAPTURE_ATTENTION_INPUT, s->xb, n, dim);
-        run_shards(s, &run, attention_sublayer);
-        all_reduce_residual(s, n, c, m->layers[l].rms_ffn, &replicated);
-
-        // ---- feed-forward: x += w2 . (silu(w1 xb) * (w3 xb)); xb = rmsnorm(x) for what follows
-        if (s->capture) s->capture(s->capture_user, l, CAPTURE_FFN_INPUT, s->xb, n, dim);
-        run_shards(s, &run, ffn_sublayer);
-        const float* next_norm = l + 1 < c->n_layers ? m->layers[l + 1].rms_attention
-                                 : every_row_logits  ? m->rms_final
-                                                     : NULL;
-        all_reduce_residual(s, n, c, next_norm, &replicated);
+        layer_step step = {m, s, kv, b, l};
+        tp_run_on_shards(s->pool, s->n_shards, attention_on_shard, &step);          // partial = wo . attention(...)
+        residual_add_then_next_rmsnorm(s, c, n, m->layers[l].rms_ffn, &replicated); // x += partial; xb = rmsnorm(x)
+        tp_run_on_shards(s->pool, s->n_shards, ffn_on_shard, &step);                // partial = w2 . swiglu(...)
+        residual_add_then_next_rmsnorm(s, c, n, norm_after_layer(m, l, every_row_logits), &replicated);
     }
 
     // Final norm and classifier, only for the rows whose logits are wanted
@@ -615,7 +589,8 @@ int forward(const model* m, forward_state* s, kv_memory* kv, const forward_batch
                                                     (uint64_t)c->n_layers * unfilled_slots);
     if (traffic) {
         traffic_add(traffic, &replicated);
-        for (int k = 0; k < s->n_shards; k++) traffic_add(traffic, &s->shards[k].traffic);
+        for (int k = 0; k < s->n_shards; k++)
+            traffic_add(traffic, &s->shards[k].traffic);
     }
     return 0;
 }

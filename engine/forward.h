@@ -96,10 +96,6 @@ typedef struct forward_state {
     int n_shards;
     tp_plan tp;                          // the split; its weights (unused with 1 shard)
     forward_shard shards[MAX_TP_SHARDS]; // (n_shards)
-    int32_t* shard_slots;   // (shard_slots_capacity) per batch sequence, the slot of each position x n_shards
-    int64_t* shard_slot_offsets; // (shard_offsets_capacity) where each batch sequence's slots start
-    int shard_slots_capacity;
-    int shard_offsets_capacity;
     // Tallies of the last forward() call, besides its kernel_traffic:
     uint64_t allreduce_bytes; // bytes each shard sent in its ring all-reduces (engine/links.h)
     int n_allreduces;         // all-reduces run: 2 per layer when sharded, else 0

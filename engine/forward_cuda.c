@@ -2,7 +2,6 @@
 
 #include <stdbool.h>
 #include <stdlib.h>
-#include <string.h>
 
 #ifdef SERVELAB_CUDA
 
@@ -49,8 +48,6 @@ struct forward_cuda {
     unsigned char* staging;   // host
     size_t metadata_capacity; // bytes of each
 };
-
-const char* forward_cuda_device_name(const forward_cuda* fc) { return cuda_context_device_name(fc->gpu); }
 
 static int upload_floats(forward_cuda* fc, float** device, const float* host, int count, error_info* err) {
     if (cuda_device_alloc(fc->gpu, (void**)device, (size_t)count * sizeof(float), "norm weights", err)) return -1;
@@ -178,8 +175,6 @@ int forward_cuda_init(forward_cuda** out, const model* m, const kv_memory* kv, i
     return 0;
 }
 
-static void free_weights(cuda_weights* w) { cuda_weights_free(w); }
-
 void forward_cuda_free(forward_cuda* fc) {
     if (!fc) return;
     if (fc->gpu) cuda_synchronize(fc->gpu, NULL);
@@ -190,12 +185,12 @@ void forward_cuda_free(forward_cuda* fc) {
             cuda_device_free(layer->rms_ffn);
             cuda_weights* all[] = {&layer->wq, &layer->wk, &layer->wv, &layer->wo, &layer->w1, &layer->w2, &layer->w3};
             for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-                free_weights(all[i]);
+                cuda_weights_free(all[i]);
         }
         free(fc->layers);
     }
-    if (!fc->classifier_is_embedding) free_weights(&fc->classifier);
-    free_weights(&fc->embedding);
+    if (!fc->classifier_is_embedding) cuda_weights_free(&fc->classifier);
+    cuda_weights_free(&fc->embedding);
     cuda_device_free(fc->rms_final);
     cuda_device_free(fc->kv_pool);
     free(fc->kv_layers);
@@ -431,23 +426,6 @@ int forward_cuda_run(forward_cuda* fc, const model* m, const forward_batch* batc
                              err);
 }
 
-int forward_cuda_download_kv(forward_cuda* fc, kv_memory* kv, error_info* err) {
-    if (kv->n_blocks != fc->kv_n_blocks || kv->block_size != fc->kv_block_size || kv->dtype != fc->kv_dtype)
-        return error_set(err, "forward_cuda: the host KV memory differs in shape from the device pool");
-    for (int l = 0; l < fc->config.n_layers; l++) {
-        const cuda_kv_layer* layer = &fc->kv_layers[l];
-        if (cuda_copy_to_host(fc->gpu, kv_memory_layer_keys(kv, l), layer->keys, fc->kv_layer_bytes, err) ||
-            cuda_copy_to_host(fc->gpu, kv_memory_layer_values(kv, l), layer->values, fc->kv_layer_bytes, err))
-            return -1;
-        if (kv->dtype == KV_I8 && (cuda_copy_to_host(fc->gpu, kv_memory_layer_key_scales(kv, l), layer->key_scales,
-                                                     fc->kv_layer_scale_bytes, err) ||
-                                   cuda_copy_to_host(fc->gpu, kv_memory_layer_value_scales(kv, l), layer->value_scales,
-                                                     fc->kv_layer_scale_bytes, err)))
-            return -1;
-    }
-    return 0;
-}
-
 #else // built without CUDA: every entry point says so
 
 int forward_cuda_init(forward_cuda** out, const model* m, const kv_memory* kv, int max_rows, error_info* err) {
@@ -458,19 +436,9 @@ int forward_cuda_init(forward_cuda** out, const model* m, const kv_memory* kv, i
 
 void forward_cuda_free(forward_cuda* fc) { (void)fc; }
 
-const char* forward_cuda_device_name(const forward_cuda* fc) {
-    (void)fc;
-    return "none (built without CUDA)";
-}
-
 int forward_cuda_run(forward_cuda* fc, const model* m, const forward_batch* batch, const block_event* events,
                      int n_events, float* logits, kernel_traffic* traffic, uint64_t* device_ns, error_info* err) {
     (void)fc, (void)m, (void)batch, (void)events, (void)n_events, (void)logits, (void)traffic, (void)device_ns;
-    return error_set(err, "--backend cuda: built without CUDA");
-}
-
-int forward_cuda_download_kv(forward_cuda* fc, kv_memory* kv, error_info* err) {
-    (void)fc, (void)kv;
     return error_set(err, "--backend cuda: built without CUDA");
 }
 

@@ -33,9 +33,6 @@ typedef struct forward_cuda forward_cuda;
 int forward_cuda_init(forward_cuda** out, const model* m, const kv_memory* kv, int max_rows, error_info* err);
 void forward_cuda_free(forward_cuda* fc); // NULL is fine
 
-// The device, for messages: "NVIDIA H200, 139.8 GiB, compute capability 9.0, 132 SMs".
-const char* forward_cuda_device_name(const forward_cuda* fc);
-
 // forward() on the GPU: the same batch, the same logits (rows with
 // wants_logits, in row order, (n, vocab_size) floats on the host). First
 // replays the BLOCK_COPY events among events[0 .. n_events) (the step's
@@ -43,10 +40,5 @@ const char* forward_cuda_device_name(const forward_cuda* fc);
 // device pool. *device_ns: the pass's time on the GPU (CUDA events).
 int forward_cuda_run(forward_cuda* fc, const model* m, const forward_batch* batch, const block_event* events,
                      int n_events, float* logits, kernel_traffic* traffic, uint64_t* device_ns, error_info* err);
-
-// Copies the device pool's keys and values (and int8 scales) of every
-// layer back into the host kv_memory `kv` (same shape as at init): for
-// tests and lessons that read the cache. Not needed to run.
-int forward_cuda_download_kv(forward_cuda* fc, kv_memory* kv, error_info* err);
 
 #endif

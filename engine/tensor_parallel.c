@@ -5,8 +5,10 @@
 
 #include "base/arena.h"
 #include "engine/fault.h"
+#include "engine/links.h"
 #include "engine/model_storage.h"
 #include "engine/streamed_memory.h"
+#include "kernels/cpu/ops.h"
 
 // Bytes of one stored row of w's codes or values.
 static size_t row_bytes(const weight_matrix* w) {
@@ -275,4 +277,54 @@ void tp_plan_free(tp_plan* plan) {
         for (int s = 0; s < plan->n_shards; s++) free(plan->shards[s].layers);
     free(plan->storage);
     memset(plan, 0, sizeof *plan);
+}
+
+const layer_weights* tp_shard_layer(const tp_plan* plan, const model* m, int k, int l) {
+    return plan->n_shards > 1 ? &plan->shards[k].layers[l] : &m->layers[l];
+}
+
+// ---- running the shards ---------------------------------------------------------------------
+
+void tp_run_on_shards(thread_pool* pool, int n_shards, thread_pool_task_fn on_shard, void* context) {
+    if (n_shards == 1)
+        on_shard(context, 0, 0);
+    else
+        thread_pool_run(pool, n_shards, on_shard, context);
+}
+
+typedef struct all_reduce_job {
+    float* out;
+    float* x;
+    const float* const* partials; // (n_shards) arrays of (n_rows, dim)
+    int n_shards;
+    const float* norm_weight;
+    float eps;
+    int n_rows, dim, rows_per_task;
+    kernel_traffic* per_thread_traffic; // (thread_pool_size(pool))
+} all_reduce_job;
+
+static void all_reduce_task(void* context, int task, int thread) {
+    const all_reduce_job* job = context;
+    const int first = task * job->rows_per_task;
+    const int n = job->n_rows - first < job->rows_per_task ? job->n_rows - first : job->rows_per_task;
+    const size_t offset = (size_t)first * (size_t)job->dim;
+    const float* partials[MAX_TP_SHARDS];
+    for (int k = 0; k < job->n_shards; k++)
+        partials[k] = job->partials[k] + offset;
+    residual_rmsnorm(job->out + offset, job->x + offset, partials, job->n_shards, job->norm_weight, n, job->dim,
+                     job->eps, &job->per_thread_traffic[thread]);
+}
+
+uint64_t tp_all_reduce_residual_rmsnorm(float* out, float* x, const float* const* partials, int n_shards,
+                                        const float* norm_weight, int n_rows, int dim, float eps, thread_pool* pool,
+                                        int rows_per_task, kernel_traffic* traffic) {
+    const int n_threads = thread_pool_size(pool);
+    kernel_traffic per_thread_traffic[THREAD_POOL_MAX_THREADS];
+    memset(per_thread_traffic, 0, (size_t)n_threads * sizeof *per_thread_traffic);
+    all_reduce_job job = {out, x, partials, n_shards, norm_weight, eps, n_rows, dim, rows_per_task, per_thread_traffic};
+    thread_pool_run(pool, (n_rows + rows_per_task - 1) / rows_per_task, all_reduce_task, &job);
+    if (traffic)
+        for (int t = 0; t < n_threads; t++) traffic_add(traffic, &per_thread_traffic[t]);
+    const uint64_t message_bytes = (uint64_t)n_rows * (uint64_t)dim * sizeof(float); // fp32 partial sums
+    return link_ring_allreduce_bytes(n_shards, message_bytes);
 }

@@ -43,6 +43,8 @@
 
 #include "base/error.h"
 #include "engine/model.h"
+#include "kernels/cpu/kernel_traffic.h"
+#include "kernels/cpu/thread_pool.h"
 
 #define MAX_TP_SHARDS 16
 
@@ -64,5 +66,29 @@ typedef struct tp_plan {
 // naming what does not divide (heads, a group of a quantized matrix).
 int tp_plan_build(tp_plan* plan, const model* m, int n_shards, error_info* err);
 void tp_plan_free(tp_plan* plan);
+
+// The weights shard k multiplies in layer l: its slices, or the model's
+// own layer when nothing is split (a plan of 0 or 1 shards).
+const layer_weights* tp_shard_layer(const tp_plan* plan, const model* m, int k, int l);
+
+// ---- running the shards (engine/forward.c) ---------------------------------
+
+// The fan-out: on_shard(context, k, 0) for every shard k. One shard runs on
+// the calling thread; several run as tasks of `pool`, one per shard, side
+// by side, each on its own threads.
+void tp_run_on_shards(thread_pool* pool, int n_shards, thread_pool_task_fn on_shard, void* context);
+
+// The all-reduce of the shards' row-parallel outputs (wo's or w2's partial
+// sums), done where the residual stream adds them anyway, then the RMSNorm
+// of what follows (kernels/cpu/ops.h residual_rmsnorm):
+//   x += partials[0] + ... + partials[n_shards - 1]   (in shard order)
+//   out = rmsnorm(x) with norm_weight                  (NULL: no norm)
+// x, out: (n_rows, dim) floats; partials: (n_shards) arrays of (n_rows, dim).
+// Rows are independent: each task of `pool` takes rows_per_task of them.
+// Returns the bytes each shard sends in the ring all-reduce
+// (engine/links.h): 0 for one shard, whose "all-reduce" is the residual add.
+uint64_t tp_all_reduce_residual_rmsnorm(float* out, float* x, const float* const* partials, int n_shards,
+                                        const float* norm_weight, int n_rows, int dim, float eps, thread_pool* pool,
+                                        int rows_per_task, kernel_traffic* traffic);
 
 #endif

@@ -15,9 +15,12 @@
 #include <string.h>
 
 #include "engine/engine.h"
+#include "engine/fault.h"
+#include "engine/links.h"
 #include "engine/model_quant.h"
 #include "engine/model_synth.h"
 #include "engine/model_write.h"
+#include "engine/tensor_parallel.h"
 #include "engine/tokenizer.h"
 #include "tests/test_support.h"
 
@@ -361,6 +364,43 @@ static void test_record_json_has_shards(void** state) {
     free_run(&sharded);
 }
 
+// The all-reduce adds the shards' partial sums in shard order into the
+// residual, then norms: the bits of residual_add of ((p0 + p1) + p2) and
+// rmsnorm, whatever the rows per task. Some elements are 1e8, -1e8 and 1,
+// where another order (p0 + (p1 + p2)) gives 0 instead of 1.
+static void test_all_reduce_sums_in_shard_order(void** state) {
+    (void)state;
+    enum { N_SHARDS = 3, ROWS = 5, DIM = 8 };
+    float x[ROWS * DIM], expected_x[ROWS * DIM], expected_out[ROWS * DIM], out[ROWS * DIM], weight[DIM];
+    float partial[N_SHARDS][ROWS * DIM], sum[ROWS * DIM];
+    for (int i = 0; i < ROWS * DIM; i++) {
+        x[i] = expected_x[i] = 0.25f * (float)(i % 7) - 0.5f;
+        const bool cancelling = i % 3 == 0;
+        partial[0][i] = cancelling ? 1e8f : 0.125f * (float)(i % 5);
+        partial[1][i] = cancelling ? -1e8f : -0.375f * (float)(i % 4);
+        partial[2][i] = cancelling ? 1.0f : 0.0625f * (float)i;
+        sum[i] = (partial[0][i] + partial[1][i]) + partial[2][i];
+    }
+    for (int i = 0; i < DIM; i++) weight[i] = 1.0f + 0.1f * (float)i;
+    residual_add(expected_x, sum, ROWS * DIM, NULL);
+    rmsnorm(expected_out, expected_x, weight, ROWS, DIM, 1e-5f, NULL);
+    thread_pool* pool = NULL;
+    assert_int_equal(thread_pool_create(2, &pool), 0);
+    const float* partials[N_SHARDS] = {partial[0], partial[1], partial[2]};
+    kernel_traffic traffic = {0};
+    uint64_t sent = tp_all_reduce_residual_rmsnorm(out, x, partials, N_SHARDS, weight, ROWS, DIM, 1e-5f, pool, 2,
+                                                   &traffic);
+    thread_pool_free(pool);
+    assert_memory_equal(x, expected_x, sizeof x);
+    assert_memory_equal(out, expected_out, sizeof out);
+    assert_true(expected_x[0] == -0.5f + 1.0f); // the cancelling element kept its 1
+    assert_int_equal(sent, link_ring_allreduce_bytes(N_SHARDS, ROWS * DIM * sizeof(float)));
+    // Read x and the 3 partials, write x and out: 6 passes over the rows.
+    assert_int_equal(traffic.activation_bytes, 6ull * ROWS * DIM * sizeof(float));
+    // One shard: the residual add and the norm, nothing sent.
+    assert_int_equal(tp_all_reduce_residual_rmsnorm(out, x, partials, 1, weight, ROWS, DIM, 1e-5f, NULL, ROWS, NULL), 0);
+}
+
 // ---- the tiny preset: fp32, fp16, INT8 and Q8_0 weights -------------------------------------
 
 static void synthesize_tiny(model* m, model_dtype_choice dtype) {
@@ -393,6 +433,35 @@ static void test_tiny_fp32_and_fp16(void** state) {
     model_free(&m);
     synthesize_tiny(&m, MODEL_DTYPE_FP16);
     check_tiny(&m, "fp16", 120, 1e-4);
+    model_free(&m);
+}
+
+// The KV-cache faults (engine/fault.h) turn a sharded run as they turn an
+// unsharded one: every shard writes and reads its heads' slots through the
+// batch's own block tables, so the bug lands in every shard.
+static void test_kv_faults_act_on_every_shard(void** state) {
+    (void)state;
+    model m;
+    synthesize_tiny(&m, MODEL_DTYPE_FP32);
+    const int n_prompt = 6, n_new = 40;
+    const fault_id faults[2] = {FAULT_PAGED_WRONG_SLOT, FAULT_SKIP_LAST_BLOCK};
+    tp_run clean, one_device, sharded;
+    engine_config unsharded = tp_config(1, LINK_NVLINK), two_shards = tp_config(2, LINK_NVLINK);
+    unsharded.block_size = two_shards.block_size = 4; // 46 positions end in 12 blocks, most of them full
+    run_requests(&m, &two_shards, &n_prompt, 1, 0, n_new, &clean);
+    for (int i = 0; i < 2; i++) {
+        fault_set previous = fault_install((fault_set)1 << faults[i]);
+        run_requests(&m, &unsharded, &n_prompt, 1, 0, n_new, &one_device);
+        run_requests(&m, &two_shards, &n_prompt, 1, 0, n_new, &sharded);
+        fault_install(previous);
+        assert_int_equal(sharded.n_tokens[0], n_new);
+        assert_memory_equal(sharded.tokens[0], one_device.tokens[0], (size_t)n_new * sizeof(int32_t));
+        if (memcmp(sharded.tokens[0], clean.tokens[0], (size_t)n_new * sizeof(int32_t)) == 0)
+            fail_msg("fault %d left the sharded run's greedy ids unchanged", (int)faults[i]);
+        free_run(&one_device);
+        free_run(&sharded);
+    }
+    free_run(&clean);
     model_free(&m);
 }
 
@@ -477,8 +546,10 @@ int main(void) {
         cmocka_unit_test(test_stories_shard_traffic_and_allreduce),
         cmocka_unit_test(test_sharded_batch_invariance),
         cmocka_unit_test(test_bad_shard_counts),
+        cmocka_unit_test(test_all_reduce_sums_in_shard_order),
         cmocka_unit_test(test_record_json_has_shards),
         cmocka_unit_test(test_tiny_fp32_and_fp16),
+        cmocka_unit_test(test_kv_faults_act_on_every_shard),
         cmocka_unit_test(test_tiny_quantized),
         cmocka_unit_test(test_tiny_q8_0),
     };
