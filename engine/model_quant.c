@@ -293,7 +293,8 @@ static float* apply_awq(matrix_job* jobs, int n_jobs, const site_samples* inputs
 // gains and every packed matrix, so that swapping it in frees every fp copy
 // at once.
 typedef struct packed_model {
-    const weight_matrix** sources; // (n_matrices) the originals: embedding, wq..w3 of each layer, classifier if separate
+    const weight_matrix** sources; // (n_matrices) the originals: embedding, wq..w3 of each layer,
+                                   // then the classifier unless it is the embedding
     int n_matrices;
     unsigned char* storage;        // the one allocation (streamed memory)
     arena_cursor cursor;           // where the next packed matrix goes in storage
@@ -454,7 +455,8 @@ static int quantize_layer(packed_model* built, const model_config* c, int l, con
     if (status == 0 && spec->method == QUANT_AWQ)
         status = fold_awq_scales(jobs, c, spec, built->norms + (size_t)l * (size_t)c->dim,
                                  built->norms + (size_t)(c->n_layers + l) * (size_t)c->dim, awq_scales, err);
-    for (int i = 0; status == 0 && i < 7; i++) status = pack_next(built, &jobs[i], 1 + 7 * l + i, spec, spec->method, err);
+    for (int i = 0; status == 0 && i < 7; i++)
+        status = pack_next(built, &jobs[i], 1 + 7 * l + i, spec, spec->method, err);
     for (int i = 0; i < 7; i++) free(jobs[i].values);
     for (int i = 0; i < 4; i++) free(awq_scales[i]);
     return status;
@@ -524,8 +526,10 @@ int model_quantize(model* m, const model_quant_spec* spec, const int32_t* const*
     for (int i = 0; status == 0 && i < built.n_matrices; i++) {
         if (i >= 1 && i <= 7 * c->n_layers) continue; // layer matrices below
         const weight_matrix* source = built.sources[i];
-        matrix_job job = {i == 0 ? "token_embedding" : "classifier", source, widen_matrix(source), NULL, -1, NULL, {0}, NULL};
-        status = job.values ? pack_next(&built, &job, i, spec, QUANT_RTN, err) : error_set(err, "quantize: out of memory");
+        const char* name = i == 0 ? "token_embedding" : "classifier";
+        matrix_job job = {name, source, widen_matrix(source), NULL, -1, NULL, {0}, NULL};
+        status = job.values ? pack_next(&built, &job, i, spec, QUANT_RTN, err)
+                            : error_set(err, "quantize: out of memory");
         free(job.values);
     }
     // 4. Layer by layer, with the spec's method.

@@ -111,7 +111,8 @@ static void test_greedy_fork_shares_blocks_and_matches_the_unforked_run(void** s
     // slots (the 14 computed tokens; the 15th is computed after the fork) as
     // fp32 keys and values: 2 x n_layers x 14 slots x kv_dim x 4 bytes.
     const uint64_t copied_slots = N_PROMPT + FORK_AFTER - 1;
-    assert_int_equal(forked.copy_bytes, 2u * (uint64_t)m.config.n_layers * copied_slots * (uint64_t)m.config.kv_dim * 4);
+    const uint64_t layers = (uint64_t)m.config.n_layers, kv_dim = (uint64_t)m.config.kv_dim;
+    assert_int_equal(forked.copy_bytes, 2u * layers * copied_slots * kv_dim * 4);
     assert_int_equal(base.copy_bytes, 0);
     // Greedy child and parent both continue exactly as the unforked run.
     assert_int_equal(forked.n_parent, NEW_TOKENS);
