@@ -159,7 +159,7 @@ static int collect_layer_inputs(const model* m, const int32_t* const* sequences,
     return status;
 }
 
-// ---- the new storage ------------------------------------------------------------------
+// ---- the packed format of each matrix ------------------------------------------------
 
 static bool scheme_is_int4(quant_weight_scheme scheme) { return scheme == QUANT_W4A16 || scheme == QUANT_W4A8; }
 
@@ -287,7 +287,7 @@ static float* apply_awq(matrix_job* jobs, int n_jobs, const site_samples* inputs
     return scales;
 }
 
-// ---- the new storage of the whole model -------------------------------------------------------
+// ---- the packed storage of the whole model ----------------------------------------------------
 
 // The quantized model while it is built: one allocation holds the norm
 // gains and every packed matrix, so that swapping it in frees every fp copy
@@ -337,7 +337,7 @@ static int keep_fp16_copy(const packed_model* built, uint16_t* kept_copy, error_
 }
 
 // Lists the matrices, measures and makes the one allocation, and copies the
-// norm gains into it (AWQ divides them later).
+// norm gains into it (fold_awq_scales divides them there).
 static int packed_model_allocate(packed_model* built, const model* m, const model_quant_spec* spec, error_info* err) {
     const model_config* c = &m->config;
     memset(built, 0, sizeof *built);
