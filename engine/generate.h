@@ -1,11 +1,13 @@
-// generate: plain generation of one sequence (the foundation's driver).
+// generate: the stop rule of a generation (stop_reason, generate_stops_at),
+// which the engine applies to every sampled token, and generate(), a
+// one-sequence decode loop that nothing calls: the engine (engine/engine.c)
+// is the driver, and tests decode through it (test_engine_generate in
+// tests/test_support.c).
 //
-// The prompt (BOS first) runs as one batch (prefill), then one token per
-// step (decode) until a stop token (generate_stops_at: the model's EOS and
-// the like, or llama2.c's EOS and BOS), the token limit, or the model's
-// maximum length. The paged engine and its
-// scheduler (engine/engine.c, later) drive many sequences through the same
-// forward pass; this file keeps the single-sequence path small and exact.
+// generate() runs the prompt (BOS first) as one batch (prefill), then one
+// token per step (decode) until a stop token (generate_stops_at: the model's
+// EOS and the like, or llama2.c's EOS and BOS), the token limit, or the
+// model's maximum length.
 #ifndef SERVELAB_GENERATE_H
 #define SERVELAB_GENERATE_H
 

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/arena.h"
 #include "engine/fault.h"
 #include "engine/forward.h"
 #include "engine/kv_memory.h"
@@ -82,21 +83,23 @@ typedef struct site_samples {
     int width;
 } site_samples;
 
-typedef struct calibration {
+// What calibration captured: the first CALIBRATION_MAX_SAMPLES input rows
+// of each linear layer's input site, per layer.
+typedef struct layer_inputs {
     site_samples* sites; // (n_layers, N_SITES)
     int n_layers;
     bool out_of_memory;
-} calibration;
+} layer_inputs;
 
 static void capture_rows(void* user, int layer, capture_site site, const float* rows, int n_rows, int width) {
-    calibration* cal = user;
+    layer_inputs* captured = user;
     if (layer < 0 || (int)site >= N_SITES) return;
-    site_samples* s = &cal->sites[layer * N_SITES + (int)site];
+    site_samples* s = &captured->sites[layer * N_SITES + (int)site];
     if (!s->rows) {
         s->rows = malloc((size_t)CALIBRATION_MAX_SAMPLES * (size_t)width * sizeof(float));
         s->width = width;
         if (!s->rows) {
-            cal->out_of_memory = true;
+            captured->out_of_memory = true;
             return;
         }
     }
@@ -106,20 +109,20 @@ static void capture_rows(void* user, int layer, capture_site site, const float* 
     s->n_rows += take;
 }
 
-static void calibration_free(calibration* cal) {
-    if (cal->sites)
-        for (int i = 0; i < cal->n_layers * N_SITES; i++) free(cal->sites[i].rows);
-    free(cal->sites);
-    memset(cal, 0, sizeof *cal);
+static void layer_inputs_free(layer_inputs* captured) {
+    if (captured->sites)
+        for (int i = 0; i < captured->n_layers * N_SITES; i++) free(captured->sites[i].rows);
+    free(captured->sites);
+    memset(captured, 0, sizeof *captured);
 }
 
-static int collect_calibration(const model* m, const int32_t* const* sequences, const int* lengths, int n_sequences,
-                               thread_pool* pool, calibration* cal, int* n_tokens, error_info* err) {
+static int collect_layer_inputs(const model* m, const int32_t* const* sequences, const int* lengths, int n_sequences,
+                                thread_pool* pool, layer_inputs* captured, int* n_tokens, error_info* err) {
     const model_config* c = &m->config;
-    memset(cal, 0, sizeof *cal);
-    cal->n_layers = c->n_layers;
-    cal->sites = calloc((size_t)c->n_layers * N_SITES, sizeof *cal->sites);
-    if (!cal->sites) return error_set(err, "quantize: out of memory");
+    memset(captured, 0, sizeof *captured);
+    captured->n_layers = c->n_layers;
+    captured->sites = calloc((size_t)c->n_layers * N_SITES, sizeof *captured->sites);
+    if (!captured->sites) return error_set(err, "quantize: out of memory");
     *n_tokens = 0;
     const int block_size = 16;
     int n_blocks = (c->max_seq_len + block_size - 1) / block_size;
@@ -132,7 +135,7 @@ static int collect_calibration(const model* m, const int32_t* const* sequences, 
         return -1;
     }
     state.capture = capture_rows;
-    state.capture_user = cal;
+    state.capture_user = captured;
     int32_t* table = malloc((size_t)n_blocks * sizeof *table);         // (n_blocks) identity table
     batch_row* rows = malloc((size_t)c->max_seq_len * sizeof *rows);    // (max_seq_len)
     float* logits = malloc((size_t)c->vocab_size * sizeof *logits);     // (vocab) unused output
@@ -147,7 +150,7 @@ static int collect_calibration(const model* m, const int32_t* const* sequences, 
         status = forward(m, &state, &kv, &batch, logits, NULL, err);
         *n_tokens += n;
     }
-    if (status == 0 && cal->out_of_memory) status = error_set(err, "quantize: out of memory for calibration data");
+    if (status == 0 && captured->out_of_memory) status = error_set(err, "quantize: out of memory for calibration data");
     free(table);
     free(rows);
     free(logits);
@@ -156,18 +159,7 @@ static int collect_calibration(const model* m, const int32_t* const* sequences, 
     return status;
 }
 
-// ---- the new storage ------------------------------------------------------------------
-
-typedef struct packed_cursor {
-    unsigned char* base; // NULL while measuring
-    size_t used;
-} packed_cursor;
-
-static void* take_bytes(packed_cursor* cursor, size_t bytes) {
-    size_t start = (cursor->used + 63) / 64 * 64;
-    cursor->used = start + bytes;
-    return cursor->base ? cursor->base + start : NULL;
-}
+// ---- the packed format of each matrix ------------------------------------------------
 
 static bool scheme_is_int4(quant_weight_scheme scheme) { return scheme == QUANT_W4A16 || scheme == QUANT_W4A8; }
 
@@ -295,7 +287,215 @@ static float* apply_awq(matrix_job* jobs, int n_jobs, const site_samples* inputs
     return scales;
 }
 
+// ---- the packed storage of the whole model ----------------------------------------------------
+
+// The quantized model while it is built: one allocation holds the norm
+// gains and every packed matrix, so that swapping it in frees every fp copy
+// at once.
+typedef struct packed_model {
+    const weight_matrix** sources; // (n_matrices) the originals: embedding, wq..w3 of each layer,
+                                   // then the classifier unless it is the embedding
+    int n_matrices;
+    unsigned char* storage;        // the one allocation (streamed memory)
+    arena_cursor cursor;           // where the next packed matrix goes in storage
+    float* norms;                  // (2 n_layers + 1, dim) attention gains, FFN gains, final gain; in storage
+    size_t norm_floats;
+    weight_matrix* packed;         // (n_matrices) the results, in the order of sources
+    quant_layer_report* reports;   // (n_matrices)
+} packed_model;
+
+static void packed_model_free(packed_model* built) {
+    free(built->sources);
+    free(built->storage);
+    free(built->packed);
+    free(built->reports);
+    memset(built, 0, sizeof *built);
+}
+
+static size_t packed_bytes_for(const model_quant_spec* spec, const weight_matrix* source) {
+    quant_scheme s = scheme_for(spec, source->cols);
+    return (size_t)quant_packed_bytes(source->rows, source->cols, &s);
+}
+
+// FAULT_QUANT_KEEPS_FP16: an fp16 copy of every matrix, written after the
+// packed weights into the same allocation (so model_free frees it); the
+// kernels never read it. kept_copy: (sum over the matrices of rows * cols).
+static int keep_fp16_copy(const packed_model* built, uint16_t* kept_copy, error_info* err) {
+    int widest = 0;
+    for (int i = 0; i < built->n_matrices; i++)
+        widest = built->sources[i]->cols > widest ? built->sources[i]->cols : widest;
+    float* row = malloc((size_t)widest * sizeof *row); // (widest cols) one source row in fp32
+    if (!row) return error_set(err, "quantize: out of memory");
+    size_t at = 0;
+    for (int i = 0; i < built->n_matrices; i++)
+        for (int r = 0; r < built->sources[i]->rows; r++) {
+            weight_row_to_f32(row, built->sources[i], r, NULL);
+            for (int col = 0; col < built->sources[i]->cols; col++) kept_copy[at++] = fp32_to_fp16(row[col]);
+        }
+    free(row);
+    return 0;
+}
+
+// Lists the matrices, measures and makes the one allocation, and copies the
+// norm gains into it (fold_awq_scales divides them there).
+static int packed_model_allocate(packed_model* built, const model* m, const model_quant_spec* spec, error_info* err) {
+    const model_config* c = &m->config;
+    memset(built, 0, sizeof *built);
+    built->n_matrices = 7 * c->n_layers + 1 + (c->shared_classifier ? 0 : 1);
+    built->sources = malloc((size_t)built->n_matrices * sizeof *built->sources);
+    built->reports = calloc((size_t)built->n_matrices, sizeof *built->reports);
+    built->packed = calloc((size_t)built->n_matrices, sizeof *built->packed);
+    if (!built->sources || !built->reports || !built->packed) {
+        packed_model_free(built);
+        return error_set(err, "quantize: out of memory");
+    }
+    int k = 0;
+    built->sources[k++] = &m->token_embedding;
+    for (int l = 0; l < c->n_layers; l++)
+        for (int i = 0; i < 7; i++) built->sources[k++] = model_storage_layer_matrix(&m->layers[l], i);
+    if (!c->shared_classifier) built->sources[k++] = &m->classifier;
+
+    // Sizes first (a measuring pass), then one allocation.
+    arena_cursor measure = {NULL, 0};
+    built->norm_floats = (size_t)(2 * c->n_layers + 1) * (size_t)c->dim;
+    arena_take(&measure, built->norm_floats * sizeof(float));
+    for (int i = 0; i < built->n_matrices; i++) arena_take(&measure, packed_bytes_for(spec, built->sources[i]));
+    size_t kept_copy_offset = 0, kept_copy_halves = 0;
+    if (fault_on(FAULT_QUANT_KEEPS_FP16)) {
+        for (int i = 0; i < built->n_matrices; i++)
+            kept_copy_halves += (size_t)built->sources[i]->rows * (size_t)built->sources[i]->cols;
+        arena_take(&measure, 0);
+        kept_copy_offset = measure.used;
+        arena_take(&measure, kept_copy_halves * sizeof(uint16_t));
+    }
+    built->storage = streamed_memory_alloc(arena_total(&measure));
+    if (!built->storage) {
+        packed_model_free(built);
+        return error_set(err, "quantize: out of memory for the packed weights");
+    }
+    built->cursor = (arena_cursor){built->storage, 0};
+    built->norms = arena_take(&built->cursor, built->norm_floats * sizeof(float));
+    for (int l = 0; l < c->n_layers; l++) {
+        memcpy(built->norms + (size_t)l * (size_t)c->dim, m->layers[l].rms_attention, (size_t)c->dim * sizeof(float));
+        memcpy(built->norms + (size_t)(c->n_layers + l) * (size_t)c->dim, m->layers[l].rms_ffn,
+               (size_t)c->dim * sizeof(float));
+    }
+    memcpy(built->norms + (size_t)(2 * c->n_layers) * (size_t)c->dim, m->rms_final, (size_t)c->dim * sizeof(float));
+    if (kept_copy_halves > 0 && keep_fp16_copy(built, (uint16_t*)(built->storage + kept_copy_offset), err)) {
+        packed_model_free(built);
+        return -1;
+    }
+    return 0;
+}
+
+// Quantizes the job's matrix into the next bytes of the storage.
+static int pack_next(packed_model* built, matrix_job* job, int index, const model_quant_spec* spec,
+                     quant_method method, error_info* err) {
+    void* where = arena_take(&built->cursor, packed_bytes_for(spec, job->source));
+    int status = quantize_one(job, spec, method, where, &built->reports[index], err);
+    built->packed[index] = job->packed;
+    return status;
+}
+
+// ---- one layer ------------------------------------------------------------------------------------
+
+// AWQ: scales each matrix's input columns and divides the producer of that
+// input by the same scales, so that the layer computes the same function.
+// awq_scales gets the four sets of scales it makes (caller frees).
+static int fold_awq_scales(matrix_job jobs[7], const model_config* c, const model_quant_spec* spec,
+                           float* gains_attention, float* gains_ffn, float* awq_scales[4], error_info* err) {
+    int status = 0;
+    // w2 reads silu(w1 x) * (w3 x): dividing w3's rows by s divides that input by s.
+    awq_scales[0] = apply_awq(&jobs[5], 1, jobs[5].inputs, spec, &status, err);
+    for (int r = 0; awq_scales[0] && r < c->hidden_dim; r++)
+        for (int i = 0; i < c->dim; i++) jobs[6].values[(size_t)r * (size_t)c->dim + (size_t)i] /= awq_scales[0][r];
+    jobs[6].row_divisors = awq_scales[0];
+    // wo reads the attention output, a mix of wv's rows (one per channel
+    // only when no query heads share a KV head).
+    if (status == 0 && c->n_heads == c->n_kv_heads) {
+        awq_scales[1] = apply_awq(&jobs[3], 1, jobs[3].inputs, spec, &status, err);
+        for (int r = 0; awq_scales[1] && r < c->kv_dim; r++)
+            for (int i = 0; i < c->dim; i++) jobs[2].values[(size_t)r * (size_t)c->dim + (size_t)i] /= awq_scales[1][r];
+        jobs[2].row_divisors = awq_scales[1];
+    }
+    // wq, wk, wv share the attention RMSNorm output; w1, w3 the FFN one.
+    if (status == 0) awq_scales[2] = apply_awq(&jobs[0], 3, jobs[0].inputs, spec, &status, err);
+    for (int i = 0; awq_scales[2] && i < c->dim; i++) gains_attention[i] /= awq_scales[2][i];
+    matrix_job ffn_pair[2] = {jobs[4], jobs[6]};
+    if (status == 0) awq_scales[3] = apply_awq(ffn_pair, 2, jobs[4].inputs, spec, &status, err);
+    jobs[4].awq_scales = ffn_pair[0].awq_scales;
+    jobs[4].awq_alpha = ffn_pair[0].awq_alpha;
+    jobs[6].awq_scales = ffn_pair[1].awq_scales;
+    jobs[6].awq_alpha = ffn_pair[1].awq_alpha;
+    for (int i = 0; awq_scales[3] && i < c->dim; i++) gains_ffn[i] /= awq_scales[3][i];
+    return status;
+}
+
+// Quantizes layer l's seven matrices with the spec's method; `sites` holds
+// its captured inputs (N_SITES of them), or NULL for RTN.
+static int quantize_layer(packed_model* built, const model_config* c, int l, const model_quant_spec* spec,
+                          const site_samples* sites, error_info* err) {
+    static const char* const kind_names[7] = {"wq", "wk", "wv", "wo", "w1", "w2", "w3"};
+    int status = 0;
+    matrix_job jobs[7];
+    char names[7][32];
+    for (int i = 0; i < 7; i++) {
+        snprintf(names[i], sizeof names[i], "layers.%d.%s", l, kind_names[i]);
+        const weight_matrix* source = built->sources[1 + 7 * l + i];
+        jobs[i] = (matrix_job){names[i], source, widen_matrix(source), NULL, -1, NULL, {0}, NULL};
+        if (!jobs[i].values) status = error_set(err, "quantize: out of memory");
+    }
+    if (sites) {
+        jobs[0].inputs = jobs[1].inputs = jobs[2].inputs = &sites[CAPTURE_ATTENTION_INPUT];
+        jobs[3].inputs = &sites[CAPTURE_ATTENTION_OUTPUT];
+        jobs[4].inputs = jobs[6].inputs = &sites[CAPTURE_FFN_INPUT];
+        jobs[5].inputs = &sites[CAPTURE_FFN_HIDDEN];
+    }
+    float* awq_scales[4] = {NULL, NULL, NULL, NULL};
+    if (status == 0 && spec->method == QUANT_AWQ)
+        status = fold_awq_scales(jobs, c, spec, built->norms + (size_t)l * (size_t)c->dim,
+                                 built->norms + (size_t)(c->n_layers + l) * (size_t)c->dim, awq_scales, err);
+    for (int i = 0; status == 0 && i < 7; i++)
+        status = pack_next(built, &jobs[i], 1 + 7 * l + i, spec, spec->method, err);
+    for (int i = 0; i < 7; i++) free(jobs[i].values);
+    for (int i = 0; i < 4; i++) free(awq_scales[i]);
+    return status;
+}
+
 // ---- the whole model -------------------------------------------------------------------------
+
+// Swaps the packed weights into m; the old storage (every fp copy) goes.
+// Returns the model's new weight bytes.
+static uint64_t install_packed(model* m, packed_model* built, const model_quant_spec* spec) {
+    const model_config* c = &m->config;
+    free(m->storage);
+    m->storage = built->storage;
+    built->storage = NULL;
+    free(m->tile_storage); // no fp16 or fp32 matrix is left to read them
+    m->tile_storage = NULL;
+    m->tile_bytes = 0;
+    m->dtype = scheme_is_int4(spec->scheme) ? WEIGHT_I4 : WEIGHT_I8;
+    m->token_embedding = built->packed[0];
+    uint64_t bytes = built->norm_floats * sizeof(float) + weight_matrix_bytes(&built->packed[0]);
+    for (int l = 0; l < c->n_layers; l++) {
+        layer_weights* layer = &m->layers[l];
+        layer->rms_attention = built->norms + (size_t)l * (size_t)c->dim;
+        layer->rms_ffn = built->norms + (size_t)(c->n_layers + l) * (size_t)c->dim;
+        weight_matrix* targets[7] = {&layer->wq, &layer->wk, &layer->wv, &layer->wo, &layer->w1, &layer->w2, &layer->w3};
+        for (int i = 0; i < 7; i++) {
+            *targets[i] = built->packed[1 + 7 * l + i];
+            bytes += weight_matrix_bytes(targets[i]);
+        }
+    }
+    m->rms_final = built->norms + (size_t)(2 * c->n_layers) * (size_t)c->dim;
+    if (c->shared_classifier) m->classifier = m->token_embedding;
+    else {
+        m->classifier = built->packed[built->n_matrices - 1];
+        bytes += weight_matrix_bytes(&m->classifier);
+    }
+    m->weight_bytes = bytes;
+    return bytes;
+}
 
 int model_quantize(model* m, const model_quant_spec* spec, const int32_t* const* sequences, const int* lengths,
                    int n_sequences, thread_pool* pool, model_quant_report* report, error_info* err) {
@@ -303,196 +503,59 @@ int model_quantize(model* m, const model_quant_spec* spec, const int32_t* const*
     if (m->dtype == WEIGHT_I8 || m->dtype == WEIGHT_I4) return error_set(err, "quantize: %s is already quantized", m->name);
     if ((spec->scheme == QUANT_W8A8 || spec->scheme == QUANT_W4A8) && !spec->symmetric)
         return error_set(err, "quantize: %s needs symmetric weights", spec->scheme == QUANT_W8A8 ? "w8a8" : "w4a8");
-    calibration cal = {0};
-    int n_calibration_tokens = 0;
     bool needs_calibration = spec->method != QUANT_RTN;
     if (needs_calibration && n_sequences < 1)
         return error_set(err, "quantize: %s needs calibration sequences", spec->method == QUANT_AWQ ? "awq" : "gptq");
+
+    // 1. Calibration (AWQ, GPTQ): run the sequences and keep every layer's inputs.
+    layer_inputs captured = {0};
+    int n_calibration_tokens = 0;
     if (needs_calibration &&
-        collect_calibration(m, sequences, lengths, n_sequences, pool, &cal, &n_calibration_tokens, err)) {
-        calibration_free(&cal);
+        collect_layer_inputs(m, sequences, lengths, n_sequences, pool, &captured, &n_calibration_tokens, err)) {
+        layer_inputs_free(&captured);
         return -1;
     }
-
-    // Sizes first, then one allocation for norms and packed matrices.
-    const int n_matrices = 7 * c->n_layers + 1 + (c->shared_classifier ? 0 : 1);
-    const weight_matrix** sources = malloc((size_t)n_matrices * sizeof *sources); // (n_matrices)
-    quant_layer_report* reports = calloc((size_t)n_matrices, sizeof *reports);   // (n_matrices)
-    const char* kind_names[7] = {"wq", "wk", "wv", "wo", "w1", "w2", "w3"};
-    if (!sources || !reports) {
-        free(sources);
-        free(reports);
-        calibration_free(&cal);
-        return error_set(err, "quantize: out of memory");
+    // 2. The new storage, with the norm gains copied in.
+    packed_model built;
+    if (packed_model_allocate(&built, m, spec, err)) {
+        layer_inputs_free(&captured);
+        return -1;
     }
-    int k = 0;
-    sources[k++] = &m->token_embedding;
-    for (int l = 0; l < c->n_layers; l++)
-        for (int i = 0; i < 7; i++) sources[k++] = model_storage_layer_matrix(&m->layers[l], i);
-    if (!c->shared_classifier) sources[k++] = &m->classifier;
-    packed_cursor measure = {NULL, 0};
-    size_t norm_floats = (size_t)(2 * c->n_layers + 1) * (size_t)c->dim;
-    take_bytes(&measure, norm_floats * sizeof(float));
-    for (int i = 0; i < n_matrices; i++) {
-        quant_scheme s = scheme_for(spec, sources[i]->cols);
-        take_bytes(&measure, (size_t)quant_packed_bytes(sources[i]->rows, sources[i]->cols, &s));
-    }
-    // FAULT_QUANT_KEEPS_FP16: an fp16 copy of every matrix stays allocated
-    // after the packed weights, in the same block (so model_free frees it);
-    // the kernels never read it.
-    uint16_t* kept_copy = NULL; // (sum over the matrices of rows * cols) fp16, under the fault only
-    size_t kept_copy_offset = 0;
-    if (fault_on(FAULT_QUANT_KEEPS_FP16)) {
-        size_t halves = 0;
-        for (int i = 0; i < n_matrices; i++) halves += (size_t)sources[i]->rows * (size_t)sources[i]->cols;
-        take_bytes(&measure, 0);
-        kept_copy_offset = measure.used;
-        take_bytes(&measure, halves * sizeof *kept_copy);
-    }
-    unsigned char* storage = streamed_memory_alloc(measure.used > 0 ? (measure.used + 63) / 64 * 64 : 64);
-    weight_matrix* packed = calloc((size_t)n_matrices, sizeof *packed); // (n_matrices) results
-    float* norms = NULL;
-    int status = (!storage || !packed) ? error_set(err, "quantize: out of memory for the packed weights") : 0;
-    packed_cursor cursor = {storage, 0};
-    if (status == 0) {
-        norms = take_bytes(&cursor, norm_floats * sizeof(float)); // attention gains, FFN gains, final gain
-        for (int l = 0; l < c->n_layers; l++) {
-            memcpy(norms + (size_t)l * (size_t)c->dim, m->layers[l].rms_attention, (size_t)c->dim * sizeof(float));
-            memcpy(norms + (size_t)(c->n_layers + l) * (size_t)c->dim, m->layers[l].rms_ffn,
-                   (size_t)c->dim * sizeof(float));
-        }
-        memcpy(norms + (size_t)(2 * c->n_layers) * (size_t)c->dim, m->rms_final, (size_t)c->dim * sizeof(float));
-    }
-
-    if (status == 0 && kept_copy_offset > 0) {
-        kept_copy = (uint16_t*)(storage + kept_copy_offset);
-        int widest = 0;
-        for (int i = 0; i < n_matrices; i++) widest = sources[i]->cols > widest ? sources[i]->cols : widest;
-        float* row = malloc((size_t)widest * sizeof *row); // (widest cols) one source row in fp32
-        size_t at = 0;
-        if (!row) status = error_set(err, "quantize: out of memory");
-        for (int i = 0; status == 0 && i < n_matrices; i++)
-            for (int r = 0; r < sources[i]->rows; r++) {
-                weight_row_to_f32(row, sources[i], r, NULL);
-                for (int col = 0; col < sources[i]->cols; col++) kept_copy[at++] = fp32_to_fp16(row[col]);
-            }
-        free(row);
-    }
-
-    // The embedding (and classifier): always RTN.
-    for (int i = 0; status == 0 && i < n_matrices; i++) {
+    // 3. The embedding (and a separate classifier): always RTN.
+    int status = 0;
+    for (int i = 0; status == 0 && i < built.n_matrices; i++) {
         if (i >= 1 && i <= 7 * c->n_layers) continue; // layer matrices below
-        matrix_job job = {i == 0 ? "token_embedding" : "classifier", sources[i], widen_matrix(sources[i]), NULL, -1, NULL, {0}, NULL};
-        quant_scheme s = scheme_for(spec, sources[i]->cols);
-        void* where = take_bytes(&cursor, (size_t)quant_packed_bytes(sources[i]->rows, sources[i]->cols, &s));
-        status = job.values ? quantize_one(&job, spec, QUANT_RTN, where, &reports[i], err)
+        const weight_matrix* source = built.sources[i];
+        const char* name = i == 0 ? "token_embedding" : "classifier";
+        matrix_job job = {name, source, widen_matrix(source), NULL, -1, NULL, {0}, NULL};
+        status = job.values ? pack_next(&built, &job, i, spec, QUANT_RTN, err)
                             : error_set(err, "quantize: out of memory");
-        packed[i] = job.packed;
         free(job.values);
     }
-
+    // 4. Layer by layer, with the spec's method.
     for (int l = 0; status == 0 && l < c->n_layers; l++) {
         if (spec->keep_going && !spec->keep_going(spec->keep_going_user)) {
             status = error_set(err, "quantize: stopped by the caller before layer %d", l);
             break;
         }
-        matrix_job jobs[7];
-        char names[7][32];
-        for (int i = 0; i < 7; i++) {
-            snprintf(names[i], sizeof names[i], "layers.%d.%s", l, kind_names[i]);
-            const weight_matrix* source = sources[1 + 7 * l + i];
-            jobs[i] = (matrix_job){names[i], source, widen_matrix(source), NULL, -1, NULL, {0}, NULL};
-            if (!jobs[i].values) status = error_set(err, "quantize: out of memory");
-        }
-        const site_samples* sites = cal.sites ? &cal.sites[l * N_SITES] : NULL;
-        if (sites) {
-            jobs[0].inputs = jobs[1].inputs = jobs[2].inputs = &sites[CAPTURE_ATTENTION_INPUT];
-            jobs[3].inputs = &sites[CAPTURE_ATTENTION_OUTPUT];
-            jobs[4].inputs = jobs[6].inputs = &sites[CAPTURE_FFN_INPUT];
-            jobs[5].inputs = &sites[CAPTURE_FFN_HIDDEN];
-        }
-        float* gains_attention = norms + (size_t)l * (size_t)c->dim;
-        float* gains_ffn = norms + (size_t)(c->n_layers + l) * (size_t)c->dim;
-        float* awq_scales[4] = {NULL, NULL, NULL, NULL};
-        if (status == 0 && spec->method == QUANT_AWQ) {
-            // w2 reads silu(w1 x) * (w3 x): dividing w3's rows by s divides that input by s.
-            awq_scales[0] = apply_awq(&jobs[5], 1, jobs[5].inputs, spec, &status, err);
-            for (int r = 0; awq_scales[0] && r < c->hidden_dim; r++)
-                for (int i = 0; i < c->dim; i++) jobs[6].values[(size_t)r * (size_t)c->dim + (size_t)i] /= awq_scales[0][r];
-            jobs[6].row_divisors = awq_scales[0];
-            // wo reads the attention output, a mix of wv's rows (one per channel
-            // only when no query heads share a KV head).
-            if (status == 0 && c->n_heads == c->n_kv_heads) {
-                awq_scales[1] = apply_awq(&jobs[3], 1, jobs[3].inputs, spec, &status, err);
-                for (int r = 0; awq_scales[1] && r < c->kv_dim; r++)
-                    for (int i = 0; i < c->dim; i++) jobs[2].values[(size_t)r * (size_t)c->dim + (size_t)i] /= awq_scales[1][r];
-                jobs[2].row_divisors = awq_scales[1];
-            }
-            // wq, wk, wv share the attention RMSNorm output; w1, w3 the FFN one.
-            if (status == 0) awq_scales[2] = apply_awq(&jobs[0], 3, jobs[0].inputs, spec, &status, err);
-            for (int i = 0; awq_scales[2] && i < c->dim; i++) gains_attention[i] /= awq_scales[2][i];
-            matrix_job ffn_pair[2] = {jobs[4], jobs[6]};
-            if (status == 0) awq_scales[3] = apply_awq(ffn_pair, 2, jobs[4].inputs, spec, &status, err);
-            jobs[4].awq_scales = ffn_pair[0].awq_scales;
-            jobs[4].awq_alpha = ffn_pair[0].awq_alpha;
-            jobs[6].awq_scales = ffn_pair[1].awq_scales;
-            jobs[6].awq_alpha = ffn_pair[1].awq_alpha;
-            for (int i = 0; awq_scales[3] && i < c->dim; i++) gains_ffn[i] /= awq_scales[3][i];
-        }
-        for (int i = 0; status == 0 && i < 7; i++) {
-            quant_scheme s = scheme_for(spec, jobs[i].source->cols);
-            void* where = take_bytes(&cursor, (size_t)quant_packed_bytes(jobs[i].source->rows, jobs[i].source->cols, &s));
-            status = quantize_one(&jobs[i], spec, spec->method, where, &reports[1 + 7 * l + i], err);
-            packed[1 + 7 * l + i] = jobs[i].packed;
-        }
-        for (int i = 0; i < 7; i++) free(jobs[i].values);
-        for (int i = 0; i < 4; i++) free(awq_scales[i]);
+        status = quantize_layer(&built, c, l, spec, captured.sites ? &captured.sites[l * N_SITES] : NULL, err);
     }
-    calibration_free(&cal);
-    free(sources);
+    layer_inputs_free(&captured);
     if (status != 0) {
-        free(storage);
-        free(packed);
-        free(reports);
+        packed_model_free(&built);
         return -1;
     }
-
-    // Swap the packed weights in; the old storage (every fp copy) goes.
+    // 5. Swap the packed weights in.
     uint64_t before = m->weight_bytes;
-    free(m->storage);
-    m->storage = storage;
-    free(m->tile_storage); // no fp16 or fp32 matrix is left to read them
-    m->tile_storage = NULL;
-    m->tile_bytes = 0;
-    m->dtype = scheme_is_int4(spec->scheme) ? WEIGHT_I4 : WEIGHT_I8;
-    m->token_embedding = packed[0];
-    uint64_t bytes = norm_floats * sizeof(float) + weight_matrix_bytes(&packed[0]);
-    for (int l = 0; l < c->n_layers; l++) {
-        layer_weights* layer = &m->layers[l];
-        layer->rms_attention = norms + (size_t)l * (size_t)c->dim;
-        layer->rms_ffn = norms + (size_t)(c->n_layers + l) * (size_t)c->dim;
-        weight_matrix* targets[7] = {&layer->wq, &layer->wk, &layer->wv, &layer->wo, &layer->w1, &layer->w2, &layer->w3};
-        for (int i = 0; i < 7; i++) {
-            *targets[i] = packed[1 + 7 * l + i];
-            bytes += weight_matrix_bytes(targets[i]);
-        }
-    }
-    m->rms_final = norms + (size_t)(2 * c->n_layers) * (size_t)c->dim;
-    if (c->shared_classifier) m->classifier = m->token_embedding;
-    else {
-        m->classifier = packed[n_matrices - 1];
-        bytes += weight_matrix_bytes(&m->classifier);
-    }
-    m->weight_bytes = bytes;
-    free(packed);
+    uint64_t after = install_packed(m, &built, spec);
     if (report) {
-        report->layers = reports;
-        report->n_layers = n_matrices;
+        report->layers = built.reports;
+        built.reports = NULL;
+        report->n_layers = built.n_matrices;
         report->weight_bytes_before = before;
-        report->weight_bytes_after = bytes;
+        report->weight_bytes_after = after;
         report->n_calibration_tokens = n_calibration_tokens;
-    } else {
-        free(reports);
     }
+    packed_model_free(&built);
     return 0;
 }

@@ -19,9 +19,9 @@ static const synth_preset PRESETS[] = {
      {.dim = 768, .hidden_dim = 2048, .n_layers = 16, .n_heads = 12, .n_kv_heads = 4, .max_seq_len = 1024}},
     {"large", "~1B parameters (22 layers, dim 2048, TinyLlama's shape): ~1.8 GiB in fp16",
      {.dim = 2048, .hidden_dim = 5632, .n_layers = 22, .n_heads = 32, .n_kv_heads = 4, .max_seq_len = 2048}},
-    // The benchmark shape of the CPU performance issue: llama2.c's stories110M
-    // (and llama.cpp's figures for it), with its 32000-token vocabulary so
-    // that the classifier streams the same bytes per token.
+    // The benchmark shape: llama2.c's stories110M (the model llama.cpp's and
+    // llama2.c's CPU figures are quoted for), with its 32000-token vocabulary
+    // so that the classifier streams the same bytes per token.
     {"stories110m", "~110M parameters (12 layers, dim 768, 12 heads, vocab 32000): stories110M's shape, the benchmark model",
      {.dim = 768, .hidden_dim = 2048, .n_layers = 12, .n_heads = 12, .n_kv_heads = 12, .vocab_size = 32000,
       .max_seq_len = 1024}},

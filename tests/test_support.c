@@ -7,6 +7,7 @@
 
 #include "tests/test_support.h"
 
+#include "engine/engine.h"
 #include "kernels/cpu/cpu_features.h"
 
 #include <errno.h>
@@ -210,4 +211,35 @@ int test_spawn_until_port(const char* command, double timeout_s, int* pid, int* 
     if (stdout_fd) *stdout_fd = out[0];
     else close(out[0]);
     return port;
+}
+
+test_generation test_engine_generate(const struct model* m, const int32_t* prompt_ids, int n_prompt,
+                                     int max_new_tokens, float temperature, float top_p, uint64_t seed,
+                                     int32_t* out_ids) {
+    engine_config config = engine_config_default();
+    config.kv_dtype = KV_F32;
+    config.n_threads = 1; // the bits do not depend on it (test_engine), and tests share two cores
+    config.num_blocks = (m->config.max_seq_len + config.block_size - 1) / config.block_size; // the longest sequence
+    engine e;
+    error_info err = {{0}};
+    if (engine_init(&e, m, &config, &err)) fail_msg("engine_init: %s", err.message);
+    request_params request = {prompt_ids, n_prompt, max_new_tokens, 1, temperature, top_p, seed, 0.0, false};
+    int32_t id = -1;
+    if (engine_add_request(&e, &request, &id, &err)) fail_msg("engine_add_request: %s", err.message);
+    test_generation result;
+    memset(&result, 0, sizeof result);
+    while (engine_has_work(&e)) {
+        const step_record* record = NULL;
+        if (engine_step(&e, &record, &err)) fail_msg("engine_step: %s", err.message);
+        if (record->prefill_tokens == 0 && record->decode_tokens > 0) {
+            result.n_decode_steps++;
+            traffic_add(&result.decode_traffic, &record->traffic);
+        }
+    }
+    const sequence* s = engine_sequence(&e, id);
+    result.n_generated = s->n_tokens - s->n_prompt;
+    result.stop = (int)s->stop;
+    memcpy(out_ids, s->tokens + s->n_prompt, (size_t)result.n_generated * sizeof *out_ids);
+    engine_free(&e);
+    return result;
 }

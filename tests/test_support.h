@@ -9,6 +9,9 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/cpu/kernel_traffic.h"
 
 // Writes the path of ../shared/models/<name>, or else ./models/<name>, into
 // out and returns true when the file exists; false otherwise.
@@ -75,6 +78,27 @@ int test_spawn_until_port(const char* command, double timeout_s, int* pid, int* 
                           size_t line_capacity);
 
 void test_sleep_ms(int ms);
+
+// ---- decoding through the engine ----------------------------------------------
+
+struct model;
+
+// What test_engine_generate saw of its one sequence.
+typedef struct test_generation {
+    int n_generated;               // ids written to out_ids (a stop token is not one of them)
+    int stop;                      // the sequence's stop_reason: STOP_LENGTH, STOP_EOS, ...
+    int n_decode_steps;            // steps after the prompt's, one token each
+    kernel_traffic decode_traffic; // the kernels' counts, summed over those steps
+} test_generation;
+
+// Runs one request through a fresh engine until it finishes and copies its
+// generated ids into out_ids (room for max_new_tokens). prompt_ids:
+// (n_prompt) ids, BOS first. temperature 0 is greedy; top_p 0 is off. The
+// KV cache is fp32, as llama2.c keeps it, so greedy ids equal its goldens
+// bit for bit. An engine error fails the test.
+test_generation test_engine_generate(const struct model* m, const int32_t* prompt_ids, int n_prompt,
+                                     int max_new_tokens, float temperature, float top_p, uint64_t seed,
+                                     int32_t* out_ids);
 
 // Resolves a shared model file into `path_buffer` or skips (fails under CI).
 #define REQUIRE_SHARED_MODEL(path_buffer, name)                                              \

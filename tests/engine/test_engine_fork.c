@@ -1,7 +1,8 @@
-// engine_fork_sequence on stories260K: a running sequence forked mid-decode
-// shares every block with its child, the first write into the shared tail
-// copies it, and the outputs equal runs without the fork (greedy child) or
-// diverge from the parent (sampled child). Contiguous forks recompute.
+// engine_fork_sequence: a running sequence forked mid-decode shares every
+// block with its child, the first write into the shared tail copies it, and
+// the outputs equal runs without the fork (greedy child) or diverge from the
+// parent (sampled child). Contiguous forks recompute. On the synthetic preset
+// tiny (no model file), through the public engine API.
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -12,11 +13,13 @@
 #include <string.h>
 
 #include "engine/engine.h"
+#include "engine/model_synth.h"
 #include "tests/test_support.h"
 
 enum { NEW_TOKENS = 40, FORK_AFTER = 10, MAX_IDS = 64 };
 
-// "Once upon a time" in stories260K's tokenizer, BOS first.
+// BOS and four ids ("Once upon a time" in tok512, the vocabulary of 512
+// the synthetic model is made with).
 static const int32_t PROMPT[] = {1, 403, 407, 261, 378};
 static const int N_PROMPT = 5;
 
@@ -25,17 +28,17 @@ typedef struct fork_run {
     int n_parent;
     int32_t child_tokens[MAX_IDS];  // (n_child) generated ids of the child, from the fork on
     int n_child;
-    int min_ref_count_after_fork;   // smallest ref count over the parent's blocks right after the fork
+    int shared_blocks_at_fork;      // table entries of the child equal to the parent's right after the fork
     int parent_blocks_at_fork;
     uint64_t copy_bytes;            // copy-on-write bytes over the whole run
     bool child_waited;              // the child was queued instead of sharing
 } fork_run;
 
+// The preset tiny (2 layers, kv_dim 32) with fp32 weights and tok512's 512 ids.
 static void load_model(model* m) {
-    char path[512];
-    REQUIRE_SHARED_MODEL(path, "stories260K.bin");
     error_info err = {{0}};
-    assert_int_equal(model_load(m, path, MODEL_DTYPE_DEFAULT, &err), 0);
+    if (model_synthesize(m, "tiny", 512, MODEL_DTYPE_FP32, SYNTH_DEFAULT_SEED, &err))
+        fail_msg("model_synthesize: %s", err.message);
 }
 
 static engine_config fork_config(kv_layout layout) {
@@ -79,13 +82,8 @@ static void run(const model* m, kv_layout layout, float fork_temperature, fork_r
             assert_memory_equal(k->tokens, s->tokens, (size_t)s->n_tokens * sizeof(int32_t));
             out->child_waited = k->state == SEQ_WAITING;
             out->parent_blocks_at_fork = s->n_table;
-            out->min_ref_count_after_fork = 1 << 30;
-            if (layout == KV_LAYOUT_PAGED)
-                for (int i = 0; i < s->n_table; i++) {
-                    assert_int_equal(k->block_table[i], s->block_table[i]);
-                    int refs = e.pool.blocks[s->block_table[i]].ref_count;
-                    if (refs < out->min_ref_count_after_fork) out->min_ref_count_after_fork = refs;
-                }
+            for (int i = 0; i < k->n_table && i < s->n_table; i++)
+                out->shared_blocks_at_fork += k->block_table[i] == s->block_table[i];
         }
     }
     copy_generated(engine_sequence(&e, parent), out->parent_tokens, &out->n_parent);
@@ -105,15 +103,16 @@ static void test_greedy_fork_shares_blocks_and_matches_the_unforked_run(void** s
     run(&m, KV_LAYOUT_PAGED, -1.0f, &base);
     run(&m, KV_LAYOUT_PAGED, 0.0f, &forked);
     assert_int_equal(base.n_parent, NEW_TOKENS);
-    // 5 prompt + 10 new tokens: one block of 16, partly filled, shared by
-    // both tables (the prefix cache holds no partial block, so exactly 2).
+    // 5 prompt + 10 new tokens: one block of 16, partly filled, in both tables.
     assert_int_equal(forked.parent_blocks_at_fork, 1);
-    assert_int_equal(forked.min_ref_count_after_fork, 2);
+    assert_int_equal(forked.shared_blocks_at_fork, 1);
     assert_false(forked.child_waited);
     // Both wrote into the shared tail: the first writer copied its filled
     // slots (the 14 computed tokens; the 15th is computed after the fork) as
-    // fp32 keys and values: 2 x 5 layers x 14 slots x kv_dim 32 x 4 bytes.
-    assert_int_equal(forked.copy_bytes, 2u * 5 * (N_PROMPT + FORK_AFTER - 1) * 32 * 4);
+    // fp32 keys and values: 2 x n_layers x 14 slots x kv_dim x 4 bytes.
+    const uint64_t copied_slots = N_PROMPT + FORK_AFTER - 1;
+    const uint64_t layers = (uint64_t)m.config.n_layers, kv_dim = (uint64_t)m.config.kv_dim;
+    assert_int_equal(forked.copy_bytes, 2u * layers * copied_slots * kv_dim * 4);
     assert_int_equal(base.copy_bytes, 0);
     // Greedy child and parent both continue exactly as the unforked run.
     assert_int_equal(forked.n_parent, NEW_TOKENS);
@@ -148,6 +147,7 @@ static void test_contiguous_fork_recomputes_and_matches(void** state) {
     run(&m, KV_LAYOUT_PAGED, -1.0f, &base);
     run(&m, KV_LAYOUT_CONTIGUOUS, 0.0f, &forked);
     assert_true(forked.child_waited); // private memory: nothing to share
+    assert_int_equal(forked.shared_blocks_at_fork, 0);
     assert_int_equal(forked.copy_bytes, 0);
     assert_memory_equal(forked.parent_tokens, base.parent_tokens, NEW_TOKENS * sizeof(int32_t));
     assert_int_equal(forked.n_child, NEW_TOKENS);

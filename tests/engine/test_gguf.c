@@ -16,7 +16,6 @@
 #include <sys/stat.h>
 
 #include "engine/forward.h"
-#include "engine/generate.h"
 #include "engine/gguf.h"
 #include "engine/gguf_model.h"
 #include "engine/gguf_vocab.h"
@@ -310,16 +309,13 @@ static void test_stories_gguf_equals_checkpoint(void** state) {
     assert_memory_equal(from_gguf.rms_final, from_bin.rms_final, (size_t)a->dim * sizeof(float));
 
     // llama2.c's own golden (../shared/models/stories260K.golden: BOS, and
-    // BOS 300 400 100, 200 greedy ids each) through the same generate().
+    // BOS 300 400 100, 200 greedy ids each) through the same engine.
     const int32_t prompts[2][4] = {{1}, {1, 300, 400, 100}};
     const int lengths[2] = {1, 4};
     for (int p = 0; p < 2; p++) {
         int32_t ids_gguf[200], ids_bin[200];
-        int n_gguf = 0, n_bin = 0;
-        generate_options options = {200, 0.0f, 0.0f, 1};
-        generate_stats stats;
-        assert_int_equal(generate(&from_gguf, prompts[p], lengths[p], &options, ids_gguf, &n_gguf, NULL, NULL, &stats, &err), 0);
-        assert_int_equal(generate(&from_bin, prompts[p], lengths[p], &options, ids_bin, &n_bin, NULL, NULL, &stats, &err), 0);
+        int n_gguf = test_engine_generate(&from_gguf, prompts[p], lengths[p], 200, 0.0f, 0.0f, 1, ids_gguf).n_generated;
+        int n_bin = test_engine_generate(&from_bin, prompts[p], lengths[p], 200, 0.0f, 0.0f, 1, ids_bin).n_generated;
         assert_int_equal(n_gguf, n_bin);
         assert_memory_equal(ids_gguf, ids_bin, (size_t)n_gguf * sizeof(int32_t));
     }

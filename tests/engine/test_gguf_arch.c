@@ -23,12 +23,13 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "engine/engine.h"
 #include "engine/forward.h"
-#include "engine/generate.h"
 #include "engine/gguf.h"
 #include "engine/gguf_model.h"
 #include "engine/kv_memory.h"
 #include "engine/model.h"
+#include "tests/test_support.h"
 
 // ---- a tiny GGUF writer --------------------------------------------------------------------
 
@@ -549,20 +550,17 @@ static void test_stop_tokens(void** state) {
     assert_false(generate_stops_at(&m, 2, &reason)); // "</s>" is an ordinary piece here
     assert_false(generate_stops_at(&m, 1, &reason));
 
-    // generate() stops there: make the greedy first token a stop token.
+    // The engine stops there: make the greedy first token a stop token.
     const int32_t prompt[2] = {6, 7};
     int32_t out[4];
-    int n_out = 0;
-    generate_stats stats;
-    generate_options options = {.max_new_tokens = 4};
-    assert_int_equal(generate(&m, prompt, 2, &options, out, &n_out, NULL, NULL, &stats, &err), 0);
-    assert_true(n_out >= 1);
+    test_generation run = test_engine_generate(&m, prompt, 2, 4, 0.0f, 0.0f, 0, out);
+    assert_true(run.n_generated >= 1);
     const int32_t first = out[0];
     m.stop_tokens[0] = first;
     m.n_stop_tokens = 1;
-    assert_int_equal(generate(&m, prompt, 2, &options, out, &n_out, NULL, NULL, &stats, &err), 0);
-    assert_int_equal(n_out, 0);
-    assert_int_equal(stats.stop, STOP_EOS);
+    run = test_engine_generate(&m, prompt, 2, 4, 0.0f, 0.0f, 0, out);
+    assert_int_equal(run.n_generated, 0);
+    assert_int_equal(run.stop, STOP_EOS);
     model_free(&m);
     gguf_close(&parsed);
     free_model_file(&f);

@@ -12,7 +12,6 @@
 #include <string.h>
 
 #include "engine/forward.h"
-#include "engine/generate.h"
 #include "engine/model.h"
 #include "engine/model_write.h"
 #include "engine/tokenizer.h"
@@ -140,14 +139,9 @@ static void test_greedy_ids_match_golden(void** state) {
         assert_int_equal(cases[k].n_greedy, GOLDEN_NEW_TOKENS);
         int32_t prompt[65] = {TOK_BOS_ID};
         memcpy(prompt + 1, cases[k].prompt, (size_t)cases[k].n_prompt * sizeof(int32_t));
-        generate_options options = {GOLDEN_NEW_TOKENS, 0.0f, 0.0f, 1};
         int32_t out[GOLDEN_NEW_TOKENS];
-        int n_out = 0;
-        generate_stats stats;
-        error_info err = {{0}};
-        assert_int_equal(generate(&m, prompt, 1 + cases[k].n_prompt, &options, out, &n_out, NULL, NULL, &stats, &err),
-                         0);
-        assert_int_equal(n_out, GOLDEN_NEW_TOKENS);
+        test_generation run = test_engine_generate(&m, prompt, 1 + cases[k].n_prompt, GOLDEN_NEW_TOKENS, 0.0f, 0.0f, 1, out);
+        assert_int_equal(run.n_generated, GOLDEN_NEW_TOKENS);
         for (int i = 0; i < GOLDEN_NEW_TOKENS; i++)
             if (out[i] != cases[k].greedy[i])
                 fail_msg("case %d: token %d is %d, llama2.c gave %d", k, i, out[i], cases[k].greedy[i]);
@@ -186,10 +180,7 @@ static void check_golden_text(const char* prompt_text) {
     int32_t ids[512 + GOLDEN_NEW_TOKENS];
     int n_prompt = 0;
     assert_int_equal(tok_encode(tok, prompt_text, true, false, ids, 512, &n_prompt, &err), 0);
-    generate_options options = {GOLDEN_NEW_TOKENS, 0.0f, 0.0f, 1};
-    int n_out = 0;
-    generate_stats stats;
-    assert_int_equal(generate(&m, ids, n_prompt, &options, ids + n_prompt, &n_out, NULL, NULL, &stats, &err), 0);
+    int n_out = test_engine_generate(&m, ids, n_prompt, GOLDEN_NEW_TOKENS, 0.0f, 0.0f, 1, ids + n_prompt).n_generated;
     size_t needed = tok_decode_text(tok, TOK_BOS_ID, ids + 1, n_prompt - 1 + n_out, NULL, 0);
     char* text = malloc(needed + 1);
     tok_decode_text(tok, TOK_BOS_ID, ids + 1, n_prompt - 1 + n_out, text, needed + 1);
@@ -231,17 +222,14 @@ static void test_weight_bytes_are_exact(void** state) {
     // The kernels' own count of weight bytes per decoded token equals the
     // model's formula: every matrix once, the norms, one embedding row.
     int32_t prompt[1] = {TOK_BOS_ID};
-    generate_options options = {10, 0.0f, 0.0f, 1};
     int32_t out[10];
-    int n_out;
-    generate_stats stats;
-    error_info err = {{0}};
-    assert_int_equal(generate(&m32, prompt, 1, &options, out, &n_out, NULL, NULL, &stats, &err), 0);
-    assert_int_equal(stats.n_decode_steps, 9);
-    assert_int_equal(stats.decode_traffic.weight_bytes_read, 9 * model_decode_weight_bytes(&m32));
+    test_generation run = test_engine_generate(&m32, prompt, 1, 10, 0.0f, 0.0f, 1, out);
+    assert_int_equal(run.n_generated, 10);
+    assert_int_equal(run.n_decode_steps, 9);
+    assert_int_equal(run.decode_traffic.weight_bytes_read, 9 * model_decode_weight_bytes(&m32));
     // Matmul FLOPs per token: 2 x every matrix value (embedding lookup excluded).
     uint64_t matrix_values = m32.n_parameters - norm_floats; // the classifier is the embedding
-    assert_int_equal(stats.decode_traffic.matmul_flops, 9 * 2 * matrix_values);
+    assert_int_equal(run.decode_traffic.matmul_flops, 9 * 2 * matrix_values);
     model_free(&m32);
     model_free(&m16);
 }

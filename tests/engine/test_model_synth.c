@@ -11,7 +11,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "engine/generate.h"
 #include "engine/model_storage.h"
 #include "engine/streamed_memory.h"
 #include "engine/model_synth.h"
@@ -180,12 +179,7 @@ static void test_weights_have_outlier_channels(void** state) {
 // Up to 40 tokens sampled (temperature 0.8, seed 5) after "Hi!": how many.
 static int sample_after_hi(const model* m, int32_t ids[40]) {
     int32_t prompt[4] = {1, 3 + 'H', 3 + 'i', 3 + '!'};
-    generate_options options = {40, 0.8f, 0.9f, 5};
-    int n = 0;
-    generate_stats stats;
-    error_info err = {{0}};
-    if (generate(m, prompt, 4, &options, ids, &n, NULL, NULL, &stats, &err)) fail_msg("%s", err.message);
-    return n;
+    return test_engine_generate(m, prompt, 4, 40, 0.8f, 0.9f, 5, ids).n_generated;
 }
 
 static void test_generation_is_deterministic_and_round_trips(void** state) {
@@ -195,7 +189,6 @@ static void test_generation_is_deterministic_and_round_trips(void** state) {
     int32_t prompt[4] = {1, 3 + 'H', 3 + 'i', 3 + '!'};
     int32_t a[40], b[40];
     int n_a = sample_after_hi(&m, a), n_b = sample_after_hi(&m, b);
-    generate_stats stats;
     error_info err = {{0}};
     assert_int_equal(n_a, n_b);
     assert_true(n_a > 0);
@@ -208,9 +201,9 @@ static void test_generation_is_deterministic_and_round_trips(void** state) {
     assert_int_equal(model_write_checkpoint(&m, path, MODEL_FORMAT_LEGACY, 0, &err), 0);
     model loaded;
     if (model_load(&loaded, path, MODEL_DTYPE_DEFAULT, &err)) fail_msg("%s", err.message);
-    generate_options greedy = {30, 0.0f, 0.0f, 1};
-    assert_int_equal(generate(&m, prompt, 4, &greedy, a, &n_a, NULL, NULL, &stats, &err), 0);
-    assert_int_equal(generate(&loaded, prompt, 4, &greedy, b, &n_b, NULL, NULL, &stats, &err), 0);
+    n_a = test_engine_generate(&m, prompt, 4, 30, 0.0f, 0.0f, 1, a).n_generated;
+    n_b = test_engine_generate(&loaded, prompt, 4, 30, 0.0f, 0.0f, 1, b).n_generated;
+    assert_true(n_a > 0);
     assert_int_equal(n_a, n_b);
     assert_memory_equal(a, b, (size_t)n_a * sizeof(int32_t));
     model_free(&loaded);
