@@ -9,8 +9,9 @@
 //          loaded masked (as 0); total = fma(acc, scale, total); hsum16.
 //   INT4:  steps of 32 columns = 16 bytes: lane l takes column s + 2l (low
 //          nibble of byte l), then s + 2l + 1 (high nibble); hsum16. Groups
-//          of a multiple of 128: steps of 128 columns = 64 bytes, lane l
-//          takes s + 8l .. s + 8l + 7 in order (the phase kernel below).
+//          of a multiple of 128, and symmetric groups of 32 or 64: steps of
+//          128 columns = 64 bytes, lane l takes s + 8l .. s + 8l + 7 (the
+//          phase kernel below).
 //   W8A8:  exact int32 group sums, then w8a8_term() per group in order.
 // Measured on 2 Zen 5 cores (35 GB/s stream-read), 5632 x 2048, group 128,
 // 1 row, 2 threads: INT8 43 GB/s, INT4 33 GB/s, W8A8 48 GB/s of packed weights.
@@ -31,11 +32,10 @@
 #define TILE_MAX 4
 #define TILE_OUTPUTS_MAX 8
 
-
 // The tile shapes the kernels are compiled for, C outputs x R rows: TILE(c,
 // r) for the one asked for (each a separate, fully unrolled instance).
 #define SWITCH_TILE_SHAPES(C, R, TILE)                                                                                 \
-    switch ((C) * 8 + (R)) {                                                                                           \
+    switch ((C)*8 + (R)) {                                                                                             \
     case 1 * 8 + 1: TILE(1, 1); break;                                                                                 \
     case 1 * 8 + 2: TILE(1, 2); break;                                                                                 \
     case 1 * 8 + 3: TILE(1, 3); break;                                                                                 \
@@ -128,8 +128,7 @@ AVX512_INLINE void i8_tile(float* out, int d_out, const uint8_t* w, const uint16
 
 static AVX512_TARGET __attribute__((noinline)) void i8_tile_any(float* out, int d_out, const uint8_t* w,
                                                                 const uint16_t* scales, const uint8_t* zeros,
-                                                                const float* x, int cols, int group_size, int C,
-                                                                int R) {
+                                                                const float* x, int cols, int group_size, int C, int R){
 #define I8_TILE(c, r)                                                                                                  \
     (zeros ? i8_tile(out, d_out, w, scales, zeros, x, cols, group_size, c, r, 1)                                       \
            : i8_tile(out, d_out, w, scales, zeros, x, cols, group_size, c, r, 0))
@@ -137,8 +136,8 @@ static AVX512_TARGET __attribute__((noinline)) void i8_tile_any(float* out, int 
 #undef I8_TILE
 }
 
-AVX512_TARGET void matmul_i8_avx512(float* out, const float* in, int n_rows, const weight_matrix* w, int o_begin,
-                                    int o_end) {
+AVX512_TARGET
+    void matmul_i8_avx512(float* out, const float* in, int n_rows, const weight_matrix* w, int o_begin, int o_end) {
     const uint8_t* values = (const uint8_t*)w->values;
     const int d_out = w->rows, cols = w->cols;
     const size_t n_groups = (size_t)(cols / w->group_size);
@@ -212,8 +211,8 @@ AVX512_INLINE void start_i4_group(__m512* table, __m512 acc[][TILE_MAX], const u
 // tile's rows contiguous; zeros (C, n_groups) when asymmetric (else the
 // zero-point is 8); round_x as for split_x.
 AVX512_INLINE void i4_tile(float* out, int d_out, const uint8_t* w, size_t row_bytes, const uint16_t* scales,
-                           const uint8_t* zeros, const float* x, int cols, int group_size, int C, int R,
-                           int asymmetric, int round_x) {
+                           const uint8_t* zeros, const float* x, int cols, int group_size, int C, int R, int asymmetric,
+                           int round_x) {
     const int n_groups = cols / group_size;
     __m512 total[TILE_OUTPUTS_MAX][TILE_MAX], acc[TILE_OUTPUTS_MAX][TILE_MAX], x_even[TILE_MAX], x_odd[TILE_MAX];
     __m512 table[TILE_OUTPUTS_MAX]; // table[c][k] = k - zero: what nibble k stands for in this group
@@ -288,7 +287,7 @@ static AVX512_TARGET __attribute__((noinline)) void i4_tile_any(float* out, int 
 #undef I4_TILE_ROUNDED
 }
 
-// ---- INT4, groups of a multiple of 128 columns: 8 phases per 64 bytes ----------
+// ---- INT4, groups of a multiple of 128 columns (or 32, 64): 8 phases per 64 bytes ----
 //
 // The kernel above spends 3 shuffles per 32 columns (a byte-to-dword
 // widening and two table lookups), and shuffles are what bound it. Here a
@@ -304,8 +303,9 @@ static AVX512_TARGET __attribute__((noinline)) void i4_tile_any(float* out, int 
 // both give the same bits: per group, lane l of one accumulator takes, step
 // by step, the columns s + 8l + k for k = 4, 0, 5, 1, 6, 2, 7, 3, each by
 // fma (phase_of_turn); then as above total = fma(acc, scale, total) per
-// group, and hsum16. Used whenever the group size is a multiple of 128, for
-// every batch row alike.
+// group, and hsum16. Used whenever the group size is a multiple of 128, or
+// symmetric 32 or 64 (matmul_i4_uses_phase_order; folded per lane, below),
+// for every batch row alike.
 
 #define PHASE_STEP 128 // columns per step: 64 bytes of codes
 #define PHASE_ROWS_MAX 4
@@ -327,6 +327,39 @@ AVX512_INLINE void load_step_codes(__m512i* codes, const uint8_t* step_codes, si
 // n-th turn of a step: 4, 0, 5, 1, 6, 2, 7, 3 (see vdpbf16ps below).
 static inline int phase_of_turn(int n) { return (n >> 1) + (n & 1 ? 0 : 4); }
 
+// ---- groups of 32 or 64 columns (symmetric): per-lane scales ----
+//
+// Lane l of a step takes the 8 columns s + 8l .. s + 8l + 7, which lie in
+// one group when the group size is 32 or 64 (4 or 8 lanes to a group).
+// Such a step is folded into the totals lane by lane, each lane times its
+// own group's scale: total = fma(acc, scale of lane l's group, total), and
+// the accumulators restart from +0. One fold per step and output costs a
+// masked load of 4 (or 2) fp16 scales, a conversion, a permute, R fmas and
+// R zeroings, where a fold per group (the tiles above) cost the same 4
+// (or 2) times over, with a whole 32-column step of unpacking between folds.
+// Symmetric only: the zero-point is 8 in every group, so one table serves
+// the whole row.
+
+// lane_group[l] = 8l / group_size: which of the step's groups lane l is in.
+AVX512_INLINE __m512i lane_groups(int group_size) {
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    return _mm512_srli_epi32(lane, group_size == 32 ? 2 : 3);
+}
+
+// The end of a step of small groups: step_scales (C rows of n_groups fp16,
+// at the step's first group), 128 / group_size of them per row in `live`.
+AVX512_INLINE void add_step_to_totals(__m512 total[][TILE_MAX], __m512 acc[][TILE_MAX], const uint16_t* step_scales,
+                                      int n_groups, __m512i lane_group, __mmask8 live, int C, int R) {
+    UNROLL_TILE for (int c = 0; c < C; c++) {
+        __m128i halves = _mm_maskz_loadu_epi16(live, step_scales + (size_t)c * (size_t)n_groups);
+        __m512 scale = _mm512_permutexvar_ps(lane_group, _mm512_castps128_ps512(_mm_cvtph_ps(halves)));
+        UNROLL_TILE for (int r = 0; r < R; r++) {
+            total[c][r] = _mm512_fmadd_ps(acc[c][r], scale, total[c][r]);
+            acc[c][r] = _mm512_setzero_ps();
+        }
+    }
+}
+
 // phased: (cols) the row x rounded to bf16 and reordered per step:
 // phased[s + 16k + l] = x[s + 8l + k].
 AVX512_INLINE void phase_order(float* phased, const float* x, int cols) {
@@ -342,8 +375,12 @@ AVX512_INLINE void phase_order(float* phased, const float* x, int cols) {
 // countdown to each group's end).
 AVX512_INLINE void i4_phase_tile(float* out, int d_out, const uint8_t* w, size_t row_bytes, const uint16_t* scales,
                                  const uint8_t* zeros, const float* x_phase, int cols, int group_size, int C, int R,
-                                 int asymmetric) {
+                                 int asymmetric, int small_groups) {
     const int n_groups = cols / group_size, steps_per_group = group_size / PHASE_STEP;
+    const __m512i lane_group = lane_groups(group_size);
+    // Small groups only; the step's first scale is i / PHASE_STEP * groups_per_step, a shift and no division:
+    const int groups_per_step = group_size < PHASE_STEP ? PHASE_STEP / group_size : 1;
+    const __mmask8 live_scales = (__mmask8)((1u << groups_per_step) - 1u);
     const size_t tile_bytes = (size_t)C * row_bytes; // the prefetch runs one tile ahead
     __m512 total[TILE_OUTPUTS_MAX][TILE_MAX], acc[TILE_OUTPUTS_MAX][TILE_MAX];
     __m512 table[TILE_OUTPUTS_MAX]; // table[c][k] = k - zero
@@ -359,14 +396,17 @@ AVX512_INLINE void i4_phase_tile(float* out, int d_out, const uint8_t* w, size_t
         UNROLL_TILE for (int n = 0; n < 8; n++) {
             const int k = phase_of_turn(n);
             __m512 xv[TILE_MAX];
-            UNROLL_TILE for (int r = 0; r < R; r++)
-                xv[r] = _mm512_loadu_ps(step_x + (size_t)r * (size_t)cols + (size_t)(16 * k));
+            UNROLL_TILE for (int r = 0; r < R; r++) xv[r] =
+                _mm512_loadu_ps(step_x + (size_t)r * (size_t)cols + (size_t)(16 * k));
             UNROLL_TILE for (int c = 0; c < C; c++) {
                 __m512 wv = _mm512_permutexvar_ps(k ? _mm512_srli_epi32(codes[c], 4 * k) : codes[c], table[c]);
                 UNROLL_TILE for (int r = 0; r < R; r++) acc[c][r] = _mm512_fmadd_ps(wv, xv[r], acc[c][r]);
             }
         }
-        if (--steps_left == 0) {
+        if (small_groups) {
+            add_step_to_totals(total, acc, scales + i / PHASE_STEP * groups_per_step, n_groups, lane_group, live_scales,
+                               C, R);
+        } else if (--steps_left == 0) {
             add_group_to_totals(total, acc, scales, n_groups, g, C, R);
             if (++g < n_groups) start_i4_group(table, acc, zeros, n_groups, g, C, R, asymmetric);
             steps_left = steps_per_group;
@@ -380,8 +420,10 @@ static AVX512_TARGET __attribute__((noinline)) void i4_phase_tile_any(float* out
                                                                       const uint8_t* zeros, const float* x_phase,
                                                                       int cols, int group_size, int C, int R) {
 #define I4_PHASE_TILE(c, r)                                                                                            \
-    (zeros ? i4_phase_tile(out, d_out, w, row_bytes, scales, zeros, x_phase, cols, group_size, c, r, 1)                \
-           : i4_phase_tile(out, d_out, w, row_bytes, scales, zeros, x_phase, cols, group_size, c, r, 0))
+    (zeros ? i4_phase_tile(out, d_out, w, row_bytes, scales, zeros, x_phase, cols, group_size, c, r, 1, 0)             \
+     : group_size < PHASE_STEP                                                                                         \
+         ? i4_phase_tile(out, d_out, w, row_bytes, scales, zeros, x_phase, cols, group_size, c, r, 0, 1)               \
+         : i4_phase_tile(out, d_out, w, row_bytes, scales, zeros, x_phase, cols, group_size, c, r, 0, 0))
     SWITCH_TILE_SHAPES(C, R, I4_PHASE_TILE)
 #undef I4_PHASE_TILE
 }
@@ -460,8 +502,12 @@ BF16_INLINE void start_bf16_group(__m512i* table, __m512 acc[][TILE_MAX], const 
 // stories110m-shaped matrices (1 row, 2 threads, in one process).
 BF16_INLINE void i4_bf16_tile(float* out, int d_out, const uint8_t* w, size_t row_bytes, const uint16_t* scales,
                               const uint8_t* zeros, const uint16_t* x_words, int cols, int group_size, int C, int R,
-                              int asymmetric) {
+                              int asymmetric, int small_groups) {
     const int n_groups = cols / group_size, steps_per_group = group_size / PHASE_STEP;
+    const __m512i lane_group = lane_groups(group_size);
+    // Small groups only; the step's first scale is i / PHASE_STEP * groups_per_step, a shift and no division:
+    const int groups_per_step = group_size < PHASE_STEP ? PHASE_STEP / group_size : 1;
+    const __mmask8 live_scales = (__mmask8)((1u << groups_per_step) - 1u);
     const size_t tile_bytes = (size_t)C * row_bytes; // the prefetch runs one tile ahead
     __m512 total[TILE_OUTPUTS_MAX][TILE_MAX], acc[TILE_OUTPUTS_MAX][TILE_MAX];
     __m512i table[TILE_OUTPUTS_MAX];
@@ -476,15 +522,18 @@ BF16_INLINE void i4_bf16_tile(float* out, int d_out, const uint8_t* w, size_t ro
         load_step_codes(codes, w + (size_t)(i / 2), row_bytes, tile_bytes, C);
         UNROLL_TILE for (int k = 0; k < 4; k++) {
             __m512i xv[TILE_MAX];
-            UNROLL_TILE for (int r = 0; r < R; r++)
-                xv[r] = _mm512_loadu_si512((const void*)(step_x + (size_t)r * (size_t)cols + (size_t)(32 * k)));
+            UNROLL_TILE for (int r = 0; r < R; r++) xv[r] =
+                _mm512_loadu_si512((const void*)(step_x + (size_t)r * (size_t)cols + (size_t)(32 * k)));
             UNROLL_TILE for (int c = 0; c < C; c++) {
                 __m512i wv = _mm512_permutexvar_epi16(k ? _mm512_srli_epi16(codes[c], 4 * k) : codes[c], table[c]);
-                UNROLL_TILE for (int r = 0; r < R; r++)
-                    acc[c][r] = _mm512_dpbf16_ps(acc[c][r], (__m512bh)wv, (__m512bh)xv[r]);
+                UNROLL_TILE for (int r = 0; r < R; r++) acc[c][r] =
+                    _mm512_dpbf16_ps(acc[c][r], (__m512bh)wv, (__m512bh)xv[r]);
             }
         }
-        if (--steps_left == 0) {
+        if (small_groups) {
+            add_step_to_totals(total, acc, scales + i / PHASE_STEP * groups_per_step, n_groups, lane_group, live_scales,
+                               C, R);
+        } else if (--steps_left == 0) {
             add_group_to_totals(total, acc, scales, n_groups, g, C, R);
             if (++g < n_groups) start_bf16_group(table, acc, zeros, n_groups, g, C, R, asymmetric);
             steps_left = steps_per_group;
@@ -498,8 +547,10 @@ static BF16_TARGET __attribute__((noinline)) void i4_bf16_tile_any(float* out, i
                                                                    const uint8_t* zeros, const uint16_t* x_words,
                                                                    int cols, int group_size, int C, int R) {
 #define I4_BF16_TILE(c, r)                                                                                             \
-    (zeros ? i4_bf16_tile(out, d_out, w, row_bytes, scales, zeros, x_words, cols, group_size, c, r, 1)                 \
-           : i4_bf16_tile(out, d_out, w, row_bytes, scales, zeros, x_words, cols, group_size, c, r, 0))
+    (zeros ? i4_bf16_tile(out, d_out, w, row_bytes, scales, zeros, x_words, cols, group_size, c, r, 1, 0)              \
+     : group_size < PHASE_STEP                                                                                         \
+         ? i4_bf16_tile(out, d_out, w, row_bytes, scales, zeros, x_words, cols, group_size, c, r, 0, 1)                \
+         : i4_bf16_tile(out, d_out, w, row_bytes, scales, zeros, x_words, cols, group_size, c, r, 0, 0))
     SWITCH_TILE_SHAPES(C, R, I4_BF16_TILE)
 #undef I4_BF16_TILE
 }
