@@ -446,19 +446,15 @@ static AVX512_TARGET __attribute__((noinline)) void i4_phase_tile_any(float* out
 // instead of 24). Sums below 2^-126 are the exception: vdpbf16ps flushes
 // them to zero, fma does not.
 //
-// Where it stands (2 Zen 5 cores, 2026-12-04): a step is 11 vector
-// operations per output row (3 shifts, 4 vpermw, 4 vdpbf16ps) beside a
-// load and a prefetch. Each alone issues about 2 per cycle, but vpermw
-// and vdpbf16ps together only about 2.6 per cycle (they share ports), so
-// the step costs about 4 cycles. Measured in cache, one thread, this
-// kernel reads about 40 GB/s of packed weights (one 768 x 768 matrix in
-// L2: 33-44). Two cores can therefore compute only about as fast as memory
-// streams (50-83 GB/s that day), and the W4A16 decode is bound by both at
-// once (all 85 matrices from memory, 2 threads: 28-44 GB/s, mostly 37-44).
-// Replacing vpermw with a cheap vpternlogd (wrong results, only to time
-// it) made it 5-8% faster, and prefetching 2 tiles ahead instead of 1
-// changed nothing. A faster W4A16 would need fewer operations per weight,
-// not a better prefetch.
+// Why this is as fast as W4A16 gets: a step is 11 vector operations per
+// output row (3 shifts, 4 vpermw, 4 vdpbf16ps) beside a load and a
+// prefetch, and vpermw and vdpbf16ps share ports on Zen 5 (together about
+// 2.6 per cycle, where each alone issues 2), so a step costs about 4
+// cycles: one thread computes about 40 GB/s of packed weights held in L2,
+// which two cores' worth is what memory streams at. Timing a vpternlogd in
+// place of vpermw (wrong results) gained only 5-8%, and prefetching 2
+// tiles ahead instead of 1 nothing: what would help is fewer operations per
+// weight, which is what int8 activations (matmul_a8_avx512.c) give.
 
 #define BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")))
 #define BF16_INLINE                                                                                                    \

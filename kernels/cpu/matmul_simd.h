@@ -146,8 +146,8 @@ static inline int q8_rows_share_segments(const weight_matrix* w) {
 // The packed kernels read a tile of C whole rows, which lie next to each
 // other in memory, and fetch the next tile's bytes while they work on this
 // one: INT4 rows of 2048 columns are 16 cache lines, too short for the
-// hardware prefetcher to lock on to (the 1-row INT4 matvec went from 21 to
-// 33 GB/s on 2 Zen 5 cores; stream-read is 35).
+// hardware prefetcher to lock on to (the 1-row INT4 matvec on 2 Zen 5
+// cores: 21 GB/s without this, 33 with it, where stream-read is 35).
 static inline void prefetch_ahead(const void* p, size_t ahead) {
     __builtin_prefetch((const void*)((uintptr_t)p + ahead));
 }
@@ -158,8 +158,7 @@ static inline void prefetch_ahead(const void* p, size_t ahead) {
 // the same lead in time is fewer tiles. Measured on 2 Zen 5 cores, the 85
 // matrices of stories110m in fp16, interleaved in one process: 1 row 69.5
 // GB/s one tile ahead against 62.1 two ahead; 4 rows 64.2 one ahead against
-// 68.3 two ahead. (Two ahead first took the 1-row matvec from ~6 to ~9 GB/s
-// on one busy Sapphire Rapids core.)
+// 68.3 two ahead.
 #define F16_PREFETCH_TILES(R) ((R) <= 2 ? 1 : 2)
 
 // Halves one weight row takes in the fp16 tile layout (matmul.h): its

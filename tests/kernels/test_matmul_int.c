@@ -767,6 +767,24 @@ static void test_set_and_gated_pair_equal_separate_calls(void** state) {
     }
 }
 
+// A set whose matrices prepare their shared input differently (W8A8 codes
+// and scale, W4A16 bf16 rows or phase-ordered words): each prepared block
+// is its own, although all come from one stack arena per call.
+static void test_set_of_mixed_formats(void** state) {
+    (void)state;
+    int_matrix m[3] = {make_int_matrix(&formats[4], 96, 256, 128, VALUES_RANDOM),
+                       make_int_matrix(&formats[2], 64, 256, 32, VALUES_RANDOM),
+                       make_int_matrix(&formats[3], 80, 256, 128, VALUES_RANDOM)};
+    const weight_matrix* w[3] = {&m[0].w, &m[1].w, &m[2].w};
+    for (int n_rows = 1; n_rows <= 5; n_rows += 4) {
+        float* x = random_rows(n_rows, 256, VALUES_RANDOM);
+        check_set_matches_separate_calls(w, 3, x, n_rows, "W8A8 + W4A16 sym g32 + W4A16 asym g128");
+        free(x);
+    }
+    for (int k = 0; k < 3; k++)
+        free_int_matrix(&m[k]);
+}
+
 // matmul() and matmul_parallel() use the process's level.
 static void test_entry_points_agree(void** state) {
     (void)state;
@@ -860,14 +878,23 @@ static void test_row_to_f32(void** state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_cpu_features_vnni),        cmocka_unit_test(test_matches_reference),
-        cmocka_unit_test(test_exact_when_representable), cmocka_unit_test(test_w4a16_rounds_activations),
-        cmocka_unit_test(test_w8a8_levels_identical),    cmocka_unit_test(test_quantize_row),
-        cmocka_unit_test(test_w8a8_special_rows),        cmocka_unit_test(test_activation_bits_ignored_elsewhere),
-        cmocka_unit_test(test_batch_invariance),         cmocka_unit_test(test_i4_phase_order_prepared_or_not),
-        cmocka_unit_test(test_i4_bf16_same_bits),        cmocka_unit_test(test_i4_rows_prepared_or_not),
-        cmocka_unit_test(test_entry_points_agree),       cmocka_unit_test(test_set_and_gated_pair_equal_separate_calls),
-        cmocka_unit_test(test_traffic_counts),           cmocka_unit_test(test_row_to_f32),
+        cmocka_unit_test(test_cpu_features_vnni),
+        cmocka_unit_test(test_matches_reference),
+        cmocka_unit_test(test_exact_when_representable),
+        cmocka_unit_test(test_w4a16_rounds_activations),
+        cmocka_unit_test(test_w8a8_levels_identical),
+        cmocka_unit_test(test_quantize_row),
+        cmocka_unit_test(test_w8a8_special_rows),
+        cmocka_unit_test(test_activation_bits_ignored_elsewhere),
+        cmocka_unit_test(test_batch_invariance),
+        cmocka_unit_test(test_i4_phase_order_prepared_or_not),
+        cmocka_unit_test(test_i4_bf16_same_bits),
+        cmocka_unit_test(test_i4_rows_prepared_or_not),
+        cmocka_unit_test(test_entry_points_agree),
+        cmocka_unit_test(test_set_and_gated_pair_equal_separate_calls),
+        cmocka_unit_test(test_set_of_mixed_formats),
+        cmocka_unit_test(test_traffic_counts),
+        cmocka_unit_test(test_row_to_f32),
     };
     return cmocka_run_group_tests_name("kernels/matmul_int", tests, NULL, NULL);
 }
