@@ -32,8 +32,8 @@
 //            of 128: steps of 128 columns, lane l takes s + 8l + k for k =
 //            4, 0, 5, 1, 6, 2, 7, 3 in that order (the phase kernels: the
 //            order of vdpbf16ps, so that AVX512_BF16 changes no bit).
-//            Symmetric INT4 with groups of 32 or 64 in rows of a multiple
-//            of 128 columns: the same steps and order, but lane l's 8
+//            INT4 with groups of 32 or 64 in rows of a multiple of 128
+//            columns: the same steps and order, but lane l's 8
 //            columns of a step lie in one group, so every step ends with
 //            total = fma(acc, s of lane l's group, total) lane-wise and acc
 //            restarts from +0.

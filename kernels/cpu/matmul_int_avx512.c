@@ -9,7 +9,7 @@
 //          loaded masked (as 0); total = fma(acc, scale, total); hsum16.
 //   INT4:  steps of 32 columns = 16 bytes: lane l takes column s + 2l (low
 //          nibble of byte l), then s + 2l + 1 (high nibble); hsum16. Groups
-//          of a multiple of 128, and symmetric groups of 32 or 64: steps of
+//          of a multiple of 128, and groups of 32 or 64: steps of
 //          128 columns = 64 bytes, lane l takes s + 8l .. s + 8l + 7 (the
 //          phase kernel below).
 //   W8A8:  exact int32 group sums, then w8a8_term() per group in order.
@@ -304,7 +304,7 @@ static AVX512_TARGET __attribute__((noinline)) void i4_tile_any(float* out, int 
 // by step, the columns s + 8l + k for k = 4, 0, 5, 1, 6, 2, 7, 3, each by
 // fma (phase_of_turn); then as above total = fma(acc, scale, total) per
 // group, and hsum16. Used whenever the group size is a multiple of 128, or
-// symmetric 32 or 64 (matmul_i4_uses_phase_order; folded per lane, below),
+// 32 or 64 (matmul_i4_uses_phase_order; folded per lane, below),
 // for every batch row alike.
 
 #define PHASE_STEP 128 // columns per step: 64 bytes of codes
@@ -337,8 +337,10 @@ static inline int phase_of_turn(int n) { return (n >> 1) + (n & 1 ? 0 : 4); }
 // masked load of 4 (or 2) fp16 scales, a conversion, a permute, R fmas and
 // R zeroings, where a fold per group (the tiles above) cost the same 4
 // (or 2) times over, with a whole 32-column step of unpacking between folds.
-// Symmetric only: the zero-point is 8 in every group, so one table serves
-// the whole row.
+// Symmetric, the zero-point is 8 in every group and one table serves the
+// whole row. Asymmetric, each lane has its group's zero-point z, so the
+// lookup takes 32 entries, entry n = n - 16, at index nibble + 16 - z (in
+// 1 .. 31): an and and an add per lookup, and the offsets once per step.
 
 // lane_group[l] = 8l / group_size: which of the step's groups lane l is in.
 AVX512_INLINE __m512i lane_groups(int group_size) {
@@ -358,6 +360,14 @@ AVX512_INLINE void add_step_to_totals(__m512 total[][TILE_MAX], __m512 acc[][TIL
             acc[c][r] = _mm512_setzero_ps();
         }
     }
+}
+
+// 16 - zero of each lane's group, a step of asymmetric small groups:
+// step_zeros (the row's zero-points from the step's first group), `live`
+// of them; lane l's group from lane_group.
+AVX512_INLINE __m512i lane_zero_offsets(const uint8_t* step_zeros, __m512i lane_group, __mmask8 live) {
+    __m512i zero = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8((__mmask16)live, step_zeros));
+    return _mm512_sub_epi32(_mm512_set1_epi32(16), _mm512_permutexvar_epi32(lane_group, zero));
 }
 
 // phased: (cols) the row x rounded to bf16 and reordered per step:
@@ -381,6 +391,11 @@ AVX512_INLINE void i4_phase_tile(float* out, int d_out, const uint8_t* w, size_t
     // Small groups only; the step's first scale is i / PHASE_STEP * groups_per_step, a shift and no division:
     const int groups_per_step = group_size < PHASE_STEP ? PHASE_STEP / group_size : 1;
     const __mmask8 live_scales = (__mmask8)((1u << groups_per_step) - 1u);
+    const int lane_zeros = asymmetric && small_groups; // a zero-point per lane: the 32-entry lookup
+    const __m512 table_low = _mm512_setr_ps(-16, -15, -14, -13, -12, -11, -10, -9, -8, -7, -6, -5, -4, -3, -2, -1);
+    const __m512 table_high = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i low_nibble = _mm512_set1_epi32(0x0f);
+    __m512i offset[TILE_OUTPUTS_MAX];                // lane_zeros: 16 - zero per lane, this step
     const size_t tile_bytes = (size_t)C * row_bytes; // the prefetch runs one tile ahead
     __m512 total[TILE_OUTPUTS_MAX][TILE_MAX], acc[TILE_OUTPUTS_MAX][TILE_MAX];
     __m512 table[TILE_OUTPUTS_MAX]; // table[c][k] = k - zero
@@ -393,13 +408,23 @@ AVX512_INLINE void i4_phase_tile(float* out, int d_out, const uint8_t* w, size_t
         const float* step_x = x_phase + (size_t)i;
         __m512i codes[TILE_OUTPUTS_MAX];
         load_step_codes(codes, w + (size_t)(i / 2), row_bytes, tile_bytes, C);
+        if (lane_zeros) {
+            UNROLL_TILE for (int c = 0; c < C; c++) offset[c] =
+                lane_zero_offsets(zeros + (size_t)c * (size_t)n_groups + (size_t)(i / PHASE_STEP * groups_per_step),
+                                  lane_group, live_scales);
+        }
         UNROLL_TILE for (int n = 0; n < 8; n++) {
             const int k = phase_of_turn(n);
             __m512 xv[TILE_MAX];
             UNROLL_TILE for (int r = 0; r < R; r++) xv[r] =
                 _mm512_loadu_ps(step_x + (size_t)r * (size_t)cols + (size_t)(16 * k));
             UNROLL_TILE for (int c = 0; c < C; c++) {
-                __m512 wv = _mm512_permutexvar_ps(k ? _mm512_srli_epi32(codes[c], 4 * k) : codes[c], table[c]);
+                const __m512i shifted = k ? _mm512_srli_epi32(codes[c], 4 * k) : codes[c];
+                const __m512 wv =
+                    lane_zeros
+                        ? _mm512_permutex2var_ps(
+                              table_low, _mm512_add_epi32(_mm512_and_si512(shifted, low_nibble), offset[c]), table_high)
+                        : _mm512_permutexvar_ps(shifted, table[c]);
                 UNROLL_TILE for (int r = 0; r < R; r++) acc[c][r] = _mm512_fmadd_ps(wv, xv[r], acc[c][r]);
             }
         }
@@ -420,7 +445,9 @@ static AVX512_TARGET __attribute__((noinline)) void i4_phase_tile_any(float* out
                                                                       const uint8_t* zeros, const float* x_phase,
                                                                       int cols, int group_size, int C, int R) {
 #define I4_PHASE_TILE(c, r)                                                                                            \
-    (zeros ? i4_phase_tile(out, d_out, w, row_bytes, scales, zeros, x_phase, cols, group_size, c, r, 1, 0)             \
+    (zeros && group_size < PHASE_STEP                                                                                  \
+         ? i4_phase_tile(out, d_out, w, row_bytes, scales, zeros, x_phase, cols, group_size, c, r, 1, 1)               \
+     : zeros ? i4_phase_tile(out, d_out, w, row_bytes, scales, zeros, x_phase, cols, group_size, c, r, 1, 0)           \
      : group_size < PHASE_STEP                                                                                         \
          ? i4_phase_tile(out, d_out, w, row_bytes, scales, zeros, x_phase, cols, group_size, c, r, 0, 1)               \
          : i4_phase_tile(out, d_out, w, row_bytes, scales, zeros, x_phase, cols, group_size, c, r, 0, 0))
@@ -504,6 +531,13 @@ BF16_INLINE void i4_bf16_tile(float* out, int d_out, const uint8_t* w, size_t ro
     // Small groups only; the step's first scale is i / PHASE_STEP * groups_per_step, a shift and no division:
     const int groups_per_step = group_size < PHASE_STEP ? PHASE_STEP / group_size : 1;
     const __mmask8 live_scales = (__mmask8)((1u << groups_per_step) - 1u);
+    const int lane_zeros = asymmetric && small_groups; // a zero-point per lane: the 32-entry lookup
+    // Word n = bf16(n - 16), n < 32 (cvtne2ps_pbh puts its second operand in the low words).
+    const __m512i table_32 = (__m512i)_mm512_cvtne2ps_pbh(
+        _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        _mm512_setr_ps(-16, -15, -14, -13, -12, -11, -10, -9, -8, -7, -6, -5, -4, -3, -2, -1));
+    const __m512i low_nibble = _mm512_set1_epi16(0x0f);
+    __m512i offset[TILE_OUTPUTS_MAX];                // lane_zeros: 16 - zero in both words of each lane, this step
     const size_t tile_bytes = (size_t)C * row_bytes; // the prefetch runs one tile ahead
     __m512 total[TILE_OUTPUTS_MAX][TILE_MAX], acc[TILE_OUTPUTS_MAX][TILE_MAX];
     __m512i table[TILE_OUTPUTS_MAX];
@@ -516,12 +550,24 @@ BF16_INLINE void i4_bf16_tile(float* out, int d_out, const uint8_t* w, size_t ro
         const uint16_t* step_x = x_words + (size_t)i;
         __m512i codes[TILE_OUTPUTS_MAX];
         load_step_codes(codes, w + (size_t)(i / 2), row_bytes, tile_bytes, C);
+        if (lane_zeros) {
+            UNROLL_TILE for (int c = 0; c < C; c++) {
+                __m512i lane_offset =
+                    lane_zero_offsets(zeros + (size_t)c * (size_t)n_groups + (size_t)(i / PHASE_STEP * groups_per_step),
+                                      lane_group, live_scales);
+                offset[c] = _mm512_or_si512(lane_offset, _mm512_slli_epi32(lane_offset, 16)); // both words of a lane
+            }
+        }
         UNROLL_TILE for (int k = 0; k < 4; k++) {
             __m512i xv[TILE_MAX];
             UNROLL_TILE for (int r = 0; r < R; r++) xv[r] =
                 _mm512_loadu_si512((const void*)(step_x + (size_t)r * (size_t)cols + (size_t)(32 * k)));
             UNROLL_TILE for (int c = 0; c < C; c++) {
-                __m512i wv = _mm512_permutexvar_epi16(k ? _mm512_srli_epi16(codes[c], 4 * k) : codes[c], table[c]);
+                const __m512i shifted = k ? _mm512_srli_epi16(codes[c], 4 * k) : codes[c];
+                const __m512i wv =
+                    lane_zeros ? _mm512_permutexvar_epi16(
+                                     _mm512_add_epi16(_mm512_and_si512(shifted, low_nibble), offset[c]), table_32)
+                               : _mm512_permutexvar_epi16(shifted, table[c]);
                 UNROLL_TILE for (int r = 0; r < R; r++) acc[c][r] =
                     _mm512_dpbf16_ps(acc[c][r], (__m512bh)wv, (__m512bh)xv[r]);
             }
@@ -543,7 +589,9 @@ static BF16_TARGET __attribute__((noinline)) void i4_bf16_tile_any(float* out, i
                                                                    const uint8_t* zeros, const uint16_t* x_words,
                                                                    int cols, int group_size, int C, int R) {
 #define I4_BF16_TILE(c, r)                                                                                             \
-    (zeros ? i4_bf16_tile(out, d_out, w, row_bytes, scales, zeros, x_words, cols, group_size, c, r, 1, 0)              \
+    (zeros && group_size < PHASE_STEP                                                                                  \
+         ? i4_bf16_tile(out, d_out, w, row_bytes, scales, zeros, x_words, cols, group_size, c, r, 1, 1)                \
+     : zeros ? i4_bf16_tile(out, d_out, w, row_bytes, scales, zeros, x_words, cols, group_size, c, r, 1, 0)            \
      : group_size < PHASE_STEP                                                                                         \
          ? i4_bf16_tile(out, d_out, w, row_bytes, scales, zeros, x_words, cols, group_size, c, r, 0, 1)                \
          : i4_bf16_tile(out, d_out, w, row_bytes, scales, zeros, x_words, cols, group_size, c, r, 0, 0))

@@ -180,13 +180,13 @@ static inline bool matmul_is_w8a8(const weight_matrix* w) {
 }
 
 // Whether WEIGHT_I4 at AVX-512 runs the phase kernel (one step of it is
-// 128 columns): groups of a multiple of 128 columns, or symmetric groups
-// of 32 or 64 in rows of a multiple of 128 columns (a step then holds 4 or
-// 2 whole groups; asymmetric ones would need a table per lane).
+// 128 columns): groups of a multiple of 128 columns, or groups of 32 or 64
+// in rows of a multiple of 128 columns (a step then holds 4 or 2 whole
+// groups).
 static inline bool matmul_i4_uses_phase_order(const weight_matrix* w) {
     if (w->dtype != WEIGHT_I4) return false;
     if (w->group_size % 128 == 0) return true;
-    return (w->group_size == 32 || w->group_size == 64) && w->zero_points == NULL && w->cols % 128 == 0;
+    return (w->group_size == 32 || w->group_size == 64) && w->cols % 128 == 0;
 }
 
 // Bytes of one packed row: cols codes, or two INT4 codes per byte.
