@@ -303,8 +303,9 @@ static AVX512_TARGET void f32_block16(float* out, int d_out, const float* w, con
     // prefetcher follows poorly. So each step also asks for the next
     // block's next KiB in memory order: over the block's cols / 16 steps,
     // exactly the next block (16 * cols floats). One block ahead into L1:
-    // stories110m's 84 layer matrices at 1 row, 2 threads, went from 28.3-29.2
-    // to 39.4-39.8 GB/s (two blocks ahead 34.5-35.1, into L2 only 30.7-31.4).
+    // stories110m's 84 layer matrices at 1 row, 2 threads, read 39.4-39.8
+    // GB/s, against 28.3-29.2 without (two blocks ahead 34.5-35.1, into L2
+    // only 30.7-31.4).
     const char* next_block = (const char*)(w + 16 * (size_t)cols);
     for (; i + 16 <= cols; i += 16) {
         __m512 column[16];

@@ -32,6 +32,11 @@
 //            of 128: steps of 128 columns, lane l takes s + 8l + k for k =
 //            4, 0, 5, 1, 6, 2, 7, 3 in that order (the phase kernels: the
 //            order of vdpbf16ps, so that AVX512_BF16 changes no bit).
+//            INT4 with groups of 32 or 64 in rows of a multiple of 128
+//            columns: the same steps and order, but lane l's 8
+//            columns of a step lie in one group, so every step ends with
+//            total = fma(acc, s of lane l's group, total) lane-wise and acc
+//            restarts from +0.
 // Each level rounds differently (they agree to about cols * 2^-24 relative
 // to sum |w x|); one level always gives the same bits, whatever the batch,
 // the tile, the row's position or the thread count.

@@ -9,8 +9,9 @@
 //          loaded masked (as 0); total = fma(acc, scale, total); hsum16.
 //   INT4:  steps of 32 columns = 16 bytes: lane l takes column s + 2l (low
 //          nibble of byte l), then s + 2l + 1 (high nibble); hsum16. Groups
-//          of a multiple of 128: steps of 128 columns = 64 bytes, lane l
-//          takes s + 8l .. s + 8l + 7 in order (the phase kernel below).
+//          of a multiple of 128, and groups of 32 or 64: steps of
+//          128 columns = 64 bytes, lane l takes s + 8l .. s + 8l + 7 (the
+//          phase kernel below).
 //   W8A8:  exact int32 group sums, then w8a8_term() per group in order.
 // Measured on 2 Zen 5 cores (35 GB/s stream-read), 5632 x 2048, group 128,
 // 1 row, 2 threads: INT8 43 GB/s, INT4 33 GB/s, W8A8 48 GB/s of packed weights.
@@ -31,11 +32,10 @@
 #define TILE_MAX 4
 #define TILE_OUTPUTS_MAX 8
 
-
 // The tile shapes the kernels are compiled for, C outputs x R rows: TILE(c,
 // r) for the one asked for (each a separate, fully unrolled instance).
 #define SWITCH_TILE_SHAPES(C, R, TILE)                                                                                 \
-    switch ((C) * 8 + (R)) {                                                                                           \
+    switch ((C)*8 + (R)) {                                                                                             \
     case 1 * 8 + 1: TILE(1, 1); break;                                                                                 \
     case 1 * 8 + 2: TILE(1, 2); break;                                                                                 \
     case 1 * 8 + 3: TILE(1, 3); break;                                                                                 \
@@ -128,8 +128,7 @@ AVX512_INLINE void i8_tile(float* out, int d_out, const uint8_t* w, const uint16
 
 static AVX512_TARGET __attribute__((noinline)) void i8_tile_any(float* out, int d_out, const uint8_t* w,
                                                                 const uint16_t* scales, const uint8_t* zeros,
-                                                                const float* x, int cols, int group_size, int C,
-                                                                int R) {
+                                                                const float* x, int cols, int group_size, int C, int R){
 #define I8_TILE(c, r)                                                                                                  \
     (zeros ? i8_tile(out, d_out, w, scales, zeros, x, cols, group_size, c, r, 1)                                       \
            : i8_tile(out, d_out, w, scales, zeros, x, cols, group_size, c, r, 0))
@@ -137,8 +136,8 @@ static AVX512_TARGET __attribute__((noinline)) void i8_tile_any(float* out, int 
 #undef I8_TILE
 }
 
-AVX512_TARGET void matmul_i8_avx512(float* out, const float* in, int n_rows, const weight_matrix* w, int o_begin,
-                                    int o_end) {
+AVX512_TARGET
+    void matmul_i8_avx512(float* out, const float* in, int n_rows, const weight_matrix* w, int o_begin, int o_end) {
     const uint8_t* values = (const uint8_t*)w->values;
     const int d_out = w->rows, cols = w->cols;
     const size_t n_groups = (size_t)(cols / w->group_size);
@@ -212,8 +211,8 @@ AVX512_INLINE void start_i4_group(__m512* table, __m512 acc[][TILE_MAX], const u
 // tile's rows contiguous; zeros (C, n_groups) when asymmetric (else the
 // zero-point is 8); round_x as for split_x.
 AVX512_INLINE void i4_tile(float* out, int d_out, const uint8_t* w, size_t row_bytes, const uint16_t* scales,
-                           const uint8_t* zeros, const float* x, int cols, int group_size, int C, int R,
-                           int asymmetric, int round_x) {
+                           const uint8_t* zeros, const float* x, int cols, int group_size, int C, int R, int asymmetric,
+                           int round_x) {
     const int n_groups = cols / group_size;
     __m512 total[TILE_OUTPUTS_MAX][TILE_MAX], acc[TILE_OUTPUTS_MAX][TILE_MAX], x_even[TILE_MAX], x_odd[TILE_MAX];
     __m512 table[TILE_OUTPUTS_MAX]; // table[c][k] = k - zero: what nibble k stands for in this group
@@ -288,7 +287,7 @@ static AVX512_TARGET __attribute__((noinline)) void i4_tile_any(float* out, int 
 #undef I4_TILE_ROUNDED
 }
 
-// ---- INT4, groups of a multiple of 128 columns: 8 phases per 64 bytes ----------
+// ---- INT4, groups of a multiple of 128 columns (or 32, 64): 8 phases per 64 bytes ----
 //
 // The kernel above spends 3 shuffles per 32 columns (a byte-to-dword
 // widening and two table lookups), and shuffles are what bound it. Here a
@@ -304,8 +303,9 @@ static AVX512_TARGET __attribute__((noinline)) void i4_tile_any(float* out, int 
 // both give the same bits: per group, lane l of one accumulator takes, step
 // by step, the columns s + 8l + k for k = 4, 0, 5, 1, 6, 2, 7, 3, each by
 // fma (phase_of_turn); then as above total = fma(acc, scale, total) per
-// group, and hsum16. Used whenever the group size is a multiple of 128, for
-// every batch row alike.
+// group, and hsum16. Used whenever the group size is a multiple of 128, or
+// 32 or 64 (matmul_i4_uses_phase_order; folded per lane, below),
+// for every batch row alike.
 
 #define PHASE_STEP 128 // columns per step: 64 bytes of codes
 #define PHASE_ROWS_MAX 4
@@ -327,6 +327,49 @@ AVX512_INLINE void load_step_codes(__m512i* codes, const uint8_t* step_codes, si
 // n-th turn of a step: 4, 0, 5, 1, 6, 2, 7, 3 (see vdpbf16ps below).
 static inline int phase_of_turn(int n) { return (n >> 1) + (n & 1 ? 0 : 4); }
 
+// ---- groups of 32 or 64 columns (symmetric): per-lane scales ----
+//
+// Lane l of a step takes the 8 columns s + 8l .. s + 8l + 7, which lie in
+// one group when the group size is 32 or 64 (4 or 8 lanes to a group).
+// Such a step is folded into the totals lane by lane, each lane times its
+// own group's scale: total = fma(acc, scale of lane l's group, total), and
+// the accumulators restart from +0. One fold per step and output costs a
+// masked load of 4 (or 2) fp16 scales, a conversion, a permute, R fmas and
+// R zeroings, where a fold per group (the tiles above) cost the same 4
+// (or 2) times over, with a whole 32-column step of unpacking between folds.
+// Symmetric, the zero-point is 8 in every group and one table serves the
+// whole row. Asymmetric, each lane has its group's zero-point z, so the
+// lookup takes 32 entries, entry n = n - 16, at index nibble + 16 - z (in
+// 1 .. 31): an and and an add per lookup, and the offsets once per step.
+
+// lane_group[l] = 8l / group_size: which of the step's groups lane l is in.
+AVX512_INLINE __m512i lane_groups(int group_size) {
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    return _mm512_srli_epi32(lane, group_size == 32 ? 2 : 3);
+}
+
+// The end of a step of small groups: step_scales (C rows of n_groups fp16,
+// at the step's first group), 128 / group_size of them per row in `live`.
+AVX512_INLINE void add_step_to_totals(__m512 total[][TILE_MAX], __m512 acc[][TILE_MAX], const uint16_t* step_scales,
+                                      int n_groups, __m512i lane_group, __mmask8 live, int C, int R) {
+    UNROLL_TILE for (int c = 0; c < C; c++) {
+        __m128i halves = _mm_maskz_loadu_epi16(live, step_scales + (size_t)c * (size_t)n_groups);
+        __m512 scale = _mm512_permutexvar_ps(lane_group, _mm512_castps128_ps512(_mm_cvtph_ps(halves)));
+        UNROLL_TILE for (int r = 0; r < R; r++) {
+            total[c][r] = _mm512_fmadd_ps(acc[c][r], scale, total[c][r]);
+            acc[c][r] = _mm512_setzero_ps();
+        }
+    }
+}
+
+// 16 - zero of each lane's group, a step of asymmetric small groups:
+// step_zeros (the row's zero-points from the step's first group), `live`
+// of them; lane l's group from lane_group.
+AVX512_INLINE __m512i lane_zero_offsets(const uint8_t* step_zeros, __m512i lane_group, __mmask8 live) {
+    __m512i zero = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8((__mmask16)live, step_zeros));
+    return _mm512_sub_epi32(_mm512_set1_epi32(16), _mm512_permutexvar_epi32(lane_group, zero));
+}
+
 // phased: (cols) the row x rounded to bf16 and reordered per step:
 // phased[s + 16k + l] = x[s + 8l + k].
 AVX512_INLINE void phase_order(float* phased, const float* x, int cols) {
@@ -342,8 +385,17 @@ AVX512_INLINE void phase_order(float* phased, const float* x, int cols) {
 // countdown to each group's end).
 AVX512_INLINE void i4_phase_tile(float* out, int d_out, const uint8_t* w, size_t row_bytes, const uint16_t* scales,
                                  const uint8_t* zeros, const float* x_phase, int cols, int group_size, int C, int R,
-                                 int asymmetric) {
+                                 int asymmetric, int small_groups) {
     const int n_groups = cols / group_size, steps_per_group = group_size / PHASE_STEP;
+    const __m512i lane_group = lane_groups(group_size);
+    // Small groups only; the step's first scale is i / PHASE_STEP * groups_per_step, a shift and no division:
+    const int groups_per_step = group_size < PHASE_STEP ? PHASE_STEP / group_size : 1;
+    const __mmask8 live_scales = (__mmask8)((1u << groups_per_step) - 1u);
+    const int lane_zeros = asymmetric && small_groups; // a zero-point per lane: the 32-entry lookup
+    const __m512 table_low = _mm512_setr_ps(-16, -15, -14, -13, -12, -11, -10, -9, -8, -7, -6, -5, -4, -3, -2, -1);
+    const __m512 table_high = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i low_nibble = _mm512_set1_epi32(0x0f);
+    __m512i offset[TILE_OUTPUTS_MAX];                // lane_zeros: 16 - zero per lane, this step
     const size_t tile_bytes = (size_t)C * row_bytes; // the prefetch runs one tile ahead
     __m512 total[TILE_OUTPUTS_MAX][TILE_MAX], acc[TILE_OUTPUTS_MAX][TILE_MAX];
     __m512 table[TILE_OUTPUTS_MAX]; // table[c][k] = k - zero
@@ -356,17 +408,30 @@ AVX512_INLINE void i4_phase_tile(float* out, int d_out, const uint8_t* w, size_t
         const float* step_x = x_phase + (size_t)i;
         __m512i codes[TILE_OUTPUTS_MAX];
         load_step_codes(codes, w + (size_t)(i / 2), row_bytes, tile_bytes, C);
+        if (lane_zeros) {
+            UNROLL_TILE for (int c = 0; c < C; c++) offset[c] =
+                lane_zero_offsets(zeros + (size_t)c * (size_t)n_groups + (size_t)(i / PHASE_STEP * groups_per_step),
+                                  lane_group, live_scales);
+        }
         UNROLL_TILE for (int n = 0; n < 8; n++) {
             const int k = phase_of_turn(n);
             __m512 xv[TILE_MAX];
-            UNROLL_TILE for (int r = 0; r < R; r++)
-                xv[r] = _mm512_loadu_ps(step_x + (size_t)r * (size_t)cols + (size_t)(16 * k));
+            UNROLL_TILE for (int r = 0; r < R; r++) xv[r] =
+                _mm512_loadu_ps(step_x + (size_t)r * (size_t)cols + (size_t)(16 * k));
             UNROLL_TILE for (int c = 0; c < C; c++) {
-                __m512 wv = _mm512_permutexvar_ps(k ? _mm512_srli_epi32(codes[c], 4 * k) : codes[c], table[c]);
+                const __m512i shifted = k ? _mm512_srli_epi32(codes[c], 4 * k) : codes[c];
+                const __m512 wv =
+                    lane_zeros
+                        ? _mm512_permutex2var_ps(
+                              table_low, _mm512_add_epi32(_mm512_and_si512(shifted, low_nibble), offset[c]), table_high)
+                        : _mm512_permutexvar_ps(shifted, table[c]);
                 UNROLL_TILE for (int r = 0; r < R; r++) acc[c][r] = _mm512_fmadd_ps(wv, xv[r], acc[c][r]);
             }
         }
-        if (--steps_left == 0) {
+        if (small_groups) {
+            add_step_to_totals(total, acc, scales + i / PHASE_STEP * groups_per_step, n_groups, lane_group, live_scales,
+                               C, R);
+        } else if (--steps_left == 0) {
             add_group_to_totals(total, acc, scales, n_groups, g, C, R);
             if (++g < n_groups) start_i4_group(table, acc, zeros, n_groups, g, C, R, asymmetric);
             steps_left = steps_per_group;
@@ -380,8 +445,12 @@ static AVX512_TARGET __attribute__((noinline)) void i4_phase_tile_any(float* out
                                                                       const uint8_t* zeros, const float* x_phase,
                                                                       int cols, int group_size, int C, int R) {
 #define I4_PHASE_TILE(c, r)                                                                                            \
-    (zeros ? i4_phase_tile(out, d_out, w, row_bytes, scales, zeros, x_phase, cols, group_size, c, r, 1)                \
-           : i4_phase_tile(out, d_out, w, row_bytes, scales, zeros, x_phase, cols, group_size, c, r, 0))
+    (zeros && group_size < PHASE_STEP                                                                                  \
+         ? i4_phase_tile(out, d_out, w, row_bytes, scales, zeros, x_phase, cols, group_size, c, r, 1, 1)               \
+     : zeros ? i4_phase_tile(out, d_out, w, row_bytes, scales, zeros, x_phase, cols, group_size, c, r, 1, 0)           \
+     : group_size < PHASE_STEP                                                                                         \
+         ? i4_phase_tile(out, d_out, w, row_bytes, scales, zeros, x_phase, cols, group_size, c, r, 0, 1)               \
+         : i4_phase_tile(out, d_out, w, row_bytes, scales, zeros, x_phase, cols, group_size, c, r, 0, 0))
     SWITCH_TILE_SHAPES(C, R, I4_PHASE_TILE)
 #undef I4_PHASE_TILE
 }
@@ -404,19 +473,15 @@ static AVX512_TARGET __attribute__((noinline)) void i4_phase_tile_any(float* out
 // instead of 24). Sums below 2^-126 are the exception: vdpbf16ps flushes
 // them to zero, fma does not.
 //
-// Where it stands (2 Zen 5 cores, 2026-12-04): a step is 11 vector
-// operations per output row (3 shifts, 4 vpermw, 4 vdpbf16ps) beside a
-// load and a prefetch. Each alone issues about 2 per cycle, but vpermw
-// and vdpbf16ps together only about 2.6 per cycle (they share ports), so
-// the step costs about 4 cycles. Measured in cache, one thread, this
-// kernel reads about 40 GB/s of packed weights (one 768 x 768 matrix in
-// L2: 33-44). Two cores can therefore compute only about as fast as memory
-// streams (50-83 GB/s that day), and the W4A16 decode is bound by both at
-// once (all 85 matrices from memory, 2 threads: 28-44 GB/s, mostly 37-44).
-// Replacing vpermw with a cheap vpternlogd (wrong results, only to time
-// it) made it 5-8% faster, and prefetching 2 tiles ahead instead of 1
-// changed nothing. A faster W4A16 would need fewer operations per weight,
-// not a better prefetch.
+// Why this is as fast as W4A16 gets: a step is 11 vector operations per
+// output row (3 shifts, 4 vpermw, 4 vdpbf16ps) beside a load and a
+// prefetch, and vpermw and vdpbf16ps share ports on Zen 5 (together about
+// 2.6 per cycle, where each alone issues 2), so a step costs about 4
+// cycles: one thread computes about 40 GB/s of packed weights held in L2,
+// which two cores' worth is what memory streams at. Timing a vpternlogd in
+// place of vpermw (wrong results) gained only 5-8%, and prefetching 2
+// tiles ahead instead of 1 nothing: what would help is fewer operations per
+// weight, which is what int8 activations (matmul_a8_avx512.c) give.
 
 #define BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")))
 #define BF16_INLINE                                                                                                    \
@@ -460,8 +525,19 @@ BF16_INLINE void start_bf16_group(__m512i* table, __m512 acc[][TILE_MAX], const 
 // stories110m-shaped matrices (1 row, 2 threads, in one process).
 BF16_INLINE void i4_bf16_tile(float* out, int d_out, const uint8_t* w, size_t row_bytes, const uint16_t* scales,
                               const uint8_t* zeros, const uint16_t* x_words, int cols, int group_size, int C, int R,
-                              int asymmetric) {
+                              int asymmetric, int small_groups) {
     const int n_groups = cols / group_size, steps_per_group = group_size / PHASE_STEP;
+    const __m512i lane_group = lane_groups(group_size);
+    // Small groups only; the step's first scale is i / PHASE_STEP * groups_per_step, a shift and no division:
+    const int groups_per_step = group_size < PHASE_STEP ? PHASE_STEP / group_size : 1;
+    const __mmask8 live_scales = (__mmask8)((1u << groups_per_step) - 1u);
+    const int lane_zeros = asymmetric && small_groups; // a zero-point per lane: the 32-entry lookup
+    // Word n = bf16(n - 16), n < 32 (cvtne2ps_pbh puts its second operand in the low words).
+    const __m512i table_32 = (__m512i)_mm512_cvtne2ps_pbh(
+        _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        _mm512_setr_ps(-16, -15, -14, -13, -12, -11, -10, -9, -8, -7, -6, -5, -4, -3, -2, -1));
+    const __m512i low_nibble = _mm512_set1_epi16(0x0f);
+    __m512i offset[TILE_OUTPUTS_MAX];                // lane_zeros: 16 - zero in both words of each lane, this step
     const size_t tile_bytes = (size_t)C * row_bytes; // the prefetch runs one tile ahead
     __m512 total[TILE_OUTPUTS_MAX][TILE_MAX], acc[TILE_OUTPUTS_MAX][TILE_MAX];
     __m512i table[TILE_OUTPUTS_MAX];
@@ -474,17 +550,32 @@ BF16_INLINE void i4_bf16_tile(float* out, int d_out, const uint8_t* w, size_t ro
         const uint16_t* step_x = x_words + (size_t)i;
         __m512i codes[TILE_OUTPUTS_MAX];
         load_step_codes(codes, w + (size_t)(i / 2), row_bytes, tile_bytes, C);
-        UNROLL_TILE for (int k = 0; k < 4; k++) {
-            __m512i xv[TILE_MAX];
-            UNROLL_TILE for (int r = 0; r < R; r++)
-                xv[r] = _mm512_loadu_si512((const void*)(step_x + (size_t)r * (size_t)cols + (size_t)(32 * k)));
+        if (lane_zeros) {
             UNROLL_TILE for (int c = 0; c < C; c++) {
-                __m512i wv = _mm512_permutexvar_epi16(k ? _mm512_srli_epi16(codes[c], 4 * k) : codes[c], table[c]);
-                UNROLL_TILE for (int r = 0; r < R; r++)
-                    acc[c][r] = _mm512_dpbf16_ps(acc[c][r], (__m512bh)wv, (__m512bh)xv[r]);
+                __m512i lane_offset =
+                    lane_zero_offsets(zeros + (size_t)c * (size_t)n_groups + (size_t)(i / PHASE_STEP * groups_per_step),
+                                      lane_group, live_scales);
+                offset[c] = _mm512_or_si512(lane_offset, _mm512_slli_epi32(lane_offset, 16)); // both words of a lane
             }
         }
-        if (--steps_left == 0) {
+        UNROLL_TILE for (int k = 0; k < 4; k++) {
+            __m512i xv[TILE_MAX];
+            UNROLL_TILE for (int r = 0; r < R; r++) xv[r] =
+                _mm512_loadu_si512((const void*)(step_x + (size_t)r * (size_t)cols + (size_t)(32 * k)));
+            UNROLL_TILE for (int c = 0; c < C; c++) {
+                const __m512i shifted = k ? _mm512_srli_epi16(codes[c], 4 * k) : codes[c];
+                const __m512i wv =
+                    lane_zeros ? _mm512_permutexvar_epi16(
+                                     _mm512_add_epi16(_mm512_and_si512(shifted, low_nibble), offset[c]), table_32)
+                               : _mm512_permutexvar_epi16(shifted, table[c]);
+                UNROLL_TILE for (int r = 0; r < R; r++) acc[c][r] =
+                    _mm512_dpbf16_ps(acc[c][r], (__m512bh)wv, (__m512bh)xv[r]);
+            }
+        }
+        if (small_groups) {
+            add_step_to_totals(total, acc, scales + i / PHASE_STEP * groups_per_step, n_groups, lane_group, live_scales,
+                               C, R);
+        } else if (--steps_left == 0) {
             add_group_to_totals(total, acc, scales, n_groups, g, C, R);
             if (++g < n_groups) start_bf16_group(table, acc, zeros, n_groups, g, C, R, asymmetric);
             steps_left = steps_per_group;
@@ -498,8 +589,12 @@ static BF16_TARGET __attribute__((noinline)) void i4_bf16_tile_any(float* out, i
                                                                    const uint8_t* zeros, const uint16_t* x_words,
                                                                    int cols, int group_size, int C, int R) {
 #define I4_BF16_TILE(c, r)                                                                                             \
-    (zeros ? i4_bf16_tile(out, d_out, w, row_bytes, scales, zeros, x_words, cols, group_size, c, r, 1)                 \
-           : i4_bf16_tile(out, d_out, w, row_bytes, scales, zeros, x_words, cols, group_size, c, r, 0))
+    (zeros && group_size < PHASE_STEP                                                                                  \
+         ? i4_bf16_tile(out, d_out, w, row_bytes, scales, zeros, x_words, cols, group_size, c, r, 1, 1)                \
+     : zeros ? i4_bf16_tile(out, d_out, w, row_bytes, scales, zeros, x_words, cols, group_size, c, r, 1, 0)            \
+     : group_size < PHASE_STEP                                                                                         \
+         ? i4_bf16_tile(out, d_out, w, row_bytes, scales, zeros, x_words, cols, group_size, c, r, 0, 1)                \
+         : i4_bf16_tile(out, d_out, w, row_bytes, scales, zeros, x_words, cols, group_size, c, r, 0, 0))
     SWITCH_TILE_SHAPES(C, R, I4_BF16_TILE)
 #undef I4_BF16_TILE
 }

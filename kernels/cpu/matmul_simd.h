@@ -37,8 +37,8 @@ void matmul_i4_avx512(float* out, const float* in, int n_rows, const weight_matr
 // W4A16 on rows already rounded to bf16 (x_bf16: (n_rows, w->cols) floats,
 // each a bf16 value), as matmul_at_level prepares them once per call: the
 // same bits as the functions above on the unrounded rows, which round them
-// as they load them. The AVX-512 one is not the phase kernel (groups of a multiple of
-// 128 columns take that). matmul_round_to_bf16_avx2: dst[i] =
+// as they load them. The AVX-512 one is not the phase kernel (the matrices
+// of matmul_i4_uses_phase_order take that). matmul_round_to_bf16_avx2: dst[i] =
 // fp32_round_to_bf16(src[i]), the same bits.
 void matmul_i4_rounded_scalar(float* out, const float* x_bf16, int n_rows, const weight_matrix* w, int o_begin,
                               int o_end);
@@ -48,8 +48,8 @@ void matmul_i4_rounded_avx512(float* out, const float* x_bf16, int n_rows, const
                               int o_end);
 void matmul_round_to_bf16_avx2(float* dst, const float* src, size_t count);
 
-// INT4 with a group size that is a multiple of 128 (matmul_i4_uses_phase_order)
-// at AVX-512 has its own column order (matmul_int.c, "the phase kernel"):
+// INT4 in the matrices of matmul_i4_uses_phase_order at AVX-512 has its
+// own column order (matmul_int.c, "the phase kernel"):
 // the activations are put in that order once per call, by
 // matmul_i4_phase_order_avx512 into phased (n_rows, cols), and
 // matmul_i4_phased_avx512 takes them in that order. matmul_i4_avx512 on
@@ -89,8 +89,8 @@ void matmul_w8a8_unbuffered(float* out, const float* in, int n_rows, const weigh
 // n_blocks) int32 (the VNNI kernel's correction: the weights' unsigned
 // offset times the block's code sum). n_blocks = cols / activation_block.
 typedef enum a8_order {
-    A8_COLUMNS, // codes in column order (the scalar kernel, and the VNNI kernel for INT8)
-    A8_NIBBLES, // per 128 columns: the 64 even columns, then the 64 odd ones (the VNNI kernel for INT4)
+    A8_COLUMNS,    // codes in column order (the scalar kernel, and the VNNI kernel for INT8)
+    A8_NIBBLES,    // per 128 columns: the 64 even columns, then the 64 odd ones (the VNNI kernel for INT4)
     A8_NIBBLES_32, // per 32 columns: the 16 even columns, then the 16 odd ones (the AVX2 kernel for INT4)
 } a8_order;
 
@@ -146,8 +146,8 @@ static inline int q8_rows_share_segments(const weight_matrix* w) {
 // The packed kernels read a tile of C whole rows, which lie next to each
 // other in memory, and fetch the next tile's bytes while they work on this
 // one: INT4 rows of 2048 columns are 16 cache lines, too short for the
-// hardware prefetcher to lock on to (the 1-row INT4 matvec went from 21 to
-// 33 GB/s on 2 Zen 5 cores; stream-read is 35).
+// hardware prefetcher to lock on to (the 1-row INT4 matvec on 2 Zen 5
+// cores: 21 GB/s without this, 33 with it, where stream-read is 35).
 static inline void prefetch_ahead(const void* p, size_t ahead) {
     __builtin_prefetch((const void*)((uintptr_t)p + ahead));
 }
@@ -158,8 +158,7 @@ static inline void prefetch_ahead(const void* p, size_t ahead) {
 // the same lead in time is fewer tiles. Measured on 2 Zen 5 cores, the 85
 // matrices of stories110m in fp16, interleaved in one process: 1 row 69.5
 // GB/s one tile ahead against 62.1 two ahead; 4 rows 64.2 one ahead against
-// 68.3 two ahead. (Two ahead first took the 1-row matvec from ~6 to ~9 GB/s
-// on one busy Sapphire Rapids core.)
+// 68.3 two ahead.
 #define F16_PREFETCH_TILES(R) ((R) <= 2 ? 1 : 2)
 
 // Halves one weight row takes in the fp16 tile layout (matmul.h): its
@@ -180,10 +179,14 @@ static inline bool matmul_is_w8a8(const weight_matrix* w) {
     return w->dtype == WEIGHT_I8 && w->activation_bits == 8 && w->zero_points == NULL && !matmul_is_a8_blocks(w);
 }
 
-// Whether WEIGHT_I4 at AVX-512 runs the phase kernel: groups of a multiple
-// of 128 columns (one step of the kernel is 128 columns).
+// Whether WEIGHT_I4 at AVX-512 runs the phase kernel (one step of it is
+// 128 columns): groups of a multiple of 128 columns, or groups of 32 or 64
+// in rows of a multiple of 128 columns (a step then holds 4 or 2 whole
+// groups).
 static inline bool matmul_i4_uses_phase_order(const weight_matrix* w) {
-    return w->dtype == WEIGHT_I4 && w->group_size % 128 == 0;
+    if (w->dtype != WEIGHT_I4) return false;
+    if (w->group_size % 128 == 0) return true;
+    return (w->group_size == 32 || w->group_size == 64) && w->cols % 128 == 0;
 }
 
 // Bytes of one packed row: cols codes, or two INT4 codes per byte.

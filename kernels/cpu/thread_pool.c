@@ -23,8 +23,8 @@
 // polls while another process waits for its core spends its own fair share
 // of that core on nothing. Measured with a one-core busy loop beside a
 // 2-thread q4_0 decode of stories110m, this and a full poll decoded at the
-// same speed within the noise (0.43-0.46x of quiet); what lifted it from
-// 0.29-0.32x was run() no longer waiting for workers that took no task.
+// same speed within the noise (0.43-0.46x of quiet); what keeps it above
+// 0.29-0.32x is that run() waits for tasks, not for workers that took none.
 #define CONTENDED_SPIN_ROUNDS 64
 
 // Each thread reads its count of involuntary context switches (one

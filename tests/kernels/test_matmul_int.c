@@ -316,14 +316,15 @@ typedef struct shape {
 // (a half-used last INT4 byte), odd group sizes (INT4 groups that start in
 // the middle of a byte), groups shorter than a vector and per-channel
 // groups, row counts that are not multiples of the tiles. Groups of a
-// multiple of 128 take the AVX-512 INT4 phase kernel (256 / 128, 512 /
-// 256, 8320 / 128: more columns than the kernel's own stack scratch holds,
-// which matmul_at_level's once-per-call reordering does not need). 8200 /
-// 41: a long row in the other INT4 kernels.
+// multiple of 128, and symmetric groups of 32 or 64 in rows of a multiple
+// of 128, take the AVX-512 INT4 phase kernel (256 / 32, 384 / 64, 256 /
+// 128, 512 / 256, 8320 / 128: more columns than the kernel's own stack
+// scratch holds, which matmul_at_level's once-per-call reordering does not
+// need). 8200 / 41: a long row in the other INT4 kernels.
 static const shape odd_shapes[] = {
-    {1, 1, 1},     {5, 3, 3},    {5, 3, 1},    {33, 17, 17},  {7, 33, 11}, {16, 172, 43},   {6, 172, 4}, {9, 257, 257},
-    {13, 256, 32}, {11, 96, 96}, {3, 100, 50}, {19, 130, 65}, {5, 200, 8}, {10, 1000, 125}, {2, 64, 64}, {7, 66, 33},
-    {6, 256, 128}, {5, 512, 256}, {3, 8320, 128}, {3, 8200, 41},
+    {1, 1, 1},     {5, 3, 3},     {5, 3, 1},     {33, 17, 17},  {7, 33, 11},    {16, 172, 43}, {6, 172, 4},
+    {9, 257, 257}, {13, 256, 32}, {11, 96, 96},  {3, 100, 50},  {19, 130, 65},  {5, 200, 8},   {10, 1000, 125},
+    {2, 64, 64},   {7, 66, 33},   {6, 256, 128}, {5, 512, 256}, {3, 8320, 128}, {3, 8200, 41}, {9, 384, 64},
 };
 #define N_ODD_SHAPES (sizeof odd_shapes / sizeof odd_shapes[0])
 
@@ -563,6 +564,7 @@ static const shape invariance_shapes[] = {
     {301, 517, 47},  // odd cols, odd groups: INT4 groups starting mid-byte
     {64, 1024, 128}, // the common layout: full vectors, whole bytes
     {130, 384, 384}, // per-channel
+    {72, 768, 32},   // groups of 32: four to a step of the INT4 phase kernel, a scale per lane
 };
 
 static void check_invariance(const int_matrix* m, const char* format_name, cpu_simd_level level, thread_pool* pool,
@@ -634,9 +636,9 @@ static void test_i4_phase_order_prepared_or_not(void** state) {
         print_message("skipping: no AVX-512 on this CPU, so no phase kernel to compare\n");
         skip();
     }
-    const shape phase_shapes[] = {{6, 256, 128}, {37, 512, 256}, {9, 1024, 512}};
+    const shape phase_shapes[] = {{6, 256, 128}, {37, 512, 256}, {9, 1024, 512}, {13, 256, 32}, {11, 768, 64}};
     for (int f = 2; f <= 3; f++) { // W4A16 sym and asym
-        for (int s = 0; s < 3; s++) {
+        for (int s = 0; s < 5; s++) {
             const shape* sh = &phase_shapes[s];
             int_matrix m = make_int_matrix(&formats[f], sh->rows, sh->cols, sh->group_size, VALUES_RANDOM);
             for (int n_rows = 1; n_rows <= 6; n_rows++) {
@@ -646,8 +648,8 @@ static void test_i4_phase_order_prepared_or_not(void** state) {
                 matmul_at_level(prepared, x, n_rows, &m.w, NULL, CPU_SIMD_AVX512, NULL);
                 matmul_i4_avx512(per_chunk, x, n_rows, &m.w, 0, sh->rows);
                 if (memcmp(prepared, per_chunk, (size_t)n_rows * (size_t)sh->rows * sizeof(float)) != 0)
-                    fail_msg("%s %dx%d group %d, %d rows: prepared and per-chunk phase order differ",
-                             formats[f].name, sh->rows, sh->cols, sh->group_size, n_rows);
+                    fail_msg("%s %dx%d group %d, %d rows: prepared and per-chunk phase order differ", formats[f].name,
+                             sh->rows, sh->cols, sh->group_size, n_rows);
                 free(per_chunk);
                 free(prepared);
                 free(x);
@@ -668,15 +670,17 @@ static void test_i4_bf16_same_bits(void** state) {
         print_message("skipping: no AVX512_BF16 on this CPU, so no bf16 kernel to compare\n");
         skip();
     }
-    const shape bf16_shapes[] = {{6, 256, 128}, {37, 512, 256}, {9, 2048, 128}};
+    const shape bf16_shapes[] = {{6, 256, 128}, {37, 512, 256}, {9, 2048, 128}, {13, 256, 32}, {11, 768, 64}};
     for (int f = 2; f <= 3; f++) { // W4A16 sym and asym
-        for (int s = 0; s < 3; s++) {
+        for (int s = 0; s < 5; s++) {
             const shape* sh = &bf16_shapes[s];
             int_matrix m = make_int_matrix(&formats[f], sh->rows, sh->cols, sh->group_size, VALUES_RANDOM);
+            assert_true(matmul_i4_uses_phase_order(&m.w));
             for (int n_rows = 1; n_rows <= 6; n_rows++) {
                 const size_t n_values = (size_t)n_rows * (size_t)sh->cols;
                 float* x = random_rows(n_rows, sh->cols, VALUES_RANDOM);
-                for (size_t i = 0; i < n_values; i++) x[i] = ldexpf(x[i], random_int(-40, 40));
+                for (size_t i = 0; i < n_values; i++)
+                    x[i] = ldexpf(x[i], random_int(-40, 40));
                 if (n_rows == 5) x[3] = NAN, x[sh->cols + 7] = -INFINITY; // rows 0 and 1
                 float* phased = malloc(n_values * sizeof(float));
                 uint16_t* words = malloc(n_values * sizeof(uint16_t));
@@ -755,8 +759,27 @@ static void test_set_and_gated_pair_equal_separate_calls(void** state) {
             check_set_matches_separate_calls(w, 3, x, n_rows, formats[f].name);
             free(x);
         }
-        for (int k = 0; k < 3; k++) free_int_matrix(&m[k]);
+        for (int k = 0; k < 3; k++)
+            free_int_matrix(&m[k]);
     }
+}
+
+// A set whose matrices prepare their shared input differently (W8A8 codes
+// and scale, W4A16 bf16 rows or phase-ordered words): each prepared block
+// is its own, although all come from one stack arena per call.
+static void test_set_of_mixed_formats(void** state) {
+    (void)state;
+    int_matrix m[3] = {make_int_matrix(&formats[4], 96, 256, 128, VALUES_RANDOM),
+                       make_int_matrix(&formats[2], 64, 256, 32, VALUES_RANDOM),
+                       make_int_matrix(&formats[3], 80, 256, 128, VALUES_RANDOM)};
+    const weight_matrix* w[3] = {&m[0].w, &m[1].w, &m[2].w};
+    for (int n_rows = 1; n_rows <= 5; n_rows += 4) {
+        float* x = random_rows(n_rows, 256, VALUES_RANDOM);
+        check_set_matches_separate_calls(w, 3, x, n_rows, "W8A8 + W4A16 sym g32 + W4A16 asym g128");
+        free(x);
+    }
+    for (int k = 0; k < 3; k++)
+        free_int_matrix(&m[k]);
 }
 
 // matmul() and matmul_parallel() use the process's level.
@@ -866,6 +889,7 @@ int main(void) {
         cmocka_unit_test(test_i4_rows_prepared_or_not),
         cmocka_unit_test(test_entry_points_agree),
         cmocka_unit_test(test_set_and_gated_pair_equal_separate_calls),
+        cmocka_unit_test(test_set_of_mixed_formats),
         cmocka_unit_test(test_traffic_counts),
         cmocka_unit_test(test_row_to_f32),
     };
