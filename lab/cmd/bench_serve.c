@@ -12,6 +12,7 @@
 #include "engine/tokenizer.h"
 #include "lab/bench/serve_load.h"
 #include "lab/common/cli_args.h"
+#include "lab/cmd/cli.h"
 #include "lab/cmd/commands.h"
 #include "lab/common/json_out.h"
 #include "lab/common/progress.h"
@@ -206,8 +207,7 @@ static int parse_args(int argc, char** argv, bench_serve_args* args, error_info*
         } else if (arg_match(&cursor, "--no-token-ids", false, &failed, err)) {
             args->token_ids = false;
         } else {
-            return error_set(err, "servelab bench-serve: unknown option '%s' (see servelab bench-serve --help)",
-                             argv[cursor.index]);
+            return arg_unknown(&cursor, err);
         }
 #undef VALUE
         if (failed) return -1;
@@ -496,17 +496,10 @@ static json_t* summary_json(const bench_summary* s, int concurrency) {
 // ---- the command ----------------------------------------------------------------------
 
 int command_bench_serve(int argc, char** argv) {
-    for (int i = 1; i < argc; i++)
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            fputs(BENCH_SERVE_USAGE, stdout);
-            return 0;
-        }
+    if (cli_answer_help(argc, argv, BENCH_SERVE_USAGE, NULL)) return 0;
     error_info err = {{0}};
     bench_serve_args args;
-    if (parse_args(argc, argv, &args, &err)) {
-        fprintf(stderr, "%s\n", err.message);
-        return 2;
-    }
+    if (parse_args(argc, argv, &args, &err)) return cli_usage_error(&err);
     char base[1100], completions[1100];
     if (bench_url_parse(args.url, base, sizeof base, completions, sizeof completions, &err)) {
         fprintf(stderr, "servelab bench-serve: %s\n", err.message);

@@ -7,6 +7,7 @@
 #include "engine/model_synth.h"
 #include "engine/tokenizer.h"
 #include "lab/common/cli_args.h"
+#include "lab/cmd/cli.h"
 #include "lab/cmd/commands.h"
 #include "lab/common/engine_options.h"
 #include "lab/common/model_source.h"
@@ -100,8 +101,7 @@ static int parse_generate_args(int argc, char** argv, generate_args* args, error
         } else if (arg_match(&cursor, "--system", true, &failed, err)) {
             if (!failed) args->system_text = cursor.value;
         } else {
-            return error_set(err, "servelab generate: unknown option '%s' (see servelab generate --help)",
-                             argv[cursor.index]);
+            return arg_unknown(&cursor, err);
         }
         if (failed) return -1;
     }
@@ -166,18 +166,10 @@ static int encode_chat(const model_source* source, const generate_args* args, in
 }
 
 int command_generate(int argc, char** argv) {
-    for (int i = 1; i < argc; i++)
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            fputs(GENERATE_USAGE, stdout);
-            engine_options_print_usage(stdout, GENERATE_ENGINE_DEFAULTS);
-            return 0;
-        }
+    if (cli_answer_help(argc, argv, GENERATE_USAGE, GENERATE_ENGINE_DEFAULTS)) return 0;
     error_info err = {{0}};
     generate_args args;
-    if (parse_generate_args(argc, argv, &args, &err)) {
-        fprintf(stderr, "%s\n", err.message);
-        return 2;
-    }
+    if (parse_generate_args(argc, argv, &args, &err)) return cli_usage_error(&err);
     model_source source;
     if (model_source_open(&source, &args.request, &err)) {
         fprintf(stderr, "servelab generate: %s\n", err.message);

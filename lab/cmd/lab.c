@@ -15,6 +15,7 @@
 #include "engine/devices.h"
 #include "engine/model_synth.h"
 #include "engine/output_file.h"
+#include "lab/cmd/cli.h"
 #include "lab/cmd/commands.h"
 #include "lab/ui/dashboard.h"
 #include "lab/common/engine_options.h"
@@ -723,12 +724,7 @@ static int start_server(lab_app* a, int port, const engine_config* config, error
 }
 
 int command_lab(int argc, char** argv) {
-    for (int i = 1; i < argc; i++)
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            fputs(LAB_USAGE, stdout);
-            fputs(ENGINE_OPTIONS_USAGE, stdout);
-            return 0;
-        }
+    if (cli_answer_help(argc, argv, LAB_USAGE, CLI_ENGINE_DEFAULTS)) return 0;
     setlocale(LC_ALL, "");
     error_info err = {{0}};
     engine_config config = engine_config_default();
@@ -746,7 +742,6 @@ int command_lab(int argc, char** argv) {
     arg_cursor cursor = {argc, argv, 1, "servelab lab", NULL};
     for (; cursor.index < argc; cursor.index++) {
         bool failed = false;
-        const char* arg = argv[cursor.index];
         if (engine_option_match(&cursor, &config, NULL, NULL, &failed, &err)) {
         } else if (arg_match(&cursor, "--model", true, &failed, &err)) {
             if (!failed) request.model_arg = cursor.value;
@@ -784,8 +779,8 @@ int command_lab(int argc, char** argv) {
         } else if (arg_match(&cursor, "--time-limit", true, &failed, &err)) {
             if (!failed) failed = parse_float_arg("--time-limit", cursor.value, 0.01f, 86400.0f, &lesson_time_limit_s, &err) != 0;
         } else {
-            fprintf(stderr, "servelab lab: unknown option '%s' (see servelab lab --help)\n", arg);
-            return 2;
+            arg_unknown(&cursor, &err);
+            return cli_usage_error(&err);
         }
         if (failed) {
             fprintf(stderr, "servelab lab: %s\n", err.message);

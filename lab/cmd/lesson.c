@@ -86,7 +86,7 @@ static int parse_run_args(int argc, char** argv, run_args* a, error_info* err) {
             if (a->options.memory_limit_bytes < (4u << 20))
                 return error_set(err, "--memory-limit: expected at least 4MiB, found '%s'", cursor.value);
         } else if (argv[cursor.index][0] == '-') {
-            return error_set(err, "servelab lesson run: unknown option '%s' (see servelab lesson --help)", argv[cursor.index]);
+            return arg_unknown(&cursor, err);
         } else if (!a->path) {
             a->path = argv[cursor.index];
         } else {
@@ -346,8 +346,7 @@ static int command_faults(int argc, char** argv) {
             if (!failed) failed = parse_float_arg("--time-limit", cursor.value, 0.01, 86400, &seconds, &err) != 0;
             options.time_limit_s = seconds;
         } else if (argv[cursor.index][0] == '-') {
-            failed = error_set(&err, "servelab lesson faults: unknown option '%s' (see servelab lesson --help)",
-                               argv[cursor.index]) != 0;
+            failed = arg_unknown(&cursor, &err) != 0;
         } else {
             paths[n_paths++] = argv[cursor.index];
         }
@@ -437,8 +436,7 @@ static int command_new(int argc, char** argv) {
 }
 
 int command_lesson(int argc, char** argv) {
-    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
-        (argc > 2 && (strcmp(argv[2], "--help") == 0 || strcmp(argv[2], "-h") == 0))) {
+    if (argc < 2 || arg_is_help(argv[1]) || (argc > 2 && arg_is_help(argv[2]))) {
         fputs(LESSON_USAGE, argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }

@@ -9,6 +9,7 @@
 
 #include "engine/engine.h"
 #include "engine/model_synth.h"
+#include "lab/cmd/cli.h"
 #include "lab/cmd/commands.h"
 #include "lab/common/engine_options.h"
 #include "lab/common/json_out.h"
@@ -287,12 +288,7 @@ static bool flag_given(const char* arg, const char* flag) {
 }
 
 int command_sim(int argc, char** argv) {
-    for (int i = 1; i < argc; i++)
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            fputs(SIM_USAGE_HEAD, stdout);
-            engine_options_print_usage(stdout, SIM_ENGINE_DEFAULTS);
-            return 0;
-        }
+    if (cli_answer_help(argc, argv, SIM_USAGE_HEAD, SIM_ENGINE_DEFAULTS)) return 0;
     error_info err = {{0}};
     engine_config config = engine_config_default();
     model_request request = {"medium", NULL, MODEL_DTYPE_DEFAULT, SYNTH_DEFAULT_SEED, NULL};
@@ -337,8 +333,8 @@ int command_sim(int argc, char** argv) {
         } else if (arg_match(&cursor, "--progress", false, &failed, &err)) {
             progress_forced = true;
         } else {
-            fprintf(stderr, "servelab sim: unknown option '%s' (see servelab sim --help)\n", arg);
-            return 2;
+            arg_unknown(&cursor, &err);
+            return cli_usage_error(&err);
         }
         if (failed) {
             fprintf(stderr, "servelab sim: %s\n", err.message);
