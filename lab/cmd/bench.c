@@ -1,5 +1,6 @@
-// servelab bench: the performance harness (lab/bench/bench.h measures, this file
-// parses the flags and prints a table or JSON).
+// servelab bench: the performance harness (lab/bench/bench.h measures,
+// lab/bench/targets.h judges, this file parses the flags and prints a
+// table or JSON).
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -8,6 +9,7 @@
 
 #include "engine/model_synth.h"
 #include "lab/bench/bench.h"
+#include "lab/bench/targets.h"
 #include "lab/common/cli_args.h"
 #include "lab/cmd/cli.h"
 #include "lab/cmd/commands.h"
