@@ -253,15 +253,15 @@ static int command_run(int argc, char** argv) {
 // quiz/ (lab/quiz/data.c), so `lesson list` works from any folder: beside
 // the binary (bin/../lessons, and build/<name>/bin/../../../lessons in a
 // clone), the install prefix's share/servelab/lessons, then ./lessons.
-// The first folder with a .lua file in it wins.
-static int find_lessons_folder(char* out, size_t capacity) {
+// The first folder with a .lua file in it wins. names: (LESSON_MAX_FILES)
+// room for listing a folder.
+static int find_lessons_folder(char* out, size_t capacity, lesson_file_name* names) {
     char exe[512];
     ssize_t length = readlink("/proc/self/exe", exe, sizeof exe - 1);
     exe[length > 0 ? length : 0] = '\0';
     char* slash = strrchr(exe, '/');
     if (slash) *slash = '\0'; // the binary's folder
     static const char* const BESIDE_BINARY[] = {"%s/../lessons", "%s/../../../lessons", "%s/../share/servelab/lessons"};
-    static lesson_file_name names[LESSON_MAX_FILES];
     for (size_t i = 0; length > 0 && i < sizeof BESIDE_BINARY / sizeof BESIDE_BINARY[0]; i++) {
         snprintf(out, capacity, BESIDE_BINARY[i], exe);
         if (lesson_list_folder(out, names, LESSON_MAX_FILES) > 0) return 0;
@@ -275,18 +275,27 @@ static int find_lessons_folder(char* out, size_t capacity) {
     return -1;
 }
 
+
 static int command_list(int argc, char** argv) {
     if (argc > 3) {
         fprintf(stderr, "servelab lesson list: expected at most one folder\n");
         return 2;
     }
+    lesson_file_name* names = calloc(LESSON_MAX_FILES, sizeof *names); // (LESSON_MAX_FILES) names, 64 KiB
+    if (!names) {
+        fprintf(stderr, "servelab lesson list: out of memory\n");
+        return 1;
+    }
     char found[600];
-    if (argc < 3 && find_lessons_folder(found, sizeof found)) return 1;
+    if (argc < 3 && find_lessons_folder(found, sizeof found, names)) {
+        free(names);
+        return 1;
+    }
     const char* folder = argc == 3 ? argv[2] : found;
-    static lesson_file_name names[LESSON_MAX_FILES];
     int n = lesson_list_folder(folder, names, LESSON_MAX_FILES);
     if (n < 0) {
         fprintf(stderr, "servelab lesson list: %s: no such folder\n", folder);
+        free(names);
         return 1;
     }
     int status = 0;
@@ -304,6 +313,7 @@ static int command_list(int argc, char** argv) {
             printf("\n");
         }
     }
+    free(names);
     return status;
 }
 

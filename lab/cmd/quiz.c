@@ -110,7 +110,7 @@ static int run_plain(quiz_app* run) {
             if (strcmp(line, "p") != 0) break;
             error_info err = {{0}};
             fflush(stdout);
-            if (run->prove(quiz_session_claim(s), stdout, &err)) printf("%s\n", err.message);
+            if (run->prove(run->lessons_dir, quiz_session_claim(s), stdout, &err)) printf("%s\n", err.message);
         }
         quiz_session_next(s);
     }
