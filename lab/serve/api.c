@@ -374,6 +374,39 @@ static int read_prompt(json_t* body, const serve_limits* limits, const tokenizer
     return 0;
 }
 
+// messages[i].content: a string, or an array of text parts joined into
+// *joined (malloc'ed); *text points at the content either way.
+static int read_content(json_t* content, size_t i, const char** text, char** joined, serve_error* error) {
+    if (json_is_string(content)) {
+        *text = json_string_value(content);
+        if (memchr(*text, '\0', json_string_length(content)))
+            return serve_fail(error, 400, "invalid_request_error", "messages",
+                              "messages[%zu].content: contains a NUL character", i);
+        return 0;
+    }
+    if (!json_is_array(content))
+        return serve_fail(error, 400, "invalid_request_error", "messages",
+                          "messages[%zu].content: expected a string or an array of text parts, found %s", i,
+                          content ? json_type_word(content) : "nothing");
+    size_t bytes = 1;
+    for (size_t k = 0; k < json_array_size(content); k++) {
+        json_t* part = json_array_get(content, k);
+        json_t* part_text = json_object_get(part, "text");
+        json_t* type = json_object_get(part, "type");
+        if (!json_is_object(part) || !json_is_string(type) || strcmp(json_string_value(type), "text") ||
+            !json_is_string(part_text))
+            return serve_fail(error, 400, "invalid_request_error", "messages",
+                              "messages[%zu].content[%zu]: expected {\"type\": \"text\", \"text\": ...}", i, k);
+        bytes += json_string_length(part_text);
+    }
+    *joined = calloc(bytes, 1);
+    if (!*joined) return serve_fail(error, 500, "server_error", NULL, "out of memory");
+    for (size_t k = 0; k < json_array_size(content); k++)
+        strcat(*joined, json_string_value(json_object_get(json_array_get(content, k), "text")));
+    *text = *joined;
+    return 0;
+}
+
 static int read_messages(json_t* body, const serve_limits* limits, const tokenizer* tok, serve_params* params,
                          serve_error* error) {
     json_t* messages = json_object_get(body, "messages");
@@ -405,41 +438,7 @@ static int read_messages(json_t* body, const serve_limits* limits, const tokeniz
             break;
         }
         roles[i] = strcmp(r, "developer") == 0 ? "system" : r;
-        json_t* content = json_object_get(message, "content");
-        if (json_is_string(content)) {
-            contents[i] = json_string_value(content);
-            if (memchr(contents[i], '\0', json_string_length(content)))
-                status = serve_fail(error, 400, "invalid_request_error", "messages",
-                                    "messages[%zu].content: contains a NUL character", i);
-        } else if (json_is_array(content)) {
-            size_t bytes = 1;
-            for (size_t k = 0; k < json_array_size(content); k++) {
-                json_t* part = json_array_get(content, k);
-                json_t* text = json_object_get(part, "text");
-                json_t* type = json_object_get(part, "type");
-                if (!json_is_object(part) || !json_is_string(type) || strcmp(json_string_value(type), "text") ||
-                    !json_is_string(text)) {
-                    status =
-                        serve_fail(error, 400, "invalid_request_error", "messages",
-                                   "messages[%zu].content[%zu]: expected {\"type\": \"text\", \"text\": ...}", i, k);
-                    break;
-                }
-                bytes += json_string_length(text);
-            }
-            if (status) break;
-            joined[i] = calloc(bytes, 1);
-            if (!joined[i]) {
-                status = serve_fail(error, 500, "server_error", NULL, "out of memory");
-                break;
-            }
-            for (size_t k = 0; k < json_array_size(content); k++)
-                strcat(joined[i], json_string_value(json_object_get(json_array_get(content, k), "text")));
-            contents[i] = joined[i];
-        } else {
-            status = serve_fail(error, 400, "invalid_request_error", "messages",
-                                "messages[%zu].content: expected a string or an array of text parts, found %s", i,
-                                content ? json_type_word(content) : "nothing");
-        }
+        status = read_content(json_object_get(message, "content"), i, &contents[i], &joined[i], error);
     }
     if (status == 0) {
         char* text = serve_chat_prompt_text(roles, contents, (int)count);
