@@ -20,7 +20,8 @@ void lab_set_message(lab_app* a, const char* text) { snprintf(a->v.message, size
 // anything that may start or stop run mode.
 void lab_track_run_time(lab_app* a) {
     double now = lab_monotonic_seconds();
-    if (a->v.running && a->run_since == 0) a->run_since = now;
+    if (a->v.running && a->run_since == 0)
+        a->run_since = now;
     else if (!a->v.running && a->run_since > 0) {
         a->run_seconds += now - a->run_since;
         a->run_since = 0;
@@ -134,10 +135,11 @@ void lab_step(lab_app* a) {
         return;
     }
     if (lab_lesson_active(a)) { // space belongs to the lesson until it ends
-        if (a->in_terminal) { // show that it runs before it blocks the loop
+        if (a->in_terminal) {   // show that it runs before it blocks the loop
             a->lesson_resume_pending = true;
             snprintf(a->d.lesson.state, sizeof a->d.lesson.state, "running the lesson...");
-        } else lab_resume_lesson(a);
+        } else
+            lab_resume_lesson(a);
         return;
     }
     if (a->d.lesson_engine) { // the lesson ended: back to the lab's own engines
@@ -166,8 +168,8 @@ void lab_open_quiz(lab_app* a) {
     }
     a->quiz_loaded = true;
     int64_t now = (int64_t)time(NULL);
-    quiz_session_options options = {QUIZ_ALL_TOPICS, 10, a->quiz_seed ? a->quiz_seed : (uint64_t)now, QUIZ_LANG_EN,
-                                    now, false, false};
+    quiz_session_options options = {
+        QUIZ_ALL_TOPICS, 10, a->quiz_seed ? a->quiz_seed : (uint64_t)now, QUIZ_LANG_EN, now, false, false};
     if (quiz_app_start(&a->quiz, &options, &err)) {
         lab_set_message(a, err.message);
         return;
@@ -209,6 +211,8 @@ void lab_quiz_key(lab_app* a, int key) {
 }
 
 void lab_draw(ui_screen* screen, const lab_app* a) {
-    if (a->quiz_open) quiz_app_draw(screen, &a->quiz);
-    else ui_draw(screen, &a->d, &a->v);
+    if (a->quiz_open)
+        quiz_app_draw(screen, &a->quiz);
+    else
+        ui_draw(screen, &a->d, &a->v);
 }

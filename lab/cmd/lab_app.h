@@ -22,9 +22,20 @@
 
 // Keys beyond plain characters, as the terminal and --keys both name them.
 enum {
-    KEY_CODE_UP = 0x1001, KEY_CODE_DOWN, KEY_CODE_LEFT, KEY_CODE_RIGHT, KEY_CODE_F1, KEY_CODE_ENTER,
-    KEY_CODE_TAB, KEY_CODE_ESC, KEY_CODE_BACKSPACE, KEY_CODE_RESIZE, KEY_CODE_PGUP, KEY_CODE_PGDN, KEY_CODE_FRAME,
-    KEY_CODE_WAIT_BASE = 0x100000,  // + milliseconds (at most 600000)
+    KEY_CODE_UP = 0x1001,
+    KEY_CODE_DOWN,
+    KEY_CODE_LEFT,
+    KEY_CODE_RIGHT,
+    KEY_CODE_F1,
+    KEY_CODE_ENTER,
+    KEY_CODE_TAB,
+    KEY_CODE_ESC,
+    KEY_CODE_BACKSPACE,
+    KEY_CODE_RESIZE,
+    KEY_CODE_PGUP,
+    KEY_CODE_PGDN,
+    KEY_CODE_FRAME,
+    KEY_CODE_WAIT_BASE = 0x100000,   // + milliseconds (at most 600000)
     KEY_CODE_RESIZE_BASE = 0x200000, // + cols * 1024 + rows (each at most 1000)
 };
 
@@ -37,7 +48,7 @@ typedef struct lab_app {
     // wall time spent running (drawing and key handling included).
     uint64_t run_steps;
     double run_seconds;
-    double run_since;    // monotonic seconds when running last started, 0 when paused
+    double run_since; // monotonic seconds when running last started, 0 when paused
     // --lesson: the lesson drives its own engines; space resumes it until it
     // ends, and the panes draw the engine it works on.
     lesson* lesson;
@@ -49,8 +60,8 @@ typedef struct lab_app {
     // or Esc; the engines wait meanwhile.
     quiz_app quiz;
     bool quiz_loaded, quiz_open;
-    uint64_t quiz_seed;  // 0: from the clock
-    int cols, rows;      // the screen keys act on (the terminal's, or --size and <resize:>)
+    uint64_t quiz_seed; // 0: from the clock
+    int cols, rows;     // the screen keys act on (the terminal's, or --size and <resize:>)
     // --serve: the server inside the lab, stepped by lab_step (no engine thread
     // of its own), so that a paused lab holds every client's request.
     server* server;

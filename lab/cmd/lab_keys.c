@@ -47,8 +47,10 @@ static void confirm_key(lab_app* a, int key) {
     error_info err = {{0}};
     a->v.mode = UI_MODE_NORMAL;
     if (key != 'y' && key != 'Y') return;
-    if (dashboard_set_block_size(&a->d, a->v.pending_block_size, &err)) lab_set_message(a, err.message);
-    else lab_set_message(a, "engines restarted with the new block size; requests replayed");
+    if (dashboard_set_block_size(&a->d, a->v.pending_block_size, &err))
+        lab_set_message(a, err.message);
+    else
+        lab_set_message(a, "engines restarted with the new block size; requests replayed");
 }
 
 // a f p x [ ]: the keys that change the lab's own requests or engines.
@@ -56,8 +58,10 @@ static void request_key(lab_app* a, int key) {
     error_info err = {{0}};
     if (a->server) { // the panes draw the server's engine: its requests come from clients
         char text[sizeof a->v.message];
-        snprintf(text, sizeof text, "serving: requests come from clients, e.g. curl %s/v1/completions -d "
-                 "'{\"model\":\"%.100s\",\"prompt\":\"Hi\",\"stream\":true}'", a->d.serve_address, a->serve_model);
+        snprintf(text, sizeof text,
+                 "serving: requests come from clients, e.g. curl %s/v1/completions -d "
+                 "'{\"model\":\"%.100s\",\"prompt\":\"Hi\",\"stream\":true}'",
+                 a->d.serve_address, a->serve_model);
         lab_set_message(a, text);
         return;
     }
@@ -76,15 +80,18 @@ static void request_key(lab_app* a, int key) {
 static bool step_size_key(lab_app* a, int key) {
     step_size_view* q = &a->d.step_size;
     switch (key) {
-    case KEY_CODE_UP: case KEY_CODE_DOWN: q->layer += key == KEY_CODE_UP ? -1 : 1; break;
-    case KEY_CODE_LEFT: case KEY_CODE_RIGHT: q->tensor += key == KEY_CODE_LEFT ? -1 : 1; break;
+    case KEY_CODE_UP:
+    case KEY_CODE_DOWN: q->layer += key == KEY_CODE_UP ? -1 : 1; break;
+    case KEY_CODE_LEFT:
+    case KEY_CODE_RIGHT: q->tensor += key == KEY_CODE_LEFT ? -1 : 1; break;
     case 'b': q->scheme.bits = q->scheme.bits >= 8 ? 2 : q->scheme.bits + 1; break; // bits 2..8, cycling
     case 'g':
         q->scheme.granularity = (quant_granularity)((q->scheme.granularity + 1) % 3);
         q->set_index = 0;
         break;
     case 'm': q->scheme.symmetric = !q->scheme.symmetric; break;
-    case ',': case '.': q->set_index += key == ',' ? -1 : 1; break;
+    case ',':
+    case '.': q->set_index += key == ',' ? -1 : 1; break;
     default: return false;
     }
     dashboard_update_step_size(&a->d);
@@ -126,23 +133,43 @@ static void panes_key(lab_app* a, int key) {
     int n_devices = 0;
     device_models(&n_devices);
     switch (key) {
-    case ' ': case 'n': lab_step(a); break;
+    case ' ':
+    case 'n': lab_step(a); break;
     case 'r':
-        if (lab_lesson_active(a)) lab_set_message(a, "a lesson is running: space continues it");
-        else v->running = !v->running;
+        if (lab_lesson_active(a))
+            lab_set_message(a, "a lesson is running: space continues it");
+        else
+            v->running = !v->running;
         a->next_step_at = 0;
         break;
-    case '+': case '=': if (v->speed_index < 7) v->speed_index++; break;
-    case '-': if (v->speed_index > 0) v->speed_index--; break;
-    case 'a': case 'f': case 'p': case 'x': case '[': case ']': request_key(a, key); break;
+    case '+':
+    case '=':
+        if (v->speed_index < 7) v->speed_index++;
+        break;
+    case '-':
+        if (v->speed_index > 0) v->speed_index--;
+        break;
+    case 'a':
+    case 'f':
+    case 'p':
+    case 'x':
+    case '[':
+    case ']': request_key(a, key); break;
     case 'd': v->device = (v->device + 1) % n_devices; break;
     case 'z': lab_open_quiz(a); break;
-    case '?': case KEY_CODE_F1: v->help = true; break;
+    case '?':
+    case KEY_CODE_F1: v->help = true; break;
     case KEY_CODE_PGUP: ui_lesson_scroll(&a->d, v, a->cols, a->rows, -1); break;
     case KEY_CODE_PGDN: ui_lesson_scroll(&a->d, v, a->cols, a->rows, +1); break;
     case 'q': a->quit = true; break;
-    case KEY_CODE_TAB: case '1': case '2': case '3': case '4': case '5': focus_key(a, key); break;
-    case KEY_CODE_UP: case KEY_CODE_DOWN: select_key(a, key); break;
+    case KEY_CODE_TAB:
+    case '1':
+    case '2':
+    case '3':
+    case '4':
+    case '5': focus_key(a, key); break;
+    case KEY_CODE_UP:
+    case KEY_CODE_DOWN: select_key(a, key); break;
     default: break;
     }
 }
@@ -158,8 +185,12 @@ void lab_handle_key(lab_app* a, int key) {
         if (key == 'q') a->quit = true;
         return;
     }
-    if (v->mode == UI_MODE_EDIT) edit_key(a, key);
-    else if (v->mode == UI_MODE_CONFIRM) confirm_key(a, key);
-    else if (v->help) v->help = false; // any key closes the overlay
-    else panes_key(a, key);
+    if (v->mode == UI_MODE_EDIT)
+        edit_key(a, key);
+    else if (v->mode == UI_MODE_CONFIRM)
+        confirm_key(a, key);
+    else if (v->help)
+        v->help = false; // any key closes the overlay
+    else
+        panes_key(a, key);
 }

@@ -20,11 +20,24 @@ int lab_parse_size(const char* text, int* cols, int* rows, error_info* err) {
 
 // Parses the --keys escape syntax into key codes; -1 with err on a bad escape.
 static int parse_keys(const char* text, int* keys, int capacity, int* n, error_info* err) {
-    static const struct { const char* name; int key; } NAMES[] = {
-        {"space", ' '}, {"tab", KEY_CODE_TAB}, {"enter", KEY_CODE_ENTER}, {"esc", KEY_CODE_ESC},
-        {"f1", KEY_CODE_F1}, {"up", KEY_CODE_UP}, {"down", KEY_CODE_DOWN}, {"left", KEY_CODE_LEFT},
-        {"right", KEY_CODE_RIGHT}, {"backspace", KEY_CODE_BACKSPACE}, {"lt", '<'}, {"pgup", KEY_CODE_PGUP},
-        {"pgdn", KEY_CODE_PGDN}, {"frame", KEY_CODE_FRAME},
+    static const struct {
+        const char* name;
+        int key;
+    } NAMES[] = {
+        {"space", ' '},
+        {"tab", KEY_CODE_TAB},
+        {"enter", KEY_CODE_ENTER},
+        {"esc", KEY_CODE_ESC},
+        {"f1", KEY_CODE_F1},
+        {"up", KEY_CODE_UP},
+        {"down", KEY_CODE_DOWN},
+        {"left", KEY_CODE_LEFT},
+        {"right", KEY_CODE_RIGHT},
+        {"backspace", KEY_CODE_BACKSPACE},
+        {"lt", '<'},
+        {"pgup", KEY_CODE_PGUP},
+        {"pgdn", KEY_CODE_PGDN},
+        {"frame", KEY_CODE_FRAME},
     };
     *n = 0;
     for (const char* p = text; *p;) {
@@ -54,8 +67,10 @@ static int parse_keys(const char* text, int* keys, int capacity, int* n, error_i
             key = KEY_CODE_RESIZE_BASE + cols * 1024 + rows;
         }
         if (key < 0)
-            return error_set(err, "--keys: unknown key <%s> (expected space tab enter esc f1 up down left right "
-                                  "pgup pgdn backspace lt frame wait:MS resize:COLSxROWS)", name);
+            return error_set(err,
+                             "--keys: unknown key <%s> (expected space tab enter esc f1 up down left right "
+                             "pgup pgdn backspace lt frame wait:MS resize:COLSxROWS)",
+                             name);
         keys[(*n)++] = key;
         p = end + 1;
     }
@@ -101,12 +116,14 @@ static void replay_key(lab_app* a, ui_screen* screen, FILE* frames_out, int key)
         if (!a->v.running) return;
         int speed = UI_SPEEDS[a->v.speed_index] ? UI_SPEEDS[a->v.speed_index] : 1000;
         long steps = (long)(key - KEY_CODE_WAIT_BASE) * speed / 1000;
-        for (long k = 0; k < steps && a->v.running; k++) lab_step(a);
+        for (long k = 0; k < steps && a->v.running; k++)
+            lab_step(a);
     } else if (key == KEY_CODE_FRAME) {
         lab_serve_poll(a);
         lab_draw(screen, a);
         if (frames_out) ui_screen_dump(screen, frames_out);
-    } else lab_handle_key(a, key);
+    } else
+        lab_handle_key(a, key);
     lab_track_run_time(a);
 }
 
@@ -157,7 +174,8 @@ int lab_run_headless(lab_app* a, const char* keys_text, const char* dump_path, i
     char* frames = NULL;
     size_t frames_bytes = 0;
     FILE* frames_out = open_memstream(&frames, &frames_bytes);
-    for (int i = 0; i < n && !a->quit; i++) replay_key(a, &screen, frames_out, keys[i]);
+    for (int i = 0; i < n && !a->quit; i++)
+        replay_key(a, &screen, frames_out, keys[i]);
     free(keys);
     lab_report_run_rate(a, "headless");
     lab_serve_poll(a);

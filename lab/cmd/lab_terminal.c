@@ -14,10 +14,14 @@ static int translate_key(int c) {
     case KEY_LEFT: return KEY_CODE_LEFT;
     case KEY_RIGHT: return KEY_CODE_RIGHT;
     case KEY_F(1): return KEY_CODE_F1;
-    case KEY_ENTER: case '\n': case '\r': return KEY_CODE_ENTER;
+    case KEY_ENTER:
+    case '\n':
+    case '\r': return KEY_CODE_ENTER;
     case '\t': return KEY_CODE_TAB;
     case 27: return KEY_CODE_ESC;
-    case KEY_BACKSPACE: case 127: case 8: return KEY_CODE_BACKSPACE;
+    case KEY_BACKSPACE:
+    case 127:
+    case 8: return KEY_CODE_BACKSPACE;
     case KEY_RESIZE: return KEY_CODE_RESIZE;
     case KEY_PPAGE: return KEY_CODE_PGUP;
     case KEY_NPAGE: return KEY_CODE_PGDN;
@@ -30,9 +34,9 @@ static const double FRAME_INTERVAL_S = 1.0 / 30.0;
 
 typedef struct terminal_loop {
     ui_screen screen;
-    double last_frame;   // monotonic seconds of the last frame drawn
-    bool dirty;          // the screen no longer shows the state
-    bool machine_shown;  // the background machine measurement is on the screen
+    double last_frame;  // monotonic seconds of the last frame drawn
+    bool dirty;         // the screen no longer shows the state
+    bool machine_shown; // the background machine measurement is on the screen
 } terminal_loop;
 
 // Draws a frame when the state changed and the last frame is 1/30 s old.
@@ -54,8 +58,10 @@ static double key_wait_s(const lab_app* a, const terminal_loop* loop, double now
     double wait = 0.1;
     if (a->v.running) {
         int speed = UI_SPEEDS[a->v.speed_index];
-        if (speed == 0 || now >= a->next_step_at) wait = 0;
-        else wait = a->next_step_at - now;
+        if (speed == 0 || now >= a->next_step_at)
+            wait = 0;
+        else
+            wait = a->next_step_at - now;
     }
     // Serving with nothing to do: poll for clients every 20 ms rather than spin.
     if (a->server && a->v.running && wait < 0.02 && !server_has_work(a->server)) wait = 0.02;
@@ -73,7 +79,8 @@ static void read_key(lab_app* a, terminal_loop* loop, double wait_s) {
         ui_screen_resize(&loop->screen, COLS, LINES);
         a->cols = COLS;
         a->rows = LINES;
-    } else lab_handle_key(a, key);
+    } else
+        lab_handle_key(a, key);
     lab_track_run_time(a);
     loop->dirty = true;
 }
