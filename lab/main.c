@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "lab/cmd/commands.h"
+#include "lab/common/cli_args.h"
 #include "lab/ui/terminal.h"
 
 static const char USAGE[] =
@@ -95,7 +96,7 @@ static const char* nearest_command(const char* word) {
 
 int main(int argc, char** argv) {
     if (argc < 2) return exit_status(command_lab(argc, argv)); // plain `servelab` opens the dashboard
-    if (strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+    if (strcmp(argv[1], "help") == 0 || arg_is_help(argv[1])) {
         fputs(USAGE, stdout);
         return 0;
     }

@@ -1,4 +1,5 @@
-// bench: the measurements behind `servelab bench`, as data.
+// bench: the measurements behind `servelab bench`, as data: running and
+// timing. Judging them against the targets is lab/bench/targets.h.
 //
 // Everything is measured in one process, side by side, and every figure is
 // the median of `repeats` runs (the machine may be shared: a median ignores
@@ -118,22 +119,6 @@ typedef struct bench_report {
     bool peer_only;         // only the peer section ran
     bench_peer_report peer; // servelab against llama.cpp, side by side
 } bench_report;
-
-// The targets of the CPU-performance issue, judged on a report: what was
-// measured against what the issue asks. A target whose figures the run did
-// not produce (a model too short for 512 tokens, no stories260K) is
-// reported as not measured, never as met.
-#define BENCH_MAX_TARGETS 16
-typedef struct bench_target {
-    char what[64];     // "fp16 decode, of bandwidth"
-    char measured[64]; // "67%" or "not measured"
-    char wanted[40];   // ">= 85%"
-    bool was_measured; // the run produced every figure the target needs
-    bool met;          // was_measured and the figures reach the target
-} bench_target;
-
-// Fills out (BENCH_MAX_TARGETS) and returns how many targets there are.
-int bench_targets(const bench_report* r, bench_target* out);
 
 // Each finished part of the run ("decode fp16 ..."), with how many parts
 // are done of how many a whole run has, goes to `progress` when it is not

@@ -346,6 +346,102 @@ static int measure_format_round(const bench_peer_options* o, const model* m, con
     return 0;
 }
 
+// The formats opened for a run and the report's rows each one fills:
+// decode, the prefills, busy (from first_row); then the batch row.
+typedef struct peer_plan {
+    peer_file files[N_FORMATS];
+    model_source sources[N_FORMATS];
+    bool open[N_FORMATS];
+    int first_row[N_FORMATS], n_prefills[N_FORMATS];
+    int batch_format, batch_row; // -1 when there is no batch row
+    int decode_tokens;
+} peer_plan;
+
+// Opens each format found and adds its rows to the report, then the batch
+// row: batch 16 on f16 (else the first format found), the weights the
+// batch-scaling goals were set on.
+static int plan_rows(const bench_peer_options* options, peer_plan* plan, bench_peer_report* report,
+                     bench_peer_progress_fn progress, void* progress_user, error_info* err) {
+    for (int f = 0; f < N_FORMATS; f++) {
+        if (!plan->files[f].found) continue;
+        model_request request = {plan->files[f].path, NULL, MODEL_DTYPE_DEFAULT, SYNTH_DEFAULT_SEED, NULL};
+        tell(progress, progress_user, "peer: loading %s", plan->files[f].path);
+        if (model_source_open(&plan->sources[f], &request, err)) return -1;
+        plan->open[f] = true;
+        const model_config* c = &plan->sources[f].model.config;
+        // A prompt must leave room for the token after it.
+        const int room = c->max_seq_len - 2;
+        int n_prefills = options->quick ? 1 : 2;
+        while (n_prefills > 0 && PREFILL_TOKENS[n_prefills - 1] > room)
+            n_prefills--;
+        plan->n_prefills[f] = n_prefills;
+        if (plan->decode_tokens + 2 > c->max_seq_len)
+            return error_set(err, "%s: context %d is shorter than %d decode tokens", plan->files[f].path,
+                             c->max_seq_len, plan->decode_tokens);
+        plan->first_row[f] = report->n_rows;
+        add_row(report, PEER_DECODE, f, plan->decode_tokens);
+        for (int k = 0; k < n_prefills; k++)
+            add_row(report, PEER_PREFILL, f, PREFILL_TOKENS[k]);
+        if (options->busy) add_row(report, PEER_BUSY, f, plan->decode_tokens);
+    }
+    plan->batch_format = plan->files[1].found ? 1 : -1;
+    for (int f = 0; plan->batch_format < 0 && f < N_FORMATS; f++)
+        if (plan->files[f].found) plan->batch_format = f;
+    plan->batch_row = -1;
+    if (options->batched_bench_path && plan->batch_format >= 0) {
+        plan->batch_row = report->n_rows;
+        add_row(report, PEER_BATCH, plan->batch_format, plan->decode_tokens);
+    }
+    return 0;
+}
+
+// One round: every format's decode and prefills beside llama-bench's, then
+// the batch row beside llama-batched-bench's.
+static int measure_round(const bench_peer_options* options, const peer_plan* plan, int round, int rounds,
+                         row_samples* samples, bench_peer_progress_fn progress, void* progress_user,
+                         error_info* err) {
+    for (int f = 0; f < N_FORMATS; f++) {
+        if (!plan->open[f]) continue;
+        const row_samples* decode = &samples[plan->first_row[f]];
+        if (measure_format_round(options, &plan->sources[f].model, plan->files[f].path, plan->n_prefills[f],
+                                 plan->decode_tokens, round, &samples[plan->first_row[f]], err))
+            return -1;
+        tell(progress, progress_user, "peer round %d/%d %s: decode servelab %.1f, llama.cpp %.1f tok/s", round + 1,
+             rounds, FORMATS[f], decode->servelab[round], decode->peer[round]);
+    }
+    if (plan->batch_row < 0) return 0;
+    row_samples* batch = &samples[plan->batch_row];
+    const model* m = &plan->sources[plan->batch_format].model;
+    if (bench_engine_rate(m, options->n_threads, BATCH_SEQUENCES, BATCH_PROMPT_TOKENS, plan->decode_tokens + 1, false,
+                          (uint64_t)round + 1, &batch->servelab[round], err) ||
+        llama_batched_bench(options->batched_bench_path, plan->files[plan->batch_format].path, options->n_threads,
+                            plan->decode_tokens, &batch->peer[round], err))
+        return -1;
+    tell(progress, progress_user, "peer round %d/%d batch %d: servelab %.1f, llama.cpp %.1f tok/s", round + 1, rounds,
+         BATCH_SEQUENCES, batch->servelab[round], batch->peer[round]);
+    return 0;
+}
+
+// Each row's spread over the rounds: servelab's, the peer's, and the
+// ratio's, taken round by round. ratios: (rounds) scratch.
+static int summarize_rows(bench_peer_report* report, const row_samples* samples, double* ratios, error_info* err) {
+    const int rounds = report->rounds;
+    double* scratch = malloc((size_t)rounds * sizeof *scratch); // (rounds)
+    if (!scratch) return error_set(err, "bench: out of memory");
+    for (int i = 0; i < report->n_rows; i++) {
+        bench_peer_row* row = &report->rows[i];
+        row->rounds = rounds;
+        row->servelab = spread_of(samples[i].servelab, rounds, scratch);
+        row->peer = spread_of(samples[i].peer, rounds, scratch);
+        for (int k = 0; k < rounds; k++)
+            ratios[k] = samples[i].peer[k] > 0 ? samples[i].servelab[k] / samples[i].peer[k] : 0.0;
+        row->ratio = spread_of(ratios, rounds, scratch);
+    }
+    free(scratch);
+    report->measured = true;
+    return 0;
+}
+
 int bench_peer_run(const bench_peer_options* options, bench_peer_report* report, bench_peer_progress_fn progress,
                    void* progress_user, error_info* err) {
     memset(report, 0, sizeof *report);
@@ -358,97 +454,29 @@ int bench_peer_run(const bench_peer_options* options, bench_peer_report* report,
     }
     if (!options->models) return error_set(err, "--peer-bench needs --peer-models DIR or FILE,FILE,...");
     snprintf(report->peer, sizeof report->peer, "%s", options->bench_path);
-    peer_file files[N_FORMATS];
-    if (find_files(options->models, files, err)) return -1;
-
+    peer_plan* plan = calloc(1, sizeof *plan);
+    if (!plan) return error_set(err, "bench: out of memory");
+    if (find_files(options->models, plan->files, err)) {
+        free(plan);
+        return -1;
+    }
     const int rounds = report->rounds;
-    const int decode_tokens = options->quick ? QUICK_DECODE_TOKENS : DECODE_TOKENS;
-    // Rows per format: decode, the prefills, busy; then the batch row.
-    model_source sources[N_FORMATS];
-    bool open[N_FORMATS] = {false};
-    int first_row[N_FORMATS], n_prefills[N_FORMATS];
+    plan->decode_tokens = options->quick ? QUICK_DECODE_TOKENS : DECODE_TOKENS;
+    // (rows, 2, rounds) samples, servelab's then the peer's; then (rounds) ratios.
     double* values = calloc((size_t)BENCH_PEER_MAX_ROWS * 2 * (size_t)rounds + (size_t)rounds, sizeof *values);
     row_samples samples[BENCH_PEER_MAX_ROWS];
     int status = values ? 0 : error_set(err, "bench: out of memory");
     for (int i = 0; values && i < BENCH_PEER_MAX_ROWS; i++)
         samples[i] =
             (row_samples){values + (size_t)(2 * i) * (size_t)rounds, values + (size_t)(2 * i + 1) * (size_t)rounds};
-    for (int f = 0; status == 0 && f < N_FORMATS; f++) {
-        if (!files[f].found) continue;
-        model_request request = {files[f].path, NULL, MODEL_DTYPE_DEFAULT, SYNTH_DEFAULT_SEED, NULL};
-        tell(progress, progress_user, "peer: loading %s", files[f].path);
-        if (model_source_open(&sources[f], &request, err)) {
-            status = -1;
-            break;
-        }
-        open[f] = true;
-        // A prompt must leave room for the token after it.
-        const int room = sources[f].model.config.max_seq_len - 2;
-        n_prefills[f] = options->quick ? 1 : 2;
-        while (n_prefills[f] > 0 && PREFILL_TOKENS[n_prefills[f] - 1] > room)
-            n_prefills[f]--;
-        if (decode_tokens + 2 > sources[f].model.config.max_seq_len) {
-            status = error_set(err, "%s: context %d is shorter than %d decode tokens", files[f].path,
-                               sources[f].model.config.max_seq_len, decode_tokens);
-            break;
-        }
-        first_row[f] = report->n_rows;
-        add_row(report, PEER_DECODE, f, decode_tokens);
-        for (int k = 0; k < n_prefills[f]; k++)
-            add_row(report, PEER_PREFILL, f, PREFILL_TOKENS[k]);
-        if (options->busy) add_row(report, PEER_BUSY, f, decode_tokens);
-    }
-    // Batch 16 on f16 (else the first format found): the weights the
-    // batch-scaling goals were set on.
-    int batch_format = files[1].found ? 1 : -1;
-    for (int f = 0; batch_format < 0 && f < N_FORMATS; f++)
-        if (files[f].found) batch_format = f;
-    int batch_row = -1;
-    if (status == 0 && options->batched_bench_path && batch_format >= 0) {
-        batch_row = report->n_rows;
-        add_row(report, PEER_BATCH, batch_format, decode_tokens);
-    }
-    for (int round = 0; status == 0 && round < rounds; round++) {
-        for (int f = 0; status == 0 && f < N_FORMATS; f++) {
-            if (!open[f]) continue;
-            status = measure_format_round(options, &sources[f].model, files[f].path, n_prefills[f], decode_tokens,
-                                          round, &samples[first_row[f]], err);
-            if (status == 0)
-                tell(progress, progress_user, "peer round %d/%d %s: decode servelab %.1f, llama.cpp %.1f tok/s",
-                     round + 1, rounds, FORMATS[f], samples[first_row[f]].servelab[round],
-                     samples[first_row[f]].peer[round]);
-        }
-        if (status == 0 && batch_row >= 0) {
-            const model* m = &sources[batch_format].model;
-            status = bench_engine_rate(m, options->n_threads, BATCH_SEQUENCES, BATCH_PROMPT_TOKENS, decode_tokens + 1,
-                                       false, (uint64_t)round + 1, &samples[batch_row].servelab[round], err);
-            if (status == 0)
-                status = llama_batched_bench(options->batched_bench_path, files[batch_format].path, options->n_threads,
-                                             decode_tokens, &samples[batch_row].peer[round], err);
-            if (status == 0)
-                tell(progress, progress_user, "peer round %d/%d batch %d: servelab %.1f, llama.cpp %.1f tok/s",
-                     round + 1, rounds, BATCH_SEQUENCES, samples[batch_row].servelab[round],
-                     samples[batch_row].peer[round]);
-        }
-    }
-    if (status == 0) {
-        double* ratios = values + (size_t)BENCH_PEER_MAX_ROWS * 2 * (size_t)rounds; // (rounds)
-        double* scratch = malloc((size_t)rounds * sizeof *scratch);
-        if (!scratch) status = error_set(err, "bench: out of memory");
-        for (int i = 0; scratch && i < report->n_rows; i++) {
-            bench_peer_row* row = &report->rows[i];
-            row->rounds = rounds;
-            row->servelab = spread_of(samples[i].servelab, rounds, scratch);
-            row->peer = spread_of(samples[i].peer, rounds, scratch);
-            for (int k = 0; k < rounds; k++)
-                ratios[k] = samples[i].peer[k] > 0 ? samples[i].servelab[k] / samples[i].peer[k] : 0.0;
-            row->ratio = spread_of(ratios, rounds, scratch);
-        }
-        free(scratch);
-        report->measured = status == 0;
-    }
+    if (status == 0) status = plan_rows(options, plan, report, progress, progress_user, err);
+    for (int round = 0; status == 0 && round < rounds; round++)
+        status = measure_round(options, plan, round, rounds, samples, progress, progress_user, err);
+    if (status == 0)
+        status = summarize_rows(report, samples, values + (size_t)BENCH_PEER_MAX_ROWS * 2 * (size_t)rounds, err);
     for (int f = 0; f < N_FORMATS; f++)
-        if (open[f]) model_source_close(&sources[f]);
+        if (plan->open[f]) model_source_close(&plan->sources[f]);
     free(values);
+    free(plan);
     return status;
 }

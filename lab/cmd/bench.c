@@ -1,5 +1,6 @@
-// servelab bench: the performance harness (lab/bench/bench.h measures, this file
-// parses the flags and prints a table or JSON).
+// servelab bench: the performance harness (lab/bench/bench.h measures,
+// lab/bench/targets.h judges, this file parses the flags and prints a
+// table or JSON).
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -8,7 +9,9 @@
 
 #include "engine/model_synth.h"
 #include "lab/bench/bench.h"
+#include "lab/bench/targets.h"
 #include "lab/common/cli_args.h"
+#include "lab/cmd/cli.h"
 #include "lab/cmd/commands.h"
 #include "lab/common/progress.h"
 #include "lab/common/json_out.h"
@@ -95,8 +98,7 @@ static int parse_bench_args(int argc, char** argv, bench_args* args, error_info*
             if (!failed && parse_int_arg("--repeats", cursor.value, 1, 1000, &args->options.repeats, err)) return -1;
             repeats_given = true;
         } else {
-            return error_set(err, "servelab bench: unknown option '%s' (see servelab bench --help)",
-                             argv[cursor.index]);
+            return arg_unknown(&cursor, err);
         }
         if (failed) return -1;
     }
@@ -363,17 +365,10 @@ static int print_json(const bench_report* r) {
 }
 
 int command_bench(int argc, char** argv) {
-    for (int i = 1; i < argc; i++)
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            fputs(BENCH_USAGE, stdout);
-            return 0;
-        }
+    if (cli_answer_help(argc, argv, BENCH_USAGE, NULL)) return 0;
     error_info err = {{0}};
     bench_args args;
-    if (parse_bench_args(argc, argv, &args, &err)) {
-        fprintf(stderr, "%s\n", err.message);
-        return 2;
-    }
+    if (parse_bench_args(argc, argv, &args, &err)) return cli_usage_error(&err);
     bench_report report;
     progress* line = progress_start("servelab bench", args.progress_forced);
     int status = bench_run(&args.options, &report, print_progress, line, &err);

@@ -12,6 +12,7 @@
 #include "engine/tokenizer.h"
 #include "lab/bench/serve_load.h"
 #include "lab/common/cli_args.h"
+#include "lab/cmd/cli.h"
 #include "lab/cmd/commands.h"
 #include "lab/common/json_out.h"
 #include "lab/common/progress.h"
@@ -206,8 +207,7 @@ static int parse_args(int argc, char** argv, bench_serve_args* args, error_info*
         } else if (arg_match(&cursor, "--no-token-ids", false, &failed, err)) {
             args->token_ids = false;
         } else {
-            return error_set(err, "servelab bench-serve: unknown option '%s' (see servelab bench-serve --help)",
-                             argv[cursor.index]);
+            return arg_unknown(&cursor, err);
         }
 #undef VALUE
         if (failed) return -1;
@@ -495,18 +495,91 @@ static json_t* summary_json(const bench_summary* s, int concurrency) {
 
 // ---- the command ----------------------------------------------------------------------
 
-int command_bench_serve(int argc, char** argv) {
-    for (int i = 1; i < argc; i++)
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            fputs(BENCH_SERVE_USAGE, stdout);
-            return 0;
-        }
+// The requests one point sends when --requests is not given: 64, or in a
+// sweep twice the concurrency (at least 8): about two for each client.
+static int requests_for(const bench_serve_args* args, int concurrency) {
+    if (args->n_requests) return args->n_requests;
+    if (!args->n_sweep) return 64;
+    return 2 * concurrency > 8 ? 2 * concurrency : 8;
+}
+
+// One point of the run (one concurrency) into *point. Returns 0, or the exit
+// status with the message printed (2: the workload is bad; 1: the run failed).
+static int run_point(const bench_serve_args* args, const char* completions, const char* model, int concurrency,
+                     progress_context* context, bench_summary* point) {
     error_info err = {{0}};
-    bench_serve_args args;
-    if (parse_args(argc, argv, &args, &err)) {
-        fprintf(stderr, "%s\n", err.message);
+    bench_workload w;
+    if (load_workload(args, requests_for(args, concurrency), &w, &err)) {
+        progress_finish(context->line);
+        context->line = NULL;
+        fprintf(stderr, "servelab bench-serve: %s\n", err.message);
         return 2;
     }
+    on_progress(context, 0, 0, w.n_requests);
+    bench_client_config config = {completions,          model,
+                                  concurrency,          args->ignore_eos,
+                                  args->token_ids,      args->connect_timeout_s,
+                                  args->idle_timeout_s, args->timeout_s,
+                                  on_progress,          context};
+    bench_run run;
+    int status = bench_run_workload(&config, &w, &run, &err);
+    if (status == 0) status = bench_summarize(&run, args->slo_ttft_ms, args->slo_tpot_ms, point, &err);
+    bench_run_free(&run);
+    bench_workload_free(&w);
+    if (status) {
+        progress_finish(context->line);
+        context->line = NULL;
+        fprintf(stderr, "servelab bench-serve: %s\n", err.message);
+        return 1;
+    }
+    return 0;
+}
+
+// The report: JSON (taking runs), one run's text, or the sweep's table and
+// chart. Returns 1 when the JSON could not be printed, else 0.
+static int print_results(const bench_serve_args* args, const bench_summary* points, const int* concurrency,
+                         int n_points, const char* completions, const char* model, json_t* runs) {
+    if (args->json) {
+        json_t* root = json_pack("{s:o, s:o, s:o}", "url", json_out_text(completions), "model", json_out_text(model),
+                                 "runs", runs);
+        return json_out_print(root, JSON_INDENT(2), "bench-serve") ? 1 : 0;
+    }
+    json_decref(runs);
+    if (!args->n_sweep) {
+        print_report(&points[0], completions, model, args, concurrency[0]);
+        return 0;
+    }
+    printf("servelab bench-serve: %s (model %s)\n\n", completions, model);
+    print_sweep_table(points, concurrency, n_points);
+    print_chart(points, concurrency, n_points);
+    for (int p = 0; p < n_points; p++)
+        if (points[p].failed || points[p].token_mismatches) {
+            printf("\nconcurrency %d:\n", concurrency[p]);
+            print_token_check(&points[p]);
+            print_failures(&points[p]);
+        }
+    return 0;
+}
+
+// One line on stderr when requests failed: all of them, or how many.
+static void report_failed_requests(const bench_summary* points, int n_points) {
+    int completed = 0, requested = 0;
+    for (int p = 0; p < n_points; p++) {
+        completed += points[p].completed;
+        requested += points[p].n_requests;
+    }
+    if (completed == 0)
+        fprintf(stderr, "servelab bench-serve: every request failed (%s)\n",
+                points[0].n_reasons ? points[0].reasons[0] : "no reason");
+    else if (completed < requested)
+        fprintf(stderr, "servelab bench-serve: %d of %d requests failed\n", requested - completed, requested);
+}
+
+int command_bench_serve(int argc, char** argv) {
+    if (cli_answer_help(argc, argv, BENCH_SERVE_USAGE, NULL)) return 0;
+    error_info err = {{0}};
+    bench_serve_args args;
+    if (parse_args(argc, argv, &args, &err)) return cli_usage_error(&err);
     char base[1100], completions[1100];
     if (bench_url_parse(args.url, base, sizeof base, completions, sizeof completions, &err)) {
         fprintf(stderr, "servelab bench-serve: %s\n", err.message);
@@ -537,41 +610,17 @@ int command_bench_serve(int argc, char** argv) {
         return 1;
     }
     progress_context context = {progress_start("servelab bench-serve", args.progress), ""};
-    for (int p = 0; p < n_points && exit_status != 2; p++) {
+    for (int p = 0; p < n_points; p++) {
         concurrency[p] = args.n_sweep ? args.sweep[p] : args.concurrency;
-        int n_requests = args.n_requests ? args.n_requests
-                         : args.n_sweep  ? (2 * concurrency[p] > 8 ? 2 * concurrency[p] : 8)
-                                         : 64;
-        bench_workload w;
-        if (load_workload(&args, n_requests, &w, &err)) {
-            progress_finish(context.line);
-            context.line = NULL;
-            fprintf(stderr, "servelab bench-serve: %s\n", err.message);
-            exit_status = 2;
-            break;
-        }
         if (args.n_sweep)
             snprintf(context.detail, sizeof context.detail, "concurrency %d (%d of %d)", concurrency[p], p + 1,
                      n_points);
-        on_progress(&context, 0, 0, w.n_requests);
-        bench_client_config config = {completions,         model,
-                                      concurrency[p],      args.ignore_eos,
-                                      args.token_ids,      args.connect_timeout_s,
-                                      args.idle_timeout_s, args.timeout_s,
-                                      on_progress,         &context};
-        bench_run run;
-        int status = bench_run_workload(&config, &w, &run, &err);
-        if (status == 0) status = bench_summarize(&run, args.slo_ttft_ms, args.slo_tpot_ms, &points[p], &err);
-        bench_run_free(&run);
-        bench_workload_free(&w);
+        int status = run_point(&args, completions, model, concurrency[p], &context, &points[p]);
         if (status) {
-            progress_finish(context.line);
-            context.line = NULL;
-            fprintf(stderr, "servelab bench-serve: %s\n", err.message);
-            exit_status = 1;
+            exit_status = status;
             break;
         }
-        if (points[p].failed) exit_status = 1;
+        if (points[p].failed) exit_status = 1; // failed requests: the sweep goes on, the status says so
         json_out_append(&runs, summary_json(&points[p], concurrency[p]));
     }
     progress_finish(context.line);
@@ -581,29 +630,7 @@ int command_bench_serve(int argc, char** argv) {
         curl_global_cleanup();
         return exit_status;
     }
-    int completed = 0, requested = 0;
-    for (int p = 0; p < n_points; p++)
-        completed += points[p].completed, requested += points[p].n_requests;
-    if (args.json) {
-        json_t* root = json_pack("{s:o, s:o, s:o}", "url", json_out_text(completions), "model", json_out_text(model),
-                                 "runs", runs);
-        if (json_out_print(root, JSON_INDENT(2), "bench-serve")) exit_status = 1;
-    } else {
-        json_decref(runs);
-        if (!args.n_sweep) {
-            print_report(&points[0], completions, model, &args, concurrency[0]);
-        } else {
-            printf("servelab bench-serve: %s (model %s)\n\n", completions, model);
-            print_sweep_table(points, concurrency, n_points);
-            print_chart(points, concurrency, n_points);
-            for (int p = 0; p < n_points; p++)
-                if (points[p].failed || points[p].token_mismatches) {
-                    printf("\nconcurrency %d:\n", concurrency[p]);
-                    print_token_check(&points[p]);
-                    print_failures(&points[p]);
-                }
-        }
-    }
+    if (print_results(&args, points, concurrency, n_points, completions, model, runs)) exit_status = 1;
     if (args.svg_path) {
         char title[1400];
         snprintf(title, sizeof title, "servelab bench-serve: %s (%s)", completions, model);
@@ -612,11 +639,7 @@ int command_bench_serve(int argc, char** argv) {
             exit_status = 1;
         }
     }
-    if (completed == 0)
-        fprintf(stderr, "servelab bench-serve: every request failed (%s)\n",
-                points[0].n_reasons ? points[0].reasons[0] : "no reason");
-    else if (completed < requested)
-        fprintf(stderr, "servelab bench-serve: %d of %d requests failed\n", requested - completed, requested);
+    report_failed_requests(points, n_points);
     free(points);
     curl_global_cleanup();
     return exit_status;

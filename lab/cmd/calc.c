@@ -20,6 +20,7 @@
 #include "engine/model_synth.h"
 #include "engine/tokenizer.h"
 #include "lab/common/cli_args.h"
+#include "lab/cmd/cli.h"
 #include "lab/cmd/commands.h"
 #include "lab/common/json_out.h"
 #include "lab/common/model_source.h"
@@ -415,7 +416,7 @@ int command_calc(int argc, char** argv) {
     for (; cursor.index < argc; cursor.index++) {
         bool failed = false;
         const char* word = argv[cursor.index];
-        if (strcmp(word, "--help") == 0 || strcmp(word, "-h") == 0) {
+        if (arg_is_help(word)) { // in order: `--model -h` names a model
             fputs(CALC_USAGE, stdout);
             return 0;
         } else if (arg_match(&cursor, "--model", true, &failed, &err)) {
@@ -440,8 +441,8 @@ int command_calc(int argc, char** argv) {
         } else if (arg_match(&cursor, "--json", false, &failed, &err)) {
             json = true;
         } else {
-            fprintf(stderr, "servelab calc: unknown option '%s' (see servelab calc --help)\n", word);
-            return 2;
+            arg_unknown(&cursor, &err);
+            return cli_usage_error(&err);
         }
         if (failed) {
             fprintf(stderr, "servelab calc: %s\n", err.message);

@@ -7,6 +7,7 @@
 #include "engine/model_synth.h"
 #include "engine/tokenizer.h"
 #include "lab/common/cli_args.h"
+#include "lab/cmd/cli.h"
 #include "lab/cmd/commands.h"
 #include "lab/common/engine_options.h"
 #include "lab/common/model_source.h"
@@ -100,8 +101,7 @@ static int parse_generate_args(int argc, char** argv, generate_args* args, error
         } else if (arg_match(&cursor, "--system", true, &failed, err)) {
             if (!failed) args->system_text = cursor.value;
         } else {
-            return error_set(err, "servelab generate: unknown option '%s' (see servelab generate --help)",
-                             argv[cursor.index]);
+            return arg_unknown(&cursor, err);
         }
         if (failed) return -1;
     }
@@ -165,19 +165,161 @@ static int encode_chat(const model_source* source, const generate_args* args, in
     return status;
 }
 
-int command_generate(int argc, char** argv) {
-    for (int i = 1; i < argc; i++)
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            fputs(GENERATE_USAGE, stdout);
-            engine_options_print_usage(stdout, GENERATE_ENGINE_DEFAULTS);
-            return 0;
-        }
+// The prompt's ids into prompt (capacity max_seq_len): --prompt (plain or
+// --chat) through the tokenizer, else BOS and --prompt-ids. Returns 0, or
+// the exit status with the message printed.
+static int build_prompt(const model_source* source, const generate_args* args, int32_t* prompt, int* n_prompt) {
     error_info err = {{0}};
-    generate_args args;
-    if (parse_generate_args(argc, argv, &args, &err)) {
-        fprintf(stderr, "%s\n", err.message);
+    const model_config* c = &source->model.config;
+    if (!args->prompt_text) {
+        prompt[0] = TOK_BOS_ID;
+        int n_ids = 0;
+        if (args->prompt_ids_text &&
+            parse_prompt_ids(args->prompt_ids_text, c->vocab_size, prompt + 1, c->max_seq_len - 1, &n_ids, &err)) {
+            fprintf(stderr, "servelab generate: %s\n", err.message);
+            return 2;
+        }
+        *n_prompt = 1 + n_ids;
+        return 0;
+    }
+    if (!source->tokenizer) {
+        fprintf(stderr, "servelab generate: --prompt needs a tokenizer for %s (give --tokenizer FILE)\n",
+                source->model_label);
         return 2;
     }
+    if (args->chat) {
+        if (encode_chat(source, args, prompt, c->max_seq_len, n_prompt, &err)) {
+            fprintf(stderr, "servelab generate: --chat: %s\n", err.message);
+            return 2;
+        }
+    } else if (tok_encode(source->tokenizer, args->prompt_text, tok_adds_bos(source->tokenizer), false, prompt,
+                          c->max_seq_len, n_prompt, &err)) {
+        fprintf(stderr, "servelab generate: --prompt: %s; the model's context (max_seq_len) is %d tokens\n",
+                err.message, c->max_seq_len);
+        return 2;
+    }
+    return 0;
+}
+
+// What the engine's step records say about one generation.
+typedef struct generation_stats {
+    uint64_t prefill_ns, decode_ns;
+    uint64_t decode_weight_bytes;    // summed over the decode steps
+    kernel_traffic decode_shard0;    // --tp: shard 0's work over the decode steps
+    uint64_t decode_allreduce_bytes;
+    double decode_allreduce_seconds;
+    int decode_steps;
+    stop_reason stop;
+} generation_stats;
+
+static void add_step(generation_stats* stats, const step_record* r) {
+    if (r->prefill_tokens > 0) {
+        stats->prefill_ns += r->wall_ns;
+        return;
+    }
+    stats->decode_ns += r->wall_ns;
+    stats->decode_steps++;
+    stats->decode_weight_bytes += r->traffic.weight_bytes_read;
+    traffic_add(&stats->decode_shard0, &r->shard_traffic[0]);
+    stats->decode_allreduce_bytes += r->allreduce_bytes;
+    stats->decode_allreduce_seconds += r->allreduce_seconds;
+}
+
+// One request through the serving engine (so --trace shows its steps),
+// printing each token's text as it comes when print_text. The generated ids
+// go to generated (capacity max_new_tokens + 1). Returns 0 when the request
+// ran to its end and the trace was written, else the exit status.
+static int run_request(const model_source* source, generate_args* args, const int32_t* prompt, int n_prompt,
+                       bool print_text, int32_t* generated, int* n_generated, generation_stats* stats) {
+    error_info err = {{0}};
+    const model_config* c = &source->model.config;
+    // The KV cache is fp32 unless asked otherwise: with fp32 weights the
+    // output then equals llama2.c's exactly.
+    if (args->engine.num_blocks == 0 && args->engine.kv_mem_bytes == 0)
+        args->engine.num_blocks = (c->max_seq_len + args->engine.block_size - 1) / args->engine.block_size;
+    engine e;
+    if (engine_init(&e, &source->model, &args->engine, &err)) {
+        fprintf(stderr, "servelab generate: %s\n", err.message);
+        return 2;
+    }
+    FILE* trace = NULL;
+    if (args->trace_path && !(trace = fopen(args->trace_path, "w"))) {
+        fprintf(stderr, "servelab generate: %s: cannot create the trace file\n", args->trace_path);
+        engine_free(&e);
+        return 1;
+    }
+    engine_set_trace(&e, trace);
+    request_params params = {prompt, n_prompt, args->options.max_new_tokens, 1, args->options.temperature,
+                             args->options.top_p, args->options.seed, 0.0, false};
+    int32_t id = 0;
+    if (args->options.max_new_tokens > 0 && engine_add_request(&e, &params, &id, &err)) {
+        fprintf(stderr, "servelab generate: %s\n", err.message);
+        engine_free(&e);
+        if (trace) fclose(trace);
+        return 2;
+    }
+    int printed = n_prompt; // tokens of the sequence already printed
+    while (engine_has_work(&e)) {
+        const step_record* r;
+        if (engine_step(&e, &r, &err)) {
+            fprintf(stderr, "servelab generate: %s\n", err.message);
+            break;
+        }
+        add_step(stats, r);
+        const sequence* s = engine_sequence(&e, id);
+        for (; printed < s->n_tokens; printed++) {
+            generated[(*n_generated)++] = s->tokens[printed];
+            if (print_text) print_generated_piece(source->tokenizer, s->tokens[printed - 1], s->tokens[printed]);
+        }
+    }
+    const sequence* s = args->options.max_new_tokens > 0 ? engine_sequence(&e, id) : NULL;
+    bool complete = !engine_has_work(&e);
+    stats->stop = s ? s->stop : STOP_LENGTH;
+    engine_free(&e);
+    if (trace && fclose(trace) != 0) {
+        fprintf(stderr, "servelab generate: %s: the trace could not be written\n", args->trace_path);
+        complete = false;
+    }
+    return complete ? 0 : 1;
+}
+
+// The stats line on stderr (and, with --tp, shard 0's share of the work).
+static void print_stats(const model_source* source, const generate_args* args, int n_prompt, int n_generated,
+                        const generation_stats* stats) {
+    double decode_rate = stats->decode_ns > 0 ? stats->decode_steps / (stats->decode_ns * 1e-9) : 0.0;
+    double prefill_rate = stats->prefill_ns > 0 ? n_prompt / (stats->prefill_ns * 1e-9) : 0.0;
+    int decode_steps = stats->decode_steps;
+    // fp16 / fp32 weights held twice where the AVX-512 kernel reads them tiled (matmul.h).
+    char tile_copy[96] = "";
+    if (source->model.tile_bytes)
+        snprintf(tile_copy, sizeof tile_copy, ", + %llu bytes tiled for the kernel",
+                 (unsigned long long)source->model.tile_bytes);
+    fprintf(stderr,
+            "servelab: %s (%s, %.2fM params, %llu weight bytes%s); prefill %d tok at %.0f tok/s; "
+            "decode %d tok at %.1f tok/s; %llu weight bytes read per token; stop: %s\n",
+            source->model_label, weight_dtype_name(source->model.dtype), (double)source->model.n_parameters / 1e6,
+            (unsigned long long)source->model.weight_bytes, tile_copy, n_prompt, prefill_rate, n_generated,
+            decode_rate,
+            decode_steps ? (unsigned long long)(stats->decode_weight_bytes / (uint64_t)decode_steps) : 0ull,
+            stop_reason_name(stats->stop));
+    if (args->engine.tp_shards <= 1 || decode_steps == 0) return;
+    uint64_t shard_bytes = stats->decode_shard0.weight_bytes_read / (uint64_t)decode_steps;
+    uint64_t shard_flops =
+        (stats->decode_shard0.matmul_flops + stats->decode_shard0.attention_flops) / (uint64_t)decode_steps;
+    fprintf(stderr,
+            "servelab: --tp %d over %s: per decode token shard 0 read %llu weight bytes and did %llu FLOPs "
+            "(%.2f FLOP/byte); each shard sent %llu all-reduce bytes, %.1f us on the link\n",
+            args->engine.tp_shards, link_model_get(args->engine.tp_link)->name, (unsigned long long)shard_bytes,
+            (unsigned long long)shard_flops, shard_bytes ? (double)shard_flops / (double)shard_bytes : 0.0,
+            (unsigned long long)(stats->decode_allreduce_bytes / (uint64_t)decode_steps),
+            stats->decode_allreduce_seconds / decode_steps * 1e6);
+}
+
+int command_generate(int argc, char** argv) {
+    if (cli_answer_help(argc, argv, GENERATE_USAGE, GENERATE_ENGINE_DEFAULTS)) return 0;
+    error_info err = {{0}};
+    generate_args args;
+    if (parse_generate_args(argc, argv, &args, &err)) return cli_usage_error(&err);
     model_source source;
     if (model_source_open(&source, &args.request, &err)) {
         fprintf(stderr, "servelab generate: %s\n", err.message);
@@ -188,144 +330,25 @@ int command_generate(int argc, char** argv) {
     int32_t* prompt = malloc((size_t)c->max_seq_len * sizeof *prompt);           // (max_seq_len) ids
     int32_t* generated = malloc(((size_t)args.options.max_new_tokens + 1) * sizeof *generated); // (n) ids
     int n_prompt = 0, n_generated = 0;
+    generation_stats stats = {0};
     if (!prompt || !generated) {
         fprintf(stderr, "servelab generate: out of memory\n");
         goto done;
     }
-    if (args.prompt_text) {
-        if (!source.tokenizer) {
-            fprintf(stderr, "servelab generate: --prompt needs a tokenizer for %s (give --tokenizer FILE)\n",
-                    source.model_label);
-            status = 2;
-            goto done;
-        }
-        if (args.chat) {
-            if (encode_chat(&source, &args, prompt, c->max_seq_len, &n_prompt, &err)) {
-                fprintf(stderr, "servelab generate: --chat: %s\n", err.message);
-                status = 2;
-                goto done;
-            }
-        } else if (tok_encode(source.tokenizer, args.prompt_text, tok_adds_bos(source.tokenizer), false, prompt, c->max_seq_len, &n_prompt, &err)) {
-            fprintf(stderr, "servelab generate: --prompt: %s; the model's context (max_seq_len) is %d tokens\n",
-                    err.message, c->max_seq_len);
-            status = 2;
-            goto done;
-        }
-    } else {
-        prompt[0] = TOK_BOS_ID;
-        int n_ids = 0;
-        if (args.prompt_ids_text &&
-            parse_prompt_ids(args.prompt_ids_text, c->vocab_size, prompt + 1, c->max_seq_len - 1, &n_ids, &err)) {
-            fprintf(stderr, "servelab generate: %s\n", err.message);
-            status = 2;
-            goto done;
-        }
-        n_prompt = 1 + n_ids;
-    }
+    if ((status = build_prompt(&source, &args, prompt, &n_prompt)) != 0) goto done;
     bool print_text = !args.print_ids && source.tokenizer;
     if (!args.print_ids && !source.tokenizer)
         fprintf(stderr, "servelab generate: no tokenizer for vocab %d beside %s: printing ids (give --tokenizer)\n",
                 c->vocab_size, source.model_label);
     if (print_text)
         for (int i = 1; i < n_prompt; i++) print_piece(source.tokenizer, prompt[i - 1], prompt[i]);
-
-    // One request through the serving engine (so --trace shows its steps).
-    // The KV cache is fp32 unless asked otherwise: with fp32 weights the
-    // output then equals llama2.c's exactly.
-    if (args.engine.num_blocks == 0 && args.engine.kv_mem_bytes == 0)
-        args.engine.num_blocks = (c->max_seq_len + args.engine.block_size - 1) / args.engine.block_size;
-    engine e;
-    if (engine_init(&e, &source.model, &args.engine, &err)) {
-        fprintf(stderr, "servelab generate: %s\n", err.message);
-        status = 2;
+    if ((status = run_request(&source, &args, prompt, n_prompt, print_text, generated, &n_generated, &stats)) != 0)
         goto done;
-    }
-    FILE* trace = NULL;
-    if (args.trace_path && !(trace = fopen(args.trace_path, "w"))) {
-        fprintf(stderr, "servelab generate: %s: cannot create the trace file\n", args.trace_path);
-        engine_free(&e);
-        goto done;
-    }
-    engine_set_trace(&e, trace);
-    request_params params = {prompt, n_prompt, args.options.max_new_tokens, 1, args.options.temperature,
-                             args.options.top_p, args.options.seed, 0.0, false};
-    int32_t id = 0;
-    uint64_t prefill_ns = 0, decode_ns = 0, decode_weight_bytes = 0;
-    kernel_traffic decode_shard0 = {0}; // --tp: shard 0's work over the decode steps
-    uint64_t decode_allreduce_bytes = 0;
-    double decode_allreduce_seconds = 0.0;
-    int decode_steps = 0;
-    if (args.options.max_new_tokens > 0 && engine_add_request(&e, &params, &id, &err)) {
-        fprintf(stderr, "servelab generate: %s\n", err.message);
-        status = 2;
-        engine_free(&e);
-        if (trace) fclose(trace);
-        goto done;
-    }
-    int printed = n_prompt; // tokens of the sequence already printed
-    while (engine_has_work(&e)) {
-        const step_record* r;
-        if (engine_step(&e, &r, &err)) {
-            fprintf(stderr, "servelab generate: %s\n", err.message);
-            break;
-        }
-        if (r->prefill_tokens > 0) prefill_ns += r->wall_ns;
-        else {
-            decode_ns += r->wall_ns;
-            decode_steps++;
-            decode_weight_bytes += r->traffic.weight_bytes_read;
-            traffic_add(&decode_shard0, &r->shard_traffic[0]);
-            decode_allreduce_bytes += r->allreduce_bytes;
-            decode_allreduce_seconds += r->allreduce_seconds;
-        }
-        const sequence* s = engine_sequence(&e, id);
-        for (; printed < s->n_tokens; printed++) {
-            generated[n_generated++] = s->tokens[printed];
-            if (print_text) print_generated_piece(source.tokenizer, s->tokens[printed - 1], s->tokens[printed]);
-        }
-    }
-    const sequence* s = args.options.max_new_tokens > 0 ? engine_sequence(&e, id) : NULL;
-    bool complete = !engine_has_work(&e);
-    stop_reason stop = s ? s->stop : STOP_LENGTH;
-    engine_free(&e);
-    if (trace && fclose(trace) != 0) {
-        fprintf(stderr, "servelab generate: %s: the trace could not be written\n", args.trace_path);
-        complete = false;
-    }
-    if (!complete) goto done;
-    if (print_text) {
-        putchar('\n');
-    } else {
+    if (!print_text)
         for (int i = 0; i < n_generated; i++) printf(i ? " %d" : "%d", generated[i]);
-        putchar('\n');
-    }
+    putchar('\n');
     fflush(stdout);
-    double decode_rate = decode_ns > 0 ? decode_steps / (decode_ns * 1e-9) : 0.0;
-    double prefill_rate = prefill_ns > 0 ? n_prompt / (prefill_ns * 1e-9) : 0.0;
-    // fp16 / fp32 weights held twice where the AVX-512 kernel reads them tiled (matmul.h).
-    char tile_copy[96] = "";
-    if (source.model.tile_bytes)
-        snprintf(tile_copy, sizeof tile_copy, ", + %llu bytes tiled for the kernel",
-                 (unsigned long long)source.model.tile_bytes);
-    fprintf(stderr,
-            "servelab: %s (%s, %.2fM params, %llu weight bytes%s); prefill %d tok at %.0f tok/s; "
-            "decode %d tok at %.1f tok/s; %llu weight bytes read per token; stop: %s\n",
-            source.model_label, weight_dtype_name(source.model.dtype), (double)source.model.n_parameters / 1e6,
-            (unsigned long long)source.model.weight_bytes, tile_copy, n_prompt, prefill_rate, n_generated, decode_rate,
-            decode_steps ? (unsigned long long)(decode_weight_bytes / (uint64_t)decode_steps) : 0ull,
-            stop_reason_name(stop));
-    if (args.engine.tp_shards > 1 && decode_steps > 0) {
-        uint64_t shard_bytes = decode_shard0.weight_bytes_read / (uint64_t)decode_steps;
-        uint64_t shard_flops = (decode_shard0.matmul_flops + decode_shard0.attention_flops) / (uint64_t)decode_steps;
-        fprintf(stderr,
-                "servelab: --tp %d over %s: per decode token shard 0 read %llu weight bytes and did %llu FLOPs "
-                "(%.2f FLOP/byte); each shard sent %llu all-reduce bytes, %.1f us on the link\n",
-                args.engine.tp_shards, link_model_get(args.engine.tp_link)->name, (unsigned long long)shard_bytes,
-                (unsigned long long)shard_flops, shard_bytes ? (double)shard_flops / (double)shard_bytes : 0.0,
-                (unsigned long long)(decode_allreduce_bytes / (uint64_t)decode_steps),
-                decode_allreduce_seconds / decode_steps * 1e6);
-    }
-    status = 0;
+    print_stats(&source, &args, n_prompt, n_generated, &stats);
 done:
     free(prompt);
     free(generated);

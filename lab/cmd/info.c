@@ -13,6 +13,7 @@
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cuda/cuda_info.h"
 #include "lab/cmd/commands.h"
+#include "lab/common/cli_args.h"
 #include "lab/common/model_source.h"
 
 // ---- servelab info FILE.gguf -----------------------------------------------------------------
@@ -103,7 +104,7 @@ static int describe_gguf(const char* path) {
 }
 
 int command_info(int argc, char** argv) {
-    if (argc > 1 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
+    if (argc > 1 && arg_is_help(argv[1])) {
         puts("usage: servelab info [--faults | FILE.gguf]\n\nFILE.gguf: the architecture, shapes, tensor types, how each is loaded, the weight\nbytes a decode step reads per token and the KV cache bytes per token.\n\nWithout a file: prints what this build runs on this CPU (SIMD kernels, weight and KV formats,\nCUDA) and the synthetic presets.\n"
              "--faults lists the deliberate bugs --fault NAME can start the engine with, a line\neach saying what breaks.");
         return 0;

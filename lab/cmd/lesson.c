@@ -86,7 +86,7 @@ static int parse_run_args(int argc, char** argv, run_args* a, error_info* err) {
             if (a->options.memory_limit_bytes < (4u << 20))
                 return error_set(err, "--memory-limit: expected at least 4MiB, found '%s'", cursor.value);
         } else if (argv[cursor.index][0] == '-') {
-            return error_set(err, "servelab lesson run: unknown option '%s' (see servelab lesson --help)", argv[cursor.index]);
+            return arg_unknown(&cursor, err);
         } else if (!a->path) {
             a->path = argv[cursor.index];
         } else {
@@ -253,15 +253,15 @@ static int command_run(int argc, char** argv) {
 // quiz/ (lab/quiz/data.c), so `lesson list` works from any folder: beside
 // the binary (bin/../lessons, and build/<name>/bin/../../../lessons in a
 // clone), the install prefix's share/servelab/lessons, then ./lessons.
-// The first folder with a .lua file in it wins.
-static int find_lessons_folder(char* out, size_t capacity) {
+// The first folder with a .lua file in it wins. names: (LESSON_MAX_FILES)
+// room for listing a folder.
+static int find_lessons_folder(char* out, size_t capacity, lesson_file_name* names) {
     char exe[512];
     ssize_t length = readlink("/proc/self/exe", exe, sizeof exe - 1);
     exe[length > 0 ? length : 0] = '\0';
     char* slash = strrchr(exe, '/');
     if (slash) *slash = '\0'; // the binary's folder
     static const char* const BESIDE_BINARY[] = {"%s/../lessons", "%s/../../../lessons", "%s/../share/servelab/lessons"};
-    static lesson_file_name names[LESSON_MAX_FILES];
     for (size_t i = 0; length > 0 && i < sizeof BESIDE_BINARY / sizeof BESIDE_BINARY[0]; i++) {
         snprintf(out, capacity, BESIDE_BINARY[i], exe);
         if (lesson_list_folder(out, names, LESSON_MAX_FILES) > 0) return 0;
@@ -275,18 +275,27 @@ static int find_lessons_folder(char* out, size_t capacity) {
     return -1;
 }
 
+
 static int command_list(int argc, char** argv) {
     if (argc > 3) {
         fprintf(stderr, "servelab lesson list: expected at most one folder\n");
         return 2;
     }
+    lesson_file_name* names = calloc(LESSON_MAX_FILES, sizeof *names); // (LESSON_MAX_FILES) names, 64 KiB
+    if (!names) {
+        fprintf(stderr, "servelab lesson list: out of memory\n");
+        return 1;
+    }
     char found[600];
-    if (argc < 3 && find_lessons_folder(found, sizeof found)) return 1;
+    if (argc < 3 && find_lessons_folder(found, sizeof found, names)) {
+        free(names);
+        return 1;
+    }
     const char* folder = argc == 3 ? argv[2] : found;
-    static lesson_file_name names[LESSON_MAX_FILES];
     int n = lesson_list_folder(folder, names, LESSON_MAX_FILES);
     if (n < 0) {
         fprintf(stderr, "servelab lesson list: %s: no such folder\n", folder);
+        free(names);
         return 1;
     }
     int status = 0;
@@ -304,6 +313,7 @@ static int command_list(int argc, char** argv) {
             printf("\n");
         }
     }
+    free(names);
     return status;
 }
 
@@ -346,8 +356,7 @@ static int command_faults(int argc, char** argv) {
             if (!failed) failed = parse_float_arg("--time-limit", cursor.value, 0.01, 86400, &seconds, &err) != 0;
             options.time_limit_s = seconds;
         } else if (argv[cursor.index][0] == '-') {
-            failed = error_set(&err, "servelab lesson faults: unknown option '%s' (see servelab lesson --help)",
-                               argv[cursor.index]) != 0;
+            failed = arg_unknown(&cursor, &err) != 0;
         } else {
             paths[n_paths++] = argv[cursor.index];
         }
@@ -437,8 +446,7 @@ static int command_new(int argc, char** argv) {
 }
 
 int command_lesson(int argc, char** argv) {
-    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
-        (argc > 2 && (strcmp(argv[2], "--help") == 0 || strcmp(argv[2], "-h") == 0))) {
+    if (argc < 2 || arg_is_help(argv[1]) || (argc > 2 && arg_is_help(argv[2]))) {
         fputs(LESSON_USAGE, argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }

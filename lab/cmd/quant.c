@@ -12,6 +12,7 @@
 #include "engine/quant.h"
 #include "lab/common/calibration.h"
 #include "lab/common/cli_args.h"
+#include "lab/cmd/cli.h"
 #include "lab/cmd/commands.h"
 #include "lab/common/model_source.h"
 #include "lab/common/progress.h"
@@ -100,7 +101,7 @@ static int parse_quant_args(int argc, char** argv, quant_args* a, error_info* er
         } else if (arg_match(&cursor, "--set", true, &failed, err)) {
             if (!failed && parse_int_arg("--set", cursor.value, 0, 1 << 30, &a->set_index, err)) return -1;
         } else {
-            return error_set(err, "servelab quant: unknown option '%s' (see servelab quant --help)", argv[cursor.index]);
+            return arg_unknown(&cursor, err);
         }
         if (failed) return -1;
     }
@@ -362,17 +363,10 @@ done:
 }
 
 int command_quant(int argc, char** argv) {
-    for (int i = 1; i < argc; i++)
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            fputs(QUANT_USAGE, stdout);
-            return 0;
-        }
+    if (cli_answer_help(argc, argv, QUANT_USAGE, NULL)) return 0;
     error_info err = {{0}};
     quant_args a;
-    if (parse_quant_args(argc, argv, &a, &err)) {
-        fprintf(stderr, "%s\n", err.message);
-        return 2;
-    }
+    if (parse_quant_args(argc, argv, &a, &err)) return cli_usage_error(&err);
     model_quant_spec spec = {0};
     if (!a.tensor && model_spec_from_args(&a, &spec)) return 2;
     progress* line = a.tensor || spec.method == QUANT_RTN ? NULL : progress_start("servelab quant", a.progress_forced);

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "lab/common/cli_args.h"
+#include "lab/cmd/cli.h"
 #include "lab/cmd/commands.h"
 #include "lab/quiz/app.h"
 #include "lab/ui/terminal.h"
@@ -109,7 +110,7 @@ static int run_plain(quiz_app* run) {
             if (strcmp(line, "p") != 0) break;
             error_info err = {{0}};
             fflush(stdout);
-            if (run->prove(quiz_session_claim(s), stdout, &err)) printf("%s\n", err.message);
+            if (run->prove(run->lessons_dir, quiz_session_claim(s), stdout, &err)) printf("%s\n", err.message);
         }
         quiz_session_next(s);
     }
@@ -222,11 +223,7 @@ static int parse_flags(int argc, char** argv, quiz_flags* flags, error_info* err
 }
 
 int command_quiz(int argc, char** argv) {
-    for (int i = 1; i < argc; i++)
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            fputs(QUIZ_USAGE, stdout);
-            return 0;
-        }
+    if (cli_answer_help(argc, argv, QUIZ_USAGE, NULL)) return 0;
     setlocale(LC_ALL, "");
     error_info err = {{0}};
     quiz_flags flags = {0, 10, 0, false, false, false, QUIZ_LANG_EN, false, false, NULL};

@@ -8,6 +8,7 @@
 #include "engine/engine.h"
 #include "engine/model_synth.h"
 #include "lab/common/cli_args.h"
+#include "lab/cmd/cli.h"
 #include "lab/cmd/commands.h"
 #include "lab/common/engine_options.h"
 #include "lab/common/model_source.h"
@@ -101,8 +102,7 @@ static int parse_serve_args(int argc, char** argv, serve_args* args, error_info*
             if (!failed && parse_int_arg("--max-connections", cursor.value, 1, 65536, &value, err)) return -1;
             if (!failed) args->serve.max_connections = value;
         } else {
-            return error_set(err, "servelab serve: unknown option '%s' (see servelab serve --help)",
-                             argv[cursor.index]);
+            return arg_unknown(&cursor, err);
         }
         if (failed) return -1;
     }
@@ -126,19 +126,10 @@ static void default_model_name(const model_request* request, const model_source*
 }
 
 int command_serve(int argc, char** argv) {
-    for (int i = 1; i < argc; i++)
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            static const char* const ENGINE_DEFAULTS[] = {NULL}; // serve keeps the engine's own
-            fputs(SERVE_USAGE, stdout);
-            engine_options_print_usage(stdout, ENGINE_DEFAULTS);
-            return 0;
-        }
+    if (cli_answer_help(argc, argv, SERVE_USAGE, CLI_ENGINE_DEFAULTS)) return 0; // the engine's own defaults
     error_info err = {{0}};
     serve_args args;
-    if (parse_serve_args(argc, argv, &args, &err)) {
-        fprintf(stderr, "%s\n", err.message);
-        return 2;
-    }
+    if (parse_serve_args(argc, argv, &args, &err)) return cli_usage_error(&err);
     model_source source;
     if (model_source_open(&source, &args.request, &err)) {
         fprintf(stderr, "servelab serve: %s\n", err.message);

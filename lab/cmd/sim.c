@@ -9,6 +9,7 @@
 
 #include "engine/engine.h"
 #include "engine/model_synth.h"
+#include "lab/cmd/cli.h"
 #include "lab/cmd/commands.h"
 #include "lab/common/engine_options.h"
 #include "lab/common/json_out.h"
@@ -286,172 +287,213 @@ static bool flag_given(const char* arg, const char* flag) {
     return strncmp(arg, flag, length) == 0 && (arg[length] == '\0' || arg[length] == '=');
 }
 
-int command_sim(int argc, char** argv) {
-    for (int i = 1; i < argc; i++)
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            fputs(SIM_USAGE_HEAD, stdout);
-            engine_options_print_usage(stdout, SIM_ENGINE_DEFAULTS);
-            return 0;
-        }
-    error_info err = {{0}};
-    engine_config config = engine_config_default();
-    model_request request = {"medium", NULL, MODEL_DTYPE_DEFAULT, SYNTH_DEFAULT_SEED, NULL};
-    workload_spec spec = {0, {LENGTH_UNIFORM, 0, 0}, {LENGTH_UNIFORM, 0, 0}, 0.0, 0, 1, 0, 0};
-    const char* workload_path = NULL;
-    const char* trace_path = NULL;
-    bool json = false, kv_both = false, batching_both = false, kv_given = false, budget_given = false;
-    bool full = false, requests_given = false, prompt_given = false, output_given = false, progress_forced = false;
+typedef struct sim_args {
+    engine_config config;
+    model_request request;
+    workload_spec spec;
+    const char* workload_path; // --workload FILE, or NULL: spec generates one
+    const char* trace_path;
+    bool json, progress_forced;
+    bool kv_both, batching_both; // run both layouts / both batching policies
+    bool budget_given;           // --kv-mem or --num-blocks
+} sim_args;
+
+// The flags into args, with what was not given from the chosen size (a flag
+// always wins); -1 with err (the message to print) on a bad one.
+static int parse_sim_args(int argc, char** argv, sim_args* args, error_info* err) {
+    *args = (sim_args){
+        .config = engine_config_default(),
+        .request = {"medium", NULL, MODEL_DTYPE_DEFAULT, SYNTH_DEFAULT_SEED, NULL},
+        .spec = {0, {LENGTH_UNIFORM, 0, 0}, {LENGTH_UNIFORM, 0, 0}, 0.0, 0, 1, 0, 0},
+    };
+    workload_spec* spec = &args->spec;
+    bool kv_given = false, full = false, requests_given = false, prompt_given = false, output_given = false;
     arg_cursor cursor = {argc, argv, 1, "servelab sim", NULL};
     for (; cursor.index < argc; cursor.index++) {
         bool failed = false;
         const char* arg = argv[cursor.index];
         if (flag_given(arg, "--kv")) kv_given = true;
-        if (flag_given(arg, "--kv-mem") || flag_given(arg, "--num-blocks")) budget_given = true;
-        if (engine_option_match(&cursor, &config, &kv_both, &batching_both, &failed, &err)) {
-        } else if (model_option_match(&cursor, &request, &failed, &err)) {
-        } else if (arg_match(&cursor, "--requests", true, &failed, &err)) {
-            if (!failed) failed = parse_int_arg("--requests", cursor.value, 1, 1000000, &spec.n_requests, &err) != 0;
+        if (flag_given(arg, "--kv-mem") || flag_given(arg, "--num-blocks")) args->budget_given = true;
+        if (engine_option_match(&cursor, &args->config, &args->kv_both, &args->batching_both, &failed, err)) {
+        } else if (model_option_match(&cursor, &args->request, &failed, err)) {
+        } else if (arg_match(&cursor, "--requests", true, &failed, err)) {
+            if (!failed) failed = parse_int_arg("--requests", cursor.value, 1, 1000000, &spec->n_requests, err) != 0;
             requests_given = true;
-        } else if (arg_match(&cursor, "--prompt-len", true, &failed, &err)) {
-            if (!failed) failed = length_distribution_parse("--prompt-len", cursor.value, &spec.prompt_length, &err) != 0;
+        } else if (arg_match(&cursor, "--prompt-len", true, &failed, err)) {
+            if (!failed)
+                failed = length_distribution_parse("--prompt-len", cursor.value, &spec->prompt_length, err) != 0;
             prompt_given = true;
-        } else if (arg_match(&cursor, "--output-len", true, &failed, &err)) {
-            if (!failed) failed = length_distribution_parse("--output-len", cursor.value, &spec.output_length, &err) != 0;
+        } else if (arg_match(&cursor, "--output-len", true, &failed, err)) {
+            if (!failed)
+                failed = length_distribution_parse("--output-len", cursor.value, &spec->output_length, err) != 0;
             output_given = true;
-        } else if (arg_match(&cursor, "--arrival-rate", true, &failed, &err)) {
+        } else if (arg_match(&cursor, "--arrival-rate", true, &failed, err)) {
             float rate = 0;
-            if (!failed) failed = parse_float_arg("--arrival-rate", cursor.value, 0.0, 1e9, &rate, &err) != 0;
-            spec.arrival_rate = rate;
-        } else if (arg_match(&cursor, "--shared-prefix", true, &failed, &err)) {
-            if (!failed) failed = parse_int_arg("--shared-prefix", cursor.value, 0, 1 << 22, &spec.shared_prefix, &err) != 0;
-        } else if (arg_match(&cursor, "--seed", true, &failed, &err)) {
-            if (!failed) failed = parse_u64_arg("--seed", cursor.value, &spec.seed, &err) != 0;
-        } else if (arg_match(&cursor, "--workload", true, &failed, &err)) {
-            if (!failed) workload_path = cursor.value;
-        } else if (arg_match(&cursor, "--trace", true, &failed, &err)) {
-            if (!failed) trace_path = cursor.value;
-        } else if (arg_match(&cursor, "--json", false, &failed, &err)) {
-            json = true;
-        } else if (arg_match(&cursor, "--full", false, &failed, &err)) {
+            if (!failed) failed = parse_float_arg("--arrival-rate", cursor.value, 0.0, 1e9, &rate, err) != 0;
+            spec->arrival_rate = rate;
+        } else if (arg_match(&cursor, "--shared-prefix", true, &failed, err)) {
+            if (!failed)
+                failed = parse_int_arg("--shared-prefix", cursor.value, 0, 1 << 22, &spec->shared_prefix, err) != 0;
+        } else if (arg_match(&cursor, "--seed", true, &failed, err)) {
+            if (!failed) failed = parse_u64_arg("--seed", cursor.value, &spec->seed, err) != 0;
+        } else if (arg_match(&cursor, "--workload", true, &failed, err)) {
+            if (!failed) args->workload_path = cursor.value;
+        } else if (arg_match(&cursor, "--trace", true, &failed, err)) {
+            if (!failed) args->trace_path = cursor.value;
+        } else if (arg_match(&cursor, "--json", false, &failed, err)) {
+            args->json = true;
+        } else if (arg_match(&cursor, "--full", false, &failed, err)) {
             full = true;
-        } else if (arg_match(&cursor, "--progress", false, &failed, &err)) {
-            progress_forced = true;
+        } else if (arg_match(&cursor, "--progress", false, &failed, err)) {
+            args->progress_forced = true;
         } else {
-            fprintf(stderr, "servelab sim: unknown option '%s' (see servelab sim --help)\n", arg);
-            return 2;
+            return arg_unknown(&cursor, err);
         }
         if (failed) {
-            fprintf(stderr, "servelab sim: %s\n", err.message);
-            return 2;
+            error_info flag_err = *err;
+            return error_set(err, "servelab sim: %s", flag_err.message);
         }
     }
-    if (!kv_given) kv_both = true; // paged against contiguous unless told otherwise
-    // What was not given comes from the chosen size; a flag always wins.
+    if (!kv_given) args->kv_both = true; // paged against contiguous unless told otherwise
     const sim_scale* scale = full ? &SIM_FULL : &SIM_DEFAULT;
-    if (!requests_given) spec.n_requests = scale->n_requests;
-    if (!prompt_given) spec.prompt_length = scale->prompt_length;
-    if (!output_given) spec.output_length = scale->output_length;
+    if (!requests_given) spec->n_requests = scale->n_requests;
+    if (!prompt_given) spec->prompt_length = scale->prompt_length;
+    if (!output_given) spec->output_length = scale->output_length;
+    return 0;
+}
 
+// The runs: layouts x batching policies, paged and continuous first; at most 4.
+static int plan_runs(const sim_args* args, engine_config runs[4], char labels[4][24]) {
+    int n_runs = 0;
+    for (int b = 0; b < (args->batching_both ? 2 : 1); b++)
+        for (int k = 0; k < (args->kv_both ? 2 : 1); k++) {
+            engine_config c = args->config;
+            if (args->kv_both) c.layout = k == 0 ? KV_LAYOUT_PAGED : KV_LAYOUT_CONTIGUOUS;
+            if (args->batching_both) c.batching = b == 0 ? BATCHING_CONTINUOUS : BATCHING_STATIC;
+            snprintf(labels[n_runs], sizeof labels[n_runs], "%s%s",
+                     c.layout == KV_LAYOUT_PAGED ? "paged" : "contiguous",
+                     c.batching == BATCHING_STATIC ? "_static" : "");
+            runs[n_runs++] = c;
+        }
+    return n_runs;
+}
+
+// The line that says what runs: the workload, the model and the KV budget.
+static void print_workload(const sim_args* args, const workload* w, const model_source* source) {
+    const engine_config* config = &args->config;
+    uint64_t block_bytes = kv_memory_block_bytes(&source->model.config, config->kv_dtype, config->block_size);
+    uint64_t budget = config->num_blocks > 0 ? (uint64_t)config->num_blocks * block_bytes : config->kv_mem_bytes;
+    const char* arrivals = args->spec.arrival_rate > 0 && !args->workload_path
+                               ? "Poisson arrivals"
+                               : (args->workload_path ? "from file" : "all at once");
+    printf("workload: %d requests, mean prompt %.0f and output %.0f tokens, %s; model %s (%s); KV budget %.1f MiB "
+           "%s = %llu token slots; block size %d; reserve %s\n",
+           w->n_requests, workload_mean_prompt(w), workload_mean_output(w), arrivals, source->model_label,
+           weight_dtype_name(source->model.dtype), (double)budget / 1048576.0, kv_dtype_name(config->kv_dtype),
+           (unsigned long long)(budget / block_bytes * (uint64_t)config->block_size), config->block_size,
+           config->reserve == RESERVE_MAX ? "max" : "request");
+}
+
+// What the runs left: the results of those that finished, in run order, and
+// a line for each failure (at most two a run: a trace path or a label, then why).
+typedef struct sim_outcome {
+    sim_result finished[4];
+    int n_finished;
+    char failures[2 * 4][4096 + sizeof(((error_info*)0)->message) + 64];
+    int n_failures;
+} sim_outcome;
+
+// Every run is tried: one that fails (the contiguous layout out of memory,
+// say) does not throw away the others.
+static void run_all(const sim_args* args, const model* m, const workload* w, const engine_config* runs,
+                    char labels[][24], int n_runs, progress* line, sim_outcome* out) {
+    error_info err = {{0}};
+    out->n_finished = out->n_failures = 0;
+    for (int i = 0; i < n_runs; i++) {
+        char run_name[128];
+        snprintf(run_name, sizeof run_name, "%s (run %d of %d)", labels[i], i + 1, n_runs);
+        progress_set(line, run_name, 0, w->n_requests, "requests finished");
+        FILE* trace = NULL;
+        if (args->trace_path) {
+            char path[4096];
+            if (n_runs > 1) snprintf(path, sizeof path, "%s.%s", args->trace_path, labels[i]);
+            else snprintf(path, sizeof path, "%s", args->trace_path);
+            trace = fopen(path, "w");
+            if (!trace) {
+                snprintf(out->failures[out->n_failures++], sizeof out->failures[0], "%s: cannot create the trace file",
+                         path);
+                continue;
+            }
+        }
+        sim_result result;
+        bool ok = true;
+        if (run_simulation(m, &runs[i], w, labels[i], trace, line, run_name, &result, &err)) {
+            snprintf(out->failures[out->n_failures++], sizeof out->failures[0], "%s: %s", labels[i], err.message);
+            ok = false;
+        }
+        if (trace && fclose(trace) != 0) {
+            snprintf(out->failures[out->n_failures++], sizeof out->failures[0],
+                     "%s: the trace file could not be written", labels[i]);
+            ok = false;
+        }
+        if (!ok) continue;
+        out->finished[out->n_finished++] = result;
+        if (!args->json) {
+            progress_hold(line);
+            fprintf(stderr, "servelab sim: %s done in %.1f s\n", labels[i], result.seconds);
+            progress_resume(line);
+        }
+    }
+}
+
+int command_sim(int argc, char** argv) {
+    if (cli_answer_help(argc, argv, SIM_USAGE_HEAD, SIM_ENGINE_DEFAULTS)) return 0;
+    error_info err = {{0}};
+    sim_args args;
+    if (parse_sim_args(argc, argv, &args, &err)) return cli_usage_error(&err);
     // The line starts before the model: building medium's random weights
     // alone takes 4 s on 2 cores.
-    progress* line = progress_start("servelab sim", progress_forced);
+    progress* line = progress_start("servelab sim", args.progress_forced);
     progress_set(line, "building the model", 0, 0, NULL);
     model_source source;
-    if (model_source_open(&source, &request, &err)) {
+    if (model_source_open(&source, &args.request, &err)) {
         progress_finish(line);
         fprintf(stderr, "servelab sim: %s\n", err.message);
         return 1;
     }
     const model_config* mc = &source.model.config;
-    if (!budget_given)
-        config.num_blocks = SIM_BUDGET_SEQUENCES * ((mc->max_seq_len + config.block_size - 1) / config.block_size);
+    if (!args.budget_given)
+        args.config.num_blocks =
+            SIM_BUDGET_SEQUENCES * ((mc->max_seq_len + args.config.block_size - 1) / args.config.block_size);
     workload w;
-    spec.vocab_size = mc->vocab_size;
-    spec.max_seq_len = mc->max_seq_len;
-    int status = workload_path ? workload_read(&w, workload_path, source.tokenizer, mc->vocab_size, mc->max_seq_len, &err)
-                               : workload_generate(&w, &spec, &err);
+    args.spec.vocab_size = mc->vocab_size;
+    args.spec.max_seq_len = mc->max_seq_len;
+    int status = args.workload_path ? workload_read(&w, args.workload_path, source.tokenizer, mc->vocab_size,
+                                                    mc->max_seq_len, &err)
+                                    : workload_generate(&w, &args.spec, &err);
     if (status) {
         progress_finish(line);
         fprintf(stderr, "servelab sim: %s\n", err.message);
         model_source_close(&source);
         return 2;
     }
-
-    // The runs: layouts x batching policies, paged and continuous first.
     engine_config runs[4];
     char labels[4][24];
-    int n_runs = 0;
-    for (int b = 0; b < (batching_both ? 2 : 1); b++)
-        for (int k = 0; k < (kv_both ? 2 : 1); k++) {
-            engine_config c = config;
-            if (kv_both) c.layout = k == 0 ? KV_LAYOUT_PAGED : KV_LAYOUT_CONTIGUOUS;
-            if (batching_both) c.batching = b == 0 ? BATCHING_CONTINUOUS : BATCHING_STATIC;
-            snprintf(labels[n_runs], sizeof labels[n_runs], "%s%s", c.layout == KV_LAYOUT_PAGED ? "paged" : "contiguous",
-                     c.batching == BATCHING_STATIC ? "_static" : "");
-            runs[n_runs++] = c;
-        }
-    uint64_t block_bytes = kv_memory_block_bytes(mc, config.kv_dtype, config.block_size);
-    uint64_t budget = config.num_blocks > 0 ? (uint64_t)config.num_blocks * block_bytes : config.kv_mem_bytes;
+    int n_runs = plan_runs(&args, runs, labels);
     progress_hold(line); // stdout may be the same terminal
-    if (!json)
-        printf("workload: %d requests, mean prompt %.0f and output %.0f tokens, %s; model %s (%s); KV budget %.1f MiB "
-               "%s = %llu token slots; block size %d; reserve %s\n",
-               w.n_requests, workload_mean_prompt(&w), workload_mean_output(&w),
-               spec.arrival_rate > 0 && !workload_path ? "Poisson arrivals" : (workload_path ? "from file" : "all at once"),
-               source.model_label, weight_dtype_name(source.model.dtype), (double)budget / 1048576.0,
-               kv_dtype_name(config.kv_dtype),
-               (unsigned long long)(budget / block_bytes * (uint64_t)config.block_size), config.block_size,
-               config.reserve == RESERVE_MAX ? "max" : "request");
+    if (!args.json) print_workload(&args, &w, &source);
     fflush(stdout);
     progress_resume(line);
-    // A run that fails (the contiguous layout out of memory, say) does not
-    // throw away the others: every run is tried, the ones that finished are
-    // reported, then each failure, and the exit status is 1.
-    sim_result results[4], finished[4];
-    char failures[2 * 4][4096 + sizeof err.message + 64]; // at most two a run: a trace path or a label, then why
-    int n_finished = 0, n_failures = 0;
-    for (int i = 0; i < n_runs; i++) {
-        char run_name[128];
-        snprintf(run_name, sizeof run_name, "%s (run %d of %d)", labels[i], i + 1, n_runs);
-        progress_set(line, run_name, 0, w.n_requests, "requests finished");
-        FILE* trace = NULL;
-        if (trace_path) {
-            char path[4096];
-            if (n_runs > 1) snprintf(path, sizeof path, "%s.%s", trace_path, labels[i]);
-            else snprintf(path, sizeof path, "%s", trace_path);
-            trace = fopen(path, "w");
-            if (!trace) {
-                snprintf(failures[n_failures++], sizeof failures[0], "%s: cannot create the trace file", path);
-                continue;
-            }
-        }
-        bool ok = true;
-        if (run_simulation(&source.model, &runs[i], &w, labels[i], trace, line, run_name, &results[i], &err)) {
-            snprintf(failures[n_failures++], sizeof failures[0], "%s: %s", labels[i], err.message);
-            ok = false;
-        }
-        if (trace && fclose(trace) != 0) {
-            snprintf(failures[n_failures++], sizeof failures[0], "%s: the trace file could not be written", labels[i]);
-            ok = false;
-        }
-        if (!ok) continue;
-        finished[n_finished++] = results[i];
-        if (!json) {
-            progress_hold(line);
-            fprintf(stderr, "servelab sim: %s done in %.1f s\n", labels[i], results[i].seconds);
-            progress_resume(line);
-        }
-    }
+    sim_outcome outcome;
+    run_all(&args, &source.model, &w, runs, labels, n_runs, line, &outcome);
     progress_finish(line);
-    if (n_finished > 0) {
-        if (!json)
-            print_table(finished, n_finished);
-        else if (print_json(finished, n_finished))
-            status = 1;
+    if (outcome.n_finished > 0) {
+        if (!args.json) print_table(outcome.finished, outcome.n_finished);
+        else if (print_json(outcome.finished, outcome.n_finished)) status = 1;
     }
     fflush(stdout); // what finished first, then what failed
-    for (int i = 0; i < n_failures; i++) fprintf(stderr, "servelab sim: %s\n", failures[i]);
-    if (n_failures > 0) status = 1;
+    for (int i = 0; i < outcome.n_failures; i++) fprintf(stderr, "servelab sim: %s\n", outcome.failures[i]);
+    if (outcome.n_failures > 0) status = 1;
     workload_free(&w);
     model_source_close(&source);
     return status;

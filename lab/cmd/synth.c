@@ -10,6 +10,7 @@
 #include "engine/model_write.h"
 #include "engine/tokenizer.h"
 #include "lab/common/cli_args.h"
+#include "lab/cmd/cli.h"
 #include "lab/cmd/commands.h"
 
 static const char SYNTH_USAGE[] = "usage: servelab synth PRESET --out FILE [--seed S]\n"
@@ -54,17 +55,10 @@ static int parse_synth_args(int argc, char** argv, synth_args* args, error_info*
 }
 
 int command_synth(int argc, char** argv) {
-    for (int i = 1; i < argc; i++)
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            fputs(SYNTH_USAGE, stdout);
-            return 0;
-        }
+    if (cli_answer_help(argc, argv, SYNTH_USAGE, NULL)) return 0;
     error_info err = {{0}};
     synth_args args;
-    if (parse_synth_args(argc, argv, &args, &err)) {
-        fprintf(stderr, "%s\n", err.message);
-        return 2;
-    }
+    if (parse_synth_args(argc, argv, &args, &err)) return cli_usage_error(&err);
     // fp32, so the checkpoint holds the generator's values unrounded.
     model m;
     if (model_synthesize(&m, args.preset, TOK_MIN_VOCAB_SIZE, MODEL_DTYPE_FP32, args.seed, &err) ||

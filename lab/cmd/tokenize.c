@@ -8,6 +8,7 @@
 #include "engine/model_synth.h"
 #include "engine/tokenizer.h"
 #include "lab/common/cli_args.h"
+#include "lab/cmd/cli.h"
 #include "lab/cmd/commands.h"
 #include "lab/common/model_source.h"
 
@@ -43,7 +44,7 @@ int command_tokenize(int argc, char** argv) {
     for (; cursor.index < argc; cursor.index++) {
         bool failed = false;
         const char* word = argv[cursor.index];
-        if (strcmp(word, "--help") == 0 || strcmp(word, "-h") == 0) {
+        if (arg_is_help(word)) { // in order: `--model -h` names a model
             fputs(TOKENIZE_USAGE, stdout);
             return 0;
         } else if (model_option_match(&cursor, &request, &failed, &err)) {
@@ -52,8 +53,8 @@ int command_tokenize(int argc, char** argv) {
         } else if (arg_match(&cursor, "--no-bos", false, &failed, &err)) {
             no_bos = true;
         } else if (word[0] == '-' && word[1] != '\0' && !text) {
-            fprintf(stderr, "servelab tokenize: unknown option '%s' (see servelab tokenize --help)\n", word);
-            return 2;
+            arg_unknown(&cursor, &err);
+            return cli_usage_error(&err);
         } else if (!text) {
             text = word;
         } else {

@@ -25,6 +25,17 @@ bool arg_match(arg_cursor* cursor, const char* flag, bool takes_value, bool* fai
     return true;
 }
 
+bool arg_is_help(const char* arg) { return strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0; }
+
+int arg_unknown(const arg_cursor* cursor, error_info* err) {
+    const char* command = cursor->command;
+    const char* second_space = strchr(command, ' ');
+    if (second_space) second_space = strchr(second_space + 1, ' ');
+    int top_length = second_space ? (int)(second_space - command) : (int)strlen(command);
+    return error_set(err, "%s: unknown option '%s' (see %.*s --help)", command, cursor->argv[cursor->index],
+                     top_length, command);
+}
+
 int parse_int_arg(const char* flag, const char* text, long min_value, long max_value, int* out, error_info* err) {
     char* end = NULL;
     errno = 0;

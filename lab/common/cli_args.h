@@ -24,6 +24,15 @@ typedef struct arg_cursor {
 // A missing value is an error (returns true and sets *failed).
 bool arg_match(arg_cursor* cursor, const char* flag, bool takes_value, bool* failed, error_info* err);
 
+// True when arg asks for a command's help: --help or -h.
+bool arg_is_help(const char* arg);
+
+// The error for an argument no flag of the command matched: "servelab sim:
+// unknown option '--x' (see servelab sim --help)". The help named is the
+// top command's (the first two words of cursor->command), since `servelab
+// lesson --help` also covers `servelab lesson run`. Returns -1.
+int arg_unknown(const arg_cursor* cursor, error_info* err);
+
 int parse_int_arg(const char* flag, const char* text, long min_value, long max_value, int* out, error_info* err);
 int parse_u64_arg(const char* flag, const char* text, uint64_t* out, error_info* err);
 int parse_float_arg(const char* flag, const char* text, double min_value, double max_value, float* out,

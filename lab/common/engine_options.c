@@ -74,15 +74,56 @@ static int backend_option(const char* value, engine_config* c, error_info* err) 
     return 0;
 }
 
+// --kv paged|contiguous, or both where the caller runs both (kv_both not NULL).
+static int kv_layout_option(const char* value, engine_config* c, bool* kv_both, error_info* err) {
+    if (strcmp(value, "paged") == 0) c->layout = KV_LAYOUT_PAGED;
+    else if (strcmp(value, "contiguous") == 0) c->layout = KV_LAYOUT_CONTIGUOUS;
+    else if (kv_both && strcmp(value, "both") == 0) *kv_both = true;
+    else return error_set(err, "--kv: expected paged, contiguous%s, found '%s'", kv_both ? " or both" : "", value);
+    return 0;
+}
+
+// --kv-mem SIZE. On the command line ("servelab ..."), a size beyond the
+// memory available is refused now, before a model is loaded. A lesson
+// (lab.engine{kv_mem = ...}) checks its own, smaller memory cap first and
+// names it; engine_init refuses a pool beyond the machine's memory for
+// every caller in any case.
+static int kv_mem_option(const arg_cursor* cursor, engine_config* c, error_info* err) {
+    if (parse_size_arg("--kv-mem", cursor->value, &c->kv_mem_bytes, err)) return -1;
+    bool command_line = cursor->command && strncmp(cursor->command, "servelab ", 9) == 0;
+    if (command_line) {
+        char what[96];
+        snprintf(what, sizeof what, "--kv-mem %s", cursor->value);
+        if (kv_memory_check_fits(what, c->kv_mem_bytes, err)) return -1;
+    }
+    c->num_blocks = 0;
+    return 0;
+}
+
+static int kv_dtype_option(const char* value, engine_config* c, error_info* err) {
+    if (strcmp(value, "fp16") == 0) c->kv_dtype = KV_F16;
+    else if (strcmp(value, "fp32") == 0) c->kv_dtype = KV_F32;
+    else if (strcmp(value, "int8") == 0) c->kv_dtype = KV_I8;
+    else return error_set(err, "--kv-dtype: expected fp16, fp32 or int8, found '%s'", value);
+    return 0;
+}
+
+// --batching continuous|static, or both where the caller runs both.
+static int batching_option(const char* value, engine_config* c, bool* batching_both, error_info* err) {
+    if (strcmp(value, "continuous") == 0) c->batching = BATCHING_CONTINUOUS;
+    else if (strcmp(value, "static") == 0) c->batching = BATCHING_STATIC;
+    else if (batching_both && strcmp(value, "both") == 0) *batching_both = true;
+    else
+        return error_set(err, "--batching: expected continuous, static%s, found '%s'", batching_both ? " or both" : "",
+                         value);
+    return 0;
+}
+
 bool engine_option_match(arg_cursor* cursor, engine_config* c, bool* kv_both, bool* batching_both, bool* failed,
                          error_info* err) {
     int value;
     if (arg_match(cursor, "--kv", true, failed, err)) {
-        if (*failed) return true;
-        if (strcmp(cursor->value, "paged") == 0) c->layout = KV_LAYOUT_PAGED;
-        else if (strcmp(cursor->value, "contiguous") == 0) c->layout = KV_LAYOUT_CONTIGUOUS;
-        else if (kv_both && strcmp(cursor->value, "both") == 0) *kv_both = true;
-        else *failed = error_set(err, "--kv: expected paged, contiguous%s, found '%s'", kv_both ? " or both" : "", cursor->value) != 0;
+        if (!*failed) *failed = kv_layout_option(cursor->value, c, kv_both, err) != 0;
         return true;
     }
     if (arg_match(cursor, "--block-size", true, failed, err)) {
@@ -90,18 +131,7 @@ bool engine_option_match(arg_cursor* cursor, engine_config* c, bool* kv_both, bo
         return true;
     }
     if (arg_match(cursor, "--kv-mem", true, failed, err)) {
-        if (!*failed) *failed = parse_size_arg("--kv-mem", cursor->value, &c->kv_mem_bytes, err) != 0;
-        // On the command line ("servelab ..."), refused now, before a model
-        // is loaded. A lesson (lab.engine{kv_mem = ...}) checks its own,
-        // smaller memory cap first and names it; engine_init refuses a pool
-        // beyond the machine's memory for every caller in any case.
-        bool command_line = cursor->command && strncmp(cursor->command, "servelab ", 9) == 0;
-        if (!*failed && command_line) {
-            char what[96];
-            snprintf(what, sizeof what, "--kv-mem %s", cursor->value);
-            *failed = kv_memory_check_fits(what, c->kv_mem_bytes, err) != 0;
-        }
-        if (!*failed) c->num_blocks = 0;
+        if (!*failed) *failed = kv_mem_option(cursor, c, err) != 0;
         return true;
     }
     if (arg_match(cursor, "--num-blocks", true, failed, err)) {
@@ -109,11 +139,7 @@ bool engine_option_match(arg_cursor* cursor, engine_config* c, bool* kv_both, bo
         return true;
     }
     if (arg_match(cursor, "--kv-dtype", true, failed, err)) {
-        if (*failed) return true;
-        if (strcmp(cursor->value, "fp16") == 0) c->kv_dtype = KV_F16;
-        else if (strcmp(cursor->value, "fp32") == 0) c->kv_dtype = KV_F32;
-        else if (strcmp(cursor->value, "int8") == 0) c->kv_dtype = KV_I8;
-        else *failed = error_set(err, "--kv-dtype: expected fp16, fp32 or int8, found '%s'", cursor->value) != 0;
+        if (!*failed) *failed = kv_dtype_option(cursor->value, c, err) != 0;
         return true;
     }
     if (arg_match(cursor, "--reserve", true, failed, err)) {
@@ -124,13 +150,7 @@ bool engine_option_match(arg_cursor* cursor, engine_config* c, bool* kv_both, bo
         return true;
     }
     if (arg_match(cursor, "--batching", true, failed, err)) {
-        if (*failed) return true;
-        if (strcmp(cursor->value, "continuous") == 0) c->batching = BATCHING_CONTINUOUS;
-        else if (strcmp(cursor->value, "static") == 0) c->batching = BATCHING_STATIC;
-        else if (batching_both && strcmp(cursor->value, "both") == 0) *batching_both = true;
-        else
-            *failed = error_set(err, "--batching: expected continuous, static%s, found '%s'",
-                                batching_both ? " or both" : "", cursor->value) != 0;
+        if (!*failed) *failed = batching_option(cursor->value, c, batching_both, err) != 0;
         return true;
     }
     if (arg_match(cursor, "--max-seqs", true, failed, err)) {

@@ -11,14 +11,10 @@ _Static_assert(QUIZ_KEY_UP == KEY_UP && QUIZ_KEY_DOWN == KEY_DOWN && QUIZ_KEY_PG
                    QUIZ_KEY_PGDN == KEY_NPAGE && QUIZ_KEY_HOME == KEY_HOME && QUIZ_KEY_END == KEY_END,
                "QUIZ_KEY_* are curses's key codes");
 
-// "Prove it": the lessons folder beside the quiz data (quiz/../lessons), set
-// when the quiz data is loaded; the prove hook has no user pointer.
-static char prove_lessons_dir[1100] = "lessons";
-
-static int prove_with_lessons(const char* claim_id, FILE* out, error_info* err) {
-    fprintf(out, "running the lesson check for %s in %s (headless)...\n", claim_id, prove_lessons_dir);
+static int prove_with_lessons(const char* lessons_dir, const char* claim_id, FILE* out, error_info* err) {
+    fprintf(out, "running the lesson check for %s in %s (headless)...\n", claim_id, lessons_dir);
     fflush(out);
-    int status = lesson_prove_claim(prove_lessons_dir, claim_id, out, err);
+    int status = lesson_prove_claim(lessons_dir, claim_id, out, err);
     return status < 0 ? -1 : 0; // a DISAGREE or FAIL line is the answer, not an error
 }
 
@@ -30,7 +26,7 @@ int quiz_app_load(quiz_app* app, const char* quiz_dir, char* warning, size_t cap
         snprintf(dir, sizeof dir, "%s", quiz_dir);
     else if (quiz_find_dir(dir, sizeof dir, err))
         return -1;
-    snprintf(prove_lessons_dir, sizeof prove_lessons_dir, "%.1000s/../lessons", dir);
+    snprintf(app->lessons_dir, sizeof app->lessons_dir, "%.1000s/../lessons", dir);
     snprintf(path, sizeof path, "%s/bank.lua", dir);
     if (quiz_bank_load(path, &app->bank, err)) return -1;
     snprintf(path, sizeof path, "%s/models.lua", dir);
@@ -82,7 +78,7 @@ static char* prove_to_text(quiz_app* app) {
     FILE* out = open_memstream(&text, &size);
     if (!out) return NULL;
     error_info err = {{0}};
-    if (app->prove(quiz_session_claim(&app->session), out, &err)) fprintf(out, "%s\n", err.message);
+    if (app->prove(app->lessons_dir, quiz_session_claim(&app->session), out, &err)) fprintf(out, "%s\n", err.message);
     fclose(out);
     return text;
 }

@@ -39,7 +39,8 @@ typedef struct quiz_app {
     quiz_session session;
     bool session_started;
     char progress_path[1024];
-    quiz_prove_fn prove;   // runs the lesson check of a claim (lessons beside the quiz data)
+    quiz_prove_fn prove;   // runs the lesson check of a claim
+    char lessons_dir[1100]; // where prove finds the lessons: beside the quiz data (quiz/../lessons)
     char input[256];       // the answer being typed (full-screen view)
     char* notice;          // the prove-it output shown instead of the feedback, or NULL (malloc'ed)
     int feedback_top;      // the first row of the feedback (or prove-it) text shown; scroll keys move it

@@ -93,12 +93,13 @@ void quiz_session_next(quiz_session* s);
 // The lesson claim of the current question, when it has one (bank items).
 const char* quiz_session_claim(const quiz_session* s);
 
-// "Prove it": runs the lesson check with id `claim_id` headless and prints
-// its verdict line (PASS/DISAGREE with the measured evidence) to `out`.
-// 0 when the check ran, -1 with err when it could not. lab/cmd/quiz.c
-// holds one of these (quiz_run.prove); lab/lesson/lesson.h's lesson_prove_claim
-// fits it through a wrapper that supplies the lessons folder.
-typedef int (*quiz_prove_fn)(const char* claim_id, FILE* out, error_info* err);
+// "Prove it": runs the lesson check with id `claim_id` from the lessons in
+// `lessons_dir` headless and prints its verdict line (PASS/DISAGREE with
+// the measured evidence) to `out`. 0 when the check ran, -1 with err when
+// it could not. lab/quiz/app.h's quiz_app holds one of these (prove) and
+// the folder; lab/lesson/lesson.h's lesson_prove_claim fits it through a
+// wrapper that says what runs.
+typedef int (*quiz_prove_fn)(const char* lessons_dir, const char* claim_id, FILE* out, error_info* err);
 
 // Accuracy per topic and items due now, as a table.
 void quiz_stats_print(FILE* out, const quiz_bank* bank, const quiz_progress* progress, int64_t now);

@@ -374,6 +374,39 @@ static int read_prompt(json_t* body, const serve_limits* limits, const tokenizer
     return 0;
 }
 
+// messages[i].content: a string, or an array of text parts joined into
+// *joined (malloc'ed); *text points at the content either way.
+static int read_content(json_t* content, size_t i, const char** text, char** joined, serve_error* error) {
+    if (json_is_string(content)) {
+        *text = json_string_value(content);
+        if (memchr(*text, '\0', json_string_length(content)))
+            return serve_fail(error, 400, "invalid_request_error", "messages",
+                              "messages[%zu].content: contains a NUL character", i);
+        return 0;
+    }
+    if (!json_is_array(content))
+        return serve_fail(error, 400, "invalid_request_error", "messages",
+                          "messages[%zu].content: expected a string or an array of text parts, found %s", i,
+                          content ? json_type_word(content) : "nothing");
+    size_t bytes = 1;
+    for (size_t k = 0; k < json_array_size(content); k++) {
+        json_t* part = json_array_get(content, k);
+        json_t* part_text = json_object_get(part, "text");
+        json_t* type = json_object_get(part, "type");
+        if (!json_is_object(part) || !json_is_string(type) || strcmp(json_string_value(type), "text") ||
+            !json_is_string(part_text))
+            return serve_fail(error, 400, "invalid_request_error", "messages",
+                              "messages[%zu].content[%zu]: expected {\"type\": \"text\", \"text\": ...}", i, k);
+        bytes += json_string_length(part_text);
+    }
+    *joined = calloc(bytes, 1);
+    if (!*joined) return serve_fail(error, 500, "server_error", NULL, "out of memory");
+    for (size_t k = 0; k < json_array_size(content); k++)
+        strcat(*joined, json_string_value(json_object_get(json_array_get(content, k), "text")));
+    *text = *joined;
+    return 0;
+}
+
 static int read_messages(json_t* body, const serve_limits* limits, const tokenizer* tok, serve_params* params,
                          serve_error* error) {
     json_t* messages = json_object_get(body, "messages");
@@ -405,41 +438,7 @@ static int read_messages(json_t* body, const serve_limits* limits, const tokeniz
             break;
         }
         roles[i] = strcmp(r, "developer") == 0 ? "system" : r;
-        json_t* content = json_object_get(message, "content");
-        if (json_is_string(content)) {
-            contents[i] = json_string_value(content);
-            if (memchr(contents[i], '\0', json_string_length(content)))
-                status = serve_fail(error, 400, "invalid_request_error", "messages",
-                                    "messages[%zu].content: contains a NUL character", i);
-        } else if (json_is_array(content)) {
-            size_t bytes = 1;
-            for (size_t k = 0; k < json_array_size(content); k++) {
-                json_t* part = json_array_get(content, k);
-                json_t* text = json_object_get(part, "text");
-                json_t* type = json_object_get(part, "type");
-                if (!json_is_object(part) || !json_is_string(type) || strcmp(json_string_value(type), "text") ||
-                    !json_is_string(text)) {
-                    status =
-                        serve_fail(error, 400, "invalid_request_error", "messages",
-                                   "messages[%zu].content[%zu]: expected {\"type\": \"text\", \"text\": ...}", i, k);
-                    break;
-                }
-                bytes += json_string_length(text);
-            }
-            if (status) break;
-            joined[i] = calloc(bytes, 1);
-            if (!joined[i]) {
-                status = serve_fail(error, 500, "server_error", NULL, "out of memory");
-                break;
-            }
-            for (size_t k = 0; k < json_array_size(content); k++)
-                strcat(joined[i], json_string_value(json_object_get(json_array_get(content, k), "text")));
-            contents[i] = joined[i];
-        } else {
-            status = serve_fail(error, 400, "invalid_request_error", "messages",
-                                "messages[%zu].content: expected a string or an array of text parts, found %s", i,
-                                content ? json_type_word(content) : "nothing");
-        }
+        status = read_content(json_object_get(message, "content"), i, &contents[i], &joined[i], error);
     }
     if (status == 0) {
         char* text = serve_chat_prompt_text(roles, contents, (int)count);
@@ -455,48 +454,37 @@ static int read_messages(json_t* body, const serve_limits* limits, const tokeniz
     return status;
 }
 
-int serve_parse_request(serve_endpoint endpoint, const char* body_text, size_t body_bytes, const serve_limits* limits,
-                        const tokenizer* tok, serve_params* params, serve_error* error) {
-    memset(params, 0, sizeof *params);
-    params->endpoint = endpoint;
-    json_error_t parse_error;
-    json_t* body = json_loadb(body_text, body_bytes, JSON_REJECT_DUPLICATES, &parse_error);
-    if (!body)
-        return serve_fail(error, 400, "invalid_request_error", NULL,
-                          "the body is not valid JSON: %s (line %d, column %d)", parse_error.text, parse_error.line,
-                          parse_error.column);
-    int status = -1;
+// The body is an object of fields this endpoint knows, naming this server's model.
+static int check_body(serve_endpoint endpoint, json_t* body, const serve_limits* limits, serve_error* error) {
     const char* key;
     json_t* value;
-    if (!json_is_object(body)) {
-        serve_fail(error, 400, "invalid_request_error", NULL, "the body must be a JSON object, found %s",
-                   json_type_word(body));
-        goto done;
-    }
+    if (!json_is_object(body))
+        return serve_fail(error, 400, "invalid_request_error", NULL, "the body must be a JSON object, found %s",
+                          json_type_word(body));
     const char* const* fields = endpoint == SERVE_CHAT ? CHAT_FIELDS : COMPLETION_FIELDS;
     json_object_foreach(body, key, value) {
-        if (!known_field(fields, key)) {
-            serve_fail(error, 400, "invalid_request_error", key, "Unrecognized request argument supplied: %s", key);
-            goto done;
-        }
+        if (!known_field(fields, key))
+            return serve_fail(error, 400, "invalid_request_error", key, "Unrecognized request argument supplied: %s",
+                              key);
     }
     json_t* model = json_object_get(body, "model");
-    if (!json_is_string(model)) {
-        serve_fail(error, 400, "invalid_request_error", "model", "model: required, a string (this server has \"%s\")",
-                   limits->model_name);
-        goto done;
-    }
+    if (!json_is_string(model))
+        return serve_fail(error, 400, "invalid_request_error", "model",
+                          "model: required, a string (this server has \"%s\")", limits->model_name);
     if (strcmp(json_string_value(model), limits->model_name) != 0) {
         char* name = serve_utf8_sanitize(json_string_value(model), strnlen(json_string_value(model), 100));
         serve_fail(error, 404, "invalid_request_error", "model",
                    "The model `%s` does not exist; this server has \"%s\"", name ? name : "?", limits->model_name);
         free(name);
-        goto done;
+        return -1;
     }
-    if (check_unsupported(body, error)) goto done;
-    if (endpoint == SERVE_CHAT ? read_messages(body, limits, tok, params, error)
-                               : read_prompt(body, limits, tok, params, error))
-        goto done;
+    return 0;
+}
+
+// max_tokens (or max_completion_tokens), n, temperature, top_p and seed;
+// the prompt is read first, since the room it leaves bounds max_tokens.
+static int read_sampling(serve_endpoint endpoint, json_t* body, const serve_limits* limits, serve_params* params,
+                         serve_error* error) {
     int room = limits->context_tokens - params->n_prompt; // new tokens that still fit the context
     // OpenAI's default is 16 for completions; a chat may use the rest of the context.
     long long max_tokens = endpoint == SERVE_CHAT ? room : (room < 16 ? room : 16);
@@ -507,55 +495,71 @@ int serve_parse_request(serve_endpoint endpoint, const char* body_text, size_t b
                                     !json_is_null(json_object_get(body, "max_completion_tokens"))
                                 ? "max_completion_tokens"
                                 : "max_tokens";
-    if (read_int(body, max_field, 1, room, limit_note, &max_tokens, error)) goto done;
+    if (read_int(body, max_field, 1, room, limit_note, &max_tokens, error)) return -1;
     params->max_tokens = (int)max_tokens;
     long long n = 1;
-    if (read_int(body, "n", 1, limits->max_n, " (the server's --max-seqs)", &n, error)) goto done;
+    if (read_int(body, "n", 1, limits->max_n, " (the server's --max-seqs)", &n, error)) return -1;
     params->n = (int)n;
     double temperature = 1.0, top_p = 1.0;
-    if (read_number(body, "temperature", 0.0, 2.0, &temperature, error)) goto done;
-    if (read_number(body, "top_p", 0.0, 1.0, &top_p, error)) goto done;
-    if (top_p <= 0.0) {
-        serve_fail(error, 400, "invalid_request_error", "top_p", "top_p: must be greater than 0 and at most 1");
-        goto done;
-    }
+    if (read_number(body, "temperature", 0.0, 2.0, &temperature, error)) return -1;
+    if (read_number(body, "top_p", 0.0, 1.0, &top_p, error)) return -1;
+    if (top_p <= 0.0)
+        return serve_fail(error, 400, "invalid_request_error", "top_p", "top_p: must be greater than 0 and at most 1");
     params->temperature = (float)temperature;
     params->top_p = (float)top_p;
     json_t* seed = json_object_get(body, "seed");
     if (seed && !json_is_null(seed)) {
         long long s = 0;
-        if (read_int(body, "seed", 0, INT64_MAX, NULL, &s, error)) goto done;
+        if (read_int(body, "seed", 0, INT64_MAX, NULL, &s, error)) return -1;
         params->seed = (uint64_t)s;
         params->seed_given = true;
     }
-    if (read_bool(body, "stream", &params->stream, error)) goto done;
-    if (read_bool(body, "return_token_ids", &params->return_token_ids, error)) goto done;
-    if (read_bool(body, "ignore_eos", &params->ignore_eos, error)) goto done;
+    return 0;
+}
+
+// stream, return_token_ids, ignore_eos, and stream_options (only with stream).
+static int read_streaming(json_t* body, serve_params* params, serve_error* error) {
+    const char* key;
+    json_t* value;
+    if (read_bool(body, "stream", &params->stream, error)) return -1;
+    if (read_bool(body, "return_token_ids", &params->return_token_ids, error)) return -1;
+    if (read_bool(body, "ignore_eos", &params->ignore_eos, error)) return -1;
     json_t* options = json_object_get(body, "stream_options");
-    if (options && !json_is_null(options)) {
-        if (!params->stream) {
-            serve_fail(error, 400, "invalid_request_error", "stream_options",
-                       "stream_options: only allowed when stream is true");
-            goto done;
-        }
-        if (!json_is_object(options)) {
-            serve_fail(error, 400, "invalid_request_error", "stream_options",
-                       "stream_options: expected an object, found %s", json_type_word(options));
-            goto done;
-        }
-        json_object_foreach(options, key, value) {
-            if (strcmp(key, "include_usage") != 0 && strcmp(key, "continuous_usage_stats") != 0) {
-                serve_fail(error, 400, "invalid_request_error", "stream_options",
-                           "stream_options: unrecognized field %s (servelab knows include_usage)", key);
-                goto done;
-            }
-        }
-        if (read_bool(options, "include_usage", &params->include_usage, error)) goto done;
+    if (!options || json_is_null(options)) return 0;
+    if (!params->stream)
+        return serve_fail(error, 400, "invalid_request_error", "stream_options",
+                          "stream_options: only allowed when stream is true");
+    if (!json_is_object(options))
+        return serve_fail(error, 400, "invalid_request_error", "stream_options",
+                          "stream_options: expected an object, found %s", json_type_word(options));
+    json_object_foreach(options, key, value) {
+        if (strcmp(key, "include_usage") != 0 && strcmp(key, "continuous_usage_stats") != 0)
+            return serve_fail(error, 400, "invalid_request_error", "stream_options",
+                              "stream_options: unrecognized field %s (servelab knows include_usage)", key);
     }
-    if (read_stops(body, params, error)) goto done;
-    if (read_logprobs(body, params, error)) goto done;
-    status = 0;
-done:
+    return read_bool(options, "include_usage", &params->include_usage, error);
+}
+
+int serve_parse_request(serve_endpoint endpoint, const char* body_text, size_t body_bytes, const serve_limits* limits,
+                        const tokenizer* tok, serve_params* params, serve_error* error) {
+    memset(params, 0, sizeof *params);
+    params->endpoint = endpoint;
+    json_error_t parse_error;
+    json_t* body = json_loadb(body_text, body_bytes, JSON_REJECT_DUPLICATES, &parse_error);
+    if (!body)
+        return serve_fail(error, 400, "invalid_request_error", NULL,
+                          "the body is not valid JSON: %s (line %d, column %d)", parse_error.text, parse_error.line,
+                          parse_error.column);
+    // The fields in the order their errors are reported.
+    int status = check_body(endpoint, body, limits, error);
+    if (status == 0) status = check_unsupported(body, error);
+    if (status == 0)
+        status = endpoint == SERVE_CHAT ? read_messages(body, limits, tok, params, error)
+                                        : read_prompt(body, limits, tok, params, error);
+    if (status == 0) status = read_sampling(endpoint, body, limits, params, error);
+    if (status == 0) status = read_streaming(body, params, error);
+    if (status == 0) status = read_stops(body, params, error);
+    if (status == 0) status = read_logprobs(body, params, error);
     json_decref(body);
-    return status;
+    return status ? -1 : 0;
 }

@@ -1038,6 +1038,66 @@ static serve_job* job_new(serve_params* params) {
     return job;
 }
 
+// Puts job on the engine thread's queue (s->lock held): 0, or the HTTP
+// status that refuses it (503 while shutting down, 429 with the queue full).
+static int submit_job(server* s, serve_job* job, serve_endpoint endpoint) {
+    if (s->stopping) return 503;
+    if (s->n_in_flight >= s->config.max_queue) return 429;
+    snprintf(job->id, sizeof job->id, "%s-%016llx%08llx", endpoint == SERVE_CHAT ? "chatcmpl" : "cmpl",
+             (unsigned long long)s->id_salt, (unsigned long long)++s->id_counter);
+    job->refs = 2; // the engine thread's and this connection's
+    job->next = s->jobs;
+    s->jobs = job;
+    s->n_in_flight++;
+    s->work_pending = true;
+    pthread_cond_signal(&s->work);
+    return 0;
+}
+
+// Waits (s->lock held) until the engine has taken the job, or with `done`
+// until it has finished. False when the client went away: the job is then
+// released and the lock given up.
+static bool wait_for_job(server* s, serve_job* job, int socket, bool done) {
+    while (done ? job->state != JOB_DONE : job->state == JOB_SUBMITTED)
+        if (!wait_progress(s, socket)) {
+            job_release(s, job, true);
+            pthread_mutex_unlock(&s->lock);
+            return false;
+        }
+    return true;
+}
+
+// The response of a job that failed (s->lock held; released here).
+static enum MHD_Result respond_job_failure(server* s, struct MHD_Connection* connection, serve_job* job) {
+    serve_error failure = job->error;
+    job_release(s, job, true);
+    pthread_mutex_unlock(&s->lock);
+    return respond_error(s, connection, &failure);
+}
+
+// stream: true. The events go out as the engine makes them (stream_read);
+// the connection's reference to the job passes to the stream.
+static enum MHD_Result start_stream(server* s, struct MHD_Connection* connection, serve_job* job, int socket) {
+    stream_state* st = calloc(1, sizeof *st);
+    struct MHD_Response* response =
+        st ? MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, st, stream_free) : NULL;
+    if (!response) {
+        free(st);
+        pthread_mutex_lock(&s->lock);
+        job_release(s, job, true);
+        pthread_mutex_unlock(&s->lock);
+        return MHD_NO;
+    }
+    st->server = s;
+    st->job = job;
+    st->socket = socket;
+    MHD_add_response_header(response, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream; charset=utf-8");
+    MHD_add_response_header(response, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    enum MHD_Result result = MHD_queue_response(connection, MHD_HTTP_OK, response);
+    MHD_destroy_response(response); // stream_free runs when MHD is done with it
+    return result;
+}
+
 static enum MHD_Result handle_generation(server* s, struct MHD_Connection* connection, serve_endpoint endpoint,
                                          connection_state* cs) {
     serve_params params;
@@ -1052,73 +1112,25 @@ static enum MHD_Result handle_generation(server* s, struct MHD_Connection* conne
     if (!job) return respond_fail(s, connection, 500, "server_error", NULL, "out of memory");
     int socket = connection_socket(connection);
     pthread_mutex_lock(&s->lock);
-    if (s->stopping) {
-        pthread_mutex_unlock(&s->lock);
-        job_free(job);
-        return respond_fail(s, connection, 503, "server_error", NULL, "the server is shutting down");
-    }
-    if (s->n_in_flight >= s->config.max_queue) {
+    int refused = submit_job(s, job, endpoint);
+    if (refused) {
         int in_flight = s->n_in_flight;
         pthread_mutex_unlock(&s->lock);
         job_free(job);
+        if (refused == 503) return respond_fail(s, connection, 503, "server_error", NULL, "the server is shutting down");
         return respond_fail(s, connection, 429, "rate_limit_error", NULL,
                             "server busy: %d requests are queued or running, the limit (--max-queue); retry later",
                             in_flight);
     }
-    snprintf(job->id, sizeof job->id, "%s-%016llx%08llx", endpoint == SERVE_CHAT ? "chatcmpl" : "cmpl",
-             (unsigned long long)s->id_salt, (unsigned long long)++s->id_counter);
-    job->refs = 2; // the engine thread's and this connection's
-    job->next = s->jobs;
-    s->jobs = job;
-    s->n_in_flight++;
-    s->work_pending = true;
-    pthread_cond_signal(&s->work);
-    // Wait for the engine to take it (it may refuse it: too big for the pool).
-    while (job->state == JOB_SUBMITTED)
-        if (!wait_progress(s, socket)) {
-            job_release(s, job, true);
-            pthread_mutex_unlock(&s->lock);
-            return MHD_NO;
-        }
-    if (job->failed) {
-        serve_error failure = job->error;
-        job_release(s, job, true);
-        pthread_mutex_unlock(&s->lock);
-        return respond_error(s, connection, &failure);
-    }
+    // The engine takes the job or refuses it (too big for the pool).
+    if (!wait_for_job(s, job, socket, false)) return MHD_NO;
+    if (job->failed) return respond_job_failure(s, connection, job);
     if (job->params.stream) {
         pthread_mutex_unlock(&s->lock);
-        stream_state* st = calloc(1, sizeof *st);
-        struct MHD_Response* response =
-            st ? MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, st, stream_free) : NULL;
-        if (!response) {
-            free(st);
-            pthread_mutex_lock(&s->lock);
-            job_release(s, job, true);
-            pthread_mutex_unlock(&s->lock);
-            return MHD_NO;
-        }
-        st->server = s;
-        st->job = job; // the connection's reference passes to the stream
-        st->socket = socket;
-        MHD_add_response_header(response, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream; charset=utf-8");
-        MHD_add_response_header(response, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
-        enum MHD_Result result = MHD_queue_response(connection, MHD_HTTP_OK, response);
-        MHD_destroy_response(response); // stream_free runs when MHD is done with it
-        return result;
+        return start_stream(s, connection, job, socket);
     }
-    while (job->state != JOB_DONE)
-        if (!wait_progress(s, socket)) {
-            job_release(s, job, true);
-            pthread_mutex_unlock(&s->lock);
-            return MHD_NO;
-        }
-    if (job->failed) {
-        serve_error failure = job->error;
-        job_release(s, job, true);
-        pthread_mutex_unlock(&s->lock);
-        return respond_error(s, connection, &failure);
-    }
+    if (!wait_for_job(s, job, socket, true)) return MHD_NO;
+    if (job->failed) return respond_job_failure(s, connection, job);
     json_t* body = completion_json(s, job);
     job_release(s, job, true);
     pthread_mutex_unlock(&s->lock);

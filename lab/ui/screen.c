@@ -64,6 +64,9 @@ static int utf8_length(unsigned char c) {
     return 1;
 }
 
+// File-scope, not per screen: tests watch the screens that command_lab
+// makes inside itself (tests/lab/test_dashboard_fit.c), which no caller can
+// reach. Only tests set it; the program never does.
 static ui_cut_hook cut_hook;
 static void* cut_hook_user;
 

@@ -16,6 +16,10 @@
 
 #include "lab/ui/screen.h"
 
+// The state below is file-scope because the signal handlers and the atexit
+// handler read it, and a handler is given no pointer; only this file
+// changes it.
+
 // The stop signals: each only records itself; the key loop polls and ends,
 // restores the terminal, and main returns 128 + the signal.
 static volatile sig_atomic_t stop_signal = 0;
@@ -24,13 +28,17 @@ static void on_stop_signal(int signal_number) {
 }
 static const int STOP_SIGNALS[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
 
-static bool curses_active = false;
-static bool restore_registered = false;
+// What the fatal-signal and atexit handlers must put back.
+static struct {
+    bool curses_active;        // initscr ran and endwin has not
+    bool restore_registered;   // atexit(ui_terminal_close) done
+    struct termios saved_modes; // the terminal's modes before curses changed them
+    bool have_saved_modes;
+    int watcher_fd;            // the lab's end of the watcher's socket, or -1
+    pid_t watcher_pid;         // the watcher process (below), or -1
+} terminal = {false, false, {0}, false, -1, -1};
 
-// The terminal's modes before curses changed them, and what leaves the
-// alternate screen, shows the cursor and resets the attributes.
-static struct termios saved_modes;
-static bool have_saved_modes = false;
+// What leaves the alternate screen, shows the cursor and resets the attributes.
 static const char RESET_SEQUENCE[] = "\033[?1049l\033[?25h\033[0m\r\n";
 
 // ---- the watcher -------------------------------------------------------------------------
@@ -44,8 +52,6 @@ static const char RESET_SEQUENCE[] = "\033[?1049l\033[?25h\033[0m\r\n";
 // byte, "restored, stay quiet", and the child exits without a word. A
 // socket rather than a pipe so that the lab's send() can never raise
 // SIGPIPE (MSG_NOSIGNAL) should the child be gone.
-static int watcher_fd = -1;
-static pid_t watcher_pid = -1;
 static const char WATCHER_NAME[] = "servelab-terminal-watcher";
 
 // Closes every descriptor but stdin, stdout and `keep` (async-signal-safe).
@@ -89,7 +95,7 @@ static void watcher_main(int fd, size_t args_length) {
     if (n <= 0) { // the lab is gone without giving the terminal back
         ssize_t ignored = write(STDOUT_FILENO, RESET_SEQUENCE, sizeof RESET_SEQUENCE - 1);
         (void)ignored;
-        tcsetattr(STDIN_FILENO, TCSANOW, &saved_modes);
+        tcsetattr(STDIN_FILENO, TCSANOW, &terminal.saved_modes);
     }
     _exit(0);
 }
@@ -115,7 +121,7 @@ static size_t argument_area_length(void) {
 }
 
 static void start_watcher(void) {
-    if (watcher_pid > 0 || !have_saved_modes) return;
+    if (terminal.watcher_pid > 0 || !terminal.have_saved_modes) return;
     int fds[2];
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) return; // no watcher: the handlers remain
     size_t args_length = argument_area_length();
@@ -127,34 +133,34 @@ static void start_watcher(void) {
         close(fds[0]);
         return;
     }
-    watcher_fd = fds[0];
-    watcher_pid = pid;
+    terminal.watcher_fd = fds[0];
+    terminal.watcher_pid = pid;
 }
 
 // Tells the watcher the terminal is back (it exits quietly) and reaps it.
 static void stop_watcher(void) {
-    if (watcher_pid <= 0) return;
-    ssize_t sent = send(watcher_fd, "q", 1, MSG_NOSIGNAL);
+    if (terminal.watcher_pid <= 0) return;
+    ssize_t sent = send(terminal.watcher_fd, "q", 1, MSG_NOSIGNAL);
     (void)sent;
-    close(watcher_fd);
-    watcher_fd = -1;
+    close(terminal.watcher_fd);
+    terminal.watcher_fd = -1;
     // It exits at once; should it not (stopped by a debugger), stop waiting
     // after a second and leave it to init.
     for (int waited_ms = 0; waited_ms < 1000; waited_ms++) {
-        pid_t done = waitpid(watcher_pid, NULL, WNOHANG);
-        if (done == watcher_pid || (done < 0 && errno != EINTR)) break;
+        pid_t done = waitpid(terminal.watcher_pid, NULL, WNOHANG);
+        if (done == terminal.watcher_pid || (done < 0 && errno != EINTR)) break;
         struct timespec millisecond = {0, 1000000L};
         nanosleep(&millisecond, NULL);
     }
-    watcher_pid = -1;
+    terminal.watcher_pid = -1;
 }
 
 // ---- opening and closing --------------------------------------------------------------
 
 void ui_terminal_close(void) {
-    if (curses_active) {
+    if (terminal.curses_active) {
         endwin();
-        curses_active = false;
+        terminal.curses_active = false;
     }
     stop_watcher();
 }
@@ -172,11 +178,11 @@ int ui_terminal_stop_signal(void) { return (int)stop_signal; }
 // before curses started, tells the watcher so, then lets the signal take its
 // default course (a core dump, the exit status) by raising it again.
 static void on_fatal_signal(int signal_number) {
-    if (curses_active) {
+    if (terminal.curses_active) {
         ssize_t ignored = write(STDOUT_FILENO, RESET_SEQUENCE, sizeof RESET_SEQUENCE - 1);
         (void)ignored;
-        if (have_saved_modes) tcsetattr(STDIN_FILENO, TCSANOW, &saved_modes);
-        if (watcher_fd >= 0) ignored = send(watcher_fd, "q", 1, MSG_NOSIGNAL);
+        if (terminal.have_saved_modes) tcsetattr(STDIN_FILENO, TCSANOW, &terminal.saved_modes);
+        if (terminal.watcher_fd >= 0) ignored = send(terminal.watcher_fd, "q", 1, MSG_NOSIGNAL);
     }
     signal(signal_number, SIG_DFL);
     raise(signal_number);
@@ -189,7 +195,7 @@ int ui_terminal_open(bool* utf8, bool* color) {
     memset(&action, 0, sizeof action);
     action.sa_handler = on_stop_signal;
     for (size_t i = 0; i < sizeof STOP_SIGNALS / sizeof STOP_SIGNALS[0]; i++) sigaction(STOP_SIGNALS[i], &action, NULL);
-    have_saved_modes = tcgetattr(STDIN_FILENO, &saved_modes) == 0;
+    terminal.have_saved_modes = tcgetattr(STDIN_FILENO, &terminal.saved_modes) == 0;
     struct sigaction fatal;
     memset(&fatal, 0, sizeof fatal);
     fatal.sa_handler = on_fatal_signal;
@@ -197,14 +203,14 @@ int ui_terminal_open(bool* utf8, bool* color) {
     static const int FATAL_SIGNALS[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
     for (size_t i = 0; i < sizeof FATAL_SIGNALS / sizeof FATAL_SIGNALS[0]; i++) sigaction(FATAL_SIGNALS[i], &fatal, NULL);
     // At exit, even one inside initscr() (which exits when it cannot start).
-    if (!restore_registered) atexit(ui_terminal_close);
-    restore_registered = true;
+    if (!terminal.restore_registered) atexit(ui_terminal_close);
+    terminal.restore_registered = true;
     start_watcher(); // before curses changes a thing: its saved modes are the user's
     if (!initscr()) {
         stop_watcher();
         return -1;
     }
-    curses_active = true;
+    terminal.curses_active = true;
     cbreak();
     noecho();
     keypad(stdscr, TRUE);

@@ -165,6 +165,41 @@ static void test_help_and_info(void** state) {
     free_result(&r);
 }
 
+// Every subcommand answers --help and -h the same way (lab/cmd/cli.h): its
+// usage on stdout, exit 0, even after a flag it does not know; and names
+// itself and its --help when a flag is unknown.
+static void test_every_command_shares_help_and_unknown_option(void** state) {
+    (void)state;
+    static const char* const COMMANDS[] = {"lab", "generate", "sim", "serve", "bench-serve", "quant",
+                                           "quiz", "synth", "bench", "calc", "tokenize"};
+    for (size_t i = 0; i < sizeof COMMANDS / sizeof COMMANDS[0]; i++) {
+        const char* usage = "usage: servelab ";
+        char arguments[128], expected[160];
+        snprintf(arguments, sizeof arguments, "%s --no-such-flag", COMMANDS[i]);
+        command_result r = run_servelab(arguments);
+        snprintf(expected, sizeof expected, "unknown option '--no-such-flag' (see servelab %s --help)", COMMANDS[i]);
+        if (strcmp(COMMANDS[i], "synth") == 0) // synth's one argument is a preset: any other is unexpected
+            snprintf(expected, sizeof expected, "unexpected argument '--no-such-flag' (see servelab synth --help)");
+        if (r.exit_status != 2 || !strstr(r.err, expected))
+            fail_msg("'%s': exit %d, stderr '%s', expected 2 and '%s'", arguments, r.exit_status, r.err, expected);
+        free_result(&r);
+        snprintf(arguments, sizeof arguments, "%s --no-such-flag -h", COMMANDS[i]);
+        r = run_servelab(arguments);
+        if (strcmp(COMMANDS[i], "calc") == 0 || strcmp(COMMANDS[i], "tokenize") == 0) {
+            // These two read -h in order: the unknown flag before it is the answer.
+            assert_int_equal(r.exit_status, 2);
+        } else if (r.exit_status != 0 || strncmp(r.out, usage, strlen(usage)) != 0 || r.err[0]) {
+            fail_msg("'%s': exit %d, stdout '%.60s', stderr '%s': expected the usage", arguments, r.exit_status, r.out,
+                     r.err);
+        }
+        free_result(&r);
+    }
+    // A subcommand's subcommand points at the help that covers it.
+    command_result r = run_servelab("lesson run --no-such-flag");
+    assert_int_equal(r.exit_status, 2);
+    assert_non_null(strstr(r.err, "servelab lesson run: unknown option '--no-such-flag' (see servelab lesson --help)"));
+    free_result(&r);
+}
 
 // ---- sim and trace ------------------------------------------------------------
 
@@ -355,6 +390,7 @@ int main(void) {
         cmocka_unit_test(test_truncated_checkpoint_fails_cleanly),
         cmocka_unit_test(test_bad_flags_fail_with_usage_status),
         cmocka_unit_test(test_help_and_info),
+        cmocka_unit_test(test_every_command_shares_help_and_unknown_option),
         cmocka_unit_test(test_sim_json_reports_both_layouts),
         cmocka_unit_test(test_trace_writes_one_json_object_per_step),
         cmocka_unit_test(test_sim_bad_input),

@@ -21,6 +21,7 @@
 #include "engine/model_synth.h"
 #include "engine/tokenizer.h"
 #include "lab/bench/bench.h"
+#include "lab/bench/targets.h"
 #include "tests/test_support.h"
 
 // ---- synth ---------------------------------------------------------------------

@@ -613,8 +613,9 @@ static void test_feedback_scrolls_at_small_sizes(void** state) {
 
 // ---- the keys that scroll (quiz_app) --------------------------------------------------------
 
-static int fake_prove(const char* claim_id, FILE* out, error_info* err) {
+static int fake_prove(const char* lessons_dir, const char* claim_id, FILE* out, error_info* err) {
     (void)err;
+    assert_string_equal(lessons_dir, "quiz/../lessons");
     char line[4096];
     long_result_line(line, 600, claim_id);
     fprintf(out, "running the lesson check for %s in quiz/../lessons (headless)...\n%s\n", claim_id, line);
@@ -628,6 +629,7 @@ static void test_scroll_keys(void** state) {
     quiz_app_drawn drawn = {0, 0};
     app.drawn = &drawn;
     app.prove = fake_prove;
+    snprintf(app.lessons_dir, sizeof app.lessons_dir, "quiz/../lessons");
     app.session = start(f, QUIZ_ALL_TOPICS, 100, 5);
     app.session_started = true;
     quiz_session* s = &app.session;
