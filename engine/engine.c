@@ -8,7 +8,7 @@
 #include "engine/block_manager.h"
 #include "engine/fault.h"
 #include "engine/forward_cuda.h"
-#include "engine/generate.h"
+#include "engine/stop_rule.h"
 #include "engine/scheduler.h"
 
 engine_config engine_config_default(void) {
@@ -355,7 +355,7 @@ static int run_batch(engine* e, const step_batch* b, step_record* r, error_info*
 // The model's judgement on a sampled token: does the sequence end there?
 static sampled_token judge(const engine* e, const sequence* s, int32_t token) {
     sampled_token out = {token, false, STOP_EOS};
-    if (!s->ignore_eos) out.stops = generate_stops_at(e->model, token, &out.reason);
+    if (!s->ignore_eos) out.stops = token_ends_sequence(e->model, token, &out.reason);
     return out;
 }
 

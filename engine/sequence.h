@@ -13,7 +13,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "engine/generate.h"
+#include "engine/stop_rule.h"
 #include "engine/sampler.h"
 
 typedef enum sequence_state {

@@ -54,6 +54,14 @@ static const char* const GENERATE_ENGINE_DEFAULTS[] = {
 };
 
 
+// The sampling flags of one generation.
+typedef struct generate_options {
+    int max_new_tokens; // -n: tokens to generate at most
+    float temperature;  // 0 = greedy
+    float top_p;        // nucleus threshold; 0 or 1 = off
+    uint64_t seed;      // sampler seed
+} generate_options;
+
 typedef struct generate_args {
     model_request request;
     engine_config engine;
