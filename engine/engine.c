@@ -131,6 +131,7 @@ void engine_free(engine* e) {
     free(e->sequences);
     free(e->waiting);
     free(e->running);
+    free(e->live_ids);
     if (e->config.layout == KV_LAYOUT_PAGED) kv_pool_free(&e->pool);
     else kv_contiguous_free(&e->contiguous);
     forward_state_free(&e->forward);
@@ -141,9 +142,7 @@ void engine_free(engine* e) {
     free(e->tables);
     free(e->plan_items);
     free(e->mark);
-    free(e->record.sequences);
-    free(e->record.finished_ids);
-    free(e->record_block_ids);
+    step_record_free(&e->record);
     memset(e, 0, sizeof *e);
 }
 
@@ -155,7 +154,9 @@ static sequence* new_sequence(engine* e, error_info* err) {
         if (waiting) e->waiting = waiting;
         int32_t* running = realloc(e->running, (size_t)capacity * sizeof *running);
         if (running) e->running = running;
-        if (!grown || !waiting || !running) {
+        int32_t* live = realloc(e->live_ids, (size_t)capacity * sizeof *live);
+        if (live) e->live_ids = live;
+        if (!grown || !waiting || !running || !live) {
             if (grown) e->sequences = grown;
             error_set(err, "engine: out of memory for %d sequences", capacity);
             return NULL;
@@ -164,6 +165,12 @@ static sequence* new_sequence(engine* e, error_info* err) {
         e->sequences_capacity = capacity;
     }
     return &e->sequences[e->n_sequences];
+}
+
+// The sequence new_sequence() handed out, initialised, takes its id.
+static void commit_sequence(engine* e) {
+    e->live_ids[e->n_live++] = e->n_sequences;
+    e->n_sequences++;
 }
 
 int engine_add_request(engine* e, const request_params* p, int32_t* first_sequence_id, error_info* err) {
@@ -209,7 +216,7 @@ int engine_add_request(engine* e, const request_params* p, int32_t* first_sequen
         s->state = SEQ_WAITING;
         if (k == 0 && first_sequence_id) *first_sequence_id = s->id;
         e->waiting[e->n_waiting++] = s->id;
-        e->n_sequences++;
+        commit_sequence(e);
     }
     return 0;
 }
@@ -231,6 +238,7 @@ int engine_cancel_sequence(engine* e, int32_t id, error_info* err) {
     s->stop = STOP_CANCELLED;
     s->finish_time = e->clock_seconds;
     e->n_finished++;
+    e->n_cancelled++;
     return 0;
 }
 
@@ -258,6 +266,12 @@ int engine_release_sequence(engine* e, int32_t id, error_info* err) {
     s->n_tokens = s->n_prompt = s->n_computed = s->capacity = 0;
     s->n_table = s->table_capacity = 0;
     e->n_released++;
+    for (int i = 0; i < e->n_live; i++) {
+        if (e->live_ids[i] != id) continue;
+        memmove(e->live_ids + i, e->live_ids + i + 1, (size_t)(e->n_live - i - 1) * sizeof *e->live_ids);
+        e->n_live--;
+        break;
+    }
     return 0;
 }
 
@@ -337,7 +351,7 @@ static sequence* clone_sequence(engine* e, int32_t parent_id, int32_t sample_ind
         sequence_free(child);
         return NULL;
     }
-    e->n_sequences++;
+    commit_sequence(e);
     return child;
 }
 
@@ -399,91 +413,16 @@ int engine_fork_sequence(engine* e, int32_t id, float temperature, uint64_t seed
     return 0;
 }
 
-// ---- measuring the pool ------------------------------------------------------------------
-
-static void measure_pool(engine* e, step_record* r) {
-    r->slots_total = engine_pool_slots(e);
-    r->slots_used = r->slots_allocated = r->tail_waste_slots = 0;
-    r->reserved_unused_slots = r->external_fragmentation_slots = 0;
-    if (e->config.layout == KV_LAYOUT_PAGED) {
-        const kv_pool* pool = &e->pool;
-        r->blocks_total = pool->n_blocks;
-        r->blocks_free = pool->n_free;
-        r->blocks_cached = pool->n_evictable;
-        // Count each physical block once, however many tables share it.
-        e->mark_epoch++;
-        int used = 0;
-        for (int i = 0; i < e->n_running; i++) {
-            const sequence* s = &e->sequences[e->running[i]];
-            for (int b = 0; b < s->n_table; b++) {
-                int32_t block = s->block_table[b];
-                if (e->mark[block] == e->mark_epoch) continue;
-                e->mark[block] = e->mark_epoch;
-                used++;
-                r->slots_used += pool->blocks[block].n_filled;
-            }
-            // Tail waste: slots of its blocks past its last token (computed or
-            // still to compute), at most block_size - 1 by construction.
-            int64_t tail = (int64_t)s->n_table * pool->block_size - s->n_tokens;
-            if (tail > 0) r->tail_waste_slots += tail;
-        }
-        r->blocks_used = used;
-        r->slots_allocated = (int64_t)used * pool->block_size;
-    } else {
-        kv_contiguous_usage usage = kv_contiguous_measure(&e->contiguous);
-        for (int i = 0; i < e->n_running; i++) r->slots_used += e->sequences[e->running[i]].n_computed;
-        r->slots_allocated = usage.reserved_slots;
-        r->reserved_unused_slots = usage.reserved_slots - r->slots_used;
-        r->external_fragmentation_slots = usage.free_slots - usage.largest_hole;
-    }
-}
-
-// Copies the running sequences' tables into the record.
-static int record_sequences(engine* e, const schedule_result* plan, step_record* r) {
-    int total = 0;
-    for (int i = 0; i < plan->n_items; i++) total += e->sequences[plan->items[i].id].n_table;
-    if (total > e->record_block_ids_capacity) {
-        int32_t* grown = realloc(e->record_block_ids, (size_t)total * sizeof *grown);
-        if (!grown) return -1;
-        e->record_block_ids = grown;
-        e->record_block_ids_capacity = total;
-    }
-    r->block_ids = e->record_block_ids;
-    r->n_sequences = plan->n_items;
-    int offset = 0;
-    for (int i = 0; i < plan->n_items; i++) {
-        const sequence* s = &e->sequences[plan->items[i].id];
-        step_sequence* out = &r->sequences[i];
-        out->id = s->id;
-        out->request_id = s->request_id;
-        out->phase = plan->items[i].phase;
-        out->n_tokens = plan->items[i].n_tokens;
-        out->context_length = s->n_computed;
-        out->table_offset = offset;
-        out->n_table = s->n_table;
-        out->tail_fill = e->config.layout == KV_LAYOUT_PAGED && s->n_computed > 0
-                             ? (s->n_computed - 1) % e->config.block_size + 1
-                             : 0;
-        // A sequence that finished this step has released its table (n_table 0,
-        // and block_ids may still be NULL): memcpy must not see NULL even for 0 bytes.
-        if (s->n_table > 0) memcpy(r->block_ids + offset, s->block_table, (size_t)s->n_table * sizeof(int32_t));
-        offset += s->n_table;
-    }
-    return 0;
-}
-
 // Grows the per-step arrays to hold n sequences.
 static int ensure_step_capacity(engine* e, int n) {
     if (n <= e->step_capacity) return 0;
-    step_sequence* sequences = realloc(e->record.sequences, (size_t)n * sizeof *sequences);
-    if (sequences) e->record.sequences = sequences;
     const int32_t** tables = realloc(e->tables, (size_t)n * sizeof *tables);
     if (tables) e->tables = tables;
     scheduled_sequence* plan_items = realloc(e->plan_items, (size_t)n * sizeof *plan_items);
     if (plan_items) e->plan_items = plan_items;
     float* logits = realloc(e->logits, (size_t)n * (size_t)e->model->config.vocab_size * sizeof *logits);
     if (logits) e->logits = logits;
-    if (!sequences || !tables || !plan_items || !logits) return -1;
+    if (!tables || !plan_items || !logits || step_record_reserve(&e->record, n, 0)) return -1;
     e->step_capacity = n;
     return 0;
 }
@@ -536,14 +475,8 @@ static int forward_row_by_row(engine* e, kv_memory* memory, const forward_batch*
 int engine_step(engine* e, const step_record** record_out, error_info* err) {
     uint64_t start = now_ns();
     step_record* r = &e->record;
-    step_sequence* sequences = r->sequences;
-    int32_t* finished_ids = r->finished_ids;
-    memset(r, 0, sizeof *r);
-    r->sequences = sequences;
-    r->finished_ids = finished_ids;
+    step_record_clear(r);
     r->step = ++e->step_counter;
-    r->tp_shards = e->config.tp_shards;
-    r->tp_link = link_model_get(e->config.tp_link)->name;
     if (e->config.layout == KV_LAYOUT_PAGED) kv_pool_clear_events(&e->pool);
     // Room for every sequence that could finish this step: those running or
     // admitted now (at most n_running + n_waiting) and the forks they spawn.
@@ -552,13 +485,7 @@ int engine_step(engine* e, const step_record** record_out, error_info* err) {
     int finished_needed = e->n_running + e->n_waiting + 1;
     for (int i = 0; i < e->n_running; i++) finished_needed += e->sequences[e->running[i]].pending_forks;
     for (int i = 0; i < e->n_waiting; i++) finished_needed += e->sequences[e->waiting[i]].pending_forks;
-    if (finished_needed > e->finished_capacity) {
-        int capacity = finished_needed > 2 * e->finished_capacity ? finished_needed : 2 * e->finished_capacity;
-        int32_t* ids = realloc(r->finished_ids, (size_t)capacity * sizeof *ids);
-        if (!ids) return error_set(err, "engine: out of memory");
-        r->finished_ids = ids;
-        e->finished_capacity = capacity;
-    }
+    if (step_record_reserve(r, 0, finished_needed)) return error_set(err, "engine: out of memory");
     uint64_t preemptions_before = e->total_preemptions;
 
     // A step runs at most every running sequence plus the newly admitted
@@ -569,7 +496,7 @@ int engine_step(engine* e, const step_record** record_out, error_info* err) {
     if (scheduler_schedule(e, &plan, err)) return -1;
 
     // ---- run: one forward pass over every scheduled row
-    int n_rows = 0, n_logit_rows = 0;
+    int n_rows = 0;
     for (int i = 0; i < plan.n_items; i++) {
         sequence* s = &e->sequences[plan.items[i].id];
         e->tables[i] = s->block_table;
@@ -577,7 +504,6 @@ int engine_step(engine* e, const step_record** record_out, error_info* err) {
             int position = s->n_computed + t;
             bool last = position == s->n_tokens - 1;
             e->rows[n_rows++] = (batch_row){s->tokens[position], position, i, last};
-            n_logit_rows += last;
         }
         if (plan.items[i].phase == PHASE_PREFILL) r->prefill_tokens += plan.items[i].n_tokens;
         else r->decode_tokens += plan.items[i].n_tokens;
@@ -619,21 +545,11 @@ int engine_step(engine* e, const step_record** record_out, error_info* err) {
         s = &e->sequences[id]; // forking may have moved the array
         accept_token(e, s, sampler_sample(&s->sampler, logits));
     }
-    (void)n_logit_rows;
 
-    r->prefix_hit_tokens = plan.prefix_hit_tokens;
+    // ---- record
     e->total_prefix_hit_tokens += (uint64_t)plan.prefix_hit_tokens;
     r->n_preempted = (int)(e->total_preemptions - preemptions_before);
-    if (record_sequences(e, &plan, r)) return error_set(err, "engine: out of memory");
-    measure_pool(e, r);
-    r->n_waiting = e->n_waiting;
-    r->n_running = e->n_running;
-    r->n_finished = e->n_finished;
-    if (e->config.layout == KV_LAYOUT_PAGED) {
-        r->events = e->pool.events;
-        r->n_events = e->pool.n_events;
-        r->copy_bytes = e->pool.copy_bytes;
-    }
+    if (step_record_fill(r, e, &plan)) return error_set(err, "engine: out of memory");
     uint64_t end = now_ns();
     e->clock_seconds += (double)(end - forward_end) * 1e-9;
     r->wall_ns = end - start;

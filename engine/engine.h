@@ -14,12 +14,12 @@
 #include "engine/forward.h"
 #include "engine/kv_blocks.h"
 #include "engine/kv_contiguous.h"
+#include "engine/kv_layout.h"
 #include "engine/links.h"
 #include "engine/model.h"
 #include "engine/sequence.h"
 #include "engine/step_record.h"
 
-typedef enum kv_layout { KV_LAYOUT_PAGED = 0, KV_LAYOUT_CONTIGUOUS = 1 } kv_layout;
 typedef enum reserve_policy {
     RESERVE_MAX = 0,     // contiguous: every request reserves the model's max length
     RESERVE_REQUEST = 1, // contiguous: prompt + max_tokens (an oracle that knows output lengths)
@@ -94,8 +94,11 @@ typedef struct engine {
     int n_waiting;
     int32_t* running;           // (n_running) ids in admission order
     int n_running;
-    int n_finished;
+    int n_finished;             // cancelled ones included
+    int n_cancelled;
     int n_released;             // finished sequences whose memory engine_release_sequence freed
+    int32_t* live_ids;          // (n_live) ids added and not released, ascending
+    int n_live;
     int n_requests;
     uint64_t admit_counter;
     uint64_t step_counter;
@@ -104,11 +107,8 @@ typedef struct engine {
     batch_row* rows;            // (max_batched_tokens + max_seqs)
     const int32_t** tables;     // (step_capacity) block table per batch sequence
     struct scheduled_sequence* plan_items; // (step_capacity) the scheduler's output, reused every step
-    int finished_capacity;      // room in record.finished_ids
     int step_capacity;          // sequences one step can hold (grown on demand)
-    step_record record;         // the last step's record (arrays owned here)
-    int32_t* record_block_ids;
-    int record_block_ids_capacity;
+    step_record record;         // the last step's record (it owns its arrays)
     FILE* trace;                // JSON Lines trace, or NULL
     uint64_t* mark;             // (n_blocks or n_slots) scratch for counting shared blocks once
     uint64_t mark_epoch;

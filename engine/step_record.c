@@ -1,6 +1,12 @@
 #include "engine/step_record.h"
 
 #include <inttypes.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/engine.h"
+#include "engine/scheduler.h"
 
 const char* block_event_name(block_event_kind kind) {
     switch (kind) {
@@ -14,43 +20,119 @@ const char* block_event_name(block_event_kind kind) {
     return "?";
 }
 
-// The kernel_traffic fields as JSON members (no braces).
-static void write_traffic(const kernel_traffic* t, FILE* out) {
-    fprintf(out,
-            "\"weight_bytes\":%" PRIu64 ",\"kv_bytes_read\":%" PRIu64 ",\"kv_bytes_written\":%" PRIu64
-            ",\"activation_bytes\":%" PRIu64 ",\"matmul_flops\":%" PRIu64 ",\"attention_flops\":%" PRIu64,
-            t->weight_bytes_read, t->kv_bytes_read, t->kv_bytes_written, t->activation_bytes, t->matmul_flops,
-            t->attention_flops);
+// ---- the field table ---------------------------------------------------------------------
+
+#define FIELD(group, name, kind, member) {group, name, kind, offsetof(step_record, member), 0, 0}
+#define SECONDS(group, name, member, decimals) \
+    {group, name, STEP_FIELD_DOUBLE, offsetof(step_record, member), decimals, 0}
+
+// In the order the JSON trace has always written them; a group's fields
+// stay together (the writer opens and closes its object around them).
+const step_record_field step_record_fields[] = {
+    FIELD(NULL, "step", STEP_FIELD_U64, step),
+    SECONDS(NULL, "clock_s", clock_seconds, 6),
+    FIELD(NULL, "wall_ns", STEP_FIELD_U64, wall_ns),
+    FIELD(NULL, "prefill_tokens", STEP_FIELD_INT, prefill_tokens),
+    FIELD(NULL, "decode_tokens", STEP_FIELD_INT, decode_tokens),
+    {NULL, "device_ns", STEP_FIELD_U64, offsetof(step_record, device_ns), 0, 1},
+    FIELD(NULL, "traffic", STEP_FIELD_TRAFFIC, traffic),
+    FIELD("tp", "shards", STEP_FIELD_INT, tp_shards),
+    FIELD("tp", "link", STEP_FIELD_STRING, tp_link),
+    FIELD("tp", "allreduces", STEP_FIELD_INT, n_allreduces),
+    FIELD("tp", "allreduce_bytes", STEP_FIELD_U64, allreduce_bytes),
+    SECONDS("tp", "allreduce_s", allreduce_seconds, 9),
+    FIELD("tp", "shard_traffic", STEP_FIELD_SHARD_TRAFFIC, shard_traffic),
+    FIELD("pool", "blocks_total", STEP_FIELD_INT, blocks_total),
+    FIELD("pool", "blocks_free", STEP_FIELD_INT, blocks_free),
+    FIELD("pool", "blocks_used", STEP_FIELD_INT, blocks_used),
+    FIELD("pool", "blocks_cached", STEP_FIELD_INT, blocks_cached),
+    FIELD("pool", "slots_total", STEP_FIELD_I64, slots_total),
+    FIELD("pool", "slots_used", STEP_FIELD_I64, slots_used),
+    FIELD("pool", "slots_allocated", STEP_FIELD_I64, slots_allocated),
+    FIELD("pool", "tail_waste_slots", STEP_FIELD_I64, tail_waste_slots),
+    FIELD("pool", "reserved_unused_slots", STEP_FIELD_I64, reserved_unused_slots),
+    FIELD("pool", "external_fragmentation_slots", STEP_FIELD_I64, external_fragmentation_slots),
+    FIELD("queues", "waiting", STEP_FIELD_INT, n_waiting),
+    FIELD("queues", "running", STEP_FIELD_INT, n_running),
+    FIELD("queues", "finished", STEP_FIELD_INT, n_finished),
+    FIELD(NULL, "preempted", STEP_FIELD_INT, n_preempted),
+    FIELD(NULL, "prefix_hit_tokens", STEP_FIELD_INT, prefix_hit_tokens),
+    FIELD(NULL, "copy_bytes", STEP_FIELD_U64, copy_bytes),
+};
+const int step_record_field_count = (int)(sizeof step_record_fields / sizeof step_record_fields[0]);
+
+#define TRAFFIC(name, member) {NULL, name, STEP_FIELD_U64, offsetof(kernel_traffic, member), 0, 0}
+
+const step_record_field step_traffic_fields[] = {
+    TRAFFIC("weight_bytes", weight_bytes_read),     TRAFFIC("kv_bytes_read", kv_bytes_read),
+    TRAFFIC("kv_bytes_written", kv_bytes_written), TRAFFIC("activation_bytes", activation_bytes),
+    TRAFFIC("matmul_flops", matmul_flops),         TRAFFIC("attention_flops", attention_flops),
+};
+const int step_traffic_field_count = (int)(sizeof step_traffic_fields / sizeof step_traffic_fields[0]);
+
+// ---- JSON ------------------------------------------------------------------------------------
+
+// Writes one member `"name":value`, after a comma unless it opens its object.
+static void write_member(const step_record_field* f, const void* base, bool* first, FILE* out);
+
+static void write_traffic(const kernel_traffic* t, bool* first, FILE* out) {
+    for (int i = 0; i < step_traffic_field_count; i++) write_member(&step_traffic_fields[i], t, first, out);
+}
+
+static void write_member(const step_record_field* f, const void* base, bool* first, FILE* out) {
+    const char* at = (const char*)base + f->offset;
+    if (f->kind == STEP_FIELD_TRAFFIC) { // its members sit inline
+        write_traffic((const kernel_traffic*)(const void*)at, first, out);
+        return;
+    }
+    if (f->omit_when_zero && f->kind == STEP_FIELD_U64 && *(const uint64_t*)(const void*)at == 0) return;
+    fprintf(out, "%s\"%s\":", *first ? "" : ",", f->name);
+    *first = false;
+    switch (f->kind) {
+    case STEP_FIELD_INT: fprintf(out, "%d", *(const int*)(const void*)at); break;
+    case STEP_FIELD_U64: fprintf(out, "%" PRIu64, *(const uint64_t*)(const void*)at); break;
+    case STEP_FIELD_I64: fprintf(out, "%" PRId64, *(const int64_t*)(const void*)at); break;
+    case STEP_FIELD_DOUBLE: fprintf(out, "%.*f", f->decimals, *(const double*)(const void*)at); break;
+    case STEP_FIELD_STRING: {
+        const char* text = *(const char* const*)(const void*)at;
+        fprintf(out, "\"%s\"", text ? text : "");
+        break;
+    }
+    case STEP_FIELD_SHARD_TRAFFIC: {
+        const step_record* r = base;
+        fputc('[', out);
+        for (int k = 0; k < r->tp_shards && k < MAX_TP_SHARDS; k++) {
+            bool first_in_shard = true;
+            fputs(k ? ",{" : "{", out);
+            write_traffic(&r->shard_traffic[k], &first_in_shard, out);
+            fputc('}', out);
+        }
+        fputc(']', out);
+        break;
+    }
+    case STEP_FIELD_TRAFFIC: break; // handled above
+    }
 }
 
 void step_record_write_json(const step_record* r, FILE* out) {
-    fprintf(out, "{\"step\":%" PRIu64 ",\"clock_s\":%.6f,\"wall_ns\":%" PRIu64 ",\"prefill_tokens\":%d,\"decode_tokens\":%d",
-            r->step, r->clock_seconds, r->wall_ns, r->prefill_tokens, r->decode_tokens);
-    if (r->device_ns) fprintf(out, ",\"device_ns\":%" PRIu64, r->device_ns); // --backend cuda only
-    fputc(',', out);
-    write_traffic(&r->traffic, out);
-    fprintf(out,
-            ",\"tp\":{\"shards\":%d,\"link\":\"%s\",\"allreduces\":%d,\"allreduce_bytes\":%" PRIu64
-            ",\"allreduce_s\":%.9f,\"shard_traffic\":[",
-            r->tp_shards, r->tp_link ? r->tp_link : "", r->n_allreduces, r->allreduce_bytes, r->allreduce_seconds);
-    for (int k = 0; k < r->tp_shards && k < MAX_TP_SHARDS; k++) {
-        fputs(k ? ",{" : "{", out);
-        write_traffic(&r->shard_traffic[k], out);
-        fputc('}', out);
+    fputc('{', out);
+    bool first = true, first_in_group = true;
+    const char* group = NULL;
+    for (int i = 0; i < step_record_field_count; i++) {
+        const step_record_field* f = &step_record_fields[i];
+        bool same_group = f->group == group || (f->group && group && strcmp(f->group, group) == 0);
+        if (!same_group) {
+            if (group) fputc('}', out);
+            group = f->group;
+            if (group) {
+                fprintf(out, "%s\"%s\":{", first ? "" : ",", group);
+                first = false;
+                first_in_group = true;
+            }
+        }
+        write_member(f, r, group ? &first_in_group : &first, out);
     }
-    fputs("]}", out);
-    fprintf(out,
-            ",\"pool\":{\"blocks_total\":%d,\"blocks_free\":%d,\"blocks_used\":%d,\"blocks_cached\":%d,"
-            "\"slots_total\":%" PRId64 ",\"slots_used\":%" PRId64 ",\"slots_allocated\":%" PRId64
-            ",\"tail_waste_slots\":%" PRId64 ",\"reserved_unused_slots\":%" PRId64
-            ",\"external_fragmentation_slots\":%" PRId64 "}",
-            r->blocks_total, r->blocks_free, r->blocks_used, r->blocks_cached, r->slots_total, r->slots_used,
-            r->slots_allocated, r->tail_waste_slots, r->reserved_unused_slots, r->external_fragmentation_slots);
-    fprintf(out,
-            ",\"queues\":{\"waiting\":%d,\"running\":%d,\"finished\":%d},\"preempted\":%d,"
-            "\"prefix_hit_tokens\":%d,\"copy_bytes\":%" PRIu64,
-            r->n_waiting, r->n_running, r->n_finished, r->n_preempted, r->prefix_hit_tokens,
-            r->copy_bytes);
+    if (group) fputc('}', out);
     fputs(",\"sequences\":[", out);
     for (int i = 0; i < r->n_sequences; i++) {
         const step_sequence* s = &r->sequences[i];
@@ -71,4 +153,204 @@ void step_record_write_json(const step_record* r, FILE* out) {
     fputs("],\"finished\":[", out);
     for (int i = 0; i < r->n_finished_now; i++) fprintf(out, "%s%d", i ? "," : "", r->finished_ids[i]);
     fputs("]}\n", out);
+}
+
+// ---- the record's arrays ---------------------------------------------------------------------
+
+void step_record_free(step_record* r) {
+    free(r->sequences);
+    free(r->block_ids);
+    free(r->finished_ids);
+    free(r->waiting_ids);
+    free(r->running_ids);
+    free(r->live_sequences);
+    free(r->blocks);
+    memset(r, 0, sizeof *r);
+}
+
+void step_record_clear(step_record* r) {
+    step_record kept = *r;
+    memset(r, 0, sizeof *r);
+    r->sequences = kept.sequences;
+    r->block_ids = kept.block_ids;
+    r->finished_ids = kept.finished_ids;
+    r->waiting_ids = kept.waiting_ids;
+    r->running_ids = kept.running_ids;
+    r->live_sequences = kept.live_sequences;
+    r->blocks = kept.blocks;
+    r->sequences_capacity = kept.sequences_capacity;
+    r->block_ids_capacity = kept.block_ids_capacity;
+    r->finished_capacity = kept.finished_capacity;
+    r->waiting_capacity = kept.waiting_capacity;
+    r->running_capacity = kept.running_capacity;
+    r->live_capacity = kept.live_capacity;
+}
+
+// Grows *array to hold n elements of `size` bytes; -1 when out of memory.
+static int grow(void* array, int* capacity, int n, size_t size) {
+    if (n <= *capacity) return 0;
+    int wanted = n > 2 * *capacity ? n : 2 * *capacity;
+    void* grown = realloc(*(void**)array, (size_t)wanted * size);
+    if (!grown) return -1;
+    *(void**)array = grown;
+    *capacity = wanted;
+    return 0;
+}
+
+int step_record_reserve(step_record* r, int n_sequences, int n_finished) {
+    if (grow(&r->sequences, &r->sequences_capacity, n_sequences, sizeof *r->sequences)) return -1;
+    return grow(&r->finished_ids, &r->finished_capacity, n_finished, sizeof *r->finished_ids);
+}
+
+// ---- filling it from the engine ----------------------------------------------------------------
+
+static int32_t tail_waste(const engine* e, const sequence* s) {
+    if (e->config.layout != KV_LAYOUT_PAGED) return 0;
+    // Slots of its blocks past its last token (computed or still to
+    // compute), at most block_size - 1 by construction. A token just
+    // sampled may sit one past the table until the next step gives it a block.
+    int64_t tail = (int64_t)s->n_table * e->config.block_size - s->n_tokens;
+    return tail > 0 ? (int32_t)tail : 0;
+}
+
+// Occupancy and waste of the pool, over the running sequences.
+static void measure_pool(engine* e, step_record* r) {
+    r->slots_total = engine_pool_slots(e);
+    if (e->config.layout == KV_LAYOUT_PAGED) {
+        const kv_pool* pool = &e->pool;
+        r->blocks_total = pool->n_blocks;
+        r->blocks_free = pool->n_free;
+        r->blocks_cached = pool->n_evictable;
+        // Count each physical block once, however many tables share it.
+        e->mark_epoch++;
+        int used = 0;
+        for (int i = 0; i < e->n_running; i++) {
+            const sequence* s = &e->sequences[e->running[i]];
+            for (int b = 0; b < s->n_table; b++) {
+                int32_t block = s->block_table[b];
+                if (e->mark[block] == e->mark_epoch) continue;
+                e->mark[block] = e->mark_epoch;
+                used++;
+                r->slots_used += pool->blocks[block].n_filled;
+            }
+            r->tail_waste_slots += tail_waste(e, s);
+        }
+        r->blocks_used = used;
+        r->slots_allocated = (int64_t)used * pool->block_size;
+    } else {
+        kv_contiguous_usage usage = kv_contiguous_measure(&e->contiguous);
+        for (int i = 0; i < e->n_running; i++) r->slots_used += e->sequences[e->running[i]].n_computed;
+        r->slots_allocated = usage.reserved_slots;
+        r->reserved_unused_slots = usage.reserved_slots - r->slots_used;
+        r->external_fragmentation_slots = usage.free_slots - usage.largest_hole;
+    }
+}
+
+// Every pool block's owners and fill (paged).
+static void record_blocks(const engine* e, step_record* r) {
+    const kv_pool* pool = &e->pool;
+    for (int b = 0; b < pool->n_blocks; b++) {
+        const kv_block* k = &pool->blocks[b];
+        int owners = k->ref_count - (k->cached ? 1 : 0); // block tables holding it
+        block_state state = k->ref_count == 0 ? BLOCK_STATE_FREE
+                            : owners == 0     ? BLOCK_STATE_CACHED
+                            : owners > 1      ? BLOCK_STATE_SHARED
+                                              : BLOCK_STATE_USED;
+        r->blocks[b] = (step_block){k->ref_count, k->n_filled, state};
+    }
+    r->blocks_in_prefix_cache = pool->n_cached;
+    r->total_copies = pool->total_copies;
+    r->total_evictions = pool->total_evictions;
+    r->events = pool->events;
+    r->n_events = pool->n_events;
+    r->copy_bytes = pool->copy_bytes;
+}
+
+// The sequences that ran, with a copy of their block tables.
+static int record_ran(const engine* e, const schedule_result* plan, step_record* r) {
+    int total = 0;
+    for (int i = 0; i < plan->n_items; i++) total += e->sequences[plan->items[i].id].n_table;
+    if (grow(&r->block_ids, &r->block_ids_capacity, total, sizeof *r->block_ids)) return -1;
+    r->n_sequences = plan->n_items;
+    int offset = 0;
+    for (int i = 0; i < plan->n_items; i++) {
+        const sequence* s = &e->sequences[plan->items[i].id];
+        step_sequence* out = &r->sequences[i];
+        out->id = s->id;
+        out->request_id = s->request_id;
+        out->phase = plan->items[i].phase;
+        out->n_tokens = plan->items[i].n_tokens;
+        out->context_length = s->n_computed;
+        out->table_offset = offset;
+        out->n_table = s->n_table;
+        out->tail_fill = e->config.layout == KV_LAYOUT_PAGED && s->n_computed > 0
+                             ? (s->n_computed - 1) % e->config.block_size + 1
+                             : 0;
+        out->tail_waste_slots = tail_waste(e, s);
+        // A sequence that finished this step has released its table (n_table 0,
+        // and block_ids may still be NULL): memcpy must not see NULL even for 0 bytes.
+        if (s->n_table > 0) memcpy(r->block_ids + offset, s->block_table, (size_t)s->n_table * sizeof(int32_t));
+        offset += s->n_table;
+    }
+    return 0;
+}
+
+// The queues and every sequence still held, for the request lists.
+static int record_sequences(const engine* e, step_record* r) {
+    if (grow(&r->waiting_ids, &r->waiting_capacity, e->n_waiting, sizeof *r->waiting_ids) ||
+        grow(&r->running_ids, &r->running_capacity, e->n_running, sizeof *r->running_ids) ||
+        grow(&r->live_sequences, &r->live_capacity, e->n_live, sizeof *r->live_sequences))
+        return -1;
+    r->n_waiting = e->n_waiting;
+    r->n_running = e->n_running;
+    if (e->n_waiting > 0) memcpy(r->waiting_ids, e->waiting, (size_t)e->n_waiting * sizeof *e->waiting);
+    if (e->n_running > 0) memcpy(r->running_ids, e->running, (size_t)e->n_running * sizeof *e->running);
+    r->n_finished = e->n_finished;
+    r->n_cancelled = e->n_cancelled;
+    r->n_requests = e->n_requests;
+    r->n_sequence_ids = e->n_sequences;
+    r->n_live_sequences = e->n_live;
+    for (int i = 0; i < e->n_live; i++) {
+        const sequence* s = &e->sequences[e->live_ids[i]];
+        r->live_sequences[i] = (step_sequence_status){
+            .id = s->id,
+            .request_id = s->request_id,
+            .sample_index = s->sample_index,
+            .state = s->state,
+            .stop = s->stop,
+            .n_prompt = s->n_prompt,
+            .n_tokens = s->n_tokens,
+            .n_computed = s->n_computed,
+            .fork_parent = s->fork_parent,
+            .n_preemptions = s->n_preemptions,
+            .tail_waste_slots = tail_waste(e, s),
+            .arrival_time = s->arrival_time,
+            .first_token_time = s->first_token_time,
+            .finish_time = s->finish_time,
+            .tokens = s->tokens,
+            .block_table = s->block_table,
+            .n_table = s->n_table,
+        };
+    }
+    return 0;
+}
+
+int step_record_fill(step_record* r, engine* e, const schedule_result* plan) {
+    r->layout = e->config.layout;
+    r->block_size = e->config.block_size;
+    r->tp_shards = e->config.tp_shards;
+    r->tp_link = link_model_get(e->config.tp_link)->name;
+    r->prefix_hit_tokens = plan->prefix_hit_tokens;
+    r->total_preemptions = e->total_preemptions;
+    r->total_prefix_hit_tokens = e->total_prefix_hit_tokens;
+    if (record_ran(e, plan, r) || record_sequences(e, r)) return -1;
+    measure_pool(e, r);
+    if (e->config.layout == KV_LAYOUT_PAGED) {
+        if (!r->blocks) {
+            r->blocks = malloc((size_t)e->pool.n_blocks * sizeof *r->blocks);
+            if (!r->blocks) return -1;
+        }
+        record_blocks(e, r);
+    }
+    return 0;
 }

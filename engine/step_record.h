@@ -1,15 +1,20 @@
 // step_record: what one engine step did, the one source of truth for the
-// dashboard, lessons, --trace files and benchmarks (DESIGN.md).
+// dashboard, lessons, --trace files and benchmarks (DESIGN.md). A reader
+// needs nothing else from the engine: the pool's blocks, the queues and
+// every live sequence are in it, measured once per step.
 //
 // Byte and FLOP counts are the kernels' own (kernel_traffic), summed over
 // the step's forward pass; pool figures are measured after the step.
 #ifndef SERVELAB_STEP_RECORD_H
 #define SERVELAB_STEP_RECORD_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
 #include "engine/kv_blocks.h"
+#include "engine/kv_layout.h"
+#include "engine/sequence.h"
 #include "engine/tensor_parallel.h"
 #include "kernels/cpu/kernel_traffic.h"
 
@@ -24,7 +29,47 @@ typedef struct step_sequence {
     int32_t table_offset;  // its block table: block_ids[table_offset .. + n_table)
     int32_t n_table;
     int32_t tail_fill;     // slots used in its last block (paged)
+    int32_t tail_waste_slots; // paged: slots of its blocks past its last token, 0..block_size - 1; contiguous 0
 } step_sequence;
+
+// Where a pool block stands after the step (the dashboard's pool map).
+typedef enum block_state {
+    BLOCK_STATE_FREE = 0,   // ref_count 0
+    BLOCK_STATE_USED = 1,   // one block table holds it
+    BLOCK_STATE_SHARED = 2, // two or more block tables hold it
+    BLOCK_STATE_CACHED = 3, // only the prefix cache holds it (evictable)
+} block_state;
+
+typedef struct step_block {
+    int32_t ref_count;     // owners: block tables + 1 while in the prefix cache
+    int32_t n_filled;      // slots holding a token, 0..block_size
+    block_state state;
+} step_block;
+
+// One sequence the engine still holds (added and not released), whether or
+// not it ran this step: the request list of the dashboard and lessons.
+typedef struct step_sequence_status {
+    int32_t id;
+    int32_t request_id;
+    int32_t sample_index;     // 0 .. n_samples - 1 within its request
+    sequence_state state;
+    stop_reason stop;         // why it finished (SEQ_FINISHED only; STOP_CANCELLED when cancelled)
+    int32_t n_prompt;
+    int32_t n_tokens;         // prompt + generated
+    int32_t n_computed;       // tokens whose KV is cached
+    int32_t fork_parent;      // the sequence it was forked from, or -1
+    int32_t n_preemptions;
+    int32_t tail_waste_slots; // as in step_sequence
+    double arrival_time;      // engine clock, seconds
+    double first_token_time;  // engine clock of its first new token, or -1
+    double finish_time;       // engine clock when it finished, or -1
+    // Borrowed from the engine: valid until the next engine_step or
+    // engine_release_sequence (copying every live sequence's tokens each
+    // step would cost O(all tokens) per step).
+    const int32_t* tokens;    // (n_tokens) prompt then generated ids
+    const int32_t* block_table; // (n_table) paged: block ids; contiguous: slot ids
+    int32_t n_table;
+} step_sequence_status;
 
 typedef struct step_record {
     uint64_t step;                 // 1, 2, ...
@@ -61,20 +106,84 @@ typedef struct step_record {
     int64_t tail_waste_slots;      // paged: slots past each sequence's last token in its last block
     int64_t reserved_unused_slots; // contiguous: reserved but holding no token
     int64_t external_fragmentation_slots; // contiguous: free slots outside the largest hole
+    kv_layout layout;
+    int block_size;                // the engine's block size (tokens per block; paged)
+    step_block* blocks;            // (blocks_total) every pool block after the step (paged; NULL for contiguous)
+    int blocks_in_prefix_cache;    // indexed by the prefix cache, in use or evictable (paged)
+    uint64_t total_copies;         // copy-on-write copies since the engine started (paged)
+    uint64_t total_evictions;      // cached blocks reclaimed since the engine started (paged)
     int n_waiting;
     int n_running;
-    int n_finished;                // finished since the engine started
+    int32_t* waiting_ids;          // (n_waiting) first come first served; preempted ones at the front
+    int32_t* running_ids;          // (n_running) in admission order
+    int n_finished;                // finished since the engine started (cancelled included)
+    int n_cancelled;               // cancelled since the engine started
+    int n_requests;                // requests added since the engine started
+    int n_sequence_ids;            // ids handed out: 0 .. n_sequence_ids - 1 (released ones included)
+    int n_live_sequences;          // added and not released
+    step_sequence_status* live_sequences; // (n_live_sequences) in id order
     int n_preempted;               // preemptions this step
     int prefix_hit_tokens;         // prompt tokens reused from the prefix cache this step
     uint64_t copy_bytes;           // KV bytes copied by copy-on-write this step
+    uint64_t total_preemptions;    // since the engine started
+    uint64_t total_prefix_hit_tokens; // since the engine started
     int n_events;
     block_event* events;           // (n_events) block events of this step
     int n_finished_now;
     int32_t* finished_ids;         // (n_finished_now) sequences that finished this step
+    // Room in the arrays above (the engine's bookkeeping, not for readers).
+    int sequences_capacity, block_ids_capacity, finished_capacity, waiting_capacity, running_capacity, live_capacity;
 } step_record;
+
+// The record's scalar fields, by the names the JSON trace uses. One table
+// drives the JSON writer and the Lua host, so the two cannot name a field
+// differently.
+typedef enum step_field_kind {
+    STEP_FIELD_INT = 0,          // int
+    STEP_FIELD_U64 = 1,          // uint64_t
+    STEP_FIELD_I64 = 2,          // int64_t
+    STEP_FIELD_DOUBLE = 3,       // double, written with `decimals` digits
+    STEP_FIELD_STRING = 4,       // const char* (NULL written as "")
+    STEP_FIELD_TRAFFIC = 5,      // kernel_traffic: its step_traffic_fields, inline
+    STEP_FIELD_SHARD_TRAFFIC = 6, // kernel_traffic[tp_shards]: an array of traffic objects
+} step_field_kind;
+
+typedef struct step_record_field {
+    const char* group;    // the JSON object it sits in ("tp", "pool", "queues"), NULL at the top
+    const char* name;     // JSON member name
+    step_field_kind kind;
+    size_t offset;        // offsetof(step_record, ...) (or kernel_traffic for step_traffic_fields)
+    int decimals;         // STEP_FIELD_DOUBLE: digits after the point
+    int omit_when_zero;   // 1: left out when 0 (device_ns exists only on --backend cuda)
+} step_record_field;
+
+extern const step_record_field step_record_fields[];
+extern const int step_record_field_count;
+extern const step_record_field step_traffic_fields[]; // offsets into kernel_traffic
+extern const int step_traffic_field_count;
 
 // Writes the record as one JSON object on one line (JSON Lines).
 void step_record_write_json(const step_record* record, FILE* out);
+
+// ---- for the engine only --------------------------------------------------------------------
+
+struct engine;
+struct schedule_result;
+
+// Zeroes the step's figures, keeping the arrays the record owns.
+void step_record_clear(step_record* record);
+
+// Room for n_sequences ran and n_finished finished this step; -1 when out of memory.
+int step_record_reserve(step_record* record, int n_sequences, int n_finished);
+
+// Fills everything but the traffic, the token counts and the finished ids
+// (the forward pass and the postprocessing write those as they happen):
+// the sequences that ran, the pool, its blocks, the queues and every live
+// sequence, measured once after the step. -1 when out of memory.
+int step_record_fill(step_record* record, struct engine* e, const struct schedule_result* plan);
+
+// Frees the arrays the record owns (the engine calls it in engine_free).
+void step_record_free(step_record* record);
 
 const char* block_event_name(block_event_kind kind);
 

@@ -56,6 +56,53 @@ typedef struct step_digest {
     int64_t slots_used;
 } step_digest;
 
+// The record is the window into the engine: its queues, live sequences,
+// block states and tail waste must say what the engine holds after the step.
+static void check_record_window(const engine* e, const step_record* r) {
+    assert_int_equal(r->n_waiting, e->n_waiting);
+    assert_int_equal(r->n_running, e->n_running);
+    for (int i = 0; i < e->n_waiting; i++) assert_int_equal(r->waiting_ids[i], e->waiting[i]);
+    for (int i = 0; i < e->n_running; i++) assert_int_equal(r->running_ids[i], e->running[i]);
+    assert_int_equal(r->n_live_sequences, engine_live_sequences(e));
+    assert_int_equal(r->n_sequence_ids, e->n_sequences);
+    int64_t running_tail_waste = 0;
+    for (int i = 0, id = 0; i < r->n_live_sequences; i++, id++) {
+        const step_sequence_status* q = &r->live_sequences[i];
+        while (!engine_sequence(e, id)) id++; // released ids are left out
+        const sequence* s = engine_sequence(e, id);
+        assert_int_equal(q->id, id);
+        assert_int_equal(q->state, s->state);
+        assert_int_equal(q->n_tokens, s->n_tokens);
+        assert_int_equal(q->n_prompt, s->n_prompt);
+        assert_ptr_equal(q->tokens, s->tokens);
+        int64_t tail = (int64_t)s->n_table * e->config.block_size - s->n_tokens;
+        assert_int_equal(q->tail_waste_slots, tail > 0 ? tail : 0);
+        assert_in_range(q->tail_waste_slots, 0, e->config.block_size - 1);
+        if (s->state == SEQ_PREFILL || s->state == SEQ_DECODE) running_tail_waste += q->tail_waste_slots;
+    }
+    assert_int_equal(running_tail_waste, r->tail_waste_slots);
+    for (int i = 0; i < r->n_sequences; i++)
+        assert_in_range(r->sequences[i].tail_waste_slots, 0, e->config.block_size - 1);
+    int counts[4] = {0};
+    assert_int_equal(r->blocks_total, e->pool.n_blocks);
+    for (int b = 0; b < r->blocks_total; b++) {
+        const kv_block* k = &e->pool.blocks[b];
+        const step_block* seen = &r->blocks[b];
+        assert_int_equal(seen->ref_count, k->ref_count);
+        assert_int_equal(seen->n_filled, k->n_filled);
+        int owners = k->ref_count - (k->cached ? 1 : 0);
+        block_state expected = k->ref_count == 0 ? BLOCK_STATE_FREE
+                               : owners == 0     ? BLOCK_STATE_CACHED
+                               : owners > 1      ? BLOCK_STATE_SHARED
+                                                 : BLOCK_STATE_USED;
+        assert_int_equal(seen->state, expected);
+        counts[seen->state]++;
+    }
+    assert_int_equal(counts[BLOCK_STATE_FREE], r->blocks_free);
+    assert_int_equal(counts[BLOCK_STATE_CACHED], r->blocks_cached);
+    assert_int_equal(counts[BLOCK_STATE_USED] + counts[BLOCK_STATE_SHARED], r->blocks_used);
+}
+
 // Runs to the end; with `release`, every sequence is released as soon as a
 // step finishes it. Fills digests (one per step) and each sequence's output.
 static int run(const model* m, bool release, step_digest* digests, int32_t outputs[N_REQUESTS][NEW_TOKENS]) {
@@ -67,6 +114,7 @@ static int run(const model* m, bool release, step_digest* digests, int32_t outpu
     while (engine_has_work(&e) && steps < MAX_STEPS) {
         const step_record* r = NULL;
         assert_int_equal(engine_step(&e, &r, &err), 0);
+        check_record_window(&e, r);
         digests[steps] = (step_digest){r->n_sequences,    r->n_running,   r->n_waiting,   r->n_finished,
                                        r->n_finished_now, r->blocks_free, r->blocks_used, r->slots_used};
         for (int i = 0; i < r->n_finished_now; i++) {
