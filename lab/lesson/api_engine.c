@@ -289,30 +289,36 @@ static void push_traffic(lua_State* L, const kernel_traffic* t) {
     lab_set_number(L, "intensity", bytes ? (double)flops / (double)bytes : 0.0);
 }
 
-static void push_record(lua_State* L, const step_record* r) {
-    lua_createtable(L, 0, 32);
-    lab_set_integer(L, "step", (lua_Integer)r->step);
-    lab_set_number(L, "clock", r->clock_seconds);
-    lab_set_number(L, "seconds", (double)r->wall_ns * 1e-9);
-    lab_set_integer(L, "prefill_tokens", r->prefill_tokens);
-    lab_set_integer(L, "decode_tokens", r->decode_tokens);
-    push_traffic(L, &r->traffic);
-    lab_set_integer(L, "blocks_total", r->blocks_total);
-    lab_set_integer(L, "blocks_free", r->blocks_free);
-    lab_set_integer(L, "blocks_used", r->blocks_used);
-    lab_set_integer(L, "blocks_cached", r->blocks_cached);
-    lab_set_integer(L, "slots_total", r->slots_total);
-    lab_set_integer(L, "slots_used", r->slots_used);
-    lab_set_integer(L, "slots_allocated", r->slots_allocated);
-    lab_set_integer(L, "tail_waste", r->tail_waste_slots);
-    lab_set_integer(L, "reserved_unused", r->reserved_unused_slots);
-    lab_set_integer(L, "external_fragmentation", r->external_fragmentation_slots);
-    lab_set_integer(L, "waiting", r->n_waiting);
-    lab_set_integer(L, "running", r->n_running);
-    lab_set_integer(L, "finished", r->n_finished);
-    lab_set_integer(L, "preempted", r->n_preempted);
-    lab_set_integer(L, "prefix_hit_tokens", r->prefix_hit_tokens);
-    lab_set_integer(L, "copy_bytes", (lua_Integer)r->copy_bytes);
+// Sets one field of the record's table of fields (engine/step_record.h) on
+// the table on top, by the name the JSON trace gives it. Traffic keeps the
+// lab's own shape (bytes, flops, intensity); each shard's under "shard".
+static void set_record_field(lua_State* L, const step_record_field* f, const step_record* r) {
+    const void* at = (const char*)r + f->offset;
+    switch (f->kind) {
+    case STEP_FIELD_INT: lab_set_integer(L, f->name, *(const int*)at); break;
+    case STEP_FIELD_U64:
+        if (f->omit_when_zero && *(const uint64_t*)at == 0) break;
+        lab_set_integer(L, f->name, (lua_Integer)*(const uint64_t*)at);
+        break;
+    case STEP_FIELD_I64: lab_set_integer(L, f->name, (lua_Integer)*(const int64_t*)at); break;
+    case STEP_FIELD_DOUBLE: lab_set_number(L, f->name, *(const double*)at); break;
+    case STEP_FIELD_STRING: lab_set_string(L, f->name, *(const char* const*)at ? *(const char* const*)at : ""); break;
+    case STEP_FIELD_TRAFFIC: push_traffic(L, (const kernel_traffic*)at); break;
+    case STEP_FIELD_SHARD_TRAFFIC: {
+        int n_shards = r->tp_shards > 1 ? r->tp_shards : 0;
+        lua_createtable(L, n_shards, 0);
+        for (int i = 0; i < n_shards; i++) {
+            lua_createtable(L, 0, 3);
+            push_traffic(L, &r->shard_traffic[i]);
+            lua_rawseti(L, -2, i + 1);
+        }
+        lua_setfield(L, -2, "shard");
+        break;
+    }
+    }
+}
+
+static void push_events(lua_State* L, const step_record* r) {
     int copies = 0;
     lua_createtable(L, r->n_events, 0);
     for (int i = 0; i < r->n_events; i++) {
@@ -327,40 +333,47 @@ static void push_record(lua_State* L, const step_record* r) {
     }
     lua_setfield(L, -2, "events");
     lab_set_integer(L, "copies", copies);
+}
+
+static void push_ran_sequences(lua_State* L, const step_record* r) {
     lua_createtable(L, r->n_sequences, 0);
     for (int i = 0; i < r->n_sequences; i++) {
         const step_sequence* s = &r->sequences[i];
-        lua_createtable(L, 0, 8);
+        lua_createtable(L, 0, 9);
         lab_set_integer(L, "id", s->id);
         lab_set_integer(L, "request_id", s->request_id);
         lab_set_string(L, "phase", phase_name(s->phase));
         lab_set_integer(L, "tokens", s->n_tokens);
         lab_set_integer(L, "context", s->context_length);
         lab_set_integer(L, "tail_fill", s->tail_fill);
+        lab_set_integer(L, "tail_waste_slots", s->tail_waste_slots);
         lab_push_int32_array(L, r->block_ids + s->table_offset, (size_t)s->n_table);
         lua_setfield(L, -2, "block_table");
         lua_rawseti(L, -2, i + 1);
     }
     lua_setfield(L, -2, "sequences");
+}
+
+// The record as a Lua table. Its scalar fields come from the record's
+// field table, so a lesson reads the names a --trace file has; the "pool"
+// and "queues" groups sit flat in the table, "tp" in its own table
+// (simulated tensor parallelism: each shard's traffic and the all-reduces).
+static void push_record(lua_State* L, const step_record* r) {
+    lua_createtable(L, 0, 32);
+    int record = lua_gettop(L);
+    lua_createtable(L, 0, 6);
+    int tp = lua_gettop(L);
+    for (int i = 0; i < step_record_field_count; i++) {
+        const step_record_field* f = &step_record_fields[i];
+        lua_pushvalue(L, f->group && strcmp(f->group, "tp") == 0 ? tp : record);
+        set_record_field(L, f, r);
+        lua_pop(L, 1);
+    }
+    lua_setfield(L, record, "tp");
+    push_events(L, r);
+    push_ran_sequences(L, r);
     lab_push_int32_array(L, r->finished_ids, (size_t)r->n_finished_now);
     lua_setfield(L, -2, "finished_ids");
-    // Simulated tensor parallelism: each shard's own traffic (same shape as
-    // the step's bytes/flops/intensity) and the all-reduces between them.
-    lua_createtable(L, 0, 6);
-    lab_set_integer(L, "shards", r->tp_shards);
-    lab_set_string(L, "link", r->tp_link ? r->tp_link : "");
-    lab_set_integer(L, "allreduces", r->n_allreduces);
-    lab_set_integer(L, "allreduce_bytes", (lua_Integer)r->allreduce_bytes);
-    lab_set_number(L, "allreduce_seconds", r->allreduce_seconds);
-    int n_shards = r->tp_shards > 1 ? r->tp_shards : 0;
-    lua_createtable(L, n_shards, 0);
-    for (int i = 0; i < n_shards; i++) {
-        lua_createtable(L, 0, 3);
-        push_traffic(L, &r->shard_traffic[i]);
-        lua_rawseti(L, -2, i + 1);
-    }
-    lua_setfield(L, -2, "shard");
-    lua_setfield(L, -2, "tp");
 }
 
 static void accumulate(lab_totals* t, const step_record* r) {
@@ -507,6 +520,17 @@ static const sequence* check_sequence(lua_State* L, const lab_engine* e, int arg
     return s;
 }
 
+// The sequence's tail waste as the last step's record measured it. A
+// sequence's blocks change only inside a step, or when it is cancelled
+// (it then holds none): so one added since the last step, or finished, has 0.
+static int32_t recorded_tail_waste(const lab_engine* e, const sequence* s) {
+    if (!e->stepped || s->state == SEQ_FINISHED) return 0;
+    const step_record* r = &e->engine.record;
+    for (int i = 0; i < r->n_live_sequences; i++)
+        if (r->live_sequences[i].id == s->id) return r->live_sequences[i].tail_waste_slots;
+    return 0;
+}
+
 static void push_sequence(lua_State* L, const lab_engine* e, const sequence* s) {
     lua_createtable(L, 0, 20);
     lab_set_integer(L, "id", s->id);
@@ -530,8 +554,7 @@ static void push_sequence(lua_State* L, const lab_engine* e, const sequence* s) 
     lua_setfield(L, -2, "tokens");
     lab_push_int32_array(L, s->block_table, (size_t)s->n_table);
     lua_setfield(L, -2, "block_table");
-    if (e->engine.config.layout == KV_LAYOUT_PAGED)
-        lab_set_integer(L, "tail_waste", s->n_table > 0 ? (lua_Integer)s->n_table * e->engine.config.block_size - s->n_tokens : 0);
+    if (e->engine.config.layout == KV_LAYOUT_PAGED) lab_set_integer(L, "tail_waste_slots", recorded_tail_waste(e, s));
     lab_push_decoded(L, e->model->source.tokenizer, s->tokens[s->n_prompt - 1], s->tokens + s->n_prompt, generated);
     lua_setfield(L, -2, "text");
 }
