@@ -472,10 +472,13 @@ static int engine_cancel(lua_State* L) {
     return 0;
 }
 
+// e:pool(): the pool as the last step's record measured it (blocks are
+// taken and shared only inside a step; before the first every block is free).
 static int engine_pool(lua_State* L) {
     lab_engine* le = check_engine(L, 1);
     const engine* e = &le->engine;
     const model_config* c = &e->model->config;
+    const step_record* r = le->stepped ? &e->record : NULL;
     bool paged = e->config.layout == KV_LAYOUT_PAGED;
     uint64_t slot_bytes = kv_memory_block_bytes(c, e->config.kv_dtype, 1);
     lua_createtable(L, 0, 12);
@@ -486,21 +489,22 @@ static int engine_pool(lua_State* L) {
     lab_set_integer(L, "slots_total", engine_pool_slots(e));
     lab_set_integer(L, "bytes_total", (lua_Integer)((uint64_t)engine_pool_slots(e) * slot_bytes));
     if (paged) {
-        lab_set_integer(L, "blocks_total", e->pool.n_blocks);
-        lab_set_integer(L, "blocks_free", e->pool.n_free);
-        lab_set_integer(L, "blocks_evictable", e->pool.n_evictable);
-        lab_set_integer(L, "blocks_cached", e->pool.n_cached);
-        lab_set_integer(L, "copies", (lua_Integer)e->pool.total_copies);
-        lab_set_integer(L, "evictions", (lua_Integer)e->pool.total_evictions);
-        lua_createtable(L, e->pool.n_blocks, 0);
-        for (int b = 0; b < e->pool.n_blocks; b++) {
-            lua_pushinteger(L, e->pool.blocks[b].ref_count);
+        int n_blocks = (int)(engine_pool_slots(e) / e->config.block_size);
+        lab_set_integer(L, "blocks_total", n_blocks);
+        lab_set_integer(L, "blocks_free", r ? r->blocks_free : n_blocks);
+        lab_set_integer(L, "blocks_evictable", r ? r->blocks_cached : 0);
+        lab_set_integer(L, "blocks_cached", r ? r->blocks_in_prefix_cache : 0);
+        lab_set_integer(L, "copies", r ? (lua_Integer)r->total_copies : 0);
+        lab_set_integer(L, "evictions", r ? (lua_Integer)r->total_evictions : 0);
+        lua_createtable(L, n_blocks, 0);
+        for (int b = 0; b < n_blocks; b++) {
+            lua_pushinteger(L, r ? r->blocks[b].ref_count : 0);
             lua_rawseti(L, -2, b + 1);
         }
         lua_setfield(L, -2, "ref_counts");
-        lua_createtable(L, e->pool.n_blocks, 0);
-        for (int b = 0; b < e->pool.n_blocks; b++) {
-            lua_pushinteger(L, e->pool.blocks[b].n_filled);
+        lua_createtable(L, n_blocks, 0);
+        for (int b = 0; b < n_blocks; b++) {
+            lua_pushinteger(L, r ? r->blocks[b].n_filled : 0);
             lua_rawseti(L, -2, b + 1);
         }
         lua_setfield(L, -2, "filled");
