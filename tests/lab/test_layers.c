@@ -152,6 +152,19 @@ static const char* lab_rule(const char* file, const char* header) {
     return NULL;
 }
 
+// The dashboard (lab/ui) and the Lua host (lab/lesson) see the engine
+// through its record: not even the public headers that run the forward
+// pass or lay out KV memory outside an engine.
+static const char* const WINDOW_ONLY_EXCLUDED[] = {"engine/forward.h", "engine/kv_memory.h", NULL};
+
+static const char* window_rule(const char* file, const char* header) {
+    const char* why = lab_rule(file, header);
+    if (why) return why;
+    if (listed(header, WINDOW_ONLY_EXCLUDED))
+        return "the dashboard and the Lua host read the step record, not the forward pass or KV memory";
+    return NULL;
+}
+
 // The lesson room has no circle: the lab module's parts (api_*.c) see the
 // host through lab/lesson/api.h, never the lesson's struct in internal.h.
 static const char* lesson_parts_rule(const char* file, const char* header) {
@@ -182,6 +195,12 @@ static void test_lab_includes_only_public_engine_headers(void** state) {
     check_folder("lab", lab_rule);
 }
 
+static void test_dashboard_and_lua_host_see_the_record(void** state) {
+    (void)state;
+    check_folder("lab/ui", window_rule);
+    check_folder("lab/lesson", window_rule);
+}
+
 static void test_lesson_parts_see_only_the_api_header(void** state) {
     (void)state;
     check_folder("lab/lesson", lesson_parts_rule);
@@ -193,6 +212,7 @@ int main(void) {
         cmocka_unit_test(test_kernels_include_no_engine_or_lab),
         cmocka_unit_test(test_engine_includes_no_lab),
         cmocka_unit_test(test_lab_includes_only_public_engine_headers),
+        cmocka_unit_test(test_dashboard_and_lua_host_see_the_record),
         cmocka_unit_test(test_lesson_parts_see_only_the_api_header),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
