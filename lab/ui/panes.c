@@ -81,9 +81,16 @@ static void draw_requests(ui_screen* s, ui_rect r, const dashboard* d) {
     const step_record* rec = dashboard_primary_record(d);
     // The rows follow the engine between steps (a request just added or
     // cancelled shows at once), through its public engine_sequence.
-    int cancelled = e->n_cancelled;
-    int released = 0; // a server's finished requests leave the engine (engine_release_sequence)
-    for (int id = 0; id < e->n_sequences; id++) released += engine_sequence(e, id) == NULL;
+    int cancelled = 0, released = 0; // released: a server's finished requests leave the engine
+    for (int id = 0; id < e->n_sequences; id++) {
+        const sequence* q = engine_sequence(e, id);
+        if (q) cancelled += strcmp(state_name(q), "cancelled") == 0;
+        else released++;
+    }
+    // A released sequence no longer says it was cancelled; the record counts
+    // every cancellation up to the last step. Each count falls short only
+    // where the other is exact, and neither ever exceeds the truth.
+    if (rec && rec->n_cancelled > cancelled) cancelled = rec->n_cancelled;
     ui_line head;
     ui_line_init(&head);
     ui_line_number(&head, 9, false, "waiting ", e->n_waiting, 1, "");
