@@ -46,7 +46,7 @@ for i, r in ipairs(sharded) do
     shard_intensity[i] = worst
     shard_weights[i] = heaviest
     shards_weights[i] = together
-    allreduce_s[i] = r.tp.allreduce_seconds
+    allreduce_s[i] = r.tp.allreduce_s
     allreduce_bytes[i] = r.tp.allreduce_bytes
 end
 local unsharded_weights = whole[1].bytes.weights

@@ -1,7 +1,6 @@
-// lesson_api_engine: the lab module's models, engines, requests and step
-// records (lessons/README.md documents every function).
+// lesson api_engine: the lab module's engines, requests and step records,
+// and the KV formula (lessons/README.md documents every function).
 //
-//   m = lab.model{model = "small", dtype = "fp16", quant = "w4a16:g32", tokenizer = PATH, seed = N, n_kv_heads = 6}
 //   e = lab.engine{model = m | "tiny", kv = "paged", block_size = 16, kv_mem = "8MiB", ...}
 //   id = e:add{prompt = "Once", max_tokens = 16, n = 2, prefix = "System: ..."}
 //   r = e:step();  e:run{stop_when = function(r) return r.running == 0 end}
@@ -12,36 +11,53 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "engine/model_quant.h"
-#include "engine/model_synth.h"
 #include "engine/tokenizer.h"
 #include "lab/common/engine_options.h"
-#include "lab/lesson/internal.h"
+#include "lab/lesson/api.h"
 
-// ---- object lists ---------------------------------------------------------------------
+// Sums over every step an engine ran in this lesson.
+typedef struct lab_totals {
+    uint64_t steps;
+    uint64_t prefill_tokens;
+    uint64_t decode_tokens;
+    kernel_traffic traffic;
+    double seconds;           // sum of step wall times
+    uint64_t preemptions;
+    uint64_t prefix_hit_tokens;
+    uint64_t copies;          // copy-on-write block copies
+    uint64_t copy_bytes;
+    int peak_running;
+    int64_t peak_slots_used;
+    int64_t peak_slots_allocated;
+    double waste_pct_sum;     // per step: (allocated - used) / allocated, %
+    uint64_t waste_steps;
+    double util_pct_sum;      // per step: used / pool slots, %
+} lab_totals;
 
-typedef struct model_box {
-    lab_model* model; // NULL once released
-} model_box;
+typedef struct lab_engine {
+    engine engine;
+    lab_model* model;
+    lab_totals totals;
+    bool stepped;             // a record exists
+    float* last_logits;       // (logits_capacity, vocab) the logits each sequence last sampled from
+    int* logits_position;     // (logits_capacity) the position they followed, -1 if none
+    int logits_capacity;
+    uint64_t reserved_bytes;
+    struct lab_engine* next;
+    struct lab_engine* previous;
+} lab_engine;
+
+// ---- the list of live engines ---------------------------------------------------------
 
 typedef struct engine_box {
     lab_engine* engine; // NULL once closed
 } engine_box;
 
-static void model_unreference(lesson* l, lab_model* m) {
-    if (--m->references > 0) return;
-    if (m->previous) m->previous->next = m->next;
-    else l->models = m->next;
-    if (m->next) m->next->previous = m->previous;
-    model_source_close(&m->source);
-    lesson_release_bytes(l, m->reserved_bytes);
-    free(m);
-}
-
 static void engine_release(lesson* l, lab_engine* e) {
-    if (l->focus == &e->engine) l->focus = NULL;
+    lab_api_state* api = lesson_api_state(l);
+    if (api->focus == &e->engine) api->focus = NULL;
     if (e->previous) e->previous->next = e->next;
-    else l->engines = e->next;
+    else api->engines = e->next;
     if (e->next) e->next->previous = e->previous;
     engine_free(&e->engine);
     free(e->last_logits);
@@ -49,54 +65,16 @@ static void engine_release(lesson* l, lab_engine* e) {
     lesson_release_bytes(l, e->reserved_bytes);
     lab_model* m = e->model;
     free(e);
-    if (m) model_unreference(l, m);
+    if (m) lab_model_unreference(l, m);
 }
 
-void lab_free_objects(lesson* l) {
-    while (l->engines) engine_release(l, l->engines);
-    while (l->models) {
-        l->models->references = 1;
-        model_unreference(l, l->models);
-    }
+void lab_free_engines(lesson* l) {
+    lab_api_state* api = lesson_api_state(l);
+    while (api->engines) engine_release(l, api->engines);
 }
 
-// ---- models ---------------------------------------------------------------------------------
-
-// An upper bound of the bytes a model will take, before loading it: a
-// preset from its shape, a file from its size (fp16 storage halves fp32,
-// Q8_0 widened to fp32 takes 4x). Quantizing holds both copies a moment.
-static uint64_t estimate_model_bytes(const model_request* request) {
-    const char* name = request->model_arg ? request->model_arg : "small";
-    double bytes = 0;
-    const synth_preset* preset = synth_find_preset(name);
-    struct stat st;
-    if (preset && stat(name, &st) != 0) {
-        const model_config* c = &preset->shape;
-        double kv_dim = (double)c->n_kv_heads * c->dim / c->n_heads;
-        double per_layer = 2.0 * c->dim * c->dim + 2.0 * kv_dim * c->dim + 3.0 * c->dim * c->hidden_dim + 2.0 * c->dim;
-        double parameters = 512.0 * c->dim + c->n_layers * per_layer + c->dim;
-        bytes = parameters * (request->dtype == MODEL_DTYPE_FP32 ? 4.0 : 2.0);
-    } else if (stat(name, &st) == 0) {
-        bytes = (double)st.st_size * 4.0;
-    }
-    if (request->quant) bytes *= 1.5;
-    return (uint64_t)bytes + (1u << 20);
-}
-
-// Maps lab field names onto the command-line flags they stand for, so that
-// a lesson's engine means exactly what `servelab sim` means.
-typedef struct field_flag {
-    const char* field;
-    const char* flag;
-    bool is_switch; // a boolean: false adds `flag`, true adds nothing
-} field_flag;
-
-static const field_flag MODEL_FIELDS[] = {
-    {"model", "--model", false},   {"tokenizer", "--tokenizer", false}, {"dtype", "--dtype", false},
-    {"quant", "--quant", false},   {"seed", "--synth-seed", false},     {NULL, NULL, false},
-};
-
-static const field_flag ENGINE_FIELDS[] = {
+// The engine fields of lab.engine{}, as command-line flags.
+static const lab_field_flag ENGINE_FIELDS[] = {
     {"kv", "--kv", false},
     {"block_size", "--block-size", false},
     {"kv_mem", "--kv-mem", false},
@@ -114,308 +92,8 @@ static const field_flag ENGINE_FIELDS[] = {
     {NULL, NULL, false},
 };
 
-// Applies the fields of table `arg` in `fields` through `match`, one flag
-// at a time; an error names the field.
-typedef bool (*flag_matcher)(arg_cursor* cursor, void* target, bool* failed, error_info* err);
-
-// Each given field goes through the command line's own option parser. The
-// parsed request may keep pointers to the texts (a model path, a tokenizer
-// path), so every text stays on the Lua stack until the calling C function
-// returns: read raw from the table (no __index proxy can hand back a string
-// nothing else holds), and a number's text pushed as a Lua string rather
-// than formatted into a local buffer (fuzzing found `tokenizer = 5` left
-// the request pointing at a dead stack slot).
-static void apply_fields(lua_State* L, int arg, const field_flag* fields, flag_matcher match, void* target) {
-    arg = lua_absindex(L, arg);
-    for (const field_flag* f = fields; f->field; f++) {
-        lua_pushstring(L, f->field);
-        int type = lua_rawget(L, arg);
-        if (type == LUA_TNIL || (f->is_switch && type == LUA_TBOOLEAN && lua_toboolean(L, -1))) {
-            lua_pop(L, 1);
-            continue;
-        }
-        if (f->is_switch) {
-            if (type != LUA_TBOOLEAN) lab_field_error(L, arg, f->field, "expected true or false, got %s", luaL_typename(L, -1));
-        } else if (type == LUA_TNUMBER) {
-            if (!lua_isinteger(L, -1)) lab_field_error(L, arg, f->field, "expected an integer, got %g", lua_tonumber(L, -1));
-            lua_pushfstring(L, "%I", (LUAI_UACINT)lua_tointeger(L, -1));
-            lua_remove(L, -2);
-        } else if (type != LUA_TSTRING) {
-            lab_field_error(L, arg, f->field, "expected a string or a number, got %s", luaL_typename(L, -1));
-        }
-        const char* text = lua_tostring(L, -1); // a switch's boolean gives NULL: the flag takes no value
-        char* argv[3] = {(char*)"lab", (char*)f->flag, (char*)text};
-        arg_cursor cursor = {f->is_switch ? 2 : 3, argv, 1, "lab", NULL};
-        bool failed = false;
-        error_info err = {{0}};
-        if (!match(&cursor, target, &failed, &err) || failed)
-            lab_field_error(L, arg, f->field, "%s", err.message[0] ? err.message : "not accepted here");
-        luaL_checkstack(L, 2, "too many fields");
-        // The text stays (see above).
-    }
-}
-
-static bool match_model_flag(arg_cursor* cursor, void* target, bool* failed, error_info* err) {
-    return model_option_match(cursor, target, failed, err);
-}
-
 static bool match_engine_flag(arg_cursor* cursor, void* target, bool* failed, error_info* err) {
     return engine_option_match(cursor, target, NULL, NULL, failed, err);
-}
-
-static int model_gc(lua_State* L);
-
-lab_model* lab_push_model(lua_State* L, const model_request* request) {
-    lesson_check_time(L); // loading takes up to seconds of C the hook does not see
-    lesson* l = lesson_of(L);
-    uint64_t estimate = estimate_model_bytes(request);
-    model_box* box = lua_newuserdatauv(L, sizeof *box, 0);
-    box->model = NULL;
-    luaL_setmetatable(L, LAB_MODEL_TYPE);
-    lesson_reserve_bytes(L, estimate, "this model");
-    lab_model* m = calloc(1, sizeof *m);
-    if (!m) {
-        lesson_release_bytes(l, estimate);
-        lab_error(L, "lab.model: out of memory");
-    }
-    error_info err = {{0}};
-    if (model_source_open(&m->source, request, &err)) {
-        free(m);
-        lesson_release_bytes(l, estimate);
-        lab_error(L, "lab.model: %s", err.message);
-    }
-    lesson_release_bytes(l, estimate);
-    m->reserved_bytes = m->source.model.weight_bytes;
-    l->external_bytes += m->reserved_bytes; // the real size, now known
-    m->references = 1;
-    m->request = *request;
-    snprintf(m->model_arg, sizeof m->model_arg, "%s", request->model_arg);
-    m->request.model_arg = m->model_arg;
-    if (request->tokenizer_arg) snprintf(m->tokenizer_arg, sizeof m->tokenizer_arg, "%s", request->tokenizer_arg);
-    m->request.tokenizer_arg = request->tokenizer_arg ? m->tokenizer_arg : NULL;
-    m->request.quant = NULL; // what the model was before quantization
-    snprintf(m->label, sizeof m->label, "%.80s%s%.60s", request->model_arg, request->quant ? " " : "",
-             request->quant ? request->quant : "");
-    m->next = l->models;
-    if (l->models) l->models->previous = m;
-    l->models = m;
-    box->model = m;
-    return m;
-}
-
-// A model or tokenizer file a lesson may read: inside the lesson's folder,
-// or in the model folders servelab itself looks in (./models,
-// ../shared/models). Relative paths are tried from the lesson's folder
-// first, then from the working directory. Writes the resolved path.
-static void check_model_file(lua_State* L, int arg, const char* field, const char* path, char* out, size_t capacity) {
-    lesson* l = lesson_of(L);
-    char joined[PATH_MAX + 1200], resolved[PATH_MAX];
-    snprintf(joined, sizeof joined, "%s/%s", l->lesson_dir, path);
-    bool found = path[0] != '/' && realpath(joined, resolved);
-    if (!found && !realpath(path, resolved))
-        lab_field_error(L, arg, field, "'%s' is neither a preset (tiny, small, medium, large) nor a file", path);
-    const char* roots[] = {"models", "../shared/models"};
-    bool allowed = lesson_path_inside(resolved, l->lesson_dir);
-    for (size_t i = 0; i < sizeof roots / sizeof roots[0] && !allowed; i++) {
-        char root[PATH_MAX];
-        allowed = realpath(roots[i], root) && lesson_path_inside(resolved, root);
-    }
-    if (!allowed)
-        lab_field_error(L, arg, field, "'%s' is outside the lesson's folder and the model folders (models, ../shared/models)", path);
-    snprintf(out, capacity, "%s", resolved);
-}
-
-// Loads a model described by the model fields of table `arg` and pushes its handle.
-static lab_model* push_new_model(lua_State* L, int arg) {
-    model_request request = {0};
-    request.synth_seed = SYNTH_DEFAULT_SEED;
-    apply_fields(L, arg, MODEL_FIELDS, match_model_flag, &request);
-    if (!request.model_arg) lab_field_error(L, arg, "model", "expected a preset (tiny, small, medium, large) or a checkpoint path");
-    char model_path[PATH_MAX], tokenizer_path[PATH_MAX];
-    struct stat st;
-    // n_kv_heads = N: the preset's variant "PRESET:kvN" (engine/model_synth.h),
-    // e.g. the multi-head twin of a grouped-query preset.
-    char variant[64];
-    if (lua_getfield(L, arg, "n_kv_heads") != LUA_TNIL) {
-        const synth_preset* preset = synth_find_preset(request.model_arg);
-        if (!preset || stat(request.model_arg, &st) == 0 || strchr(request.model_arg, ':'))
-            lab_field_error(L, arg, "n_kv_heads", "applies to a preset (tiny, small, medium, large, stories110m), not '%s'",
-                            request.model_arg);
-        lua_Integer heads = lab_opt_integer_field(L, arg, "n_kv_heads", 0, 1, preset->shape.n_heads);
-        snprintf(variant, sizeof variant, "%s:kv%d", preset->name, (int)heads);
-        if (!synth_find_preset(variant))
-            lab_field_error(L, arg, "n_kv_heads", "expected a divisor of %s's %d query heads, got %d", preset->name,
-                            preset->shape.n_heads, (int)heads);
-        request.model_arg = variant;
-    }
-    lua_pop(L, 1);
-    if (!synth_find_preset(request.model_arg) || stat(request.model_arg, &st) == 0) {
-        check_model_file(L, arg, "model", request.model_arg, model_path, sizeof model_path);
-        request.model_arg = model_path;
-    }
-    if (request.tokenizer_arg) {
-        check_model_file(L, arg, "tokenizer", request.tokenizer_arg, tokenizer_path, sizeof tokenizer_path);
-        request.tokenizer_arg = tokenizer_path;
-    }
-    return lab_push_model(L, &request);
-}
-
-lab_model* lab_check_model(lua_State* L, int arg) {
-    model_box* box = luaL_checkudata(L, arg, LAB_MODEL_TYPE);
-    if (!box->model) luaL_argerror(L, arg, "the model was released");
-    return box->model;
-}
-
-// lab.model{model=..., ...} or lab.model("small").
-static int lab_model_new(lua_State* L) {
-    if (lua_type(L, 1) == LUA_TSTRING) {
-        lua_createtable(L, 0, 1);
-        lua_pushvalue(L, 1);
-        lua_setfield(L, -2, "model");
-        lua_replace(L, 1);
-    }
-    static const char* const fields[] = {"model", "tokenizer", "dtype", "quant", "seed", "n_kv_heads", NULL};
-    lab_check_fields(L, 1, fields);
-    push_new_model(L, 1);
-    return 1;
-}
-
-static int model_gc(lua_State* L) {
-    model_box* box = luaL_checkudata(L, 1, LAB_MODEL_TYPE);
-    if (box->model) model_unreference(lesson_of(L), box->model);
-    box->model = NULL;
-    return 0;
-}
-
-static void push_model_info(lua_State* L, const lab_model* m) {
-    const model* mo = &m->source.model;
-    const model_config* c = &mo->config;
-    lua_createtable(L, 0, 16);
-    lab_set_string(L, "name", m->label);
-    lab_set_integer(L, "dim", c->dim);
-    lab_set_integer(L, "hidden_dim", c->hidden_dim);
-    lab_set_integer(L, "n_layers", c->n_layers);
-    lab_set_integer(L, "n_heads", c->n_heads);
-    lab_set_integer(L, "n_kv_heads", c->n_kv_heads);
-    lab_set_integer(L, "head_dim", c->head_dim);
-    lab_set_integer(L, "kv_dim", c->kv_dim);
-    lab_set_integer(L, "vocab_size", c->vocab_size);
-    lab_set_integer(L, "max_seq_len", c->max_seq_len);
-    lab_set_integer(L, "weight_bytes", (lua_Integer)mo->weight_bytes);
-    lab_set_integer(L, "decode_weight_bytes", (lua_Integer)model_decode_weight_bytes(mo));
-    lab_set_integer(L, "n_parameters", (lua_Integer)mo->n_parameters);
-    lab_set_string(L, "dtype", weight_dtype_name(mo->layers[0].wq.dtype));
-    lab_set_integer(L, "activation_bits", mo->layers[0].wq.activation_bits);
-    lab_set_string(L, "activations", matmul_activation_format(&mo->layers[0].wq));
-}
-
-static int model_info(lua_State* L) {
-    push_model_info(L, lab_check_model(L, 1));
-    return 1;
-}
-
-// m:tensor(name) -> values (row-major array), rows, cols
-static int model_tensor(lua_State* L) {
-    lab_model* m = lab_check_model(L, 1);
-    const char* name = luaL_checkstring(L, 2);
-    const weight_matrix* w = model_matrix_by_name(&m->source.model, name);
-    if (!w)
-        return luaL_argerror(L, 2, lua_pushfstring(L, "no tensor '%s' (token_embedding, classifier, layers.0..%d.wq|wk|wv|wo|w1|w2|w3)",
-                                                   name, m->source.model.config.n_layers - 1));
-    float* row = lua_newuserdatauv(L, (size_t)w->cols * sizeof *row, 0); // scratch, collected
-    lua_createtable(L, w->rows * w->cols, 0);
-    for (int r = 0; r < w->rows; r++) {
-        weight_row_to_f32(row, w, r, NULL);
-        for (int i = 0; i < w->cols; i++) {
-            lua_pushnumber(L, row[i]);
-            lua_rawseti(L, -2, (lua_Integer)r * w->cols + i + 1);
-        }
-    }
-    lua_pushinteger(L, w->rows);
-    lua_pushinteger(L, w->cols);
-    return 3;
-}
-
-// Encodes text (BOS first when add_bos) into a userdata buffer left on the
-// stack (collected with it, so an error cannot leak it); *n gets the count.
-static int32_t* encode_text(lua_State* L, const tokenizer* t, const char* text, bool add_bos, int* n, int arg,
-                            const char* field) {
-    if (!t) lab_field_error(L, arg, field, "this model has no tokenizer: give token ids instead");
-    error_info err = {{0}};
-    int needed = 0;
-    tok_encode(t, text, add_bos, false, NULL, 0, &needed, &err);
-    int32_t* ids = lua_newuserdatauv(L, (size_t)(needed > 0 ? needed : 1) * sizeof *ids, 0);
-    if (tok_encode(t, text, add_bos, false, ids, needed, n, &err))
-        lab_field_error(L, arg, field, "cannot encode: %s", err.message);
-    return ids;
-}
-
-// The most token ids one array may hold: 2^20, past the longest context of
-// any model the lab loads, and 4 MiB of ids.
-enum { LAB_MAX_TOKEN_IDS = 1 << 20 };
-
-// Token ids from an array at `index` into a userdata buffer left on the
-// stack. The length is bounded before anything is allocated (a lesson's
-// __len can claim any number), and every id must be an integer of the
-// vocabulary 0..vocab_size-1.
-static int32_t* read_ids(lua_State* L, int index, int arg, const char* field, int vocab_size, bool allow_empty,
-                         int* n) {
-    index = lua_absindex(L, index);
-    if (lua_type(L, index) != LUA_TTABLE)
-        lab_field_error(L, arg, field, "expected an array of token ids, got %s", luaL_typename(L, index));
-    lua_Integer length = luaL_len(L, index);
-    if (length < (allow_empty ? 0 : 1) || length > LAB_MAX_TOKEN_IDS)
-        lab_field_error(L, arg, field, "expected %d..%d token ids, got %lld", allow_empty ? 0 : 1, LAB_MAX_TOKEN_IDS,
-                        (long long)length);
-    int32_t* ids = lua_newuserdatauv(L, (size_t)(length ? length : 1) * sizeof *ids, 0);
-    for (lua_Integer i = 0; i < length; i++) {
-        lua_geti(L, index, i + 1);
-        int is_integer = 0;
-        lua_Integer id = lua_tointegerx(L, -1, &is_integer);
-        if (!is_integer) {
-            if (lua_type(L, -1) == LUA_TNUMBER)
-                lab_field_error(L, arg, field, "element %lld: expected a token id (an integer), got %g", (long long)i + 1,
-                                lua_tonumber(L, -1));
-            lab_field_error(L, arg, field, "element %lld: expected a token id (an integer), got %s", (long long)i + 1,
-                            luaL_typename(L, -1));
-        }
-        if (id < 0 || id >= vocab_size)
-            lab_field_error(L, arg, field, "element %lld: token id %lld is outside the vocabulary 0..%d", (long long)i + 1,
-                            (long long)id, vocab_size - 1);
-        ids[i] = (int32_t)id;
-        lua_pop(L, 1);
-    }
-    *n = (int)length;
-    return ids;
-}
-
-static int model_encode(lua_State* L) {
-    lab_model* m = lab_check_model(L, 1);
-    const char* text = luaL_checkstring(L, 2);
-    int n = 0;
-    int32_t* ids = encode_text(L, m->source.tokenizer, text, true, &n, 2, NULL);
-    lab_push_int32_array(L, ids, (size_t)n);
-    return 1;
-}
-
-static void push_decoded(lua_State* L, const tokenizer* t, int32_t previous, const int32_t* ids, int n) {
-    if (!t) {
-        lua_pushliteral(L, "");
-        return;
-    }
-    size_t length = tok_decode_text(t, previous, ids, n, NULL, 0);
-    char* text = lua_newuserdatauv(L, length + 1, 0); // scratch, collected
-    tok_decode_text(t, previous, ids, n, text, length + 1);
-    lua_pushlstring(L, text, length);
-    lua_remove(L, -2);
-}
-
-static int model_decode(lua_State* L) {
-    lab_model* m = lab_check_model(L, 1);
-    int n = 0;
-    int32_t* ids = read_ids(L, 2, 2, NULL, m->source.model.config.vocab_size, true, &n);
-    push_decoded(L, m->source.tokenizer, TOK_BOS_ID, ids, n);
-    return 1;
 }
 
 // ---- engines -------------------------------------------------------------------------------
@@ -472,8 +150,9 @@ static int lab_engine_new(lua_State* L) {
     lab_check_fields(L, 1, fields);
     lesson_check_time(L);
     lesson* l = lesson_of(L);
+    lab_api_state* api = lesson_api_state(l);
     engine_config config = engine_config_default();
-    apply_fields(L, 1, ENGINE_FIELDS, match_engine_flag, &config);
+    lab_apply_flag_fields(L, 1, ENGINE_FIELDS, match_engine_flag, &config);
     config.watermark_blocks = (int)lab_opt_integer_field(L, 1, "watermark_blocks", -1, -1, 1 << 24);
 
     // The model: a handle, or loaded here from the model fields.
@@ -487,7 +166,7 @@ static int lab_engine_new(lua_State* L) {
             else lua_pop(L, 1);
     } else {
         lua_pop(L, 1);
-        m = push_new_model(L, 1);
+        m = lab_push_model_from_fields(L, 1);
     }
     model_index = lua_gettop(L); // the model handle, kept by the engine's user value
     engine_box* box = lua_newuserdatauv(L, sizeof *box, 1);
@@ -513,11 +192,11 @@ static int lab_engine_new(lua_State* L) {
     e->model = m;
     m->references++;
     engine_set_logits_observer(&e->engine, observe_logits, e);
-    e->next = l->engines;
-    if (l->engines) l->engines->previous = e;
-    l->engines = e;
+    e->next = api->engines;
+    if (api->engines) api->engines->previous = e;
+    api->engines = e;
     box->engine = e;
-    l->focus = &e->engine;
+    api->focus = &e->engine;
     return 1;
 }
 
@@ -545,18 +224,18 @@ static int32_t* read_prompt(lua_State* L, const lab_engine* e, int* n_out) {
     int n_prefix = 0, n_body = 0;
     int32_t* prefix = NULL;
     int type = lua_getfield(L, 2, "prefix");
-    if (type == LUA_TSTRING) prefix = encode_text(L, t, lua_tostring(L, -1), true, &n_prefix, 2, "prefix");
-    else if (type == LUA_TTABLE) prefix = read_ids(L, -1, 2, "prefix", vocab_size, false, &n_prefix);
+    if (type == LUA_TSTRING) prefix = lab_encode_text(L, t, lua_tostring(L, -1), true, &n_prefix, 2, "prefix");
+    else if (type == LUA_TTABLE) prefix = lab_read_token_ids(L, -1, 2, "prefix", vocab_size, false, &n_prefix);
     else if (type == LUA_TNIL) lua_pushnil(L);
     else lab_field_error(L, 2, "prefix", "expected text or an array of token ids, got %s", luaL_typename(L, -1));
     int32_t* body = NULL;
     if (prompt_type != LUA_TNIL) {
         if (lua_getfield(L, 2, "prompt") != LUA_TSTRING)
             lab_field_error(L, 2, "prompt", "expected text, got %s", luaL_typename(L, -1));
-        body = encode_text(L, t, lua_tostring(L, -1), prefix == NULL, &n_body, 2, "prompt");
+        body = lab_encode_text(L, t, lua_tostring(L, -1), prefix == NULL, &n_body, 2, "prompt");
     } else {
         lua_getfield(L, 2, "ids");
-        body = read_ids(L, -1, 2, "ids", vocab_size, false, &n_body);
+        body = lab_read_token_ids(L, -1, 2, "ids", vocab_size, false, &n_body);
     }
     int32_t* all = lua_newuserdatauv(L, (size_t)(n_prefix + n_body) * sizeof *all, 0);
     if (n_prefix) memcpy(all, prefix, (size_t)n_prefix * sizeof *all);
@@ -610,30 +289,36 @@ static void push_traffic(lua_State* L, const kernel_traffic* t) {
     lab_set_number(L, "intensity", bytes ? (double)flops / (double)bytes : 0.0);
 }
 
-static void push_record(lua_State* L, const step_record* r) {
-    lua_createtable(L, 0, 32);
-    lab_set_integer(L, "step", (lua_Integer)r->step);
-    lab_set_number(L, "clock", r->clock_seconds);
-    lab_set_number(L, "seconds", (double)r->wall_ns * 1e-9);
-    lab_set_integer(L, "prefill_tokens", r->prefill_tokens);
-    lab_set_integer(L, "decode_tokens", r->decode_tokens);
-    push_traffic(L, &r->traffic);
-    lab_set_integer(L, "blocks_total", r->blocks_total);
-    lab_set_integer(L, "blocks_free", r->blocks_free);
-    lab_set_integer(L, "blocks_used", r->blocks_used);
-    lab_set_integer(L, "blocks_cached", r->blocks_cached);
-    lab_set_integer(L, "slots_total", r->slots_total);
-    lab_set_integer(L, "slots_used", r->slots_used);
-    lab_set_integer(L, "slots_allocated", r->slots_allocated);
-    lab_set_integer(L, "tail_waste", r->tail_waste_slots);
-    lab_set_integer(L, "reserved_unused", r->reserved_unused_slots);
-    lab_set_integer(L, "external_fragmentation", r->external_fragmentation_slots);
-    lab_set_integer(L, "waiting", r->n_waiting);
-    lab_set_integer(L, "running", r->n_running);
-    lab_set_integer(L, "finished", r->n_finished);
-    lab_set_integer(L, "preempted", r->n_preempted);
-    lab_set_integer(L, "prefix_hit_tokens", r->prefix_hit_tokens);
-    lab_set_integer(L, "copy_bytes", (lua_Integer)r->copy_bytes);
+// Sets one field of the record's table of fields (engine/step_record.h) on
+// the table on top, by the name the JSON trace gives it. Traffic keeps the
+// lab's own shape (bytes, flops, intensity); each shard's under "shard".
+static void set_record_field(lua_State* L, const step_record_field* f, const step_record* r) {
+    const void* at = (const char*)r + f->offset;
+    switch (f->kind) {
+    case STEP_FIELD_INT: lab_set_integer(L, f->name, *(const int*)at); break;
+    case STEP_FIELD_U64:
+        if (f->omit_when_zero && *(const uint64_t*)at == 0) break;
+        lab_set_integer(L, f->name, (lua_Integer)*(const uint64_t*)at);
+        break;
+    case STEP_FIELD_I64: lab_set_integer(L, f->name, (lua_Integer)*(const int64_t*)at); break;
+    case STEP_FIELD_DOUBLE: lab_set_number(L, f->name, *(const double*)at); break;
+    case STEP_FIELD_STRING: lab_set_string(L, f->name, *(const char* const*)at ? *(const char* const*)at : ""); break;
+    case STEP_FIELD_TRAFFIC: push_traffic(L, (const kernel_traffic*)at); break;
+    case STEP_FIELD_SHARD_TRAFFIC: {
+        int n_shards = r->tp_shards > 1 ? r->tp_shards : 0;
+        lua_createtable(L, n_shards, 0);
+        for (int i = 0; i < n_shards; i++) {
+            lua_createtable(L, 0, 3);
+            push_traffic(L, &r->shard_traffic[i]);
+            lua_rawseti(L, -2, i + 1);
+        }
+        lua_setfield(L, -2, "shard");
+        break;
+    }
+    }
+}
+
+static void push_events(lua_State* L, const step_record* r) {
     int copies = 0;
     lua_createtable(L, r->n_events, 0);
     for (int i = 0; i < r->n_events; i++) {
@@ -648,40 +333,47 @@ static void push_record(lua_State* L, const step_record* r) {
     }
     lua_setfield(L, -2, "events");
     lab_set_integer(L, "copies", copies);
+}
+
+static void push_ran_sequences(lua_State* L, const step_record* r) {
     lua_createtable(L, r->n_sequences, 0);
     for (int i = 0; i < r->n_sequences; i++) {
         const step_sequence* s = &r->sequences[i];
-        lua_createtable(L, 0, 8);
+        lua_createtable(L, 0, 9);
         lab_set_integer(L, "id", s->id);
         lab_set_integer(L, "request_id", s->request_id);
         lab_set_string(L, "phase", phase_name(s->phase));
         lab_set_integer(L, "tokens", s->n_tokens);
         lab_set_integer(L, "context", s->context_length);
         lab_set_integer(L, "tail_fill", s->tail_fill);
+        lab_set_integer(L, "tail_waste_slots", s->tail_waste_slots);
         lab_push_int32_array(L, r->block_ids + s->table_offset, (size_t)s->n_table);
         lua_setfield(L, -2, "block_table");
         lua_rawseti(L, -2, i + 1);
     }
     lua_setfield(L, -2, "sequences");
+}
+
+// The record as a Lua table. Its scalar fields come from the record's
+// field table, so a lesson reads the names a --trace file has; the "pool"
+// and "queues" groups sit flat in the table, "tp" in its own table
+// (simulated tensor parallelism: each shard's traffic and the all-reduces).
+static void push_record(lua_State* L, const step_record* r) {
+    lua_createtable(L, 0, 32);
+    int record = lua_gettop(L);
+    lua_createtable(L, 0, 6);
+    int tp = lua_gettop(L);
+    for (int i = 0; i < step_record_field_count; i++) {
+        const step_record_field* f = &step_record_fields[i];
+        lua_pushvalue(L, f->group && strcmp(f->group, "tp") == 0 ? tp : record);
+        set_record_field(L, f, r);
+        lua_pop(L, 1);
+    }
+    lua_setfield(L, record, "tp");
+    push_events(L, r);
+    push_ran_sequences(L, r);
     lab_push_int32_array(L, r->finished_ids, (size_t)r->n_finished_now);
     lua_setfield(L, -2, "finished_ids");
-    // Simulated tensor parallelism: each shard's own traffic (same shape as
-    // the step's bytes/flops/intensity) and the all-reduces between them.
-    lua_createtable(L, 0, 6);
-    lab_set_integer(L, "shards", r->tp_shards);
-    lab_set_string(L, "link", r->tp_link ? r->tp_link : "");
-    lab_set_integer(L, "allreduces", r->n_allreduces);
-    lab_set_integer(L, "allreduce_bytes", (lua_Integer)r->allreduce_bytes);
-    lab_set_number(L, "allreduce_seconds", r->allreduce_seconds);
-    int n_shards = r->tp_shards > 1 ? r->tp_shards : 0;
-    lua_createtable(L, n_shards, 0);
-    for (int i = 0; i < n_shards; i++) {
-        lua_createtable(L, 0, 3);
-        push_traffic(L, &r->shard_traffic[i]);
-        lua_rawseti(L, -2, i + 1);
-    }
-    lua_setfield(L, -2, "shard");
-    lua_setfield(L, -2, "tp");
 }
 
 static void accumulate(lab_totals* t, const step_record* r) {
@@ -710,7 +402,7 @@ static const step_record* step_once(lua_State* L, lab_engine* e) {
     if (engine_step(&e->engine, &r, &err)) lab_error(L, "engine step: %s", err.message);
     e->stepped = true;
     accumulate(&e->totals, r);
-    lesson_of(L)->focus = &e->engine;
+    lesson_api_state(lesson_of(L))->focus = &e->engine;
     return r;
 }
 
@@ -780,10 +472,13 @@ static int engine_cancel(lua_State* L) {
     return 0;
 }
 
+// e:pool(): the pool as the last step's record measured it (blocks are
+// taken and shared only inside a step; before the first every block is free).
 static int engine_pool(lua_State* L) {
     lab_engine* le = check_engine(L, 1);
     const engine* e = &le->engine;
     const model_config* c = &e->model->config;
+    const step_record* r = le->stepped ? &e->record : NULL;
     bool paged = e->config.layout == KV_LAYOUT_PAGED;
     uint64_t slot_bytes = kv_memory_block_bytes(c, e->config.kv_dtype, 1);
     lua_createtable(L, 0, 12);
@@ -794,21 +489,22 @@ static int engine_pool(lua_State* L) {
     lab_set_integer(L, "slots_total", engine_pool_slots(e));
     lab_set_integer(L, "bytes_total", (lua_Integer)((uint64_t)engine_pool_slots(e) * slot_bytes));
     if (paged) {
-        lab_set_integer(L, "blocks_total", e->pool.n_blocks);
-        lab_set_integer(L, "blocks_free", e->pool.n_free);
-        lab_set_integer(L, "blocks_evictable", e->pool.n_evictable);
-        lab_set_integer(L, "blocks_cached", e->pool.n_cached);
-        lab_set_integer(L, "copies", (lua_Integer)e->pool.total_copies);
-        lab_set_integer(L, "evictions", (lua_Integer)e->pool.total_evictions);
-        lua_createtable(L, e->pool.n_blocks, 0);
-        for (int b = 0; b < e->pool.n_blocks; b++) {
-            lua_pushinteger(L, e->pool.blocks[b].ref_count);
+        int n_blocks = (int)(engine_pool_slots(e) / e->config.block_size);
+        lab_set_integer(L, "blocks_total", n_blocks);
+        lab_set_integer(L, "blocks_free", r ? r->blocks_free : n_blocks);
+        lab_set_integer(L, "blocks_evictable", r ? r->blocks_cached : 0);
+        lab_set_integer(L, "blocks_cached", r ? r->blocks_in_prefix_cache : 0);
+        lab_set_integer(L, "copies", r ? (lua_Integer)r->total_copies : 0);
+        lab_set_integer(L, "evictions", r ? (lua_Integer)r->total_evictions : 0);
+        lua_createtable(L, n_blocks, 0);
+        for (int b = 0; b < n_blocks; b++) {
+            lua_pushinteger(L, r ? r->blocks[b].ref_count : 0);
             lua_rawseti(L, -2, b + 1);
         }
         lua_setfield(L, -2, "ref_counts");
-        lua_createtable(L, e->pool.n_blocks, 0);
-        for (int b = 0; b < e->pool.n_blocks; b++) {
-            lua_pushinteger(L, e->pool.blocks[b].n_filled);
+        lua_createtable(L, n_blocks, 0);
+        for (int b = 0; b < n_blocks; b++) {
+            lua_pushinteger(L, r ? r->blocks[b].n_filled : 0);
             lua_rawseti(L, -2, b + 1);
         }
         lua_setfield(L, -2, "filled");
@@ -826,6 +522,17 @@ static const sequence* check_sequence(lua_State* L, const lab_engine* e, int arg
         luaL_argerror(L, arg, lua_pushfstring(L, "no sequence %I (this engine has %d: ids 0..%d)", (LUAI_UACINT)id,
                                               e->engine.n_sequences, e->engine.n_sequences - 1));
     return s;
+}
+
+// The sequence's tail waste as the last step's record measured it. A
+// sequence's blocks change only inside a step, or when it is cancelled
+// (it then holds none): so one added since the last step, or finished, has 0.
+static int32_t recorded_tail_waste(const lab_engine* e, const sequence* s) {
+    if (!e->stepped || s->state == SEQ_FINISHED) return 0;
+    const step_record* r = &e->engine.record;
+    for (int i = 0; i < r->n_live_sequences; i++)
+        if (r->live_sequences[i].id == s->id) return r->live_sequences[i].tail_waste_slots;
+    return 0;
 }
 
 static void push_sequence(lua_State* L, const lab_engine* e, const sequence* s) {
@@ -851,9 +558,8 @@ static void push_sequence(lua_State* L, const lab_engine* e, const sequence* s) 
     lua_setfield(L, -2, "tokens");
     lab_push_int32_array(L, s->block_table, (size_t)s->n_table);
     lua_setfield(L, -2, "block_table");
-    if (e->engine.config.layout == KV_LAYOUT_PAGED)
-        lab_set_integer(L, "tail_waste", s->n_table > 0 ? (lua_Integer)s->n_table * e->engine.config.block_size - s->n_tokens : 0);
-    push_decoded(L, e->model->source.tokenizer, s->tokens[s->n_prompt - 1], s->tokens + s->n_prompt, generated);
+    if (e->engine.config.layout == KV_LAYOUT_PAGED) lab_set_integer(L, "tail_waste_slots", recorded_tail_waste(e, s));
+    lab_push_decoded(L, e->model->source.tokenizer, s->tokens[s->n_prompt - 1], s->tokens + s->n_prompt, generated);
     lua_setfield(L, -2, "text");
 }
 
@@ -1015,42 +721,7 @@ static int engine_tostring(lua_State* L) {
     return 1;
 }
 
-static int model_tostring(lua_State* L) {
-    model_box* box = luaL_checkudata(L, 1, LAB_MODEL_TYPE);
-    lua_pushfstring(L, "model (%s)", box->model ? box->model->label : "released");
-    return 1;
-}
-
-// A metatable `name` whose __index holds `methods`, with __gc and __tostring.
-// The methods are also listed as package `shown_as` in the registry's
-// loaded table, where Lua looks for a function's name when it reports a bad
-// argument ("bad argument #2 to 'engine.add'", not to '?', when the method
-// was called through pcall).
-static void register_userdata_type(lua_State* L, const char* name, const char* shown_as, const luaL_Reg* methods,
-                                   lua_CFunction gc, lua_CFunction tostring) {
-    luaL_newmetatable(L, name);
-    lua_newtable(L); // luaL_newlib needs the array itself, not a pointer to it
-    luaL_setfuncs(L, methods, 0);
-    lua_getfield(L, LUA_REGISTRYINDEX, LUA_LOADED_TABLE);
-    lua_pushvalue(L, -2);
-    lua_setfield(L, -2, shown_as);
-    lua_pop(L, 1);
-    lua_setfield(L, -2, "__index");
-    lua_pushcfunction(L, gc);
-    lua_setfield(L, -2, "__gc");
-    lua_pushcfunction(L, tostring);
-    lua_setfield(L, -2, "__tostring");
-    // Out of the lesson's reach: a replaced __gc would run the lesson's
-    // code with hooks off, and skip freeing the engine or model.
-    lua_pushstring(L, name);
-    lua_setfield(L, -2, "__metatable");
-    lua_pop(L, 1);
-}
-
 void lab_open_engine_api(lua_State* L) {
-    static const luaL_Reg model_methods[] = {{"info", model_info},     {"tensor", model_tensor},
-                                             {"encode", model_encode}, {"decode", model_decode},
-                                             {NULL, NULL}};
     static const luaL_Reg engine_methods[] = {
         {"add", engine_add},         {"step", engine_step_lua},         {"run", engine_run},
         {"record", engine_record},   {"has_work", engine_has_work_lua}, {"cancel", engine_cancel},
@@ -1058,10 +729,7 @@ void lab_open_engine_api(lua_State* L) {
         {"queues", engine_queues},   {"totals", engine_totals},         {"logits", engine_logits},
         {"config", engine_config_lua}, {"model", engine_model},         {"close", engine_close},
         {NULL, NULL}};
-    register_userdata_type(L, LAB_MODEL_TYPE, "model", model_methods, model_gc, model_tostring);
-    register_userdata_type(L, LAB_ENGINE_TYPE, "engine", engine_methods, engine_gc, engine_tostring);
-    lua_pushcfunction(L, lab_model_new);
-    lua_setfield(L, -2, "model");
+    lab_register_userdata_type(L, LAB_ENGINE_TYPE, "engine", engine_methods, engine_gc, engine_tostring);
     lua_pushcfunction(L, lab_engine_new);
     lua_setfield(L, -2, "engine");
     lua_pushcfunction(L, lab_kv_bytes_layout);

@@ -17,7 +17,7 @@
 #include "kernels/cpu/fp16.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/thread_pool.h"
-#include "lab/lesson/internal.h"
+#include "lab/lesson/api.h"
 
 // Seconds on the monotonic clock (the machine measurements' wall time).
 static double wall_seconds(void) {
@@ -58,7 +58,7 @@ static int timing_engine_gc(lua_State* L) {
     timing_engine* t = lua_touserdata(L, 1);
     if (t->initialised) engine_free(&t->engine);
     t->initialised = false;
-    lesson_of(L)->timing_engine = NULL;
+    lesson_api_state(lesson_of(L))->timing_engine = NULL;
     lesson_release_bytes(lesson_of(L), t->reserved);
     t->reserved = 0;
     return 0;
@@ -81,37 +81,49 @@ static void add_batch(lua_State* L, engine* e, int batch, int prompt_length, int
     lua_pop(L, 1);
 }
 
-// lab.time{model=, phase=, tokens=, batch=, repeats=, context=, threads=} -> timing table
-static int lab_time(lua_State* L) {
-    static const char* const fields[] = {"model", "phase", "tokens", "batch", "repeats", "context", "threads", NULL};
-    lab_check_fields(L, 1, fields);
-    if (lua_getfield(L, 1, "model") != LUA_TUSERDATA) lab_field_error(L, 1, "model", "expected a model from lab.model{}");
-    lab_model* m = lab_check_model(L, lua_gettop(L));
-    const model_config* mc = &m->source.model.config;
-    static const char* const phases[] = {"prefill", "decode", NULL};
-    int phase = lab_opt_choice_field(L, 1, "phase", phases, -1);
-    if (phase < 0) lab_field_error(L, 1, "phase", "expected \"prefill\" or \"decode\"");
-    int tokens = (int)lab_opt_integer_field(L, 1, "tokens", 0, 1, mc->max_seq_len - 1);
-    if (tokens == 0) lab_field_error(L, 1, "tokens", "expected the number of tokens to time");
-    int batch = (int)lab_opt_integer_field(L, 1, "batch", 1, 1, 1024);
-    int repeats = (int)lab_opt_integer_field(L, 1, "repeats", 5, 1, 101);
-    int context = (int)lab_opt_integer_field(L, 1, "context", 16, 1, mc->max_seq_len - 2);
-    int threads = (int)lab_opt_integer_field(L, 1, "threads", 0, 0, 256);
-    if (phase == 1 && context + tokens + 1 > mc->max_seq_len)
-        lab_field_error(L, 1, "tokens", "context %d + %d decode tokens exceed the model's max length %d", context,
-                        tokens, mc->max_seq_len);
+// What lab.time{} was asked to time.
+typedef struct timing_request {
+    int phase;          // 0 prefill, 1 decode
+    int tokens;         // prefill: prompt length; decode: tokens decoded
+    int batch;          // sequences at once
+    int repeats;        // timed rounds (one untimed round runs first)
+    int context;        // decode: the prompt prefilled before the timed steps
+    int threads;        // 0: the engine's default
+    int prompt_length;  // tokens of each prompt: `tokens` for prefill, `context` for decode
+} timing_request;
 
-    // Prefill: batch prompts of `tokens` tokens in one step. Decode: batch
-    // prompts of `context` tokens, prefilled untimed, then `tokens` decode steps.
-    int prompt_length = phase == 0 ? tokens : context;
-    int longest = prompt_length + (phase == 0 ? 1 : tokens + 1);
+static const char* const TIMING_PHASES[] = {"prefill", "decode", NULL};
+
+static timing_request read_timing_request(lua_State* L, const model_config* mc) {
+    timing_request q;
+    q.phase = lab_opt_choice_field(L, 1, "phase", TIMING_PHASES, -1);
+    if (q.phase < 0) lab_field_error(L, 1, "phase", "expected \"prefill\" or \"decode\"");
+    q.tokens = (int)lab_opt_integer_field(L, 1, "tokens", 0, 1, mc->max_seq_len - 1);
+    if (q.tokens == 0) lab_field_error(L, 1, "tokens", "expected the number of tokens to time");
+    q.batch = (int)lab_opt_integer_field(L, 1, "batch", 1, 1, 1024);
+    q.repeats = (int)lab_opt_integer_field(L, 1, "repeats", 5, 1, 101);
+    q.context = (int)lab_opt_integer_field(L, 1, "context", 16, 1, mc->max_seq_len - 2);
+    q.threads = (int)lab_opt_integer_field(L, 1, "threads", 0, 0, 256);
+    if (q.phase == 1 && q.context + q.tokens + 1 > mc->max_seq_len)
+        lab_field_error(L, 1, "tokens", "context %d + %d decode tokens exceed the model's max length %d", q.context,
+                        q.tokens, mc->max_seq_len);
+    q.prompt_length = q.phase == 0 ? q.tokens : q.context;
+    return q;
+}
+
+// Makes the engine that times the request, held by a userdata left on the
+// stack whose finalizer frees it (and counted against the memory cap).
+// Prefill: batch prompts of `tokens` tokens in one step. Decode: batch
+// prompts of `context` tokens, prefilled untimed, then `tokens` decode steps.
+static timing_engine* push_timing_engine(lua_State* L, const lab_model* m, const timing_request* q) {
+    int longest = q->prompt_length + (q->phase == 0 ? 1 : q->tokens + 1);
     engine_config config = engine_config_default();
     config.block_size = 16;
-    config.num_blocks = batch * ((longest + 15) / 16 + 1) + 4;
-    config.max_seqs = batch;
-    config.max_batched_tokens = batch * prompt_length;
+    config.num_blocks = q->batch * ((longest + 15) / 16 + 1) + 4;
+    config.max_seqs = q->batch;
+    config.max_batched_tokens = q->batch * q->prompt_length;
     config.prefix_caching = false;
-    config.n_threads = threads;
+    config.n_threads = q->threads;
     config.watermark_blocks = 0;
     timing_engine* t = lua_newuserdatauv(L, sizeof *t, 0);
     memset(t, 0, sizeof *t);
@@ -119,87 +131,118 @@ static int lab_time(lua_State* L) {
     lua_pushcfunction(L, timing_engine_gc);
     lua_setfield(L, -2, "__gc");
     lua_setmetatable(L, -2);
-    int holder = lua_gettop(L);
-    uint64_t estimate = lab_engine_bytes_estimate(mc, &config);
+    uint64_t estimate = lab_engine_bytes_estimate(&m->source.model.config, &config);
     lesson_reserve_bytes(L, estimate, "lab.time's engine");
     t->reserved = estimate;
     error_info err = {{0}};
     if (engine_init(&t->engine, &m->source.model, &config, &err)) lab_error(L, "lab.time: %s", err.message);
-    lesson_of(L)->timing_engine = &t->engine; // freed by the watchdog's abandon if no finalizer runs
+    lesson_api_state(lesson_of(L))->timing_engine = &t->engine; // freed by the watchdog's abandon if no finalizer runs
     t->initialised = true;
+    return t;
+}
 
-    double* seconds = lua_newuserdatauv(L, (size_t)(repeats + 1) * sizeof *seconds, 0);
-    double* cpu = lua_newuserdatauv(L, (size_t)(repeats + 1) * sizeof *cpu, 0);
-    kernel_traffic traffic = {0};
-    uint64_t rng = 0x5EED0000u + (uint64_t)tokens * 131u + (uint64_t)batch;
-    // One untimed round first: caches, page faults and thread start-up.
-    for (int round = 0; round <= repeats; round++) {
-        lesson_check_time(L);
-        engine* e = &t->engine;
-        add_batch(L, e, batch, prompt_length, phase == 0 ? 1 : tokens + 1, &rng);
-        const step_record* r = NULL;
-        uint64_t elapsed = 0;
-        double elapsed_cpu = 0;
-        kernel_traffic round_traffic = {0};
-        if (phase == 0) {
+// One round: adds the batch, runs it to the end, and returns the wall and
+// CPU seconds and the traffic of the timed steps (the prefill step, or the
+// decode steps that decoded the whole batch).
+static void time_one_round(lua_State* L, engine* e, const timing_request* q, uint64_t* rng, double* seconds,
+                           double* cpu_seconds, kernel_traffic* traffic) {
+    add_batch(L, e, q->batch, q->prompt_length, q->phase == 0 ? 1 : q->tokens + 1, rng);
+    const step_record* r = NULL;
+    error_info err = {{0}};
+    uint64_t elapsed = 0;
+    double elapsed_cpu = 0;
+    *traffic = (kernel_traffic){0};
+    if (q->phase == 0) {
+        double cpu_start = lesson_cpu_seconds();
+        if (engine_step(e, &r, &err)) lab_error(L, "lab.time: %s", err.message);
+        elapsed_cpu = lesson_cpu_seconds() - cpu_start;
+        if (r->prefill_tokens != q->batch * q->tokens)
+            lab_error(L, "lab.time: the prefill step computed %d tokens, expected %d", r->prefill_tokens,
+                      q->batch * q->tokens);
+        elapsed = r->wall_ns;
+        *traffic = r->traffic;
+    } else {
+        while (engine_has_work(e)) { // the prefill step is not timed
             double cpu_start = lesson_cpu_seconds();
             if (engine_step(e, &r, &err)) lab_error(L, "lab.time: %s", err.message);
-            elapsed_cpu = lesson_cpu_seconds() - cpu_start;
-            if (r->prefill_tokens != batch * tokens)
-                lab_error(L, "lab.time: the prefill step computed %d tokens, expected %d", r->prefill_tokens, batch * tokens);
-            elapsed = r->wall_ns;
-            round_traffic = r->traffic;
-        } else {
-            while (engine_has_work(e)) { // the prefill step is not timed
-                double cpu_start = lesson_cpu_seconds();
-                if (engine_step(e, &r, &err)) lab_error(L, "lab.time: %s", err.message);
-                if (r->prefill_tokens == 0 && r->decode_tokens == batch) {
-                    elapsed_cpu += lesson_cpu_seconds() - cpu_start;
-                    elapsed += r->wall_ns;
-                    traffic_add(&round_traffic, &r->traffic);
-                }
+            if (r->prefill_tokens == 0 && r->decode_tokens == q->batch) {
+                elapsed_cpu += lesson_cpu_seconds() - cpu_start;
+                elapsed += r->wall_ns;
+                traffic_add(traffic, &r->traffic);
             }
         }
-        while (engine_has_work(e))
-            if (engine_step(e, &r, &err)) lab_error(L, "lab.time: %s", err.message);
-        if (round > 0) {
-            seconds[round - 1] = (double)elapsed * 1e-9;
-            cpu[round - 1] = elapsed_cpu;
-            traffic = round_traffic;
-        }
     }
-    lua_createtable(L, repeats, 0);
-    for (int i = 0; i < repeats; i++) {
+    while (engine_has_work(e))
+        if (engine_step(e, &r, &err)) lab_error(L, "lab.time: %s", err.message);
+    *seconds = (double)elapsed * 1e-9;
+    *cpu_seconds = elapsed_cpu;
+}
+
+// Pushes lab.time's result: the samples, the medians, and the last round's traffic.
+static void push_timing(lua_State* L, const timing_request* q, double* seconds, double* cpu,
+                        const kernel_traffic* traffic) {
+    lua_createtable(L, q->repeats, 0);
+    for (int i = 0; i < q->repeats; i++) {
         lua_pushnumber(L, seconds[i]);
         lua_rawseti(L, -2, i + 1);
     }
-    double median = median_of(seconds, repeats);
-    double median_cpu = median_of(cpu, repeats);
+    double median = median_of(seconds, q->repeats);
+    double median_cpu = median_of(cpu, q->repeats);
+    double tokens = (double)q->tokens * q->batch;
     lua_createtable(L, 0, 16);
     lua_insert(L, -2);
     lua_setfield(L, -2, "samples");
-    lab_set_string(L, "phase", phases[phase]);
-    lab_set_integer(L, "tokens", tokens);
-    lab_set_integer(L, "batch", batch);
+    lab_set_string(L, "phase", TIMING_PHASES[q->phase]);
+    lab_set_integer(L, "tokens", q->tokens);
+    lab_set_integer(L, "batch", q->batch);
     lab_set_number(L, "seconds", median);
-    lab_set_number(L, "tokens_per_s", median > 0 ? (double)tokens * batch / median : 0.0);
+    lab_set_number(L, "tokens_per_s", median > 0 ? tokens / median : 0.0);
     // CPU time of the whole process over the timed steps: with threads = 1 it
     // is the work itself, unaffected by other programs taking the cores.
     lab_set_number(L, "cpu_seconds", median_cpu);
-    lab_set_number(L, "cpu_tokens_per_s", median_cpu > 0 ? (double)tokens * batch / median_cpu : 0.0);
-    lab_set_number(L, "seconds_per_step", phase == 0 ? median : median / tokens);
-    uint64_t bytes = traffic.weight_bytes_read + traffic.kv_bytes_read + traffic.kv_bytes_written + traffic.activation_bytes;
-    uint64_t flops = traffic.matmul_flops + traffic.attention_flops;
+    lab_set_number(L, "cpu_tokens_per_s", median_cpu > 0 ? tokens / median_cpu : 0.0);
+    lab_set_number(L, "seconds_per_step", q->phase == 0 ? median : median / q->tokens);
+    uint64_t bytes = traffic->weight_bytes_read + traffic->kv_bytes_read + traffic->kv_bytes_written + traffic->activation_bytes;
+    uint64_t flops = traffic->matmul_flops + traffic->attention_flops;
     lab_set_integer(L, "bytes", (lua_Integer)bytes);
-    lab_set_integer(L, "weight_bytes", (lua_Integer)traffic.weight_bytes_read);
+    lab_set_integer(L, "weight_bytes", (lua_Integer)traffic->weight_bytes_read);
     lab_set_integer(L, "flops", (lua_Integer)flops);
     // The two kinds of work apart: a matmul's FLOPs scale with the weights
     // it streams, attention's with the context (lessons check each against
     // the model's shapes).
-    lab_set_integer(L, "matmul_flops", (lua_Integer)traffic.matmul_flops);
-    lab_set_integer(L, "attention_flops", (lua_Integer)traffic.attention_flops);
-    lab_set_integer(L, "kv_bytes", (lua_Integer)(traffic.kv_bytes_read + traffic.kv_bytes_written));
+    lab_set_integer(L, "matmul_flops", (lua_Integer)traffic->matmul_flops);
+    lab_set_integer(L, "attention_flops", (lua_Integer)traffic->attention_flops);
+    lab_set_integer(L, "kv_bytes", (lua_Integer)(traffic->kv_bytes_read + traffic->kv_bytes_written));
     lab_set_number(L, "intensity", bytes ? (double)flops / (double)bytes : 0.0);
+}
+
+// lab.time{model=, phase=, tokens=, batch=, repeats=, context=, threads=} -> timing table
+static int lab_time(lua_State* L) {
+    static const char* const fields[] = {"model", "phase", "tokens", "batch", "repeats", "context", "threads", NULL};
+    lab_check_fields(L, 1, fields);
+    if (lua_getfield(L, 1, "model") != LUA_TUSERDATA) lab_field_error(L, 1, "model", "expected a model from lab.model{}");
+    lab_model* m = lab_check_model(L, lua_gettop(L));
+    timing_request q = read_timing_request(L, &m->source.model.config);
+    timing_engine* t = push_timing_engine(L, m, &q);
+    int holder = lua_gettop(L);
+
+    double* seconds = lua_newuserdatauv(L, (size_t)(q.repeats + 1) * sizeof *seconds, 0);
+    double* cpu = lua_newuserdatauv(L, (size_t)(q.repeats + 1) * sizeof *cpu, 0);
+    kernel_traffic traffic = {0};
+    uint64_t rng = 0x5EED0000u + (uint64_t)q.tokens * 131u + (uint64_t)q.batch;
+    // One untimed round first: caches, page faults and thread start-up.
+    for (int round = 0; round <= q.repeats; round++) {
+        lesson_check_time(L);
+        double round_seconds = 0, round_cpu = 0;
+        kernel_traffic round_traffic;
+        time_one_round(L, &t->engine, &q, &rng, &round_seconds, &round_cpu, &round_traffic);
+        if (round > 0) {
+            seconds[round - 1] = round_seconds;
+            cpu[round - 1] = round_cpu;
+            traffic = round_traffic;
+        }
+    }
+    push_timing(L, &q, seconds, cpu, &traffic);
     // Free the engine now rather than at the next collection (the
     // finalizer then finds nothing left to do).
     lua_pushcfunction(L, timing_engine_gc);
@@ -362,7 +405,7 @@ static double measure_peak_flops(uint16_t* weights, float* in, float* out, threa
 
 // lab.machine() -> {name, bandwidth, peak_flops, ridge}, measured once per lesson.
 static int lab_machine(lua_State* L) {
-    lesson* l = lesson_of(L);
+    lab_api_state* l = lesson_api_state(lesson_of(L));
     if (!l->machine_measured) {
         // Buffers first (a memory error must not leak the threads).
         uint64_t* stream = lua_newuserdatauv(L, STREAM_BYTES, 0);

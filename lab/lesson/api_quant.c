@@ -35,7 +35,7 @@ static uint64_t heap_bytes_in_use(void) {
 #include "engine/model_quant.h"
 #include "engine/quant.h"
 #include "lab/common/calibration.h"
-#include "lab/lesson/internal.h"
+#include "lab/lesson/api.h"
 
 // Scratch memory that lives on the Lua stack (collected, counted by the cap).
 static void* scratch(lua_State* L, size_t bytes) { return lua_newuserdatauv(L, bytes ? bytes : 1, 0); }
@@ -113,10 +113,8 @@ static double output_mse(const float* w, const float* w_hat, int rows, int cols,
     return sum / ((double)n_samples * rows);
 }
 
-static int lab_quantize(lua_State* L) {
-    static const char* const fields[] = {"values", "rows", "tensor", "model", "bits", "symmetric", "granularity",
-                                         "group_size", "clip", "range", "method", "inputs", NULL};
-    lab_check_fields(L, 1, fields);
+// lab.quantize{}'s scheme and method, from its fields.
+static quant_scheme read_scheme(lua_State* L, int* method) {
     static const char* const granularities[] = {"tensor", "channel", "group", NULL};
     static const char* const methods[] = {"rtn", "awq", "gptq", NULL};
     quant_scheme scheme = {0};
@@ -125,105 +123,92 @@ static int lab_quantize(lua_State* L) {
     scheme.granularity = (quant_granularity)lab_opt_choice_field(L, 1, "granularity", granularities, QUANT_PER_TENSOR);
     scheme.group_size = (int)lab_opt_integer_field(L, 1, "group_size", 0, 0, 1 << 20);
     scheme.clip_search = lab_opt_boolean_field(L, 1, "clip", false);
-    int method = lab_opt_choice_field(L, 1, "method", methods, QUANT_RTN);
+    *method = lab_opt_choice_field(L, 1, "method", methods, QUANT_RTN);
     if (scheme.granularity == QUANT_PER_GROUP && scheme.group_size == 0)
         lab_field_error(L, 1, "group_size", "granularity \"group\" needs group_size");
     if (scheme.granularity != QUANT_PER_GROUP && scheme.group_size != 0)
         lab_field_error(L, 1, "group_size", "only used with granularity \"group\"");
-    int rows = 0, cols = 0;
-    float* w = read_matrix(L, &rows, &cols);
-    error_info err = {{0}};
-    if (quant_scheme_validate(&scheme, cols, &err)) lab_field_error(L, 1, "group_size", "%s", err.message);
-    size_t n = (size_t)rows * (size_t)cols;
-    int n_sets = quant_param_count(rows, cols, &scheme);
-    int32_t* codes = scratch(L, n * sizeof *codes);
-    quant_params* params = scratch(L, (size_t)n_sets * sizeof *params);
-    float* r_hat = scratch(L, n * sizeof *r_hat);
-    const float* quantized = w; // what the codes encode: w, or w with AWQ's channel scales applied
-    float* channel_scales = NULL;
-    float alpha = -1.0f;
+    return scheme;
+}
 
-    bool has_range = lua_getfield(L, 1, "range") != LUA_TNIL;
-    lua_pop(L, 1);
-    if (has_range) {
-        if (scheme.granularity != QUANT_PER_TENSOR || scheme.clip_search || method != QUANT_RTN)
-            lab_field_error(L, 1, "range", "a fixed range needs granularity \"tensor\", no clip and method \"rtn\"");
-        lua_getfield(L, 1, "range");
-        size_t two = 0;
-        float* range = lab_read_number_array(L, -1, 1, "range", &two);
-        if (two != 2 || !(range[0] < range[1])) lab_field_error(L, 1, "range", "expected {r_min, r_max} with r_min < r_max");
-        params[0] = quant_params_for_range(range[0], range[1], scheme.bits, scheme.symmetric);
-        for (size_t i = 0; i < n; i++) codes[i] = quant_quantize(w[i], &params[0], scheme.bits, scheme.symmetric, NULL);
-        lua_pop(L, 2);
-    } else if (method == QUANT_RTN) {
-        if (quant_matrix_rtn(w, rows, cols, &scheme, codes, params, &err)) lab_error(L, "lab.quantize: %s", err.message);
-    }
-    float* x = NULL;
-    int n_samples = 0;
+// One matrix quantized: its codes and parameter sets, and what the codes
+// encode. All arrays are scratch on the Lua stack.
+typedef struct quantized_matrix {
+    const float* w;          // (rows, cols) the values given
+    int rows, cols;
+    int32_t* codes;          // (rows, cols)
+    quant_params* params;    // (n_sets)
+    int n_sets;
+    const float* encoded;    // (rows, cols) what the codes encode: w, or w with AWQ's channel scales applied
+    float* channel_scales;   // (cols) AWQ's per-input-channel scales, NULL for other methods
+    float alpha;             // AWQ's exponent, -1 for other methods
+    float* x;                // (n_samples, cols) calibration inputs, NULL when none were given
+    int n_samples;
+} quantized_matrix;
+
+// range = {r_min, r_max}: one fixed parameter set instead of the observed range.
+static void quantize_to_fixed_range(lua_State* L, const quant_scheme* scheme, int method, quantized_matrix* q) {
+    if (scheme->granularity != QUANT_PER_TENSOR || scheme->clip_search || method != QUANT_RTN)
+        lab_field_error(L, 1, "range", "a fixed range needs granularity \"tensor\", no clip and method \"rtn\"");
+    lua_getfield(L, 1, "range");
+    size_t two = 0;
+    float* range = lab_read_number_array(L, -1, 1, "range", &two);
+    if (two != 2 || !(range[0] < range[1])) lab_field_error(L, 1, "range", "expected {r_min, r_max} with r_min < r_max");
+    q->params[0] = quant_params_for_range(range[0], range[1], scheme->bits, scheme->symmetric);
+    size_t n = (size_t)q->rows * (size_t)q->cols;
+    for (size_t i = 0; i < n; i++) q->codes[i] = quant_quantize(q->w[i], &q->params[0], scheme->bits, scheme->symmetric, NULL);
+    lua_pop(L, 2);
+}
+
+// AWQ: searches the channel scales, then rounds w scaled by them to the nearest levels.
+static void quantize_awq(lua_State* L, const quant_scheme* scheme, quantized_matrix* q) {
+    error_info err = {{0}};
+    size_t n = (size_t)q->rows * (size_t)q->cols;
+    q->channel_scales = scratch(L, (size_t)q->cols * sizeof *q->channel_scales);
+    const float* matrices[1] = {q->w};
+    if (quant_awq_search(matrices, &q->rows, 1, q->cols, q->x, q->n_samples, scheme, q->channel_scales, &q->alpha, &err))
+        lab_error(L, "lab.quantize: %s", err.message);
+    float* scaled = scratch(L, n * sizeof *scaled);
+    for (size_t i = 0; i < n; i++) scaled[i] = q->w[i] * q->channel_scales[i % (size_t)q->cols];
+    if (quant_matrix_rtn(scaled, q->rows, q->cols, scheme, q->codes, q->params, &err))
+        lab_error(L, "lab.quantize: %s", err.message);
+    q->encoded = scaled;
+}
+
+// Fills q's codes and parameters by the fixed range, RTN, AWQ or GPTQ;
+// reads the calibration inputs that AWQ and GPTQ need (and RTN may take,
+// for output_mse).
+static void quantize_matrix(lua_State* L, const quant_scheme* scheme, int method, bool has_range, quantized_matrix* q) {
+    error_info err = {{0}};
+    if (has_range) quantize_to_fixed_range(L, scheme, method, q);
+    else if (method == QUANT_RTN && quant_matrix_rtn(q->w, q->rows, q->cols, scheme, q->codes, q->params, &err))
+        lab_error(L, "lab.quantize: %s", err.message);
     if (method != QUANT_RTN || lua_getfield(L, 1, "inputs") != LUA_TNIL) {
         if (method == QUANT_RTN) lua_pop(L, 1);
-        x = read_inputs(L, cols, &n_samples);
+        q->x = read_inputs(L, q->cols, &q->n_samples);
     } else {
         lua_pop(L, 1);
     }
-    if (method == QUANT_AWQ) {
-        channel_scales = scratch(L, (size_t)cols * sizeof *channel_scales);
-        const float* matrices[1] = {w};
-        if (quant_awq_search(matrices, &rows, 1, cols, x, n_samples, &scheme, channel_scales, &alpha, &err))
-            lab_error(L, "lab.quantize: %s", err.message);
-        float* scaled = scratch(L, n * sizeof *scaled);
-        for (size_t i = 0; i < n; i++) scaled[i] = w[i] * channel_scales[i % (size_t)cols];
-        if (quant_matrix_rtn(scaled, rows, cols, &scheme, codes, params, &err)) lab_error(L, "lab.quantize: %s", err.message);
-        quantized = scaled;
-    } else if (method == QUANT_GPTQ) {
-        if (quant_gptq(w, rows, cols, x, n_samples, &scheme, 0.01f, 128, codes, params, &err))
-            lab_error(L, "lab.quantize: %s", err.message);
-    }
-    quant_matrix_dequantize(codes, params, rows, cols, &scheme, r_hat);
-    if (channel_scales)
-        for (size_t i = 0; i < n; i++) r_hat[i] /= channel_scales[i % (size_t)cols];
+    if (method == QUANT_AWQ) quantize_awq(L, scheme, q);
+    else if (method == QUANT_GPTQ &&
+             quant_gptq(q->w, q->rows, q->cols, q->x, q->n_samples, scheme, 0.01f, 128, q->codes, q->params, &err))
+        lab_error(L, "lab.quantize: %s", err.message);
+}
 
-    // Statistics against the original values.
-    double squared = 0, max_error = 0;
-    int64_t clipped = 0, not_nearest = 0;
-    bool within_half = true;
+// Codes that are not the nearest level of what they encode (GPTQ's error
+// feedback moves some; RTN and AWQ round to the nearest).
+static int64_t count_not_nearest(const quantized_matrix* q, const quant_scheme* scheme, bool has_range) {
+    int64_t not_nearest = 0;
+    size_t n = (size_t)q->rows * (size_t)q->cols;
     for (size_t i = 0; i < n; i++) {
-        double e = fabs((double)w[i] - (double)r_hat[i]);
-        squared += e * e;
-        if (e > max_error) max_error = e;
-        int set = has_range ? 0 : quant_param_index((int)(i / (size_t)cols), (int)(i % (size_t)cols), rows, cols, &scheme);
-        bool was_clipped = false;
-        int32_t nearest = quant_quantize(quantized[i], &params[set], scheme.bits, scheme.symmetric, &was_clipped);
-        clipped += was_clipped;
-        not_nearest += nearest != codes[i];
-        double half_step = params[set].scale / 2.0 * (1.0 + 1e-5) + 1e-12;
-        double error_in_code_space = fabs((double)quantized[i] - (double)quant_dequantize(codes[i], &params[set]));
-        if (!was_clipped && error_in_code_space > half_step) within_half = false;
+        int set = has_range ? 0 : quant_param_index((int)(i / (size_t)q->cols), (int)(i % (size_t)q->cols), q->rows, q->cols, scheme);
+        not_nearest += quant_quantize(q->encoded[i], &q->params[set], scheme->bits, scheme->symmetric, NULL) != q->codes[i];
     }
-    double scale_sum = 0;
-    for (int k = 0; k < n_sets; k++) scale_sum += params[k].scale;
+    return not_nearest;
+}
 
-    lua_createtable(L, 0, 20);
-    lab_set_integer(L, "rows", rows);
-    lab_set_integer(L, "cols", cols);
-    lab_set_integer(L, "bits", scheme.bits);
-    lab_set_integer(L, "levels", (lua_Integer)quant_code_max(scheme.bits, scheme.symmetric) -
-                                     quant_code_min(scheme.bits, scheme.symmetric) + 1);
-    lab_set_integer(L, "q_min", quant_code_min(scheme.bits, scheme.symmetric));
-    lab_set_integer(L, "q_max", quant_code_max(scheme.bits, scheme.symmetric));
-    lab_set_integer(L, "sets", n_sets);
-    lab_set_number(L, "s", params[0].scale);
-    lab_set_integer(L, "z", params[0].zero_point);
-    lab_set_number(L, "r_min", params[0].range_min);
-    lab_set_number(L, "r_max", params[0].range_max);
-    lab_set_number(L, "scale_mean", scale_sum / n_sets);
-    lab_set_number(L, "mse", squared / (double)n);
-    lab_set_number(L, "max_error", max_error);
-    lab_set_integer(L, "clipped", clipped);
-    lab_set_boolean(L, "within_half_step", within_half);
-    lab_set_integer(L, "not_nearest", not_nearest);
-    // Bytes of the packed format (codes + fp16 scales + zero-points) for 8 and 4 bits.
-    if (scheme.bits == 8 || scheme.bits == 4) lab_set_integer(L, "packed_bytes", (lua_Integer)quant_packed_bytes(rows, cols, &scheme));
+// Pushes the parameter sets' scales and zero-points as two fields.
+static void push_params(lua_State* L, const quant_params* params, int n_sets) {
     lua_createtable(L, n_sets, 0);
     for (int k = 0; k < n_sets; k++) {
         lua_pushnumber(L, params[k].scale);
@@ -236,14 +221,79 @@ static int lab_quantize(lua_State* L) {
         lua_rawseti(L, -2, k + 1);
     }
     lua_setfield(L, -2, "zero_points");
-    lab_push_int32_array(L, codes, n);
+}
+
+static int lab_quantize(lua_State* L) {
+    static const char* const fields[] = {"values", "rows", "tensor", "model", "bits", "symmetric", "granularity",
+                                         "group_size", "clip", "range", "method", "inputs", NULL};
+    lab_check_fields(L, 1, fields);
+    int method = QUANT_RTN;
+    quant_scheme scheme = read_scheme(L, &method);
+    quantized_matrix q = {.alpha = -1.0f};
+    float* w = read_matrix(L, &q.rows, &q.cols);
+    q.w = q.encoded = w;
+    error_info err = {{0}};
+    if (quant_scheme_validate(&scheme, q.cols, &err)) lab_field_error(L, 1, "group_size", "%s", err.message);
+    int rows = q.rows, cols = q.cols;
+    size_t n = (size_t)rows * (size_t)cols;
+    q.n_sets = quant_param_count(rows, cols, &scheme);
+    q.codes = scratch(L, n * sizeof *q.codes);
+    q.params = scratch(L, (size_t)q.n_sets * sizeof *q.params);
+    float* r_hat = scratch(L, n * sizeof *r_hat);
+    bool has_range = lua_getfield(L, 1, "range") != LUA_TNIL;
+    lua_pop(L, 1);
+    quantize_matrix(L, &scheme, method, has_range, &q);
+    quant_matrix_dequantize(q.codes, q.params, rows, cols, &scheme, r_hat);
+
+    // The engine's statistics of the codes against what they encode: clipped
+    // values, the half-step bound, the mean scale; and the error, which is
+    // the error against the values given unless AWQ scaled them.
+    quant_stats stats = quant_matrix_stats(q.encoded, q.codes, q.params, rows, cols, &scheme, -1);
+    double mse = stats.mse, max_error = stats.max_abs_error;
+    if (q.channel_scales) {
+        // AWQ's codes encode w x s: undo the scales, and measure against w
+        // itself (the engine's statistics would measure against w x s).
+        double squared = 0;
+        max_error = 0;
+        for (size_t i = 0; i < n; i++) {
+            r_hat[i] /= q.channel_scales[i % (size_t)cols];
+            double e = fabs((double)w[i] - (double)r_hat[i]);
+            squared += e * e;
+            if (e > max_error) max_error = e;
+        }
+        mse = squared / (double)n;
+    }
+
+    lua_createtable(L, 0, 20);
+    lab_set_integer(L, "rows", rows);
+    lab_set_integer(L, "cols", cols);
+    lab_set_integer(L, "bits", scheme.bits);
+    lab_set_integer(L, "levels", (lua_Integer)quant_code_max(scheme.bits, scheme.symmetric) -
+                                     quant_code_min(scheme.bits, scheme.symmetric) + 1);
+    lab_set_integer(L, "q_min", quant_code_min(scheme.bits, scheme.symmetric));
+    lab_set_integer(L, "q_max", quant_code_max(scheme.bits, scheme.symmetric));
+    lab_set_integer(L, "sets", q.n_sets);
+    lab_set_number(L, "s", q.params[0].scale);
+    lab_set_integer(L, "z", q.params[0].zero_point);
+    lab_set_number(L, "r_min", q.params[0].range_min);
+    lab_set_number(L, "r_max", q.params[0].range_max);
+    lab_set_number(L, "scale_mean", stats.scale);
+    lab_set_number(L, "mse", mse);
+    lab_set_number(L, "max_error", max_error);
+    lab_set_integer(L, "clipped", stats.n_clipped);
+    lab_set_boolean(L, "within_half_step", stats.within_half_step);
+    lab_set_integer(L, "not_nearest", count_not_nearest(&q, &scheme, has_range));
+    // Bytes of the packed format (codes + fp16 scales + zero-points) for 8 and 4 bits.
+    if (scheme.bits == 8 || scheme.bits == 4) lab_set_integer(L, "packed_bytes", (lua_Integer)quant_packed_bytes(rows, cols, &scheme));
+    push_params(L, q.params, q.n_sets);
+    lab_push_int32_array(L, q.codes, n);
     lua_setfield(L, -2, "q");
     lab_push_float_array(L, r_hat, n);
     lua_setfield(L, -2, "r_hat");
-    if (x) lab_set_number(L, "output_mse", output_mse(w, r_hat, rows, cols, x, n_samples));
+    if (q.x) lab_set_number(L, "output_mse", output_mse(w, r_hat, rows, cols, q.x, q.n_samples));
     if (method == QUANT_AWQ) {
-        lab_set_number(L, "alpha", alpha);
-        lab_push_float_array(L, channel_scales, (size_t)cols);
+        lab_set_number(L, "alpha", q.alpha);
+        lab_push_float_array(L, q.channel_scales, (size_t)cols);
         lua_setfield(L, -2, "channel_scales");
     }
     return 1;
@@ -291,7 +341,7 @@ static int lab_quantize_model(lua_State* L) {
     // The model now holds the packed weights only.
     lesson_release_bytes(l, before);
     m->reserved_bytes = m->source.model.weight_bytes;
-    l->external_bytes += m->reserved_bytes;
+    lesson_count_bytes(l, m->reserved_bytes);
     char description[96];
     model_quant_spec_describe(&spec, description, sizeof description);
     snprintf(m->label, sizeof m->label, "%.60s %.90s", source->model_arg, description);

@@ -1,4 +1,4 @@
-// lesson_args: reading the lab functions' named arguments, and pushing
+// lesson args: reading the lab functions' named arguments, and pushing
 // results, with errors that name the argument and the field.
 #include <math.h>
 #include <stdarg.h>
@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "lab/lesson/internal.h"
+#include "lab/lesson/api.h"
 
 int lab_error(lua_State* L, const char* format, ...) {
     char message[600];
@@ -184,4 +184,66 @@ void lab_push_int32_array(lua_State* L, const int32_t* values, size_t n) {
         lua_pushinteger(L, values[i]);
         lua_rawseti(L, -2, (lua_Integer)i + 1);
     }
+}
+
+// Each given field goes through the command line's own option parser. The
+// parsed request may keep pointers to the texts (a model path, a tokenizer
+// path), so every text stays on the Lua stack until the calling C function
+// returns: read raw from the table (no __index proxy can hand back a string
+// nothing else holds), and a number's text pushed as a Lua string rather
+// than formatted into a local buffer (fuzzing found `tokenizer = 5` left
+// the request pointing at a dead stack slot).
+void lab_apply_flag_fields(lua_State* L, int arg, const lab_field_flag* fields, lab_flag_matcher match, void* target) {
+    arg = lua_absindex(L, arg);
+    for (const lab_field_flag* f = fields; f->field; f++) {
+        lua_pushstring(L, f->field);
+        int type = lua_rawget(L, arg);
+        if (type == LUA_TNIL || (f->is_switch && type == LUA_TBOOLEAN && lua_toboolean(L, -1))) {
+            lua_pop(L, 1);
+            continue;
+        }
+        if (f->is_switch) {
+            if (type != LUA_TBOOLEAN) lab_field_error(L, arg, f->field, "expected true or false, got %s", luaL_typename(L, -1));
+        } else if (type == LUA_TNUMBER) {
+            if (!lua_isinteger(L, -1)) lab_field_error(L, arg, f->field, "expected an integer, got %g", lua_tonumber(L, -1));
+            lua_pushfstring(L, "%I", (LUAI_UACINT)lua_tointeger(L, -1));
+            lua_remove(L, -2);
+        } else if (type != LUA_TSTRING) {
+            lab_field_error(L, arg, f->field, "expected a string or a number, got %s", luaL_typename(L, -1));
+        }
+        const char* text = lua_tostring(L, -1); // a switch's boolean gives NULL: the flag takes no value
+        char* argv[3] = {(char*)"lab", (char*)f->flag, (char*)text};
+        arg_cursor cursor = {f->is_switch ? 2 : 3, argv, 1, "lab", NULL};
+        bool failed = false;
+        error_info err = {{0}};
+        if (!match(&cursor, target, &failed, &err) || failed)
+            lab_field_error(L, arg, f->field, "%s", err.message[0] ? err.message : "not accepted here");
+        luaL_checkstack(L, 2, "too many fields");
+        // The text stays (see above).
+    }
+}
+
+// The methods are listed as package `shown_as` in the registry's loaded
+// table because that is where Lua looks for a function's name when it
+// reports a bad argument (to 'engine.add', not to '?', when the method was
+// called through pcall).
+void lab_register_userdata_type(lua_State* L, const char* name, const char* shown_as, const luaL_Reg* methods,
+                                   lua_CFunction gc, lua_CFunction tostring) {
+    luaL_newmetatable(L, name);
+    lua_newtable(L); // luaL_newlib needs the array itself, not a pointer to it
+    luaL_setfuncs(L, methods, 0);
+    lua_getfield(L, LUA_REGISTRYINDEX, LUA_LOADED_TABLE);
+    lua_pushvalue(L, -2);
+    lua_setfield(L, -2, shown_as);
+    lua_pop(L, 1);
+    lua_setfield(L, -2, "__index");
+    lua_pushcfunction(L, gc);
+    lua_setfield(L, -2, "__gc");
+    lua_pushcfunction(L, tostring);
+    lua_setfield(L, -2, "__tostring");
+    // Out of the lesson's reach: a replaced __gc would run the lesson's
+    // code with hooks off, and skip freeing the engine or model.
+    lua_pushstring(L, name);
+    lua_setfield(L, -2, "__metatable");
+    lua_pop(L, 1);
 }

@@ -1,5 +1,7 @@
-// lesson: the Lua state, its sandbox and limits, the coroutine that runs
-// the lesson, narration and checks (lab/lesson/lesson.h).
+// lesson host: the Lua state and the coroutine that runs the lesson, the
+// lab table (narration here; checks.c, api_*.c add the rest), and the host
+// API of lab/lesson/lesson.h. The sandbox (sandbox.c) and the limits
+// (limits.c, watchdog.c) guard it.
 #include "lab/lesson/lesson.h"
 
 #include <dirent.h>
@@ -15,9 +17,6 @@
 
 #include "lab/lesson/internal.h"
 
-// Instructions between two looks at the clock: about 0.1 ms of Lua.
-enum { HOOK_INSTRUCTIONS = 10000 };
-
 lesson_options lesson_options_default(void) {
     return (lesson_options){
         .interactive = false,
@@ -28,131 +27,15 @@ lesson_options lesson_options_default(void) {
     };
 }
 
-double lesson_cpu_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-// ---- memory: one cap for the Lua heap and the engines ------------------------------------
-
-static void link_block(lesson* l, lua_block_header* h) {
-    h->previous = &l->lua_blocks;
-    h->next = l->lua_blocks.next;
-    l->lua_blocks.next->previous = h;
-    l->lua_blocks.next = h;
-}
-
-static void unlink_block(lua_block_header* h) {
-    h->previous->next = h->next;
-    h->next->previous = h->previous;
-}
-
-static void* lesson_alloc(void* user, void* block, size_t old_size, size_t new_size) {
-    lesson* l = user;
-    if (!block) old_size = 0; // old_size then encodes the object's type
-    lua_block_header* header = block ? (lua_block_header*)block - 1 : NULL;
-    if (new_size == 0) {
-        if (header) {
-            unlink_block(header);
-            free(header);
-        }
-        l->lua_bytes -= old_size;
-        return NULL;
-    }
-    if (new_size > old_size &&
-        l->lua_bytes + l->external_bytes + (new_size - old_size) > l->options.memory_limit_bytes)
-        return NULL; // Lua raises a memory error (the cap also keeps new_size + header from wrapping)
-    if (header) unlink_block(header);
-    lua_block_header* grown = realloc(header, sizeof *grown + new_size);
-    if (!grown) {
-        if (header) link_block(l, header);
-        return NULL;
-    }
-    link_block(l, grown);
-    l->lua_bytes = l->lua_bytes - old_size + new_size;
-    return grown + 1;
-}
-
-// Frees every block of a Lua state that can no longer be closed.
-static void free_lua_blocks(lesson* l) {
-    while (l->lua_blocks.next != &l->lua_blocks) {
-        lua_block_header* h = l->lua_blocks.next;
-        unlink_block(h);
-        free(h);
-    }
-    l->lua_bytes = 0;
-}
-
 lesson* lesson_of(lua_State* L) {
     void* user = NULL;
     lua_getallocf(L, &user);
     return user;
 }
 
-void lesson_reserve_bytes(lua_State* L, uint64_t bytes, const char* what) {
-    lesson* l = lesson_of(L);
-    uint64_t cap = l->options.memory_limit_bytes;
-    if (l->lua_bytes + l->external_bytes + bytes > cap) lua_gc(L, LUA_GCCOLLECT); // engines nobody holds
-    if (l->lua_bytes + l->external_bytes + bytes > cap)
-        lab_error(L, "memory limit of %d MiB: %s needs %.1f MiB, and %.1f MiB are in use (Lua %.1f, engines and models %.1f)",
-                   (int)(cap >> 20), what, (double)bytes / 1048576.0,
-                   (double)(l->lua_bytes + l->external_bytes) / 1048576.0, (double)l->lua_bytes / 1048576.0,
-                   (double)l->external_bytes / 1048576.0);
-    l->external_bytes += bytes;
-}
+lab_api_state* lesson_api_state(lesson* l) { return &l->api; }
 
-void lesson_release_bytes(lesson* l, uint64_t bytes) {
-    l->external_bytes = bytes > l->external_bytes ? 0 : l->external_bytes - bytes;
-}
-
-// ---- time: an instruction-count hook, and checks from C loops ------------------------------
-
-static void raise_time_limit(lua_State* L) {
-    lesson* l = lesson_of(L);
-    l->time_exceeded = true;
-    lab_error(L, "time limit of %g s CPU exceeded (--time-limit)", l->options.time_limit_s);
-}
-
-static bool stop_requested(const lesson* l) { return l->options.stop_flag && *l->options.stop_flag; }
-
-static void time_hook(lua_State* L, lua_Debug* ar) {
-    (void)ar;
-    lesson* l = lesson_of(L);
-    if (l->time_exceeded || lesson_cpu_seconds() - l->cpu_start_s > l->options.time_limit_s) {
-        // From now on every instruction raises: a pcall that catches the
-        // error cannot keep the lesson alive.
-        lua_sethook(L, time_hook, LUA_MASKCOUNT, 1);
-        raise_time_limit(L);
-    }
-    if (stop_requested(l)) {
-        l->stop_raised = true;
-        lua_sethook(L, time_hook, LUA_MASKCOUNT, 1);
-        lab_error(L, "stopped: the lesson was interrupted (Ctrl-C or a signal)");
-    }
-}
-
-bool lesson_keep_going(void* user) {
-    const lesson* l = user;
-    return !l->time_exceeded && lesson_cpu_seconds() - l->cpu_start_s <= l->options.time_limit_s && !stop_requested(l);
-}
-
-void lesson_tighten_hook(lesson* l) {
-    if (l->thread) lua_sethook(l->thread, time_hook, LUA_MASKCOUNT, 1);
-}
-
-void lesson_check_time(lua_State* L) {
-    lesson* l = lesson_of(L);
-    if (l->time_exceeded || lesson_cpu_seconds() - l->cpu_start_s > l->options.time_limit_s) raise_time_limit(L);
-    if (stop_requested(l)) lab_error(L, "stopped: the lesson was interrupted (Ctrl-C or a signal)");
-}
-
-// ---- the sandbox ----------------------------------------------------------------------------
-
-bool lesson_path_inside(const char* path, const char* dir) {
-    size_t n = strlen(dir);
-    return strncmp(path, dir, n) == 0 && (path[n] == '/' || path[n] == '\0');
-}
+const char* lesson_folder(const lesson* l) { return l->lesson_dir; }
 
 // ---- narration and checks -----------------------------------------------------------------
 
@@ -176,214 +59,6 @@ static int lab_pause(lua_State* L) {
     return lua_yield(L, 0);
 }
 
-static lab_declared_claim* find_declared(lesson* l, const char* id) {
-    for (int i = 0; i < l->n_declared; i++)
-        if (strcmp(l->declared[i].id, id) == 0) return &l->declared[i];
-    return NULL;
-}
-
-static void report_check(lesson* l, const lesson_check_result* result) {
-    bool counted = !l->options.only_claim || strcmp(l->options.only_claim, result->id) == 0;
-    if (!counted) return;
-    if (result->outcome == CHECK_PASS) l->passed++;
-    else l->failed++;
-    if (!l->options.on_check) return;
-    // The claim and the evidence are the lesson's text: shown inert.
-    lesson_check_result shown = *result;
-    shown.running = fault_enabled_set;
-    char* claim = lesson_clean_copy(result->claim, false);
-    char* evidence = lesson_clean_copy(result->evidence, false);
-    char* note = lesson_clean_copy(result->note ? result->note : "", false);
-    if (claim) shown.claim = claim;
-    if (evidence) shown.evidence = evidence;
-    if (note) shown.note = note;
-    if (claim && evidence && note) l->options.on_check(l->options.user, &shown);
-    free(claim);
-    free(evidence);
-    free(note);
-}
-
-static bool valid_claim_id(const char* id) {
-    size_t n = strlen(id);
-    if (n == 0 || n >= sizeof ((lab_declared_claim*)0)->id) return false;
-    for (const char* c = id; *c; c++)
-        if (!((*c >= 'a' && *c <= 'z') || (*c >= '0' && *c <= '9') || *c == '-' || *c == '_')) return false;
-    return true;
-}
-
-// lab.check{id=, claim=, bank_answer=, verdict=, evidence=} or with
-// measure=function() return verdict, evidence end instead of verdict and
-// evidence (an error inside measure is a FAIL line, not a failed lesson).
-// A claim the question bank does not make (the lab's own, beyond the bank)
-// gives beyond_bank = true and answer = what the lesson expects instead of
-// bank_answer.
-// breaks_with = {"no-cow", ...}: the faults (engine/fault.h) under which the
-// verdict must turn; "" in problem when the list is well formed.
-static fault_set read_breaks_with(lua_State* L, char* problem, size_t capacity) {
-    fault_set set = 0;
-    int type = lua_getfield(L, 1, "breaks_with");
-    if (type == LUA_TNIL) {
-        lua_pop(L, 1);
-        return 0;
-    }
-    if (type != LUA_TTABLE) {
-        snprintf(problem, capacity, "field 'breaks_with': expected an array of fault names, got %s", luaL_typename(L, -1));
-    } else {
-        lua_Integer n = (lua_Integer)lua_rawlen(L, -1);
-        for (lua_Integer i = 1; i <= n && !problem[0]; i++) {
-            const char* name = lua_rawgeti(L, -1, i) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
-            int id = name ? fault_lookup(name) : -1;
-            if (id < 0)
-                snprintf(problem, capacity, "field 'breaks_with': item %lld is not a fault name%s%.40s%s "
-                         "(servelab info --faults lists them)", (long long)i, name ? " ('" : "", name ? name : "",
-                         name ? "')" : "");
-            else set |= (fault_set)1 << id;
-            lua_pop(L, 1);
-        }
-        if (!problem[0] && n == 0) snprintf(problem, capacity, "field 'breaks_with': expected at least one fault name");
-    }
-    lua_pop(L, 1);
-    return set;
-}
-
-static int lab_check(lua_State* L) {
-    static const char* const fields[] = {"id", "claim", "bank_answer", "beyond_bank", "answer", "verdict",
-                                         "evidence", "measure", "breaks_with", "note", NULL};
-    lab_check_fields(L, 1, fields);
-    lesson* l = lesson_of(L);
-    // Copies: measure() below runs the lesson's code, which may empty the
-    // table and collect its strings.
-    char id[sizeof l->declared[0].id];
-    char claim[LESSON_MAX_CLAIM_BYTES + 1];
-    const char* given_id = lab_opt_string_field(L, 1, "id", NULL);
-    if (!given_id) lab_field_error(L, 1, "id", "expected the claim id as a string (\"tf1\", \"se3\", ...)");
-    if (!valid_claim_id(given_id))
-        lab_field_error(L, 1, "id", "'%s' is not a claim id (lowercase letters, digits, '-', '_'; at most 15)", given_id);
-    snprintf(id, sizeof id, "%s", given_id);
-    const char* given_claim = lab_opt_string_field(L, 1, "claim", NULL);
-    if (!given_claim) lab_field_error(L, 1, "claim", "expected the claim in words");
-    if (strlen(given_claim) > LESSON_MAX_CLAIM_BYTES)
-        lab_field_error(L, 1, "claim", "%zu bytes is too long (at most %d)", strlen(given_claim), LESSON_MAX_CLAIM_BYTES);
-    snprintf(claim, sizeof claim, "%s", given_claim);
-    int beyond_type = lua_getfield(L, 1, "beyond_bank");
-    bool beyond_bank = lua_toboolean(L, -1);
-    lua_pop(L, 1);
-    if (beyond_type != LUA_TNIL && beyond_type != LUA_TBOOLEAN)
-        lab_field_error(L, 1, "beyond_bank", "expected true (a claim the question bank does not make), got %s",
-                        luaL_typename(L, beyond_type));
-    const char* answer_field = beyond_bank ? "answer" : "bank_answer";
-    const char* other_field = beyond_bank ? "bank_answer" : "answer";
-    if (lua_getfield(L, 1, other_field) != LUA_TNIL)
-        lab_field_error(L, 1, other_field, beyond_bank ? "a claim beyond the bank has no bank_answer; give answer"
-                                                       : "answer goes with beyond_bank = true; a bank claim gives bank_answer");
-    lua_pop(L, 1);
-    if (lua_getfield(L, 1, answer_field) != LUA_TBOOLEAN)
-        lab_field_error(L, 1, answer_field, beyond_bank ? "expected true or false (what the lesson expects), got %s"
-                                                        : "expected true or false (what the question bank says), got %s",
-                        luaL_typename(L, -1));
-    bool bank_answer = lua_toboolean(L, -1);
-    lua_pop(L, 1);
-
-    char note[LESSON_MAX_CLAIM_BYTES + 1] = "";
-    const char* given_note = lab_opt_string_field(L, 1, "note", "");
-    if (strlen(given_note) > LESSON_MAX_CLAIM_BYTES)
-        lab_field_error(L, 1, "note", "%zu bytes is too long (at most %d)", strlen(given_note), LESSON_MAX_CLAIM_BYTES);
-    snprintf(note, sizeof note, "%s", given_note);
-
-    lesson_check_result result = {id, claim, bank_answer, false, "", CHECK_FAIL, 0, note, 0, beyond_bank};
-    char problem[600] = "";
-    result.breaks_with = read_breaks_with(L, problem, sizeof problem);
-    lab_declared_claim* declared = find_declared(l, id);
-    if (!problem[0] && l->declaration_seen && !declared)
-        snprintf(problem, sizeof problem, "claim '%s' is not declared in lab.lesson{claims = {...}}", id);
-    else if (!problem[0] && declared && declared->checked)
-        snprintf(problem, sizeof problem, "claim '%s' was already checked in this lesson", id);
-    if (declared) declared->checked = true;
-
-    int measure_type = lua_getfield(L, 1, "measure");
-    int base = lua_gettop(L);
-    if (!problem[0] && measure_type != LUA_TNIL) {
-        if (measure_type != LUA_TFUNCTION) {
-            snprintf(problem, sizeof problem, "field 'measure': expected a function, got %s", luaL_typename(L, -1));
-        } else {
-            lua_pushvalue(L, -1);
-            if (lua_pcall(L, 0, 2, 0) != LUA_OK) {
-                if (l->time_exceeded) lua_error(L); // the time limit is not a check's failure
-                snprintf(problem, sizeof problem, "measure failed: %s",
-                         lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "(error object is not a string)");
-            }
-        }
-    } else if (!problem[0]) {
-        lua_getfield(L, 1, "verdict");
-        lua_getfield(L, 1, "evidence");
-    }
-    if (!problem[0]) {
-        // Stack: ..., verdict, evidence.
-        if (lua_type(L, -2) != LUA_TBOOLEAN)
-            snprintf(problem, sizeof problem, "verdict: expected a boolean computed from measurements, got %s",
-                     luaL_typename(L, -2));
-        else if (lua_type(L, -1) != LUA_TSTRING)
-            snprintf(problem, sizeof problem, "evidence: expected a string with the measured numbers, got %s",
-                     luaL_typename(L, -1));
-        else {
-            result.verdict = lua_toboolean(L, -2);
-            result.evidence = lua_tostring(L, -1);
-            result.outcome = result.verdict == bank_answer ? CHECK_PASS : CHECK_DISAGREE;
-        }
-    }
-    if (result.outcome == CHECK_FAIL) result.evidence = problem;
-    report_check(l, &result);
-    lua_settop(L, base);
-    return 0;
-}
-
-// A unique address: the error value that stops a lesson right after its
-// declaration when only its metadata is wanted.
-static const char DECLARATION_ONLY = 0;
-
-// lab.lesson{title = "...", claims = {"tf1", ...}}: the lesson's declaration.
-static int lab_lesson(lua_State* L) {
-    static const char* const fields[] = {"title", "claims", NULL};
-    lab_check_fields(L, 1, fields);
-    lesson* l = lesson_of(L);
-    if (l->declaration_seen) lab_error(L, "lab.lesson{} may be called once");
-    const char* title = lab_opt_string_field(L, 1, "title", NULL);
-    if (!title) lab_field_error(L, 1, "title", "expected the lesson's title");
-    lesson_clean_text(title, l->title, sizeof l->title, false);
-    if (lua_getfield(L, 1, "claims") != LUA_TTABLE) lab_field_error(L, 1, "claims", "expected an array of claim ids");
-    lua_Integer n = luaL_len(L, -1);
-    if (n < 1 || n > (lua_Integer)(sizeof l->declared / sizeof l->declared[0]))
-        lab_field_error(L, 1, "claims", "expected 1..%d claim ids, got %lld", (int)(sizeof l->declared / sizeof l->declared[0]),
-                        (long long)n);
-    for (lua_Integer i = 1; i <= n; i++) {
-        lua_geti(L, -1, i);
-        const char* id = lua_tostring(L, -1);
-        if (lua_type(L, -1) != LUA_TSTRING || !valid_claim_id(id))
-            lab_field_error(L, 1, "claims", "element %lld: expected a claim id such as \"tf1\"", (long long)i);
-        if (find_declared(l, id)) lab_field_error(L, 1, "claims", "'%s' is declared twice", id);
-        snprintf(l->declared[l->n_declared].id, sizeof l->declared[0].id, "%s", id);
-        l->declared[l->n_declared++].checked = false;
-        lua_pop(L, 1);
-    }
-    l->declaration_seen = true;
-    if (l->options.only_claim && !find_declared(l, l->options.only_claim)) {
-        luaL_Buffer b;
-        luaL_buffinit(L, &b);
-        for (int i = 0; i < l->n_declared; i++) {
-            if (i) luaL_addstring(&b, ", ");
-            luaL_addstring(&b, l->declared[i].id);
-        }
-        luaL_pushresult(&b);
-        lab_error(L, "--only %s: this lesson does not declare that claim (it declares: %s)", l->options.only_claim,
-                  lua_tostring(L, -1));
-    }
-    if (l->info_only) {
-        lua_pushlightuserdata(L, (void*)&DECLARATION_ONLY);
-        return lua_error(L);
-    }
-    return 0;
-}
-
 // In info mode every other lab function stops the lesson with this message.
 static int lab_info_index(lua_State* L) {
     const char* key = lua_tostring(L, 2);
@@ -398,7 +73,7 @@ static int open_lab(lua_State* L) {
     lab_set_boolean(L, "interactive", l->options.interactive);
     lab_set_string(L, "lesson_dir", l->lesson_dir);
     lab_set_string(L, "output_dir", l->output_dir);
-    lua_pushcfunction(L, lab_lesson);
+    lua_pushcfunction(L, lab_declare_lesson);
     lua_setfield(L, -2, "lesson");
     if (l->info_only) {
         lua_newtable(L);
@@ -409,6 +84,7 @@ static int open_lab(lua_State* L) {
     }
     static const luaL_Reg functions[] = {{"say", lab_say}, {"pause", lab_pause}, {"check", lab_check}, {NULL, NULL}};
     luaL_setfuncs(L, functions, 0);
+    lab_open_model_api(L);
     lab_open_engine_api(L);
     lab_open_quant_api(L);
     lab_open_perf_api(L);
@@ -471,7 +147,7 @@ static int open_lesson(lesson** out, const char* path, const lesson_options* opt
     lua_insert(L, -2);
     lua_xmove(L, l->thread, 1); // the chunk becomes the coroutine's body
     l->thread_reference = luaL_ref(L, LUA_REGISTRYINDEX);
-    lua_sethook(l->thread, time_hook, LUA_MASKCOUNT, HOOK_INSTRUCTIONS);
+    lesson_install_time_hook(l);
     *out = l;
     return 0;
 }
@@ -501,6 +177,16 @@ static void failure_location(lua_State* thread, char* out, size_t capacity) {
     }
 }
 
+// What the lab module's parts left: engines first (each holds its model),
+// then models, then lab.time's engine, whose finalizer did not run when
+// the state was abandoned.
+static void free_api_objects(lesson* l) {
+    lab_free_engines(l);
+    lab_free_models(l);
+    if (l->api.timing_engine) engine_free(l->api.timing_engine);
+    l->api.timing_engine = NULL;
+}
+
 // After the watchdog's hard stop: the Lua state was left mid-instruction
 // and cannot be closed (its finalizers would run on broken structures).
 // Everything it owned is freed without it: the engines and models (none
@@ -509,12 +195,10 @@ static void failure_location(lua_State* thread, char* out, size_t capacity) {
 static void abandon_state(lesson* l) {
     l->L = NULL;
     l->thread = NULL;
-    l->focus = NULL;
-    lab_free_objects(l);
-    if (l->timing_engine) engine_free(l->timing_engine);
-    l->timing_engine = NULL;
+    l->api.focus = NULL;
+    free_api_objects(l);
     lesson_close_files(l);
-    free_lua_blocks(l);
+    lesson_free_lua_blocks(l);
 }
 
 static void fail_after_hard_stop(lesson* l) {
@@ -567,7 +251,7 @@ lesson_status lesson_resume(lesson* l) {
         return LESSON_PAUSED;
     } else if (status == LUA_OK) {
         l->status = LESSON_DONE;
-    } else if (lua_touserdata(l->thread, -1) == (void*)&DECLARATION_ONLY) {
+    } else if (lesson_stopped_at_declaration(l->thread)) {
         l->status = LESSON_DONE; // lesson_read_info: stopped at the declaration
     } else {
         char where[1200], message[1024];
@@ -589,7 +273,7 @@ lesson_status lesson_resume(lesson* l) {
 
 const char* lesson_error(const lesson* l) { return l->error; }
 
-const engine* lesson_focus_engine(const lesson* l) { return l->focus; }
+const engine* lesson_focus_engine(const lesson* l) { return l->api.focus; }
 
 void lesson_counts(const lesson* l, int* passed, int* failed) {
     *passed = l->passed;
@@ -599,22 +283,15 @@ void lesson_counts(const lesson* l, int* passed, int* failed) {
 void lesson_finish(lesson* l) {
     if (l->finished) return;
     l->finished = true;
-    for (int i = 0; i < l->n_declared; i++) {
-        if (l->declared[i].checked) continue;
-        char evidence[1200];
-        snprintf(evidence, sizeof evidence, "never checked: %s",
-                 l->status == LESSON_FAILED ? l->error : "the lesson ended before lab.check for it");
-        lesson_check_result result = {l->declared[i].id, "(declared in lab.lesson)", false, false, evidence, CHECK_FAIL, 0, "", 0, false};
-        report_check(l, &result);
-    }
+    lesson_report_unchecked(l);
 }
 
 void lesson_close(lesson* l) {
     if (!l) return;
     if (l->L) lua_close(l->L); // runs every __gc: engines, models and files are freed
-    lab_free_objects(l);
+    free_api_objects(l);
     lesson_close_files(l);
-    free_lua_blocks(l); // nothing is left after lua_close; an abandoned state's blocks
+    lesson_free_lua_blocks(l); // nothing is left after lua_close; an abandoned state's blocks
     free(l);
 }
 

@@ -1,5 +1,7 @@
-// lesson_internal: what lesson.c and the lab module's files (lesson_api_*.c)
-// share. Not for hosts: they use lab/lesson/lesson.h.
+// lesson internal: the lesson's state, shared by the host's own files
+// (host.c, limits.c, watchdog.c, sandbox.c, checks.c). Not for hosts (they
+// use lab/lesson/lesson.h) and not for the lab module's parts (api_*.c use
+// lab/lesson/api.h, which this header includes).
 #ifndef SERVELAB_LESSON_INTERNAL_H
 #define SERVELAB_LESSON_INTERNAL_H
 
@@ -9,58 +11,7 @@
 #include <signal.h>
 #include <time.h>
 
-#include "engine/engine.h"
-#include "lab/lesson/lesson.h"
-#include "lab/common/model_source.h"
-
-#define LAB_MODEL_TYPE "servelab.model"
-#define LAB_ENGINE_TYPE "servelab.engine"
-
-// A model a lesson loaded. Engines hold a reference, so a model lives as
-// long as its Lua handle or any engine that runs it.
-typedef struct lab_model {
-    model_source source;
-    int references;           // the Lua handle (while alive) + engines running it
-    uint64_t reserved_bytes;  // counted against the memory cap
-    char label[160];          // "small", "small w4a16 g64 rtn asym", a path
-    model_request request;    // how it was loaded (quant NULL), to load it again
-    char model_arg[512];      // request.model_arg points here
-    char tokenizer_arg[512];  // request.tokenizer_arg points here (when given)
-    struct lab_model* next;   // the lesson's list of live models
-    struct lab_model* previous;
-} lab_model;
-
-// Sums over every step an engine ran in this lesson.
-typedef struct lab_totals {
-    uint64_t steps;
-    uint64_t prefill_tokens;
-    uint64_t decode_tokens;
-    kernel_traffic traffic;
-    double seconds;           // sum of step wall times
-    uint64_t preemptions;
-    uint64_t prefix_hit_tokens;
-    uint64_t copies;          // copy-on-write block copies
-    uint64_t copy_bytes;
-    int peak_running;
-    int64_t peak_slots_used;
-    int64_t peak_slots_allocated;
-    double waste_pct_sum;     // per step: (allocated - used) / allocated, %
-    uint64_t waste_steps;
-    double util_pct_sum;      // per step: used / pool slots, %
-} lab_totals;
-
-typedef struct lab_engine {
-    engine engine;
-    lab_model* model;
-    lab_totals totals;
-    bool stepped;             // a record exists
-    float* last_logits;       // (logits_capacity, vocab) the logits each sequence last sampled from
-    int* logits_position;     // (logits_capacity) the position they followed, -1 if none
-    int logits_capacity;
-    uint64_t reserved_bytes;
-    struct lab_engine* next;
-    struct lab_engine* previous;
-} lab_engine;
+#include "lab/lesson/api.h"
 
 typedef struct lab_declared_claim {
     char id[16];
@@ -99,14 +50,14 @@ struct lesson {
     double cpu_start_s;
     bool time_exceeded;
     bool stop_raised;         // the hook has raised the stop request once
-    // the watchdog (lesson_watchdog.c)
+    // the watchdog (watchdog.c)
     timer_t watchdog_timer;
     bool watchdog_running;
     sigjmp_buf hard_stop_jump; // set by lesson_resume; the handler jumps here
     volatile sig_atomic_t hard_stop_reason;
     volatile sig_atomic_t hook_tightened; // the watchdog has set the hook to every instruction
     volatile double stop_seen_s; // monotonic time the stop flag was first seen, 0 before
-    // files (lesson_sandbox.c)
+    // files (sandbox.c)
     int lesson_fd;            // the lesson's folder, -1 until first read
     int output_fd;            // the output folder, -1 until first write
     FILE* open_files[LESSON_MAX_OPEN_FILES];
@@ -114,10 +65,7 @@ struct lesson {
     lesson_status status;
     bool started;
     char error[1024];
-    const engine* focus;
-    engine* timing_engine;    // lab.time's engine while it exists (its userdata's finalizer frees it)
-    lab_model* models;
-    lab_engine* engines;
+    lab_api_state api;        // the lab module's models, engines and measurements
     // checks
     lab_declared_claim declared[64];
     int n_declared;
@@ -127,27 +75,7 @@ struct lesson {
     int passed;
     int failed;
     bool finished;
-    // the machine, measured once per lesson on first use (lab.machine)
-    bool machine_measured;
-    double machine_bandwidth_bytes_per_s;
-    double machine_peak_flops;
 };
-
-// The lesson that owns a Lua state (stored as the allocator's user data).
-lesson* lesson_of(lua_State* L);
-
-// Counts bytes against the memory cap before an engine or model allocates
-// them (collecting garbage first when the cap would be exceeded). Raises a
-// Lua error naming `what` when they do not fit.
-void lesson_reserve_bytes(lua_State* L, uint64_t bytes, const char* what);
-void lesson_release_bytes(lesson* l, uint64_t bytes);
-
-// CPU seconds the whole process has used (every thread).
-double lesson_cpu_seconds(void);
-
-// Raises "time limit of N s CPU exceeded" once the limit is spent (for C
-// loops that run many engine steps between Lua instructions).
-void lesson_check_time(lua_State* L);
 
 // Makes the hook run at the lesson's next instruction (it then raises the
 // time limit or the stop). The watchdog calls it from its signal handler
@@ -156,15 +84,7 @@ void lesson_check_time(lua_State* L);
 // stops after the call in progress instead of 10000 instructions later.
 void lesson_tighten_hook(lesson* l);
 
-// False once the time limit is spent or a stop was asked for: for long C
-// work that can stop between its parts (model_quant_spec.keep_going);
-// `user` is the lesson. The caller then raises with lesson_check_time.
-bool lesson_keep_going(void* user);
-
-// True when `path` (resolved) is `dir` or inside it (lesson.c).
-bool lesson_path_inside(const char* path, const char* dir);
-
-// ---- the sandbox (lesson_sandbox.c) ---------------------------------------------------------
+// ---- the sandbox (sandbox.c) ---------------------------------------------------------
 
 // Opens the allowed libraries and installs the restricted io, os, require,
 // load and setmetatable (lab/lesson/lesson.h lists what lessons may reach).
@@ -180,7 +100,7 @@ size_t lesson_clean_text(const char* text, char* out, size_t capacity, bool mult
 // The same into a malloc'ed copy (NULL when out of memory).
 char* lesson_clean_copy(const char* text, bool multiline);
 
-// ---- the watchdog (lesson_watchdog.c) -------------------------------------------------------
+// ---- the watchdog (watchdog.c) -------------------------------------------------------
 
 // True when the hard stop can work here (liblua is a shared library whose
 // code the watchdog can tell apart).
@@ -189,66 +109,35 @@ bool lesson_watchdog_available(void);
 int lesson_watchdog_start(lesson* l);
 void lesson_watchdog_stop(lesson* l);
 
-// Narration and checks (lesson.c).
+// ---- narration and checks (host.c, checks.c) -----------------------------------------------
+
 void lesson_say(lesson* l, const char* text);
 
-// ---- reading a table of named arguments ------------------------------------------------
-// Every field a function accepts is listed; an unknown one (a typo) is an
-// error naming it. Errors read "bad argument #N to 'F' (field 'x': ...)".
+// lab.lesson{title=, claims=}: the declaration (checks.c). In info mode it
+// stops the lesson right after, with an error value that
+// lesson_stopped_at_declaration recognizes on top of the stack.
+int lab_declare_lesson(lua_State* L);
+bool lesson_stopped_at_declaration(lua_State* L);
 
-// luaL_error with printf's formats (%g, %.1f, %lld, %zu, which
-// lua_pushfstring lacks); the position of the calling Lua line comes first.
-int lab_error(lua_State* L, const char* format, ...) __attribute__((format(printf, 2, 3)));
+// lab.check{id=, claim=, ...}: one claim's verdict (checks.c).
+int lab_check(lua_State* L);
 
-// Raises an argument error for `field` of argument `arg`.
-int lab_field_error(lua_State* L, int arg, const char* field, const char* format, ...)
-    __attribute__((format(printf, 4, 5)));
+// Reports each declared claim never checked as FAIL (checks.c).
+void lesson_report_unchecked(lesson* l);
 
-// Checks that argument `arg` is a table whose keys are all in `allowed`
-// (NULL-terminated).
-void lab_check_fields(lua_State* L, int arg, const char* const* allowed);
+// ---- limits (limits.c) --------------------------------------------------------------------
 
-// Optional fields: the default when absent (nil); an error when the type or range is wrong.
-lua_Integer lab_opt_integer_field(lua_State* L, int arg, const char* field, lua_Integer fallback, lua_Integer min,
-                                  lua_Integer max);
-double lab_opt_number_field(lua_State* L, int arg, const char* field, double fallback, double min, double max);
-bool lab_opt_boolean_field(lua_State* L, int arg, const char* field, bool fallback);
-// Returns a string valid while the table is on the stack, or fallback.
-const char* lab_opt_string_field(lua_State* L, int arg, const char* field, const char* fallback);
-// The index of `field`'s choice among `choices` (NULL-terminated), or fallback when absent.
-int lab_opt_choice_field(lua_State* L, int arg, const char* field, const char* const* choices, int fallback);
+// The Lua state's allocator: every block counted against the one cap and
+// linked into the lesson's list; `user` is the lesson.
+void* lesson_alloc(void* user, void* block, size_t old_size, size_t new_size);
 
-// Reads a Lua array of numbers at stack index `index` (argument `arg`, field
-// `field` for messages) into a malloc'ed float array; *n gets its length.
-float* lab_read_number_array(lua_State* L, int index, int arg, const char* field, size_t* n);
+// Frees every block of a Lua state that can no longer be closed.
+void lesson_free_lua_blocks(lesson* l);
 
-// Sets t[name] = value on the table at the top of the stack.
-void lab_set_number(lua_State* L, const char* name, double value);
-void lab_set_integer(lua_State* L, const char* name, lua_Integer value);
-void lab_set_string(lua_State* L, const char* name, const char* value);
-void lab_set_boolean(lua_State* L, const char* name, bool value);
+// Instructions between two looks at the clock: about 0.1 ms of Lua.
+enum { LESSON_HOOK_INSTRUCTIONS = 10000 };
 
-// Pushes a Lua array of n numbers.
-void lab_push_float_array(lua_State* L, const float* values, size_t n);
-void lab_push_int32_array(lua_State* L, const int32_t* values, size_t n);
-
-// ---- the lab module's parts, each adding its functions to the table on top ---------------
-void lab_open_engine_api(lua_State* L);  // lesson_api_engine.c: models, engines, requests, records
-void lab_open_quant_api(lua_State* L);   // lesson_api_quant.c: quantizing tensors, arrays, models
-void lab_open_perf_api(lua_State* L);    // lesson_api_perf.c: timing, formulas, devices, the machine
-
-// Frees what lua_close left (nothing when every __gc ran). lesson_api_engine.c.
-void lab_free_objects(lesson* l);
-
-// The lab_model behind argument `arg` (a model userdata), raising otherwise.
-lab_model* lab_check_model(lua_State* L, int arg);
-
-// Loads a model (counted against the cap), registers it with the lesson and
-// pushes its handle. Raises a Lua error on failure.
-lab_model* lab_push_model(lua_State* L, const model_request* request);
-
-// Bytes an engine allocates besides its model: the KV pool, the forward
-// pass's activations and the per-step logits.
-uint64_t lab_engine_bytes_estimate(const model_config* model, const engine_config* config);
+// Arms the time hook on the lesson's coroutine.
+void lesson_install_time_hook(lesson* l);
 
 #endif

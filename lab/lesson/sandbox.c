@@ -1,4 +1,4 @@
-// lesson_sandbox: what a lesson's Lua may reach (lab/lesson/lesson.h lists it),
+// lesson sandbox: what a lesson's Lua may reach (lab/lesson/lesson.h lists it),
 // and the one way it reaches files.
 //
 // Lessons are shared between people, so the sandbox is a security
@@ -18,6 +18,11 @@
 #include <unistd.h>
 
 #include "lab/lesson/internal.h"
+
+bool lesson_path_inside(const char* path, const char* dir) {
+    size_t n = strlen(dir);
+    return strncmp(path, dir, n) == 0 && (path[n] == '/' || path[n] == '\0');
+}
 
 // ---- text a lesson shows ------------------------------------------------------------------
 

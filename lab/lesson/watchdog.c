@@ -1,6 +1,6 @@
-// lesson_watchdog: the hard stop behind a lesson's time limit.
+// lesson watchdog: the hard stop behind a lesson's time limit.
 //
-// The instruction-count hook (lesson.c) stops an ordinary lesson, but some
+// The instruction-count hook (limits.c) stops an ordinary lesson, but some
 // code never reaches it: one long C call of Lua's own library (a
 // backtracking string.find pattern ran 8 s past a 3 s limit), or Lua code
 // that runs with hooks off (an xpcall message handler entered from the
@@ -9,7 +9,7 @@
 // HARD_STOP_GRACE_S past its limit (or past a stop request such as
 // Ctrl-C), and the interrupted instruction lies inside the Lua library,
 // the handler jumps back to lesson_resume, which abandons the Lua state
-// and frees it block by block (lesson.c keeps every block in a list).
+// and frees it block by block (limits.c keeps every block in a list).
 //
 // Why "inside the Lua library" makes the jump safe: liblua keeps no global
 // state, so leaving it mid-instruction corrupts only the lua_State that is

@@ -79,10 +79,18 @@ static int token_columns(const tokenizer* t, const sequence* q, int i, bool ran)
 static void draw_requests(ui_screen* s, ui_rect r, const dashboard* d) {
     const engine* e = dashboard_primary(d);
     const step_record* rec = dashboard_primary_record(d);
-    int cancelled = 0;
-    for (int id = 0; id < e->n_sequences; id++) cancelled += strcmp(state_name(&e->sequences[id]), "cancelled") == 0;
-    int released = 0; // a server's finished requests leave the engine (engine_release_sequence)
-    for (int id = 0; id < e->n_sequences; id++) released += engine_sequence(e, id) == NULL;
+    // The rows follow the engine between steps (a request just added or
+    // cancelled shows at once), through its public engine_sequence.
+    int cancelled = 0, released = 0; // released: a server's finished requests leave the engine
+    for (int id = 0; id < e->n_sequences; id++) {
+        const sequence* q = engine_sequence(e, id);
+        if (q) cancelled += strcmp(state_name(q), "cancelled") == 0;
+        else released++;
+    }
+    // A released sequence no longer says it was cancelled; the record counts
+    // every cancellation up to the last step. Each count falls short only
+    // where the other is exact, and neither ever exceeds the truth.
+    if (rec && rec->n_cancelled > cancelled) cancelled = rec->n_cancelled;
     ui_line head;
     ui_line_init(&head);
     ui_line_number(&head, 9, false, "waiting ", e->n_waiting, 1, "");
@@ -200,11 +208,18 @@ static int table_rows(const step_record* rec, const step_sequence* q, int w) {
     return rows;
 }
 
+// The sequence `id` was forked from, as the record lists it (-1: none).
+static int32_t recorded_fork_parent(const step_record* rec, int32_t id) {
+    for (int i = 0; i < rec->n_live_sequences; i++)
+        if (rec->live_sequences[i].id == id) return rec->live_sequences[i].fork_parent;
+    return -1;
+}
+
 static void draw_block_tables(ui_screen* s, ui_rect r, const dashboard* d) {
     const engine* e = paged_view(s, r, d);
     if (!e) return;
     const step_record* rec = dashboard_view_record(d, KV_LAYOUT_PAGED);
-    int block_size = e->pool.block_size;
+    int block_size = e->config.block_size;
     if (!rec) {
         ui_line idle;
         ui_line_init(&idle);
@@ -235,7 +250,6 @@ static void draw_block_tables(ui_screen* s, ui_rect r, const dashboard* d) {
         put_whole(s, x, r.y, right, UI_BAD, UI_BOLD, text);
     } else if (!shown) put_whole(s, x, r.y, right, UI_DEFAULT, 0, " none");
     int y = r.y + 1;
-    const engine* paged_engine = e;
     // The selected request's table is always shown, with as many tables
     // before it as fit (so up/down reach every table).
     int first = 0, selected = -1;
@@ -260,12 +274,12 @@ static void draw_block_tables(ui_screen* s, ui_rect r, const dashboard* d) {
         ui_line_number(&row, 7, true, " blocks ", q->n_table, 1, "");
         snprintf(text, sizeof text, " tail %d/%d", q->tail_fill, block_size);
         ui_line_text(&row, 7, text, "", NULL);
-        const sequence* seq = engine_sequence(paged_engine, q->id);
-        if (seq && seq->fork_parent >= 0) {
+        int32_t parent = recorded_fork_parent(rec, q->id);
+        if (parent >= 0) {
             char fork[32];
-            snprintf(fork, sizeof fork, "  fork of %c#%d", owner_letter(seq->fork_parent), seq->fork_parent);
+            snprintf(fork, sizeof fork, "  fork of %c#%d", owner_letter(parent), parent);
             char fork_short[32];
-            snprintf(fork_short, sizeof fork_short, " <%c#%d", owner_letter(seq->fork_parent), seq->fork_parent);
+            snprintf(fork_short, sizeof fork_short, " <%c#%d", owner_letter(parent), parent);
             ui_line_text(&row, 5, fork, fork_short, "", NULL);
         }
         ui_line_put(s, r.x, y++, text_w(r), owner_color(q->id), UI_BOLD, &row);
@@ -289,19 +303,24 @@ static void draw_block_tables(ui_screen* s, ui_rect r, const dashboard* d) {
 
 // ---- Block pool ------------------------------------------------------------------------
 
+// Where block b stands after the last step: the record's blocks, or free
+// before the first step (a block is taken only inside a step).
+static block_state block_state_of(const step_record* rec, int b) {
+    return rec && rec->blocks ? rec->blocks[b].state : BLOCK_STATE_FREE;
+}
+
 static void draw_block_pool(ui_screen* s, ui_rect r, const dashboard* d) {
     const engine* e = paged_view(s, r, d);
     if (!e) return;
-    const kv_pool* pool = &e->pool;
     const step_record* rec = dashboard_view_record(d, KV_LAYOUT_PAGED);
+    int n_blocks = rec ? rec->blocks_total : (int)(engine_pool_slots(e) / e->config.block_size);
     int used = 0, shared = 0, cached = 0, free_blocks = 0;
-    for (int b = 0; b < pool->n_blocks; b++) {
-        const kv_block* k = &pool->blocks[b];
-        int owners = k->ref_count - (k->cached ? 1 : 0);
-        if (k->ref_count == 0) free_blocks++;
-        else if (owners == 0) cached++;
-        else if (owners > 1) shared++, used++;
-        else used++;
+    for (int b = 0; b < n_blocks; b++) {
+        block_state state = block_state_of(rec, b);
+        free_blocks += state == BLOCK_STATE_FREE;
+        cached += state == BLOCK_STATE_CACHED;
+        shared += state == BLOCK_STATE_SHARED;
+        used += state == BLOCK_STATE_USED || state == BLOCK_STATE_SHARED;
     }
     ui_line counts;
     ui_line_init(&counts);
@@ -309,7 +328,7 @@ static void draw_block_pool(ui_screen* s, ui_rect r, const dashboard* d) {
     ui_line_number(&counts, 8, false, " shared ", shared, 1, "");
     ui_line_number(&counts, 7, false, " cached ", cached, 1, "");
     ui_line_number(&counts, 9, false, " free ", free_blocks, 1, "");
-    ui_line_number(&counts, 9, false, " /", pool->n_blocks, 1, "");
+    ui_line_number(&counts, 9, false, " /", n_blocks, 1, "");
     ui_line_put(s, r.x, r.y, text_w(r), UI_DEFAULT, UI_BOLD, &counts);
     int x = r.x, right = r.x + text_w(r), w = 0;
     static const char* const LEGEND[] = {"legend: ", "a-z owner ", "S shared ", "c cached ", ". free"};
@@ -319,26 +338,24 @@ static void draw_block_pool(ui_screen* s, ui_rect r, const dashboard* d) {
         if ((w = put_whole(s, x, r.y + 1, right, LEGEND_COLORS[i], LEGEND_ATTRS[i], LEGEND[i])) >= 0) x += w;
     // Owner of each block from the step record's tables (the first holder).
     int cells = (r.h - 2) * r.w;
-    for (int b = 0; b < pool->n_blocks && b < cells; b++) {
-        const kv_block* k = &pool->blocks[b];
-        int owners = k->ref_count - (k->cached ? 1 : 0);
+    for (int b = 0; b < n_blocks && b < cells; b++) {
+        block_state state = block_state_of(rec, b);
         int cx = r.x + b % r.w, cy = r.y + 2 + b / r.w;
-        if (k->ref_count == 0) ui_put(s, cx, cy, 1, UI_FREE, UI_DIM, ".");
-        else if (owners == 0) ui_put(s, cx, cy, 1, UI_CACHED, 0, "c");
-        else if (owners > 1) ui_put(s, cx, cy, 1, UI_SHARED, UI_BOLD | UI_REVERSE, "S");
+        if (state == BLOCK_STATE_FREE) ui_put(s, cx, cy, 1, UI_FREE, UI_DIM, ".");
+        else if (state == BLOCK_STATE_CACHED) ui_put(s, cx, cy, 1, UI_CACHED, 0, "c");
+        else if (state == BLOCK_STATE_SHARED) ui_put(s, cx, cy, 1, UI_SHARED, UI_BOLD | UI_REVERSE, "S");
         else {
             int32_t owner = -1;
-            if (rec)
-                for (int q = 0; q < rec->n_sequences && owner < 0; q++)
-                    for (int i = 0; i < rec->sequences[q].n_table; i++)
-                        if (rec->block_ids[rec->sequences[q].table_offset + i] == b) owner = rec->sequences[q].id;
+            for (int q = 0; q < rec->n_sequences && owner < 0; q++)
+                for (int i = 0; i < rec->sequences[q].n_table; i++)
+                    if (rec->block_ids[rec->sequences[q].table_offset + i] == b) owner = rec->sequences[q].id;
             char letter[2] = {owner >= 0 ? owner_letter(owner) : '?', 0};
             ui_put(s, cx, cy, 1, owner >= 0 ? owner_color(owner) : UI_DEFAULT, UI_REVERSE, letter);
         }
     }
-    if (pool->n_blocks > cells) {
+    if (n_blocks > cells) {
         char more[32];
-        snprintf(more, sizeof more, " +%d more ", pool->n_blocks - cells);
+        snprintf(more, sizeof more, " +%d more ", n_blocks - cells);
         int w_more = ui_text_columns(more);
         put_whole(s, r.x + r.w - w_more, r.y + r.h - 1, right, UI_DEFAULT, 0, more);
     }

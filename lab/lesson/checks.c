@@ -1,0 +1,245 @@
+// lesson checks: the declaration (lab.lesson) and lab.check, which turns a
+// lesson's measurement into a verdict on one claim of the question bank.
+#include <stdlib.h>
+#include <string.h>
+
+#include "lab/lesson/internal.h"
+
+static lab_declared_claim* find_declared(lesson* l, const char* id) {
+    for (int i = 0; i < l->n_declared; i++)
+        if (strcmp(l->declared[i].id, id) == 0) return &l->declared[i];
+    return NULL;
+}
+
+static void report_check(lesson* l, const lesson_check_result* result) {
+    bool counted = !l->options.only_claim || strcmp(l->options.only_claim, result->id) == 0;
+    if (!counted) return;
+    if (result->outcome == CHECK_PASS) l->passed++;
+    else l->failed++;
+    if (!l->options.on_check) return;
+    // The claim and the evidence are the lesson's text: shown inert.
+    lesson_check_result shown = *result;
+    shown.running = fault_enabled_set;
+    char* claim = lesson_clean_copy(result->claim, false);
+    char* evidence = lesson_clean_copy(result->evidence, false);
+    char* note = lesson_clean_copy(result->note ? result->note : "", false);
+    if (claim) shown.claim = claim;
+    if (evidence) shown.evidence = evidence;
+    if (note) shown.note = note;
+    if (claim && evidence && note) l->options.on_check(l->options.user, &shown);
+    free(claim);
+    free(evidence);
+    free(note);
+}
+
+static bool valid_claim_id(const char* id) {
+    size_t n = strlen(id);
+    if (n == 0 || n >= sizeof ((lab_declared_claim*)0)->id) return false;
+    for (const char* c = id; *c; c++)
+        if (!((*c >= 'a' && *c <= 'z') || (*c >= '0' && *c <= '9') || *c == '-' || *c == '_')) return false;
+    return true;
+}
+
+// lab.check{id=, claim=, bank_answer=, verdict=, evidence=} or with
+// measure=function() return verdict, evidence end instead of verdict and
+// evidence (an error inside measure is a FAIL line, not a failed lesson).
+// A claim the question bank does not make (the lab's own, beyond the bank)
+// gives beyond_bank = true and answer = what the lesson expects instead of
+// bank_answer.
+// breaks_with = {"no-cow", ...}: the faults (engine/fault.h) under which the
+// verdict must turn; "" in problem when the list is well formed.
+static fault_set read_breaks_with(lua_State* L, char* problem, size_t capacity) {
+    fault_set set = 0;
+    int type = lua_getfield(L, 1, "breaks_with");
+    if (type == LUA_TNIL) {
+        lua_pop(L, 1);
+        return 0;
+    }
+    if (type != LUA_TTABLE) {
+        snprintf(problem, capacity, "field 'breaks_with': expected an array of fault names, got %s", luaL_typename(L, -1));
+    } else {
+        lua_Integer n = (lua_Integer)lua_rawlen(L, -1);
+        for (lua_Integer i = 1; i <= n && !problem[0]; i++) {
+            const char* name = lua_rawgeti(L, -1, i) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+            int id = name ? fault_lookup(name) : -1;
+            if (id < 0)
+                snprintf(problem, capacity, "field 'breaks_with': item %lld is not a fault name%s%.40s%s "
+                         "(servelab info --faults lists them)", (long long)i, name ? " ('" : "", name ? name : "",
+                         name ? "')" : "");
+            else set |= (fault_set)1 << id;
+            lua_pop(L, 1);
+        }
+        if (!problem[0] && n == 0) snprintf(problem, capacity, "field 'breaks_with': expected at least one fault name");
+    }
+    lua_pop(L, 1);
+    return set;
+}
+
+// What lab.check{} says about its claim, copied out of the table: the
+// lesson's measure() runs later and may empty the table and collect its strings.
+typedef struct claim_fields {
+    char id[sizeof ((lab_declared_claim*)0)->id];
+    char claim[LESSON_MAX_CLAIM_BYTES + 1];
+    char note[LESSON_MAX_CLAIM_BYTES + 1];
+    bool expected;    // bank_answer, or answer for a claim beyond the bank
+    bool beyond_bank;
+} claim_fields;
+
+// Reads id, claim, beyond_bank, bank_answer or answer, and note of the
+// table at argument 1, raising an argument error for a malformed one.
+static void read_claim_fields(lua_State* L, claim_fields* out) {
+    const char* given_id = lab_opt_string_field(L, 1, "id", NULL);
+    if (!given_id) lab_field_error(L, 1, "id", "expected the claim id as a string (\"tf1\", \"se3\", ...)");
+    if (!valid_claim_id(given_id))
+        lab_field_error(L, 1, "id", "'%s' is not a claim id (lowercase letters, digits, '-', '_'; at most 15)", given_id);
+    snprintf(out->id, sizeof out->id, "%s", given_id);
+    const char* given_claim = lab_opt_string_field(L, 1, "claim", NULL);
+    if (!given_claim) lab_field_error(L, 1, "claim", "expected the claim in words");
+    if (strlen(given_claim) > LESSON_MAX_CLAIM_BYTES)
+        lab_field_error(L, 1, "claim", "%zu bytes is too long (at most %d)", strlen(given_claim), LESSON_MAX_CLAIM_BYTES);
+    snprintf(out->claim, sizeof out->claim, "%s", given_claim);
+    int beyond_type = lua_getfield(L, 1, "beyond_bank");
+    bool beyond_bank = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    if (beyond_type != LUA_TNIL && beyond_type != LUA_TBOOLEAN)
+        lab_field_error(L, 1, "beyond_bank", "expected true (a claim the question bank does not make), got %s",
+                        luaL_typename(L, beyond_type));
+    const char* answer_field = beyond_bank ? "answer" : "bank_answer";
+    const char* other_field = beyond_bank ? "bank_answer" : "answer";
+    if (lua_getfield(L, 1, other_field) != LUA_TNIL)
+        lab_field_error(L, 1, other_field, beyond_bank ? "a claim beyond the bank has no bank_answer; give answer"
+                                                       : "answer goes with beyond_bank = true; a bank claim gives bank_answer");
+    lua_pop(L, 1);
+    if (lua_getfield(L, 1, answer_field) != LUA_TBOOLEAN)
+        lab_field_error(L, 1, answer_field, beyond_bank ? "expected true or false (what the lesson expects), got %s"
+                                                        : "expected true or false (what the question bank says), got %s",
+                        luaL_typename(L, -1));
+    out->expected = lua_toboolean(L, -1);
+    out->beyond_bank = beyond_bank;
+    lua_pop(L, 1);
+    const char* given_note = lab_opt_string_field(L, 1, "note", "");
+    if (strlen(given_note) > LESSON_MAX_CLAIM_BYTES)
+        lab_field_error(L, 1, "note", "%zu bytes is too long (at most %d)", strlen(given_note), LESSON_MAX_CLAIM_BYTES);
+    snprintf(out->note, sizeof out->note, "%s", given_note);
+}
+
+// With the measure field on top (of type measure_type), leaves the verdict
+// and the evidence on the stack: measure()'s two results, or the verdict
+// and evidence fields. Writes `problem` when measure fails (the time limit
+// is re-raised: it is not a check's failure).
+static void push_verdict(lua_State* L, lesson* l, int measure_type, char* problem, size_t capacity) {
+    if (measure_type == LUA_TNIL) {
+        lua_getfield(L, 1, "verdict");
+        lua_getfield(L, 1, "evidence");
+        return;
+    }
+    if (measure_type != LUA_TFUNCTION) {
+        snprintf(problem, capacity, "field 'measure': expected a function, got %s", luaL_typename(L, -1));
+        return;
+    }
+    lua_pushvalue(L, -1);
+    if (lua_pcall(L, 0, 2, 0) != LUA_OK) {
+        if (l->time_exceeded) lua_error(L);
+        snprintf(problem, capacity, "measure failed: %s",
+                 lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "(error object is not a string)");
+    }
+}
+
+int lab_check(lua_State* L) {
+    static const char* const fields[] = {"id", "claim", "bank_answer", "beyond_bank", "answer", "verdict",
+                                         "evidence", "measure", "breaks_with", "note", NULL};
+    lab_check_fields(L, 1, fields);
+    lesson* l = lesson_of(L);
+    claim_fields c;
+    read_claim_fields(L, &c);
+    lesson_check_result result = {c.id, c.claim, c.expected, false, "", CHECK_FAIL, 0, c.note, 0, c.beyond_bank};
+    char problem[600] = "";
+    result.breaks_with = read_breaks_with(L, problem, sizeof problem);
+    lab_declared_claim* declared = find_declared(l, c.id);
+    if (!problem[0] && l->declaration_seen && !declared)
+        snprintf(problem, sizeof problem, "claim '%s' is not declared in lab.lesson{claims = {...}}", c.id);
+    else if (!problem[0] && declared && declared->checked)
+        snprintf(problem, sizeof problem, "claim '%s' was already checked in this lesson", c.id);
+    if (declared) declared->checked = true;
+
+    int measure_type = lua_getfield(L, 1, "measure");
+    int base = lua_gettop(L);
+    if (!problem[0]) push_verdict(L, l, measure_type, problem, sizeof problem);
+    if (!problem[0]) {
+        if (lua_type(L, -2) != LUA_TBOOLEAN)
+            snprintf(problem, sizeof problem, "verdict: expected a boolean computed from measurements, got %s",
+                     luaL_typename(L, -2));
+        else if (lua_type(L, -1) != LUA_TSTRING)
+            snprintf(problem, sizeof problem, "evidence: expected a string with the measured numbers, got %s",
+                     luaL_typename(L, -1));
+        else {
+            result.verdict = lua_toboolean(L, -2);
+            result.evidence = lua_tostring(L, -1);
+            result.outcome = result.verdict == c.expected ? CHECK_PASS : CHECK_DISAGREE;
+        }
+    }
+    if (result.outcome == CHECK_FAIL) result.evidence = problem;
+    report_check(l, &result);
+    lua_settop(L, base);
+    return 0;
+}
+
+// A unique address: the error value that stops a lesson right after its
+// declaration when only its metadata is wanted.
+static const char DECLARATION_ONLY = 0;
+
+// lab.lesson{title = "...", claims = {"tf1", ...}}: the lesson's declaration.
+int lab_declare_lesson(lua_State* L) {
+    static const char* const fields[] = {"title", "claims", NULL};
+    lab_check_fields(L, 1, fields);
+    lesson* l = lesson_of(L);
+    if (l->declaration_seen) lab_error(L, "lab.lesson{} may be called once");
+    const char* title = lab_opt_string_field(L, 1, "title", NULL);
+    if (!title) lab_field_error(L, 1, "title", "expected the lesson's title");
+    lesson_clean_text(title, l->title, sizeof l->title, false);
+    if (lua_getfield(L, 1, "claims") != LUA_TTABLE) lab_field_error(L, 1, "claims", "expected an array of claim ids");
+    lua_Integer n = luaL_len(L, -1);
+    if (n < 1 || n > (lua_Integer)(sizeof l->declared / sizeof l->declared[0]))
+        lab_field_error(L, 1, "claims", "expected 1..%d claim ids, got %lld", (int)(sizeof l->declared / sizeof l->declared[0]),
+                        (long long)n);
+    for (lua_Integer i = 1; i <= n; i++) {
+        lua_geti(L, -1, i);
+        const char* id = lua_tostring(L, -1);
+        if (lua_type(L, -1) != LUA_TSTRING || !valid_claim_id(id))
+            lab_field_error(L, 1, "claims", "element %lld: expected a claim id such as \"tf1\"", (long long)i);
+        if (find_declared(l, id)) lab_field_error(L, 1, "claims", "'%s' is declared twice", id);
+        snprintf(l->declared[l->n_declared].id, sizeof l->declared[0].id, "%s", id);
+        l->declared[l->n_declared++].checked = false;
+        lua_pop(L, 1);
+    }
+    l->declaration_seen = true;
+    if (l->options.only_claim && !find_declared(l, l->options.only_claim)) {
+        luaL_Buffer b;
+        luaL_buffinit(L, &b);
+        for (int i = 0; i < l->n_declared; i++) {
+            if (i) luaL_addstring(&b, ", ");
+            luaL_addstring(&b, l->declared[i].id);
+        }
+        luaL_pushresult(&b);
+        lab_error(L, "--only %s: this lesson does not declare that claim (it declares: %s)", l->options.only_claim,
+                  lua_tostring(L, -1));
+    }
+    if (l->info_only) {
+        lua_pushlightuserdata(L, (void*)&DECLARATION_ONLY);
+        return lua_error(L);
+    }
+    return 0;
+}
+
+bool lesson_stopped_at_declaration(lua_State* L) { return lua_touserdata(L, -1) == (void*)&DECLARATION_ONLY; }
+
+void lesson_report_unchecked(lesson* l) {
+    for (int i = 0; i < l->n_declared; i++) {
+        if (l->declared[i].checked) continue;
+        char evidence[1200];
+        snprintf(evidence, sizeof evidence, "never checked: %s",
+                 l->status == LESSON_FAILED ? l->error : "the lesson ended before lab.check for it");
+        lesson_check_result result = {l->declared[i].id, "(declared in lab.lesson)", false, false, evidence, CHECK_FAIL, 0, "", 0, false};
+        report_check(l, &result);
+    }
+}
