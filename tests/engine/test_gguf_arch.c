@@ -527,11 +527,11 @@ static void test_stop_tokens(void** state) {
     (void)state;
     model llama2c = {0};
     stop_reason reason = STOP_LENGTH;
-    assert_true(generate_stops_at(&llama2c, 2, &reason));
+    assert_true(token_ends_sequence(&llama2c, 2, &reason));
     assert_int_equal(reason, STOP_EOS);
-    assert_true(generate_stops_at(&llama2c, 1, &reason));
+    assert_true(token_ends_sequence(&llama2c, 1, &reason));
     assert_int_equal(reason, STOP_BOS);
-    assert_false(generate_stops_at(&llama2c, VOCAB_EOS, &reason));
+    assert_false(token_ends_sequence(&llama2c, VOCAB_EOS, &reason));
 
     arch_case chatml = {"qwen2", 32, 4, 2, 48, 12, true, false, 1000000.0f, 0, 1e-6f, true};
     test_model_file f;
@@ -545,10 +545,10 @@ static void test_stop_tokens(void** state) {
     assert_int_equal(m.stop_tokens[0], VOCAB_EOS);
     assert_int_equal(m.stop_tokens[1], VOCAB_ENDOFTEXT);
     reason = STOP_LENGTH;
-    assert_true(generate_stops_at(&m, VOCAB_ENDOFTEXT, &reason));
+    assert_true(token_ends_sequence(&m, VOCAB_ENDOFTEXT, &reason));
     assert_int_equal(reason, STOP_EOS);
-    assert_false(generate_stops_at(&m, 2, &reason)); // "</s>" is an ordinary piece here
-    assert_false(generate_stops_at(&m, 1, &reason));
+    assert_false(token_ends_sequence(&m, 2, &reason)); // "</s>" is an ordinary piece here
+    assert_false(token_ends_sequence(&m, 1, &reason));
 
     // The engine stops there: make the greedy first token a stop token.
     const int32_t prompt[2] = {6, 7};
