@@ -48,19 +48,6 @@ static int ensure_logits(engine* e, int n) {
     return 0;
 }
 
-// Refreshes the read-only copies of the scheduler's figures (engine.h).
-static void publish_scheduler(engine* e) {
-    const scheduler* s = &e->scheduler;
-    e->sequences = s->sequences;
-    e->n_sequences = s->n_sequences;
-    e->waiting = s->waiting;
-    e->n_waiting = s->n_waiting;
-    e->running = s->running;
-    e->n_running = s->n_running;
-    e->n_finished = s->n_finished;
-    e->total_preemptions = s->total_preemptions;
-}
-
 int engine_init(engine* e, const model* m, const engine_config* config, error_info* err) {
     memset(e, 0, sizeof *e);
     e->model = m;
@@ -211,7 +198,6 @@ int engine_add_request(engine* e, const request_params* p, int32_t* first_sequen
         s->ignore_eos = p->ignore_eos;
         if (k == 0 && first_sequence_id) *first_sequence_id = s->id;
         scheduler_add_waiting(&e->scheduler);
-        publish_scheduler(e);
     }
     return 0;
 }
@@ -220,7 +206,6 @@ int engine_cancel_sequence(engine* e, int32_t id, error_info* err) {
     if (id < 0 || id >= e->scheduler.n_sequences)
         return error_set(err, "cancel: no sequence %d (0..%d)", id, e->scheduler.n_sequences - 1);
     scheduler_cancel(&e->scheduler, id, e->clock_seconds);
-    publish_scheduler(e);
     return 0;
 }
 
@@ -237,8 +222,19 @@ int engine_release_sequence(engine* e, int32_t id, error_info* err) {
         return error_set(err, "release: sequence %d is %s; only a finished or cancelled one can be released (cancel it first)",
                          id, sequence_state_name(s->state));
     scheduler_release(&e->scheduler, id);
-    publish_scheduler(e);
     return 0;
+}
+
+engine_queues engine_queues_now(const engine* e) {
+    const scheduler* s = &e->scheduler;
+    return (engine_queues){.sequences = s->sequences,
+                           .n_sequences = s->n_sequences,
+                           .waiting = s->waiting,
+                           .n_waiting = s->n_waiting,
+                           .running = s->running,
+                           .n_running = s->n_running,
+                           .n_finished = s->n_finished,
+                           .total_preemptions = s->total_preemptions};
 }
 
 int engine_live_sequences(const engine* e) { return e->scheduler.n_live; }
@@ -277,11 +273,9 @@ int engine_fork_sequence(engine* e, int32_t id, float temperature, uint64_t seed
             sample_index = s->sequences[i].sample_index + 1;
     float top_p = parent->sampler.top_p;
     sequence* child = scheduler_clone(s, id, sample_index, seed, err);
-    publish_scheduler(e);
     if (!child) return -1;
     if (sampler_init(&child->sampler, e->model->config.vocab_size, temperature, top_p, seed, err)) return -1;
     scheduler_place_fork(s, id, child->id);
-    publish_scheduler(e);
     if (child_id) *child_id = child->id;
     return 0;
 }
@@ -409,9 +403,7 @@ int engine_step(engine* e, const step_record** record_out, error_info* err) {
     uint64_t forward_end = now_ns();
     e->clock_seconds += (double)(forward_end - start) * 1e-9;
     if (sample_batch(e, b, err)) return -1;                   // 3. one token per finished prompt
-    int status = scheduler_postprocess(&e->scheduler, b, e->clock_seconds, err); // 4. append, fork, finish
-    publish_scheduler(e);
-    if (status) return -1;
+    if (scheduler_postprocess(&e->scheduler, b, e->clock_seconds, err)) return -1; // 4. append, fork, finish
 
     e->total_prefix_hit_tokens += (uint64_t)b->prefix_hit_tokens; // 5. the record
     if (step_record_fill(r, e, b)) return error_set(err, "engine: out of memory");

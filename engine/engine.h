@@ -93,18 +93,6 @@ typedef struct engine {
     uint64_t total_prefix_hit_tokens;
     logits_observer observer;
     void* observer_user;
-    // Copies of the scheduler's figures for readers that predate the step
-    // record (lab/ and tests), refreshed by every engine call that changes
-    // them; read-only. The step record carries the same, and these go once
-    // no reader is left.
-    const sequence* sequences;  // (n_sequences) scheduler.sequences
-    int n_sequences;
-    const int32_t* waiting;     // (n_waiting) scheduler.waiting
-    int n_waiting;
-    const int32_t* running;     // (n_running) scheduler.running
-    int n_running;
-    int n_finished;
-    uint64_t total_preemptions;
 } engine;
 
 int engine_init(engine* e, const model* m, const engine_config* config, error_info* err);
@@ -154,6 +142,24 @@ int engine_step(engine* e, const step_record** record, error_info* err);
 // a record of step 0 with only that window. NULL when out of memory.
 // Valid until the next engine call.
 const step_record* engine_view(engine* e);
+
+// The scheduler's sequences, queues and counts as they are now, between
+// steps too (the step record has them as of the last step): for readers
+// that follow adds, forks and cancels live, such as the requests pane, the
+// Lua host's e:queues() and the server's metrics. The arrays point into the
+// engine and are valid until its next call.
+typedef struct engine_queues {
+    const sequence* sequences; // (n_sequences) every sequence ever added, by id; a released one keeps its scalar fields
+    int n_sequences;
+    const int32_t* waiting;    // (n_waiting) ids, first come first served
+    int n_waiting;
+    const int32_t* running;    // (n_running) ids in admission order
+    int n_running;
+    int n_finished;            // cancelled ones included
+    uint64_t total_preemptions;
+} engine_queues;
+
+engine_queues engine_queues_now(const engine* e);
 
 // True while any request is waiting or running.
 bool engine_has_work(const engine* e);

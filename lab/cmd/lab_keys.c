@@ -100,7 +100,7 @@ static bool step_size_key(lab_app* a, int key) {
 
 // Up and down outside the step-size pane: the selected request.
 static void select_key(lab_app* a, int key) {
-    int n = dashboard_primary(&a->d)->n_sequences;
+    int n = engine_queues_now(dashboard_primary(&a->d)).n_sequences;
     a->d.selected += key == KEY_CODE_UP ? -1 : 1;
     if (a->d.selected < 0) a->d.selected = 0;
     if (a->d.selected >= n) a->d.selected = n > 0 ? n - 1 : 0;

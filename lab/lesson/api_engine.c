@@ -515,12 +515,13 @@ static int engine_pool(lua_State* L) {
 static const sequence* check_sequence(lua_State* L, const lab_engine* e, int arg) {
     lua_Integer id = luaL_checkinteger(L, arg);
     const sequence* s = id >= 0 && id <= INT32_MAX ? engine_sequence(&e->engine, (int32_t)id) : NULL;
-    if (!s && e->engine.n_sequences == 0)
+    const int n_sequences = engine_queues_now(&e->engine).n_sequences;
+    if (!s && n_sequences == 0)
         luaL_argerror(L, arg, lua_pushfstring(L, "no sequence %I (this engine has none yet: e:add makes them)",
                                               (LUAI_UACINT)id));
     if (!s)
         luaL_argerror(L, arg, lua_pushfstring(L, "no sequence %I (this engine has %d: ids 0..%d)", (LUAI_UACINT)id,
-                                              e->engine.n_sequences, e->engine.n_sequences - 1));
+                                              n_sequences, n_sequences - 1));
     return s;
 }
 
@@ -571,31 +572,33 @@ static int engine_sequence_lua(lua_State* L) {
 
 static int engine_sequences(lua_State* L) {
     lab_engine* e = check_engine(L, 1);
-    lua_createtable(L, e->engine.n_sequences, 0);
-    for (int i = 0; i < e->engine.n_sequences; i++) {
-        push_sequence(L, e, &e->engine.sequences[i]);
+    engine_queues now = engine_queues_now(&e->engine);
+    lua_createtable(L, now.n_sequences, 0);
+    for (int i = 0; i < now.n_sequences; i++) {
+        push_sequence(L, e, &now.sequences[i]);
         lua_rawseti(L, -2, i + 1);
     }
     return 1;
 }
 
-static int engine_queues(lua_State* L) {
-    const engine* e = &check_engine(L, 1)->engine;
+static int engine_queues_lua(lua_State* L) {
+    engine_queues now = engine_queues_now(&check_engine(L, 1)->engine);
     lua_createtable(L, 0, 3);
-    lab_push_int32_array(L, e->waiting, (size_t)e->n_waiting);
+    lab_push_int32_array(L, now.waiting, (size_t)now.n_waiting);
     lua_setfield(L, -2, "waiting");
-    lab_push_int32_array(L, e->running, (size_t)e->n_running);
+    lab_push_int32_array(L, now.running, (size_t)now.n_running);
     lua_setfield(L, -2, "running");
-    lab_set_integer(L, "finished", e->n_finished);
+    lab_set_integer(L, "finished", now.n_finished);
     return 1;
 }
 
 static int engine_totals(lua_State* L) {
     lab_engine* le = check_engine(L, 1);
     const lab_totals* t = &le->totals;
+    engine_queues now = engine_queues_now(&le->engine);
     uint64_t generated = 0;
-    for (int i = 0; i < le->engine.n_sequences; i++)
-        generated += (uint64_t)(le->engine.sequences[i].n_tokens - le->engine.sequences[i].n_prompt);
+    for (int i = 0; i < now.n_sequences; i++)
+        generated += (uint64_t)(now.sequences[i].n_tokens - now.sequences[i].n_prompt);
     lua_createtable(L, 0, 24);
     lab_set_integer(L, "steps", (lua_Integer)t->steps);
     lab_set_integer(L, "prefill_tokens", (lua_Integer)t->prefill_tokens);
@@ -615,7 +618,7 @@ static int engine_totals(lua_State* L) {
     lab_set_number(L, "waste_pct", t->waste_steps ? t->waste_pct_sum / (double)t->waste_steps : 0.0);
     lab_set_number(L, "util_pct", t->steps ? t->util_pct_sum / (double)t->steps : 0.0);
     lab_set_integer(L, "requests", le->engine.n_requests);
-    lab_set_integer(L, "finished", le->engine.n_finished);
+    lab_set_integer(L, "finished", now.n_finished);
     return 1;
 }
 
@@ -726,7 +729,7 @@ void lab_open_engine_api(lua_State* L) {
         {"add", engine_add},         {"step", engine_step_lua},         {"run", engine_run},
         {"record", engine_record},   {"has_work", engine_has_work_lua}, {"cancel", engine_cancel},
         {"pool", engine_pool},       {"sequence", engine_sequence_lua}, {"sequences", engine_sequences},
-        {"queues", engine_queues},   {"totals", engine_totals},         {"logits", engine_logits},
+        {"queues", engine_queues_lua},   {"totals", engine_totals},         {"logits", engine_logits},
         {"config", engine_config_lua}, {"model", engine_model},         {"close", engine_close},
         {NULL, NULL}};
     lab_register_userdata_type(L, LAB_ENGINE_TYPE, "engine", engine_methods, engine_gc, engine_tostring);

@@ -343,10 +343,11 @@ static void measure(server* s) {
         m->blocks_cached = e->pool.n_evictable;
         m->blocks_used = e->pool.n_blocks - e->pool.n_free - e->pool.n_evictable;
     }
-    m->sequences_running = e->n_running;
-    m->sequences_waiting = e->n_waiting;
+    engine_queues queues = engine_queues_now(e);
+    m->sequences_running = queues.n_running;
+    m->sequences_waiting = queues.n_waiting;
     m->sequences_live = engine_live_sequences(e);
-    m->preemptions = e->total_preemptions;
+    m->preemptions = queues.total_preemptions;
     m->prefix_hit_tokens = e->total_prefix_hit_tokens;
 }
 
@@ -384,7 +385,7 @@ static void admit_and_cancel(server* s) {
         // finds them by request id), or all n (contiguous: consecutive ids).
         job->request_id = engine_sequence(&s->engine, first)->request_id;
         for (int k = 0; k < p->n; k++) {
-            const sequence* q = first + k < s->engine.n_sequences ? engine_sequence(&s->engine, first + k) : NULL;
+            const sequence* q = first + k < engine_queues_now(&s->engine).n_sequences ? engine_sequence(&s->engine, first + k) : NULL;
             if (q && q->request_id == job->request_id) {
                 job->choices[q->sample_index].sequence_id = q->id;
                 if (p->logprobs >= 0) capture_want(s, q->id, true);
@@ -451,7 +452,7 @@ static bool choice_check_stops(serve_choice* c, const serve_params* p, size_t se
 // Copies what the last step produced into the jobs (lock held).
 static void publish(server* s) {
     engine* e = &s->engine;
-    for (; s->scanned_sequences < e->n_sequences; s->scanned_sequences++) {
+    for (; s->scanned_sequences < engine_queues_now(e).n_sequences; s->scanned_sequences++) {
         const sequence* q = engine_sequence(e, s->scanned_sequences);
         if (!q) continue; // released: its job has retired
         serve_job* job = job_of_request(s, q->request_id);

@@ -242,8 +242,9 @@ int dashboard_step(dashboard* d, error_info* err) {
 
 // The contiguous engine's sequence that mirrors paged sequence `s`.
 static int32_t mirror(const dashboard* d, const sequence* s) {
-    for (int i = 0; i < d->contiguous.n_sequences; i++) {
-        const sequence* c = &d->contiguous.sequences[i];
+    engine_queues contiguous = engine_queues_now(&d->contiguous);
+    for (int i = 0; i < contiguous.n_sequences; i++) {
+        const sequence* c = &contiguous.sequences[i];
         if (c->request_id == s->request_id && c->sample_index == s->sample_index) return c->id;
     }
     return -1;
@@ -286,7 +287,7 @@ int dashboard_fork_selected(dashboard* d, error_info* err) {
         return error_set(err, "fork: the sequence is at the model's max length");
     // Sampled at temperature 0.8 so that the child diverges from its parent.
     const float temperature = 0.8f;
-    uint64_t seed = 1000u + (uint64_t)d->paged.n_sequences;
+    uint64_t seed = 1000u + (uint64_t)engine_queues_now(&d->paged).n_sequences;
     int32_t twin = mirror(d, s), child = -1, twin_child = -1, parent = s->id;
     if (engine_fork_sequence(&d->paged, parent, temperature, seed, &child, err)) return -1;
     if (twin >= 0 && engine_fork_sequence(&d->contiguous, twin, temperature, seed, &twin_child, err)) return -1;

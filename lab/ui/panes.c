@@ -80,9 +80,11 @@ static void draw_requests(ui_screen* s, ui_rect r, const dashboard* d) {
     const engine* e = dashboard_primary(d);
     const step_record* rec = dashboard_primary_record(d);
     // The rows follow the engine between steps (a request just added or
-    // cancelled shows at once), through its public engine_sequence.
+    // cancelled shows at once), through its public engine_queues_now and
+    // engine_sequence.
+    const engine_queues now = engine_queues_now(e);
     int cancelled = 0, released = 0; // released: a server's finished requests leave the engine
-    for (int id = 0; id < e->n_sequences; id++) {
+    for (int id = 0; id < now.n_sequences; id++) {
         const sequence* q = engine_sequence(e, id);
         if (q) cancelled += strcmp(state_name(q), "cancelled") == 0;
         else released++;
@@ -93,9 +95,9 @@ static void draw_requests(ui_screen* s, ui_rect r, const dashboard* d) {
     if (rec && rec->n_cancelled > cancelled) cancelled = rec->n_cancelled;
     ui_line head;
     ui_line_init(&head);
-    ui_line_number(&head, 9, false, "waiting ", e->n_waiting, 1, "");
-    ui_line_number(&head, 9, false, "  running ", e->n_running, 1, "");
-    ui_line_number(&head, 8, true, "  finished ", e->n_finished - cancelled, 1, "");
+    ui_line_number(&head, 9, false, "waiting ", now.n_waiting, 1, "");
+    ui_line_number(&head, 9, false, "  running ", now.n_running, 1, "");
+    ui_line_number(&head, 8, true, "  finished ", now.n_finished - cancelled, 1, "");
     if (cancelled) ui_line_number(&head, 7, true, "  cancelled ", cancelled, 1, "");
     ui_line_text(&head, 1, e->config.layout == KV_LAYOUT_PAGED ? "  (paged)" : "  (contiguous)", "", NULL);
     ui_line_put(s, r.x, r.y, text_w(r), UI_DEFAULT, UI_BOLD, &head);
@@ -114,7 +116,7 @@ static void draw_requests(ui_screen* s, ui_rect r, const dashboard* d) {
                 break;
             }
     }
-    for (int id = first; id < e->n_sequences && y < r.y + r.h; id++, y++) {
+    for (int id = first; id < now.n_sequences && y < r.y + r.h; id++, y++) {
         const sequence* q = engine_sequence(e, id);
         if (!q) { // released: its tokens went to its client and are no longer kept
             y--;
