@@ -3,43 +3,35 @@
 #include <stdlib.h>
 #include <string.h>
 
-// Grows *array to hold n elements of `size` bytes (doubling); -1 when out of memory.
-static int grow(void* array, int* capacity, int n, size_t size) {
-    if (n <= *capacity) return 0;
-    int wanted = n > 2 * *capacity ? n : 2 * *capacity;
-    void* grown = realloc(*(void**)array, (size_t)wanted * size);
-    if (!grown) return -1;
-    *(void**)array = grown;
-    *capacity = wanted;
-    return 0;
-}
+#include "base/array_grow.h"
+
 
 int step_batch_reserve(step_batch* b, int n_items, int n_rows, int n_finished) {
     if (n_items > b->items_capacity) {
         int capacity = b->items_capacity;
-        if (grow(&b->items, &capacity, n_items, sizeof *b->items)) return -1;
+        if (array_grow(&b->items, &capacity, n_items, sizeof *b->items)) return -1;
         capacity = b->items_capacity;
-        if (grow(&b->block_tables, &capacity, n_items, sizeof *b->block_tables)) return -1;
+        if (array_grow(&b->block_tables, &capacity, n_items, sizeof *b->block_tables)) return -1;
         capacity = b->items_capacity;
-        if (grow(&b->sampled, &capacity, n_items, sizeof *b->sampled)) return -1;
+        if (array_grow(&b->sampled, &capacity, n_items, sizeof *b->sampled)) return -1;
         b->items_capacity = capacity;
     }
     if (n_rows > b->rows_capacity) {
         int capacity = b->rows_capacity;
-        if (grow(&b->rows, &capacity, n_rows, sizeof *b->rows)) return -1;
+        if (array_grow(&b->rows, &capacity, n_rows, sizeof *b->rows)) return -1;
         capacity = b->rows_capacity;
-        if (grow(&b->slot_mapping, &capacity, n_rows, sizeof *b->slot_mapping)) return -1;
+        if (array_grow(&b->slot_mapping, &capacity, n_rows, sizeof *b->slot_mapping)) return -1;
         b->rows_capacity = capacity;
     }
-    return grow(&b->finished_ids, &b->finished_capacity, n_finished, sizeof *b->finished_ids);
+    return array_grow(&b->finished_ids, &b->finished_capacity, n_finished, sizeof *b->finished_ids);
 }
 
 int step_batch_reserve_forks(step_batch* b, int n_forks) {
     if (n_forks <= b->forks_capacity) return 0;
     int capacity = b->forks_capacity;
-    if (grow(&b->fork_samplers, &capacity, n_forks, sizeof *b->fork_samplers)) return -1;
+    if (array_grow(&b->fork_samplers, &capacity, n_forks, sizeof *b->fork_samplers)) return -1;
     capacity = b->forks_capacity;
-    if (grow(&b->fork_tokens, &capacity, n_forks, sizeof *b->fork_tokens)) return -1;
+    if (array_grow(&b->fork_tokens, &capacity, n_forks, sizeof *b->fork_tokens)) return -1;
     b->forks_capacity = capacity;
     return 0;
 }

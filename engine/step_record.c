@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/array_grow.h"
 #include "engine/engine.h"
 #include "engine/scheduler.h"
 
@@ -186,16 +187,6 @@ void step_record_clear(step_record* r) {
     r->live_capacity = kept.live_capacity;
 }
 
-// Grows *array to hold n elements of `size` bytes; -1 when out of memory.
-static int grow(void* array, int* capacity, int n, size_t size) {
-    if (n <= *capacity) return 0;
-    int wanted = n > 2 * *capacity ? n : 2 * *capacity;
-    void* grown = realloc(*(void**)array, (size_t)wanted * size);
-    if (!grown) return -1;
-    *(void**)array = grown;
-    *capacity = wanted;
-    return 0;
-}
 
 // ---- filling it from the engine ----------------------------------------------------------------
 
@@ -235,9 +226,9 @@ static void record_blocks(const kv_pool* pool, step_record* r) {
 static int record_ran(const scheduler* sched, const step_batch* plan, step_record* r) {
     int total = 0;
     for (int i = 0; i < plan->n_items; i++) total += sched->sequences[plan->items[i].id].n_table;
-    if (grow(&r->block_ids, &r->block_ids_capacity, total, sizeof *r->block_ids) ||
-        grow(&r->sequences, &r->sequences_capacity, plan->n_items, sizeof *r->sequences) ||
-        grow(&r->finished_ids, &r->finished_capacity, plan->n_finished, sizeof *r->finished_ids))
+    if (array_grow(&r->block_ids, &r->block_ids_capacity, total, sizeof *r->block_ids) ||
+        array_grow(&r->sequences, &r->sequences_capacity, plan->n_items, sizeof *r->sequences) ||
+        array_grow(&r->finished_ids, &r->finished_capacity, plan->n_finished, sizeof *r->finished_ids))
         return -1;
     r->prefill_tokens = plan->prefill_tokens;
     r->decode_tokens = plan->decode_tokens;
@@ -272,9 +263,9 @@ static int record_ran(const scheduler* sched, const step_batch* plan, step_recor
 
 // The queues and every sequence still held, for the request lists.
 static int record_sequences(const scheduler* e, step_record* r) {
-    if (grow(&r->waiting_ids, &r->waiting_capacity, e->n_waiting, sizeof *r->waiting_ids) ||
-        grow(&r->running_ids, &r->running_capacity, e->n_running, sizeof *r->running_ids) ||
-        grow(&r->live_sequences, &r->live_capacity, e->n_live, sizeof *r->live_sequences))
+    if (array_grow(&r->waiting_ids, &r->waiting_capacity, e->n_waiting, sizeof *r->waiting_ids) ||
+        array_grow(&r->running_ids, &r->running_capacity, e->n_running, sizeof *r->running_ids) ||
+        array_grow(&r->live_sequences, &r->live_capacity, e->n_live, sizeof *r->live_sequences))
         return -1;
     r->n_waiting = e->n_waiting;
     r->n_running = e->n_running;
