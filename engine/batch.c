@@ -5,7 +5,6 @@
 
 #include "base/array_grow.h"
 
-
 int step_batch_reserve(step_batch* b, int n_items, int n_rows, int n_finished) {
     if (n_items > b->items_capacity) {
         int capacity = b->items_capacity;
