@@ -30,8 +30,10 @@ lab.say(string.format("small: %.1f MiB in fp16, %.1f MiB as W4A16 (4-bit codes +
 local PREFILL_TOKENS, DECODE_TOKENS = 128, 16
 
 -- rounds x (fp16, W4A16) one-repeat timings of one phase, alternating which
--- model goes first; returns the median CPU seconds of each and the last
--- timing tables (for their bytes and FLOPs, the same in every round).
+-- model goes first; returns the median CPU seconds of each, the last timing
+-- tables (for their bytes and FLOPs, the same in every round), and the
+-- fastest CPU seconds of each (another process on the machine only ever adds
+-- time, so the fastest run is the one it disturbed least).
 local function interleaved(a, b, phase, tokens, rounds)
     local seconds_a, seconds_b, last_a, last_b = {}, {}, nil, nil
     for round = 1, rounds do
@@ -45,7 +47,8 @@ local function interleaved(a, b, phase, tokens, rounds)
         end
         seconds_a[round], seconds_b[round] = last_a.cpu_seconds, last_b.cpu_seconds
     end
-    return lab.median(seconds_a), lab.median(seconds_b), last_a, last_b
+    return lab.median(seconds_a), lab.median(seconds_b), last_a, last_b,
+        math.min(table.unpack(seconds_a)), math.min(table.unpack(seconds_b))
 end
 
 local rounds = lab.full and 9 or 5
@@ -78,7 +81,7 @@ lab.check{
             .. "this machine's ridge %.1f): compute-bound, so dequantizing is extra work",
             prefill_ratio < 1 and "faster" or "slower", rounds, prefill16_s * 1e3, prefill4_s * 1e3, prefill_ratio, reuse, PREFILL_TOKENS, machine.ridge)
         if prefill_ratio < 0.95 then return true, evidence end
-        if not (prefill_ratio > 1.2 and reuse_as_expected and reuse > machine.ridge) then
+        if not (prefill_ratio > 1.1 and reuse_as_expected and reuse > machine.ridge) then
             error("neither faster nor clearly slower for the reason the tally gives: " .. evidence, 0)
         end
         return false, evidence
@@ -90,11 +93,14 @@ local activations = int4:info().activations -- what the kernels multiply the cod
 local math_in_float = activations == "bf16" or activations == "fp32"
 local bytes_ratio = read16 / read4
 -- Decode gains where prefill loses: the same dequantization that costs
--- prefill x2 is hidden behind the bytes in decode. On small the gain is
--- modest (x1.1 on a quiet machine whose L3 holds the fp16 weights, x1.5
--- when a neighbour shares the cache), so quick mode asks for any gain at
--- all and a clear gap to prefill; --full asks medium for x1.2.
-local decode_wins = decode_speedup > 1.0 and 1 / decode_speedup < prefill_ratio / 1.5 and bytes_ratio >= 3
+-- prefill x1.3 (AVX-512 with BF16: the group scales are folded per lane;
+-- x2.2 where each group was scaled on its own) is hidden behind the bytes
+-- in decode. On small the gain is modest (x1.1 on a quiet machine whose L3
+-- holds the fp16 weights, x1.5 when a neighbour shares the cache), so quick
+-- mode asks for any gain at all and a gap of x1.3 to prefill (the
+-- unbatched-decode fault closes it: prefill then runs as decode does);
+-- --full asks medium for x1.2.
+local decode_wins = decode_speedup > 1.0 and 1 / decode_speedup < prefill_ratio / 1.3 and bytes_ratio >= 3
     and reads_once and math_in_float
 local evidence = string.format("decode of small, median of %d interleaved runs: fp16 %.3f ms/token, W4A16 %.3f ms/token CPU "
     .. "(x%.2f faster, where prefill was x%.2f slower); weights read per token %.2f MiB vs %.2f MiB (x%.1f fewer, %.3f and "
@@ -138,21 +144,36 @@ lab.pause()
 -- the activations too, once per matmul (int8, one scale per 32 values), so
 -- the inner loop is an integer dot product of 4-bit weights with 8-bit
 -- activations (AVX-512 VNNI: 64 multiply-adds in one instruction) and no
--- weight is ever turned back into a float. The arithmetic that made W4A16
--- prefill slower is gone, and the weights are still 4 bits.
+-- weight is ever turned back into a float. The claim is about the
+-- activations, so W4A8 is timed against fp16 and against the very same
+-- 4-bit weights with 16-bit activations (w4a16:g32:sym, whose AVX-512 BF16
+-- kernel is itself close to fp16 in prefill).
 local int4a8 = lab.quantize_model(fp16, "w4a8")
-local a8_fp16_s, a8_s, _, a8_timing = interleaved(fp16, int4a8, "prefill", PREFILL_TOKENS, rounds)
-local a8_ratio = a8_s / a8_fp16_s -- < 1: W4A8 prefill is faster than fp16
+local int4a16 = lab.quantize_model(fp16, "w4a16:g32:sym")
+local a8_fp16_s, a8_s, _, a8_timing, a8_fp16_fastest, a8_fastest =
+    interleaved(fp16, int4a8, "prefill", PREFILL_TOKENS, rounds)
+local a16_s, a8_again_s, _, _, a16_fastest, a8_again_fastest =
+    interleaved(int4a16, int4a8, "prefill", PREFILL_TOKENS, rounds)
+-- Judged on the fastest run of each: another process on the machine only
+-- adds time. Quiet, W4A8 takes x0.80 of fp16's time and x0.85 of W4A16's;
+-- with two CPU-bound processes beside it the medians read x0.96 of fp16
+-- while the fastest runs still read x0.8. Under w8a8-float-activations W4A8
+-- runs W4A16's kernel: x1.0 of W4A16.
+local a8_ratio = a8_fastest / a8_fp16_fastest      -- < 1: W4A8 prefill is faster than fp16
+local a8_over_a16 = a8_again_fastest / a16_fastest -- < 1: 8-bit activations are what makes it faster
 lab.check{
     id = "w4a8-prefill",
     claim = "with 8-bit activations as well (W4A8: integer dot products), 4-bit weights do speed up prefill",
     beyond_bank = true,
     answer = true,
     breaks_with = {"w8a8-float-activations"},
-    verdict = a8_ratio < 0.95,
-    evidence = string.format("128-token prefill of small, median of %d interleaved runs: fp16 %.1f ms, W4A8 %.1f ms CPU "
-        .. "(x%.2f the time; W4A16 was x%.2f above); W4A8 multiplies in %s, %.2f MiB of weights read",
-        rounds, a8_fp16_s * 1e3, a8_s * 1e3, a8_ratio, prefill_ratio, int4a8:info().activations,
-        a8_timing.weight_bytes / 2 ^ 20),
+    verdict = a8_ratio < 0.95 and a8_over_a16 < 0.95,
+    evidence = string.format("128-token prefill of small, fastest of %d interleaved runs: fp16 %.1f ms, W4A8 %.1f ms CPU "
+        .. "(x%.2f the time; medians %.1f and %.1f ms); the same 4-bit weights with 16-bit activations "
+        .. "(w4a16:g32:sym) %.1f ms, W4A8 %.1f ms (x%.2f; medians %.1f and %.1f ms); W4A16 g64 was x%.2f of fp16 "
+        .. "above; W4A8 multiplies in %s, %.2f MiB of weights read",
+        rounds, a8_fp16_fastest * 1e3, a8_fastest * 1e3, a8_ratio, a8_fp16_s * 1e3, a8_s * 1e3,
+        a16_fastest * 1e3, a8_again_fastest * 1e3, a8_over_a16, a16_s * 1e3, a8_again_s * 1e3, prefill_ratio,
+        int4a8:info().activations, a8_timing.weight_bytes / 2 ^ 20),
     note = "not in the question bank: its tf2 is about W4A16 only",
 }
