@@ -615,18 +615,19 @@ return {
         prompt = "If the activations are quantized to 8 bits as well (W4A8, integer dot products), 4-bit weights "
             .. "make prefill faster.",
         answer = true,
-        explanation = "W4A16 is slow in prefill because every 4-bit weight is turned back into a float before the "
-            .. "multiply, and prefill is limited by that arithmetic. W4A8 quantizes each activation row once per "
-            .. "matmul (int8, one scale per 32 values) and multiplies 4-bit by 8-bit integers directly: one AVX-512 "
-            .. "VNNI instruction does 64 multiply-adds, and no weight is converted. Lesson 06 times it against fp16.",
+        explanation = "Prefill is limited by arithmetic: what counts is the multiply-adds per instruction. W4A8 "
+            .. "quantizes each activation row once per matmul (int8, a scale per 32 values) and multiplies 4-bit by "
+            .. "8-bit integers directly: 64 per AVX-512 VNNI instruction, against 16 for fp16 widened to fp32. Lesson "
+            .. "06 times W4A8 at about x0.8 of fp16; with AVX-512 BF16, W4A16 at group 32 (32 per instruction) comes "
+            .. "close, the default W4A16 (group 64) is slower than fp16.",
         hi_en = {
             prompt = "Agar activations bhi 8 bit mein quantize hon (W4A8, integer dot products), to 4-bit weights "
                 .. "prefill ko fast karte hain.",
-            explanation = "W4A16 prefill mein isliye slow hai ki har 4-bit weight multiply se pehle float mein wapas "
-                .. "banta hai, aur prefill isi arithmetic se limited hai. W4A8 har activation row ko matmul mein ek "
-                .. "baar int8 mein badalta hai (har 32 values par ek scale) aur 4-bit x 8-bit integers seedha multiply "
-                .. "karta hai: AVX-512 VNNI ki ek instruction 64 multiply-adds karti hai, koi weight convert nahi hota. "
-                .. "Lesson 06 ise fp16 ke saath time karta hai.",
+            explanation = "Prefill arithmetic se limited hai: dekhna hai ki ek instruction kitne multiply-adds "
+                .. "karti hai. W4A8 har activation row ko matmul mein ek baar int8 banata hai (har 32 values par scale) "
+                .. "aur 4-bit x 8-bit integers seedha multiply karta hai: AVX-512 VNNI mein 64 per instruction, fp16 "
+                .. "ko fp32 banake sirf 16. Lesson 06 mein W4A8 fp16 ka lagbhag x0.8 hai; AVX-512 BF16 par group 32 "
+                .. "wala W4A16 (32 per instruction) paas aata hai, default W4A16 (group 64) fp16 se slow hai.",
         },
     },
 }
