@@ -234,7 +234,9 @@ static void close_lab(lab_app* a) {
     free(a);
 }
 
-int command_lab(int argc, char** argv) {
+int command_lab(int argc, char** argv) { return command_lab_watching_cuts(argc, argv, NULL, NULL); }
+
+int command_lab_watching_cuts(int argc, char** argv, ui_cut_hook cut_hook, void* cut_hook_user) {
     if (cli_answer_help(argc, argv, LAB_USAGE, CLI_ENGINE_DEFAULTS)) return 0;
     setlocale(LC_ALL, "");
     error_info err = {{0}};
@@ -255,6 +257,8 @@ int command_lab(int argc, char** argv) {
     int status = 0;
     lab_app* a = open_lab(&args, headless, &status);
     if (!a) return status;
+    a->cut_hook = cut_hook;
+    a->cut_hook_user = cut_hook_user;
     status = headless ? lab_run_headless(a, args.keys ? args.keys : "", args.dump_path ? args.dump_path : "-",
                                          args.cols, args.rows)
                       : lab_run_terminal(a);

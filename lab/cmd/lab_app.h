@@ -66,6 +66,9 @@ typedef struct lab_app {
     // of its own), so that a paused lab holds every client's request.
     server* server;
     char serve_model[256]; // the `model` its clients name
+    // Tests: the hook that watches the headless replay's screen (NULL in the program).
+    ui_cut_hook cut_hook;
+    void* cut_hook_user;
 } lab_app;
 
 // ---- lab_app.c: the actions

@@ -166,6 +166,7 @@ int lab_run_headless(lab_app* a, const char* keys_text, const char* dump_path, i
         free(keys);
         return 1;
     }
+    ui_screen_set_cut_hook(&screen, a->cut_hook, a->cut_hook_user);
     a->cols = cols;
     a->rows = rows;
     // <frame>: the screen then, kept in memory and written before the final

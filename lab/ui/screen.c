@@ -64,15 +64,9 @@ static int utf8_length(unsigned char c) {
     return 1;
 }
 
-// File-scope, not per screen: tests watch the screens that command_lab
-// makes inside itself (tests/lab/test_dashboard_fit.c), which no caller can
-// reach. Only tests set it; the program never does.
-static ui_cut_hook cut_hook;
-static void* cut_hook_user;
-
-void ui_set_cut_hook(ui_cut_hook hook, void* user) {
-    cut_hook = hook;
-    cut_hook_user = user;
+void ui_screen_set_cut_hook(ui_screen* s, ui_cut_hook hook, void* user) {
+    s->cut_hook = hook;
+    s->cut_hook_user = user;
 }
 
 void ui_clip(ui_screen* s, ui_rect r) {
@@ -123,7 +117,7 @@ int ui_put(ui_screen* s, int x, int y, int max_cols, ui_color color, int attr, c
         p += n;
         written++;
     }
-    if (cut_hook && *p) cut_hook(cut_hook_user, text, x, y, shown, ui_text_columns(text));
+    if (s->cut_hook && *p) s->cut_hook(s->cut_hook_user, text, x, y, shown, ui_text_columns(text));
     return written;
 }
 

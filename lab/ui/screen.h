@@ -52,6 +52,10 @@ typedef struct ui_rect {
     int x, y, w, h; // columns and rows, (x, y) the top-left cell
 } ui_rect;
 
+// A test hook: called for every ui_put whose text did not fit whole, with
+// the text, where it started, the columns shown and the columns it has.
+typedef void (*ui_cut_hook)(void* user, const char* text, int x, int y, int shown, int columns);
+
 typedef struct ui_screen {
     int cols, rows;
     ui_cell* cells;   // (rows, cols)
@@ -59,6 +63,8 @@ typedef struct ui_screen {
     bool color;       // false with NO_COLOR or a monochrome terminal
     const ui_glyphs* glyphs;
     ui_rect clip;     // writes outside it are dropped (a pane's inside while it draws)
+    ui_cut_hook cut_hook; // NULL unless a test watches this screen
+    void* cut_hook_user;
 } ui_screen;
 
 int ui_screen_init(ui_screen* s, int cols, int rows, bool utf8, bool color);
@@ -78,11 +84,8 @@ int ui_printf(ui_screen* s, int x, int y, int max_cols, ui_color color, int attr
 void ui_clip(ui_screen* s, ui_rect r);
 void ui_clip_reset(ui_screen* s);
 
-// A test hook: called for every ui_put whose text did not fit whole, with
-// the text, where it started, the columns shown and the columns it has.
-// NULL turns it off. One hook for the process (tests are single-threaded).
-typedef void (*ui_cut_hook)(void* user, const char* text, int x, int y, int shown, int columns);
-void ui_set_cut_hook(ui_cut_hook hook, void* user);
+// Watches s with a cut hook (kept across ui_screen_resize); NULL turns it off.
+void ui_screen_set_cut_hook(ui_screen* s, ui_cut_hook hook, void* user);
 
 // Columns of UTF-8 text (one per character).
 int ui_text_columns(const char* text);

@@ -163,7 +163,7 @@ static void test_formats_and_hook(void** state) {
     ui_screen screen;
     assert_int_equal(ui_screen_init(&screen, 40, 4, true, false), 0);
     memset(&cuts, 0, sizeof cuts);
-    ui_set_cut_hook(record_cut, NULL);
+    ui_screen_set_cut_hook(&screen, record_cut, NULL);
     ui_put(&screen, 0, 0, 8, UI_DEFAULT, 0, "mse 8.07e-05");
     assert_int_equal(cuts.n_bad, 1);
     ui_clip(&screen, (ui_rect){0, 1, 9, 2});
@@ -171,7 +171,6 @@ static void test_formats_and_hook(void** state) {
     ui_put(&screen, 0, 3, 40, UI_DEFAULT, 0, "below the clip: 42");
     ui_put(&screen, 0, 2, 40, UI_DEFAULT, 0, "Once upon a time");
     assert_int_equal(cuts.n_bad, 3);
-    ui_set_cut_hook(NULL, NULL);
     ui_screen_free(&screen);
 }
 
@@ -198,7 +197,7 @@ static const char* write_lesson(void) {
     return path;
 }
 
-// Runs `servelab lab` in this process with the cut hook on.
+// Runs `servelab lab` in this process with its screen watched by record_cut.
 static int run_lab(const char* model, int cols, int rows, const char* lesson, const char* keys) {
     char size[32], frame[512];
     snprintf(size, sizeof size, "%dx%d", cols, rows);
@@ -221,7 +220,7 @@ static int run_lab(const char* model, int cols, int rows, const char* lesson, co
         argv[argc++] = lesson;
     }
     argv[argc] = NULL;
-    return command_lab(argc, (char**)argv);
+    return command_lab_watching_cuts(argc, (char**)argv, record_cut, NULL);
 }
 
 // Steps, every page, help, fork, cancel, a shared prompt, the step-size
@@ -249,7 +248,6 @@ static void test_no_pane_cuts_a_number(void** state) {
     assert_non_null(getcwd(cwd, sizeof cwd));
     snprintf(home, sizeof home, "%s/%s/fit-quiz-home", cwd, test_scratch_dir());
     setenv("XDG_DATA_HOME", home, 1); // the quiz page's progress stays in the scratch folder
-    ui_set_cut_hook(record_cut, NULL);
     memset(&cuts, 0, sizeof cuts);
     for (int w = 0; w < N_WIDTHS; w++)
         for (int h = 0; h < N_HEIGHTS; h++) {
@@ -258,7 +256,6 @@ static void test_no_pane_cuts_a_number(void** state) {
             snprintf(cuts.where, sizeof cuts.where, "%dx%d lesson", WIDTHS[w], HEIGHTS[h]);
             assert_int_equal(run_lab(model, WIDTHS[w], HEIGHTS[h], lesson, LESSON_SESSION), 0);
         }
-    ui_set_cut_hook(NULL, NULL);
     unsetenv("XDG_DATA_HOME");
     if (cuts.n_bad) fail_msg("%d texts cut inside or right after a number; the first: %s", cuts.n_bad, cuts.first);
 }

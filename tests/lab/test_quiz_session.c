@@ -431,6 +431,7 @@ static int expect_reachable(const quiz_session* s, const char* notice, int cols,
                  first.page, first.last_top);
     ui_screen screen;
     assert_int_equal(ui_screen_init(&screen, cols, rows, true, false), 0);
+    ui_screen_set_cut_hook(&screen, record_cut, NULL);
     enum { ROW_BYTES = 1024 };
     char(*seen)[ROW_BYTES] = calloc((size_t)total + 1, ROW_BYTES);
     bool* filled = calloc((size_t)total + 1, sizeof *filled);
@@ -440,9 +441,7 @@ static int expect_reachable(const quiz_session* s, const char* notice, int cols,
         int shown_top = top < first.last_top ? top : first.last_top;
         assert_int_equal(v.top, shown_top);
         cut_text[0] = '\0';
-        ui_set_cut_hook(record_cut, NULL);
         quiz_view_draw(&screen, s, "", notice, top);
-        ui_set_cut_hook(NULL, NULL);
         if (cut_text[0]) fail_msg("%s at %dx%d, top %d: the view cut %s", id, cols, rows, top, cut_text);
         for (int i = 0; i < v.page && shown_top + i < total; i++) {
             row_text(&screen, layout.feedback.x + 2, layout.feedback.x + layout.feedback.w - 2,
@@ -566,10 +565,9 @@ static void test_prove_it_scrolls_where_it_does_not_fit(void** state) {
 static void expect_nothing_cut(const quiz_session* s, int cols, int rows) {
     ui_screen screen;
     assert_int_equal(ui_screen_init(&screen, cols, rows, true, false), 0);
+    ui_screen_set_cut_hook(&screen, record_cut, NULL);
     cut_text[0] = '\0';
-    ui_set_cut_hook(record_cut, NULL);
     quiz_view_draw(&screen, s, "the bytes", NULL, 0);
-    ui_set_cut_hook(NULL, NULL);
     if (cut_text[0]) fail_msg("%s at %dx%d: the view cut %s", quiz_session_question(s)->id, cols, rows, cut_text);
     ui_screen_free(&screen);
 }
