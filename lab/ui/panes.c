@@ -217,19 +217,9 @@ static int32_t recorded_fork_parent(const step_record* rec, int32_t id) {
     return -1;
 }
 
-static void draw_block_tables(ui_screen* s, ui_rect r, const dashboard* d) {
-    const engine* e = paged_view(s, r, d);
-    if (!e) return;
-    const step_record* rec = dashboard_view_record(d, KV_LAYOUT_PAGED);
-    int block_size = e->config.block_size;
-    if (!rec) {
-        ui_line idle;
-        ui_line_init(&idle);
-        ui_line_number(&idle, 9, false, "paged, block size ", block_size, 1, "");
-        ui_line_text(&idle, 5, ": no step yet (space steps)", ": no step yet", "", NULL);
-        ui_line_put(s, r.x, r.y, text_w(r), UI_DEFAULT, 0, &idle);
-        return;
-    }
+// Row 0: the step's block events, COW copies and evictions, whole, with
+// "+N" for those that did not fit.
+static void draw_block_events(ui_screen* s, ui_rect r, const step_record* rec) {
     int x = r.x, right = r.x + text_w(r);
     char text[96];
     snprintf(text, sizeof text, "step %llu events:", (unsigned long long)rec->step);
@@ -251,12 +241,15 @@ static void draw_block_tables(ui_screen* s, ui_rect r, const dashboard* d) {
         snprintf(text, sizeof text, " +%d", hidden);
         put_whole(s, x, r.y, right, UI_BAD, UI_BOLD, text);
     } else if (!shown) put_whole(s, x, r.y, right, UI_DEFAULT, 0, " none");
-    int y = r.y + 1;
-    // The selected request's table is always shown, with as many tables
-    // before it as fit (so up/down reach every table).
+}
+
+// The first table shown: the selected request's table is always shown,
+// with as many tables before it as fit below the events row (so up/down
+// reach every table).
+static int first_table_shown(const step_record* rec, int selected_id, ui_rect r) {
     int first = 0, selected = -1;
     for (int k = 0; k < rec->n_sequences; k++)
-        if (rec->sequences[k].id == d->selected) selected = k;
+        if (rec->sequences[k].id == selected_id) selected = k;
     for (int k = selected, rows = 0; k >= 0; k--) {
         rows += table_rows(rec, &rec->sequences[k], r.w);
         if (rows > r.h - 1) {
@@ -264,42 +257,74 @@ static void draw_block_tables(ui_screen* s, ui_rect r, const dashboard* d) {
             break;
         }
     }
-    for (int k = first; k < rec->n_sequences && y < r.y + r.h; k++) {
+    return first;
+}
+
+// A table's line: its request, phase, context, blocks, tail fill and the
+// request it was forked from.
+static void draw_table_line(ui_screen* s, ui_rect r, int y, const step_record* rec, const step_sequence* q,
+                            int block_size) {
+    ui_line row;
+    ui_line_init(&row);
+    char label[16], text[96];
+    snprintf(label, sizeof label, "%c#%d", owner_letter(q->id), q->id);
+    ui_line_text(&row, 9, label, NULL);
+    ui_line_text(&row, 6, q->phase == PHASE_PREFILL ? " prefill" : " decode", "", NULL);
+    ui_line_number(&row, 8, false, " ctx ", q->context_length, 1, "");
+    ui_line_number(&row, 7, true, " blocks ", q->n_table, 1, "");
+    snprintf(text, sizeof text, " tail %d/%d", q->tail_fill, block_size);
+    ui_line_text(&row, 7, text, "", NULL);
+    int32_t parent = recorded_fork_parent(rec, q->id);
+    if (parent >= 0) {
+        char fork[32];
+        snprintf(fork, sizeof fork, "  fork of %c#%d", owner_letter(parent), parent);
+        char fork_short[32];
+        snprintf(fork_short, sizeof fork_short, " <%c#%d", owner_letter(parent), parent);
+        ui_line_text(&row, 5, fork, fork_short, "", NULL);
+    }
+    ui_line_put(s, r.x, y, text_w(r), owner_color(q->id), UI_BOLD, &row);
+}
+
+// A table's cells from row y, two columns in, wrapped inside the pane
+// (a shared block bold, with how many tables hold it); returns the row
+// after them.
+static int draw_table_cells(ui_screen* s, ui_rect r, int y, const step_record* rec, const step_sequence* q) {
+    int x = r.x + 2;
+    for (int i = 0; i < q->n_table; i++) {
+        int32_t b = rec->block_ids[q->table_offset + i];
+        int refs = table_references(rec, b);
+        char cell[32];
+        if (refs > 1) snprintf(cell, sizeof cell, "[%d x%d]", b, refs);
+        else snprintf(cell, sizeof cell, "[%d]", b);
+        if (x + (int)strlen(cell) > r.x + text_w(r)) {
+            if (++y >= r.y + r.h) break;
+            x = r.x + 2;
+        }
+        x += ui_put(s, x, y, r.x + r.w - x, refs > 1 ? UI_SHARED : owner_color(q->id), refs > 1 ? UI_BOLD : 0, cell);
+    }
+    return y + 1;
+}
+
+static void draw_block_tables(ui_screen* s, ui_rect r, const dashboard* d) {
+    const engine* e = paged_view(s, r, d);
+    if (!e) return;
+    const step_record* rec = dashboard_view_record(d, KV_LAYOUT_PAGED);
+    int block_size = e->config.block_size;
+    if (!rec) {
+        ui_line idle;
+        ui_line_init(&idle);
+        ui_line_number(&idle, 9, false, "paged, block size ", block_size, 1, "");
+        ui_line_text(&idle, 5, ": no step yet (space steps)", ": no step yet", "", NULL);
+        ui_line_put(s, r.x, r.y, text_w(r), UI_DEFAULT, 0, &idle);
+        return;
+    }
+    draw_block_events(s, r, rec);
+    int y = r.y + 1;
+    for (int k = first_table_shown(rec, d->selected, r); k < rec->n_sequences && y < r.y + r.h; k++) {
         const step_sequence* q = &rec->sequences[k];
-        ui_line row;
-        ui_line_init(&row);
-        char label[16];
-        snprintf(label, sizeof label, "%c#%d", owner_letter(q->id), q->id);
-        ui_line_text(&row, 9, label, NULL);
-        ui_line_text(&row, 6, q->phase == PHASE_PREFILL ? " prefill" : " decode", "", NULL);
-        ui_line_number(&row, 8, false, " ctx ", q->context_length, 1, "");
-        ui_line_number(&row, 7, true, " blocks ", q->n_table, 1, "");
-        snprintf(text, sizeof text, " tail %d/%d", q->tail_fill, block_size);
-        ui_line_text(&row, 7, text, "", NULL);
-        int32_t parent = recorded_fork_parent(rec, q->id);
-        if (parent >= 0) {
-            char fork[32];
-            snprintf(fork, sizeof fork, "  fork of %c#%d", owner_letter(parent), parent);
-            char fork_short[32];
-            snprintf(fork_short, sizeof fork_short, " <%c#%d", owner_letter(parent), parent);
-            ui_line_text(&row, 5, fork, fork_short, "", NULL);
-        }
-        ui_line_put(s, r.x, y++, text_w(r), owner_color(q->id), UI_BOLD, &row);
+        draw_table_line(s, r, y++, rec, q, block_size);
         if (y >= r.y + r.h) break;
-        x = r.x + 2;
-        for (int i = 0; i < q->n_table; i++) {
-            int32_t b = rec->block_ids[q->table_offset + i];
-            int refs = table_references(rec, b);
-            char cell[32];
-            if (refs > 1) snprintf(cell, sizeof cell, "[%d x%d]", b, refs);
-            else snprintf(cell, sizeof cell, "[%d]", b);
-            if (x + (int)strlen(cell) > r.x + text_w(r)) {
-                if (++y >= r.y + r.h) break;
-                x = r.x + 2;
-            }
-            x += ui_put(s, x, y, r.x + r.w - x, refs > 1 ? UI_SHARED : owner_color(q->id), refs > 1 ? UI_BOLD : 0, cell);
-        }
-        y++;
+        y = draw_table_cells(s, r, y, rec, q);
     }
 }
 
