@@ -135,6 +135,142 @@ static int parse_sweep(const char* text, bench_serve_args* args, error_info* err
     return 0;
 }
 
+// Each parse_*_option below looks at argv[c->index]: 1 when it was one of
+// its options (the value stored in args), 0 when it was not, -1 on an error
+// (in err).
+
+// `flag` with its value (in c->value): 1; another argument: 0; the value missing: -1.
+static int value_option(arg_cursor* c, const char* flag, error_info* err) {
+    bool failed = false;
+    if (!arg_match(c, flag, true, &failed, err)) return 0;
+    return failed ? -1 : 1;
+}
+
+// The server's URL and model name, and paths, kept as given.
+static int parse_text_option(arg_cursor* c, bench_serve_args* args, error_info* err) {
+    const struct {
+        const char* flag;
+        const char** field;
+    } TEXTS[] = {
+        {"--url", &args->url},
+        {"--workload", &args->workload_path},
+        {"--tokenizer", &args->tokenizer_path},
+        {"--svg", &args->svg_path},
+    };
+    for (size_t i = 0; i < sizeof TEXTS / sizeof TEXTS[0]; i++) {
+        int matched = value_option(c, TEXTS[i].flag, err);
+        if (matched > 0) *TEXTS[i].field = c->value;
+        if (matched) return matched;
+    }
+    int matched = value_option(c, "--model", err);
+    if (matched <= 0) return matched;
+    if (!c->value[0] || strlen(c->value) > 200) return error_set(err, "--model: expected 1..200 characters");
+    args->model = c->value;
+    return 1;
+}
+
+// Whole numbers, each in its range, and the seed.
+static int parse_count_option(arg_cursor* c, bench_serve_args* args, error_info* err) {
+    const struct {
+        const char* flag;
+        long low, high;
+        int* field;
+        bool* given; // NULL, or set when the option is given
+    } COUNTS[] = {
+        {"--requests", 1, 1000000, &args->n_requests, NULL},
+        {"--shared-prefix", 0, 1 << 20, &args->shared_prefix, NULL},
+        {"--vocab", 4, 1 << 24, &args->vocab_size, &args->vocab_given},
+        {"--concurrency", 1, 4096, &args->concurrency, NULL},
+    };
+    for (size_t i = 0; i < sizeof COUNTS / sizeof COUNTS[0]; i++) {
+        int matched = value_option(c, COUNTS[i].flag, err);
+        if (matched < 0) return -1;
+        if (matched == 0) continue;
+        if (parse_int_arg(COUNTS[i].flag, c->value, COUNTS[i].low, COUNTS[i].high, COUNTS[i].field, err)) return -1;
+        if (COUNTS[i].given) *COUNTS[i].given = true;
+        return 1;
+    }
+    int matched = value_option(c, "--seed", err);
+    if (matched <= 0) return matched;
+    if (parse_u64_arg("--seed", c->value, &args->seed, err)) return -1;
+    return 1;
+}
+
+// Real numbers, each in its range (the SLOs and timeouts), and --rate: R or inf.
+static int parse_real_option(arg_cursor* c, bench_serve_args* args, error_info* err) {
+    const struct {
+        const char* flag;
+        double low, high;
+        double* field;
+    } REALS[] = {
+        {"--slo-ttft-ms", 1e-3, 1e9, &args->slo_ttft_ms},
+        {"--slo-tpot-ms", 1e-3, 1e9, &args->slo_tpot_ms},
+        {"--timeout", 0.1, 86400, &args->timeout_s},
+        {"--idle-timeout", 1, 86400, &args->idle_timeout_s},
+        {"--connect-timeout", 0.1, 3600, &args->connect_timeout_s},
+    };
+    for (size_t i = 0; i < sizeof REALS / sizeof REALS[0]; i++) {
+        int matched = value_option(c, REALS[i].flag, err);
+        if (matched < 0) return -1;
+        if (matched == 0) continue;
+        if (parse_positive_double(REALS[i].flag, c->value, REALS[i].low, REALS[i].high, REALS[i].field, err)) return -1;
+        return 1;
+    }
+    int matched = value_option(c, "--rate", err);
+    if (matched <= 0) return matched;
+    args->rate_given = true;
+    if (strcmp(c->value, "inf") == 0) args->rate = 0;
+    else if (parse_positive_double("--rate", c->value, 1e-6, 1e6, &args->rate, err))
+        return error_set(err, "--rate: expected requests per second (> 0, at most 1e6) or inf, found '%s'", c->value);
+    return 1;
+}
+
+// The length distributions and the sweep's list of concurrencies.
+static int parse_shape_option(arg_cursor* c, bench_serve_args* args, error_info* err) {
+    int matched = value_option(c, "--prompt-len", err);
+    if (matched > 0 && bench_length_parse("--prompt-len", c->value, &args->prompt_length, err)) return -1;
+    if (matched) return matched;
+    matched = value_option(c, "--output-len", err);
+    if (matched > 0 && bench_length_parse("--output-len", c->value, &args->output_length, err)) return -1;
+    if (matched) return matched;
+    matched = value_option(c, "--sweep-concurrency", err);
+    if (matched > 0 && parse_sweep(c->value, args, err)) return -1;
+    return matched;
+}
+
+// The options without a value.
+static int parse_switch_option(arg_cursor* c, bench_serve_args* args, error_info* err) {
+    const struct {
+        const char* flag;
+        bool* field;
+        bool value;
+    } SWITCHES[] = {
+        {"--json", &args->json, true},
+        {"--progress", &args->progress, true},
+        {"--no-ignore-eos", &args->ignore_eos, false},
+        {"--no-token-ids", &args->token_ids, false},
+    };
+    bool failed = false; // never set: a switch takes no value
+    for (size_t i = 0; i < sizeof SWITCHES / sizeof SWITCHES[0]; i++)
+        if (arg_match(c, SWITCHES[i].flag, false, &failed, err)) {
+            *SWITCHES[i].field = SWITCHES[i].value;
+            return 1;
+        }
+    return 0;
+}
+
+// One option (with its value); -1 on an error or an unknown option.
+static int parse_option(arg_cursor* c, bench_serve_args* args, error_info* err) {
+    int (*const PARSERS[])(arg_cursor*, bench_serve_args*, error_info*) = {
+        parse_text_option, parse_count_option, parse_real_option, parse_shape_option, parse_switch_option,
+    };
+    for (size_t i = 0; i < sizeof PARSERS / sizeof PARSERS[0]; i++) {
+        int matched = PARSERS[i](c, args, err);
+        if (matched) return matched < 0 ? -1 : 0;
+    }
+    return arg_unknown(c, err);
+}
+
 static int parse_args(int argc, char** argv, bench_serve_args* args, error_info* err) {
     memset(args, 0, sizeof *args);
     args->prompt_length = (bench_length){BENCH_LENGTH_FIXED, 128, 0};
@@ -144,74 +280,8 @@ static int parse_args(int argc, char** argv, bench_serve_args* args, error_info*
     args->ignore_eos = args->token_ids = true;
     args->timeout_s = 600, args->idle_timeout_s = 120, args->connect_timeout_s = 10;
     arg_cursor cursor = {argc, argv, 1, "servelab bench-serve", NULL};
-    for (; cursor.index < argc; cursor.index++) {
-        bool failed = false;
-        const char* v = NULL;
-#define VALUE(flag) (arg_match(&cursor, flag, true, &failed, err) && (failed || (v = cursor.value, true)))
-        if (VALUE("--url")) {
-            if (!failed) args->url = v;
-        } else if (VALUE("--model")) {
-            if (!failed) {
-                if (!v[0] || strlen(v) > 200) return error_set(err, "--model: expected 1..200 characters");
-                args->model = v;
-            }
-        } else if (VALUE("--workload")) {
-            if (!failed) args->workload_path = v;
-        } else if (VALUE("--tokenizer")) {
-            if (!failed) args->tokenizer_path = v;
-        } else if (VALUE("--svg")) {
-            if (!failed) args->svg_path = v;
-        } else if (VALUE("--requests")) {
-            if (!failed && parse_int_arg("--requests", v, 1, 1000000, &args->n_requests, err)) return -1;
-        } else if (VALUE("--prompt-len")) {
-            if (!failed && bench_length_parse("--prompt-len", v, &args->prompt_length, err)) return -1;
-        } else if (VALUE("--output-len")) {
-            if (!failed && bench_length_parse("--output-len", v, &args->output_length, err)) return -1;
-        } else if (VALUE("--shared-prefix")) {
-            if (!failed && parse_int_arg("--shared-prefix", v, 0, 1 << 20, &args->shared_prefix, err)) return -1;
-        } else if (VALUE("--vocab")) {
-            if (!failed && parse_int_arg("--vocab", v, 4, 1 << 24, &args->vocab_size, err)) return -1;
-            args->vocab_given = true;
-        } else if (VALUE("--seed")) {
-            if (!failed && parse_u64_arg("--seed", v, &args->seed, err)) return -1;
-        } else if (VALUE("--rate")) {
-            if (!failed) {
-                args->rate_given = true;
-                if (strcmp(v, "inf") == 0)
-                    args->rate = 0;
-                else if (parse_positive_double("--rate", v, 1e-6, 1e6, &args->rate, err))
-                    return error_set(err, "--rate: expected requests per second (> 0, at most 1e6) or inf, found '%s'",
-                                     v);
-            }
-        } else if (VALUE("--concurrency")) {
-            if (!failed && parse_int_arg("--concurrency", v, 1, 4096, &args->concurrency, err)) return -1;
-        } else if (VALUE("--sweep-concurrency")) {
-            if (!failed && parse_sweep(v, args, err)) return -1;
-        } else if (VALUE("--slo-ttft-ms")) {
-            if (!failed && parse_positive_double("--slo-ttft-ms", v, 1e-3, 1e9, &args->slo_ttft_ms, err)) return -1;
-        } else if (VALUE("--slo-tpot-ms")) {
-            if (!failed && parse_positive_double("--slo-tpot-ms", v, 1e-3, 1e9, &args->slo_tpot_ms, err)) return -1;
-        } else if (VALUE("--timeout")) {
-            if (!failed && parse_positive_double("--timeout", v, 0.1, 86400, &args->timeout_s, err)) return -1;
-        } else if (VALUE("--idle-timeout")) {
-            if (!failed && parse_positive_double("--idle-timeout", v, 1, 86400, &args->idle_timeout_s, err)) return -1;
-        } else if (VALUE("--connect-timeout")) {
-            if (!failed && parse_positive_double("--connect-timeout", v, 0.1, 3600, &args->connect_timeout_s, err))
-                return -1;
-        } else if (arg_match(&cursor, "--json", false, &failed, err)) {
-            args->json = true;
-        } else if (arg_match(&cursor, "--progress", false, &failed, err)) {
-            args->progress = true;
-        } else if (arg_match(&cursor, "--no-ignore-eos", false, &failed, err)) {
-            args->ignore_eos = false;
-        } else if (arg_match(&cursor, "--no-token-ids", false, &failed, err)) {
-            args->token_ids = false;
-        } else {
-            return arg_unknown(&cursor, err);
-        }
-#undef VALUE
-        if (failed) return -1;
-    }
+    for (; cursor.index < argc; cursor.index++)
+        if (parse_option(&cursor, args, err)) return -1;
     if (!args->url) return error_set(err, "servelab bench-serve: --url is required (e.g. --url http://127.0.0.1:8000)");
     if (args->n_sweep && args->concurrency)
         return error_set(err, "servelab bench-serve: give --concurrency or --sweep-concurrency, not both");
