@@ -442,105 +442,136 @@ static void draw_fragmentation(ui_screen* s, ui_rect r, const dashboard* d) {
 
 // ---- Memory traffic --------------------------------------------------------------------
 
-static void draw_traffic(ui_screen* s, ui_rect r, const dashboard* d, const ui_view* v) {
-    const step_record* rec = dashboard_primary_record(d);
-    int n_devices = 0;
-    const device_model* devices = device_models(&n_devices);
-    const device_model* dev = &devices[v->device % n_devices];
-    if (!rec) {
-        put_whole(s, r.x, r.y, r.x + text_w(r), UI_DEFAULT, 0, "no step yet");
-    } else {
-        const kernel_traffic* t = &rec->traffic;
-        uint64_t parts[4] = {t->weight_bytes_read, t->kv_bytes_read, t->kv_bytes_written, t->activation_bytes};
-        const char* names[4] = {"W weights", "R KV read", "K KV written", "A activations"};
-        const char* glyphs[4] = {s->glyphs->full, s->glyphs->shade, s->glyphs->light, s->glyphs->dots};
-        ui_color colors[4] = {UI_OWNER0, UI_OWNER1, UI_OWNER2, UI_OWNER3};
-        uint64_t total = parts[0] + parts[1] + parts[2] + parts[3];
-        uint64_t flops = t->matmul_flops + t->attention_flops;
-        int x = r.x;
-        for (int i = 0; i < 4; i++) {
-            int w = total ? (int)lround((double)parts[i] / (double)total * r.w) : 0;
-            for (int k = 0; k < w && x < r.x + r.w; k++) ui_put(s, x++, r.y, 1, colors[i], 0, glyphs[i]);
-        }
-        for (int i = 0; i < 4; i++) {
-            ui_line legend;
-            ui_line_init(&legend);
-            char glyph[16], padded[32], name[32], letter[4];
-            snprintf(glyph, sizeof glyph, "%s ", glyphs[i]);
-            snprintf(padded, sizeof padded, " %-13s", names[i]);
-            snprintf(name, sizeof name, " %s", names[i]);
-            snprintf(letter, sizeof letter, " %c", names[i][0]);
-            ui_line_text(&legend, 9, glyph, NULL);
-            ui_line_text(&legend, 2, padded, name, letter, NULL);
-            line_bytes(&legend, 8, false, " ", (double)parts[i], "");
-            ui_line_put(s, r.x + (i % 2) * (r.w / 2), r.y + 1 + i / 2, i % 2 ? text_w(r) - r.w / 2 : r.w / 2 - 1, colors[i], 0,
-                        &legend);
-        }
-        double seconds = (double)rec->wall_ns * 1e-9;
-        double intensity = total ? (double)flops / (double)total : 0;
-        ui_line step;
-        ui_line_init(&step);
-        char text[128];
-        snprintf(text, sizeof text, "step %llu:", (unsigned long long)rec->step);
-        ui_line_text(&step, 9, text, NULL);
-        line_bytes(&step, 8, false, " ", (double)total, "");
-        ui_line_si(&step, 6, true, " in ", seconds, "s", "");
-        ui_line_si(&step, 7, true, " = ", seconds > 0 ? (double)total / seconds : 0.0, "B/s", "");
-        char tokens_long[64], tokens_short[64];
-        snprintf(tokens_long, sizeof tokens_long, "  (%d prefill + %d decode tok)", rec->prefill_tokens, rec->decode_tokens);
-        snprintf(tokens_short, sizeof tokens_short, "  (%dP+%dD)", rec->prefill_tokens, rec->decode_tokens);
-        ui_line_text(&step, 3, tokens_long, tokens_short, "", NULL);
-        ui_line_put(s, r.x, r.y + 3, text_w(r), UI_DEFAULT, UI_BOLD, &step);
-        double machine_gb_s = 0, machine_gflop_s = 0;
-        ui_line machine;
-        ui_line_init(&machine);
-        if (rec->device_ns > 0) { // --backend cuda: the forward pass timed on the GPU with CUDA events
-            double device_seconds = (double)rec->device_ns * 1e-9;
-            ui_line_si(&machine, 9, false, "GPU: forward ", device_seconds, "s", "");
-            ui_line_text(&machine, 2, " (CUDA events)", "", NULL);
-            ui_line_si(&machine, 8, true, " = ", (double)total / device_seconds, "B/s", "");
-            ui_line_put(s, r.x, r.y + 4, text_w(r), UI_DEFAULT, 0, &machine);
-        } else if (dashboard_machine_figures(d, &machine_gb_s, &machine_gflop_s)) {
-            double machine_ridge = machine_gflop_s / machine_gb_s;
-            ui_line_text(&machine, 9, "this CPU:", "CPU:", NULL);
-            ui_line_number(&machine, 8, false, " ", seconds > 0 ? round(100.0 * (double)total / seconds / 1e9 / machine_gb_s) : 0.0, 1, "%");
-            ui_line_si(&machine, 7, false, " of ", machine_gb_s * 1e9, "B/s", "");
-            ui_line_text(&machine, 1, " measured", "", NULL);
-            ui_line_number(&machine, 5, true, "; ridge ", machine_ridge, 3, " FLOP/B");
-            ui_line_si(&machine, 3, true, " (", machine_gflop_s * 1e9, "FLOP/s", ")");
-            ui_line_put(s, r.x, r.y + 4, text_w(r), intensity < machine_ridge ? UI_BAD : UI_GOOD, 0, &machine);
-        } else {
-            ui_line_text(&machine, 9,
-                         d->machine ? "this CPU: measuring its bandwidth and peak FMA rate..."
-                                    : "this CPU: not measured (--measure-machine in headless runs)",
-                         d->machine ? "this CPU: measuring..." : "this CPU: not measured", NULL);
-            ui_line_put(s, r.x, r.y + 4, text_w(r), UI_DEFAULT, UI_DIM, &machine);
-        }
-        double ridge = device_ridge_point(dev, 0);
-        ui_line bound;
-        ui_line_init(&bound);
-        ui_line_number(&bound, 9, false, "intensity ", intensity, 3, " FLOP/B");
-        ui_line_number(&bound, 7, true, " vs ridge ", round(ridge), 1, "");
-        snprintf(text, sizeof text, " on %s", dev->name);
-        ui_line_text(&bound, 4, text, "", NULL);
-        ui_line_text(&bound, 8, intensity < ridge ? ": memory-bound" : ": compute-bound",
-                     intensity < ridge ? ": memory" : ": compute", NULL);
-        ui_line_put(s, r.x, r.y + 5, text_w(r), intensity < ridge ? UI_BAD : UI_GOOD, 0, &bound);
-        double projected = device_step_seconds(dev, total, flops, 0);
-        ui_line device;
-        ui_line_init(&device);
-        snprintf(text, sizeof text, "on %s", dev->name);
-        ui_line_text(&device, 9, text, NULL);
-        ui_line_text(&device, 1, " (d cycles)", "", NULL);
-        ui_line_si(&device, 9, false, ": ", projected, "s", "");
-        ui_line_si(&device, 6, true, "  ", dev->bandwidth_bytes_per_s, "B/s", "");
-        ui_line_si(&device, 5, true, ", ", dev->capacity_bytes, "B", "");
-        ui_line_si(&device, 4, true, ", ", dev->peak_fp16_flops, "FLOPS", " fp16");
-        ui_line_si(&device, 3, true, ", ", dev->peak_int8_ops, "OPS", " int8");
-        ui_line_put(s, r.x, r.y + 6, text_w(r), UI_DEFAULT, 0, &device);
+// Bytes the step moved: weights and KV cache read, KV written, activations.
+static uint64_t traffic_bytes(const kernel_traffic* t) {
+    return t->weight_bytes_read + t->kv_bytes_read + t->kv_bytes_written + t->activation_bytes;
+}
+
+// Row 0: the step's bytes as one bar in four parts; rows 1-2: their legend,
+// two parts a row.
+static void traffic_parts(ui_screen* s, ui_rect r, const kernel_traffic* t) {
+    uint64_t parts[4] = {t->weight_bytes_read, t->kv_bytes_read, t->kv_bytes_written, t->activation_bytes};
+    const char* names[4] = {"W weights", "R KV read", "K KV written", "A activations"};
+    const char* glyphs[4] = {s->glyphs->full, s->glyphs->shade, s->glyphs->light, s->glyphs->dots};
+    ui_color colors[4] = {UI_OWNER0, UI_OWNER1, UI_OWNER2, UI_OWNER3};
+    uint64_t total = traffic_bytes(t);
+    int x = r.x;
+    for (int i = 0; i < 4; i++) {
+        int w = total ? (int)lround((double)parts[i] / (double)total * r.w) : 0;
+        for (int k = 0; k < w && x < r.x + r.w; k++) ui_put(s, x++, r.y, 1, colors[i], 0, glyphs[i]);
     }
-    // History: bytes per step (P prefill, D decode) and tokens per step.
-    const step_history* h = &d->history;
+    for (int i = 0; i < 4; i++) {
+        ui_line legend;
+        ui_line_init(&legend);
+        char glyph[16], padded[32], name[32], letter[4];
+        snprintf(glyph, sizeof glyph, "%s ", glyphs[i]);
+        snprintf(padded, sizeof padded, " %-13s", names[i]);
+        snprintf(name, sizeof name, " %s", names[i]);
+        snprintf(letter, sizeof letter, " %c", names[i][0]);
+        ui_line_text(&legend, 9, glyph, NULL);
+        ui_line_text(&legend, 2, padded, name, letter, NULL);
+        line_bytes(&legend, 8, false, " ", (double)parts[i], "");
+        ui_line_put(s, r.x + (i % 2) * (r.w / 2), r.y + 1 + i / 2, i % 2 ? text_w(r) - r.w / 2 : r.w / 2 - 1, colors[i],
+                    0, &legend);
+    }
+}
+
+// Row 3: the step's bytes, wall time, rate and tokens.
+static void traffic_step_line(ui_screen* s, ui_rect r, const step_record* rec, uint64_t total, double seconds) {
+    ui_line step;
+    ui_line_init(&step);
+    char text[128];
+    snprintf(text, sizeof text, "step %llu:", (unsigned long long)rec->step);
+    ui_line_text(&step, 9, text, NULL);
+    line_bytes(&step, 8, false, " ", (double)total, "");
+    ui_line_si(&step, 6, true, " in ", seconds, "s", "");
+    ui_line_si(&step, 7, true, " = ", seconds > 0 ? (double)total / seconds : 0.0, "B/s", "");
+    char tokens_long[64], tokens_short[64];
+    snprintf(tokens_long, sizeof tokens_long, "  (%d prefill + %d decode tok)", rec->prefill_tokens,
+             rec->decode_tokens);
+    snprintf(tokens_short, sizeof tokens_short, "  (%dP+%dD)", rec->prefill_tokens, rec->decode_tokens);
+    ui_line_text(&step, 3, tokens_long, tokens_short, "", NULL);
+    ui_line_put(s, r.x, r.y + 3, text_w(r), UI_DEFAULT, UI_BOLD, &step);
+}
+
+// Row 4: the machine the step ran on: the forward pass timed on the GPU
+// (--backend cuda, CUDA events), else the step's share of this CPU's
+// measured bandwidth and ridge, else why there is no measurement.
+static void traffic_machine_line(ui_screen* s, ui_rect r, const dashboard* d, const step_record* rec, uint64_t total,
+                                 double seconds, double intensity) {
+    double machine_gb_s = 0, machine_gflop_s = 0;
+    ui_line machine;
+    ui_line_init(&machine);
+    if (rec->device_ns > 0) {
+        double device_seconds = (double)rec->device_ns * 1e-9;
+        ui_line_si(&machine, 9, false, "GPU: forward ", device_seconds, "s", "");
+        ui_line_text(&machine, 2, " (CUDA events)", "", NULL);
+        ui_line_si(&machine, 8, true, " = ", (double)total / device_seconds, "B/s", "");
+        ui_line_put(s, r.x, r.y + 4, text_w(r), UI_DEFAULT, 0, &machine);
+    } else if (dashboard_machine_figures(d, &machine_gb_s, &machine_gflop_s)) {
+        double machine_ridge = machine_gflop_s / machine_gb_s;
+        ui_line_text(&machine, 9, "this CPU:", "CPU:", NULL);
+        ui_line_number(&machine, 8, false, " ",
+                       seconds > 0 ? round(100.0 * (double)total / seconds / 1e9 / machine_gb_s) : 0.0, 1, "%");
+        ui_line_si(&machine, 7, false, " of ", machine_gb_s * 1e9, "B/s", "");
+        ui_line_text(&machine, 1, " measured", "", NULL);
+        ui_line_number(&machine, 5, true, "; ridge ", machine_ridge, 3, " FLOP/B");
+        ui_line_si(&machine, 3, true, " (", machine_gflop_s * 1e9, "FLOP/s", ")");
+        ui_line_put(s, r.x, r.y + 4, text_w(r), intensity < machine_ridge ? UI_BAD : UI_GOOD, 0, &machine);
+    } else {
+        ui_line_text(&machine, 9,
+                     d->machine ? "this CPU: measuring its bandwidth and peak FMA rate..."
+                                : "this CPU: not measured (--measure-machine in headless runs)",
+                     d->machine ? "this CPU: measuring..." : "this CPU: not measured", NULL);
+        ui_line_put(s, r.x, r.y + 4, text_w(r), UI_DEFAULT, UI_DIM, &machine);
+    }
+}
+
+// Rows 5-6: the step on the chosen device model (d cycles): memory- or
+// compute-bound against its ridge, and the time it would take there.
+static void traffic_device_lines(ui_screen* s, ui_rect r, const device_model* dev, uint64_t total, uint64_t flops,
+                                 double intensity) {
+    char text[128];
+    double ridge = device_ridge_point(dev, 0);
+    ui_line bound;
+    ui_line_init(&bound);
+    ui_line_number(&bound, 9, false, "intensity ", intensity, 3, " FLOP/B");
+    ui_line_number(&bound, 7, true, " vs ridge ", round(ridge), 1, "");
+    snprintf(text, sizeof text, " on %s", dev->name);
+    ui_line_text(&bound, 4, text, "", NULL);
+    ui_line_text(&bound, 8, intensity < ridge ? ": memory-bound" : ": compute-bound",
+                 intensity < ridge ? ": memory" : ": compute", NULL);
+    ui_line_put(s, r.x, r.y + 5, text_w(r), intensity < ridge ? UI_BAD : UI_GOOD, 0, &bound);
+    double projected = device_step_seconds(dev, total, flops, 0);
+    ui_line device;
+    ui_line_init(&device);
+    snprintf(text, sizeof text, "on %s", dev->name);
+    ui_line_text(&device, 9, text, NULL);
+    ui_line_text(&device, 1, " (d cycles)", "", NULL);
+    ui_line_si(&device, 9, false, ": ", projected, "s", "");
+    ui_line_si(&device, 6, true, "  ", dev->bandwidth_bytes_per_s, "B/s", "");
+    ui_line_si(&device, 5, true, ", ", dev->capacity_bytes, "B", "");
+    ui_line_si(&device, 4, true, ", ", dev->peak_fp16_flops, "FLOPS", " fp16");
+    ui_line_si(&device, 3, true, ", ", dev->peak_int8_ops, "OPS", " int8");
+    ui_line_put(s, r.x, r.y + 6, text_w(r), UI_DEFAULT, 0, &device);
+}
+
+// Rows 0-6: the last step's traffic.
+static void traffic_step(ui_screen* s, ui_rect r, const dashboard* d, const step_record* rec, const device_model* dev) {
+    const kernel_traffic* t = &rec->traffic;
+    uint64_t total = traffic_bytes(t);
+    uint64_t flops = t->matmul_flops + t->attention_flops;
+    double seconds = (double)rec->wall_ns * 1e-9;
+    double intensity = total ? (double)flops / (double)total : 0;
+    traffic_parts(s, r, t);
+    traffic_step_line(s, r, rec, total, seconds);
+    traffic_machine_line(s, r, d, rec, total, seconds, intensity);
+    traffic_device_lines(s, r, dev, total, flops, intensity);
+}
+
+// Rows 7 on: bytes per step (P prefill, D decode) and tokens per step, the
+// last steps that fit, each chart half the rows left.
+static void traffic_history(ui_screen* s, ui_rect r, const step_history* h) {
     int height = (r.h - 10) / 2;
     if (height < 2) return;
     int width = r.w - 2;
@@ -577,6 +608,16 @@ static void draw_traffic(ui_screen* s, ui_rect r, const dashboard* d, const ui_v
         }
         ui_put(s, r.x + i, r.y + 8 + 2 * height + 1, 1, c, 0, h->prefill[k] ? "P" : "D");
     }
+}
+
+static void draw_traffic(ui_screen* s, ui_rect r, const dashboard* d, const ui_view* v) {
+    const step_record* rec = dashboard_primary_record(d);
+    int n_devices = 0;
+    const device_model* devices = device_models(&n_devices);
+    const device_model* dev = &devices[v->device % n_devices];
+    if (!rec) put_whole(s, r.x, r.y, r.x + text_w(r), UI_DEFAULT, 0, "no step yet");
+    else traffic_step(s, r, d, rec, dev);
+    traffic_history(s, r, &d->history);
 }
 
 // ---- Step size -------------------------------------------------------------------------
