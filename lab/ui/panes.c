@@ -622,8 +622,8 @@ static void draw_traffic(ui_screen* s, ui_rect r, const dashboard* d, const ui_v
 
 // ---- Step size -------------------------------------------------------------------------
 
-static void draw_step_size(ui_screen* s, ui_rect r, const dashboard* d) {
-    const step_size_view* v = &d->step_size;
+// Row 0: the tensor, its shape and the scheme.
+static void step_size_head(ui_screen* s, ui_rect r, const step_size_view* v) {
     static const char* const GRANULARITY[] = {"per-tensor", "per-channel", "per-group"};
     char text[128];
     ui_line head;
@@ -635,15 +635,14 @@ static void draw_step_size(ui_screen* s, ui_rect r, const dashboard* d) {
              GRANULARITY[v->scheme.granularity], v->scheme.granularity == QUANT_PER_GROUP ? ":32" : "");
     ui_line_text(&head, 8, text, NULL);
     ui_line_put(s, r.x, r.y, text_w(r), UI_DEFAULT, UI_BOLD, &head);
-    if (v->error[0] || v->n_params == 0) {
-        ui_line error;
-        ui_line_init(&error);
-        ui_line_text(&error, 9, v->error[0] ? v->error : "no tensor", "the scheme does not apply (see the key help)", NULL);
-        ui_line_put(s, r.x, r.y + 1, text_w(r), UI_BAD, 0, &error);
-        return;
-    }
+}
+
+// Rows 1-3: the shown set's scale, zero point and range; its error against
+// half a step; the whole tensor's error.
+static void step_size_errors(ui_screen* s, ui_rect r, const step_size_view* v) {
     const quant_params* p = &v->params[v->set_index];
     const quant_stats* st = &v->set_stats;
+    char text[128];
     ui_line set, error, whole;
     ui_line_init(&set);
     snprintf(text, sizeof text, "set %d/%d:", v->set_index, v->n_params);
@@ -668,25 +667,34 @@ static void draw_step_size(ui_screen* s, ui_rect r, const dashboard* d) {
     ui_line_number(&whole, 7, true, "  max error ", v->matrix_stats.max_abs_error, 4, "");
     ui_line_number(&whole, 6, true, "  mse ", v->matrix_stats.mse, 3, "");
     ui_line_put(s, r.x, r.y + 3, text_w(r), UI_DEFAULT, UI_DIM, &whole);
-    // Histogram of the set's values; the quantization levels s (q - z) as
-    // markers on the axis below.
-    int height = r.h - 6, width = r.w;
-    if (height < 2 || width < 8) return;
-    enum { MAX_BINS = 512 };
-    int counts[MAX_BINS] = {0}; // (width) values per bin
-    if (width > MAX_BINS) width = MAX_BINS;
-    int32_t qmin = quant_code_min(v->scheme.bits, v->scheme.symmetric);
-    int32_t qmax = quant_code_max(v->scheme.bits, v->scheme.symmetric);
-    float low = v->set_min, high = v->set_max;
-    float level_low = quant_dequantize(qmin, p), level_high = quant_dequantize(qmax, p);
-    if (level_low < low) low = level_low;
-    if (level_high > high) high = level_high;
-    if (high <= low) high = low + 1e-6f;
+}
+
+// The histogram's value range: the set's values and its lowest and highest
+// quantization levels, never empty.
+static void step_size_range(const step_size_view* v, float* low, float* high) {
+    const quant_params* p = &v->params[v->set_index];
+    float level_low = quant_dequantize(quant_code_min(v->scheme.bits, v->scheme.symmetric), p);
+    float level_high = quant_dequantize(quant_code_max(v->scheme.bits, v->scheme.symmetric), p);
+    *low = v->set_min;
+    *high = v->set_max;
+    if (level_low < *low) *low = level_low;
+    if (level_high > *high) *high = level_high;
+    if (*high <= *low) *high = *low + 1e-6f;
+}
+
+enum { STEP_SIZE_MAX_BINS = 512 }; // histogram columns, at most
+
+// The set's values in `width` bins over [low, high], drawn as bars of
+// `height` rows from row 4.
+static void step_size_histogram(ui_screen* s, ui_rect r, const step_size_view* v, int width, int height, float low,
+                                float high) {
+    int counts[STEP_SIZE_MAX_BINS] = {0}; // (width) values per bin
     int most = 1;
     for (int row = 0; row < v->rows; row++)
         for (int c = 0; c < v->cols; c++) {
             if (quant_param_index(row, c, v->rows, v->cols, &v->scheme) != v->set_index) continue;
-            int bin = (int)((v->weights[(size_t)row * (size_t)v->cols + (size_t)c] - low) / (high - low) * (width - 1) + 0.5f);
+            float value = v->weights[(size_t)row * (size_t)v->cols + (size_t)c];
+            int bin = (int)((value - low) / (high - low) * (width - 1) + 0.5f);
             if (bin < 0) bin = 0;
             if (bin >= width) bin = width - 1;
             if (++counts[bin] > most) most = counts[bin];
@@ -700,7 +708,15 @@ static void draw_step_size(ui_screen* s, ui_rect r, const dashboard* d) {
             if (level > 0) ui_put(s, r.x + x, top + row, 1, UI_OWNER0, 0, s->glyphs->eighths[level > 8 ? 8 : level]);
         }
     }
-    int axis = top + height;
+}
+
+// The axis under the histogram (row `axis`) with the quantization levels
+// s (q - z) as markers, and the range below it.
+static void step_size_axis(ui_screen* s, ui_rect r, const step_size_view* v, int axis, int width, float low,
+                           float high) {
+    const quant_params* p = &v->params[v->set_index];
+    int32_t qmin = quant_code_min(v->scheme.bits, v->scheme.symmetric);
+    int32_t qmax = quant_code_max(v->scheme.bits, v->scheme.symmetric);
     for (int x = 0; x < width; x++) ui_put(s, r.x + x, axis, 1, UI_FREE, UI_DIM, s->glyphs->horizontal);
     for (int32_t q = qmin; q <= qmax; q++) {
         int x = (int)((quant_dequantize(q, p) - low) / (high - low) * (width - 1) + 0.5f);
@@ -719,6 +735,28 @@ static void draw_step_size(ui_screen* s, ui_rect r, const dashboard* d) {
     int levels_w = ui_text_columns(levels), levels_x = r.x + (r.w - levels_w) / 2;
     if (levels_x > r.x + left_w + 1 && levels_x + levels_w < r.x + r.w - 2 - right_w)
         ui_put(s, levels_x, axis + 1, levels_w, UI_DEFAULT, UI_DIM, levels);
+}
+
+static void draw_step_size(ui_screen* s, ui_rect r, const dashboard* d) {
+    const step_size_view* v = &d->step_size;
+    step_size_head(s, r, v);
+    if (v->error[0] || v->n_params == 0) {
+        ui_line error;
+        ui_line_init(&error);
+        ui_line_text(&error, 9, v->error[0] ? v->error : "no tensor", "the scheme does not apply (see the key help)",
+                     NULL);
+        ui_line_put(s, r.x, r.y + 1, text_w(r), UI_BAD, 0, &error);
+        return;
+    }
+    step_size_errors(s, r, v);
+    // Histogram of the set's values over the rows left under the four text rows.
+    int height = r.h - 6, width = r.w;
+    if (height < 2 || width < 8) return;
+    if (width > STEP_SIZE_MAX_BINS) width = STEP_SIZE_MAX_BINS;
+    float low, high;
+    step_size_range(v, &low, &high);
+    step_size_histogram(s, r, v, width, height, low, high);
+    step_size_axis(s, r, v, r.y + 4 + height, width, low, high);
 }
 
 // ---- Lesson, header, key bar, help -----------------------------------------------------
