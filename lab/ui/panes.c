@@ -968,28 +968,21 @@ static void draw_help(ui_screen* s) {
     ui_clip_reset(s);
 }
 
-void ui_draw(ui_screen* s, const dashboard* d, const ui_view* v) {
-    ui_screen_clear(s);
-    ui_layout l = ui_layout_compute(s->cols, s->rows, v->page);
-    if (l.mode == LAYOUT_TOO_SMALL) {
-        char need[64], now[64];
-        snprintf(need, sizeof need, "terminal too small: need at least %dx%d", UI_MIN_COLS, UI_MIN_ROWS);
-        snprintf(now, sizeof now, "(now %dx%d; keys wait, q quits)", s->cols, s->rows);
-        // Each line whole or, on a tiny terminal, in words that keep the figures whole.
-        if (put_whole(s, 0, 0, s->cols, UI_BAD, UI_BOLD, need) < 0) {
-            snprintf(need, sizeof need, "need %dx%d", UI_MIN_COLS, UI_MIN_ROWS);
-            put_whole(s, 0, 0, s->cols, UI_BAD, UI_BOLD, need);
-        }
-        put_whole(s, 0, 1, s->cols, UI_DEFAULT, 0, now);
-        return;
+// The whole screen when the terminal is below UI_MIN_COLS x UI_MIN_ROWS.
+static void draw_too_small(ui_screen* s) {
+    char need[64], now[64];
+    snprintf(need, sizeof need, "terminal too small: need at least %dx%d", UI_MIN_COLS, UI_MIN_ROWS);
+    snprintf(now, sizeof now, "(now %dx%d; keys wait, q quits)", s->cols, s->rows);
+    // Each line whole or, on a tiny terminal, in words that keep the figures whole.
+    if (put_whole(s, 0, 0, s->cols, UI_BAD, UI_BOLD, need) < 0) {
+        snprintf(need, sizeof need, "need %dx%d", UI_MIN_COLS, UI_MIN_ROWS);
+        put_whole(s, 0, 0, s->cols, UI_BAD, UI_BOLD, need);
     }
-    char speed_text[16], text[64];
-    if (UI_SPEEDS[v->speed_index]) snprintf(speed_text, sizeof speed_text, "%d/s", UI_SPEEDS[v->speed_index]);
-    else snprintf(speed_text, sizeof speed_text, "max");
-    // The header: the page and the step never go; the model path goes first.
-    ui_line header;
-    ui_line_init(&header);
-    ui_line_text(&header, 3, "servelab lab", "servelab", NULL);
+    put_whole(s, 0, 1, s->cols, UI_DEFAULT, 0, now);
+}
+
+// The header's model: its path, else its file name, else nothing.
+static void header_model(ui_line* header, const dashboard* d) {
     const char* model_text = d->serve_address[0] ? d->source.model_label
                              : d->lesson_engine  ? "(the lesson's engine)"
                                                  : d->source.model_label;
@@ -1001,20 +994,33 @@ void ui_draw(ui_screen* s, const dashboard* d, const ui_view* v) {
                  model_base && (!d->lesson_engine || d->serve_address[0]) ? model_base + 1 : model_text) >=
         (int)sizeof model_short)
         model_short[0] = '\0';
-    ui_line_text(&header, 4, model_long, model_short, "", NULL);
-    if (d->serve_address[0]) {
-        // What a student runs curl against, and who is connected: these go
-        // only after the model path, like the step (a served lab is about them).
-        char serve_long[UI_LINE_FORM_BYTES], serve_mid[UI_LINE_FORM_BYTES], serve_short[UI_LINE_FORM_BYTES];
-        const char* plural = d->serve_clients == 1 ? "" : "s";
-        snprintf(serve_long, sizeof serve_long, "  serving %s  %d client%s  %d queued", d->serve_address,
-                 d->serve_clients, plural, d->serve_submitted);
-        const char* port = strrchr(d->serve_address, ':');
-        port = port ? port : d->serve_address;
-        snprintf(serve_mid, sizeof serve_mid, "  %s  %d client%s", port, d->serve_clients, plural);
-        snprintf(serve_short, sizeof serve_short, "  %s %dcl", port, d->serve_clients);
-        ui_line_text(&header, 9, serve_long, serve_mid, serve_short, NULL);
-    }
+    ui_line_text(header, 4, model_long, model_short, "", NULL);
+}
+
+// Serving: what a student runs curl against, and who is connected: these go
+// only after the model path, like the step (a served lab is about them).
+static void header_serving(ui_line* header, const dashboard* d) {
+    char serve_long[UI_LINE_FORM_BYTES], serve_mid[UI_LINE_FORM_BYTES], serve_short[UI_LINE_FORM_BYTES];
+    const char* plural = d->serve_clients == 1 ? "" : "s";
+    snprintf(serve_long, sizeof serve_long, "  serving %s  %d client%s  %d queued", d->serve_address,
+             d->serve_clients, plural, d->serve_submitted);
+    const char* port = strrchr(d->serve_address, ':');
+    port = port ? port : d->serve_address;
+    snprintf(serve_mid, sizeof serve_mid, "  %s  %d client%s", port, d->serve_clients, plural);
+    snprintf(serve_short, sizeof serve_short, "  %s %dcl", port, d->serve_clients);
+    ui_line_text(header, 9, serve_long, serve_mid, serve_short, NULL);
+}
+
+// The header: the page and the step never go; the model path goes first.
+static void draw_header(ui_screen* s, const dashboard* d, const ui_view* v, const ui_layout* l) {
+    char speed_text[16], text[64];
+    if (UI_SPEEDS[v->speed_index]) snprintf(speed_text, sizeof speed_text, "%d/s", UI_SPEEDS[v->speed_index]);
+    else snprintf(speed_text, sizeof speed_text, "max");
+    ui_line header;
+    ui_line_init(&header);
+    ui_line_text(&header, 3, "servelab lab", "servelab", NULL);
+    header_model(&header, d);
+    if (d->serve_address[0]) header_serving(&header, d);
     if (fault_enabled_set) {
         // A deliberate bug (--fault) stays in sight as long as the step does:
         // every number on the screen is the broken engine's.
@@ -1029,15 +1035,19 @@ void ui_draw(ui_screen* s, const dashboard* d, const ui_view* v) {
     snprintf(text, sizeof text, "  speed %s", speed_text);
     ui_line_text(&header, 5, text, "", NULL);
     ui_line_number(&header, 7, true, "  block size ", dashboard_primary(d)->config.block_size, 1, "");
-    if (l.mode == LAYOUT_PAGES) {
-        snprintf(text, sizeof text, "  page %d/%d", l.page + 1, UI_PAGE_COUNT);
+    if (l->mode == LAYOUT_PAGES) {
+        snprintf(text, sizeof text, "  page %d/%d", l->page + 1, UI_PAGE_COUNT);
         ui_line_text(&header, 10, text, NULL);
     }
     ui_line_put(s, 0, 0, s->cols, UI_TITLE, UI_BOLD, &header);
+}
+
+// Every pane the layout shows, framed, each drawn clipped to its inside.
+static void draw_panes(ui_screen* s, const dashboard* d, const ui_view* v, const ui_layout* l) {
     for (int p = 0; p < PANE_COUNT; p++) {
-        if (!l.visible[p]) continue;
-        ui_box(s, l.panes[p], ui_pane_title((ui_pane)p), v->focus == (ui_pane)p);
-        ui_rect in = inner(l.panes[p]);
+        if (!l->visible[p]) continue;
+        ui_box(s, l->panes[p], ui_pane_title((ui_pane)p), v->focus == (ui_pane)p);
+        ui_rect in = inner(l->panes[p]);
         ui_clip(s, in); // nothing a pane draws leaves it
         switch ((ui_pane)p) {
         case PANE_REQUESTS: draw_requests(s, in, d); break;
@@ -1051,47 +1061,71 @@ void ui_draw(ui_screen* s, const dashboard* d, const ui_view* v) {
         }
         ui_clip_reset(s);
     }
+}
+
+// The key bar while a prompt is typed: the end of a long prompt, where the typing is.
+static void draw_edit_bar(ui_screen* s, const ui_view* v, int y) {
+    ui_line edit;
+    ui_line_init(&edit);
+    ui_line_text(&edit, 9, "new prompt: ", NULL);
+    char typed[sizeof v->edit + 2];
+    int len = (int)strlen(v->edit), room = s->cols - 40 > 8 ? s->cols - 40 : 8;
+    snprintf(typed, sizeof typed, "%s_", len > room ? v->edit + len - room : v->edit);
+    ui_line_text(&edit, 9, typed, NULL);
+    ui_line_text(&edit, 5, "  (Enter adds, Esc cancels)", "", NULL);
+    ui_line_put(s, 0, y, s->cols, UI_TITLE, UI_REVERSE, &edit);
+}
+
+// The key bar's keys: every key is in the help; the bar keeps "? help
+// q quit" at any width.
+static void draw_keys_bar(ui_screen* s, const dashboard* d, int y) {
+    static const char* const KEYS[] = {"spc step", "r run", "+/- speed", "a add", "p shared", "f fork", "x cancel",
+                                       "[/] block", "z quiz", "Tab focus", "PgUp/PgDn lesson", "? help", "q quit"};
+    static const int PRIORITY[] = {8, 7, 4, 6, 3, 5, 5, 3, 4, 6, 2, 9, 9};
+    ui_line bar_line;
+    ui_line_init(&bar_line);
+    for (int i = 0; i < (int)(sizeof KEYS / sizeof KEYS[0]); i++) {
+        // Serving, requests come from clients: a, p, f, x and [/] (indexes 3..7) act on
+        // the lab's own engines, which are not drawn, so the bar leaves them out.
+        if (d->serve_address[0] && i >= 3 && i <= 7) continue;
+        char key[32];
+        snprintf(key, sizeof key, "%s%s", i ? "  " : "", KEYS[i]);
+        ui_line_text(&bar_line, PRIORITY[i], key, "", NULL);
+    }
+    ui_line_put(s, 0, y, s->cols, UI_DEFAULT, UI_REVERSE, &bar_line);
+}
+
+// The bottom row: the prompt being typed, the block-size question, the
+// last message, else the keys.
+static void draw_key_bar(ui_screen* s, const dashboard* d, const ui_view* v, int y) {
     if (v->mode == UI_MODE_EDIT) {
-        ui_line edit;
-        ui_line_init(&edit);
-        snprintf(text, sizeof text, "new prompt: ");
-        ui_line_text(&edit, 9, text, NULL);
-        // The end of a long prompt, where the typing is.
-        char typed[sizeof v->edit + 2];
-        int len = (int)strlen(v->edit), room = s->cols - 40 > 8 ? s->cols - 40 : 8;
-        snprintf(typed, sizeof typed, "%s_", len > room ? v->edit + len - room : v->edit);
-        ui_line_text(&edit, 9, typed, NULL);
-        ui_line_text(&edit, 5, "  (Enter adds, Esc cancels)", "", NULL);
-        ui_line_put(s, 0, l.key_bar.y, s->cols, UI_TITLE, UI_REVERSE, &edit);
+        draw_edit_bar(s, v, y);
     } else if (v->mode == UI_MODE_CONFIRM) {
         ui_line confirm;
         ui_line_init(&confirm);
         ui_line_number(&confirm, 9, false, "restart both engines with block size ", v->pending_block_size, 1, "? (y/n)");
-        ui_line_put(s, 0, l.key_bar.y, s->cols, UI_BAD, UI_REVERSE, &confirm);
+        ui_line_put(s, 0, y, s->cols, UI_BAD, UI_REVERSE, &confirm);
     } else if (v->message[0]) {
         // A message longer than the bar goes on at word ends (the next key clears it).
-        if (put_whole(s, 0, l.key_bar.y, s->cols, UI_DEFAULT, UI_REVERSE, v->message) < 0) {
+        if (put_whole(s, 0, y, s->cols, UI_DEFAULT, UI_REVERSE, v->message) < 0) {
             char head[sizeof v->message];
             const char* rest;
             snprintf(head, sizeof head, "%.*s", wrap_row(v->message, s->cols, &rest), v->message);
-            ui_put(s, 0, l.key_bar.y, s->cols, UI_DEFAULT, UI_REVERSE, head);
+            ui_put(s, 0, y, s->cols, UI_DEFAULT, UI_REVERSE, head);
         }
-    } else {
-        // Every key is in the help; the bar keeps "? help  q quit" at any width.
-        static const char* const KEYS[] = {"spc step", "r run", "+/- speed", "a add", "p shared", "f fork", "x cancel",
-                                           "[/] block", "z quiz", "Tab focus", "PgUp/PgDn lesson", "? help", "q quit"};
-        static const int PRIORITY[] = {8, 7, 4, 6, 3, 5, 5, 3, 4, 6, 2, 9, 9};
-        ui_line bar_line;
-        ui_line_init(&bar_line);
-        for (int i = 0; i < (int)(sizeof KEYS / sizeof KEYS[0]); i++) {
-            // Serving, requests come from clients: a, p, f, x and [/] (indexes 3..7) act on
-            // the lab's own engines, which are not drawn, so the bar leaves them out.
-            if (d->serve_address[0] && i >= 3 && i <= 7) continue;
-            char key[32];
-            snprintf(key, sizeof key, "%s%s", i ? "  " : "", KEYS[i]);
-            ui_line_text(&bar_line, PRIORITY[i], key, "", NULL);
-        }
-        ui_line_put(s, 0, l.key_bar.y, s->cols, UI_DEFAULT, UI_REVERSE, &bar_line);
+    } else
+        draw_keys_bar(s, d, y);
+}
+
+void ui_draw(ui_screen* s, const dashboard* d, const ui_view* v) {
+    ui_screen_clear(s);
+    ui_layout l = ui_layout_compute(s->cols, s->rows, v->page);
+    if (l.mode == LAYOUT_TOO_SMALL) {
+        draw_too_small(s);
+        return;
     }
+    draw_header(s, d, v, &l);
+    draw_panes(s, d, v, &l);
+    draw_key_bar(s, d, v, l.key_bar.y);
     if (v->help) draw_help(s);
 }
