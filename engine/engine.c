@@ -312,7 +312,8 @@ static int forward_row_by_row(engine* e, kv_memory* memory, const forward_batch*
     for (int row = 0; row < whole->n_rows; row++) {
         batch_row alone_row = whole->rows[row];
         alone_row.sequence = 0; // the only sequence of its call
-        forward_batch alone = {1, &alone_row, 1, whole->block_tables + whole->rows[row].sequence};
+        forward_batch alone = {1, &alone_row, 1, whole->block_tables + whole->rows[row].sequence,
+                               whole->slot_mapping + row};
         if (forward(e->model, f, memory, &alone, e->logits + (size_t)n_logit_rows * vocab, &r->traffic, err)) return -1;
         n_logit_rows += alone_row.wants_logits;
         for (int k = 0; k < f->n_shards; k++) traffic_add(&shard_traffic[k], &f->shards[k].traffic);
