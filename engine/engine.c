@@ -271,10 +271,18 @@ int engine_fork_sequence(engine* e, int32_t id, float temperature, uint64_t seed
     for (int i = 0; i < s->n_sequences; i++)
         if (s->sequences[i].request_id == parent->request_id && s->sequences[i].sample_index >= sample_index)
             sample_index = s->sequences[i].sample_index + 1;
-    float top_p = parent->sampler.top_p;
+    // The sampler comes first: once cloned, the child is registered, and a
+    // sampler failing after that (a bad temperature, out of memory) would
+    // leave it live in no queue.
+    sampler child_sampler;
+    if (sampler_init(&child_sampler, e->model->config.vocab_size, temperature, parent->sampler.top_p, seed, err))
+        return -1;
     sequence* child = scheduler_clone(s, id, sample_index, seed, err);
-    if (!child) return -1;
-    if (sampler_init(&child->sampler, e->model->config.vocab_size, temperature, top_p, seed, err)) return -1;
+    if (!child) {
+        sampler_free(&child_sampler);
+        return -1;
+    }
+    child->sampler = child_sampler;
     scheduler_place_fork(s, id, child->id);
     if (child_id) *child_id = child->id;
     return 0;
