@@ -37,9 +37,9 @@ typedef struct step_batch {
     // ---- the rows (scheduler_schedule): forward.n_rows rows, one per new token
     batch_row* rows;             // (rows_capacity) token id, position, index into block_tables, wants logits
     const int32_t** block_tables; // (n_items) each sequence's block table (contiguous: slot ids)
-    int32_t* slot_mapping;       // (rows_capacity) KV slot each row's key and value go to:
-                                 // table[position / block_size] * block_size + position % block_size
-    forward_batch forward;       // rows and block_tables as forward() and forward_cuda_run() take them
+    int32_t* slot_mapping;       // (rows_capacity) KV slot each row's key and value go to
+                                 // (forward_batch_map_slots; the paged-wrong-slot fault shifts one)
+    forward_batch forward;       // rows, block_tables and slot_mapping as forward() and forward_cuda_run() take them
     int n_logit_rows;            // rows that want logits: one per sequence that reaches its last token
     int prefill_tokens;
     int decode_tokens;

@@ -271,10 +271,18 @@ int engine_fork_sequence(engine* e, int32_t id, float temperature, uint64_t seed
     for (int i = 0; i < s->n_sequences; i++)
         if (s->sequences[i].request_id == parent->request_id && s->sequences[i].sample_index >= sample_index)
             sample_index = s->sequences[i].sample_index + 1;
-    float top_p = parent->sampler.top_p;
+    // The sampler comes first: once cloned, the child is registered, and a
+    // sampler failing after that (a bad temperature, out of memory) would
+    // leave it live in no queue.
+    sampler child_sampler;
+    if (sampler_init(&child_sampler, e->model->config.vocab_size, temperature, parent->sampler.top_p, seed, err))
+        return -1;
     sequence* child = scheduler_clone(s, id, sample_index, seed, err);
-    if (!child) return -1;
-    if (sampler_init(&child->sampler, e->model->config.vocab_size, temperature, top_p, seed, err)) return -1;
+    if (!child) {
+        sampler_free(&child_sampler);
+        return -1;
+    }
+    child->sampler = child_sampler;
     scheduler_place_fork(s, id, child->id);
     if (child_id) *child_id = child->id;
     return 0;
@@ -312,7 +320,8 @@ static int forward_row_by_row(engine* e, kv_memory* memory, const forward_batch*
     for (int row = 0; row < whole->n_rows; row++) {
         batch_row alone_row = whole->rows[row];
         alone_row.sequence = 0; // the only sequence of its call
-        forward_batch alone = {1, &alone_row, 1, whole->block_tables + whole->rows[row].sequence};
+        forward_batch alone = {1, &alone_row, 1, whole->block_tables + whole->rows[row].sequence,
+                               whole->slot_mapping + row};
         if (forward(e->model, f, memory, &alone, e->logits + (size_t)n_logit_rows * vocab, &r->traffic, err)) return -1;
         n_logit_rows += alone_row.wants_logits;
         for (int k = 0; k < f->n_shards; k++) traffic_add(&shard_traffic[k], &f->shards[k].traffic);

@@ -171,6 +171,7 @@ static int check_batch(const model* m, const forward_state* s, const kv_memory* 
                        error_info* err) {
     if (b->n_rows <= 0 || b->n_rows > s->max_rows)
         return error_set(err, "forward: batch of %d rows, expected 1..%d", b->n_rows, s->max_rows);
+    if (!b->slot_mapping) return error_set(err, "forward: the batch has no slot mapping");
     for (int r = 0; r < b->n_rows; r++) {
         const batch_row* row = &b->rows[r];
         if (row->token < 0 || row->token >= m->config.vocab_size)
@@ -184,8 +185,18 @@ static int check_batch(const model* m, const forward_state* s, const kv_memory* 
         int block = b->block_tables[row->sequence][row->position / kv->block_size];
         if (block < 0 || block >= kv->n_blocks)
             return error_set(err, "forward: row %d: block %d outside the pool of %d", r, block, kv->n_blocks);
+        const int64_t n_slots = (int64_t)kv->n_blocks * kv->block_size;
+        if (b->slot_mapping[r] < 0 || b->slot_mapping[r] >= n_slots)
+            return error_set(err, "forward: row %d: slot %d outside the pool's %lld slots", r, (int)b->slot_mapping[r],
+                             (long long)n_slots);
     }
     return 0;
+}
+
+void forward_batch_map_slots(int32_t* slot_mapping, const batch_row* rows, int n_rows,
+                             const int32_t* const* block_tables, int block_size) {
+    for (int r = 0; r < n_rows; r++)
+        slot_mapping[r] = (int32_t)kv_slot_of_position(block_tables[rows[r].sequence], block_size, rows[r].position);
 }
 
 // Splits the batch into the groups of rows attention runs together: runs
@@ -309,11 +320,11 @@ typedef struct rope_and_write_job {
     forward_shard* shard;
     const shard_cache* cache;
     int rows_per_task;
-    bool tail_slot_one_off;             // fault paged-wrong-slot (engine/fault.h); false in a normal run
     kernel_traffic* per_thread_traffic; // (shard->n_thread_slots)
 } rope_and_write_job;
 
-// A task's rows: each rotates its own query and key and writes its own slot.
+// A task's rows: each rotates its own query and key and writes them to the
+// slot the batch's slot mapping gives it.
 static void rope_and_write_task(void* context, int task, int thread) {
     const rope_and_write_job* job = context;
     const forward_state* s = job->step->state;
@@ -334,15 +345,9 @@ static void rope_and_write_task(void* context, int task, int thread) {
         float* key = shard->key + (size_t)r * kv_width;
         rope_rotate_for(query, key, s->rotations + (size_t)r * (size_t)head_dim, shard->n_heads, shard->n_kv_heads,
                         head_dim, &s->rope, traffic);
-        const batch_row* row = &b->rows[r];
-        int64_t slot = kv_slot_of_position(b->block_tables[row->sequence], cache->block_size, row->position);
-        // The bug: the newest token's slot is computed one short inside its
-        // tail block, so its K and V land on the previous token's slot and
-        // attention reads the wrong slot for both.
-        if (job->tail_slot_one_off && row->wants_logits && row->position % cache->block_size != 0) slot--;
         kv_write_row(cache->keys, cache->values, cache->key_scales, cache->value_scales, cache->dtype,
-                     slot * slot_stride, key, shard->value + (size_t)r * kv_width, shard->n_kv_heads, head_dim,
-                     traffic);
+                     (int64_t)b->slot_mapping[r] * slot_stride, key, shard->value + (size_t)r * kv_width,
+                     shard->n_kv_heads, head_dim, traffic);
     }
 }
 
@@ -353,12 +358,7 @@ static void rope_and_write_task(void* context, int task, int thread) {
 static void rope_and_write_kv(const layer_step* step, forward_shard* shard, const shard_cache* cache) {
     kernel_traffic per_thread_traffic[THREAD_POOL_MAX_THREADS];
     const int n = step->batch->n_rows;
-    rope_and_write_job job = {step,
-                              shard,
-                              cache,
-                              rows_per_task(n, shard->n_thread_slots),
-                              fault_on(FAULT_PAGED_WRONG_SLOT),
-                              per_thread_traffic};
+    rope_and_write_job job = {step, shard, cache, rows_per_task(n, shard->n_thread_slots), per_thread_traffic};
     run_tallied(shard->pool, (n + job.rows_per_task - 1) / job.rows_per_task, rope_and_write_task, &job,
                 per_thread_traffic, shard->n_thread_slots, &shard->traffic);
 }

@@ -32,8 +32,16 @@ typedef struct forward_batch {
     int n_rows;
     const batch_row* rows;              // (n_rows)
     int n_sequences;
-    const int32_t* const* block_tables; // (n_sequences) each (blocks covering its positions)
+    const int32_t* const* block_tables; // (n_sequences) each (blocks covering its positions); attention reads them
+    const int32_t* slot_mapping;        // (n_rows) KV slot each row's key and value are written to
 } forward_batch;
+
+// The KV slot of each row's position, as its sequence's block table places
+// it: table[position / block_size] * block_size + position % block_size.
+// slot_mapping: (n_rows). A contiguous cache's table lists slots (block
+// size 1).
+void forward_batch_map_slots(int32_t* slot_mapping, const batch_row* rows, int n_rows,
+                             const int32_t* const* block_tables, int block_size);
 
 // Where the forward pass can show its intermediate activations (for
 // quantization calibration): the input of each group of linear layers.
@@ -117,8 +125,9 @@ int forward_state_set_pool(forward_state* state, thread_pool* pool, error_info* 
 int forward_state_set_tensor_parallel(forward_state* state, const model* m, int n_shards, int threads_per_shard,
                                       error_info* err);
 
-// Runs the batch, writing each row's keys and values into kv, and the
-// logits of the rows with wants_logits, in row order, into logits:
+// Runs the batch, writing each row's key and value into kv at the slot
+// batch->slot_mapping gives it (attention reads through the block tables),
+// and the logits of the rows with wants_logits, in row order, into logits:
 // (number of such rows, vocab_size). Adds the work done to traffic (every
 // shard's work and the replicated parts); each shard's own share is also in
 // state->shards[k].traffic, and the all-reduces in state->allreduce_bytes.

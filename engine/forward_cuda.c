@@ -275,6 +275,7 @@ static size_t stage_batch(forward_cuda* fc, const forward_batch* b, int* n_logit
     const model_config* c = &fc->config;
     if (b->n_rows <= 0 || b->n_rows > fc->max_rows)
         return staging_failed(err, "forward_cuda: batch of %d rows, expected 1..%d", b->n_rows, fc->max_rows);
+    if (!b->slot_mapping) return staging_failed(err, "forward_cuda: the batch has no slot mapping");
     // Blocks each sequence needs: up to its last row's position.
     int* needed = calloc((size_t)(b->n_sequences > 0 ? b->n_sequences : 1), sizeof *needed);
     if (!needed) return staging_failed(err, "forward_cuda: out of host memory");
@@ -286,6 +287,10 @@ static size_t stage_batch(forward_cuda* fc, const forward_batch* b, int* n_logit
             free(needed);
             return staging_failed(err, "forward_cuda: row %d: token %d, position %d or sequence %d out of range", r,
                                   row->token, row->position, row->sequence);
+        }
+        if (b->slot_mapping[r] < 0 || b->slot_mapping[r] >= (int64_t)fc->kv_n_blocks * fc->kv_block_size) {
+            free(needed);
+            return staging_failed(err, "forward_cuda: row %d: slot %d outside the pool", r, (int)b->slot_mapping[r]);
         }
         int blocks = row->position / fc->kv_block_size + 1;
         if (blocks > needed[row->sequence]) needed[row->sequence] = blocks;
@@ -336,7 +341,7 @@ static size_t stage_batch(forward_cuda* fc, const forward_batch* b, int* n_logit
     }
     for (int r = 0, logit = 0; r < b->n_rows; r++) {
         const batch_row* row = &b->rows[r];
-        at.slots[r] = kv_slot_of_position(b->block_tables[row->sequence], fc->kv_block_size, row->position);
+        at.slots[r] = b->slot_mapping[r];
         at.tokens[r] = row->token;
         at.positions[r] = row->position;
         at.context_lengths[r] = row->position + 1;

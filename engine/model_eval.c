@@ -23,16 +23,19 @@ static int sequence_logits(const model* m, const int32_t* tokens, int n, thread_
     }
     int32_t* table = malloc((size_t)n_blocks * sizeof *table); // (n_blocks) identity
     batch_row* rows = malloc((size_t)n * sizeof *rows);        // (n)
-    int status = (!table || !rows) ? error_set(err, "evaluate: out of memory") : 0;
+    int32_t* slots = malloc((size_t)n * sizeof *slots);        // (n) KV slot of each row
+    int status = (!table || !rows || !slots) ? error_set(err, "evaluate: out of memory") : 0;
     if (status == 0) {
         for (int b = 0; b < n_blocks; b++) table[b] = b;
         for (int i = 0; i < n; i++) rows[i] = (batch_row){tokens[i], i, 0, true};
         const int32_t* tables[1] = {table};
-        forward_batch batch = {n, rows, 1, tables};
+        forward_batch_map_slots(slots, rows, n, tables, block_size);
+        forward_batch batch = {n, rows, 1, tables, slots};
         status = forward(m, &state, &kv, &batch, out, NULL, err);
     }
     free(table);
     free(rows);
+    free(slots);
     forward_state_free(&state);
     kv_memory_free(&kv);
     return status;

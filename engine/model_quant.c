@@ -138,21 +138,24 @@ static int collect_layer_inputs(const model* m, const int32_t* const* sequences,
     state.capture_user = captured;
     int32_t* table = malloc((size_t)n_blocks * sizeof *table);         // (n_blocks) identity table
     batch_row* rows = malloc((size_t)c->max_seq_len * sizeof *rows);    // (max_seq_len)
+    int32_t* slots = malloc((size_t)c->max_seq_len * sizeof *slots);    // (max_seq_len) KV slot of each row
     float* logits = malloc((size_t)c->vocab_size * sizeof *logits);     // (vocab) unused output
-    int status = (!table || !rows || !logits) ? error_set(err, "quantize: out of memory") : 0;
+    int status = (!table || !rows || !slots || !logits) ? error_set(err, "quantize: out of memory") : 0;
     for (int b = 0; status == 0 && b < n_blocks; b++) table[b] = b;
     const int32_t* tables[1] = {table};
     for (int q = 0; status == 0 && q < n_sequences; q++) {
         int n = lengths[q] < c->max_seq_len ? lengths[q] : c->max_seq_len;
         if (n < 1) continue;
         for (int i = 0; i < n; i++) rows[i] = (batch_row){sequences[q][i], i, 0, i == n - 1};
-        forward_batch batch = {n, rows, 1, tables};
+        forward_batch_map_slots(slots, rows, n, tables, block_size);
+        forward_batch batch = {n, rows, 1, tables, slots};
         status = forward(m, &state, &kv, &batch, logits, NULL, err);
         *n_tokens += n;
     }
     if (status == 0 && captured->out_of_memory) status = error_set(err, "quantize: out of memory for calibration data");
     free(table);
     free(rows);
+    free(slots);
     free(logits);
     forward_state_free(&state);
     kv_memory_free(&kv);

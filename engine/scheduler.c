@@ -270,11 +270,20 @@ static void admit_waiting(scheduler* s, step_batch* b, int* budget) {
     }
 }
 
+// The paged-wrong-slot fault (engine/fault.h): the newest token's slot is
+// mapped one short inside its tail block, so its K and V land on the
+// previous token's slot and attention reads the wrong slot for both. A
+// token in its block's first slot keeps its slot (so does every token of a
+// contiguous cache: block size 1).
+static void map_newest_slots_one_short(step_batch* b, int n_rows, int block_size) {
+    for (int r = 0; r < n_rows; r++)
+        if (b->rows[r].wants_logits && b->rows[r].position % block_size != 0) b->slot_mapping[r]--;
+}
+
 // The forward pass's rows: one per new token, in batch order; the last
 // token of a sequence wants logits. Each row's KV slot follows from its
 // block table (a contiguous table lists slots: block size 1).
 static void build_rows(scheduler* s, step_batch* b) {
-    const int block_size = s->kv.block_size;
     int n_rows = 0;
     for (int i = 0; i < b->n_items; i++) {
         const sequence* q = &s->sequences[b->items[i].id];
@@ -282,14 +291,15 @@ static void build_rows(scheduler* s, step_batch* b) {
         for (int t = 0; t < b->items[i].n_tokens; t++) {
             int position = q->n_computed + t;
             bool last = position == q->n_tokens - 1;
-            b->slot_mapping[n_rows] = q->block_table[position / block_size] * block_size + position % block_size;
             b->rows[n_rows++] = (batch_row){q->tokens[position], position, i, last};
             b->n_logit_rows += last;
         }
         if (b->items[i].phase == PHASE_PREFILL) b->prefill_tokens += b->items[i].n_tokens;
         else b->decode_tokens += b->items[i].n_tokens;
     }
-    b->forward = (forward_batch){n_rows, b->rows, b->n_items, b->block_tables};
+    forward_batch_map_slots(b->slot_mapping, b->rows, n_rows, b->block_tables, s->kv.block_size);
+    if (fault_on(FAULT_PAGED_WRONG_SLOT)) map_newest_slots_one_short(b, n_rows, s->kv.block_size);
+    b->forward = (forward_batch){n_rows, b->rows, b->n_items, b->block_tables, b->slot_mapping};
 }
 
 int scheduler_schedule(scheduler* s, step_batch* b, error_info* err) {

@@ -1,6 +1,7 @@
 #!/bin/sh
-# gpu-check: the device check of issue 9, for a machine with an NVIDIA GPU,
-# from a fresh copy of the tree, in a few minutes:
+# gpu-check: checks that the CUDA backend builds, matches the CPU reference
+# and runs its benchmark, on a machine with an NVIDIA GPU, from a fresh
+# copy of the tree, in a few minutes:
 #   1. builds the CUDA kernels and the GPU programs (make CUDA=1; only the
 #      kernels and the engine, so the lab's ncurses / Lua packages are not
 #      needed there);

@@ -88,7 +88,9 @@ static int sample_streams(const model* m, uint64_t seed, int n_sequences, int le
         tokens[0] = 1; // BOS
         for (int t = 0; t < length - 1 && status == 0; t++) {
             batch_row row = {tokens[t], t, 0, true};
-            forward_batch batch = {1, &row, 1, tables};
+            int32_t slot;
+            forward_batch_map_slots(&slot, &row, 1, tables, block_size);
+            forward_batch batch = {1, &row, 1, tables, &slot};
             status = forward(m, &state, &kv, &batch, logits, NULL, err);
             int32_t next = sampler_sample(&sampling, logits);
             tokens[t + 1] = next < 3 ? 3 + next : next; // keep the stream free of BOS/EOS

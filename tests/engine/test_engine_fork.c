@@ -178,12 +178,45 @@ static void test_fork_rejects_bad_and_finished_sequences(void** state) {
     model_free(&m);
 }
 
+// A fork whose sampler cannot be made (here a negative temperature; out of
+// memory fails at the same point) leaves no child behind: no new id, no
+// live sequence outside the queues. The next fork takes the id, and both
+// run to the end.
+static void test_failed_fork_leaves_no_child(void** state) {
+    (void)state;
+    model m;
+    load_model(&m);
+    engine_config c = fork_config(KV_LAYOUT_PAGED);
+    engine e;
+    error_info err = {{0}};
+    assert_int_equal(engine_init(&e, &m, &c, &err), 0);
+    request_params p = {PROMPT, N_PROMPT, 8, 1, 0.0f, 0.9f, 11, 0.0, true};
+    int32_t parent = -1;
+    assert_int_equal(engine_add_request(&e, &p, &parent, &err), 0);
+    const step_record* r = NULL;
+    assert_int_equal(engine_step(&e, &r, &err), 0); // the prompt: the parent now decodes
+    int32_t child = -1;
+    assert_int_not_equal(engine_fork_sequence(&e, parent, -1.0f, 99, &child, &err), 0);
+    assert_non_null(strstr(err.message, "--temperature"));
+    assert_int_equal(child, -1);
+    assert_int_equal(engine_live_sequences(&e), 1);
+    assert_null(engine_sequence(&e, parent + 1));
+    assert_int_equal(engine_fork_sequence(&e, parent, 0.0f, 99, &child, &err), 0);
+    assert_int_equal(child, parent + 1);
+    while (engine_has_work(&e)) assert_int_equal(engine_step(&e, &r, &err), 0);
+    assert_int_equal(engine_sequence(&e, parent)->n_tokens - N_PROMPT, 8);
+    assert_int_equal(engine_sequence(&e, child)->n_tokens - N_PROMPT, 8);
+    engine_free(&e);
+    model_free(&m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_fork_shares_blocks_and_matches_the_unforked_run),
         cmocka_unit_test(test_sampled_fork_diverges_from_its_parent),
         cmocka_unit_test(test_contiguous_fork_recomputes_and_matches),
         cmocka_unit_test(test_fork_rejects_bad_and_finished_sequences),
+        cmocka_unit_test(test_failed_fork_leaves_no_child),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -152,7 +152,9 @@ static void greedy_like_golden(const model* m, const int32_t* prompt, int n_prom
     batch_row* rows = malloc((size_t)n_prompt * sizeof *rows);
     float* logits = malloc((size_t)n_prompt * (size_t)c->vocab_size * sizeof *logits);
     for (int i = 0; i < n_prompt; i++) rows[i] = (batch_row){prompt[i], i, 0, true};
-    forward_batch batch = {n_prompt, rows, 1, tables};
+    int32_t* slots = malloc((size_t)n_prompt * sizeof *slots);
+    forward_batch_map_slots(slots, rows, n_prompt, tables, block_size);
+    forward_batch batch = {n_prompt, rows, 1, tables, slots};
     if (forward(m, &state, &kv, &batch, logits, NULL, &err)) fail_msg("forward: %s", err.message);
     const float* last = logits + (size_t)(n_prompt - 1) * (size_t)c->vocab_size;
     if (first_logits) memcpy(first_logits, last, (size_t)c->vocab_size * sizeof *logits);
@@ -161,12 +163,14 @@ static void greedy_like_golden(const model* m, const int32_t* prompt, int n_prom
         out[step] = token;
         if (step + 1 == n_steps) break;
         rows[0] = (batch_row){token, n_prompt + step, 0, true};
-        forward_batch one = {1, rows, 1, tables};
+        forward_batch_map_slots(slots, rows, 1, tables, block_size);
+        forward_batch one = {1, rows, 1, tables, slots};
         if (forward(m, &state, &kv, &one, logits, NULL, &err)) fail_msg("forward: %s", err.message);
         token = argmax_lowest(logits, c->vocab_size);
     }
     free(logits);
     free(rows);
+    free(slots);
     free(table);
     forward_state_free(&state);
     kv_memory_free(&kv);

@@ -339,7 +339,9 @@ static void engine_logits_sharded(const test_model_file* f, model* m, float* log
     batch_row rows[PROMPT_TOKENS];
     for (int i = 0; i < PROMPT_TOKENS; i++)
         rows[i] = (batch_row){PROMPT[i], i, 0, true};
-    forward_batch batch = {PROMPT_TOKENS, rows, 1, tables};
+    int32_t slots[PROMPT_TOKENS];
+    forward_batch_map_slots(slots, rows, PROMPT_TOKENS, tables, 16);
+    forward_batch batch = {PROMPT_TOKENS, rows, 1, tables, slots};
     if (forward(m, &state, &kv, &batch, logits, NULL, &err)) fail_msg("forward: %s", err.message);
     forward_state_free(&state);
     kv_memory_free(&kv);

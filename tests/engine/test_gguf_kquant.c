@@ -422,7 +422,9 @@ static void test_conversion_error_bound(void** state) {
         const int32_t table[1] = {0};
         const int32_t* tables[1] = {table};
         batch_row rows[3] = {{1, 0, 0, true}, {3, 1, 0, true}, {2, 2, 0, true}};
-        forward_batch batch = {3, rows, 1, tables};
+        int32_t slots[3];
+        forward_batch_map_slots(slots, rows, 3, tables, 16);
+        forward_batch batch = {3, rows, 1, tables, slots};
         if (forward(models[i], &fs[i], &kv[i], &batch, logits[i], NULL, &err)) fail_msg("forward: %s", err.message);
         forward_state_free(&fs[i]);
         kv_memory_free(&kv[i]);

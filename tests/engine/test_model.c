@@ -42,10 +42,13 @@ static float* prompt_logits(const model* m, const int32_t* ids, int n_prompt, in
     batch_row* rows = malloc((size_t)n_prompt * sizeof *rows);
     for (int i = 0; i < n_prompt; i++) rows[i] = (batch_row){ids[i], i, 0, true};
     const int32_t* tables[1] = {table};
-    forward_batch batch = {n_prompt, rows, 1, tables};
+    int32_t* slots = malloc((size_t)n_prompt * sizeof *slots);
+    forward_batch_map_slots(slots, rows, n_prompt, tables, block_size);
+    forward_batch batch = {n_prompt, rows, 1, tables, slots};
     float* logits = malloc((size_t)n_prompt * (size_t)c->vocab_size * sizeof(float));
     if (forward(m, &state, &kv, &batch, logits, NULL, &err)) fail_msg("forward: %s", err.message);
     free(rows);
+    free(slots);
     free(table);
     forward_state_free(&state);
     kv_memory_free(&kv);
@@ -376,7 +379,9 @@ static void test_prefill_equals_token_by_token_for_any_block_size(void** state) 
     float logits[512];
     for (int i = 0; i < n; i++) {
         batch_row row = {ids[i], i, 0, true};
-        forward_batch step = {1, &row, 1, tables};
+        int32_t slot;
+        forward_batch_map_slots(&slot, &row, 1, tables, 16);
+        forward_batch step = {1, &row, 1, tables, &slot};
         assert_int_equal(forward(&m, &fs, &kv, &step, logits, NULL, &err), 0);
         assert_memory_equal(logits, batched + (size_t)i * 512, sizeof logits);
     }
@@ -406,7 +411,9 @@ static void test_two_sequences_in_one_batch_equal_each_alone(void** state) {
     // Interleaved rows of two sequences in one batch.
     batch_row rows[8] = {{1, 0, 0, true}, {1, 0, 1, true}, {300, 1, 0, true}, {403, 1, 1, true},
                          {400, 2, 0, true}, {407, 2, 1, true}, {100, 3, 0, true}, {261, 4, 0, true}};
-    forward_batch batch = {8, rows, 2, tables};
+    int32_t slots[8];
+    forward_batch_map_slots(slots, rows, 8, tables, 16);
+    forward_batch batch = {8, rows, 2, tables, slots};
     float logits[8 * 512];
     assert_int_equal(forward(&m, &fs, &kv, &batch, logits, NULL, &err), 0);
     int a_row = 0, b_row = 0;
@@ -436,7 +443,8 @@ static void test_forward_rejects_bad_rows(void** state) {
     const int32_t* tables[1] = {table};
     float logits[512];
     batch_row bad_token = {512, 0, 0, true};
-    forward_batch batch = {1, &bad_token, 1, tables};
+    const int32_t slot = 0; // the rows are rejected before their slots are read
+    forward_batch batch = {1, &bad_token, 1, tables, &slot};
     assert_int_equal(forward(&m, &fs, &kv, &batch, logits, NULL, &err), -1);
     assert_non_null(strstr(err.message, "token 512 outside the vocabulary"));
     batch_row bad_position = {1, 512, 0, true};
@@ -446,9 +454,13 @@ static void test_forward_rejects_bad_rows(void** state) {
     int32_t bad_table[1] = {5};
     const int32_t* bad_tables[1] = {bad_table};
     batch_row row = {1, 0, 0, true};
-    forward_batch bad_block = {1, &row, 1, bad_tables};
+    forward_batch bad_block = {1, &row, 1, bad_tables, &slot};
     assert_int_equal(forward(&m, &fs, &kv, &bad_block, logits, NULL, &err), -1);
     assert_non_null(strstr(err.message, "block 5 outside the pool of 2"));
+    const int32_t bad_slot = 2 * 16; // one past the pool's 2 blocks of 16
+    forward_batch bad_slot_batch = {1, &row, 1, tables, &bad_slot};
+    assert_int_equal(forward(&m, &fs, &kv, &bad_slot_batch, logits, NULL, &err), -1);
+    assert_non_null(strstr(err.message, "slot 32 outside the pool's 32 slots"));
     forward_state_free(&fs);
     kv_memory_free(&kv);
     model_free(&m);

@@ -13,6 +13,7 @@
 #include <stdbool.h>
 #include <string.h>
 
+#include "engine/fault.h"
 #include "engine/scheduler.h"
 #include "tests/test_support.h"
 
@@ -167,6 +168,30 @@ static void test_chunked_prefill(void** state) {
     stop(&h);
 }
 
+// The paged-wrong-slot fault is made in the slot mapping: a prompt's last
+// token (the one that wants logits) maps one slot short inside its tail
+// block; one in its block's first slot, and every other row, keeps its slot.
+static void test_paged_wrong_slot_fault_shifts_the_newest_slot(void** state) {
+    (void)state;
+    harness h;
+    start_paged(&h, 64, 4, policy(8, 64, false, 0));
+    int32_t in_tail = add(&h, 6, 4);     // last position 5: offset 1 of its second block
+    int32_t block_start = add(&h, 5, 4); // last position 4: offset 0 of its second block
+    fault_set previous = fault_install((fault_set)1 << FAULT_PAGED_WRONG_SLOT);
+    const step_batch* b = step(&h);
+    fault_install(previous);
+    assert_int_equal(b->forward.n_rows, 11);
+    assert_ptr_equal(b->forward.slot_mapping, b->slot_mapping);
+    for (int r = 0; r < b->forward.n_rows; r++) {
+        const batch_row* row = &b->rows[r];
+        const int32_t* table = seq(&h, row->sequence == 0 ? in_tail : block_start)->block_table;
+        int32_t exact = table[row->position / 4] * 4 + row->position % 4;
+        bool shifted = row->sequence == 0 && row->position == 5;
+        assert_int_equal(b->slot_mapping[r], shifted ? exact - 1 : exact);
+    }
+    stop(&h);
+}
+
 // ---- preemption by recompute ---------------------------------------------------------------
 
 // 4 blocks of 4, two prompts of 7 (2 blocks each) fill the pool. When the
@@ -262,6 +287,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_admission_by_free_blocks),
         cmocka_unit_test(test_chunked_prefill),
+        cmocka_unit_test(test_paged_wrong_slot_fault_shifts_the_newest_slot),
         cmocka_unit_test(test_preemption_by_recompute),
         cmocka_unit_test(test_static_against_continuous_batching),
     };

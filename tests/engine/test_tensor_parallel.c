@@ -437,8 +437,9 @@ static void test_tiny_fp32_and_fp16(void** state) {
 }
 
 // The KV-cache faults (engine/fault.h) turn a sharded run as they turn an
-// unsharded one: every shard writes and reads its heads' slots through the
-// batch's own block tables, so the bug lands in every shard.
+// unsharded one: every shard writes its heads' slots through the batch's
+// slot mapping and reads them through its block tables, so the bug lands in
+// every shard.
 static void test_kv_faults_act_on_every_shard(void** state) {
     (void)state;
     model m;
