@@ -225,6 +225,8 @@ int engine_release_sequence(engine* e, int32_t id, error_info* err) {
     return 0;
 }
 
+int engine_snapshot(const engine* e, step_record* view) { return step_record_fill_queues(view, e); }
+
 engine_queues engine_queues_now(const engine* e) {
     const scheduler* s = &e->scheduler;
     return (engine_queues){.sequences = s->sequences,
