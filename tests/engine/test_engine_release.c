@@ -61,13 +61,13 @@ typedef struct step_digest {
 // The record is the window into the engine: its queues, live sequences,
 // block states and tail waste must say what the engine holds after the step.
 static void check_record_window(const engine* e, const step_record* r) {
-    const engine_queues now = engine_queues_now(e);
-    assert_int_equal(r->n_waiting, now.n_waiting);
-    assert_int_equal(r->n_running, now.n_running);
-    for (int i = 0; i < now.n_waiting; i++) assert_int_equal(r->waiting_ids[i], now.waiting[i]);
-    for (int i = 0; i < now.n_running; i++) assert_int_equal(r->running_ids[i], now.running[i]);
+    const scheduler* now = &e->scheduler; // the engine's own state, which the record must match
+    assert_int_equal(r->n_waiting, now->n_waiting);
+    assert_int_equal(r->n_running, now->n_running);
+    for (int i = 0; i < now->n_waiting; i++) assert_int_equal(r->waiting_ids[i], now->waiting[i]);
+    for (int i = 0; i < now->n_running; i++) assert_int_equal(r->running_ids[i], now->running[i]);
     assert_int_equal(r->n_live_sequences, engine_live_sequences(e));
-    assert_int_equal(r->n_sequence_ids, now.n_sequences);
+    assert_int_equal(r->n_sequence_ids, now->n_sequences);
     int64_t running_tail_waste = 0;
     for (int i = 0, id = 0; i < r->n_live_sequences; i++, id++) {
         const step_sequence_status* q = &r->live_sequences[i];
@@ -192,7 +192,7 @@ static void test_release_refuses_and_ids_stay_unique(void** state) {
     // Waiting: refused, and it stays in the queue.
     assert_int_equal(engine_release_sequence(&e, 0, &err), -1);
     assert_non_null(strstr(err.message, "waiting"));
-    assert_int_equal(engine_queues_now(&e).n_waiting, N_REQUESTS);
+    assert_int_equal(e.scheduler.n_waiting, N_REQUESTS);
 
     const step_record* r = NULL;
     assert_int_equal(engine_step(&e, &r, &err), 0);
@@ -270,7 +270,7 @@ static void test_release_parent_of_running_forks(void** state) {
     assert_int_equal(engine_add_request(&e, &p, &parent, &err), 0);
     const step_record* r = NULL;
     assert_int_equal(engine_step(&e, &r, &err), 0); // prefill, then the two forks
-    assert_int_equal(engine_queues_now(&e).n_sequences, 3);
+    assert_int_equal(e.scheduler.n_sequences, 3);
     assert_int_equal(engine_cancel_sequence(&e, parent, &err), 0);
     assert_int_equal(engine_release_sequence(&e, parent, &err), 0);
     int steps = 0;
