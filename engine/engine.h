@@ -146,11 +146,11 @@ const step_record* engine_view(engine* e);
 // A snapshot of the queues and every live sequence as they are now, between
 // steps too (adds, forks, cancels and releases show at once), written into
 // `view`, a record the caller owns: zeroed before its first use, reused
-// across calls, freed with step_record_free. Only the queue and sequence
-// fields and the counts are filled; the engine's own record is left as the
-// last step wrote it (engine_view also brings the pool up to now, in that
-// record). Its sequences' tokens and block tables are borrowed: valid until
-// the next engine call. -1 when out of memory.
+// across calls, freed with step_record_free. Only the configuration, the
+// counts, the queues and the live sequences are filled; the engine's own
+// record is left as the last step wrote it (engine_view also brings the pool
+// up to now, in that record). Its sequences' tokens and block tables are
+// borrowed: valid until the next engine call. -1 when out of memory.
 int engine_snapshot(const engine* e, step_record* view);
 
 // True while any request is waiting or running.

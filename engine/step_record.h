@@ -1,7 +1,8 @@
 // step_record: what one engine step did, the one source of truth for the
 // dashboard, lessons, --trace files and benchmarks (DESIGN.md). A reader
 // needs nothing else from the engine: the pool's blocks, the queues and
-// every live sequence are in it, measured once per step.
+// every live sequence are in it, measured once per step (and between steps
+// by engine_view, or into a reader's own record by engine_snapshot).
 //
 // Byte and FLOP counts are the kernels' own (kernel_traffic), summed over
 // the step's forward pass; pool figures are measured after the step.
