@@ -225,17 +225,7 @@ int engine_release_sequence(engine* e, int32_t id, error_info* err) {
     return 0;
 }
 
-engine_queues engine_queues_now(const engine* e) {
-    const scheduler* s = &e->scheduler;
-    return (engine_queues){.sequences = s->sequences,
-                           .n_sequences = s->n_sequences,
-                           .waiting = s->waiting,
-                           .n_waiting = s->n_waiting,
-                           .running = s->running,
-                           .n_running = s->n_running,
-                           .n_finished = s->n_finished,
-                           .total_preemptions = s->total_preemptions};
-}
+int engine_snapshot(const engine* e, step_record* view) { return step_record_fill_queues(view, e); }
 
 int engine_live_sequences(const engine* e) { return e->scheduler.n_live; }
 

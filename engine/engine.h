@@ -143,23 +143,15 @@ int engine_step(engine* e, const step_record** record, error_info* err);
 // Valid until the next engine call.
 const step_record* engine_view(engine* e);
 
-// The scheduler's sequences, queues and counts as they are now, between
-// steps too (the step record has them as of the last step): for readers
-// that follow adds, forks and cancels live, such as the requests pane, the
-// Lua host's e:queues() and the server's metrics. The arrays point into the
-// engine and are valid until its next call.
-typedef struct engine_queues {
-    const sequence* sequences; // (n_sequences) every sequence ever added, by id; a released one keeps its scalar fields
-    int n_sequences;
-    const int32_t* waiting;    // (n_waiting) ids, first come first served
-    int n_waiting;
-    const int32_t* running;    // (n_running) ids in admission order
-    int n_running;
-    int n_finished;            // cancelled ones included
-    uint64_t total_preemptions;
-} engine_queues;
-
-engine_queues engine_queues_now(const engine* e);
+// A snapshot of the queues and every live sequence as they are now, between
+// steps too (adds, forks, cancels and releases show at once), written into
+// `view`, a record the caller owns: zeroed before its first use, reused
+// across calls, freed with step_record_free. Only the configuration, the
+// counts, the queues and the live sequences are filled; the engine's own
+// record is left as the last step wrote it (engine_view also brings the pool
+// up to now, in that record). Its sequences' tokens and block tables are
+// borrowed: valid until the next engine call. -1 when out of memory.
+int engine_snapshot(const engine* e, step_record* view);
 
 // True while any request is waiting or running.
 bool engine_has_work(const engine* e);

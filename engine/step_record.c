@@ -312,15 +312,19 @@ int step_record_fill(step_record* r, engine* e, const step_batch* b) {
     return step_record_fill_state(r, e);
 }
 
-int step_record_fill_state(step_record* r, engine* e) {
-    scheduler* s = &e->scheduler;
-    r->layout = s->kv.layout;
+int step_record_fill_queues(step_record* r, const engine* e) {
+    r->layout = e->scheduler.kv.layout;
     r->block_size = e->config.block_size;
     r->tp_shards = e->config.tp_shards;
     r->tp_link = link_model_get(e->config.tp_link)->name;
     r->n_requests = e->n_requests;
     r->total_prefix_hit_tokens = e->total_prefix_hit_tokens;
-    if (record_sequences(s, r)) return -1;
+    return record_sequences(&e->scheduler, r);
+}
+
+int step_record_fill_state(step_record* r, engine* e) {
+    scheduler* s = &e->scheduler;
+    if (step_record_fill_queues(r, e)) return -1;
     measure_pool(s, r);
     const kv_pool* pool = s->kv.pool; // paged only
     if (pool) {

@@ -1,7 +1,8 @@
 // step_record: what one engine step did, the one source of truth for the
 // dashboard, lessons, --trace files and benchmarks (DESIGN.md). A reader
 // needs nothing else from the engine: the pool's blocks, the queues and
-// every live sequence are in it, measured once per step.
+// every live sequence are in it, measured once per step (and between steps
+// by engine_view, or into a reader's own record by engine_snapshot).
 //
 // Byte and FLOP counts are the kernels' own (kernel_traffic), summed over
 // the step's forward pass; pool figures are measured after the step.
@@ -165,6 +166,10 @@ extern const int step_traffic_field_count;
 // Writes the record as one JSON object on one line (JSON Lines).
 void step_record_write_json(const step_record* record, FILE* out);
 
+// Frees the arrays the record owns: the engine's own record in engine_free,
+// a reader's snapshot (engine_snapshot) when the reader is done with it.
+void step_record_free(step_record* record);
+
 // ---- for the engine only --------------------------------------------------------------------
 
 struct engine;
@@ -179,13 +184,14 @@ void step_record_clear(step_record* record);
 // every live sequence, measured once after the step. -1 when out of memory.
 int step_record_fill(step_record* record, struct engine* e, const struct step_batch* b);
 
-// Refills only what the engine holds now (the queues, every live sequence,
-// the pool and its blocks), keeping the last step's own figures (its
-// sequences, traffic, events, times): engine_view() between steps.
-int step_record_fill_state(step_record* record, struct engine* e);
+// Fills the configuration, the counts, the queues and every live sequence
+// as the engine holds them now, and nothing else: engine_snapshot().
+int step_record_fill_queues(step_record* record, const struct engine* e);
 
-// Frees the arrays the record owns (the engine calls it in engine_free).
-void step_record_free(step_record* record);
+// Refills only what the engine holds now (step_record_fill_queues, then the
+// pool and its blocks), keeping the last step's own figures (its sequences,
+// traffic, events, times): engine_view() between steps.
+int step_record_fill_state(step_record* record, struct engine* e);
 
 const char* block_event_name(block_event_kind kind);
 

@@ -100,7 +100,13 @@ static bool step_size_key(lab_app* a, int key) {
 
 // Up and down outside the step-size pane: the selected request.
 static void select_key(lab_app* a, int key) {
-    int n = engine_queues_now(dashboard_primary(&a->d)).n_sequences;
+    step_record now = {0}; // the ids handed out so far, those added since the last step included
+    if (engine_snapshot(dashboard_primary(&a->d), &now)) {
+        step_record_free(&now);
+        return;
+    }
+    int n = now.n_sequence_ids;
+    step_record_free(&now);
     a->d.selected += key == KEY_CODE_UP ? -1 : 1;
     if (a->d.selected < 0) a->d.selected = 0;
     if (a->d.selected >= n) a->d.selected = n > 0 ? n - 1 : 0;

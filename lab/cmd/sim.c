@@ -185,7 +185,7 @@ static int run_simulation(const model* m, const engine_config* config, const wor
         out->kv_util_pct = util_steps ? util_sum / util_steps : 0;
         out->kv_waste_pct = waste_steps ? waste_sum / waste_steps : 0;
         out->external_fragmentation_pct = util_steps ? fragmentation_sum / util_steps : 0;
-        out->preemptions = engine_queues_now(&e).total_preemptions;
+        out->preemptions = e.record.total_preemptions; // preemptions happen only inside steps
         out->prefix_hit_tokens = e.total_prefix_hit_tokens;
         out->copies = config->layout == KV_LAYOUT_PAGED ? e.pool.total_copies : 0;
     }

@@ -43,6 +43,7 @@ typedef struct lab_engine {
     int* logits_position;     // (logits_capacity) the position they followed, -1 if none
     int logits_capacity;
     uint64_t reserved_bytes;
+    step_record now;          // its queues and sequences at the last sequences_now() (engine_snapshot)
     struct lab_engine* next;
     struct lab_engine* previous;
 } lab_engine;
@@ -60,6 +61,7 @@ static void engine_release(lesson* l, lab_engine* e) {
     else api->engines = e->next;
     if (e->next) e->next->previous = e->previous;
     engine_free(&e->engine);
+    step_record_free(&e->now);
     free(e->last_logits);
     free(e->logits_position);
     lesson_release_bytes(l, e->reserved_bytes);
@@ -512,10 +514,30 @@ static int engine_pool(lua_State* L) {
     return 1;
 }
 
-static const sequence* check_sequence(lua_State* L, const lab_engine* e, int arg) {
+// The engine's queues and sequences as they are now, adds and cancels
+// since the last step included. Valid until the next call on the engine.
+// Lessons never release a sequence: its live sequences are every one it made.
+static const step_record* sequences_now(lua_State* L, lab_engine* e) {
+    if (engine_snapshot(&e->engine, &e->now)) lab_error(L, "engine: out of memory");
+    return &e->now;
+}
+
+// The live sequence with this id (the list is in id order), or NULL.
+static const step_sequence_status* find_sequence(const step_record* now, lua_Integer id) {
+    int low = 0, high = now->n_live_sequences;
+    while (low < high) {
+        int middle = low + (high - low) / 2;
+        if (now->live_sequences[middle].id < id) low = middle + 1;
+        else high = middle;
+    }
+    return low < now->n_live_sequences && now->live_sequences[low].id == id ? &now->live_sequences[low] : NULL;
+}
+
+static const step_sequence_status* check_sequence(lua_State* L, lab_engine* e, int arg) {
     lua_Integer id = luaL_checkinteger(L, arg);
-    const sequence* s = id >= 0 && id <= INT32_MAX ? engine_sequence(&e->engine, (int32_t)id) : NULL;
-    const int n_sequences = engine_queues_now(&e->engine).n_sequences;
+    const step_record* now = sequences_now(L, e);
+    const step_sequence_status* s = find_sequence(now, id);
+    const int n_sequences = now->n_sequence_ids;
     if (!s && n_sequences == 0)
         luaL_argerror(L, arg, lua_pushfstring(L, "no sequence %I (this engine has none yet: e:add makes them)",
                                               (LUAI_UACINT)id));
@@ -528,7 +550,7 @@ static const sequence* check_sequence(lua_State* L, const lab_engine* e, int arg
 // The sequence's tail waste as the last step's record measured it. A
 // sequence's blocks change only inside a step, or when it is cancelled
 // (it then holds none): so one added since the last step, or finished, has 0.
-static int32_t recorded_tail_waste(const lab_engine* e, const sequence* s) {
+static int32_t recorded_tail_waste(const lab_engine* e, const step_sequence_status* s) {
     if (!e->stepped || s->state == SEQ_FINISHED) return 0;
     const step_record* r = &e->engine.record;
     for (int i = 0; i < r->n_live_sequences; i++)
@@ -536,7 +558,7 @@ static int32_t recorded_tail_waste(const lab_engine* e, const sequence* s) {
     return 0;
 }
 
-static void push_sequence(lua_State* L, const lab_engine* e, const sequence* s) {
+static void push_sequence(lua_State* L, const lab_engine* e, const step_sequence_status* s) {
     lua_createtable(L, 0, 20);
     lab_set_integer(L, "id", s->id);
     lab_set_integer(L, "request_id", s->request_id);
@@ -572,33 +594,33 @@ static int engine_sequence_lua(lua_State* L) {
 
 static int engine_sequences(lua_State* L) {
     lab_engine* e = check_engine(L, 1);
-    engine_queues now = engine_queues_now(&e->engine);
-    lua_createtable(L, now.n_sequences, 0);
-    for (int i = 0; i < now.n_sequences; i++) {
-        push_sequence(L, e, &now.sequences[i]);
+    const step_record* now = sequences_now(L, e);
+    lua_createtable(L, now->n_live_sequences, 0);
+    for (int i = 0; i < now->n_live_sequences; i++) {
+        push_sequence(L, e, &now->live_sequences[i]);
         lua_rawseti(L, -2, i + 1);
     }
     return 1;
 }
 
 static int engine_queues_lua(lua_State* L) {
-    engine_queues now = engine_queues_now(&check_engine(L, 1)->engine);
+    const step_record* now = sequences_now(L, check_engine(L, 1));
     lua_createtable(L, 0, 3);
-    lab_push_int32_array(L, now.waiting, (size_t)now.n_waiting);
+    lab_push_int32_array(L, now->waiting_ids, (size_t)now->n_waiting);
     lua_setfield(L, -2, "waiting");
-    lab_push_int32_array(L, now.running, (size_t)now.n_running);
+    lab_push_int32_array(L, now->running_ids, (size_t)now->n_running);
     lua_setfield(L, -2, "running");
-    lab_set_integer(L, "finished", now.n_finished);
+    lab_set_integer(L, "finished", now->n_finished);
     return 1;
 }
 
 static int engine_totals(lua_State* L) {
     lab_engine* le = check_engine(L, 1);
     const lab_totals* t = &le->totals;
-    engine_queues now = engine_queues_now(&le->engine);
+    const step_record* now = sequences_now(L, le);
     uint64_t generated = 0;
-    for (int i = 0; i < now.n_sequences; i++)
-        generated += (uint64_t)(now.sequences[i].n_tokens - now.sequences[i].n_prompt);
+    for (int i = 0; i < now->n_live_sequences; i++)
+        generated += (uint64_t)(now->live_sequences[i].n_tokens - now->live_sequences[i].n_prompt);
     lua_createtable(L, 0, 24);
     lab_set_integer(L, "steps", (lua_Integer)t->steps);
     lab_set_integer(L, "prefill_tokens", (lua_Integer)t->prefill_tokens);
@@ -618,14 +640,14 @@ static int engine_totals(lua_State* L) {
     lab_set_number(L, "waste_pct", t->waste_steps ? t->waste_pct_sum / (double)t->waste_steps : 0.0);
     lab_set_number(L, "util_pct", t->steps ? t->util_pct_sum / (double)t->steps : 0.0);
     lab_set_integer(L, "requests", le->engine.n_requests);
-    lab_set_integer(L, "finished", now.n_finished);
+    lab_set_integer(L, "finished", now->n_finished);
     return 1;
 }
 
 // e:logits(id) -> array of vocab_size logits the sequence last sampled from, position
 static int engine_logits(lua_State* L) {
     lab_engine* e = check_engine(L, 1);
-    const sequence* s = check_sequence(L, e, 2);
+    const step_sequence_status* s = check_sequence(L, e, 2);
     if (s->id >= e->logits_capacity || e->logits_position[s->id] < 0)
         return luaL_argerror(L, 2, lua_pushfstring(L, "sequence %d has not sampled a token yet", s->id));
     int vocab = e->engine.model->config.vocab_size;

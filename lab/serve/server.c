@@ -164,6 +164,7 @@ struct server {
     uint64_t id_counter;
     uint64_t id_salt;
     serve_metrics metrics;
+    step_record queues_now; // the engine's queues as measure() last saw them (engine_snapshot; lock held)
     // The engine thread's own (no lock): logits of sequences whose request
     // asked for logprobs, copied by the logits observer during a step.
     bool* capture_wanted;           // (capture_capacity) by sequence id
@@ -343,11 +344,13 @@ static void measure(server* s) {
         m->blocks_cached = e->pool.n_evictable;
         m->blocks_used = e->pool.n_blocks - e->pool.n_free - e->pool.n_evictable;
     }
-    engine_queues queues = engine_queues_now(e);
-    m->sequences_running = queues.n_running;
-    m->sequences_waiting = queues.n_waiting;
-    m->sequences_live = engine_live_sequences(e);
-    m->preemptions = queues.total_preemptions;
+    // Out of memory for the snapshot: the queue figures stay as last measured.
+    if (engine_snapshot(e, &s->queues_now) == 0) {
+        m->sequences_running = s->queues_now.n_running;
+        m->sequences_waiting = s->queues_now.n_waiting;
+        m->sequences_live = s->queues_now.n_live_sequences;
+        m->preemptions = s->queues_now.total_preemptions;
+    }
     m->prefix_hit_tokens = e->total_prefix_hit_tokens;
 }
 
@@ -385,7 +388,7 @@ static void admit_and_cancel(server* s) {
         // finds them by request id), or all n (contiguous: consecutive ids).
         job->request_id = engine_sequence(&s->engine, first)->request_id;
         for (int k = 0; k < p->n; k++) {
-            const sequence* q = first + k < engine_queues_now(&s->engine).n_sequences ? engine_sequence(&s->engine, first + k) : NULL;
+            const sequence* q = engine_sequence(&s->engine, first + k); // NULL past the ids handed out
             if (q && q->request_id == job->request_id) {
                 job->choices[q->sample_index].sequence_id = q->id;
                 if (p->logprobs >= 0) capture_want(s, q->id, true);
@@ -449,10 +452,10 @@ static bool choice_check_stops(serve_choice* c, const serve_params* p, size_t se
     return false;
 }
 
-// Copies what the last step produced into the jobs (lock held).
-static void publish(server* s) {
+// Copies what the last step (`record`) produced into the jobs (lock held).
+static void publish(server* s, const step_record* record) {
     engine* e = &s->engine;
-    for (; s->scanned_sequences < engine_queues_now(e).n_sequences; s->scanned_sequences++) {
+    for (; s->scanned_sequences < record->n_sequence_ids; s->scanned_sequences++) {
         const sequence* q = engine_sequence(e, s->scanned_sequences);
         if (!q) continue; // released: its job has retired
         serve_job* job = job_of_request(s, q->request_id);
@@ -542,7 +545,7 @@ static int serve_round(server* s, bool* stepped, error_info* err) {
         return -1;
     }
     *stepped = true;
-    publish(s);
+    publish(s, record);
     measure(s);
     pthread_cond_broadcast(&s->progress);
     return 0;
@@ -1401,6 +1404,7 @@ void server_stop(server* s) {
     }
     if (s->daemon) MHD_stop_daemon(s->daemon);
     if (s->engine_ready) engine_free(&s->engine);
+    step_record_free(&s->queues_now);
     for (int i = 0; i < s->capture_capacity; i++)
         free(s->captures[i].row);
     free(s->captures);

@@ -160,14 +160,15 @@ void dashboard_lesson_log(dashboard* d, lesson_log_kind kind, const char* text) 
     log->appended++;
 }
 
-static int32_t mirror(const dashboard* d, const sequence* s);
+static int find_mirror(const dashboard* d, const sequence* s, int32_t* twin, error_info* err);
 
 // Puts a request (or a fork) into both engines; q->sequence gets the paged id.
 static int submit(dashboard* d, saved_request* q, error_info* err) {
     if (q->fork_of >= 0) {
         const sequence* parent = engine_sequence(&d->paged, q->fork_of);
         if (!parent) return error_set(err, "replay: fork of sequence %d, which is not there", q->fork_of);
-        int32_t twin = mirror(d, parent), twin_child = -1;
+        int32_t twin = -1, twin_child = -1;
+        if (find_mirror(d, parent, &twin, err)) return -1;
         if (engine_fork_sequence(&d->paged, q->fork_of, q->temperature, q->seed, &q->sequence, err)) return -1;
         if (twin >= 0 && engine_fork_sequence(&d->contiguous, twin, q->temperature, q->seed, &twin_child, err))
             return -1;
@@ -240,20 +241,26 @@ int dashboard_step(dashboard* d, error_info* err) {
     return 0;
 }
 
-// The contiguous engine's sequence that mirrors paged sequence `s`.
-static int32_t mirror(const dashboard* d, const sequence* s) {
-    engine_queues contiguous = engine_queues_now(&d->contiguous);
-    for (int i = 0; i < contiguous.n_sequences; i++) {
-        const sequence* c = &contiguous.sequences[i];
-        if (c->request_id == s->request_id && c->sample_index == s->sample_index) return c->id;
+// The contiguous engine's sequence that mirrors paged sequence `s` (same
+// request, same sample) into *twin, or -1 there when it has none (a fork
+// the contiguous engine could not make). -1 when out of memory.
+static int find_mirror(const dashboard* d, const sequence* s, int32_t* twin, error_info* err) {
+    step_record contiguous = {0};
+    int status = engine_snapshot(&d->contiguous, &contiguous) ? error_set(err, "lab: out of memory") : 0;
+    *twin = -1;
+    for (int i = 0; i < contiguous.n_live_sequences && *twin < 0; i++) {
+        const step_sequence_status* c = &contiguous.live_sequences[i];
+        if (c->request_id == s->request_id && c->sample_index == s->sample_index) *twin = c->id;
     }
-    return -1;
+    step_record_free(&contiguous);
+    return status;
 }
 
 int dashboard_cancel_selected(dashboard* d, error_info* err) {
     const sequence* s = engine_sequence(&d->paged, d->selected);
     if (!s || s->state == SEQ_FINISHED) return 0;
-    int32_t twin = mirror(d, s);
+    int32_t twin = -1;
+    if (find_mirror(d, s, &twin, err)) return -1;
     if (engine_cancel_sequence(&d->paged, s->id, err)) return -1;
     if (twin >= 0 && engine_cancel_sequence(&d->contiguous, twin, err)) return -1;
     for (int i = 0; i < d->n_requests; i++) // remembered for a replay (n_samples is 1 in the lab)
@@ -287,8 +294,13 @@ int dashboard_fork_selected(dashboard* d, error_info* err) {
         return error_set(err, "fork: the sequence is at the model's max length");
     // Sampled at temperature 0.8 so that the child diverges from its parent.
     const float temperature = 0.8f;
-    uint64_t seed = 1000u + (uint64_t)engine_queues_now(&d->paged).n_sequences;
-    int32_t twin = mirror(d, s), child = -1, twin_child = -1, parent = s->id;
+    step_record paged = {0}; // the seed follows the ids handed out so far
+    int status = engine_snapshot(&d->paged, &paged);
+    uint64_t seed = 1000u + (uint64_t)paged.n_sequence_ids;
+    step_record_free(&paged);
+    if (status) return error_set(err, "lab: out of memory");
+    int32_t twin = -1, child = -1, twin_child = -1, parent = s->id;
+    if (find_mirror(d, s, &twin, err)) return -1;
     if (engine_fork_sequence(&d->paged, parent, temperature, seed, &child, err)) return -1;
     if (twin >= 0 && engine_fork_sequence(&d->contiguous, twin, temperature, seed, &twin_child, err)) return -1;
     // Replayed as a fork of the same parent (its prompt is kept for the record).
@@ -327,7 +339,8 @@ int dashboard_set_block_size(dashboard* d, int block_size, error_info* err) {
     for (int i = 0; i < d->n_requests; i++) {
         const sequence* s = engine_sequence(&d->paged, d->requests[i].sequence);
         if (!d->requests[i].cancelled || !s) continue;
-        int32_t twin = mirror(d, s);
+        int32_t twin = -1;
+        if (find_mirror(d, s, &twin, err)) return -1;
         if (engine_cancel_sequence(&d->paged, s->id, err)) return -1;
         if (twin >= 0 && engine_cancel_sequence(&d->contiguous, twin, err)) return -1;
     }

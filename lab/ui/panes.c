@@ -23,7 +23,7 @@ static int text_w(ui_rect r) { return r.w - 1; }
 static ui_color owner_color(int32_t id) { return (ui_color)(UI_OWNER0 + id % UI_OWNER_COLORS); }
 static char owner_letter(int32_t id) { return (char)('a' + id % 26); }
 
-static const char* state_name(const sequence* q) {
+static const char* state_name(const step_sequence_status* q) {
     static const char* const NAMES[] = {"waiting", "prefill", "decode", "preempted", "finished"};
     // A cancelled sequence is finished to the engine, but the student cancelled it.
     if (q->state == SEQ_FINISHED && q->stop == STOP_CANCELLED) return "cancelled";
@@ -62,7 +62,7 @@ static void bar(ui_screen* s, int x, int y, int width, double fraction, ui_color
 
 // Token i of q as text (the tokenizer's piece, else its id); false for a
 // leading BOS, which shows nothing.
-static bool token_piece(const tokenizer* t, const sequence* q, int i, char* piece, size_t size) {
+static bool token_piece(const tokenizer* t, const step_sequence_status* q, int i, char* piece, size_t size) {
     if (i == 0 && q->tokens[0] == TOK_BOS_ID && t) return false;
     if (t) snprintf(piece, size, "%s", tok_decode_piece(t, i ? q->tokens[i - 1] : TOK_BOS_ID, q->tokens[i]));
     else snprintf(piece, size, i ? " %d" : "%d", q->tokens[i]);
@@ -70,102 +70,115 @@ static bool token_piece(const tokenizer* t, const sequence* q, int i, char* piec
 }
 
 // Columns token i takes in a row (the newest one, just computed, is bracketed).
-static int token_columns(const tokenizer* t, const sequence* q, int i, bool ran) {
+static int token_columns(const tokenizer* t, const step_sequence_status* q, int i, bool ran) {
     char piece[64];
     if (!token_piece(t, q, i, piece, sizeof piece)) return 0;
     return ui_text_columns(piece) + (i == q->n_tokens - 1 && i >= q->n_prompt && ran ? 2 : 0);
 }
 
-static void draw_requests(ui_screen* s, ui_rect r, const dashboard* d) {
-    const engine* e = dashboard_primary(d);
-    const step_record* rec = dashboard_primary_record(d);
-    // The rows follow the engine between steps (a request just added or
-    // cancelled shows at once), through its public engine_queues_now and
-    // engine_sequence.
-    const engine_queues now = engine_queues_now(e);
-    int cancelled = 0, released = 0; // released: a server's finished requests leave the engine
-    for (int id = 0; id < now.n_sequences; id++) {
-        const sequence* q = engine_sequence(e, id);
-        if (q) cancelled += strcmp(state_name(q), "cancelled") == 0;
-        else released++;
-    }
-    // A released sequence no longer says it was cancelled; the record counts
-    // every cancellation up to the last step. Each count falls short only
-    // where the other is exact, and neither ever exceeds the truth.
-    if (rec && rec->n_cancelled > cancelled) cancelled = rec->n_cancelled;
+// The header: how many requests wait, run, finished and were cancelled.
+static void draw_requests_head(ui_screen* s, ui_rect r, const step_record* now) {
+    // Counted by the engine: a released sequence no longer says it was cancelled.
+    int cancelled = now->n_cancelled;
     ui_line head;
     ui_line_init(&head);
-    ui_line_number(&head, 9, false, "waiting ", now.n_waiting, 1, "");
-    ui_line_number(&head, 9, false, "  running ", now.n_running, 1, "");
-    ui_line_number(&head, 8, true, "  finished ", now.n_finished - cancelled, 1, "");
+    ui_line_number(&head, 9, false, "waiting ", now->n_waiting, 1, "");
+    ui_line_number(&head, 9, false, "  running ", now->n_running, 1, "");
+    ui_line_number(&head, 8, true, "  finished ", now->n_finished - cancelled, 1, "");
     if (cancelled) ui_line_number(&head, 7, true, "  cancelled ", cancelled, 1, "");
-    ui_line_text(&head, 1, e->config.layout == KV_LAYOUT_PAGED ? "  (paged)" : "  (contiguous)", "", NULL);
+    ui_line_text(&head, 1, now->layout == KV_LAYOUT_PAGED ? "  (paged)" : "  (contiguous)", "", NULL);
     ui_line_put(s, r.x, r.y, text_w(r), UI_DEFAULT, UI_BOLD, &head);
+}
+
+// Index in now->live_sequences of the first row shown: the selected id
+// stays within the `rows` rows below the header.
+static int first_request_row(const step_record* now, int32_t selected, int rows) {
+    int32_t first_id = selected >= rows ? selected - (rows - 1) : 0;
+    if (first_id > 0 && now->n_live_sequences < now->n_sequence_ids) { // released ids take no row
+        first_id = 0;
+        for (int i = now->n_live_sequences - 1, shown = 0; i >= 0; i--)
+            if (now->live_sequences[i].id <= selected && ++shown > rows) {
+                first_id = now->live_sequences[i].id + 1;
+                break;
+            }
+    }
+    int first = 0;
+    while (first < now->n_live_sequences && now->live_sequences[first].id < first_id) first++;
+    return first;
+}
+
+// The row's tokens from column x: the newest ones are what moves, so when
+// the text does not fit, its start gives way to a mark (one column).
+static void draw_request_tokens(ui_screen* s, int x, int y, int right, const step_sequence_status* q,
+                                const tokenizer* t, bool ran) {
+    int from = 0, room = right - x, total = 0;
+    for (int i = 0; i < q->n_tokens; i++) total += token_columns(t, q, i, ran);
+    if (total > room)
+        for (int i = q->n_tokens - 1, used = 0; i >= 0; i--) {
+            int need = token_columns(t, q, i, ran);
+            if (used + need > room - 1) {
+                from = i + 1;
+                break;
+            }
+            used += need;
+        }
+    if (from > 0) x += ui_put(s, x, y, 1, UI_DEFAULT, UI_DIM, s->utf8 ? "\u2026" : "~");
+    for (int i = from; i < q->n_tokens && x < right; i++) {
+        char piece[64];
+        if (!token_piece(t, q, i, piece, sizeof piece)) continue;
+        bool newest = i == q->n_tokens - 1 && i >= q->n_prompt;
+        int attr = i >= q->n_prompt ? UI_BOLD : 0, w;
+        // The newest token is reverse video and bracketed (for monochrome).
+        // Tokens are shown whole or not at all: a cut id would be another id.
+        if (newest && ran) {
+            if (x + 2 + ui_text_columns(piece) > right) break;
+            x += ui_put(s, x, y, 1, UI_GOOD, UI_REVERSE, "[");
+            x += ui_put(s, x, y, right - x, UI_GOOD, UI_REVERSE | UI_BOLD, piece);
+            x += ui_put(s, x, y, 1, UI_GOOD, UI_REVERSE, "]");
+        } else if ((w = put_whole(s, x, y, right, i >= q->n_prompt ? owner_color(q->id) : UI_DEFAULT, attr, piece)) < 0)
+            break;
+        else x += w;
+    }
+}
+
+// One request's row: its letter and id, its state, then its tokens.
+static void draw_request_row(ui_screen* s, ui_rect r, int y, const step_sequence_status* q, const tokenizer* t,
+                             bool selected, bool ran) {
+    int x = r.x, right = r.x + text_w(r);
+    char label[32], state[32];
+    snprintf(label, sizeof label, "%c%c#%d", selected ? '>' : ' ', owner_letter(q->id), q->id);
+    snprintf(state, sizeof state, " %-9s ", state_name(q));
+    int w = put_whole(s, x, y, right, owner_color(q->id), selected ? UI_REVERSE : UI_BOLD, label);
+    if (w < 0) return;
+    x += w;
+    if ((w = put_whole(s, x, y, right, UI_DEFAULT, 0, state)) < 0) return;
+    draw_request_tokens(s, x + w, y, right, q, t, ran);
+}
+
+static void draw_requests(ui_screen* s, ui_rect r, const dashboard* d) {
+    const engine* e = dashboard_primary(d);
+    const step_record* rec = dashboard_primary_record(d); // the last step: which sequences ran
+    // The rows follow the engine between steps too: a request just added
+    // or cancelled shows at once.
+    step_record now = {0};
+    if (engine_snapshot(e, &now)) { // out of memory: the pane stays empty this frame
+        step_record_free(&now);
+        return;
+    }
+    draw_requests_head(s, r, &now);
     // The lab's tokenizer reads only its own model's ids: a lesson's engine
     // on another model shows ids (its vocabulary is not the lab's).
     const tokenizer* t = e->model == &d->source.model ? d->source.tokenizer : NULL;
-    int y = r.y + 1;
     // Newest first would move rows under the cursor; ids are stable, so list by id.
-    int first = 0;
-    if (d->selected >= r.h - 1) first = d->selected - (r.h - 2);
-    if (released > 0 && first > 0) { // the hidden released rows do not count towards the scroll
-        first = 0;
-        for (int id = d->selected, rows = 0; id >= 0; id--)
-            if (engine_sequence(e, id) && ++rows > r.h - 1) {
-                first = id + 1;
-                break;
-            }
-    }
-    for (int id = first; id < now.n_sequences && y < r.y + r.h; id++, y++) {
-        const sequence* q = engine_sequence(e, id);
-        if (!q) { // released: its tokens went to its client and are no longer kept
-            y--;
-            continue;
-        }
-        bool selected = id == d->selected;
-        int x = r.x, right = r.x + text_w(r);
-        char label[32], state[32];
-        snprintf(label, sizeof label, "%c%c#%d", selected ? '>' : ' ', owner_letter(id), id);
-        snprintf(state, sizeof state, " %-9s ", state_name(q));
-        int w = put_whole(s, x, y, right, owner_color(id), selected ? UI_REVERSE : UI_BOLD, label);
-        if (w < 0) continue;
-        x += w;
-        if ((w = put_whole(s, x, y, right, UI_DEFAULT, 0, state)) < 0) continue;
-        x += w;
+    int first = first_request_row(&now, d->selected, r.h - 1);
+    for (int i = first, y = r.y + 1; i < now.n_live_sequences && y < r.y + r.h; i++, y++) {
+        const step_sequence_status* q = &now.live_sequences[i];
         bool ran = false;
         if (rec)
-            for (int k = 0; k < rec->n_sequences; k++) ran |= rec->sequences[k].id == id;
-        // The newest tokens are what moves: when the text does not fit, its
-        // start gives way to a mark (one column) rather than its end.
-        int from = 0, room = right - x, total = 0;
-        for (int i = 0; i < q->n_tokens; i++) total += token_columns(t, q, i, ran);
-        if (total > room)
-            for (int i = q->n_tokens - 1, used = 0; i >= 0; i--) {
-                int need = token_columns(t, q, i, ran);
-                if (used + need > room - 1) {
-                    from = i + 1;
-                    break;
-                }
-                used += need;
-            }
-        if (from > 0) x += ui_put(s, x, y, 1, UI_DEFAULT, UI_DIM, s->utf8 ? "\u2026" : "~");
-        for (int i = from; i < q->n_tokens && x < right; i++) {
-            char piece[64];
-            if (!token_piece(t, q, i, piece, sizeof piece)) continue;
-            bool newest = i == q->n_tokens - 1 && i >= q->n_prompt;
-            int attr = i >= q->n_prompt ? UI_BOLD : 0;
-            // The newest token is reverse video and bracketed (for monochrome).
-            // Tokens are shown whole or not at all: a cut id would be another id.
-            if (newest && ran) {
-                if (x + 2 + ui_text_columns(piece) > right) break;
-                x += ui_put(s, x, y, 1, UI_GOOD, UI_REVERSE, "[");
-                x += ui_put(s, x, y, right - x, UI_GOOD, UI_REVERSE | UI_BOLD, piece);
-                x += ui_put(s, x, y, 1, UI_GOOD, UI_REVERSE, "]");
-            } else if ((w = put_whole(s, x, y, right, i >= q->n_prompt ? owner_color(id) : UI_DEFAULT, attr, piece)) < 0)
-                break;
-            else x += w;
-        }
+            for (int k = 0; k < rec->n_sequences; k++) ran |= rec->sequences[k].id == q->id;
+        draw_request_row(s, r, y, q, t, q->id == d->selected, ran);
     }
+    step_record_free(&now);
 }
 
 // ---- Block tables ----------------------------------------------------------------------

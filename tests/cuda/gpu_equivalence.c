@@ -735,7 +735,7 @@ static int run_engine(engine_run* out, const model* m, engine_backend backend, k
         out->device_ns += r->device_ns;
         out->n_steps++;
     }
-    out->n_sequences = engine_queues_now(&e).n_sequences < 8 ? engine_queues_now(&e).n_sequences : 8;
+    out->n_sequences = e.scheduler.n_sequences < 8 ? e.scheduler.n_sequences : 8;
     for (int i = 0; i < out->n_sequences; i++) {
         const sequence* s = engine_sequence(&e, i);
         out->n_ids[i] = s->n_tokens < 160 ? s->n_tokens : 160;

@@ -58,16 +58,17 @@ typedef struct step_digest {
     int64_t slots_used;
 } step_digest;
 
-// The record is the window into the engine: its queues, live sequences,
-// block states and tail waste must say what the engine holds after the step.
-static void check_record_window(const engine* e, const step_record* r) {
-    const engine_queues now = engine_queues_now(e);
-    assert_int_equal(r->n_waiting, now.n_waiting);
-    assert_int_equal(r->n_running, now.n_running);
-    for (int i = 0; i < now.n_waiting; i++) assert_int_equal(r->waiting_ids[i], now.waiting[i]);
-    for (int i = 0; i < now.n_running; i++) assert_int_equal(r->running_ids[i], now.running[i]);
+// A record's queues and live sequences (a step's, engine_view's or a
+// reader's engine_snapshot) must be the engine's own. Returns the tail
+// waste of the running ones.
+static int64_t check_queues_window(const engine* e, const step_record* r) {
+    const scheduler* now = &e->scheduler; // the engine's own state, which the record must match
+    assert_int_equal(r->n_waiting, now->n_waiting);
+    assert_int_equal(r->n_running, now->n_running);
+    for (int i = 0; i < now->n_waiting; i++) assert_int_equal(r->waiting_ids[i], now->waiting[i]);
+    for (int i = 0; i < now->n_running; i++) assert_int_equal(r->running_ids[i], now->running[i]);
     assert_int_equal(r->n_live_sequences, engine_live_sequences(e));
-    assert_int_equal(r->n_sequence_ids, now.n_sequences);
+    assert_int_equal(r->n_sequence_ids, now->n_sequences);
     int64_t running_tail_waste = 0;
     for (int i = 0, id = 0; i < r->n_live_sequences; i++, id++) {
         const step_sequence_status* q = &r->live_sequences[i];
@@ -83,7 +84,13 @@ static void check_record_window(const engine* e, const step_record* r) {
         assert_in_range(q->tail_waste_slots, 0, e->config.block_size - 1);
         if (s->state == SEQ_PREFILL || s->state == SEQ_DECODE) running_tail_waste += q->tail_waste_slots;
     }
-    assert_int_equal(running_tail_waste, r->tail_waste_slots);
+    return running_tail_waste;
+}
+
+// The record is the window into the engine: its queues, live sequences,
+// block states and tail waste must say what the engine holds after the step.
+static void check_record_window(const engine* e, const step_record* r) {
+    assert_int_equal(check_queues_window(e, r), r->tail_waste_slots);
     for (int i = 0; i < r->n_sequences; i++)
         assert_in_range(r->sequences[i].tail_waste_slots, 0, e->config.block_size - 1);
     int counts[4] = {0};
@@ -192,7 +199,7 @@ static void test_release_refuses_and_ids_stay_unique(void** state) {
     // Waiting: refused, and it stays in the queue.
     assert_int_equal(engine_release_sequence(&e, 0, &err), -1);
     assert_non_null(strstr(err.message, "waiting"));
-    assert_int_equal(engine_queues_now(&e).n_waiting, N_REQUESTS);
+    assert_int_equal(e.scheduler.n_waiting, N_REQUESTS);
 
     const step_record* r = NULL;
     assert_int_equal(engine_step(&e, &r, &err), 0);
@@ -208,6 +215,14 @@ static void test_release_refuses_and_ids_stay_unique(void** state) {
     int free_before = e.pool.n_free + e.pool.n_evictable;
     assert_int_equal(engine_cancel_sequence(&e, 1, &err), 0);
     assert_true(e.pool.n_free + e.pool.n_evictable > free_before);
+    // A reader's snapshot follows the cancel at once and leaves the engine's
+    // record as the step wrote it.
+    step_record snapshot = {0};
+    assert_int_equal(engine_snapshot(&e, &snapshot), 0);
+    check_queues_window(&e, &snapshot);
+    assert_int_equal(snapshot.n_cancelled, 1);
+    assert_int_equal(e.record.n_cancelled, 0);
+    step_record_free(&snapshot);
     view = engine_view(&e); // between steps: the cancel shows, the step's own figures stay
     assert_int_equal(view->step, 1);
     assert_int_equal(view->n_cancelled, 1);
@@ -270,7 +285,7 @@ static void test_release_parent_of_running_forks(void** state) {
     assert_int_equal(engine_add_request(&e, &p, &parent, &err), 0);
     const step_record* r = NULL;
     assert_int_equal(engine_step(&e, &r, &err), 0); // prefill, then the two forks
-    assert_int_equal(engine_queues_now(&e).n_sequences, 3);
+    assert_int_equal(e.scheduler.n_sequences, 3);
     assert_int_equal(engine_cancel_sequence(&e, parent, &err), 0);
     assert_int_equal(engine_release_sequence(&e, parent, &err), 0);
     int steps = 0;

@@ -97,11 +97,11 @@ static void run(const model* m, const engine_config* c, fault_set faults, int n_
         if (engine_add_request(&e, &p, NULL, &err)) fail_msg("add_request: %s", err.message);
     }
     while (engine_has_work(&e)) {
-        int running_before = engine_queues_now(&e).n_running, waiting_before = engine_queues_now(&e).n_waiting;
+        int running_before = e.scheduler.n_running, waiting_before = e.scheduler.n_waiting;
         const step_record* r;
         if (engine_step(&e, &r, &err)) fail_msg("engine_step: %s", err.message);
         assert_true(out->steps < MAX_STEPS);
-        if (engine_queues_now(&e).n_waiting < waiting_before && running_before > out->max_running_while_admitting)
+        if (e.scheduler.n_waiting < waiting_before && running_before > out->max_running_while_admitting)
             out->max_running_while_admitting = running_before;
         if (out->steps == 0) {
             out->prefill_weight_bytes = r->traffic.weight_bytes_read;

@@ -2,9 +2,10 @@
 // project's above it; kernels/ only base/ and kernels/; engine/ never lab/;
 // lab/ only the engine's public headers, listed below with the reason lab
 // needs each; and in lab/lesson/ the lab module's parts (api_*.c) see the
-// host only through lab/lesson/api.h. Every quoted #include of every .c, .h, .cu and .cuh file
+// host only through lab/lesson/api.h; lab/ never names the engine's
+// scheduler. Every quoted #include of every .c, .h, .cu and .cuh file
 // under base/, kernels/, engine/ and lab/ is read; a violation names the
-// file, the line and the header.
+// file, the line and the header (or the text).
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -62,6 +63,7 @@ typedef const char* (*include_rule)(const char* file, const char* header);
 
 typedef struct scan {
     include_rule rule;
+    const char* const* forbidden; // (NULL-terminated) text no line may hold, or NULL
     int files;      // source files read
     int includes;   // quoted includes seen
     int violations;
@@ -73,6 +75,12 @@ static void scan_file(scan* s, const char* path) {
     s->files++;
     char line[1024];
     for (int number = 1; fgets(line, sizeof line, f); number++) {
+        for (const char* const* word = s->forbidden; word && *word; word++)
+            if (strstr(line, *word)) {
+                fprintf(stderr, "%s:%d: names \"%s\": lab/ reads the queues and sequences from step records\n",
+                        path, number, *word);
+                s->violations++;
+            }
         const char* c = line;
         while (*c == ' ' || *c == '\t') c++;
         if (*c++ != '#') continue;
@@ -111,10 +119,11 @@ static void scan_folder(scan* s, const char* folder) {
     closedir(dir);
 }
 
-// Scans `folder` with `rule`; fails on any violation, or when the folder
-// held no includes at all (a scan of nothing proves nothing).
-static void check_folder(const char* folder, include_rule rule) {
-    scan s = {rule, 0, 0, 0};
+// Scans `folder` with `rule`, and every line for the `forbidden` text
+// (NULL: none); fails on any violation, or when the folder held no includes
+// at all (a scan of nothing proves nothing).
+static void check_folder_text(const char* folder, include_rule rule, const char* const* forbidden) {
+    scan s = {rule, forbidden, 0, 0, 0};
     scan_folder(&s, folder);
     fprintf(stderr, "%s: %d files, %d project includes, %d against the layers\n", folder, s.files, s.includes,
             s.violations);
@@ -122,6 +131,8 @@ static void check_folder(const char* folder, include_rule rule) {
     assert_true(s.includes > 0);
     assert_int_equal(s.violations, 0);
 }
+
+static void check_folder(const char* folder, include_rule rule) { check_folder_text(folder, rule, NULL); }
 
 // ---- the rules ---------------------------------------------------------------------------------
 
@@ -201,6 +212,16 @@ static void test_dashboard_and_lua_host_see_the_record(void** state) {
     check_folder("lab/lesson", window_rule);
 }
 
+// The engine's scheduler holds its queues and sequences; lab/ sees them only
+// through step records (engine_step, engine_view, engine_snapshot), which
+// also follow adds and cancels between steps.
+static const char* const SCHEDULER_NAMES[] = {"->scheduler", ".scheduler", NULL};
+
+static void test_lab_reads_queues_from_the_record(void** state) {
+    (void)state;
+    check_folder_text("lab", lab_rule, SCHEDULER_NAMES);
+}
+
 static void test_lesson_parts_see_only_the_api_header(void** state) {
     (void)state;
     check_folder("lab/lesson", lesson_parts_rule);
@@ -213,6 +234,7 @@ int main(void) {
         cmocka_unit_test(test_engine_includes_no_lab),
         cmocka_unit_test(test_lab_includes_only_public_engine_headers),
         cmocka_unit_test(test_dashboard_and_lua_host_see_the_record),
+        cmocka_unit_test(test_lab_reads_queues_from_the_record),
         cmocka_unit_test(test_lesson_parts_see_only_the_api_header),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
