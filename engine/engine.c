@@ -48,19 +48,22 @@ static int ensure_logits(engine* e, int n) {
     return 0;
 }
 
-int engine_init(engine* e, const model* m, const engine_config* config, error_info* err) {
-    memset(e, 0, sizeof *e);
-    e->model = m;
-    e->config = *config;
-    engine_config* c = &e->config;
+// --block-size, --max-seqs and --max-batched-tokens.
+static int check_batch_limits(engine_config* c, const model_config* mc, error_info* err) {
     if (c->block_size < 1 || c->block_size > 256)
         return error_set(err, "--block-size: expected 1..256 tokens, found %d", c->block_size);
     if (c->max_seqs < 1) return error_set(err, "--max-seqs: expected at least 1, found %d", c->max_seqs);
     if (c->max_batched_tokens < 1)
         return error_set(err, "--max-batched-tokens: expected at least 1, found %d", c->max_batched_tokens);
-    if (!c->chunked_prefill && c->max_batched_tokens < m->config.max_seq_len)
-        c->max_batched_tokens = m->config.max_seq_len; // a whole prompt must fit one step
-    uint64_t block_bytes = kv_memory_block_bytes(&m->config, c->kv_dtype, c->block_size);
+    if (!c->chunked_prefill && c->max_batched_tokens < mc->max_seq_len)
+        c->max_batched_tokens = mc->max_seq_len; // a whole prompt must fit one step
+    return 0;
+}
+
+// c->num_blocks: --num-blocks, or as many blocks as --kv-mem holds; and the
+// watermark, 1% of them (at least 1) unless set.
+static int size_kv_pool(engine_config* c, const model_config* mc, error_info* err) {
+    uint64_t block_bytes = kv_memory_block_bytes(mc, c->kv_dtype, c->block_size);
     int n_blocks = c->num_blocks;
     if (n_blocks <= 0) {
         uint64_t blocks = c->kv_mem_bytes / block_bytes;
@@ -79,33 +82,43 @@ int engine_init(engine* e, const model* m, const engine_config* config, error_in
     if (kv_memory_check_fits(what, (uint64_t)n_blocks * block_bytes, err)) return -1;
     c->num_blocks = n_blocks;
     if (c->watermark_blocks < 0) c->watermark_blocks = n_blocks / 100 > 1 ? n_blocks / 100 : 1;
-    int64_t n_slots = (int64_t)n_blocks * c->block_size;
-    // The memory, and the block manager that hands it out.
-    block_manager kv;
+    return 0;
+}
+
+// The KV memory in the configured layout, and the block manager that hands it out.
+static int init_kv_memory(engine* e, block_manager* kv, error_info* err) {
+    engine_config* c = &e->config;
+    const model_config* mc = &e->model->config;
     if (c->layout == KV_LAYOUT_PAGED) {
-        if (kv_pool_init(&e->pool, &m->config, c->kv_dtype, n_blocks, c->block_size, err)) return -1;
-        if (block_manager_init_paged(&kv, &e->pool, c->prefix_caching, err)) {
+        if (kv_pool_init(&e->pool, mc, c->kv_dtype, c->num_blocks, c->block_size, err)) return -1;
+        if (block_manager_init_paged(kv, &e->pool, c->prefix_caching, err)) {
             engine_free(e);
             return -1;
         }
-    } else {
-        c->prefix_caching = false; // no sharing without blocks
-        if (n_slots > (1 << 30)) return error_set(err, "--kv-mem: too many slots");
-        if (kv_contiguous_init(&e->contiguous, &m->config, c->kv_dtype, (int)n_slots, err)) return -1;
-        block_manager_init_contiguous(&kv, &e->contiguous, c->reserve, m->config.max_seq_len, err);
+        return 0;
     }
+    c->prefix_caching = false; // no sharing without blocks
+    int64_t n_slots = (int64_t)c->num_blocks * c->block_size;
+    if (n_slots > (1 << 30)) return error_set(err, "--kv-mem: too many slots");
+    if (kv_contiguous_init(&e->contiguous, mc, c->kv_dtype, (int)n_slots, err)) return -1;
+    block_manager_init_contiguous(kv, &e->contiguous, c->reserve, mc->max_seq_len, err);
+    return 0;
+}
+
+static void init_scheduler(engine* e, const block_manager* kv, error_info* err) {
+    const engine_config* c = &e->config;
     scheduler_config policy = {.batching = c->batching,
                                .max_seqs = c->max_seqs,
                                .max_batched_tokens = c->max_batched_tokens,
                                .chunked_prefill = c->chunked_prefill,
                                .watermark_blocks = c->watermark_blocks,
-                               .max_seq_len = m->config.max_seq_len};
-    scheduler_init(&e->scheduler, &policy, &kv, err);
-    int max_rows = c->max_batched_tokens + c->max_seqs;
-    if (forward_state_init(&e->forward, &m->config, max_rows, m->config.max_seq_len, err)) {
-        engine_free(e);
-        return -1;
-    }
+                               .max_seq_len = e->model->config.max_seq_len};
+    scheduler_init(&e->scheduler, &policy, kv, err);
+}
+
+// The worker threads and the tensor-parallel shards they run. On failure the engine is freed.
+static int start_workers(engine* e, error_info* err) {
+    engine_config* c = &e->config;
     if (c->tp_shards < 1 || c->tp_shards > MAX_TP_SHARDS) {
         engine_free(e);
         return error_set(err, "--tp: expected 1..%d shards, found %d", MAX_TP_SHARDS, c->tp_shards);
@@ -123,21 +136,45 @@ int engine_init(engine* e, const model* m, const engine_config* config, error_in
         return error_set(err, "--threads %d: cannot start the worker threads (error %d)", c->n_threads, pool_status);
     }
     if (forward_state_set_pool(&e->forward, e->workers, err) ||
-        forward_state_set_tensor_parallel(&e->forward, m, c->tp_shards,
+        forward_state_set_tensor_parallel(&e->forward, e->model, c->tp_shards,
                                           threads_per_shard > 1 ? threads_per_shard : 1, err)) {
         engine_free(e);
         return -1;
     }
+    return 0;
+}
+
+// The CUDA backend, when asked for. On failure the engine is freed.
+static int start_cuda(engine* e, int max_rows, error_info* err) {
+    engine_config* c = &e->config;
     if (c->backend == BACKEND_CUDA && c->tp_shards > 1) {
         engine_free(e);
         return error_set(err, "--tp %d: tensor parallelism is simulated on the CPU backend only (drop --backend cuda)",
                          c->tp_shards);
     }
     if (c->backend == BACKEND_CUDA &&
-        forward_cuda_init(&e->cuda, m, block_manager_memory(&e->scheduler.kv), max_rows, err)) {
+        forward_cuda_init(&e->cuda, e->model, block_manager_memory(&e->scheduler.kv), max_rows, err)) {
         engine_free(e);
         return -1;
     }
+    return 0;
+}
+
+int engine_init(engine* e, const model* m, const engine_config* config, error_info* err) {
+    memset(e, 0, sizeof *e);
+    e->model = m;
+    e->config = *config;
+    engine_config* c = &e->config;
+    if (check_batch_limits(c, &m->config, err) || size_kv_pool(c, &m->config, err)) return -1;
+    block_manager kv;
+    if (init_kv_memory(e, &kv, err)) return -1;
+    init_scheduler(e, &kv, err);
+    int max_rows = c->max_batched_tokens + c->max_seqs;
+    if (forward_state_init(&e->forward, &m->config, max_rows, m->config.max_seq_len, err)) {
+        engine_free(e);
+        return -1;
+    }
+    if (start_workers(e, err) || start_cuda(e, max_rows, err)) return -1;
     if (ensure_logits(e, 2 * c->max_seqs)) {
         engine_free(e);
         return error_set(err, "engine: out of memory");

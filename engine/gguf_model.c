@@ -38,8 +38,8 @@ static int read_int_key(const gguf_file* f, const gguf_model_info* info, const c
     return 0;
 }
 
-int gguf_model_read_info(const gguf_file* f, gguf_model_info* info, error_info* err) {
-    memset(info, 0, sizeof *info);
+// general.architecture (llama or qwen2), general.name and the tensor census.
+static int read_architecture(const gguf_file* f, gguf_model_info* info, error_info* err) {
     int found = gguf_get_string(f, "general.architecture", info->architecture, sizeof info->architecture, err);
     if (found < 0) return -1;
     if (!found) return error_set(err, "%s: metadata 'general.architecture' is missing", f->name);
@@ -51,7 +51,12 @@ int gguf_model_read_info(const gguf_file* f, gguf_model_info* info, error_info* 
     if (strcmp(info->architecture, "llama") != 0 && strcmp(info->architecture, "qwen2") != 0)
         return error_set(err, "%s: unsupported architecture %.31s (supported: llama, qwen2)", f->name,
                          info->architecture);
+    return 0;
+}
 
+// The shapes: dimensions and head counts from the metadata, the vocabulary
+// from token_embd.weight, checked by model_config_validate.
+static int read_shapes(const gguf_file* f, gguf_model_info* info, error_info* err) {
     model_config* c = &info->config;
     // The limits are model_config_validate's, which runs last.
     if (read_int_key(f, info, "embedding_length", true, 1 << 17, &c->dim, err) ||
@@ -71,17 +76,22 @@ int gguf_model_read_info(const gguf_file* f, gguf_model_info* info, error_info* 
     c->vocab_size = (int)embedding->ne[1];
     info->has_output_matrix = gguf_find_tensor(f, "output.weight") != NULL;
     c->shared_classifier = !info->has_output_matrix;
-    if (model_config_validate(c, f->name, err)) return -1;
+    return model_config_validate(c, f->name, err);
+}
 
+// RoPE (rotary dimensions, base, pairing) and the RMSNorm epsilon; the
+// key and value lengths must be head_dim, the only one the forward pass has.
+static int read_rope_and_norm(const gguf_file* f, gguf_model_info* info, error_info* err) {
+    model_config* c = &info->config;
     char key[96];
     info->rope_dimensions = c->head_dim;
     if (read_int_key(f, info, "rope.dimension_count", false, 1 << 17, &info->rope_dimensions, err)) return -1;
     info->rope_base = DEFAULT_ROPE_BASE;
     if (gguf_get_float(f, arch_key(info, "rope.freq_base", key, sizeof key), &info->rope_base, err) < 0) return -1;
     info->rms_epsilon = MODEL_RMS_EPS;
-    found = gguf_get_float(f, arch_key(info, "attention.layer_norm_rms_epsilon", key, sizeof key),
-                           &info->rms_epsilon, err);
-    if (found < 0) return -1;
+    if (gguf_get_float(f, arch_key(info, "attention.layer_norm_rms_epsilon", key, sizeof key), &info->rms_epsilon,
+                       err) < 0)
+        return -1;
     int key_length = c->head_dim, value_length = c->head_dim;
     if (read_int_key(f, info, "attention.key_length", false, 1 << 17, &key_length, err) ||
         read_int_key(f, info, "attention.value_length", false, 1 << 17, &value_length, err))
@@ -106,6 +116,12 @@ int gguf_model_read_info(const gguf_file* f, gguf_model_info* info, error_info* 
     // pairs) for llama, LLAMA_ROPE_TYPE_NEOX (halves) for qwen2.
     c->rope_neox = strcmp(info->architecture, "qwen2") == 0;
     c->rms_epsilon = (float)info->rms_epsilon;
+    return 0;
+}
+
+// Experts and RoPE scaling change the math the forward pass does: refused by name.
+static int refuse_unsupported_features(const gguf_file* f, const gguf_model_info* info, error_info* err) {
+    char key[96];
     uint64_t experts = 0;
     if (gguf_get_uint(f, arch_key(info, "expert_count", key, sizeof key), UINT32_MAX, &experts, err) < 0) return -1;
     if (experts > 0)
@@ -117,6 +133,14 @@ int gguf_model_read_info(const gguf_file* f, gguf_model_info* info, error_info* 
     if (scaling[0] && strcmp(scaling, "none") != 0)
         return error_set(err, "%s: %s.rope.scaling.type: '%s' RoPE scaling is not supported", f->name,
                          info->architecture, scaling);
+    return 0;
+}
+
+int gguf_model_read_info(const gguf_file* f, gguf_model_info* info, error_info* err) {
+    memset(info, 0, sizeof *info);
+    if (read_architecture(f, info, err) || read_shapes(f, info, err) || read_rope_and_norm(f, info, err) ||
+        refuse_unsupported_features(f, info, err))
+        return -1;
     return 0;
 }
 
@@ -397,12 +421,88 @@ static float element_f32(const gguf_tensor* t, uint64_t i) {
     }
 }
 
+// A k-quant matrix unpacked one super-block at a time: to fp32/fp16 values
+// (dequantized as ggml does), or to WEIGHT_I8 sub-blocks (kquant_sub_to_i8).
+static void convert_kquant_matrix(const matrix_plan* plan, unsigned char* destination) {
+    const gguf_tensor* t = plan->tensor;
+    weight_matrix* w = plan->target;
+    const uint64_t n = t->ne[1] * t->ne[0];
+    const uint64_t block_bytes = gguf_tensor_block_bytes(t->type), n_blocks = n / KQUANT_SUPER_BLOCK;
+    const uint64_t n_groups = n / (uint64_t)plan->group_size;
+    uint8_t* codes = destination;
+    uint16_t* scales = (uint16_t*)(destination + n);
+    uint8_t* zero_points = plan->asymmetric ? destination + n + n_groups * 2 : NULL;
+    kquant_block b;
+    for (uint64_t block = 0; block < n_blocks; block++) {
+        kquant_unpack(t->type, t->data + block * block_bytes, &b);
+        const uint64_t first = block * KQUANT_SUPER_BLOCK;
+        if (plan->dtype == WEIGHT_F32 || plan->dtype == WEIGHT_F16) {
+            for (int e = 0; e < KQUANT_SUPER_BLOCK; e++) {
+                float value = kquant_value(&b, e);
+                if (plan->dtype == WEIGHT_F32)
+                    ((float*)destination)[first + (uint64_t)e] = value;
+                else
+                    ((uint16_t*)destination)[first + (uint64_t)e] = fp32_to_fp16(value);
+            }
+            continue;
+        }
+        for (int k = 0; k < b.n_sub; k++) {
+            const uint64_t group = first / (uint64_t)b.sub_size + (uint64_t)k;
+            kquant_sub_to_i8(&b, k, codes + first + (uint64_t)k * (uint64_t)b.sub_size, &scales[group],
+                             zero_points ? &zero_points[group] : NULL);
+        }
+    }
+    if (plan->dtype == WEIGHT_I8) {
+        w->group_size = plan->group_size;
+        w->scales_f16 = scales;
+        w->zero_points = zero_points;
+    }
+}
+
+// Q8_0 as WEIGHT_I8 group 32. Block b of the file (row-major, so block b is
+// row b / G, group b % G): fp16 d, then 32 int8 codes. Codes go to values, d to scales_f16.
+static void regroup_q8_0(const gguf_tensor* t, weight_matrix* w, unsigned char* destination, uint64_t n) {
+    int8_t* codes = (int8_t*)destination;
+    uint16_t* scales = (uint16_t*)(destination + n);
+    const uint64_t groups = n / QUANT_BLOCK;
+    for (uint64_t b = 0; b < groups; b++) {
+        const unsigned char* block = t->data + b * 34;
+        scales[b] = u16_at(block);
+        memcpy(codes + b * QUANT_BLOCK, block + 2, QUANT_BLOCK);
+    }
+    w->group_size = QUANT_BLOCK;
+    w->scales_f16 = scales;
+    gguf_use_int8_activations(w);
+}
+
+// Q4_0 as WEIGHT_I4 group 32. The file's block holds element j in the low
+// nibble of byte j and element j + 16 in the high one; the kernel wants
+// columns 2k and 2k + 1 in the low and high nibbles of byte k.
+static void reorder_q4_0(const gguf_tensor* t, weight_matrix* w, unsigned char* destination, uint64_t n) {
+    uint8_t* packed = destination;
+    uint16_t* scales = (uint16_t*)(destination + n / 2);
+    const uint64_t groups = n / QUANT_BLOCK;
+    for (uint64_t b = 0; b < groups; b++) {
+        const unsigned char* block = t->data + b * 18;
+        scales[b] = u16_at(block);
+        uint8_t* out = packed + b * (QUANT_BLOCK / 2);
+        for (int k = 0; k < QUANT_BLOCK / 2; k++) {
+            int low_element = 2 * k, high_element = 2 * k + 1;
+            int low = low_element < 16 ? block[2 + low_element] & 15 : block[2 + low_element - 16] >> 4;
+            int high = high_element < 16 ? block[2 + high_element] & 15 : block[2 + high_element - 16] >> 4;
+            out[k] = (uint8_t)(low | high << 4);
+        }
+    }
+    w->group_size = QUANT_BLOCK;
+    w->scales_f16 = scales;
+    gguf_use_int8_activations(w);
+}
+
 // Fills a matrix of storage from its tensor; the target's pointers are set here.
 static void convert_matrix(const matrix_plan* plan, unsigned char* destination) {
     const gguf_tensor* t = plan->tensor;
     weight_matrix* w = plan->target;
     const uint64_t rows = t->ne[1], cols = t->ne[0], n = rows * cols;
-    const uint64_t groups = n / QUANT_BLOCK;
     w->dtype = plan->dtype;
     w->rows = (int)rows;
     w->cols = (int)cols;
@@ -412,77 +512,17 @@ static void convert_matrix(const matrix_plan* plan, unsigned char* destination) 
     }
     w->values = destination;
     if (is_kquant(t->type)) {
-        const uint64_t block_bytes = gguf_tensor_block_bytes(t->type), n_blocks = n / KQUANT_SUPER_BLOCK;
-        const uint64_t n_groups = n / (uint64_t)plan->group_size;
-        uint8_t* codes = destination;
-        uint16_t* scales = (uint16_t*)(destination + n);
-        uint8_t* zero_points = plan->asymmetric ? destination + n + n_groups * 2 : NULL;
-        kquant_block b;
-        for (uint64_t block = 0; block < n_blocks; block++) {
-            kquant_unpack(t->type, t->data + block * block_bytes, &b);
-            const uint64_t first = block * KQUANT_SUPER_BLOCK;
-            if (plan->dtype == WEIGHT_F32 || plan->dtype == WEIGHT_F16) {
-                for (int e = 0; e < KQUANT_SUPER_BLOCK; e++) {
-                    float value = kquant_value(&b, e);
-                    if (plan->dtype == WEIGHT_F32)
-                        ((float*)destination)[first + (uint64_t)e] = value;
-                    else
-                        ((uint16_t*)destination)[first + (uint64_t)e] = fp32_to_fp16(value);
-                }
-                continue;
-            }
-            for (int k = 0; k < b.n_sub; k++) {
-                const uint64_t group = first / (uint64_t)b.sub_size + (uint64_t)k;
-                kquant_sub_to_i8(&b, k, codes + first + (uint64_t)k * (uint64_t)b.sub_size, &scales[group],
-                                 zero_points ? &zero_points[group] : NULL);
-            }
-        }
-        if (plan->dtype == WEIGHT_I8) {
-            w->group_size = plan->group_size;
-            w->scales_f16 = scales;
-            w->zero_points = zero_points;
-        }
-        return;
-    }
-    if (plan->dtype == WEIGHT_F32) {
+        convert_kquant_matrix(plan, destination);
+    } else if (plan->dtype == WEIGHT_F32) {
         float* out = (float*)destination;
         for (uint64_t i = 0; i < n; i++) out[i] = element_f32(t, i);
     } else if (plan->dtype == WEIGHT_F16) {
         uint16_t* out = (uint16_t*)destination;
         for (uint64_t i = 0; i < n; i++) out[i] = fp32_to_fp16(element_f32(t, i));
     } else if (plan->dtype == WEIGHT_I8) {
-        // Block b of the file (row-major, so block b is row b / G, group b % G):
-        // fp16 d, then 32 int8 codes. Codes go to values, d to scales_f16.
-        int8_t* codes = (int8_t*)destination;
-        uint16_t* scales = (uint16_t*)(destination + n);
-        for (uint64_t b = 0; b < groups; b++) {
-            const unsigned char* block = t->data + b * 34;
-            scales[b] = u16_at(block);
-            memcpy(codes + b * QUANT_BLOCK, block + 2, QUANT_BLOCK);
-        }
-        w->group_size = QUANT_BLOCK;
-        w->scales_f16 = scales;
-        gguf_use_int8_activations(w);
+        regroup_q8_0(t, w, destination, n);
     } else { // WEIGHT_I4
-        // The file's block holds element j in the low nibble of byte j and
-        // element j + 16 in the high one; the kernel wants columns 2k and
-        // 2k + 1 in the low and high nibbles of byte k.
-        uint8_t* packed = destination;
-        uint16_t* scales = (uint16_t*)(destination + n / 2);
-        for (uint64_t b = 0; b < groups; b++) {
-            const unsigned char* block = t->data + b * 18;
-            scales[b] = u16_at(block);
-            uint8_t* out = packed + b * (QUANT_BLOCK / 2);
-            for (int k = 0; k < QUANT_BLOCK / 2; k++) {
-                int low_element = 2 * k, high_element = 2 * k + 1;
-                int low = low_element < 16 ? block[2 + low_element] & 15 : block[2 + low_element - 16] >> 4;
-                int high = high_element < 16 ? block[2 + high_element] & 15 : block[2 + high_element - 16] >> 4;
-                out[k] = (uint8_t)(low | high << 4);
-            }
-        }
-        w->group_size = QUANT_BLOCK;
-        w->scales_f16 = scales;
-        gguf_use_int8_activations(w);
+        reorder_q4_0(t, w, destination, n);
     }
 }
 
@@ -493,256 +533,360 @@ static uint64_t physical_memory_bytes(void) {
     return pages > 0 && page_size > 0 ? (uint64_t)pages * (uint64_t)page_size : UINT64_MAX;
 }
 
-int gguf_model_from_file(model* out, gguf_file* f, const gguf_model_options* options, error_info* err) {
-    memset(out, 0, sizeof *out);
-    gguf_model_options defaults = {MODEL_DTYPE_DEFAULT, 0, false};
-    if (!options) options = &defaults;
-    gguf_model_info info;
-    if (gguf_model_read_info(f, &info, err)) return -1;
-    model_config config = info.config;
-    if (options->context_length > 0) {
-        config.max_seq_len = options->context_length;
-        if (model_config_validate(&config, f->name, err)) return -1;
-    }
-    const int L = config.n_layers;
-    const uint64_t dim = (uint64_t)config.dim, kv_dim = (uint64_t)config.kv_dim, hidden = (uint64_t)config.hidden_dim,
-                   vocab = (uint64_t)config.vocab_size;
+// Every tensor the model uses, found and checked before anything large is
+// allocated, and where each one goes.
+typedef struct load_plan {
+    int n_layers;
+    int n_matrices;             // 7 * n_layers + 2
+    matrix_plan* matrices;      // (n_matrices) token embedding, classifier, then wq .. w3 of each layer
+    const gguf_tensor** norms;  // (2 n_layers + 1) attention and FFN norm of each layer, then the final norm
+    const gguf_tensor** biases; // (3 n_layers) q, k, v of each layer; NULL: none
+    const gguf_tensor* output;  // output.weight, or NULL: the classifier is tied to the embedding
+    layer_weights* layers;      // (n_layers) handed to the model
+    bool* used;                 // (n_tensors + 1: never a 0-byte calloc) whether the model reads tensor i
+    float* bias_storage;        // (n_layers, dim + 2 kv_dim) q, k, v biases of each layer in fp32, or NULL
+    unsigned char* storage;     // (storage_bytes) converted matrices, then widened norms
+    uint64_t storage_bytes;     // each tensor's share rounded up to 64
+} load_plan;
 
-    // Every tensor the model uses, checked, before anything is allocated.
-    int n_plans = 7 * L + 2;
-    matrix_plan* plans = calloc((size_t)n_plans, sizeof *plans);
-    const gguf_tensor** norms = calloc((size_t)(2 * L + 1), sizeof *norms); // (2L + 1) attn, ffn per layer, final
-    const gguf_tensor** biases = calloc((size_t)(3 * L), sizeof *biases);   // (3L) q, k, v per layer; NULL: none
-    layer_weights* layers = calloc((size_t)L, sizeof *layers);
-    bool* used = calloc((size_t)f->n_tensors + 1, sizeof *used);
-    if (!plans || !norms || !biases || !layers || !used) {
-        free(plans), free(norms), free(biases), free(layers), free(used);
+// What the load converts, for the stderr line.
+typedef struct conversion_tally {
+    uint64_t from_q8_bytes, from_q4_bytes, widened_bytes;
+    kquant_cost kquant_costs[3]; // Q4_K, Q5_K, Q6_K converted to int8
+} conversion_tally;
+
+static int load_plan_alloc(load_plan* p, const gguf_file* f, int n_layers, error_info* err) {
+    const int L = n_layers;
+    *p = (load_plan){.n_layers = L, .n_matrices = 7 * L + 2};
+    p->matrices = calloc((size_t)p->n_matrices, sizeof *p->matrices);
+    p->norms = calloc((size_t)(2 * L + 1), sizeof *p->norms);
+    p->biases = calloc((size_t)(3 * L), sizeof *p->biases);
+    p->layers = calloc((size_t)L, sizeof *p->layers);
+    p->used = calloc((size_t)f->n_tensors + 1, sizeof *p->used);
+    if (!p->matrices || !p->norms || !p->biases || !p->layers || !p->used) {
+        free(p->matrices), free(p->norms), free(p->biases), free(p->layers), free(p->used);
         return error_set(err, "%s: out of memory for %d layers", f->name, L);
     }
-    int status = 0;
-    char name[96];
-    const gguf_tensor* t = gguf_find_tensor(f, "token_embd.weight");
-    status = check_shape(f, t, dim, vocab, err);
-    plans[0] = (matrix_plan){.tensor = t, .target = &out->token_embedding};
-    const gguf_tensor* output = gguf_find_tensor(f, "output.weight");
-    if (status == 0 && output) status = check_shape(f, output, dim, vocab, err);
-    plans[1] = (matrix_plan){.tensor = output, .target = &out->classifier};
-    const gguf_tensor* final_norm = gguf_find_tensor(f, "output_norm.weight");
-    if (status == 0 && !final_norm) status = error_set(err, "%s: tensor 'output_norm.weight' is missing", f->name);
-    if (status == 0) status = check_shape(f, final_norm, dim, 1, err);
-    norms[2 * L] = final_norm;
-    for (int l = 0; l < L && status == 0; l++) {
-        const uint64_t shapes[7][2] = {{dim, dim}, {dim, kv_dim}, {dim, kv_dim}, {dim, dim},
-                                       {dim, hidden}, {hidden, dim}, {dim, hidden}};
-        for (int k = 0; k < 9 && status == 0; k++) {
-            snprintf(name, sizeof name, "blk.%d.%s", l, LAYER_TENSORS[k].suffix);
-            t = gguf_find_tensor(f, name);
-            if (!t) {
-                status = error_set(err, "%s: tensor '%s' is missing", f->name, name);
-                break;
-            }
-            int m = LAYER_TENSORS[k].matrix;
-            if (m >= 0) {
-                status = check_shape(f, t, shapes[m][0], shapes[m][1], err);
-                plans[2 + 7 * l + m] =
-                    (matrix_plan){.tensor = t, .target = (weight_matrix*)model_storage_layer_matrix(&layers[l], m)};
-            } else {
-                status = check_shape(f, t, dim, 1, err);
-                norms[m == -1 ? 2 * l : 2 * l + 1] = t;
-            }
-        }
-        // q/k/v biases: qwen2 has all three (llama.cpp requires them), llama
-        // files may (optional there); either all three or none.
-        static const char* const bias_names[3] = {"attn_q.bias", "attn_k.bias", "attn_v.bias"};
-        const uint64_t bias_sizes[3] = {dim, kv_dim, kv_dim};
-        int n_found = 0;
-        for (int k = 0; k < 3 && status == 0; k++) {
-            snprintf(name, sizeof name, "blk.%d.%s", l, bias_names[k]);
-            biases[3 * l + k] = gguf_find_tensor(f, name);
-            if (!biases[3 * l + k]) continue;
-            n_found++;
-            status = check_shape(f, biases[3 * l + k], bias_sizes[k], 1, err);
-        }
-        if (status == 0 && n_found != 0 && n_found != 3)
-            status = error_set(err, "%s: layer %d has %d of the 3 biases attn_q/k/v.bias: expected all or none",
-                               f->name, l, n_found);
-        if (status == 0 && n_found == 0 && info.config.rope_neox)
-            status = error_set(err, "%s: tensor 'blk.%d.attn_q.bias' is missing (qwen2 has q/k/v biases)", f->name, l);
-        if (status == 0 && l > 0 && (n_found != 0) != (biases[0] != NULL))
-            status = error_set(err, "%s: layer %d %s q/k/v biases and layer 0 %s: expected every layer alike", f->name,
-                               l, n_found ? "has" : "lacks", biases[0] ? "has them" : "does not");
-    }
-    // A tensor the model does not use (a bias, rope_freqs, ...) would change
-    // what the model computes: refused by name, as llama.cpp refuses a file
-    // whose tensor count does not match.
-    for (int i = 0; i < n_plans && status == 0; i++)
-        if (plans[i].tensor) used[plans[i].tensor - f->tensors] = true;
-    for (int i = 0; i < 2 * L + 1 && status == 0; i++) used[norms[i] - f->tensors] = true;
-    for (int i = 0; i < 3 * L && status == 0; i++)
-        if (biases[i]) used[biases[i] - f->tensors] = true;
-    for (int i = 0; i < f->n_tensors && status == 0; i++)
-        if (!used[i])
-            status = error_set(err,
-                               "%s: tensor '%s' is not one a llama model uses (biases, rope_freqs and the "
-                               "like, other than q/k/v biases, are not supported)",
-                               f->name, f->tensors[i].name);
-    free(used);
-    float* bias_storage = NULL; // (L, dim + 2 kv_dim) q, k, v biases of each layer in fp32
-    if (status == 0 && biases[0]) {
-        bias_storage = malloc((size_t)L * (size_t)(dim + 2 * kv_dim) * sizeof *bias_storage);
-        if (!bias_storage) status = error_set(err, "%s: out of memory for the biases", f->name);
-    }
-    if (status) {
-        free(plans), free(norms), free(biases), free(layers);
-        return -1;
-    }
+    return 0;
+}
 
-    // Sizes of what is converted (norms are fp32 in the kernels: a norm
-    // stored as F16/BF16 is widened).
-    uint64_t total = 0, converted_from_q8 = 0, converted_from_q4 = 0, widened_bytes = 0;
-    kquant_cost kquant_costs[3] = {{0}}; // Q4_K, Q5_K, Q6_K converted to int8
-    for (int i = 0; i < n_plans; i++) {
-        matrix_plan* p = &plans[i];
-        if (!p->tensor) continue;
-        p->dtype = dtype_for(p->tensor->type, options->dtype, &p->mapped, &p->group_size, &p->asymmetric);
-        p->bytes = p->mapped ? 0 : round_up_64(storage_bytes(p));
-        total += p->bytes;
-        if (p->dtype == WEIGHT_I8 && is_kquant(p->tensor->type)) {
-            kquant_cost* cost = &kquant_costs[p->tensor->type - GGUF_TENSOR_Q4_K];
+// Frees what a failed load allocated; returns -1 for the caller to pass on.
+static int load_plan_abandon(load_plan* p) {
+    free(p->matrices), free(p->norms), free(p->biases), free(p->layers), free(p->used), free(p->bias_storage);
+    return -1;
+}
+
+// Token embedding, classifier and final norm: the tensors outside the layers.
+static int plan_model_tensors(load_plan* p, model* out, const gguf_file* f, const model_config* c,
+                              error_info* err) {
+    const uint64_t dim = (uint64_t)c->dim, vocab = (uint64_t)c->vocab_size;
+    const gguf_tensor* embedding = gguf_find_tensor(f, "token_embd.weight"); // found by gguf_model_read_info
+    p->matrices[0] = (matrix_plan){.tensor = embedding, .target = &out->token_embedding};
+    p->output = gguf_find_tensor(f, "output.weight");
+    p->matrices[1] = (matrix_plan){.tensor = p->output, .target = &out->classifier};
+    if (check_shape(f, embedding, dim, vocab, err)) return -1;
+    if (p->output && check_shape(f, p->output, dim, vocab, err)) return -1;
+    const gguf_tensor* final_norm = gguf_find_tensor(f, "output_norm.weight");
+    if (!final_norm) return error_set(err, "%s: tensor 'output_norm.weight' is missing", f->name);
+    if (check_shape(f, final_norm, dim, 1, err)) return -1;
+    p->norms[2 * p->n_layers] = final_norm;
+    return 0;
+}
+
+// Layer l's seven matrices and two norms (LAYER_TENSORS).
+static int plan_layer_tensors(load_plan* p, const gguf_file* f, const model_config* c, int l, error_info* err) {
+    const uint64_t dim = (uint64_t)c->dim, kv_dim = (uint64_t)c->kv_dim, hidden = (uint64_t)c->hidden_dim;
+    const uint64_t shapes[7][2] = {{dim, dim},    {dim, kv_dim},  {dim, kv_dim}, {dim, dim},
+                                   {dim, hidden}, {hidden, dim}, {dim, hidden}};
+    char name[96];
+    for (int k = 0; k < 9; k++) {
+        snprintf(name, sizeof name, "blk.%d.%s", l, LAYER_TENSORS[k].suffix);
+        const gguf_tensor* t = gguf_find_tensor(f, name);
+        if (!t) return error_set(err, "%s: tensor '%s' is missing", f->name, name);
+        int m = LAYER_TENSORS[k].matrix;
+        if (m >= 0) {
+            p->matrices[2 + 7 * l + m] =
+                (matrix_plan){.tensor = t, .target = (weight_matrix*)model_storage_layer_matrix(&p->layers[l], m)};
+            if (check_shape(f, t, shapes[m][0], shapes[m][1], err)) return -1;
+        } else {
+            p->norms[m == -1 ? 2 * l : 2 * l + 1] = t;
+            if (check_shape(f, t, dim, 1, err)) return -1;
+        }
+    }
+    return 0;
+}
+
+// Layer l's q/k/v biases: qwen2 has all three (llama.cpp requires them),
+// llama files may (optional there); either all three or none, in every layer alike.
+static int plan_layer_biases(load_plan* p, const gguf_file* f, const model_config* c, int l, error_info* err) {
+    static const char* const bias_names[3] = {"attn_q.bias", "attn_k.bias", "attn_v.bias"};
+    const uint64_t bias_sizes[3] = {(uint64_t)c->dim, (uint64_t)c->kv_dim, (uint64_t)c->kv_dim};
+    const gguf_tensor** layer_biases = &p->biases[3 * l];
+    char name[96];
+    int n_found = 0;
+    for (int k = 0; k < 3; k++) {
+        snprintf(name, sizeof name, "blk.%d.%s", l, bias_names[k]);
+        layer_biases[k] = gguf_find_tensor(f, name);
+        if (!layer_biases[k]) continue;
+        n_found++;
+        if (check_shape(f, layer_biases[k], bias_sizes[k], 1, err)) return -1;
+    }
+    if (n_found != 0 && n_found != 3)
+        return error_set(err, "%s: layer %d has %d of the 3 biases attn_q/k/v.bias: expected all or none", f->name, l,
+                         n_found);
+    if (n_found == 0 && c->rope_neox)
+        return error_set(err, "%s: tensor 'blk.%d.attn_q.bias' is missing (qwen2 has q/k/v biases)", f->name, l);
+    if (l > 0 && (n_found != 0) != (p->biases[0] != NULL))
+        return error_set(err, "%s: layer %d %s q/k/v biases and layer 0 %s: expected every layer alike", f->name, l,
+                         n_found ? "has" : "lacks", p->biases[0] ? "has them" : "does not");
+    return 0;
+}
+
+// A tensor the model does not use (a bias, rope_freqs, ...) would change
+// what the model computes: refused by name, as llama.cpp refuses a file
+// whose tensor count does not match.
+static int refuse_unused_tensors(load_plan* p, const gguf_file* f, error_info* err) {
+    const int L = p->n_layers;
+    for (int i = 0; i < p->n_matrices; i++)
+        if (p->matrices[i].tensor) p->used[p->matrices[i].tensor - f->tensors] = true;
+    for (int i = 0; i < 2 * L + 1; i++) p->used[p->norms[i] - f->tensors] = true;
+    for (int i = 0; i < 3 * L; i++)
+        if (p->biases[i]) p->used[p->biases[i] - f->tensors] = true;
+    for (int i = 0; i < f->n_tensors; i++)
+        if (!p->used[i])
+            return error_set(err,
+                             "%s: tensor '%s' is not one a llama model uses (biases, rope_freqs and the "
+                             "like, other than q/k/v biases, are not supported)",
+                             f->name, f->tensors[i].name);
+    return 0;
+}
+
+static int plan_tensors(load_plan* p, model* out, const gguf_file* f, const model_config* c, error_info* err) {
+    if (plan_model_tensors(p, out, f, c, err)) return -1;
+    for (int l = 0; l < p->n_layers; l++)
+        if (plan_layer_tensors(p, f, c, l, err) || plan_layer_biases(p, f, c, l, err)) return -1;
+    int status = refuse_unused_tensors(p, f, err);
+    free(p->used);
+    p->used = NULL;
+    return status;
+}
+
+static int allocate_biases(load_plan* p, const gguf_file* f, const model_config* c, error_info* err) {
+    if (!p->biases[0]) return 0;
+    p->bias_storage = malloc((size_t)p->n_layers * (size_t)(c->dim + 2 * c->kv_dim) * sizeof *p->bias_storage);
+    if (!p->bias_storage) return error_set(err, "%s: out of memory for the biases", f->name);
+    return 0;
+}
+
+// Each matrix's dtype and bytes in storage, and what converting them costs.
+// Norms are fp32 in the kernels: a norm stored as F16/BF16 is widened.
+static conversion_tally plan_conversions(load_plan* p, model_dtype_choice choice, const model_config* c) {
+    conversion_tally tally = {0};
+    for (int i = 0; i < p->n_matrices; i++) {
+        matrix_plan* m = &p->matrices[i];
+        if (!m->tensor) continue;
+        m->dtype = dtype_for(m->tensor->type, choice, &m->mapped, &m->group_size, &m->asymmetric);
+        m->bytes = m->mapped ? 0 : round_up_64(storage_bytes(m));
+        p->storage_bytes += m->bytes;
+        if (m->dtype == WEIGHT_I8 && is_kquant(m->tensor->type)) {
+            kquant_cost* cost = &tally.kquant_costs[m->tensor->type - GGUF_TENSOR_Q4_K];
             // A decode step streams each matrix once, but one row of the embedding
             // (the whole of it again when it is also the classifier).
-            const double per_token = i == 0 ? 1.0 / (double)vocab + (output ? 0.0 : 1.0) : 1.0;
-            cost->weights += p->tensor->ne[0] * p->tensor->ne[1];
-            cost->extra_bytes_per_token += per_token * ((double)storage_bytes(p) - (double)p->tensor->bytes);
-        } else if (p->dtype == WEIGHT_I8)
-            converted_from_q8 += p->tensor->bytes;
-        else if (p->dtype == WEIGHT_I4) converted_from_q4 += p->tensor->bytes;
-        else if (!p->mapped) widened_bytes += p->tensor->bytes;
+            const double per_token = i == 0 ? 1.0 / (double)c->vocab_size + (p->output ? 0.0 : 1.0) : 1.0;
+            cost->weights += m->tensor->ne[0] * m->tensor->ne[1];
+            cost->extra_bytes_per_token += per_token * ((double)storage_bytes(m) - (double)m->tensor->bytes);
+        } else if (m->dtype == WEIGHT_I8)
+            tally.from_q8_bytes += m->tensor->bytes;
+        else if (m->dtype == WEIGHT_I4) tally.from_q4_bytes += m->tensor->bytes;
+        else if (!m->mapped) tally.widened_bytes += m->tensor->bytes;
     }
-    for (int i = 0; i < 2 * L + 1; i++)
-        if (norms[i]->type != GGUF_TENSOR_F32) total += round_up_64(dim * 4);
-    // Fail before allocating: the copies and the mapped file must fit in RAM.
-    uint64_t ram = physical_memory_bytes();
-    if (total > ram || f->size > ram - total)
-        status = error_set(err, "%s: needs %llu bytes of converted weights plus the %zu-byte file, this machine has "
-                                "%llu bytes of RAM",
-                           f->name, (unsigned long long)total, f->size, (unsigned long long)ram);
-    unsigned char* storage = NULL;
-    if (status == 0 && total > 0 && !(storage = streamed_memory_alloc((size_t)total)))
-        status = error_set(err, "%s: out of memory: %llu bytes for the converted weights", f->name,
-                           (unsigned long long)total);
-    if (status) {
-        free(plans), free(norms), free(biases), free(layers), free(bias_storage);
-        return -1;
-    }
+    for (int i = 0; i < 2 * p->n_layers + 1; i++)
+        if (p->norms[i]->type != GGUF_TENSOR_F32) p->storage_bytes += round_up_64((uint64_t)c->dim * 4);
+    return tally;
+}
 
-    snprintf(out->name, sizeof out->name, "%s", f->name);
-    out->format = MODEL_FORMAT_GGUF;
-    out->config = config;
-    out->layers = layers;
-    out->storage = storage;
+// Fails before allocating: the copies and the mapped file must fit in RAM.
+static int allocate_storage(load_plan* p, const gguf_file* f, error_info* err) {
+    const uint64_t total = p->storage_bytes, ram = physical_memory_bytes();
+    if (total > ram || f->size > ram - total)
+        return error_set(err, "%s: needs %llu bytes of converted weights plus the %zu-byte file, this machine has "
+                              "%llu bytes of RAM",
+                         f->name, (unsigned long long)total, f->size, (unsigned long long)ram);
+    if (total > 0 && !(p->storage = streamed_memory_alloc((size_t)total)))
+        return error_set(err, "%s: out of memory: %llu bytes for the converted weights", f->name,
+                         (unsigned long long)total);
+    return 0;
+}
+
+// Converts every matrix into storage (or points it into the file), then
+// points each norm at the file or at its widened fp32 copy.
+static void convert_weights(const load_plan* p, model* out, uint64_t dim) {
+    const int L = p->n_layers;
     uint64_t offset = 0;
-    for (int i = 0; i < n_plans; i++) {
-        if (!plans[i].tensor) continue;
-        convert_matrix(&plans[i], storage ? storage + offset : NULL);
-        offset += plans[i].bytes;
+    for (int i = 0; i < p->n_matrices; i++) {
+        if (!p->matrices[i].tensor) continue;
+        convert_matrix(&p->matrices[i], p->storage ? p->storage + offset : NULL);
+        offset += p->matrices[i].bytes;
     }
     for (int i = 0; i < 2 * L + 1; i++) {
-        const float* gain = (const float*)norms[i]->data;
-        if (norms[i]->type != GGUF_TENSOR_F32) {
-            float* widened = (float*)(storage + offset);
-            for (uint64_t j = 0; j < dim; j++) widened[j] = element_f32(norms[i], j);
+        const gguf_tensor* norm = p->norms[i];
+        const float* gain = (const float*)norm->data;
+        if (norm->type != GGUF_TENSOR_F32) {
+            float* widened = (float*)(p->storage + offset);
+            for (uint64_t j = 0; j < dim; j++) widened[j] = element_f32(norm, j);
             gain = widened;
             offset += round_up_64(dim * 4);
         }
         if (i == 2 * L) out->rms_final = gain;
-        else if (i % 2 == 0) layers[i / 2].rms_attention = gain;
-        else layers[i / 2].rms_ffn = gain;
+        else if (i % 2 == 0) p->layers[i / 2].rms_attention = gain;
+        else p->layers[i / 2].rms_ffn = gain;
     }
-    if (bias_storage) {
-        out->bias_storage = bias_storage;
-        float* at = bias_storage;
-        for (int l = 0; l < L; l++) {
-            float* targets[3];
-            for (int k = 0; k < 3; k++) {
-                const gguf_tensor* bias = biases[3 * l + k];
-                targets[k] = at;
-                for (uint64_t j = 0; j < bias->ne[0]; j++)
-                    at[j] = element_f32(bias, j);
-                at += bias->ne[0];
-            }
-            layers[l].bq = targets[0];
-            layers[l].bk = targets[1];
-            layers[l].bv = targets[2];
-        }
-    }
-    // output.weight absent: the classifier is the embedding (tied). The
-    // llama2c converter writes it anyway as a second copy; it stays a
-    // separate matrix, as llama.cpp computes the logits from it.
-    if (!output) out->classifier = out->token_embedding;
-    out->dtype = layers[0].wq.dtype;
+}
 
+// Each layer's q, k, v biases, widened to fp32 one after another in bias_storage.
+static void convert_biases(const load_plan* p) {
+    float* at = p->bias_storage;
+    for (int l = 0; l < p->n_layers; l++) {
+        float* targets[3];
+        for (int k = 0; k < 3; k++) {
+            const gguf_tensor* bias = p->biases[3 * l + k];
+            targets[k] = at;
+            for (uint64_t j = 0; j < bias->ne[0]; j++)
+                at[j] = element_f32(bias, j);
+            at += bias->ne[0];
+        }
+        p->layers[l].bq = targets[0];
+        p->layers[l].bk = targets[1];
+        p->layers[l].bv = targets[2];
+    }
+}
+
+// weight_bytes and n_parameters: every matrix, norm and bias the model holds.
+static void count_weights(model* out, bool has_output_matrix) {
+    const model_config* c = &out->config;
+    const int L = c->n_layers;
+    const uint64_t dim = (uint64_t)c->dim, kv_dim = (uint64_t)c->kv_dim, vocab = (uint64_t)c->vocab_size;
     uint64_t norm_values = (uint64_t)(2 * L + 1) * dim, bytes = weight_matrix_bytes(&out->token_embedding),
              params = vocab * dim + norm_values;
     for (int l = 0; l < L; l++)
         for (int k = 0; k < 7; k++) {
-            const weight_matrix* w = model_storage_layer_matrix(&layers[l], k);
+            const weight_matrix* w = model_storage_layer_matrix(&out->layers[l], k);
             bytes += weight_matrix_bytes(w);
             params += (uint64_t)w->rows * (uint64_t)w->cols;
         }
-    if (output) {
+    if (has_output_matrix) {
         bytes += weight_matrix_bytes(&out->classifier);
         params += vocab * dim;
     }
-    const uint64_t bias_values = bias_storage ? (uint64_t)L * (dim + 2 * kv_dim) : 0;
+    const uint64_t bias_values = out->bias_storage ? (uint64_t)L * (dim + 2 * kv_dim) : 0;
     out->weight_bytes = bytes + (norm_values + bias_values) * 4;
     out->n_parameters = params + bias_values;
+}
+
+// The k-quant part of the stderr line: one clause per type converted to int8.
+static size_t describe_kquant_conversions(const conversion_tally* tally, char* line, size_t capacity) {
+    static const char* const how[3] = {
+        "int8 g32 asym (W8A16): codes M*q, fp16 scales d*sc/M, zero-points within d*sc/2M (M = 16 "
+        "unless the offset needs a smaller one)",
+        "int8 g32 asym (W8A16): codes M*q, fp16 scales d*sc/M, zero-points within d*sc/2M (M = 8 unless "
+        "the offset needs a smaller one)",
+        "int8 g16 sym (W8A16): codes q-32, fp16 scales d*sc"};
+    static const double int8_bits[3] = {8.0 + 24.0 / 32, 8.0 + 24.0 / 32, 8.0 + 16.0 / 16}; // + scale, zero
+    size_t used_chars = 0;
+    for (int k = 0; k < 3; k++) {
+        if (!tally->kquant_costs[k].weights || used_chars >= capacity) continue;
+        const gguf_tensor_type type = (gguf_tensor_type)(GGUF_TENSOR_Q4_K + k);
+        const double file_bits = 8.0 * (double)gguf_tensor_block_bytes(type) / KQUANT_SUPER_BLOCK;
+        const double extra = tally->kquant_costs[k].extra_bytes_per_token;
+        used_chars += (size_t)snprintf(line + used_chars, capacity - used_chars,
+                                       "; %s -> %s: %.2f -> %.2f bits per weight, +%.1f %s per token",
+                                       gguf_tensor_type_name(type), how[k], file_bits, int8_bits[k],
+                                       extra >= 1e5 ? extra / 1e6 : extra / 1e3, extra >= 1e5 ? "MB" : "KB");
+    }
+    return used_chars;
+}
+
+// One stderr line saying what was converted, to what, and what it costs per token.
+static void report_conversions(const gguf_file* f, model_dtype_choice choice, weight_dtype dtype,
+                               const conversion_tally* tally) {
+    const bool any_kquant = tally->kquant_costs[0].weights || tally->kquant_costs[1].weights ||
+                            tally->kquant_costs[2].weights;
+    if (!(tally->from_q8_bytes || tally->from_q4_bytes || tally->widened_bytes || any_kquant)) return;
+    char line[1024] = "";
+    size_t used_chars = describe_kquant_conversions(tally, line, sizeof line);
+    if (tally->from_q8_bytes && used_chars < sizeof line)
+        used_chars += (size_t)snprintf(line + used_chars, sizeof line - used_chars,
+                                       "; Q8_0 -> int8 g32 (W8A8, int8 activations per 32): %llu bytes regrouped, "
+                                       "codes and fp16 scales unchanged, same bytes per token",
+                                       (unsigned long long)tally->from_q8_bytes);
+    if (tally->from_q4_bytes && used_chars < sizeof line)
+        used_chars += (size_t)snprintf(line + used_chars, sizeof line - used_chars,
+                                       "; Q4_0 -> int4 g32 (W4A8, int8 activations per 32): %llu bytes, nibbles "
+                                       "reordered, scales unchanged, same bytes per token",
+                                       (unsigned long long)tally->from_q4_bytes);
+    if (tally->widened_bytes && used_chars < sizeof line)
+        snprintf(line + used_chars, sizeof line - used_chars, "; %llu bytes of tensors %s to %s",
+                 (unsigned long long)tally->widened_bytes,
+                 choice == MODEL_DTYPE_FP16 ? "rounded or widened" : "widened (exact)", weight_dtype_name(dtype));
+    fprintf(stderr, "%s: converted at load%s\n", f->name, line);
+}
+
+// The model's shapes: the file's, with the context length the options ask for.
+static int read_config(const gguf_file* f, const gguf_model_options* options, model_config* config,
+                       error_info* err) {
+    gguf_model_info info;
+    if (gguf_model_read_info(f, &info, err)) return -1;
+    *config = info.config;
+    if (options->context_length > 0) {
+        config->max_seq_len = options->context_length;
+        if (model_config_validate(config, f->name, err)) return -1;
+    }
+    return 0;
+}
+
+// Hands the plan's layers, storage and biases, and the file's mapping, to the model.
+static void take_ownership(model* out, load_plan* p, gguf_file* f, const model_config* config) {
+    snprintf(out->name, sizeof out->name, "%s", f->name);
+    out->format = MODEL_FORMAT_GGUF;
+    out->config = *config;
+    out->layers = p->layers;
+    out->storage = p->storage;
+    out->bias_storage = p->bias_storage;
     void* mapping;
     size_t mapping_bytes;
     gguf_release_mapping(f, &mapping, &mapping_bytes);
     out->file_mapping = mapping;
     out->file_mapping_bytes = mapping_bytes;
-    free(plans);
-    free(norms);
-    free(biases);
+    free(p->matrices);
+    free(p->norms);
+    free(p->biases);
+}
 
-    const bool any_kquant = kquant_costs[0].weights || kquant_costs[1].weights || kquant_costs[2].weights;
-    if (options->report_conversions && (converted_from_q8 || converted_from_q4 || widened_bytes || any_kquant)) {
-        char line[1024] = "";
-        size_t used_chars = 0;
-        for (int k = 0; k < 3; k++) {
-            if (!kquant_costs[k].weights || used_chars >= sizeof line) continue;
-            static const char* const how[3] = {
-                "int8 g32 asym (W8A16): codes M*q, fp16 scales d*sc/M, zero-points within d*sc/2M (M = 16 "
-                "unless the offset needs a smaller one)",
-                "int8 g32 asym (W8A16): codes M*q, fp16 scales d*sc/M, zero-points within d*sc/2M (M = 8 unless "
-                "the offset needs a smaller one)",
-                "int8 g16 sym (W8A16): codes q-32, fp16 scales d*sc"};
-            static const double int8_bits[3] = {8.0 + 24.0 / 32, 8.0 + 24.0 / 32, 8.0 + 16.0 / 16}; // + scale, zero
-            const gguf_tensor_type type = (gguf_tensor_type)(GGUF_TENSOR_Q4_K + k);
-            const double file_bits = 8.0 * (double)gguf_tensor_block_bytes(type) / KQUANT_SUPER_BLOCK;
-            const double extra = kquant_costs[k].extra_bytes_per_token;
-            used_chars += (size_t)snprintf(line + used_chars, sizeof line - used_chars,
-                                           "; %s -> %s: %.2f -> %.2f bits per weight, +%.1f %s per token",
-                                           gguf_tensor_type_name(type), how[k], file_bits, int8_bits[k],
-                                           extra >= 1e5 ? extra / 1e6 : extra / 1e3, extra >= 1e5 ? "MB" : "KB");
-        }
-        if (converted_from_q8 && used_chars < sizeof line)
-            used_chars += (size_t)snprintf(line + used_chars, sizeof line - used_chars,
-                                           "; Q8_0 -> int8 g32 (W8A8, int8 activations per 32): %llu bytes regrouped, codes and fp16 scales "
-                                           "unchanged, same bytes per token",
-                                           (unsigned long long)converted_from_q8);
-        if (converted_from_q4 && used_chars < sizeof line)
-            used_chars += (size_t)snprintf(line + used_chars, sizeof line - used_chars,
-                                           "; Q4_0 -> int4 g32 (W4A8, int8 activations per 32): %llu bytes, nibbles reordered, scales "
-                                           "unchanged, same bytes per token",
-                                           (unsigned long long)converted_from_q4);
-        if (widened_bytes && used_chars < sizeof line)
-            snprintf(line + used_chars, sizeof line - used_chars, "; %llu bytes of tensors %s to %s", (unsigned long long)widened_bytes,
-                     options->dtype == MODEL_DTYPE_FP16 ? "rounded or widened" : "widened (exact)",
-                     weight_dtype_name(out->dtype));
-        fprintf(stderr, "%s: converted at load%s\n", f->name, line);
-    }
+int gguf_model_from_file(model* out, gguf_file* f, const gguf_model_options* options, error_info* err) {
+    memset(out, 0, sizeof *out);
+    gguf_model_options defaults = {MODEL_DTYPE_DEFAULT, 0, false};
+    if (!options) options = &defaults;
+    model_config config;
+    if (read_config(f, options, &config, err)) return -1;
+
+    load_plan plan;
+    if (load_plan_alloc(&plan, f, config.n_layers, err)) return -1;
+    if (plan_tensors(&plan, out, f, &config, err) || allocate_biases(&plan, f, &config, err))
+        return load_plan_abandon(&plan);
+    const conversion_tally tally = plan_conversions(&plan, options->dtype, &config);
+    if (allocate_storage(&plan, f, err)) return load_plan_abandon(&plan);
+
+    convert_weights(&plan, out, (uint64_t)config.dim);
+    if (plan.bias_storage) convert_biases(&plan);
+    // output.weight absent: the classifier is the embedding (tied). The
+    // llama2c converter writes it anyway as a second copy; it stays a
+    // separate matrix, as llama.cpp computes the logits from it.
+    if (!plan.output) out->classifier = out->token_embedding;
+    const bool has_output_matrix = plan.output != NULL;
+    take_ownership(out, &plan, f, &config);
+    out->dtype = out->layers[0].wq.dtype;
+    count_weights(out, has_output_matrix);
+    if (options->report_conversions) report_conversions(f, options->dtype, out->dtype, &tally);
     model_storage_build_tiles(out);
     // No end-of-generation token (no tokenizer in the file, or a bad id key,
     // which tok_from_gguf refuses by name): llama2.c's EOS 2 / BOS 1.

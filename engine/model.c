@@ -22,6 +22,10 @@
 // n_heads, n_kv_heads, vocab_size (negative: classifier not shared), seq_len.
 #define LEGACY_HEADER_BYTES (7 * 4)
 
+// A layer's matrices in model_storage_layer_matrix order, as messages and
+// model_matrix_by_name spell them.
+static const char* const LAYER_MATRIX_NAMES[7] = {"wq", "wk", "wv", "wo", "w1", "w2", "w3"};
+
 static const char* base_name(const char* path) {
     const char* slash = strrchr(path, '/');
     return slash ? slash + 1 : path;
@@ -283,107 +287,131 @@ static int read_whole_file(const char* path, const char* name, unsigned char** o
     return 0;
 }
 
+// A checkpoint read whole into memory, with what its header says.
+typedef struct checkpoint_file {
+    unsigned char* bytes; // (size) the whole file
+    size_t size;          // bytes
+    model_config config;
+    model_format format;
+    int group_size; // export v2: weights per Q8_0 scale; else 0
+} checkpoint_file;
+
+// The file's size must be exactly what the header's shapes imply.
+static int check_file_size(const char* name, const checkpoint_file* file, error_info* err) {
+    const model_config* c = &file->config;
+    size_sum expected = expected_payload_bytes(c, file->format, file->group_size);
+    if (expected.overflow || expected.bytes > (uint64_t)SIZE_MAX / 2)
+        return error_set(err, "%s: size: the header's dimensions imply more than 2^63 bytes (dim %d, layers %d, vocab %d)",
+                         name, c->dim, c->n_layers, c->vocab_size);
+    if (expected.bytes != (uint64_t)file->size)
+        return error_set(err, "%s: %s: expected %llu bytes, found %zu", name,
+                         (uint64_t)file->size < expected.bytes ? "truncated" : "size mismatch",
+                         (unsigned long long)expected.bytes, file->size);
+    return 0;
+}
+
+// Reads path whole, parses its header and checks its size; on failure nothing stays allocated.
+static int read_checkpoint(const char* path, const char* name, checkpoint_file* file, error_info* err) {
+    *file = (checkpoint_file){.format = MODEL_FORMAT_LEGACY};
+    if (read_whole_file(path, name, &file->bytes, &file->size, err)) return -1;
+    if (parse_header(name, file->bytes, file->size, &file->config, &file->format, &file->group_size, err) ||
+        check_file_size(name, file, err)) {
+        free(file->bytes);
+        return -1;
+    }
+    return 0;
+}
+
+// Legacy order: embedding, rms_att, wq, wk, wv, wo, rms_ffn, w1, w2, w3,
+// rms_final, two RoPE tables, classifier when not shared.
+static void read_legacy_tensors(tensor_reader* reader, model* out, const model_config* c) {
+    const int L = c->n_layers;
+    read_fp32_matrix(reader, &out->token_embedding, "token_embedding", -1);
+    for (int l = 0; l < L; l++)
+        read_fp32_vector(reader, out->layers[l].rms_attention, (size_t)c->dim, "rms_attention", l);
+    for (int kind = 0; kind < 4; kind++) // wq wk wv wo
+        for (int l = 0; l < L; l++)
+            read_fp32_matrix(reader, model_storage_layer_matrix(&out->layers[l], kind), LAYER_MATRIX_NAMES[kind], l);
+    for (int l = 0; l < L; l++) read_fp32_vector(reader, out->layers[l].rms_ffn, (size_t)c->dim, "rms_ffn", l);
+    for (int kind = 4; kind < 7; kind++) // w1 w2 w3
+        for (int l = 0; l < L; l++)
+            read_fp32_matrix(reader, model_storage_layer_matrix(&out->layers[l], kind), LAYER_MATRIX_NAMES[kind], l);
+    read_fp32_vector(reader, out->rms_final, (size_t)c->dim, "rms_final", -1);
+    reader->offset += (size_t)c->max_seq_len * (size_t)c->head_dim * sizeof(float);
+    if (!c->shared_classifier) read_fp32_matrix(reader, &out->classifier, "classifier", -1);
+}
+
+// Export v1 and v2: the norms first (fp32), then the matrices in the
+// order embedding, wq, wk, wv, wo, w1, w2, w3, classifier if unshared.
+static void read_export_tensors(tensor_reader* reader, model* out, const model_config* c, model_format format,
+                                int group_size) {
+    const int L = c->n_layers;
+    for (int l = 0; l < L; l++)
+        read_fp32_vector(reader, out->layers[l].rms_attention, (size_t)c->dim, "rms_attention", l);
+    for (int l = 0; l < L; l++) read_fp32_vector(reader, out->layers[l].rms_ffn, (size_t)c->dim, "rms_ffn", l);
+    read_fp32_vector(reader, out->rms_final, (size_t)c->dim, "rms_final", -1);
+    for (int kind = 0; kind < 9; kind++) {
+        int count = kind == 0 || kind == 8 ? 1 : L;
+        if (kind == 8 && c->shared_classifier) break;
+        for (int l = 0; l < count; l++) {
+            const weight_matrix* w = kind == 0 ? &out->token_embedding
+                                   : kind == 8 ? &out->classifier
+                                               : model_storage_layer_matrix(&out->layers[l], kind - 1);
+            const char* tensor = kind == 0   ? "token_embedding"
+                                 : kind == 8 ? "classifier"
+                                             : LAYER_MATRIX_NAMES[kind - 1];
+            int layer = kind == 0 || kind == 8 ? -1 : l;
+            if (format == MODEL_FORMAT_EXPORT_V2)
+                read_q8_matrix(reader, w, group_size, tensor, layer);
+            else
+                read_fp32_matrix(reader, w, tensor, layer);
+        }
+    }
+}
+
+// Loaded all the same (the file is what it says it is), with one line:
+// a NaN weight turns every activation it touches into NaN, and sampling
+// from NaN logits gives token 0 (<unk>) forever.
+static void warn_nonfinite(const char* name, const tensor_reader* reader) {
+    if (reader->nonfinite_tensors == 0) return;
+    char more[64] = "";
+    if (reader->nonfinite_tensors > 1)
+        snprintf(more, sizeof more, " (and %d more tensors, %llu values in all)", reader->nonfinite_tensors - 1,
+                 (unsigned long long)reader->nonfinite_values);
+    fprintf(stderr,
+            "warning: %s: tensor '%s' has %llu non-finite values (NaN/Inf)%s; the model's outputs will be "
+            "meaningless\n",
+            name, reader->first_nonfinite, (unsigned long long)reader->first_nonfinite_count, more);
+}
+
 int model_load(model* out, const char* path, model_dtype_choice dtype_choice, error_info* err) {
     memset(out, 0, sizeof *out);
     const char* name = base_name(path);
-    unsigned char* bytes = NULL;
-    size_t file_size = 0;
-    if (read_whole_file(path, name, &bytes, &file_size, err)) return -1;
+    checkpoint_file file;
+    if (read_checkpoint(path, name, &file, err)) return -1;
 
-    model_config config;
-    model_format format = MODEL_FORMAT_LEGACY;
-    int group_size = 0;
-    if (parse_header(name, bytes, file_size, &config, &format, &group_size, err)) {
-        free(bytes);
-        return -1;
-    }
-    size_sum expected = expected_payload_bytes(&config, format, group_size);
-    if (expected.overflow || expected.bytes > (uint64_t)SIZE_MAX / 2) {
-        free(bytes);
-        return error_set(err, "%s: size: the header's dimensions imply more than 2^63 bytes (dim %d, layers %d, vocab %d)",
-                         name, config.dim, config.n_layers, config.vocab_size);
-    }
-    if (expected.bytes != (uint64_t)file_size) {
-        free(bytes);
-        return error_set(err, "%s: %s: expected %llu bytes, found %zu", name,
-                         (uint64_t)file_size < expected.bytes ? "truncated" : "size mismatch",
-                         (unsigned long long)expected.bytes, file_size);
-    }
-
-    weight_dtype dtype = format == MODEL_FORMAT_EXPORT_V2 ? WEIGHT_Q8_0 : WEIGHT_F32;
+    weight_dtype dtype = file.format == MODEL_FORMAT_EXPORT_V2 ? WEIGHT_Q8_0 : WEIGHT_F32;
     if (dtype_choice == MODEL_DTYPE_FP32) dtype = WEIGHT_F32;
     if (dtype_choice == MODEL_DTYPE_FP16) dtype = WEIGHT_F16;
-    if (model_storage_allocate(out, &config, dtype, group_size, err)) {
-        free(bytes);
+    if (model_storage_allocate(out, &file.config, dtype, file.group_size, err)) {
+        free(file.bytes);
         return -1;
     }
     snprintf(out->name, sizeof out->name, "%s", name);
-    out->format = format;
+    out->format = file.format;
 
-    tensor_reader reader;
-    memset(&reader, 0, sizeof reader);
-    reader.bytes = bytes;
-    reader.offset = format == MODEL_FORMAT_LEGACY ? LEGACY_HEADER_BYTES : MODEL_EXPORT_HEADER_BYTES;
-    const int L = config.n_layers;
-    static const char* const KINDS[7] = {"wq", "wk", "wv", "wo", "w1", "w2", "w3"};
-    if (format == MODEL_FORMAT_LEGACY) {
-        // Order: embedding, rms_att, wq, wk, wv, wo, rms_ffn, w1, w2, w3,
-        // rms_final, two RoPE tables, classifier when not shared.
-        read_fp32_matrix(&reader, &out->token_embedding, "token_embedding", -1);
-        for (int l = 0; l < L; l++)
-            read_fp32_vector(&reader, out->layers[l].rms_attention, (size_t)config.dim, "rms_attention", l);
-        for (int kind = 0; kind < 4; kind++) // wq wk wv wo
-            for (int l = 0; l < L; l++)
-                read_fp32_matrix(&reader, model_storage_layer_matrix(&out->layers[l], kind), KINDS[kind], l);
-        for (int l = 0; l < L; l++) read_fp32_vector(&reader, out->layers[l].rms_ffn, (size_t)config.dim, "rms_ffn", l);
-        for (int kind = 4; kind < 7; kind++) // w1 w2 w3
-            for (int l = 0; l < L; l++)
-                read_fp32_matrix(&reader, model_storage_layer_matrix(&out->layers[l], kind), KINDS[kind], l);
-        read_fp32_vector(&reader, out->rms_final, (size_t)config.dim, "rms_final", -1);
-        reader.offset += (size_t)config.max_seq_len * (size_t)config.head_dim * sizeof(float);
-        if (!config.shared_classifier) read_fp32_matrix(&reader, &out->classifier, "classifier", -1);
-    } else {
-        // Export v1 and v2: the norms first (fp32), then the matrices in the
-        // order embedding, wq, wk, wv, wo, w1, w2, w3, classifier if unshared.
-        for (int l = 0; l < L; l++)
-            read_fp32_vector(&reader, out->layers[l].rms_attention, (size_t)config.dim, "rms_attention", l);
-        for (int l = 0; l < L; l++) read_fp32_vector(&reader, out->layers[l].rms_ffn, (size_t)config.dim, "rms_ffn", l);
-        read_fp32_vector(&reader, out->rms_final, (size_t)config.dim, "rms_final", -1);
-        for (int kind = 0; kind < 9; kind++) {
-            int count = kind == 0 || kind == 8 ? 1 : L;
-            if (kind == 8 && config.shared_classifier) break;
-            for (int l = 0; l < count; l++) {
-                const weight_matrix* w = kind == 0 ? &out->token_embedding
-                                       : kind == 8 ? &out->classifier
-                                                   : model_storage_layer_matrix(&out->layers[l], kind - 1);
-                const char* tensor = kind == 0 ? "token_embedding" : kind == 8 ? "classifier" : KINDS[kind - 1];
-                int layer = kind == 0 || kind == 8 ? -1 : l;
-                if (format == MODEL_FORMAT_EXPORT_V2)
-                    read_q8_matrix(&reader, w, group_size, tensor, layer);
-                else
-                    read_fp32_matrix(&reader, w, tensor, layer);
-            }
-        }
-    }
-    free(bytes);
-    if (reader.offset != file_size) { // cannot happen after the size check; kept as a tripwire
+    tensor_reader reader = {
+        .bytes = file.bytes,
+        .offset = file.format == MODEL_FORMAT_LEGACY ? LEGACY_HEADER_BYTES : MODEL_EXPORT_HEADER_BYTES};
+    if (file.format == MODEL_FORMAT_LEGACY) read_legacy_tensors(&reader, out, &file.config);
+    else read_export_tensors(&reader, out, &file.config, file.format, file.group_size);
+    free(file.bytes);
+    if (reader.offset != file.size) { // cannot happen after the size check; kept as a tripwire
         model_free(out);
-        return error_set(err, "%s: internal: read %zu of %zu bytes", name, reader.offset, file_size);
+        return error_set(err, "%s: internal: read %zu of %zu bytes", name, reader.offset, file.size);
     }
     out->nonfinite_values = reader.nonfinite_values;
-    // Loaded all the same (the file is what it says it is), with one line:
-    // a NaN weight turns every activation it touches into NaN, and sampling
-    // from NaN logits gives token 0 (<unk>) forever.
-    if (reader.nonfinite_tensors > 0) {
-        char more[64] = "";
-        if (reader.nonfinite_tensors > 1)
-            snprintf(more, sizeof more, " (and %d more tensors, %llu values in all)", reader.nonfinite_tensors - 1,
-                     (unsigned long long)reader.nonfinite_values);
-        fprintf(stderr,
-                "warning: %s: tensor '%s' has %llu non-finite values (NaN/Inf)%s; the model's outputs will be "
-                "meaningless\n",
-                name, reader.first_nonfinite, (unsigned long long)reader.first_nonfinite_count, more);
-    }
+    warn_nonfinite(name, &reader);
     model_storage_build_tiles(out);
     return 0;
 }
@@ -422,9 +450,8 @@ const weight_matrix* model_matrix_by_name(const model* m, const char* name) {
     char kind[8];
     if (sscanf(name, "layers.%d.%7s%n", &layer, kind, &consumed) != 2 || name[consumed] != '\0') return NULL;
     if (layer < 0 || layer >= m->config.n_layers) return NULL;
-    const char* kinds[7] = {"wq", "wk", "wv", "wo", "w1", "w2", "w3"};
     for (int i = 0; i < 7; i++)
-        if (strcmp(kind, kinds[i]) == 0) return model_storage_layer_matrix(&m->layers[layer], i);
+        if (strcmp(kind, LAYER_MATRIX_NAMES[i]) == 0) return model_storage_layer_matrix(&m->layers[layer], i);
     return NULL;
 }
 
