@@ -120,8 +120,9 @@ static void init_scheduler(engine* e, const block_manager* kv, error_info* err) 
 static int start_workers(engine* e, error_info* err) {
     engine_config* c = &e->config;
     if (c->tp_shards < 1 || c->tp_shards > MAX_TP_SHARDS) {
+        error_set(err, "--tp: expected 1..%d shards, found %d", MAX_TP_SHARDS, c->tp_shards); // before the free zeroes c
         engine_free(e);
-        return error_set(err, "--tp: expected 1..%d shards, found %d", MAX_TP_SHARDS, c->tp_shards);
+        return -1;
     }
     int pool_status = thread_pool_create(c->n_threads, &e->workers);
     int n_threads = thread_pool_size(e->workers), threads_per_shard = n_threads / c->tp_shards;
@@ -132,8 +133,9 @@ static int start_workers(engine* e, error_info* err) {
         pool_status = thread_pool_create(c->tp_shards, &e->workers);
     }
     if (pool_status != 0) {
+        error_set(err, "--threads %d: cannot start the worker threads (error %d)", c->n_threads, pool_status);
         engine_free(e);
-        return error_set(err, "--threads %d: cannot start the worker threads (error %d)", c->n_threads, pool_status);
+        return -1;
     }
     if (forward_state_set_pool(&e->forward, e->workers, err) ||
         forward_state_set_tensor_parallel(&e->forward, e->model, c->tp_shards,
@@ -148,9 +150,10 @@ static int start_workers(engine* e, error_info* err) {
 static int start_cuda(engine* e, int max_rows, error_info* err) {
     engine_config* c = &e->config;
     if (c->backend == BACKEND_CUDA && c->tp_shards > 1) {
+        error_set(err, "--tp %d: tensor parallelism is simulated on the CPU backend only (drop --backend cuda)",
+                  c->tp_shards);
         engine_free(e);
-        return error_set(err, "--tp %d: tensor parallelism is simulated on the CPU backend only (drop --backend cuda)",
-                         c->tp_shards);
+        return -1;
     }
     if (c->backend == BACKEND_CUDA &&
         forward_cuda_init(&e->cuda, e->model, block_manager_memory(&e->scheduler.kv), max_rows, err)) {

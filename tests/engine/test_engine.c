@@ -552,6 +552,18 @@ static void test_static_batching_waits_for_the_whole_batch(void** state) {
     engine_free(&e);
 }
 
+// An engine_init that fails after its first allocations frees what it made;
+// its message still names the value given (the free zeroes the config).
+static void test_refused_config_names_its_value(void** state) {
+    (void)state;
+    engine_config c = fp32_config();
+    c.tp_shards = 99;
+    engine e;
+    error_info err = {{0}};
+    assert_int_equal(engine_init(&e, require_model(), &c, &err), -1);
+    assert_non_null(strstr(err.message, "found 99"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batch_invariance_across_layouts_and_batches),
@@ -565,6 +577,7 @@ int main(void) {
         cmocka_unit_test(test_kv_bytes_and_tail_waste),
         cmocka_unit_test(test_scheduler_respects_limits),
         cmocka_unit_test(test_static_batching_waits_for_the_whole_batch),
+        cmocka_unit_test(test_refused_config_names_its_value),
     };
     return cmocka_run_group_tests_name("engine/engine", tests, setup, teardown);
 }
