@@ -102,7 +102,7 @@ CORE_OBJS := $(patsubst %.c,$(BUILD)/obj/%.o,$(KERNEL_SRCS) $(ENGINE_SRCS)) \
              $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(CUDA_SRCS))
 CORE_LIB  := $(BUILD)/libservelab_core.a
 
-TEST_SRCS    := $(wildcard tests/*/test_*.c)
+TEST_SRCS    := $(wildcard tests/*/test_*.c tests/*/*/test_*.c)
 TEST_SUPPORT := $(patsubst %.c,$(BUILD)/obj/%.o,tests/test_support.c)
 TEST_BINS    := $(patsubst %.c,$(BUILD)/%,$(TEST_SRCS))
 

@@ -3,7 +3,7 @@
 -- One entry per item of shared/seed/question-bank.txt, in that order, each
 -- written afresh in English (and in Hinglish under hi_en). `seed` names the
 -- seed section, the item's position in it and a few words of the seed
--- question, so that tests/lab/test_quiz_bank.c can check that every seed
+-- question, so that tests/lab/quiz/test_quiz_bank.c can check that every seed
 -- item is here exactly once. `claim` is the id of the lesson check
 -- (lessons/*.lua, lab.check{id = ...}) that measures the claim live.
 --

@@ -5,7 +5,7 @@
 -- num_key_value_heads, head_dim = hidden_size / num_attention_heads,
 -- vocab_size, intermediate_size, tie_word_embeddings). The parameter count
 -- the drills use is computed from these fields (lab/quiz/models.c), and
--- tests/lab/test_quiz_drills.c checks it against the published totals.
+-- tests/lab/quiz/test_quiz_drills.c checks it against the published totals.
 --
 -- Fields:
 --   name               shown in the questions

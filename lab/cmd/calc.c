@@ -4,7 +4,7 @@
 // The weight arithmetic is the quiz drills' (lab/quiz/drills.c: quiz_weight_bytes,
 // quiz_decode_weight_bytes); the KV bytes are written out here from the pool's
 // layout (engine/kv_memory.h: int8 KV keeps one fp32 scale per token and
-// KV head) and tests/lab/test_calc.c checks them against the quiz's
+// KV head) and tests/lab/cmd/test_calc.c checks them against the quiz's
 // quiz_model_kv_bytes_per_token and the bytes an engine's pool allocates.
 #include <ctype.h>
 #include <math.h>

@@ -13,7 +13,7 @@ int command_sim(int argc, char** argv);
 int command_quant(int argc, char** argv);
 int command_lab(int argc, char** argv);
 // command_lab with the headless replay's screen watched by cut_hook, so that
-// a test sees every text a frame cut (tests/lab/test_dashboard_fit.c);
+// a test sees every text a frame cut (tests/lab/ui/test_dashboard_fit.c);
 // command_lab is this with NULL.
 int command_lab_watching_cuts(int argc, char** argv, ui_cut_hook cut_hook, void* cut_hook_user);
 int command_quiz(int argc, char** argv);

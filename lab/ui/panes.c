@@ -17,7 +17,7 @@ static ui_rect inner(ui_rect r) { return (ui_rect){r.x + 1, r.y + 1, r.w - 2, r.
 // The columns text may take in a pane: all but the last, so that text never
 // touches the frame on the right. A figure that ended at the border could
 // not be told from a cut one, by a reader or by the test that looks
-// (tests/lab/test_dashboard_fit.c); bars and charts still take every column.
+// (tests/lab/ui/test_dashboard_fit.c); bars and charts still take every column.
 static int text_w(ui_rect r) { return r.w - 1; }
 
 static ui_color owner_color(int32_t id) { return (ui_color)(UI_OWNER0 + id % UI_OWNER_COLORS); }

@@ -507,7 +507,7 @@ static void test_kill_mid_write_never_truncates(void** state) {
 }
 
 // Run by hand (not by `make test`, which sets SERVELAB_BIN), the CLI tests
-// should drive the servelab of this test's own build (<build>/tests/lab/ ->
+// should drive the servelab of this test's own build (<build>/tests/lab/quiz/ ->
 // <build>/bin/servelab), not whatever bin/servelab holds.
 static void default_to_this_builds_servelab(void) {
     if (getenv("SERVELAB_BIN")) return;
