@@ -387,7 +387,7 @@ static void admit_and_cancel(server* s) {
         // sample 0 (paged: the others fork off it later, and publish()
         // finds them by request id), or all n (contiguous: consecutive ids).
         step_sequence_status q;
-        engine_sequence_status(&s->engine, first, &q);
+        engine_sequence_status(&s->engine, first, &q); // just added: it is there
         job->request_id = q.request_id;
         for (int k = 0; k < p->n; k++) // false past the ids handed out
             if (engine_sequence_status(&s->engine, first + k, &q) && q.request_id == job->request_id) {
