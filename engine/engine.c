@@ -10,6 +10,7 @@
 #include "engine/forward_cuda.h"
 #include "engine/stop_rule.h"
 #include "engine/scheduler.h"
+#include "engine/sequence.h"
 
 engine_config engine_config_default(void) {
     return (engine_config){
@@ -282,9 +283,11 @@ void engine_set_logits_observer(engine* e, logits_observer observer, void* user)
     e->observer_user = user;
 }
 
-const sequence* engine_sequence(const engine* e, int32_t id) {
+bool engine_sequence_status(const engine* e, int32_t id, step_sequence_status* out) {
     const scheduler* s = &e->scheduler;
-    return id >= 0 && id < s->n_sequences && !is_released(&s->sequences[id]) ? &s->sequences[id] : NULL;
+    if (id < 0 || id >= s->n_sequences || is_released(&s->sequences[id])) return false;
+    step_sequence_status_fill(out, s, &s->sequences[id]);
+    return true;
 }
 
 int64_t engine_pool_slots(const engine* e) { return block_manager_slots(&e->scheduler.kv); }

@@ -19,7 +19,6 @@
 #include "engine/kv_layout.h"
 #include "engine/links.h"
 #include "engine/model.h"
-#include "engine/sequence.h"
 #include "engine/scheduler.h"
 #include "engine/step_record.h"
 
@@ -117,8 +116,8 @@ int engine_cancel_sequence(engine* e, int32_t id, error_info* err);
 // running or preempted sequence is refused (cancel it first), as is an id
 // never handed out. Ids are never reused: the released id's slot keeps its
 // scalar fields (request, sample index, times, stop reason) so that ids of
-// later requests stay consecutive, but engine_sequence() returns NULL for
-// it and engine_release_sequence() refuses it a second time.
+// later requests stay consecutive, but engine_sequence_status() finds
+// nothing for it and engine_release_sequence() refuses it a second time.
 int engine_release_sequence(engine* e, int32_t id, error_info* err);
 
 // Sequences whose memory the engine still holds (added and not released).
@@ -162,8 +161,11 @@ void engine_advance_clock(engine* e, double seconds);
 // Writes every following step record to `trace` as JSON Lines (NULL stops).
 void engine_set_trace(engine* e, FILE* trace);
 
-// The sequence with this id; NULL for an id never handed out or released.
-const sequence* engine_sequence(const engine* e, int32_t id);
+// Sequence `id` as it is now (between steps too), written into *out as the
+// record's live list shows it, in O(1). False, *out untouched, for an id
+// never handed out or released. Its tokens and block table are borrowed:
+// valid until the next engine call.
+bool engine_sequence_status(const engine* e, int32_t id, step_sequence_status* out);
 
 void engine_set_logits_observer(engine* e, logits_observer observer, void* user);
 

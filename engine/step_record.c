@@ -261,6 +261,29 @@ static int record_ran(const scheduler* sched, const step_batch* plan, step_recor
     return 0;
 }
 
+void step_sequence_status_fill(step_sequence_status* out, const scheduler* sched, const sequence* s) {
+    *out = (step_sequence_status){
+        .id = s->id,
+        .request_id = s->request_id,
+        .sample_index = s->sample_index,
+        .state = s->state,
+        .stop = s->stop,
+        .n_prompt = s->n_prompt,
+        .n_tokens = s->n_tokens,
+        .max_new_tokens = s->max_new_tokens,
+        .n_computed = s->n_computed,
+        .fork_parent = s->fork_parent,
+        .n_preemptions = s->n_preemptions,
+        .tail_waste_slots = block_manager_tail_waste(&sched->kv, s),
+        .arrival_time = s->arrival_time,
+        .first_token_time = s->first_token_time,
+        .finish_time = s->finish_time,
+        .tokens = s->tokens,
+        .block_table = s->block_table,
+        .n_table = s->n_table,
+    };
+}
+
 // The queues and every sequence still held, for the request lists.
 static int record_sequences(const scheduler* e, step_record* r) {
     if (array_grow(&r->waiting_ids, &r->waiting_capacity, e->n_waiting, sizeof *r->waiting_ids) ||
@@ -276,28 +299,8 @@ static int record_sequences(const scheduler* e, step_record* r) {
     r->n_sequence_ids = e->n_sequences;
     r->total_preemptions = e->total_preemptions;
     r->n_live_sequences = e->n_live;
-    for (int i = 0; i < e->n_live; i++) {
-        const sequence* s = &e->sequences[e->live_ids[i]];
-        r->live_sequences[i] = (step_sequence_status){
-            .id = s->id,
-            .request_id = s->request_id,
-            .sample_index = s->sample_index,
-            .state = s->state,
-            .stop = s->stop,
-            .n_prompt = s->n_prompt,
-            .n_tokens = s->n_tokens,
-            .n_computed = s->n_computed,
-            .fork_parent = s->fork_parent,
-            .n_preemptions = s->n_preemptions,
-            .tail_waste_slots = block_manager_tail_waste(&e->kv, s),
-            .arrival_time = s->arrival_time,
-            .first_token_time = s->first_token_time,
-            .finish_time = s->finish_time,
-            .tokens = s->tokens,
-            .block_table = s->block_table,
-            .n_table = s->n_table,
-        };
-    }
+    for (int i = 0; i < e->n_live; i++)
+        step_sequence_status_fill(&r->live_sequences[i], e, &e->sequences[e->live_ids[i]]);
     return 0;
 }
 

@@ -2,7 +2,8 @@
 // dashboard, lessons, --trace files and benchmarks (DESIGN.md). A reader
 // needs nothing else from the engine: the pool's blocks, the queues and
 // every live sequence are in it, measured once per step (and between steps
-// by engine_view, or into a reader's own record by engine_snapshot).
+// by engine_view, or into a reader's own record by engine_snapshot; one
+// sequence alone by engine_sequence_status).
 //
 // Byte and FLOP counts are the kernels' own (kernel_traffic), summed over
 // the step's forward pass; pool figures are measured after the step.
@@ -57,6 +58,7 @@ typedef struct step_sequence_status {
     stop_reason stop;         // why it finished (SEQ_FINISHED only; STOP_CANCELLED when cancelled)
     int32_t n_prompt;
     int32_t n_tokens;         // prompt + generated
+    int32_t max_new_tokens;   // the most tokens it may generate (its request's)
     int32_t n_computed;       // tokens whose KV is cached
     int32_t fork_parent;      // the sequence it was forked from, or -1
     int32_t n_preemptions;
@@ -173,7 +175,13 @@ void step_record_free(step_record* record);
 // ---- for the engine only --------------------------------------------------------------------
 
 struct engine;
+struct scheduler;
 struct step_batch;
+
+// Writes sequence s as readers see it: the one mapping from the engine's
+// sequence to step_sequence_status, for the record's live list and
+// engine_sequence_status().
+void step_sequence_status_fill(step_sequence_status* out, const struct scheduler* sched, const sequence* s);
 
 // Zeroes the step's figures, keeping the arrays the record owns.
 void step_record_clear(step_record* record);

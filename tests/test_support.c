@@ -236,10 +236,15 @@ test_generation test_engine_generate(const struct model* m, const int32_t* promp
             traffic_add(&result.decode_traffic, &record->traffic);
         }
     }
-    const sequence* s = engine_sequence(&e, id);
+    const sequence* s = test_sequence(&e, id);
     result.n_generated = s->n_tokens - s->n_prompt;
     result.stop = (int)s->stop;
     memcpy(out_ids, s->tokens + s->n_prompt, (size_t)result.n_generated * sizeof *out_ids);
     engine_free(&e);
     return result;
+}
+
+const sequence* test_sequence(const engine* e, int32_t id) {
+    const scheduler* s = &e->scheduler;
+    return id >= 0 && id < s->n_sequences && s->sequences[id].tokens ? &s->sequences[id] : NULL;
 }

@@ -100,6 +100,14 @@ test_generation test_engine_generate(const struct model* m, const int32_t* promp
                                      int max_new_tokens, float temperature, float top_p, uint64_t seed,
                                      int32_t* out_ids);
 
+struct engine;
+struct sequence;
+
+// The engine's own sequence `id`, read from its scheduler (an engine test
+// may look inside; lab/ sees engine_sequence_status only). NULL for an id
+// never handed out or released (a released sequence has no tokens).
+const struct sequence* test_sequence(const struct engine* e, int32_t id);
+
 // Resolves a shared model file into `path_buffer` or skips (fails under CI).
 #define REQUIRE_SHARED_MODEL(path_buffer, name)                                              \
     do {                                                                                     \

@@ -274,15 +274,17 @@ static int run_request(const model_source* source, generate_args* args, const in
             break;
         }
         add_step(stats, r);
-        const sequence* s = engine_sequence(&e, id);
-        for (; printed < s->n_tokens; printed++) {
-            generated[(*n_generated)++] = s->tokens[printed];
-            if (print_text) print_generated_piece(source->tokenizer, s->tokens[printed - 1], s->tokens[printed]);
+        step_sequence_status s;
+        engine_sequence_status(&e, id, &s); // never released here
+        for (; printed < s.n_tokens; printed++) {
+            generated[(*n_generated)++] = s.tokens[printed];
+            if (print_text) print_generated_piece(source->tokenizer, s.tokens[printed - 1], s.tokens[printed]);
         }
     }
-    const sequence* s = args->options.max_new_tokens > 0 ? engine_sequence(&e, id) : NULL;
+    step_sequence_status s;
+    bool added = args->options.max_new_tokens > 0 && engine_sequence_status(&e, id, &s);
     bool complete = !engine_has_work(&e);
-    stats->stop = s ? s->stop : STOP_LENGTH;
+    stats->stop = added ? s.stop : STOP_LENGTH;
     engine_free(&e);
     if (trace && fclose(trace) != 0) {
         fprintf(stderr, "servelab generate: %s: the trace could not be written\n", args->trace_path);

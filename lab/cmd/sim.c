@@ -166,12 +166,13 @@ static int run_simulation(const model* m, const engine_config* config, const wor
         double* tpot = malloc((size_t)w->n_requests * sizeof *tpot);
         int n_tpot = 0;
         for (int i = 0; i < w->n_requests && ttft && tpot; i++) {
-            const sequence* s = engine_sequence(&e, first_ids[i]);
-            if (s->state != SEQ_FINISHED) continue;
-            int generated = s->n_tokens - s->n_prompt;
-            ttft[out->completed++] = 1000.0 * (s->first_token_time - s->arrival_time);
+            step_sequence_status s;
+            engine_sequence_status(&e, first_ids[i], &s); // never released here
+            if (s.state != SEQ_FINISHED) continue;
+            int generated = s.n_tokens - s.n_prompt;
+            ttft[out->completed++] = 1000.0 * (s.first_token_time - s.arrival_time);
             out->generated_tokens += (uint64_t)generated;
-            if (generated > 1) tpot[n_tpot++] = 1000.0 * (s->finish_time - s->first_token_time) / (generated - 1);
+            if (generated > 1) tpot[n_tpot++] = 1000.0 * (s.finish_time - s.first_token_time) / (generated - 1);
         }
         if (!ttft || !tpot) status = error_set(err, "sim: out of memory");
         else {

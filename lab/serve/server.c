@@ -252,7 +252,7 @@ static void capture_logits(void* user, int32_t id, int position, const float* lo
 
 // Fills the logprobs of generated token `index` of choice c (sequence q), from
 // the logits that preceded it: its own, or its fork parent's for a fork's first token.
-static void record_logprobs(server* s, serve_job* job, serve_choice* c, const sequence* q, int index) {
+static void record_logprobs(server* s, serve_job* job, serve_choice* c, const step_sequence_status* q, int index) {
     int position = q->n_prompt + index - 1;
     const logit_capture* capture = NULL;
     if (q->id < s->capture_capacity && s->captures[q->id].position == position)
@@ -386,14 +386,14 @@ static void admit_and_cancel(server* s) {
         // Known now, so that a cancel before the next publish finds them:
         // sample 0 (paged: the others fork off it later, and publish()
         // finds them by request id), or all n (contiguous: consecutive ids).
-        job->request_id = engine_sequence(&s->engine, first)->request_id;
-        for (int k = 0; k < p->n; k++) {
-            const sequence* q = engine_sequence(&s->engine, first + k); // NULL past the ids handed out
-            if (q && q->request_id == job->request_id) {
-                job->choices[q->sample_index].sequence_id = q->id;
-                if (p->logprobs >= 0) capture_want(s, q->id, true);
+        step_sequence_status q;
+        engine_sequence_status(&s->engine, first, &q); // just added: it is there
+        job->request_id = q.request_id;
+        for (int k = 0; k < p->n; k++) // false past the ids handed out
+            if (engine_sequence_status(&s->engine, first + k, &q) && q.request_id == job->request_id) {
+                job->choices[q.sample_index].sequence_id = q.id;
+                if (p->logprobs >= 0) capture_want(s, q.id, true);
             }
-        }
         job->state = JOB_RUNNING;
         s->metrics.prompt_tokens += (uint64_t)p->n_prompt;
     }
@@ -456,12 +456,12 @@ static bool choice_check_stops(serve_choice* c, const serve_params* p, size_t se
 static void publish(server* s, const step_record* record) {
     engine* e = &s->engine;
     for (; s->scanned_sequences < record->n_sequence_ids; s->scanned_sequences++) {
-        const sequence* q = engine_sequence(e, s->scanned_sequences);
-        if (!q) continue; // released: its job has retired
-        serve_job* job = job_of_request(s, q->request_id);
-        if (job && q->sample_index >= 0 && q->sample_index < job->params.n) {
-            job->choices[q->sample_index].sequence_id = q->id;
-            if (job->params.logprobs >= 0) capture_want(s, q->id, true);
+        step_sequence_status q;
+        if (!engine_sequence_status(e, s->scanned_sequences, &q)) continue; // released: its job has retired
+        serve_job* job = job_of_request(s, q.request_id);
+        if (job && q.sample_index >= 0 && q.sample_index < job->params.n) {
+            job->choices[q.sample_index].sequence_id = q.id;
+            if (job->params.logprobs >= 0) capture_want(s, q.id, true);
         }
     }
     double now = monotonic_s();
@@ -473,15 +473,16 @@ static void publish(server* s, const step_record* record) {
         for (int i = 0; i < job->params.n; i++) {
             serve_choice* c = &job->choices[i];
             if (c->finish != FINISH_NONE || c->sequence_id < 0) continue;
-            const sequence* q = engine_sequence(e, c->sequence_id);
+            step_sequence_status q;
+            engine_sequence_status(e, c->sequence_id, &q); // held until the job retires
             size_t text_before = c->text_bytes;
             bool out_of_memory = false;
-            int generated = q->n_tokens - q->n_prompt;
+            int generated = q.n_tokens - q.n_prompt;
             for (; c->n_tokens < generated && c->n_tokens < job->params.max_tokens; c->n_tokens++) {
-                int32_t token = q->tokens[q->n_prompt + c->n_tokens];
-                int32_t previous = q->tokens[q->n_prompt + c->n_tokens - 1];
+                int32_t token = q.tokens[q.n_prompt + c->n_tokens];
+                int32_t previous = q.tokens[q.n_prompt + c->n_tokens - 1];
                 c->tokens[c->n_tokens] = token;
-                if (job->params.logprobs >= 0) record_logprobs(s, job, c, q, c->n_tokens);
+                if (job->params.logprobs >= 0) record_logprobs(s, job, c, &q, c->n_tokens);
                 produced = true;
                 s->metrics.generation_tokens++;
                 if (s->tok) {
@@ -498,8 +499,8 @@ static void publish(server* s, const step_record* record) {
                 error_info err = {{0}};
                 engine_cancel_sequence(e, c->sequence_id, &err);
                 c->finish = FINISH_STOP;
-            } else if (q->state == SEQ_FINISHED) {
-                c->finish = q->stop == STOP_EOS || q->stop == STOP_BOS ? FINISH_STOP : FINISH_LENGTH;
+            } else if (q.state == SEQ_FINISHED) {
+                c->finish = q.stop == STOP_EOS || q.stop == STOP_BOS ? FINISH_STOP : FINISH_LENGTH;
             }
             if (c->finish != FINISH_NONE) {
                 c->text_ready = c->text_bytes;

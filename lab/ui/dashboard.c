@@ -160,15 +160,16 @@ void dashboard_lesson_log(dashboard* d, lesson_log_kind kind, const char* text) 
     log->appended++;
 }
 
-static int find_mirror(const dashboard* d, const sequence* s, int32_t* twin, error_info* err);
+static int find_mirror(const dashboard* d, const step_sequence_status* s, int32_t* twin, error_info* err);
 
 // Puts a request (or a fork) into both engines; q->sequence gets the paged id.
 static int submit(dashboard* d, saved_request* q, error_info* err) {
     if (q->fork_of >= 0) {
-        const sequence* parent = engine_sequence(&d->paged, q->fork_of);
-        if (!parent) return error_set(err, "replay: fork of sequence %d, which is not there", q->fork_of);
+        step_sequence_status parent;
+        if (!engine_sequence_status(&d->paged, q->fork_of, &parent))
+            return error_set(err, "replay: fork of sequence %d, which is not there", q->fork_of);
         int32_t twin = -1, twin_child = -1;
-        if (find_mirror(d, parent, &twin, err)) return -1;
+        if (find_mirror(d, &parent, &twin, err)) return -1;
         if (engine_fork_sequence(&d->paged, q->fork_of, q->temperature, q->seed, &q->sequence, err)) return -1;
         if (twin >= 0 && engine_fork_sequence(&d->contiguous, twin, q->temperature, q->seed, &twin_child, err))
             return -1;
@@ -182,13 +183,13 @@ static int submit(dashboard* d, saved_request* q, error_info* err) {
 }
 
 
-static int remember_request(dashboard* d, const saved_request* q, error_info* err);
+static int remember_request(dashboard* d, const saved_request* q, const int32_t* prompt, error_info* err);
 
 static int add_ids(dashboard* d, int32_t* ids, int n, int max_new_tokens, int n_samples, float temperature,
                    error_info* err) {
     saved_request q = {ids, n, max_new_tokens, n_samples, temperature, (uint64_t)d->n_requests + 1, -1, -1, false};
     if (submit(d, &q, err)) return -1;
-    return remember_request(d, &q, err);
+    return remember_request(d, &q, ids, err);
 }
 
 int dashboard_add_prompt(dashboard* d, const char* text, int max_new_tokens, int n_samples, float temperature,
@@ -244,7 +245,7 @@ int dashboard_step(dashboard* d, error_info* err) {
 // The contiguous engine's sequence that mirrors paged sequence `s` (same
 // request, same sample) into *twin, or -1 there when it has none (a fork
 // the contiguous engine could not make). -1 when out of memory.
-static int find_mirror(const dashboard* d, const sequence* s, int32_t* twin, error_info* err) {
+static int find_mirror(const dashboard* d, const step_sequence_status* s, int32_t* twin, error_info* err) {
     step_record contiguous = {0};
     int status = engine_snapshot(&d->contiguous, &contiguous) ? error_set(err, "lab: out of memory") : 0;
     *twin = -1;
@@ -257,21 +258,22 @@ static int find_mirror(const dashboard* d, const sequence* s, int32_t* twin, err
 }
 
 int dashboard_cancel_selected(dashboard* d, error_info* err) {
-    const sequence* s = engine_sequence(&d->paged, d->selected);
-    if (!s || s->state == SEQ_FINISHED) return 0;
+    step_sequence_status s;
+    if (!engine_sequence_status(&d->paged, d->selected, &s) || s.state == SEQ_FINISHED) return 0;
     int32_t twin = -1;
-    if (find_mirror(d, s, &twin, err)) return -1;
-    if (engine_cancel_sequence(&d->paged, s->id, err)) return -1;
+    if (find_mirror(d, &s, &twin, err)) return -1;
+    if (engine_cancel_sequence(&d->paged, s.id, err)) return -1;
     if (twin >= 0 && engine_cancel_sequence(&d->contiguous, twin, err)) return -1;
     for (int i = 0; i < d->n_requests; i++) // remembered for a replay (n_samples is 1 in the lab)
-        if (d->requests[i].sequence == s->id) d->requests[i].cancelled = true;
+        if (d->requests[i].sequence == s.id) d->requests[i].cancelled = true;
     return 0;
 }
 
 // Appends a request to the replay list without submitting it (a fork: it
 // exists in the engines already and is replayed as its own request after a
-// restart, recomputing what it shared).
-static int remember_request(dashboard* d, const saved_request* q, error_info* err) {
+// restart, recomputing what it shared). The list keeps its own copy of
+// `prompt` (q->n_prompt ids; q->prompt is not read).
+static int remember_request(dashboard* d, const saved_request* q, const int32_t* prompt, error_info* err) {
     if (d->n_requests == d->requests_capacity) {
         int capacity = d->requests_capacity ? 2 * d->requests_capacity : 16;
         saved_request* grown = realloc(d->requests, (size_t)capacity * sizeof *grown);
@@ -282,15 +284,16 @@ static int remember_request(dashboard* d, const saved_request* q, error_info* er
     saved_request copy = *q;
     copy.prompt = malloc((size_t)q->n_prompt * sizeof *copy.prompt);
     if (!copy.prompt) return error_set(err, "lab: out of memory");
-    memcpy(copy.prompt, q->prompt, (size_t)q->n_prompt * sizeof *copy.prompt);
+    memcpy(copy.prompt, prompt, (size_t)q->n_prompt * sizeof *copy.prompt);
     d->requests[d->n_requests++] = copy;
     return 0;
 }
 
 int dashboard_fork_selected(dashboard* d, error_info* err) {
-    const sequence* s = engine_sequence(&d->paged, d->selected);
-    if (!s || s->state == SEQ_FINISHED) return error_set(err, "fork: select a request that is still running");
-    if (s->n_tokens >= d->source.model.config.max_seq_len - 1)
+    step_sequence_status s;
+    if (!engine_sequence_status(&d->paged, d->selected, &s) || s.state == SEQ_FINISHED)
+        return error_set(err, "fork: select a request that is still running");
+    if (s.n_tokens >= d->source.model.config.max_seq_len - 1)
         return error_set(err, "fork: the sequence is at the model's max length");
     // Sampled at temperature 0.8 so that the child diverges from its parent.
     const float temperature = 0.8f;
@@ -299,14 +302,14 @@ int dashboard_fork_selected(dashboard* d, error_info* err) {
     uint64_t seed = 1000u + (uint64_t)paged.n_sequence_ids;
     step_record_free(&paged);
     if (status) return error_set(err, "lab: out of memory");
-    int32_t twin = -1, child = -1, twin_child = -1, parent = s->id;
-    if (find_mirror(d, s, &twin, err)) return -1;
+    int32_t twin = -1, child = -1, twin_child = -1, parent = s.id;
+    if (find_mirror(d, &s, &twin, err)) return -1;
     if (engine_fork_sequence(&d->paged, parent, temperature, seed, &child, err)) return -1;
     if (twin >= 0 && engine_fork_sequence(&d->contiguous, twin, temperature, seed, &twin_child, err)) return -1;
     // Replayed as a fork of the same parent (its prompt is kept for the record).
-    s = engine_sequence(&d->paged, parent);
-    saved_request replay = {s->tokens, s->n_tokens, s->max_new_tokens, 1, temperature, seed, parent, child, false};
-    if (remember_request(d, &replay, err)) return -1;
+    engine_sequence_status(&d->paged, parent, &s); // the fork may have moved the engine's sequences
+    saved_request replay = {NULL, s.n_tokens, s.max_new_tokens, 1, temperature, seed, parent, child, false};
+    if (remember_request(d, &replay, s.tokens, err)) return -1;
     d->selected = child;
     return 0;
 }
@@ -337,11 +340,11 @@ int dashboard_set_block_size(dashboard* d, int block_size, error_info* err) {
     for (int i = 0; i < d->n_requests; i++)
         if (submit(d, &d->requests[i], err)) return -1;
     for (int i = 0; i < d->n_requests; i++) {
-        const sequence* s = engine_sequence(&d->paged, d->requests[i].sequence);
-        if (!d->requests[i].cancelled || !s) continue;
+        step_sequence_status s;
+        if (!d->requests[i].cancelled || !engine_sequence_status(&d->paged, d->requests[i].sequence, &s)) continue;
         int32_t twin = -1;
-        if (find_mirror(d, s, &twin, err)) return -1;
-        if (engine_cancel_sequence(&d->paged, s->id, err)) return -1;
+        if (find_mirror(d, &s, &twin, err)) return -1;
+        if (engine_cancel_sequence(&d->paged, s.id, err)) return -1;
         if (twin >= 0 && engine_cancel_sequence(&d->contiguous, twin, err)) return -1;
     }
     return 0;

@@ -737,7 +737,7 @@ static int run_engine(engine_run* out, const model* m, engine_backend backend, k
     }
     out->n_sequences = e.scheduler.n_sequences < 8 ? e.scheduler.n_sequences : 8;
     for (int i = 0; i < out->n_sequences; i++) {
-        const sequence* s = engine_sequence(&e, i);
+        const sequence* s = &e.scheduler.sequences[i]; // none released here
         out->n_ids[i] = s->n_tokens < 160 ? s->n_tokens : 160;
         memcpy(out->ids[i], s->tokens, (size_t)out->n_ids[i] * sizeof(int32_t));
     }

@@ -127,7 +127,7 @@ static void run_engine(const model* m, const engine_config* c, const test_reques
             assert_true(r->tail_waste_slots <= (int64_t)r->n_running * (c->block_size - 1));
     }
     const sequence* s;
-    for (int32_t id = 0; id < MAX_SEQS_TRACKED && (s = engine_sequence(&e, id)) != NULL; id++) {
+    for (int32_t id = 0; id < MAX_SEQS_TRACKED && (s = test_sequence(&e, id)) != NULL; id++) {
         assert_int_equal(s->state, SEQ_FINISHED);
         out->n_tokens[id] = s->n_tokens - s->n_prompt;
         memcpy(out->tokens[id], s->tokens + s->n_prompt, (size_t)out->n_tokens[id] * sizeof(int32_t));
@@ -379,7 +379,7 @@ static void test_prefix_cache_shares_one_copy(void** state) {
     assert_int_equal(r->blocks_free + r->blocks_cached, r->blocks_total);
     int32_t outputs[8][12];
     for (int i = 0; i < 8; i++) {
-        const sequence* s = engine_sequence(&e, i);
+        const sequence* s = test_sequence(&e, i);
         assert_int_equal(s->n_tokens - s->n_prompt, 12);
         memcpy(outputs[i], s->tokens + s->n_prompt, sizeof outputs[i]);
     }
@@ -442,7 +442,7 @@ static void test_request_that_never_fits_is_rejected(void** state) {
         const step_record* r;
         assert_int_equal(engine_step(&e, &r, &err), 0);
     }
-    assert_int_equal(engine_sequence(&e, 0)->state, SEQ_FINISHED);
+    assert_int_equal(test_sequence(&e, 0)->state, SEQ_FINISHED);
     engine_free(&e);
 }
 
@@ -544,8 +544,8 @@ static void test_static_batching_waits_for_the_whole_batch(void** state) {
         const step_record* r;
         assert_int_equal(engine_step(&e, &r, &err), 0);
         // Nobody from the second batch runs while the first is unfinished.
-        if (engine_sequence(&e, 0)->state != SEQ_FINISHED)
-            for (int i = 3; i < 6; i++) assert_int_equal(engine_sequence(&e, i)->state, SEQ_WAITING);
+        if (test_sequence(&e, 0)->state != SEQ_FINISHED)
+            for (int i = 3; i < 6; i++) assert_int_equal(test_sequence(&e, i)->state, SEQ_WAITING);
         if (r->n_running > 0 && r->n_running < 3 && r->n_waiting > 0) steps_with_idle_slots++;
     }
     assert_true(steps_with_idle_slots > 40); // the long member ran alone for many steps

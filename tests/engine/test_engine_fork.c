@@ -71,11 +71,11 @@ static void run(const model* m, kv_layout layout, float fork_temperature, fork_r
     while (engine_has_work(&e)) {
         assert_int_equal(engine_step(&e, &r, &err), 0);
         out->copy_bytes += r->copy_bytes;
-        const sequence* s = engine_sequence(&e, parent);
+        const sequence* s = test_sequence(&e, parent);
         if (fork_temperature >= 0 && child < 0 && s->n_tokens - s->n_prompt == FORK_AFTER) {
             assert_int_equal(engine_fork_sequence(&e, parent, fork_temperature, 99, &child, &err), 0);
-            s = engine_sequence(&e, parent);
-            const sequence* k = engine_sequence(&e, child);
+            s = test_sequence(&e, parent);
+            const sequence* k = test_sequence(&e, child);
             assert_int_equal(k->request_id, s->request_id);
             assert_int_equal(k->sample_index, 1);
             assert_int_equal(k->n_tokens, s->n_tokens);
@@ -86,9 +86,9 @@ static void run(const model* m, kv_layout layout, float fork_temperature, fork_r
                 out->shared_blocks_at_fork += k->block_table[i] == s->block_table[i];
         }
     }
-    copy_generated(engine_sequence(&e, parent), out->parent_tokens, &out->n_parent);
+    copy_generated(test_sequence(&e, parent), out->parent_tokens, &out->n_parent);
     if (child >= 0) {
-        const sequence* k = engine_sequence(&e, child);
+        const sequence* k = test_sequence(&e, child);
         assert_int_equal(k->stop, STOP_LENGTH);
         copy_generated(k, out->child_tokens, &out->n_child);
     }
@@ -200,12 +200,12 @@ static void test_failed_fork_leaves_no_child(void** state) {
     assert_non_null(strstr(err.message, "--temperature"));
     assert_int_equal(child, -1);
     assert_int_equal(engine_live_sequences(&e), 1);
-    assert_null(engine_sequence(&e, parent + 1));
+    assert_null(test_sequence(&e, parent + 1));
     assert_int_equal(engine_fork_sequence(&e, parent, 0.0f, 99, &child, &err), 0);
     assert_int_equal(child, parent + 1);
     while (engine_has_work(&e)) assert_int_equal(engine_step(&e, &r, &err), 0);
-    assert_int_equal(engine_sequence(&e, parent)->n_tokens - N_PROMPT, 8);
-    assert_int_equal(engine_sequence(&e, child)->n_tokens - N_PROMPT, 8);
+    assert_int_equal(test_sequence(&e, parent)->n_tokens - N_PROMPT, 8);
+    assert_int_equal(test_sequence(&e, child)->n_tokens - N_PROMPT, 8);
     engine_free(&e);
     model_free(&m);
 }

@@ -72,8 +72,8 @@ static int64_t check_queues_window(const engine* e, const step_record* r) {
     int64_t running_tail_waste = 0;
     for (int i = 0, id = 0; i < r->n_live_sequences; i++, id++) {
         const step_sequence_status* q = &r->live_sequences[i];
-        while (!engine_sequence(e, id)) id++; // released ids are left out
-        const sequence* s = engine_sequence(e, id);
+        while (!test_sequence(e, id)) id++; // released ids are left out
+        const sequence* s = test_sequence(e, id);
         assert_int_equal(q->id, id);
         assert_int_equal(q->state, s->state);
         assert_int_equal(q->n_tokens, s->n_tokens);
@@ -129,13 +129,13 @@ static int run(const model* m, bool release, step_digest* digests, int32_t outpu
                                        r->n_finished_now, r->blocks_free, r->blocks_used, r->slots_used};
         for (int i = 0; i < r->n_finished_now; i++) {
             int32_t id = r->finished_ids[i];
-            const sequence* s = engine_sequence(&e, id);
+            const sequence* s = test_sequence(&e, id);
             assert_non_null(s);
             assert_int_equal(s->n_tokens - s->n_prompt, NEW_TOKENS - id);
             memcpy(outputs[id], s->tokens + s->n_prompt, (size_t)(s->n_tokens - s->n_prompt) * sizeof(int32_t));
             if (release) {
                 assert_int_equal(engine_release_sequence(&e, id, &err), 0);
-                assert_null(engine_sequence(&e, id));
+                assert_null(test_sequence(&e, id));
             }
         }
         steps++;
@@ -203,13 +203,13 @@ static void test_release_refuses_and_ids_stay_unique(void** state) {
 
     const step_record* r = NULL;
     assert_int_equal(engine_step(&e, &r, &err), 0);
-    const sequence* s0 = engine_sequence(&e, 0);
+    const sequence* s0 = test_sequence(&e, 0);
     assert_true(s0->state == SEQ_PREFILL || s0->state == SEQ_DECODE);
     err.message[0] = '\0';
     assert_int_equal(engine_release_sequence(&e, 0, &err), -1);
     assert_non_null(strstr(err.message, "sequence 0"));
     assert_non_null(strstr(err.message, "cancel it first"));
-    assert_non_null(engine_sequence(&e, 0)); // refused: untouched
+    assert_non_null(test_sequence(&e, 0)); // refused: untouched
 
     // Cancelled: released, its blocks are already back, its id is gone for good.
     int free_before = e.pool.n_free + e.pool.n_evictable;
@@ -231,7 +231,7 @@ static void test_release_refuses_and_ids_stay_unique(void** state) {
     assert_int_equal(view->blocks_free + view->blocks_cached, e.pool.n_free + e.pool.n_evictable);
     check_record_window(&e, view);
     assert_int_equal(engine_release_sequence(&e, 1, &err), 0);
-    assert_null(engine_sequence(&e, 1));
+    assert_null(test_sequence(&e, 1));
     assert_int_equal(engine_live_sequences(&e), N_REQUESTS - 1);
     view = engine_view(&e);
     assert_int_equal(view->n_live_sequences, N_REQUESTS - 1);
@@ -247,7 +247,7 @@ static void test_release_refuses_and_ids_stay_unique(void** state) {
     assert_int_equal(engine_release_sequence(&e, -1, &err), -1);
     assert_int_equal(engine_release_sequence(&e, N_REQUESTS, &err), -1);
     assert_non_null(strstr(err.message, "no sequence"));
-    assert_null(engine_sequence(&e, N_REQUESTS));
+    assert_null(test_sequence(&e, N_REQUESTS));
 
     // A new request gets a fresh id, never a released one.
     request_params p = {PROMPT, N_PROMPT, 4, 1, 0.0f, 1.0f, 7, 0.0, true};
@@ -292,7 +292,7 @@ static void test_release_parent_of_running_forks(void** state) {
     while (engine_has_work(&e) && steps++ < MAX_STEPS)
         assert_int_equal(engine_step(&e, &r, &err), 0);
     for (int32_t id = 1; id <= 2; id++) {
-        const sequence* s = engine_sequence(&e, id);
+        const sequence* s = test_sequence(&e, id);
         assert_non_null(s);
         assert_int_equal(s->state, SEQ_FINISHED);
         assert_int_equal(s->n_tokens - s->n_prompt, 8);

@@ -117,7 +117,7 @@ static void run(const model* m, const engine_config* c, fault_set faults, int n_
     }
     out->hidden_size = e.forward.shards[0].hidden_size;
     for (int id = 0; id < n_requests; id++) {
-        const sequence* s = engine_sequence(&e, id);
+        const sequence* s = test_sequence(&e, id);
         out->n_tokens[id] = s->n_tokens - s->n_prompt;
         memcpy(out->tokens[id], s->tokens + s->n_prompt, (size_t)out->n_tokens[id] * sizeof(int32_t));
     }

@@ -17,6 +17,7 @@
 #include "engine/fault.h"
 #include "engine/model_synth.h"
 #include "engine/tokenizer.h"
+#include "tests/test_support.h"
 
 enum { PROMPT_LENGTH = 21, NEW_TOKENS = 12, MAX_VOCAB = 512 };
 
@@ -83,9 +84,9 @@ static void run_with(const model* m, const engine_config* c, fault_set faults, i
         out->copy_bytes += r->copy_bytes;
         for (int i = 0; i < r->n_events; i++)
             out->copies += r->events[i].kind == BLOCK_COPY;
-        if (step == 0) out->first_table_length = engine_sequence(&e, 0)->n_table;
+        if (step == 0) out->first_table_length = test_sequence(&e, 0)->n_table;
         if (n_requests == 2 && out->shared_ref_count < 0 && r->decode_tokens == 2 && c->layout == KV_LAYOUT_PAGED)
-            out->shared_ref_count = e.pool.blocks[engine_sequence(&e, 0)->block_table[0]].ref_count;
+            out->shared_ref_count = e.pool.blocks[test_sequence(&e, 0)->block_table[0]].ref_count;
     }
     if (c->layout == KV_LAYOUT_PAGED) assert_true(e.pool.n_free <= e.pool.n_blocks);
     engine_free(&e);

@@ -281,7 +281,7 @@ static void test_engine_runs_quantized_model_and_int8_kv(void** state) {
             const step_record* r;
             assert_int_equal(engine_step(&e, &r, &err), 0);
         }
-        memcpy(out[d], engine_sequence(&e, 0)->tokens + 4, sizeof out[d]);
+        memcpy(out[d], test_sequence(&e, 0)->tokens + 4, sizeof out[d]);
         engine_free(&e);
     }
     int agree_i8 = 0, agree_f16 = 0;
@@ -312,7 +312,7 @@ static void test_engine_runs_quantized_model_and_int8_kv(void** state) {
             assert_int_equal(engine_step(&e, &r, &err), 0);
             if (r->decode_tokens > 0 && r->prefill_tokens == 0) weight_bytes = r->traffic.weight_bytes_read;
         }
-        assert_int_equal(engine_sequence(&e, 0)->n_tokens, 44);
+        assert_int_equal(test_sequence(&e, 0)->n_tokens, 44);
         // A decode step streams the packed matrices (not fp32 ones).
         assert_int_equal(weight_bytes, model_decode_weight_bytes(&q));
         engine_free(&e);

@@ -3,7 +3,7 @@
 // lab/ only the engine's public headers, listed below with the reason lab
 // needs each; and in lab/lesson/ the lab module's parts (api_*.c) see the
 // host only through lab/lesson/api.h; lab/ never names the engine's
-// scheduler. Every quoted #include of every .c, .h, .cu and .cuh file
+// scheduler nor its sequence type. Every quoted #include of every .c, .h, .cu and .cuh file
 // under base/, kernels/, engine/ and lab/ is read; a violation names the
 // file, the line and the header (or the text).
 #include <stdarg.h>
@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <cmocka.h>
 
+#include <ctype.h>
 #include <dirent.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -61,9 +62,12 @@ static bool is_source(const char* name) {
 // is forbidden, or NULL when it is allowed.
 typedef const char* (*include_rule)(const char* file, const char* header);
 
+// A rule on every line's text: why the line is forbidden, or NULL.
+typedef const char* (*line_rule)(const char* line);
+
 typedef struct scan {
     include_rule rule;
-    const char* const* forbidden; // (NULL-terminated) text no line may hold, or NULL
+    line_rule text_rule; // or NULL: no rule on the text
     int files;      // source files read
     int includes;   // quoted includes seen
     int violations;
@@ -75,12 +79,11 @@ static void scan_file(scan* s, const char* path) {
     s->files++;
     char line[1024];
     for (int number = 1; fgets(line, sizeof line, f); number++) {
-        for (const char* const* word = s->forbidden; word && *word; word++)
-            if (strstr(line, *word)) {
-                fprintf(stderr, "%s:%d: names \"%s\": lab/ reads the queues and sequences from step records\n",
-                        path, number, *word);
-                s->violations++;
-            }
+        const char* text_why = s->text_rule ? s->text_rule(line) : NULL;
+        if (text_why) {
+            fprintf(stderr, "%s:%d: %s: %s", path, number, text_why, line);
+            s->violations++;
+        }
         const char* c = line;
         while (*c == ' ' || *c == '\t') c++;
         if (*c++ != '#') continue;
@@ -119,11 +122,11 @@ static void scan_folder(scan* s, const char* folder) {
     closedir(dir);
 }
 
-// Scans `folder` with `rule`, and every line for the `forbidden` text
-// (NULL: none); fails on any violation, or when the folder held no includes
+// Scans `folder` with `rule`, and every line with `text_rule` (NULL:
+// none); fails on any violation, or when the folder held no includes
 // at all (a scan of nothing proves nothing).
-static void check_folder_text(const char* folder, include_rule rule, const char* const* forbidden) {
-    scan s = {rule, forbidden, 0, 0, 0};
+static void check_folder_text(const char* folder, include_rule rule, line_rule text_rule) {
+    scan s = {rule, text_rule, 0, 0, 0};
     scan_folder(&s, folder);
     fprintf(stderr, "%s: %d files, %d project includes, %d against the layers\n", folder, s.files, s.includes,
             s.violations);
@@ -215,11 +218,49 @@ static void test_dashboard_and_lua_host_see_the_record(void** state) {
 // The engine's scheduler holds its queues and sequences; lab/ sees them only
 // through step records (engine_step, engine_view, engine_snapshot), which
 // also follow adds and cancels between steps.
-static const char* const SCHEDULER_NAMES[] = {"->scheduler", ".scheduler", NULL};
+static const char* scheduler_rule(const char* line) {
+    return strstr(line, "->scheduler") || strstr(line, ".scheduler")
+               ? "names the scheduler: lab/ reads the queues and sequences from step records"
+               : NULL;
+}
 
 static void test_lab_reads_queues_from_the_record(void** state) {
     (void)state;
-    check_folder_text("lab", lab_rule, SCHEDULER_NAMES);
+    check_folder_text("lab", lab_rule, scheduler_rule);
+}
+
+static bool is_word_char(char c) { return isalnum((unsigned char)c) || c == '_'; }
+
+// True when the word that ends just before `at` (spaces skipped) is `word`.
+static bool preceded_by(const char* line, const char* at, const char* word) {
+    const char* end = at;
+    while (end > line && (end[-1] == ' ' || end[-1] == '\t')) end--;
+    size_t length = strlen(word);
+    if ((size_t)(end - line) < length || strncmp(end - length, word, length) != 0) return false;
+    return end - length == line || !is_word_char(end[-length - 1]);
+}
+
+// The engine's sequence struct is its own: lab/ reads a sequence as a
+// step_sequence_status (engine_sequence_status, the record's live list).
+// Named as a type: `sequence*`, `struct sequence`, `const sequence`, or a
+// declaration opening a line with `sequence name`. The word alone (prose,
+// a field called sequence) is no type.
+static const char* sequence_type_rule(const char* line) {
+    const char* first = line + strspn(line, " \t");
+    for (const char* w = strstr(line, "sequence"); w; w = strstr(w + 1, "sequence")) {
+        const char* after = w + strlen("sequence");
+        if ((w > line && (is_word_char(w[-1]) || w[-1] == '.' || w[-1] == '>')) || is_word_char(*after)) continue;
+        const char* next = after + strspn(after, " \t");
+        if (*next == '*' || (w == first && is_word_char(*next)) || preceded_by(line, w, "struct") ||
+            preceded_by(line, w, "const"))
+            return "names the engine's sequence type: lab/ reads a sequence as a step_sequence_status";
+    }
+    return NULL;
+}
+
+static void test_lab_never_names_the_sequence_type(void** state) {
+    (void)state;
+    check_folder_text("lab", lab_rule, sequence_type_rule);
 }
 
 static void test_lesson_parts_see_only_the_api_header(void** state) {
@@ -235,6 +276,7 @@ int main(void) {
         cmocka_unit_test(test_lab_includes_only_public_engine_headers),
         cmocka_unit_test(test_dashboard_and_lua_host_see_the_record),
         cmocka_unit_test(test_lab_reads_queues_from_the_record),
+        cmocka_unit_test(test_lab_never_names_the_sequence_type),
         cmocka_unit_test(test_lesson_parts_see_only_the_api_header),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
