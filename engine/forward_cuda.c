@@ -268,90 +268,117 @@ static batch_metadata metadata_at(unsigned char* base, int n_rows, int n_logit_r
 // error_set for stage_batch, which returns 0 bytes on failure.
 #define staging_failed(...) (error_set(__VA_ARGS__), (size_t)0)
 
-// Checks the batch as forward() does and fills the staging buffer; sets
-// the counts and the longest context. Returns bytes to upload, or 0 on error.
-static size_t stage_batch(forward_cuda* fc, const forward_batch* b, int* n_logit_rows, int* max_context,
-                          error_info* err) {
+// Checks each row's token, position, sequence and slot; records in needed
+// (n_sequences) the blocks each sequence needs, up to its last row's position.
+static int check_rows(const forward_cuda* fc, const forward_batch* b, int* needed, int* n_logit_rows,
+                      int* max_context, error_info* err) {
     const model_config* c = &fc->config;
-    if (b->n_rows <= 0 || b->n_rows > fc->max_rows)
-        return staging_failed(err, "forward_cuda: batch of %d rows, expected 1..%d", b->n_rows, fc->max_rows);
-    if (!b->slot_mapping) return staging_failed(err, "forward_cuda: the batch has no slot mapping");
-    // Blocks each sequence needs: up to its last row's position.
-    int* needed = calloc((size_t)(b->n_sequences > 0 ? b->n_sequences : 1), sizeof *needed);
-    if (!needed) return staging_failed(err, "forward_cuda: out of host memory");
     int n_logits = 0, longest = 0;
     for (int r = 0; r < b->n_rows; r++) {
         const batch_row* row = &b->rows[r];
         if (row->token < 0 || row->token >= c->vocab_size || row->position < 0 || row->position >= c->max_seq_len ||
-            row->sequence < 0 || row->sequence >= b->n_sequences) {
-            free(needed);
-            return staging_failed(err, "forward_cuda: row %d: token %d, position %d or sequence %d out of range", r,
-                                  row->token, row->position, row->sequence);
-        }
-        if (b->slot_mapping[r] < 0 || b->slot_mapping[r] >= (int64_t)fc->kv_n_blocks * fc->kv_block_size) {
-            free(needed);
-            return staging_failed(err, "forward_cuda: row %d: slot %d outside the pool", r, (int)b->slot_mapping[r]);
-        }
+            row->sequence < 0 || row->sequence >= b->n_sequences)
+            return error_set(err, "forward_cuda: row %d: token %d, position %d or sequence %d out of range", r,
+                             row->token, row->position, row->sequence);
+        if (b->slot_mapping[r] < 0 || b->slot_mapping[r] >= (int64_t)fc->kv_n_blocks * fc->kv_block_size)
+            return error_set(err, "forward_cuda: row %d: slot %d outside the pool", r, (int)b->slot_mapping[r]);
         int blocks = row->position / fc->kv_block_size + 1;
         if (blocks > needed[row->sequence]) needed[row->sequence] = blocks;
         if (row->position + 1 > longest) longest = row->position + 1;
         n_logits += row->wants_logits;
     }
+    *n_logit_rows = n_logits;
+    *max_context = longest;
+    return 0;
+}
+
+// Bytes of the metadata: the slots, four int32 per row, the logit rows and
+// the block tables (needed[s] entries for each sequence s).
+static size_t metadata_bytes(const forward_batch* b, int n_logit_rows, const int* needed) {
     int table_entries = 0;
     for (int s = 0; s < b->n_sequences; s++)
         table_entries += needed[s];
-    const size_t bytes = (size_t)b->n_rows * sizeof(int64_t) +
-                         ((size_t)4 * (size_t)b->n_rows + (size_t)n_logits + (size_t)table_entries) * sizeof(int32_t);
-    if (bytes > fc->metadata_capacity) {
-        size_t capacity = bytes * 2;
-        unsigned char* staging = realloc(fc->staging, capacity);
-        if (!staging) {
-            free(needed);
-            return staging_failed(err, "forward_cuda: out of host memory");
-        }
-        fc->staging = staging;
-        cuda_device_free(fc->metadata);
-        fc->metadata = NULL;
-        fc->metadata_capacity = 0;
-        if (cuda_device_alloc(fc->gpu, &fc->metadata, capacity, "batch metadata", err)) {
-            free(needed);
-            return 0;
-        }
-        fc->metadata_capacity = capacity;
-    }
-    batch_metadata at = metadata_at(fc->staging, b->n_rows, n_logits);
-    int* offsets = calloc((size_t)(b->n_sequences > 0 ? b->n_sequences : 1), sizeof *offsets);
-    if (!offsets) {
-        free(needed);
-        return staging_failed(err, "forward_cuda: out of host memory");
-    }
+    return (size_t)b->n_rows * sizeof(int64_t) +
+           ((size_t)4 * (size_t)b->n_rows + (size_t)n_logit_rows + (size_t)table_entries) * sizeof(int32_t);
+}
+
+// Grows the host staging and device metadata buffers to twice the bytes
+// asked for, so that slowly growing batches do not reallocate every step.
+static int reserve_metadata(forward_cuda* fc, size_t bytes, error_info* err) {
+    if (bytes <= fc->metadata_capacity) return 0;
+    size_t capacity = bytes * 2;
+    unsigned char* staging = realloc(fc->staging, capacity);
+    if (!staging) return error_set(err, "forward_cuda: out of host memory");
+    fc->staging = staging;
+    cuda_device_free(fc->metadata);
+    fc->metadata = NULL;
+    fc->metadata_capacity = 0;
+    if (cuda_device_alloc(fc->gpu, &fc->metadata, capacity, "batch metadata", err)) return -1;
+    fc->metadata_capacity = capacity;
+    return 0;
+}
+
+// Concatenates the sequences' block tables (needed[s] entries of each) into
+// at->tables and records in offsets (n_sequences) where each one starts.
+static int stage_block_tables(const forward_cuda* fc, const forward_batch* b, const int* needed, int* offsets,
+                              const batch_metadata* at, error_info* err) {
     for (int s = 0, used = 0; s < b->n_sequences; s++) {
         offsets[s] = used;
         for (int k = 0; k < needed[s]; k++) {
             int32_t block = b->block_tables[s][k];
-            if (block < 0 || block >= fc->kv_n_blocks) {
-                free(needed);
-                free(offsets);
-                return staging_failed(err, "forward_cuda: sequence %d: block %d outside the pool of %d", s, block,
-                                      fc->kv_n_blocks);
-            }
-            at.tables[used + k] = block;
+            if (block < 0 || block >= fc->kv_n_blocks)
+                return error_set(err, "forward_cuda: sequence %d: block %d outside the pool of %d", s, block,
+                                 fc->kv_n_blocks);
+            at->tables[used + k] = block;
         }
         used += needed[s];
     }
+    return 0;
+}
+
+static void stage_rows(const forward_batch* b, const int* offsets, const batch_metadata* at) {
     for (int r = 0, logit = 0; r < b->n_rows; r++) {
         const batch_row* row = &b->rows[r];
-        at.slots[r] = b->slot_mapping[r];
-        at.tokens[r] = row->token;
-        at.positions[r] = row->position;
-        at.context_lengths[r] = row->position + 1;
-        at.table_offsets[r] = offsets[row->sequence];
-        if (row->wants_logits) at.logit_rows[logit++] = r;
+        at->slots[r] = b->slot_mapping[r];
+        at->tokens[r] = row->token;
+        at->positions[r] = row->position;
+        at->context_lengths[r] = row->position + 1;
+        at->table_offsets[r] = offsets[row->sequence];
+        if (row->wants_logits) at->logit_rows[logit++] = r;
     }
-    free(needed);
-    free(offsets);
+}
+
+// Checks the batch as forward() does and fills the staging buffer; sets
+// the counts and the longest context. Returns bytes to upload, or 0 on error.
+static size_t stage_batch(forward_cuda* fc, const forward_batch* b, int* n_logit_rows, int* max_context,
+                          error_info* err) {
+    if (b->n_rows <= 0 || b->n_rows > fc->max_rows)
+        return staging_failed(err, "forward_cuda: batch of %d rows, expected 1..%d", b->n_rows, fc->max_rows);
+    if (!b->slot_mapping) return staging_failed(err, "forward_cuda: the batch has no slot mapping");
+    size_t n_sequence_slots = (size_t)(b->n_sequences > 0 ? b->n_sequences : 1);
+    int* needed = calloc(n_sequence_slots, sizeof *needed); // (n_sequences) blocks each sequence needs
+    int* offsets = NULL;                            // (n_sequences) where its table starts
+    if (!needed) return staging_failed(err, "forward_cuda: out of host memory");
+    size_t bytes = 0, staged_bytes;
+    int n_logits = 0, longest = 0;
+    batch_metadata at;
+    if (check_rows(fc, b, needed, &n_logits, &longest, err)) goto done;
+    staged_bytes = metadata_bytes(b, n_logits, needed);
+    if (reserve_metadata(fc, staged_bytes, err)) goto done;
+    at = metadata_at(fc->staging, b->n_rows, n_logits);
+    offsets = calloc(n_sequence_slots, sizeof *offsets);
+    if (!offsets) {
+        error_set(err, "forward_cuda: out of host memory");
+        goto done;
+    }
+    if (stage_block_tables(fc, b, needed, offsets, &at, err)) goto done;
+    stage_rows(b, offsets, &at);
     *n_logit_rows = n_logits;
     *max_context = longest;
+    bytes = staged_bytes;
+done:
+    free(needed);
+    free(offsets);
     return bytes;
 }
 

@@ -356,8 +356,9 @@ uint64_t quant_packed_bytes(int rows, int cols, const quant_scheme* scheme) {
     return packed_payload_bytes(rows, cols, scheme->bits) + 2 * groups + (scheme->symmetric ? 0 : groups);
 }
 
-int quant_pack(const int32_t* codes, const quant_params* params, int rows, int cols, const quant_scheme* scheme,
-               void* storage, weight_matrix* out, error_info* err) {
+static int pack_check_arguments(const int32_t* codes, const quant_params* params, int rows, int cols,
+                                const quant_scheme* scheme, const void* storage, const weight_matrix* out,
+                                error_info* err) {
     if (quant_scheme_validate(scheme, cols, err)) return -1;
     if (scheme->bits != 8 && scheme->bits != 4)
         return error_set(err, "quant pack: bits = %d: the packed formats hold 8 (WEIGHT_I8) or 4 (WEIGHT_I4) bits",
@@ -367,20 +368,16 @@ int quant_pack(const int32_t* codes, const quant_params* params, int rows, int c
         return error_set(err, "quant pack: codes, params, storage and out must not be NULL");
     if ((uintptr_t)storage % _Alignof(uint16_t) != 0)
         return error_set(err, "quant pack: storage must be 2-byte aligned for the fp16 scales");
+    return 0;
+}
 
-    int bits = scheme->bits;
-    bool symmetric = scheme->symmetric;
-    int32_t code_min = quant_code_min(bits, symmetric), code_max = quant_code_max(bits, symmetric);
+// Per-group scales and zero-points. Per tensor and per channel repeat
+// their one set in every group (one group per row).
+static int pack_group_params(const quant_params* params, int rows, int cols, const quant_scheme* scheme,
+                             uint16_t* scales_f16, uint8_t* zero_points, error_info* err) {
     int groups_per_row = packed_groups_per_row(cols, scheme);
     int group_size = cols / groups_per_row;
-    size_t n_groups = (size_t)rows * (size_t)groups_per_row;
-    uint16_t* scales_f16 = (uint16_t*)storage;           // (rows, groups_per_row)
-    uint8_t* payload = (uint8_t*)storage + 2 * n_groups; // see the layout above
-    uint8_t* zero_points =
-        symmetric ? NULL : payload + packed_payload_bytes(rows, cols, bits); // (rows, groups_per_row)
-
-    // Per-group scales and zero-points. Per tensor and per channel repeat
-    // their one set in every group (one group per row).
+    int32_t code_max = quant_code_max(scheme->bits, scheme->symmetric);
     for (int o = 0; o < rows; o++)
         for (int g = 0; g < groups_per_row; g++) {
             int k = quant_param_index(o, g * group_size, rows, cols, scheme);
@@ -392,7 +389,7 @@ int quant_pack(const int32_t* codes, const quant_params* params, int rows, int c
                 return error_set(err, "quant pack: scale %g of set %d: expected a positive fp16-representable value",
                                  (double)p->scale, k);
             scales_f16[(size_t)o * (size_t)groups_per_row + (size_t)g] = half;
-            if (symmetric) {
+            if (scheme->symmetric) {
                 if (p->zero_point != 0)
                     return error_set(err, "quant pack: zero-point %d of set %d: expected 0 when symmetric",
                                      (int)p->zero_point, k);
@@ -403,9 +400,14 @@ int quant_pack(const int32_t* codes, const quant_params* params, int rows, int c
                 zero_points[(size_t)o * (size_t)groups_per_row + (size_t)g] = (uint8_t)p->zero_point;
             }
         }
+    return 0;
+}
 
-    // Codes: int8 / uint8 as they are; INT4 as nibbles (symmetric q + 8),
-    // column 2j in the low nibble of byte j and column 2j + 1 in the high.
+// Codes: int8 / uint8 as they are; INT4 as nibbles (symmetric q + 8),
+// column 2j in the low nibble of byte j and column 2j + 1 in the high.
+static int pack_codes(const int32_t* codes, int rows, int cols, int bits, bool symmetric, uint8_t* payload,
+                      error_info* err) {
+    int32_t code_min = quant_code_min(bits, symmetric), code_max = quant_code_max(bits, symmetric);
     size_t row_bytes = bits == 8 ? (size_t)cols : ((size_t)cols + 1) / 2;
     memset(payload, 0, (size_t)rows * row_bytes); // an odd cols leaves the last high nibble 0
     for (int o = 0; o < rows; o++)
@@ -422,12 +424,29 @@ int quant_pack(const int32_t* codes, const quant_params* params, int rows, int c
                 row[i / 2] |= (uint8_t)(i % 2 == 0 ? nibble : nibble << 4);
             }
         }
+    return 0;
+}
+
+int quant_pack(const int32_t* codes, const quant_params* params, int rows, int cols, const quant_scheme* scheme,
+               void* storage, weight_matrix* out, error_info* err) {
+    if (pack_check_arguments(codes, params, rows, cols, scheme, storage, out, err)) return -1;
+
+    int bits = scheme->bits;
+    bool symmetric = scheme->symmetric;
+    int groups_per_row = packed_groups_per_row(cols, scheme);
+    size_t n_groups = (size_t)rows * (size_t)groups_per_row;
+    uint16_t* scales_f16 = (uint16_t*)storage;           // (rows, groups_per_row)
+    uint8_t* payload = (uint8_t*)storage + 2 * n_groups; // see the layout above
+    uint8_t* zero_points =
+        symmetric ? NULL : payload + packed_payload_bytes(rows, cols, bits); // (rows, groups_per_row)
+    if (pack_group_params(params, rows, cols, scheme, scales_f16, zero_points, err)) return -1;
+    if (pack_codes(codes, rows, cols, bits, symmetric, payload, err)) return -1;
 
     memset(out, 0, sizeof *out);
     out->dtype = bits == 8 ? WEIGHT_I8 : WEIGHT_I4;
     out->rows = rows;
     out->cols = cols;
-    out->group_size = group_size;
+    out->group_size = cols / groups_per_row;
     out->values = payload;
     out->scales = NULL;
     out->scales_f16 = scales_f16;

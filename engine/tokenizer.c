@@ -1034,27 +1034,22 @@ static int encode_bpe(const tokenizer* t, const char* text, size_t text_bytes, b
     return status;
 }
 
-int tok_encode(const tokenizer* t, const char* text, bool add_bos, bool add_eos, int32_t* ids,
-               int capacity, int* n_ids, error_info* err) {
+static int check_encode_arguments(const tokenizer* t, const char* text, const int32_t* ids, int capacity,
+                                  int* n_ids, error_info* err) {
     if (!n_ids) return error_set(err, "tok_encode: n_ids is NULL");
     *n_ids = 0;
     if (!t || !text) return error_set(err, "tok_encode: %s is NULL", t ? "text" : "tokenizer");
     if (capacity < 0 || (capacity > 0 && !ids))
         return error_set(err, "tok_encode: capacity is %d with ids %s, expected >= 0 and ids set",
                          capacity, ids ? "set" : "NULL");
-    size_t text_bytes = strlen(text);
-    // Before merging there is at most one id per byte, plus BOS, the dummy
-    // prefix and EOS; that count must fit an int.
-    if (text_bytes > (size_t)INT_MAX - 3)
-        return error_set(err, "tok_encode: text is %zu bytes, more than %d", text_bytes,
-                         INT_MAX - 3);
-    if (t->byte_level)
-        return encode_byte_level(text, text_bytes, add_bos, add_eos, ids, capacity, n_ids, err);
-    if (t->merges) return encode_bpe(t, text, text_bytes, add_bos, add_eos, ids, capacity, n_ids, err);
+    return 0;
+}
 
-    // A text that cannot fit whatever its merges is refused before any work
-    // (a 1 MB prompt for a 512-token context takes no time). Only counting
-    // (ids NULL, capacity 0) asks for the exact count, so it is not refused.
+// A text that cannot fit whatever its merges is refused before any work
+// (a 1 MB prompt for a 512-token context takes no time). Only counting
+// (ids NULL, capacity 0) asks for the exact count, so it is not refused.
+static int refuse_text_that_cannot_fit(const tokenizer* t, size_t text_bytes, bool add_eos, const int32_t* ids,
+                                       int capacity, int* n_ids, error_info* err) {
     bool only_counting = !ids && capacity == 0;
     if (!only_counting && t->max_text_per_id > 0 && text_bytes > 0) {
         int64_t at_least = min_ids_needed(t, text_bytes, add_eos);
@@ -1066,18 +1061,14 @@ int tok_encode(const tokenizer* t, const char* text, bool add_bos, bool add_eos,
                              text_bytes, (long long)at_least, t->max_text_per_id, capacity);
         }
     }
+    return 0;
+}
 
-    size_t max_ids = text_bytes + 3;
-    int32_t* work = malloc(max_ids * sizeof *work);  // (max_ids) ids being merged
-    // Two pieces and a NUL; at least 5 bytes for a 4-byte codepoint and its
-    // NUL, as llama2.c sizes it (2 * max_token_length + 1 + 2).
-    char* joined = malloc((size_t)t->max_token_length * 2 + 3);
-    if (!work || !joined) {
-        free(work);
-        free(joined);
-        return error_set(err, "tok_encode: out of memory for %zu ids", max_ids);
-    }
-
+// The ids before merging: BOS, the dummy prefix, then one id per UTF-8
+// codepoint the vocab has, else one per byte. Returns how many; work holds
+// text_bytes + 3, joined is scratch for one codepoint and its NUL.
+static int unmerged_ids(const tokenizer* t, const char* text, size_t text_bytes, bool add_bos, int32_t* work,
+                        char* joined) {
     int n = 0;
     if (add_bos && t->bos_id >= 0) work[n++] = t->bos_id;
     // SentencePiece's add_dummy_prefix: text starts as if after a space.
@@ -1087,7 +1078,6 @@ int tok_encode(const tokenizer* t, const char* text, bool add_bos, bool add_eos,
         int32_t space_id = lookup_piece(t, " ");
         work[n++] = space_id >= 0 ? space_id : fallback_id(t, ' ');
     }
-    // One id per UTF-8 codepoint when the vocab has it, else one per byte.
     // A codepoint is a byte and the continuation bytes (10xxxxxx) after it,
     // at most 4 bytes in all, grouped as llama2.c does, which also copes
     // with malformed UTF-8.
@@ -1106,6 +1096,24 @@ int tok_encode(const tokenizer* t, const char* text, bool add_bos, bool add_eos,
         }
         start = end;
     }
+    return n;
+}
+
+// SentencePiece-style encoding: codepoint ids, then merges as llama2.c does.
+static int encode_sentencepiece(const tokenizer* t, const char* text, size_t text_bytes, bool add_bos,
+                                bool add_eos, int32_t* ids, int capacity, int* n_ids, error_info* err) {
+    size_t max_ids = text_bytes + 3;
+    int32_t* work = malloc(max_ids * sizeof *work);  // (max_ids) ids being merged
+    // Two pieces and a NUL; at least 5 bytes for a 4-byte codepoint and its
+    // NUL, as llama2.c sizes it (2 * max_token_length + 1 + 2).
+    char* joined = malloc((size_t)t->max_token_length * 2 + 3);
+    if (!work || !joined) {
+        free(work);
+        free(joined);
+        return error_set(err, "tok_encode: out of memory for %zu ids", max_ids);
+    }
+
+    int n = unmerged_ids(t, text, text_bytes, add_bos, work, joined);
     // llama2.c merges with BOS in the list too: BOS's piece ("\n<s>\n") joins
     // nothing in real vocabs, but the same list gives the same ids.
     n = merge_pairs(t, work, n, joined);
@@ -1126,6 +1134,22 @@ int tok_encode(const tokenizer* t, const char* text, bool add_bos, bool add_eos,
     free(work);
     free(joined);
     return status;
+}
+
+int tok_encode(const tokenizer* t, const char* text, bool add_bos, bool add_eos, int32_t* ids,
+               int capacity, int* n_ids, error_info* err) {
+    if (check_encode_arguments(t, text, ids, capacity, n_ids, err)) return -1;
+    size_t text_bytes = strlen(text);
+    // Before merging there is at most one id per byte, plus BOS, the dummy
+    // prefix and EOS; that count must fit an int.
+    if (text_bytes > (size_t)INT_MAX - 3)
+        return error_set(err, "tok_encode: text is %zu bytes, more than %d", text_bytes,
+                         INT_MAX - 3);
+    if (t->byte_level)
+        return encode_byte_level(text, text_bytes, add_bos, add_eos, ids, capacity, n_ids, err);
+    if (t->merges) return encode_bpe(t, text, text_bytes, add_bos, add_eos, ids, capacity, n_ids, err);
+    if (refuse_text_that_cannot_fit(t, text_bytes, add_eos, ids, capacity, n_ids, err)) return -1;
+    return encode_sentencepiece(t, text, text_bytes, add_bos, add_eos, ids, capacity, n_ids, err);
 }
 
 // ----------------------------------------------------------------------------

@@ -78,12 +78,11 @@ static int open_flags_for_mode(const char* mode, bool* write) {
     return flags;
 }
 
-// Opens `name` (relative to the folder `base_fd`, whose absolute path is
-// `base`, called `folder_name` in messages) without following any link. Returns a descriptor, or -1 with a
-// reason in `problem`.
-static int open_beneath(int base_fd, const char* base, const char* folder_name, const char* name, int flags,
-                        char* problem, size_t capacity, int* error_number) {
-    *error_number = 0;
+// Copies `name` into path (path_size bytes) relative to the folder: an
+// absolute name must spell out the folder `base` itself, and no component
+// may be '..'. Returns 0, or -1 with a reason in `problem`.
+static int name_beneath(const char* base, const char* folder_name, const char* name, char* path, size_t path_size,
+                        char* problem, size_t capacity) {
     size_t base_length = strlen(base);
     if (name[0] == '/') { // an absolute name must spell out the folder itself
         if (strncmp(name, base, base_length) != 0 || name[base_length] != '/') {
@@ -92,8 +91,7 @@ static int open_beneath(int base_fd, const char* base, const char* folder_name, 
         }
         name += base_length + 1;
     }
-    char path[4096];
-    if (snprintf(path, sizeof path, "%s", name) >= (int)sizeof path) {
+    if (snprintf(path, path_size, "%s", name) >= (int)path_size) {
         snprintf(problem, capacity, "has too long a name");
         return -1;
     }
@@ -102,11 +100,64 @@ static int open_beneath(int base_fd, const char* base, const char* folder_name, 
             snprintf(problem, capacity, "is outside the %s ('..' is not allowed)", folder_name);
             return -1;
         }
+    return 0;
+}
+
+// Says why openat of `component` inside dir_fd failed with open_errno: a
+// symbolic link, a component that is not a folder, or another error (kept in
+// error_number).
+static void describe_refused_component(int dir_fd, const char* component, bool last, int open_errno,
+                                       char* problem, size_t capacity, int* error_number) {
+    if (open_errno == ELOOP || (!last && open_errno == ENOTDIR)) {
+        struct stat st;
+        bool is_link = fstatat(dir_fd, component, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode);
+        if (is_link && last) snprintf(problem, capacity, "is a symbolic link, and lessons never follow links");
+        else if (is_link) snprintf(problem, capacity, "passes through the symbolic link '%.200s', and lessons never "
+                                                      "follow links", component);
+        else snprintf(problem, capacity, "passes through '%.200s', which is not a folder", component);
+    } else {
+        *error_number = open_errno;
+        snprintf(problem, capacity, "cannot be opened: %s", strerror(open_errno));
+    }
+}
+
+// The checks on the opened file itself, then the O_TRUNC that openat was
+// not given and blocking mode back. Returns 0, or -1 with a reason in
+// `problem` (the caller closes file_fd).
+static int accept_opened_file(int file_fd, int flags, char* problem, size_t capacity) {
+    struct stat st;
+    if (fstat(file_fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        snprintf(problem, capacity, "is not a regular file");
+        return -1;
+    }
+    if ((flags & O_ACCMODE) != O_RDONLY && st.st_nlink > 1) {
+        // A hard link shipped in a bundle would reach a file elsewhere.
+        snprintf(problem, capacity, "has other hard links; lessons write only to their own files");
+        return -1;
+    }
+    if ((flags & O_TRUNC) && ftruncate(file_fd, 0) != 0) {
+        snprintf(problem, capacity, "cannot be emptied: %s", strerror(errno));
+        return -1;
+    }
+    int status = fcntl(file_fd, F_GETFL);
+    if (status >= 0) fcntl(file_fd, F_SETFL, status & ~O_NONBLOCK);
+    return 0;
+}
+
+// Opens `name` (relative to the folder `base_fd`, whose absolute path is
+// `base`, called `folder_name` in messages) without following any link. Returns a descriptor, or -1 with a
+// reason in `problem`.
+static int open_beneath(int base_fd, const char* base, const char* folder_name, const char* name, int flags,
+                        char* problem, size_t capacity, int* error_number) {
+    *error_number = 0;
+    char path[4096];
+    if (name_beneath(base, folder_name, name, path, sizeof path, problem, capacity)) return -1;
     int dir_fd = dup(base_fd);
     if (dir_fd < 0) {
         snprintf(problem, capacity, "cannot be opened: %s", strerror(errno));
         return -1;
     }
+    // One component at a time, each opened inside the folder before it.
     char* component = path;
     for (;;) {
         char* slash = strchr(component, '/');
@@ -125,38 +176,13 @@ static int open_beneath(int base_fd, const char* base, const char* folder_name, 
         int next = last ? openat(dir_fd, component, (flags & ~O_TRUNC) | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC, 0644)
                         : openat(dir_fd, component, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         if (next < 0) {
-            if (errno == ELOOP || (!last && errno == ENOTDIR)) {
-                struct stat st;
-                bool is_link = fstatat(dir_fd, component, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode);
-                if (is_link && last) snprintf(problem, capacity, "is a symbolic link, and lessons never follow links");
-                else if (is_link) snprintf(problem, capacity, "passes through the symbolic link '%.200s', and lessons never "
-                                                              "follow links", component);
-                else snprintf(problem, capacity, "passes through '%.200s', which is not a folder", component);
-            } else {
-                *error_number = errno;
-                snprintf(problem, capacity, "cannot be opened: %s", strerror(errno));
-            }
+            describe_refused_component(dir_fd, component, last, errno, problem, capacity, error_number);
             break;
         }
         close(dir_fd);
         dir_fd = next;
         if (last) {
-            struct stat st;
-            if (fstat(dir_fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-                snprintf(problem, capacity, "is not a regular file");
-                break;
-            }
-            if ((flags & O_ACCMODE) != O_RDONLY && st.st_nlink > 1) {
-                // A hard link shipped in a bundle would reach a file elsewhere.
-                snprintf(problem, capacity, "has other hard links; lessons write only to their own files");
-                break;
-            }
-            if ((flags & O_TRUNC) && ftruncate(dir_fd, 0) != 0) {
-                snprintf(problem, capacity, "cannot be emptied: %s", strerror(errno));
-                break;
-            }
-            int status = fcntl(dir_fd, F_GETFL);
-            if (status >= 0) fcntl(dir_fd, F_SETFL, status & ~O_NONBLOCK);
+            if (accept_opened_file(dir_fd, flags, problem, capacity)) break;
             return dir_fd;
         }
         component = slash + 1;
