@@ -611,46 +611,12 @@ static AVX512_TARGET __attribute__((noinline)) void keys8_row_pairs(float* score
         keys8_pairs(scores, row_stride, head_stride, keys, packed, 1, 1, n_heads, queries_per_kv_head, head_dim, scale);
 }
 
-// Scores of `count` (<= 8) consecutive positions from first_position that
-// every row sees, each head group on them before the next 8: the keys are
-// read in position order, not once per head group (at 8192 tokens paged 11%
-// faster, contiguous 6%). The scores of the 8 slots are transposed in
-// registers and stored as 8 consecutive positions of each (row, head), not
-// one float at a time. slots, next_slots: (count), (n_next) key rows, the
-// next ones prefetched.
-AVX2_INLINE void score_eight_positions(float* all_scores, size_t row_scores, int last_context, int first_position,
-                                       const float* query, size_t width, const uint16_t* const* slots, int count,
-                                       const uint16_t* const* next_slots, int n_next, int kv_dim, int R, int n_heads,
-                                       int queries_per_kv_head, int head_dim, float scale) {
-    const int G = 8 / R; // heads per dots_vector call
-    for (int h0 = 0; h0 < n_heads; h0 += G) {
-        const int m = n_heads - h0 < G ? n_heads - h0 : G, live = m * R;
-        __m256 block[8];
-        UNROLL8 for (int k = 0; k < 8; k++) {
-            if (k >= count) {
-                block[k] = _mm256_setzero_ps();
-                continue;
-            }
-            if (h0 == 0 && k < n_next) prefetch_rows(next_slots, k, k + 1, kv_dim);
-            block[k] = dots_vector(query, width, slots[k], R, h0, m, queries_per_kv_head, head_dim, scale);
-        }
-        transpose8(block); // block[a]: lane k = position first_position + k's score of lane a (row a % R, head h0 + a / R)
-        const __m256i first = _mm256_cmpgt_epi32(_mm256_set1_epi32(count), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-        UNROLL8 for (int a = 0; a < 8; a++) {
-            if (a >= live) continue;
-            float* to = all_scores + (size_t)(a % R) * row_scores + (size_t)(h0 + a / R) * (size_t)last_context +
-                        (size_t)first_position;
-            if (count == 8) _mm256_storeu_ps(to, block[a]);
-            else _mm256_maskstore_ps(to, first, block[a]);
-        }
-    }
-}
-
-// The key pass of attention_rows_slot_major: all_scores (R, n_heads,
-// n_context + R - 1) gets every scaled q.k, the shared positions for all
-// rows at once, then the positions only the later rows see.
-AVX2_INLINE void score_keys_slot_major(float* all_scores, const float* query, const kv_layer_view* kv, int n_context,
-                                       int R, int n_heads, int n_kv_heads, int head_dim) {
+// Every head at once, positions in order, for R rows (1 <= R <=
+// ATTENTION_ROWS_MAX) of one sequence; out, query: (R, n_heads * head_dim);
+// all_scores: (R, n_heads, n_context + R - 1). R is a constant at each call
+// site, so the register loops unroll.
+AVX2_INLINE void attention_rows_slot_major(float* out, const float* query, const kv_layer_view* kv, int n_context,
+                                           int R, int n_heads, int n_kv_heads, int head_dim, float* all_scores) {
     const int kv_dim = n_kv_heads * head_dim, last_context = n_context + R - 1;
     const int slot_stride = kv_view_slot_heads(kv, n_kv_heads) * head_dim; // kv_dim unless a view of some heads
     const int queries_per_kv_head = n_heads / n_kv_heads;
@@ -660,6 +626,7 @@ AVX2_INLINE void score_keys_slot_major(float* all_scores, const float* query, co
     const int G = 8 / R; // heads per dots_rows call
     const uint16_t* slots[POSITION_RUN];
     const uint16_t* next_slots[POSITION_RUN];
+    const uint16_t* heads[POSITION_RUN];
     float dots[ATTENTION_ROWS_MAX * 8]; // (R, G): one slot's dots of a head group
     // 2 or 4 rows on AVX-512 with no scalar tail: the paired key pass
     // (keys8_row_pairs), its queries packed here.
@@ -680,7 +647,12 @@ AVX2_INLINE void score_keys_slot_major(float* all_scores, const float* query, co
         prime_block_jump(kv->key_slots, kv, t0 + AHEAD_RUNS * POSITION_RUN, last_context, slot_stride);
         int n_next = last_context - (t0 + n) < POSITION_RUN ? last_context - (t0 + n) : POSITION_RUN;
         if (n_next > 0) gather_run(next_slots, kv->key_slots, kv, t0 + n, n_next, slot_stride);
-        // Positions every row sees, 8 slots at a time.
+        // Positions every row sees, 8 slots at a time, each head group on
+        // them before the next 8: the keys are read in position order, not
+        // once per head group (at 8192 tokens paged 11% faster, contiguous
+        // 6%). The scores of the 8 slots are transposed in registers and
+        // stored as 8 consecutive positions of each (row, head), not one
+        // float at a time.
         const int shared = n_context - t0 >= n ? n : n_context - t0 > 0 ? n_context - t0 : 0;
         for (int s8 = 0; s8 < shared; s8 += 8) {
             const int count = shared - s8 < 8 ? shared - s8 : 8;
@@ -690,9 +662,27 @@ AVX2_INLINE void score_keys_slot_major(float* all_scores, const float* query, co
                                 R, n_heads, queries_per_kv_head, head_dim, scale);
                 continue;
             }
-            score_eight_positions(all_scores, row_scores, last_context, t0 + s8, query, width, slots + s8, count,
-                                  next_slots + s8, n_next - s8, kv_dim, R, n_heads, queries_per_kv_head, head_dim,
-                                  scale);
+            for (int h0 = 0; h0 < n_heads; h0 += G) {
+                const int m = n_heads - h0 < G ? n_heads - h0 : G, live = m * R;
+                __m256 block[8];
+                UNROLL8 for (int k = 0; k < 8; k++) {
+                    if (k >= count) {
+                        block[k] = _mm256_setzero_ps();
+                        continue;
+                    }
+                    if (h0 == 0 && s8 + k < n_next) prefetch_rows(next_slots, s8 + k, s8 + k + 1, kv_dim);
+                    block[k] = dots_vector(query, width, slots[s8 + k], R, h0, m, queries_per_kv_head, head_dim, scale);
+                }
+                transpose8(block); // block[a]: lane k = slot s8 + k's score of lane a (row a % R, head h0 + a / R)
+                const __m256i first = _mm256_cmpgt_epi32(_mm256_set1_epi32(count), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+                UNROLL8 for (int a = 0; a < 8; a++) {
+                    if (a >= live) continue;
+                    float* to = all_scores + (size_t)(a % R) * row_scores + (size_t)(h0 + a / R) * (size_t)last_context +
+                                (size_t)(t0 + s8);
+                    if (count == 8) _mm256_storeu_ps(to, block[a]);
+                    else _mm256_maskstore_ps(to, first, block[a]);
+                }
+            }
         }
         for (int s = shared; s < n; s++) {
             if (s < n_next) prefetch_rows(next_slots, s, s + 1, kv_dim);
@@ -720,20 +710,9 @@ AVX2_INLINE void score_keys_slot_major(float* all_scores, const float* query, co
             }
         }
     }
-}
-
-// The value pass of attention_rows_slot_major: out (R, n_heads * head_dim)
-// = the softmaxed scores in all_scores times the value rows.
-AVX2_INLINE void add_values_slot_major(float* out, const float* all_scores, const kv_layer_view* kv, int n_context,
-                                       int R, int n_heads, int n_kv_heads, int head_dim) {
-    const int kv_dim = n_kv_heads * head_dim, last_context = n_context + R - 1;
-    const int slot_stride = kv_view_slot_heads(kv, n_kv_heads) * head_dim;
-    const int queries_per_kv_head = n_heads / n_kv_heads;
-    const size_t width = (size_t)n_heads * (size_t)head_dim;
-    const size_t row_scores = (size_t)n_heads * (size_t)last_context;
-    const uint16_t* slots[POSITION_RUN];
-    const uint16_t* next_slots[POSITION_RUN];
-    const uint16_t* heads[POSITION_RUN];
+    for (int j = 0; j < R; j++)
+        for (int h = 0; h < n_heads; h++)
+            softmax8(all_scores + (size_t)j * row_scores + (size_t)h * (size_t)last_context, n_context + j);
     memset(out, 0, (size_t)R * width * sizeof(float));
     // The 16-lane value pass where it helps (same bits, see add_scaled_rows_x16).
     const bool wide_values = (R == 2 || R == 4) && head_dim >= AVX512_BLOCK_COLUMNS(R) &&
@@ -779,21 +758,6 @@ AVX2_INLINE void add_values_slot_major(float* out, const float* all_scores, cons
                                heads, j, head_dim);
             }
     }
-}
-
-// Every head at once, positions in order, for R rows (1 <= R <=
-// ATTENTION_ROWS_MAX) of one sequence; out, query: (R, n_heads * head_dim);
-// all_scores: (R, n_heads, n_context + R - 1). R is a constant at each call
-// site, so the register loops unroll.
-AVX2_INLINE void attention_rows_slot_major(float* out, const float* query, const kv_layer_view* kv, int n_context,
-                                           int R, int n_heads, int n_kv_heads, int head_dim, float* all_scores) {
-    score_keys_slot_major(all_scores, query, kv, n_context, R, n_heads, n_kv_heads, head_dim);
-    const int last_context = n_context + R - 1;
-    const size_t row_scores = (size_t)n_heads * (size_t)last_context; // one row's (n_heads, last_context)
-    for (int j = 0; j < R; j++)
-        for (int h = 0; h < n_heads; h++)
-            softmax8(all_scores + (size_t)j * row_scores + (size_t)h * (size_t)last_context, n_context + j);
-    add_values_slot_major(out, all_scores, kv, n_context, R, n_heads, n_kv_heads, head_dim);
 }
 
 // One head at a time, with scratch for one head's scores: (n_context).
