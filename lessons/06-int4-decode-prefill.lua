@@ -176,13 +176,29 @@ local function interleaved_all(models, phase, tokens, rounds_wanted)
     return results
 end
 
--- Judged on the fastest of 9 runs of each: another process on the machine
--- only adds time. On a shared CI machine 5 runs of W4A8 once read x1.02 of
--- fp16 at their fastest and x1.02 at their median, where its next 5 runs
--- read x0.87; quiet, and beside two CPU-bound loops, x0.78-0.81.
-local a8_rounds = 9
-local prefill = interleaved_all({fp16, int4a8, int4a16}, "prefill", PREFILL_TOKENS, a8_rounds)
-local fp16_run, a8_run, a16_run = prefill[1], prefill[2], prefill[3]
+-- Judged on the fastest run of each: another process on the machine only
+-- adds time. Quiet, and beside two CPU-bound loops, W4A8 takes x0.74-0.81
+-- of fp16's time in 9 rounds. A neighbour streaming memory costs W4A8
+-- more than fp16: beside a process copying 96 MiB buffers the medians read
+-- 30.8 against 30.7 ms (quiet: 20.9 against 26.5), and on a shared CI
+-- machine 9 rounds once read x0.98 at their fastest. So when 9 rounds do
+-- not show the gain, up to two more sets of 9 run a little later, and the
+-- fastest of all counts (beside the copier: x0.80 after 18 runs); the
+-- evidence says how many ran.
+-- A W4A8 that is really no faster fails all three, and the fault
+-- w8a8-float-activations turns the check through its kernels' arithmetic.
+local a8_rounds, a8_sets_max = 9, 3
+local fp16_run, a8_run, a16_run, a8_sets
+for set = 1, a8_sets_max do
+    local prefill = interleaved_all({fp16, int4a8, int4a16}, "prefill", PREFILL_TOKENS, a8_rounds)
+    if set == 1 then
+        fp16_run, a8_run, a16_run = prefill[1], prefill[2], prefill[3]
+    else
+        for k, run in ipairs({fp16_run, a8_run, a16_run}) do run.fastest = math.min(run.fastest, prefill[k].fastest) end
+    end
+    a8_sets = set
+    if a8_run.fastest / fp16_run.fastest < 0.95 then break end
+end
 local a8_timing = a8_run.last
 local a8_ratio = a8_run.fastest / fp16_run.fastest  -- < 1: W4A8 prefill is faster than fp16
 local a8_over_a16 = a8_run.fastest / a16_run.fastest -- evidence: 8-bit against 16-bit activations, same weights
@@ -195,10 +211,10 @@ lab.check{
     breaks_with = {"w8a8-float-activations"},
     verdict = a8_ratio < 0.95 and a8_multiplies_in == "int8",
     evidence = string.format("128-token prefill of small, fastest of %d interleaved runs: fp16 %.1f ms, W4A8 %.1f ms CPU "
-        .. "(x%.2f the time; medians %.1f and %.1f ms); W4A8 multiplies in %s, %.2f MiB of weights read; beside them "
+        .. "(x%.2f the time; first set's medians %.1f and %.1f ms); W4A8 multiplies in %s, %.2f MiB of weights read; beside them "
         .. "the same 4-bit weights with 16-bit activations (w4a16:g32:sym) %.1f ms (W4A8 x%.2f of it; median %.1f ms), "
         .. "and W4A16 g64 was x%.2f of fp16 above",
-        a8_rounds, fp16_run.fastest * 1e3, a8_run.fastest * 1e3, a8_ratio, fp16_run.median * 1e3, a8_run.median * 1e3,
+        a8_rounds * a8_sets, fp16_run.fastest * 1e3, a8_run.fastest * 1e3, a8_ratio, fp16_run.median * 1e3, a8_run.median * 1e3,
         a8_multiplies_in, a8_timing.weight_bytes / 2 ^ 20, a16_run.fastest * 1e3, a8_over_a16, a16_run.median * 1e3,
         prefill_ratio),
     note = "not in the question bank: its tf2 is about W4A16 only",
