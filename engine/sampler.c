@@ -15,7 +15,7 @@ int sampler_init(sampler* s, int vocab_size, float temperature, float top_p, uin
         return error_set(err, "--top-p: expected a number in [0, 1], found %g", (double)top_p);
     s->vocab_size = vocab_size;
     s->temperature = temperature;
-    s->top_p = top_p;
+    s->top_p = top_p > 0.0f && top_p < SAMPLER_MIN_TOP_P ? SAMPLER_MIN_TOP_P : top_p;
     s->rng_state = seed ? seed : 0x9E3779B97F4A7C15ull; // xorshift never leaves 0
     s->candidates = malloc((size_t)vocab_size * sizeof *s->candidates);
     if (!s->candidates) return error_set(err, "sampler: out of memory for %d tokens", vocab_size);
@@ -99,8 +99,13 @@ static int32_t sample_top_p(sampler* s, const float* probabilities, float coin) 
     return s->candidates[last].token;
 }
 
+float sampler_top_p_from_double(double top_p) {
+    if (top_p > 0.0 && top_p < (double)SAMPLER_MIN_TOP_P) return SAMPLER_MIN_TOP_P;
+    return (float)top_p;
+}
+
 int32_t sampler_sample(sampler* s, float* logits) {
-    if (s->temperature == 0.0f) return sampler_argmax(logits, s->vocab_size);
+    if (s->temperature < SAMPLER_MIN_TEMPERATURE) return sampler_argmax(logits, s->vocab_size);
     for (int i = 0; i < s->vocab_size; i++) logits[i] /= s->temperature;
     softmax(logits, s->vocab_size);
     float coin = sampler_random_unit(&s->rng_state);

@@ -1,6 +1,7 @@
 // sampler: picks the next token from a row of logits.
 //
-// temperature 0 is greedy (argmax, the first maximum on ties). Otherwise the
+// temperature 0 is greedy (argmax, the first maximum on ties), and so is any
+// temperature below SAMPLER_MIN_TEMPERATURE. Otherwise the
 // logits are divided by the temperature, turned into probabilities by
 // softmax, and a token is drawn, from the smallest set of tokens whose
 // probability reaches top_p when 0 < top_p < 1 (nucleus sampling), else
@@ -13,6 +14,22 @@
 
 #include "base/error.h"
 
+// Temperatures below this sample greedily. Dividing logits of ~10 by a
+// subnormal temperature (< ~6e-38) overflows to inf and the softmax to NaN;
+// at 1e-3 the softmax already puts all mass on the argmax for any gap above
+// 0.1 logit (e^-100), so greedy is what such a temperature means anyway.
+#define SAMPLER_MIN_TEMPERATURE 1e-3f
+
+// top_p values in (0, SAMPLER_MIN_TOP_P) are raised to it: a float cannot
+// hold 1e-46 (it becomes 0, which means "top-p off"), and any top_p this
+// small keeps only the likeliest token, as SAMPLER_MIN_TOP_P does.
+#define SAMPLER_MIN_TOP_P 1e-6f
+
+// A top_p given as a double (a JSON number, a command-line value) as the
+// float the sampler takes: 0 stays 0 (off), values in (0, SAMPLER_MIN_TOP_P)
+// become SAMPLER_MIN_TOP_P, others are converted as they are.
+float sampler_top_p_from_double(double top_p);
+
 typedef struct sampler_candidate {
     float probability;
     int32_t token;
@@ -20,7 +37,7 @@ typedef struct sampler_candidate {
 
 typedef struct sampler {
     int vocab_size;
-    float temperature;              // 0 = greedy
+    float temperature;              // 0 (or below SAMPLER_MIN_TEMPERATURE) = greedy
     float top_p;                    // in (0, 1) for nucleus sampling, else off
     uint64_t rng_state;             // xorshift* state, never 0
     sampler_candidate* candidates;  // (vocab_size) scratch for top-p

@@ -1,6 +1,7 @@
 #include "lab/common/cli_args.h"
 
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,6 +65,9 @@ int parse_float_arg(const char* flag, const char* text, double min_value, double
     double value = strtod(text, &end);
     if (errno != 0 || end == text || *end != '\0' || !isfinite(value) || value < min_value || value > max_value)
         return error_set(err, "%s: expected a number from %g to %g, found '%s'", flag, min_value, max_value, text);
-    *out = (float)value;
+    // A positive value never becomes 0 (or a subnormal) on the way to a
+    // float: for --top-p, 0 would mean "off" where 1e-46 means "only the
+    // likeliest token".
+    *out = value > 0.0 && value < (double)FLT_MIN ? FLT_MIN : (float)value;
     return 0;
 }

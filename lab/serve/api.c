@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/sampler.h"
+
 int serve_fail(serve_error* error, int http_status, const char* type, const char* param, const char* format, ...) {
     error->http_status = http_status;
     error->type = type;
@@ -506,7 +508,7 @@ static int read_sampling(serve_endpoint endpoint, json_t* body, const serve_limi
     if (top_p <= 0.0)
         return serve_fail(error, 400, "invalid_request_error", "top_p", "top_p: must be greater than 0 and at most 1");
     params->temperature = (float)temperature;
-    params->top_p = (float)top_p;
+    params->top_p = sampler_top_p_from_double(top_p);
     json_t* seed = json_object_get(body, "seed");
     if (seed && !json_is_null(seed)) {
         long long s = 0;

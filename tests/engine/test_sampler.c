@@ -34,6 +34,38 @@ static void test_greedy_ignores_the_seed(void** state) {
     sampler_free(&b);
 }
 
+// Issue 46: a subnormal temperature divided logits into inf and the softmax
+// into NaN, and the sampler then always picked the last (or first) token.
+static void test_tiny_temperature_is_greedy(void** state) {
+    (void)state;
+    const float temperatures[] = {1e-40f, 1e-38f, 1e-20f, 5e-4f};
+    for (size_t t = 0; t < sizeof temperatures / sizeof temperatures[0]; t++)
+        for (uint64_t seed = 1; seed <= 8; seed++) {
+            sampler s;
+            error_info err = {{0}};
+            assert_int_equal(sampler_init(&s, 4, temperatures[t], 1.0f, seed, &err), 0);
+            float logits[4] = {0.1f, 12.0f, 11.5f, -1.0f};
+            assert_int_equal(sampler_sample(&s, logits), 1);
+            sampler_free(&s);
+        }
+}
+
+// Issue 46: top_p = 1e-46 passed "> 0" but became 0.0f, which means "off".
+static void test_tiny_top_p_keeps_only_the_likeliest(void** state) {
+    (void)state;
+    assert_true(sampler_top_p_from_double(1e-46) == SAMPLER_MIN_TOP_P);
+    assert_true(sampler_top_p_from_double(0.0) == 0.0f);
+    assert_true(sampler_top_p_from_double(0.5) == 0.5f);
+    for (uint64_t seed = 1; seed <= 16; seed++) {
+        sampler s;
+        error_info err = {{0}};
+        assert_int_equal(sampler_init(&s, 4, 1.0f, sampler_top_p_from_double(1e-46), seed, &err), 0);
+        float logits[4] = {1.0f, 1.5f, 1.4f, 0.9f};
+        assert_int_equal(sampler_sample(&s, logits), 1);
+        sampler_free(&s);
+    }
+}
+
 static int draw_sequence(uint64_t seed, float temperature, float top_p, int32_t* out, int n) {
     sampler s;
     error_info err = {{0}};
@@ -143,6 +175,8 @@ int main(void) {
         cmocka_unit_test(test_temperature_sampling_follows_probabilities),
         cmocka_unit_test(test_top_p_keeps_only_the_nucleus),
         cmocka_unit_test(test_rejects_bad_parameters),
+        cmocka_unit_test(test_tiny_temperature_is_greedy),
+        cmocka_unit_test(test_tiny_top_p_keeps_only_the_likeliest),
     };
     return cmocka_run_group_tests_name("engine/sampler", tests, NULL, NULL);
 }
