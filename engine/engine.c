@@ -225,7 +225,7 @@ int engine_add_request(engine* e, const request_params* p, int32_t* first_sequen
     for (int k = 0; k < n_now; k++) {
         sequence* s = scheduler_new_sequence(&e->scheduler, err);
         if (!s) return -1;
-        if (sequence_init(s, e->scheduler.n_sequences, request_id, p->prompt, p->n_prompt, p->max_new_tokens,
+        if (sequence_init(s, e->scheduler.next_id, request_id, p->prompt, p->n_prompt, p->max_new_tokens,
                           mc->max_seq_len, err))
             return -1;
         s->sample_index = k;

@@ -20,6 +20,7 @@ void scheduler_free(scheduler* s) {
     free(s->waiting);
     free(s->running);
     free(s->live_ids);
+    free(s->reusable_ids);
     memset(s, 0, sizeof *s);
 }
 
@@ -51,6 +52,10 @@ static void pop_waiting_front(scheduler* s) {
 // ---- sequences ----------------------------------------------------------------------------
 
 sequence* scheduler_new_sequence(scheduler* s, error_info* err) {
+    if (s->n_reusable > 0) {
+        s->next_id = s->reusable_ids[s->n_reusable - 1];
+        return &s->sequences[s->next_id];
+    }
     if (s->n_sequences == s->sequences_capacity) {
         int capacity = s->sequences_capacity ? 2 * s->sequences_capacity : 64;
         sequence* grown = realloc(s->sequences, (size_t)capacity * sizeof *grown);
@@ -61,22 +66,34 @@ sequence* scheduler_new_sequence(scheduler* s, error_info* err) {
         if (running) s->running = running;
         int32_t* live = realloc(s->live_ids, (size_t)capacity * sizeof *live);
         if (live) s->live_ids = live;
-        if (!grown || !waiting || !running || !live) {
+        int32_t* reusable = realloc(s->reusable_ids, (size_t)capacity * sizeof *reusable);
+        if (reusable) s->reusable_ids = reusable;
+        if (!grown || !waiting || !running || !live || !reusable) {
             error_set(err, "scheduler: out of memory for %d sequences", capacity);
             return NULL;
         }
         s->sequences_capacity = capacity;
     }
+    s->next_id = s->n_sequences;
     return &s->sequences[s->n_sequences];
 }
 
 void scheduler_commit(scheduler* s) {
-    s->live_ids[s->n_live++] = s->n_sequences;
-    s->n_sequences++;
+    int32_t id = s->next_id;
+    int at = s->n_live; // live_ids stays ascending: a reused id goes in its place
+    while (at > 0 && s->live_ids[at - 1] > id)
+        at--;
+    memmove(s->live_ids + at + 1, s->live_ids + at, (size_t)(s->n_live - at) * sizeof *s->live_ids);
+    s->live_ids[at] = id;
+    s->n_live++;
+    if (id == s->n_sequences)
+        s->n_sequences++;
+    else
+        s->n_reusable--; // it was the last reusable id (scheduler_new_sequence took it from there)
 }
 
 void scheduler_add_waiting(scheduler* s) {
-    sequence* q = &s->sequences[s->n_sequences];
+    sequence* q = &s->sequences[s->next_id];
     q->state = SEQ_WAITING;
     s->waiting[s->n_waiting++] = q->id;
     scheduler_commit(s);
@@ -86,7 +103,7 @@ sequence* scheduler_clone(scheduler* s, int32_t parent_id, int32_t sample_index,
     sequence* child = scheduler_new_sequence(s, err);
     if (!child) return NULL;
     const sequence* parent = &s->sequences[parent_id]; // new_sequence may have moved the array
-    if (sequence_init(child, s->n_sequences, parent->request_id, parent->tokens, parent->n_tokens,
+    if (sequence_init(child, s->next_id, parent->request_id, parent->tokens, parent->n_tokens,
                       parent->max_new_tokens, s->config.max_seq_len, err))
         return NULL;
     if (sequence_reserve_table(child, parent->n_table)) {
@@ -154,6 +171,7 @@ void scheduler_release(scheduler* s, int32_t id) {
     q->n_table = q->table_capacity = 0;
     s->n_released++;
     remove_id(s->live_ids, &s->n_live, id);
+    s->reusable_ids[s->n_reusable++] = id;
 }
 
 // ---- schedule -----------------------------------------------------------------------------

@@ -322,6 +322,15 @@ int step_record_fill_queues(step_record* r, const engine* e) {
     r->tp_link = link_model_get(e->config.tp_link)->name;
     r->n_requests = e->n_requests;
     r->total_prefix_hit_tokens = e->total_prefix_hit_tokens;
+    const kv_pool* pool = e->scheduler.kv.pool; // paged only: the block counts, O(1)
+    if (pool) {
+        r->blocks_total = pool->n_blocks;
+        r->blocks_free = pool->n_free;
+        r->blocks_cached = pool->n_evictable;
+        r->blocks_used = pool->n_blocks - pool->n_free - pool->n_evictable;
+        r->total_copies = pool->total_copies;
+        r->total_evictions = pool->total_evictions;
+    }
     return record_sequences(&e->scheduler, r);
 }
 

@@ -188,7 +188,8 @@ static int run_simulation(const model* m, const engine_config* config, const wor
         out->external_fragmentation_pct = util_steps ? fragmentation_sum / util_steps : 0;
         out->preemptions = e.record.total_preemptions; // preemptions happen only inside steps
         out->prefix_hit_tokens = e.total_prefix_hit_tokens;
-        out->copies = config->layout == KV_LAYOUT_PAGED ? e.pool.total_copies : 0;
+        const step_record* last = engine_view(&e); // NULL only when out of memory
+        out->copies = config->layout == KV_LAYOUT_PAGED && last ? last->total_copies : 0;
     }
     free(first_ids);
     engine_free(&e);

@@ -488,8 +488,13 @@ static int check_body(serve_endpoint endpoint, json_t* body, const serve_limits*
 static int read_sampling(serve_endpoint endpoint, json_t* body, const serve_limits* limits, serve_params* params,
                          serve_error* error) {
     int room = limits->context_tokens - params->n_prompt; // new tokens that still fit the context
-    // OpenAI's default is 16 for completions; a chat may use the rest of the context.
-    long long max_tokens = endpoint == SERVE_CHAT ? room : (room < 16 ? room : 16);
+    // OpenAI's default is 16 for completions; a chat may use the rest of the
+    // context, as far as the KV pool holds it (a model whose context is
+    // larger than the pool had every default chat refused as "could never run").
+    int room_in_pool = limits->pool_tokens > 0 ? limits->pool_tokens - params->n_prompt : room;
+    int chat_default = room_in_pool < room ? room_in_pool : room;
+    if (chat_default < 1) chat_default = 1;
+    long long max_tokens = endpoint == SERVE_CHAT ? chat_default : (room < 16 ? room : 16);
     char limit_note[160];
     snprintf(limit_note, sizeof limit_note, " (the model's context is %d tokens and the prompt has %d)",
              limits->context_tokens, params->n_prompt);
@@ -564,4 +569,47 @@ int serve_parse_request(serve_endpoint endpoint, const char* body_text, size_t b
     if (status == 0) status = read_logprobs(body, params, error);
     json_decref(body);
     return status ? -1 : 0;
+}
+
+// ---- top k -------------------------------------------------------------------------------
+
+// Whether id a ranks above id b: the larger value, or the lower id on a tie.
+static bool ranks_above(const float* values, int32_t a, int32_t b) {
+    return values[a] > values[b] || (values[a] == values[b] && a < b);
+}
+
+// heap[0..n): a min-heap under ranks_above (the root ranks lowest); restores it from `at` down.
+static void sift_down(const float* values, int32_t* heap, int n, int at) {
+    for (;;) {
+        int lowest = at, left = 2 * at + 1, right = left + 1;
+        if (left < n && ranks_above(values, heap[lowest], heap[left])) lowest = left;
+        if (right < n && ranks_above(values, heap[lowest], heap[right])) lowest = right;
+        if (lowest == at) return;
+        int32_t swap = heap[at];
+        heap[at] = heap[lowest];
+        heap[lowest] = swap;
+        at = lowest;
+    }
+}
+
+int serve_top_k(const float* values, int n, int k, int32_t* ids_out) {
+    if (k > n) k = n;
+    if (k <= 0) return 0;
+    for (int32_t id = 0; id < k; id++)
+        ids_out[id] = id;
+    for (int at = k / 2 - 1; at >= 0; at--)
+        sift_down(values, ids_out, k, at);
+    for (int32_t id = k; id < n; id++)
+        if (ranks_above(values, id, ids_out[0])) {
+            ids_out[0] = id;
+            sift_down(values, ids_out, k, 0);
+        }
+    // Heap order to best first: take the lowest-ranked root to the end each time.
+    for (int size = k - 1; size > 0; size--) {
+        int32_t lowest = ids_out[0];
+        ids_out[0] = ids_out[size];
+        ids_out[size] = lowest;
+        sift_down(values, ids_out, size, 0);
+    }
+    return k;
 }

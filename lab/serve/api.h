@@ -25,6 +25,8 @@ typedef struct serve_limits {
     const char* model_name; // the one model served (`model` must name it)
     int vocab_size;
     int context_tokens; // the model's max_seq_len: prompt + max_tokens at most this
+    int pool_tokens;    // tokens one sequence can hold in the whole KV pool (0: not known); a chat's
+                        // default max_tokens stays within it, where the rest of the context may not fit
     int max_n;          // samples per request at most (the engine's --max-seqs)
 } serve_limits;
 
@@ -84,5 +86,10 @@ char* serve_utf8_sanitize(const char* text, size_t length);
 // incomplete sequence at the end (a character whose other bytes are still
 // to be generated) is left out.
 size_t serve_utf8_complete_prefix(const char* text, size_t length);
+
+// The k largest of values[0..n) as ids, best first; equal values: the
+// lower id first (as an argmax takes the first maximum). One pass with a
+// k-entry heap: O(n log k). ids_out: (k). Returns min(k, n).
+int serve_top_k(const float* values, int n, int k, int32_t* ids_out);
 
 #endif

@@ -174,7 +174,9 @@ static void test_release_keeps_records_and_outputs(void** state) {
 }
 
 // Waiting and running sequences are refused, a cancelled one is released,
-// a released id is refused twice, ids are never reused, unknown ids refused.
+// a released id is refused twice, a released id's slot is reused by the
+// next sequence (so a server's table stays as large as what it holds at
+// once), unknown ids refused.
 static void test_release_refuses_and_ids_stay_unique(void** state) {
     (void)state;
     model m;
@@ -249,9 +251,18 @@ static void test_release_refuses_and_ids_stay_unique(void** state) {
     assert_non_null(strstr(err.message, "no sequence"));
     assert_null(test_sequence(&e, N_REQUESTS));
 
-    // A new request gets a fresh id, never a released one.
+    // A new request takes the released id 1 and no new slot; the next one a fresh id.
     request_params p = {PROMPT, N_PROMPT, 4, 1, 0.0f, 1.0f, 7, 0.0, true};
     int32_t id = -1;
+    assert_int_equal(engine_add_request(&e, &p, &id, &err), 0);
+    assert_int_equal(id, 1);
+    assert_non_null(test_sequence(&e, 1));
+    assert_int_equal(test_sequence(&e, 1)->state, SEQ_WAITING);
+    view = engine_view(&e);
+    assert_int_equal(view->n_sequence_ids, N_REQUESTS);
+    assert_int_equal(view->n_live_sequences, N_REQUESTS);
+    for (int k = 0; k < N_REQUESTS; k++) // live_sequences stays in id order
+        assert_int_equal(view->live_sequences[k].id, k);
     assert_int_equal(engine_add_request(&e, &p, &id, &err), 0);
     assert_int_equal(id, N_REQUESTS);
 
@@ -264,7 +275,7 @@ static void test_release_refuses_and_ids_stay_unique(void** state) {
     }
     assert_false(engine_has_work(&e));
     assert_int_equal(engine_live_sequences(&e), 0);
-    assert_int_equal(e.scheduler.n_released, N_REQUESTS + 1);
+    assert_int_equal(e.scheduler.n_released, N_REQUESTS + 2);
     assert_int_equal(e.pool.n_free + e.pool.n_evictable, e.pool.n_blocks);
     engine_free(&e);
     model_free(&m);

@@ -224,6 +224,19 @@ static const char* scheduler_rule(const char* line) {
                : NULL;
 }
 
+// The KV pool is the engine's too: lab/ reads its block counts from the
+// record (engine_snapshot carries them), as serve's /health does.
+static const char* pool_rule(const char* line) {
+    return strstr(line, "->pool.") || strstr(line, "e.pool.") || strstr(line, "engine.pool.")
+               ? "reads the engine's KV pool: lab/ reads block counts from step records (engine_snapshot)"
+               : NULL;
+}
+
+static void test_lab_reads_the_pool_from_the_record(void** state) {
+    (void)state;
+    check_folder_text("lab", lab_rule, pool_rule);
+}
+
 static void test_lab_reads_queues_from_the_record(void** state) {
     (void)state;
     check_folder_text("lab", lab_rule, scheduler_rule);
@@ -276,6 +289,7 @@ int main(void) {
         cmocka_unit_test(test_lab_includes_only_public_engine_headers),
         cmocka_unit_test(test_dashboard_and_lua_host_see_the_record),
         cmocka_unit_test(test_lab_reads_queues_from_the_record),
+        cmocka_unit_test(test_lab_reads_the_pool_from_the_record),
         cmocka_unit_test(test_lab_never_names_the_sequence_type),
         cmocka_unit_test(test_lesson_parts_see_only_the_api_header),
     };

@@ -39,6 +39,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "lab/serve/api.h"
 #include "tests/test_support.h"
 
 static double now_s(void) {
@@ -1249,10 +1250,189 @@ static void test_full_queue_answers_429(void** state) {
     server_stop_checked(&ts);
 }
 
+// ---- issue 46: what one client could do to everyone -----------------------------------------
+
+typedef struct post_worker {
+    int port;
+    const char* path;
+    const char* body;
+    int status;
+} post_worker;
+
+static void* post_worker_main(void* arg) {
+    post_worker* w = arg;
+    http_reply r = http_post(w->port, w->path, w->body);
+    w->status = r.status;
+    reply_free(&r);
+    return NULL;
+}
+
+// A request with a stop string whose text is still empty (waiting in the
+// queue, or its prompt in chunked prefill) made the engine thread call
+// strstr(NULL, stop): SIGSEGV, the server gone for every client.
+static void test_stop_string_before_any_text(void** state) {
+    (void)state;
+    test_server ts;
+    server_start_args(&ts, "--max-batched-tokens 16 --max-seqs 1");
+    char prompt[2048] = "";
+    for (int i = 0; i < 12; i++) // ~130 tokens: nine steps of prefill at 16 a step
+        strcat(prompt, "Once upon a time there was a little girl. ");
+    json_t* body_json = json_pack("{s:s, s:s, s:i, s:f, s:[s,s]}", "model", "stories260K", "prompt", prompt,
+                                  "max_tokens", 8, "temperature", 0.0, "stop", "zzz", ".");
+    char* body = json_dumps(body_json, JSON_COMPACT);
+    json_decref(body_json);
+    enum { N_CLIENTS = 3 }; // one prefilling, two waiting behind it (--max-seqs 1)
+    post_worker workers[N_CLIENTS];
+    pthread_t threads[N_CLIENTS];
+    for (int k = 0; k < N_CLIENTS; k++) {
+        workers[k] = (post_worker){ts.port, "/v1/completions", body, 0};
+        pthread_create(&threads[k], NULL, post_worker_main, &workers[k]);
+    }
+    for (int k = 0; k < N_CLIENTS; k++) {
+        pthread_join(threads[k], NULL);
+        if (workers[k].status != 200) fail_msg("client %d got status %d (0: the server is gone)", k, workers[k].status);
+    }
+    free(body);
+    health h = wait_idle(ts.port, 10.0);
+    assert_int_equal(h.live, 0);
+    server_stop_checked(&ts);
+}
+
+// stream: true with a stop string that cuts away the newest token's text:
+// the finish chunk waited for a token count that only moved with new text,
+// so neither a finish_reason nor "data: [DONE]" ever came.
+static void test_stream_ends_when_a_stop_string_cuts_the_last_token(void** state) {
+    (void)state;
+    test_server ts;
+    server_start_args(&ts, "");
+    const char* body = "{\"model\":\"stories260K\",\"prompt\":\"Once upon a time\",\"max_tokens\":64,"
+                       "\"temperature\":0,\"stream\":true,\"stop\":[\",\"]}";
+    char request[1024];
+    int n = snprintf(request, sizeof request,
+                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: %zu\r\n\r\n%s",
+                     strlen(body), body);
+    int fd = connect_to(ts.port, 10); // a hang shows as a timeout, not a stuck test
+    assert_true(fd >= 0);
+    assert_true(send_all(fd, request, (size_t)n));
+    http_reply r = read_reply(fd);
+    close(fd);
+    stream_result sr;
+    stream_parse(&r, &sr);
+    if (r.timed_out || !sr.done_seen)
+        fail_msg("the stream did not end within 10 s (timed out: %d): %s", r.timed_out, r.raw);
+    assert_string_equal(sr.finish, "stop");
+    assert_null(strchr(sr.text, ','));
+    reply_free(&r);
+    server_stop_checked(&ts);
+}
+
+// A chat's default max_tokens is "the rest of the context"; with a KV pool
+// smaller than the context every default chat was refused ("could never
+// run"). It now stays within the pool: 8 blocks of 16 = 128 tokens here,
+// where stories260K's context is 512.
+static void test_default_chat_fits_a_small_pool(void** state) {
+    (void)state;
+    test_server ts;
+    server_start_args(&ts, "--num-blocks 8 --block-size 16");
+    http_reply r = http_post(ts.port, "/v1/chat/completions",
+                             "{\"model\":\"stories260K\",\"temperature\":0,\"ignore_eos\":true,"
+                             "\"messages\":[{\"role\":\"user\",\"content\":\"Tell me a story.\"}]}");
+    if (r.status != 200) fail_msg("a default chat on a 128-token pool: %s", r.raw);
+    json_t* reply = reply_json(&r);
+    int prompt_tokens = (int)json_integer_value(json_object_get(json_object_get(reply, "usage"), "prompt_tokens"));
+    int completion = (int)json_integer_value(json_object_get(json_object_get(reply, "usage"), "completion_tokens"));
+    assert_int_equal(prompt_tokens + completion, 128); // ignore_eos: it used all the room the pool has
+    json_decref(reply);
+    reply_free(&r);
+    server_stop_checked(&ts);
+}
+
+// `servelab serve --port P` on a port another server (ours, or any
+// program) listens on: exit 1, one message, no doubled prefix. With
+// SO_REUSEPORT both servelabs said "listening" and shared the clients.
+static void check_second_server_refused(int port, const char* who) {
+    char model[512];
+    REQUIRE_SHARED_MODEL(model, "stories260K.bin");
+    char command[2048], err_path[600];
+    snprintf(err_path, sizeof err_path, "%s/serve-busy.err", test_scratch_dir());
+    snprintf(command, sizeof command, "timeout 60 %s serve --port %d --model %s >/dev/null 2>%s",
+             test_servelab_binary(), port, model, err_path);
+    int status = system(command);
+    char* err = test_read_text(err_path);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 1)
+        fail_msg("a second server on %s's port %d: status 0x%x, stderr: %s", who, port, status, err);
+    assert_non_null(strstr(err, "servelab serve: cannot listen"));
+    assert_non_null(strstr(err, "in use"));
+    assert_null(strstr(err, "serve: serve:"));
+    free(err);
+}
+
+static void test_a_busy_port_is_refused(void** state) {
+    (void)state;
+    test_server ts;
+    server_start_args(&ts, "");
+    check_second_server_refused(ts.port, "servelab");
+    health h = health_get(ts.port); // the first one still answers
+    assert_true(h.blocks_total > 0);
+    server_stop_checked(&ts);
+
+    int listener = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(listener >= 0);
+    struct sockaddr_in address = {.sin_family = AF_INET, .sin_port = 0};
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(bind(listener, (struct sockaddr*)&address, sizeof address), 0);
+    assert_int_equal(listen(listener, 4), 0);
+    socklen_t length = sizeof address;
+    getsockname(listener, (struct sockaddr*)&address, &length);
+    check_second_server_refused(ntohs(address.sin_port), "another program");
+    close(listener);
+}
+
+// logprobs' top k in one pass (serve_top_k), against a full sort: ties go
+// to the lower id, as an argmax takes the first maximum.
+static int by_value_then_id(const void* a, const void* b, void* values_arg) {
+    const float* values = values_arg;
+    int32_t x = *(const int32_t*)a, y = *(const int32_t*)b;
+    if (values[x] != values[y]) return values[x] > values[y] ? -1 : 1;
+    return x < y ? -1 : x > y;
+}
+
+static void test_top_k_matches_a_sort(void** state) {
+    (void)state;
+    enum { VOCAB = 32000 };
+    float* values = malloc(VOCAB * sizeof *values);
+    int32_t* sorted = malloc(VOCAB * sizeof *sorted);
+    uint64_t rng = 12345;
+    for (int round = 0; round < 4; round++) {
+        for (int v = 0; v < VOCAB; v++) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            // round 0: distinct values; later rounds: few values, many ties
+            values[v] = round == 0 ? (float)(rng >> 40) : (float)((rng >> 60) % (unsigned)(round * 3));
+            sorted[v] = v;
+        }
+        qsort_r(sorted, VOCAB, sizeof *sorted, by_value_then_id, values);
+        for (int k = 0; k <= SERVE_MAX_TOP_LOGPROBS; k++) {
+            int32_t top[SERVE_MAX_TOP_LOGPROBS];
+            assert_int_equal(serve_top_k(values, VOCAB, k, top), k);
+            for (int j = 0; j < k; j++)
+                assert_int_equal(top[j], sorted[j]);
+        }
+    }
+    int32_t few[3];
+    assert_int_equal(serve_top_k(values, 2, 3, few), 2); // k past the vocabulary
+    free(values);
+    free(sorted);
+}
+
 int main(void) {
     signal(SIGPIPE, SIG_IGN);
     alarm(600); // a hung test dies (and its servers with it) rather than hanging the suite
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_top_k_matches_a_sort),
+        cmocka_unit_test(test_stop_string_before_any_text),
+        cmocka_unit_test(test_stream_ends_when_a_stop_string_cuts_the_last_token),
+        cmocka_unit_test(test_default_chat_fits_a_small_pool),
+        cmocka_unit_test(test_a_busy_port_is_refused),
         cmocka_unit_test(test_help_and_bad_flags),
         cmocka_unit_test(test_endpoints_and_stream_framing),
         cmocka_unit_test(test_bad_input_while_streaming),
