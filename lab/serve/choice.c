@@ -66,3 +66,31 @@ bool choice_check_stops(serve_choice* c, const serve_params* p, size_t searched_
     c->text_ready = serve_utf8_complete_prefix(c->text, c->text_bytes - hold);
     return false;
 }
+
+int choice_publish(server* s, serve_job* job, serve_choice* c, const step_sequence_status* q) {
+    size_t text_before = c->text_bytes;
+    int generated = q->n_tokens - q->n_prompt;
+    for (; c->n_tokens < generated && c->n_tokens < job->params.max_tokens; c->n_tokens++) {
+        int32_t token = q->tokens[q->n_prompt + c->n_tokens];
+        int32_t previous = q->tokens[q->n_prompt + c->n_tokens - 1];
+        c->tokens[c->n_tokens] = token;
+        if (job->params.logprobs >= 0) choice_record_logprobs(s, job, c, q, c->n_tokens);
+        s->metrics.generation_tokens++;
+        if (s->tok) {
+            const char* piece = tok_decode_piece(s->tok, previous, token);
+            if (tok_piece_is_printable(piece) && choice_append(c, piece)) return -1;
+        }
+    }
+    int stopped = 0;
+    if (choice_check_stops(c, &job->params, text_before)) {
+        c->finish = FINISH_STOP;
+        stopped = 1;
+    } else if (q->state == SEQ_FINISHED) {
+        c->finish = q->stop == STOP_EOS || q->stop == STOP_BOS ? FINISH_STOP : FINISH_LENGTH;
+    }
+    if (c->finish != FINISH_NONE) {
+        c->text_ready = c->text_bytes;
+        job->n_finished++;
+    }
+    return stopped;
+}

@@ -174,6 +174,13 @@ void server_publish(server* s);
 int choice_append(serve_choice* c, const char* piece);
 bool choice_check_stops(serve_choice* c, const serve_params* p, size_t searched_from);
 
+// Copies sequence q's tokens past those c has into c (lock held): ids,
+// logprobs, decoded text; then cuts at a stop string, or finishes as the
+// engine did. 1 when a stop string ended it (the caller cancels its
+// sequence in the engine), 0, or -1 when out of memory. The engine is only
+// read through q, so the fuzz harness drives it with made-up sequences.
+int choice_publish(server* s, serve_job* job, serve_choice* c, const step_sequence_status* q);
+
 // ---- logprobs (logprobs.c)
 
 void capture_logits(void* user, int32_t id, int position, const float* logits, int vocab_size);

@@ -145,7 +145,7 @@ static serve_job* job_of_request(server* s, int32_t request_id) {
     return NULL;
 }
 
-// Copies what the last step (`record`) produced into the jobs (lock held).
+// Copies what the last step produced into the jobs (lock held).
 void server_publish(server* s) {
     engine* e = &s->engine;
     // Forks appear once their parent's prompt is computed; they are found
@@ -171,36 +171,17 @@ void server_publish(server* s) {
             if (c->finish != FINISH_NONE || c->sequence_id < 0) continue;
             step_sequence_status q;
             engine_sequence_status(e, c->sequence_id, &q); // held until the job retires
-            size_t text_before = c->text_bytes;
-            bool out_of_memory = false;
-            int generated = q.n_tokens - q.n_prompt;
-            for (; c->n_tokens < generated && c->n_tokens < job->params.max_tokens; c->n_tokens++) {
-                int32_t token = q.tokens[q.n_prompt + c->n_tokens];
-                int32_t previous = q.tokens[q.n_prompt + c->n_tokens - 1];
-                c->tokens[c->n_tokens] = token;
-                if (job->params.logprobs >= 0) choice_record_logprobs(s, job, c, &q, c->n_tokens);
-                produced = true;
-                s->metrics.generation_tokens++;
-                if (s->tok) {
-                    const char* piece = tok_decode_piece(s->tok, previous, token);
-                    if (tok_piece_is_printable(piece) && choice_append(c, piece)) out_of_memory = true;
-                }
-            }
-            if (out_of_memory) {
+            int tokens_before = c->n_tokens;
+            int published = choice_publish(s, job, c, &q);
+            if (published < 0) {
                 cancel_job_sequences(s, job);
                 job_fail(s, job, 500, "server_error", "out of memory while decoding the completion");
                 goto next_job;
             }
-            if (choice_check_stops(c, &job->params, text_before)) {
+            produced |= c->n_tokens > tokens_before;
+            if (published == 1) { // a stop string ended it
                 error_info err = {{0}};
                 engine_cancel_sequence(e, c->sequence_id, &err);
-                c->finish = FINISH_STOP;
-            } else if (q.state == SEQ_FINISHED) {
-                c->finish = q.stop == STOP_EOS || q.stop == STOP_BOS ? FINISH_STOP : FINISH_LENGTH;
-            }
-            if (c->finish != FINISH_NONE) {
-                c->text_ready = c->text_bytes;
-                job->n_finished++;
             }
         }
         if (produced) {

@@ -144,6 +144,13 @@ static ssize_t stream_read(void* cls, uint64_t position, char* buffer, size_t ma
     if (st->out_sent == st->out_bytes) {
         st->out_sent = st->out_bytes = 0;
         if (st->done) return MHD_CONTENT_READER_END_OF_STREAM;
+        // libmicrohttpd closes a connection that sent nothing for the read
+        // timeout, counting the time this callback waits: a stream queued,
+        // or paused by `lab --serve`, for 2.5 s with a 1 s timeout was cut
+        // without [DONE]. An SSE comment (which clients ignore) at half the
+        // timeout keeps it open; a client that stops reading still times out.
+        double keep_alive_s = s->config.read_timeout_s > 0 ? 0.5 * s->config.read_timeout_s : 0.0;
+        double waiting_since = serve_now_s();
         pthread_mutex_lock(&s->lock);
         for (;;) {
             if (stream_collect(st)) {
@@ -151,6 +158,13 @@ static ssize_t stream_read(void* cls, uint64_t position, char* buffer, size_t ma
                 return MHD_CONTENT_READER_END_WITH_ERROR;
             }
             if (st->out_bytes > 0) break;
+            if (keep_alive_s > 0 && serve_now_s() - waiting_since >= keep_alive_s) {
+                if (out_append(st, ": keep-alive\n\n")) {
+                    pthread_mutex_unlock(&s->lock);
+                    return MHD_CONTENT_READER_END_WITH_ERROR;
+                }
+                break;
+            }
             if (!serve_wait_progress(s, st->socket)) {
                 job_release(s, st->job, true); // abandons it: the engine thread cancels it
                 st->job = NULL;
