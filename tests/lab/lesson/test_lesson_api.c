@@ -624,7 +624,8 @@ static void test_callbacks_cannot_free_what_the_host_holds(void** state) {
     // the __index never runs (nor one on the ids array).
     const char* add = "lab.lesson{title = 'add', claims = {'a1'}}\n"
                       "local e = lab.engine{model = 'tiny', kv_mem = '2MiB'}\n"
-                      "local closer = {__index = function() e:close() end}\n"
+                      "local closed = false\n"
+                      "local closer = {__index = function() if not closed then closed = true; e:close() end end}\n"
                       "lab.say('first ' .. e:add(setmetatable({prompt = 'Once'}, closer)))\n"
                       "lab.say('second ' .. e:add{ids = setmetatable({1, 200}, closer)})\n"
                       "lab.say(tostring(e))\n";
