@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <cmocka.h>
 
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -712,6 +714,49 @@ static void test_limits_cover_logits_steps_and_writes(void** state) {
     free(c);
 }
 
+// Sets the stop flag (what Ctrl-C, SIGTERM and SIGHUP set) 0.3 s after it starts.
+static volatile sig_atomic_t test_stop_flag;
+
+static void* raise_stop_later(void* unused) {
+    (void)unused;
+    struct timespec delay = {0, 300 * 1000 * 1000};
+    nanosleep(&delay, NULL);
+    test_stop_flag = 1;
+    return NULL;
+}
+
+static double wall_seconds_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+// The stop flag ends a lab.time round within a second: the round (230
+// decode steps of 1024 sequences of 'tiny') takes 6.5 s of CPU, and the
+// flag was looked at only between rounds. CPU seconds are asserted, since
+// wall time on a shared machine runs 3x the CPU (19.8 s for that round).
+static void test_stop_flag_ends_a_long_round(void** state) {
+    (void)state;
+    captured* c = calloc(1, sizeof *c);
+    lesson_options o = lesson_options_default();
+    test_stop_flag = 0;
+    o.stop_flag = &test_stop_flag;
+    const char* timing = "lab.lesson{title = 'stop', claims = {'t1'}}\n"
+                         "local m = lab.model('tiny')\n"
+                         "lab.time{model = m, phase = 'decode', tokens = 230, batch = 1024, repeats = 1, threads = 1}\n";
+    // 'tiny' loads in milliseconds, so the flag lands inside the round.
+    pthread_t stopper;
+    assert_int_equal(pthread_create(&stopper, NULL, raise_stop_later, NULL), 0);
+    double start = wall_seconds_now(), cpu_start = process_cpu_seconds();
+    expect_run("stop", timing, &o, c, LESSON_FAILED);
+    double elapsed = wall_seconds_now() - start, cpu_used = process_cpu_seconds() - cpu_start;
+    pthread_join(stopper, NULL);
+    assert_non_null(strstr(c->error, "stop.lua:3: stopped: the lesson was interrupted"));
+    if (cpu_used > 1.3)
+        fail_msg("the lesson ran %.2f s of CPU (%.2f s wall) though the flag was set at 0.3 s", cpu_used, elapsed);
+    free(c);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_arguments_raise_named_errors),
@@ -727,6 +772,7 @@ int main(void) {
         cmocka_unit_test(test_syntax_error_names_file_and_line),
         cmocka_unit_test(test_callbacks_cannot_free_what_the_host_holds),
         cmocka_unit_test(test_limits_cover_logits_steps_and_writes),
+        cmocka_unit_test(test_stop_flag_ends_a_long_round),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
