@@ -123,7 +123,8 @@ static void observe_logits(void* user, int32_t sequence_id, int position, const 
 // under a 256 MiB --memory-limit while they went uncounted.
 static void reserve_logits_room(lua_State* L, lab_engine* e, int64_t n_ids) {
     if (n_ids <= e->logits_capacity) return;
-    if (n_ids > INT_MAX / 2) lab_error(L, "engine: %lld sequences are more than the lab keeps logits for", (long long)n_ids);
+    if (n_ids > INT_MAX / 2)
+        lab_error(L, "engine: %lld sequences are more than the lab keeps logits for", (long long)n_ids);
     int capacity = e->logits_capacity ? e->logits_capacity : 16;
     while (capacity < n_ids) capacity *= 2;
     size_t vocab = (size_t)e->engine.model->config.vocab_size;
@@ -186,7 +187,8 @@ static int lab_engine_new(lua_State* L) {
         m = lab_check_model(L, -1);
         static const char* const model_only[] = {"tokenizer", "dtype", "quant", "seed", NULL};
         for (const char* const* f = model_only; *f; f++)
-            if (lab_get_field(L, 1, *f) != LUA_TNIL) lab_field_error(L, 1, *f, "set it in lab.model{}, not with a loaded model");
+            if (lab_get_field(L, 1, *f) != LUA_TNIL)
+                lab_field_error(L, 1, *f, "set it in lab.model{}, not with a loaded model");
             else lua_pop(L, 1);
     } else {
         lua_pop(L, 1);

@@ -227,7 +227,8 @@ static void push_timing(lua_State* L, const timing_request* q, double* seconds, 
 static int lab_time(lua_State* L) {
     static const char* const fields[] = {"model", "phase", "tokens", "batch", "repeats", "context", "threads", NULL};
     lab_check_fields(L, 1, fields);
-    if (lab_get_field(L, 1, "model") != LUA_TUSERDATA) lab_field_error(L, 1, "model", "expected a model from lab.model{}");
+    if (lab_get_field(L, 1, "model") != LUA_TUSERDATA)
+        lab_field_error(L, 1, "model", "expected a model from lab.model{}");
     lab_model* m = lab_check_model(L, lua_gettop(L));
     timing_request q = read_timing_request(L, &m->source.model.config);
     timing_engine* t = push_timing_engine(L, m, &q);

@@ -197,7 +197,8 @@ static const char DECLARATION_ONLY = 0;
 int lab_declare_lesson(lua_State* L) {
     static const char* const fields[] = {"title", "claims", NULL};
     lesson* l = lesson_of(L);
-    if (l->declaring) return lab_error(L, "lab.lesson{} called again while it runs (from the lesson's own metamethod?)");
+    if (l->declaring)
+        return lab_error(L, "lab.lesson{} called again while it runs (from the lesson's own metamethod?)");
     lab_check_fields(L, 1, fields);
     if (l->declaration_seen) lab_error(L, "lab.lesson{} may be called once");
     const char* title = lab_opt_string_field(L, 1, "title", NULL);

@@ -71,7 +71,8 @@ int quiz_data_open(quiz_data_file* f, const char* path, error_info* err) {
         if (f->memory->limit_reached)
             error_set(err, "%s: the data file took more than its memory limit of %u MiB (%s)", path,
                       DATA_MEMORY_LIMIT_BYTES >> 20, lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "");
-        else error_set(err, "%s: %s", path, lua_tostring(L, -1));
+        else
+            error_set(err, "%s: %s", path, lua_tostring(L, -1));
         quiz_data_close(f);
         return -1;
     }
