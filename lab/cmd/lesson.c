@@ -16,7 +16,8 @@
 
 static const char LESSON_USAGE[] =
     "usage: servelab lesson run FILE [--headless] [--full] [--only ID] [--time-limit S]\n"
-    "                           [--memory-limit SIZE] [--output DIR] [--verbose] [--progress]\n"
+    "                           [--memory-limit SIZE] [--write-limit SIZE] [--write-files N]\n"
+    "                           [--output DIR] [--verbose] [--progress]\n"
     "                           [--fault NAME[,NAME]]\n"
     "       servelab lesson list [DIR]        title and claims of each lesson (default: the lessons\n"
     "                                         beside the binary, in share/servelab, or ./lessons)\n"
@@ -44,6 +45,8 @@ static const char LESSON_USAGE[] =
     "  --only ID            report only claim ID's check\n"
     "  --time-limit S       CPU seconds before the lesson is stopped (default 60)\n"
     "  --memory-limit SIZE  Lua heap + engines + models (default 512MiB)\n"
+    "  --write-limit SIZE   bytes a lesson may write in all (default 64MiB)\n"
+    "  --write-files N      files a lesson may create in the output folder (default 256)\n"
     "  --output DIR         the one folder lessons may write to (default lesson-output)\n"
     "  --verbose            headless: print the narration too, as '# ' lines\n"
     "  --fault NAME[,NAME]  run the engine with deliberate bugs (servelab info --faults): each\n"
@@ -85,6 +88,16 @@ static int parse_run_args(int argc, char** argv, run_args* a, error_info* err) {
             if (!failed && parse_size_arg("--memory-limit", cursor.value, &a->options.memory_limit_bytes, err)) return -1;
             if (a->options.memory_limit_bytes < (4u << 20))
                 return error_set(err, "--memory-limit: expected at least 4MiB, found '%s'", cursor.value);
+        } else if (arg_match(&cursor, "--write-limit", true, &failed, err)) {
+            if (!failed && parse_size_arg("--write-limit", cursor.value, &a->options.write_limit_bytes, err)) return -1;
+            if (a->options.write_limit_bytes == 0)
+                return error_set(err, "--write-limit: expected at least 1 byte, found '%s'", cursor.value);
+        } else if (arg_match(&cursor, "--write-files", true, &failed, err)) {
+            char* end = NULL;
+            long files = failed ? 0 : strtol(cursor.value, &end, 10);
+            if (!failed && (end == cursor.value || *end || files < 1 || files > 1000000))
+                return error_set(err, "--write-files: expected 1..1000000 files, found '%s'", cursor.value);
+            a->options.write_limit_files = (int)files;
         } else if (argv[cursor.index][0] == '-') {
             return arg_unknown(&cursor, err);
         } else if (!a->path) {

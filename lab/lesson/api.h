@@ -99,6 +99,18 @@ int lab_error(lua_State* L, const char* format, ...) __attribute__((format(print
 int lab_field_error(lua_State* L, int arg, const char* field, const char* format, ...)
     __attribute__((format(printf, 4, 5)));
 
+// One rule for every table a lesson hands the host: it is read raw
+// (lab_get_field, lua_rawlen, lua_rawgeti), never through lua_getfield,
+// lua_geti or luaL_len, whose __index and __len would run the lesson's code
+// in the middle of a host function, while it holds C pointers (an engine
+// closed there, a model collected there, was a use after free). Where the
+// host does call the lesson's code (e:run's stop_when, lab.check's
+// measure), it keeps what it uses referenced on the Lua stack, marks the
+// engine busy (lab_engine_close refuses then) and looks again after.
+
+// Pushes t[field] of the table at `arg`, read raw; returns its type.
+int lab_get_field(lua_State* L, int arg, const char* field);
+
 // Checks that argument `arg` is a table whose keys are all in `allowed`
 // (NULL-terminated).
 void lab_check_fields(lua_State* L, int arg, const char* const* allowed);

@@ -41,8 +41,10 @@ typedef struct lab_engine {
     bool stepped;             // a record exists
     float* last_logits;       // (logits_capacity, vocab) the logits each sequence last sampled from
     int* logits_position;     // (logits_capacity) the position they followed, -1 if none
-    int logits_capacity;
-    uint64_t reserved_bytes;
+    int logits_capacity;      // grown by e:add, before the sequences exist, and counted in reserved_bytes
+    uint64_t reserved_bytes;  // the engine's estimate plus the kept logits, against the memory cap
+    int busy;                 // calls into the lesson's code in progress (stop_when): close is refused
+    int64_t samples_requested; // sum of e:add's n: every sequence id the engine hands out lies below it
     step_record now;          // its queues and sequences at the last sequences_now() (engine_snapshot)
     struct lab_engine* next;
     struct lab_engine* previous;
@@ -106,22 +108,43 @@ static lab_engine* check_engine(lua_State* L, int arg) {
     return box->engine;
 }
 
+// Called inside engine_step, where no Lua error may be raised: the room
+// was made (and counted) by e:add, so a sequence beyond it is never kept.
 static void observe_logits(void* user, int32_t sequence_id, int position, const float* logits, int vocab) {
     lab_engine* e = user;
-    if (sequence_id >= e->logits_capacity) {
-        int capacity = e->logits_capacity ? e->logits_capacity : 16;
-        while (capacity <= sequence_id) capacity *= 2;
-        float* grown = realloc(e->last_logits, (size_t)capacity * (size_t)vocab * sizeof *grown);
-        if (!grown) return;
-        e->last_logits = grown;
-        int* positions = realloc(e->logits_position, (size_t)capacity * sizeof *positions);
-        if (!positions) return;
-        for (int i = e->logits_capacity; i < capacity; i++) positions[i] = -1;
-        e->logits_position = positions;
-        e->logits_capacity = capacity;
-    }
+    if (sequence_id < 0 || sequence_id >= e->logits_capacity) return;
     memcpy(e->last_logits + (size_t)sequence_id * (size_t)vocab, logits, (size_t)vocab * sizeof *logits);
     e->logits_position[sequence_id] = position;
+}
+
+// Room in the kept logits for sequence ids 0..n_ids-1, counted against the
+// memory cap before it is allocated: each sequence keeps vocab floats (128
+// KiB for a 32000-token vocabulary), and 4096-sample requests kept 1.49 GB
+// under a 256 MiB --memory-limit while they went uncounted.
+static void reserve_logits_room(lua_State* L, lab_engine* e, int64_t n_ids) {
+    if (n_ids <= e->logits_capacity) return;
+    if (n_ids > INT_MAX / 2)
+        lab_error(L, "engine: %lld sequences are more than the lab keeps logits for", (long long)n_ids);
+    int capacity = e->logits_capacity ? e->logits_capacity : 16;
+    while (capacity < n_ids) capacity *= 2;
+    size_t vocab = (size_t)e->engine.model->config.vocab_size;
+    uint64_t row_bytes = vocab * sizeof *e->last_logits + sizeof *e->logits_position;
+    uint64_t more_bytes = (uint64_t)(capacity - e->logits_capacity) * row_bytes;
+    char what[160];
+    snprintf(what, sizeof what, "the logits kept for e:logits (%d sequences x %zu floats)", capacity, vocab);
+    lesson_reserve_bytes(L, more_bytes, what);
+    lesson* l = lesson_of(L);
+    float* grown = realloc(e->last_logits, (size_t)capacity * vocab * sizeof *grown);
+    if (grown) e->last_logits = grown;
+    int* positions = grown ? realloc(e->logits_position, (size_t)capacity * sizeof *positions) : NULL;
+    if (!positions) {
+        lesson_release_bytes(l, more_bytes);
+        lab_error(L, "engine: out of memory for the logits of %d sequences", capacity);
+    }
+    for (int i = e->logits_capacity; i < capacity; i++) positions[i] = -1;
+    e->logits_position = positions;
+    e->logits_capacity = capacity;
+    e->reserved_bytes += more_bytes;
 }
 
 uint64_t lab_engine_bytes_estimate(const model_config* c, const engine_config* config) {
@@ -160,11 +183,12 @@ static int lab_engine_new(lua_State* L) {
     // The model: a handle, or loaded here from the model fields.
     lab_model* m = NULL;
     int model_index;
-    if (lua_getfield(L, 1, "model") == LUA_TUSERDATA) {
+    if (lab_get_field(L, 1, "model") == LUA_TUSERDATA) {
         m = lab_check_model(L, -1);
         static const char* const model_only[] = {"tokenizer", "dtype", "quant", "seed", NULL};
         for (const char* const* f = model_only; *f; f++)
-            if (lua_getfield(L, 1, *f) != LUA_TNIL) lab_field_error(L, 1, *f, "set it in lab.model{}, not with a loaded model");
+            if (lab_get_field(L, 1, *f) != LUA_TNIL)
+                lab_field_error(L, 1, *f, "set it in lab.model{}, not with a loaded model");
             else lua_pop(L, 1);
     } else {
         lua_pop(L, 1);
@@ -202,8 +226,12 @@ static int lab_engine_new(lua_State* L) {
     return 1;
 }
 
+// e:close() frees the engine now, unless a host function that uses it is
+// running the lesson's code (e:close() inside e:run's stop_when): freeing
+// it there was a use after free in e:run, so it is an error instead.
 static int engine_close(lua_State* L) {
-    check_engine(L, 1);
+    lab_engine* e = check_engine(L, 1);
+    if (e->busy) return lab_error(L, "engine closed during stop_when: close it after e:run returns");
     return engine_gc(L);
 }
 
@@ -218,25 +246,25 @@ static int engine_model(lua_State* L) {
 static int32_t* read_prompt(lua_State* L, const lab_engine* e, int* n_out) {
     const tokenizer* t = e->model->source.tokenizer;
     int vocab_size = e->model->source.model.config.vocab_size;
-    int prompt_type = lua_getfield(L, 2, "prompt");
-    int ids_type = lua_getfield(L, 2, "ids");
+    int prompt_type = lab_get_field(L, 2, "prompt");
+    int ids_type = lab_get_field(L, 2, "ids");
     lua_pop(L, 2);
     if ((prompt_type == LUA_TNIL) == (ids_type == LUA_TNIL))
         lab_field_error(L, 2, "prompt", "give exactly one of prompt (text) and ids (token ids)");
     int n_prefix = 0, n_body = 0;
     int32_t* prefix = NULL;
-    int type = lua_getfield(L, 2, "prefix");
+    int type = lab_get_field(L, 2, "prefix");
     if (type == LUA_TSTRING) prefix = lab_encode_text(L, t, lua_tostring(L, -1), true, &n_prefix, 2, "prefix");
     else if (type == LUA_TTABLE) prefix = lab_read_token_ids(L, -1, 2, "prefix", vocab_size, false, &n_prefix);
     else if (type == LUA_TNIL) lua_pushnil(L);
     else lab_field_error(L, 2, "prefix", "expected text or an array of token ids, got %s", luaL_typename(L, -1));
     int32_t* body = NULL;
     if (prompt_type != LUA_TNIL) {
-        if (lua_getfield(L, 2, "prompt") != LUA_TSTRING)
+        if (lab_get_field(L, 2, "prompt") != LUA_TSTRING)
             lab_field_error(L, 2, "prompt", "expected text, got %s", luaL_typename(L, -1));
         body = lab_encode_text(L, t, lua_tostring(L, -1), prefix == NULL, &n_body, 2, "prompt");
     } else {
-        lua_getfield(L, 2, "ids");
+        lab_get_field(L, 2, "ids");
         body = lab_read_token_ids(L, -1, 2, "ids", vocab_size, false, &n_body);
     }
     int32_t* all = lua_newuserdatauv(L, (size_t)(n_prefix + n_body) * sizeof *all, 0);
@@ -264,9 +292,13 @@ static int engine_add(lua_State* L) {
     int n = 0;
     p.prompt = read_prompt(L, e, &n);
     p.n_prompt = n;
+    // Room for its sequences' logits first. Forks take their ids when the
+    // prompt is computed, so the bound is every sample asked for so far.
+    reserve_logits_room(L, e, e->samples_requested + p.n_samples);
     int32_t id = -1;
     error_info err = {{0}};
     if (engine_add_request(&e->engine, &p, &id, &err)) return luaL_argerror(L, 2, err.message);
+    e->samples_requested += p.n_samples;
     lua_pushinteger(L, id);
     return 1;
 }
@@ -423,7 +455,7 @@ static int engine_run(lua_State* L) {
         static const char* const fields[] = {"stop_when", "max_steps", NULL};
         lab_check_fields(L, 2, fields);
         max_steps = lab_opt_integer_field(L, 2, "max_steps", max_steps, 1, INT32_MAX);
-        int type = lua_getfield(L, 2, "stop_when");
+        int type = lab_get_field(L, 2, "stop_when");
         if (type != LUA_TNIL && type != LUA_TFUNCTION)
             lab_field_error(L, 2, "stop_when", "expected a function(record) returning true to stop, got %s",
                             luaL_typename(L, -1));
@@ -435,15 +467,23 @@ static int engine_run(lua_State* L) {
     lua_Integer steps = 0;
     const step_record* r = NULL;
     while (steps < max_steps && engine_has_work(&e->engine)) {
-        lesson_check_time(L);
+        lesson_check_time(L); // the time limit and the stop flag, before every step
         r = step_once(L, e);
         steps++;
         if (has_condition) {
+            // The lesson's code runs here: the engine stays on the stack
+            // (argument 1) and busy, so e:close() inside is refused; the
+            // busy mark is taken off on an error too (protected call).
             lua_pushvalue(L, condition);
             push_record(L, r);
-            lua_call(L, 1, 1);
+            e->busy++;
+            int status = lua_pcall(L, 1, 1, 0);
+            e->busy--;
+            if (status != LUA_OK) return lua_error(L);
             bool stop = lua_toboolean(L, -1);
             lua_pop(L, 1);
+            e = check_engine(L, 1);
+            r = &e->engine.record; // the condition may have stepped the engine itself
             if (stop) break;
         }
     }
@@ -692,7 +732,7 @@ static int lab_kv_bytes_layout(lua_State* L) {
                                          "batch", "seq",      "kv_dtype", "bytes_per_element", NULL};
     lab_check_fields(L, 1, fields);
     lua_Integer n_layers = 0, n_kv_heads = 0, head_dim = 0, kv_dim = 0;
-    if (lua_getfield(L, 1, "model") != LUA_TNIL) {
+    if (lab_get_field(L, 1, "model") != LUA_TNIL) {
         const model_config* c = &lab_check_model(L, lua_gettop(L))->source.model.config;
         n_layers = c->n_layers;
         n_kv_heads = c->n_kv_heads;
@@ -713,7 +753,7 @@ static int lab_kv_bytes_layout(lua_State* L) {
     const char* dtype = lab_opt_string_field(L, 1, "kv_dtype", NULL);
     double token_layer_bytes; // one token's keys (or values) in one layer
     if (dtype) {
-        lua_getfield(L, 1, "bytes_per_element");
+        lab_get_field(L, 1, "bytes_per_element");
         if (!lua_isnil(L, -1)) lab_field_error(L, 1, "bytes_per_element", "give kv_dtype or bytes_per_element, not both");
         lua_pop(L, 1);
         if (strcmp(dtype, "int8") == 0) {

@@ -144,7 +144,7 @@ lab_model* lab_push_model_from_fields(lua_State* L, int arg) {
     // n_kv_heads = N: the preset's variant "PRESET:kvN" (engine/model_synth.h),
     // e.g. the multi-head twin of a grouped-query preset.
     char variant[64];
-    if (lua_getfield(L, arg, "n_kv_heads") != LUA_TNIL) {
+    if (lab_get_field(L, arg, "n_kv_heads") != LUA_TNIL) {
         const synth_preset* preset = synth_find_preset(request.model_arg);
         if (!preset || stat(request.model_arg, &st) == 0 || strchr(request.model_arg, ':'))
             lab_field_error(L, arg, "n_kv_heads", "applies to a preset (tiny, small, medium, large, stories110m), not '%s'",
@@ -261,21 +261,21 @@ int32_t* lab_encode_text(lua_State* L, const tokenizer* t, const char* text, boo
 enum { LAB_MAX_TOKEN_IDS = 1 << 20 };
 
 // Token ids from an array at `index` into a userdata buffer left on the
-// stack. The length is bounded before anything is allocated (a lesson's
-// __len can claim any number), and every id must be an integer of the
-// vocabulary 0..vocab_size-1.
+// stack. Read raw (no __len or __index of the lesson's runs here: e:add
+// holds its engine's pointer), the length bounded before anything is
+// allocated, and every id an integer of the vocabulary 0..vocab_size-1.
 int32_t* lab_read_token_ids(lua_State* L, int index, int arg, const char* field, int vocab_size, bool allow_empty,
                             int* n) {
     index = lua_absindex(L, index);
     if (lua_type(L, index) != LUA_TTABLE)
         lab_field_error(L, arg, field, "expected an array of token ids, got %s", luaL_typename(L, index));
-    lua_Integer length = luaL_len(L, index);
+    lua_Integer length = (lua_Integer)lua_rawlen(L, index);
     if (length < (allow_empty ? 0 : 1) || length > LAB_MAX_TOKEN_IDS)
         lab_field_error(L, arg, field, "expected %d..%d token ids, got %lld", allow_empty ? 0 : 1, LAB_MAX_TOKEN_IDS,
                         (long long)length);
     int32_t* ids = lua_newuserdatauv(L, (size_t)(length ? length : 1) * sizeof *ids, 0);
     for (lua_Integer i = 0; i < length; i++) {
-        lua_geti(L, index, i + 1);
+        lua_rawgeti(L, index, i + 1);
         int is_integer = 0;
         lua_Integer id = lua_tointegerx(L, -1, &is_integer);
         if (!is_integer) {

@@ -143,7 +143,10 @@ static timing_engine* push_timing_engine(lua_State* L, const lab_model* m, const
 
 // One round: adds the batch, runs it to the end, and returns the wall and
 // CPU seconds and the traffic of the timed steps (the prefill step, or the
-// decode steps that decoded the whole batch).
+// decode steps that decoded the whole batch). The time limit and the stop
+// flag are looked at before every step: one decode round of 1000 tokens ran
+// 11.9 s of CPU under --time-limit 2 when only rounds looked. The check
+// costs one clock read (~50 ns) against a step's 0.1 ms or more.
 static void time_one_round(lua_State* L, engine* e, const timing_request* q, uint64_t* rng, double* seconds,
                            double* cpu_seconds, kernel_traffic* traffic) {
     add_batch(L, e, q->batch, q->prompt_length, q->phase == 0 ? 1 : q->tokens + 1, rng);
@@ -153,6 +156,7 @@ static void time_one_round(lua_State* L, engine* e, const timing_request* q, uin
     double elapsed_cpu = 0;
     *traffic = (kernel_traffic){0};
     if (q->phase == 0) {
+        lesson_check_time(L);
         double cpu_start = lesson_cpu_seconds();
         if (engine_step(e, &r, &err)) lab_error(L, "lab.time: %s", err.message);
         elapsed_cpu = lesson_cpu_seconds() - cpu_start;
@@ -163,6 +167,7 @@ static void time_one_round(lua_State* L, engine* e, const timing_request* q, uin
         *traffic = r->traffic;
     } else {
         while (engine_has_work(e)) { // the prefill step is not timed
+            lesson_check_time(L);
             double cpu_start = lesson_cpu_seconds();
             if (engine_step(e, &r, &err)) lab_error(L, "lab.time: %s", err.message);
             if (r->prefill_tokens == 0 && r->decode_tokens == q->batch) {
@@ -172,8 +177,10 @@ static void time_one_round(lua_State* L, engine* e, const timing_request* q, uin
             }
         }
     }
-    while (engine_has_work(e))
+    while (engine_has_work(e)) {
+        lesson_check_time(L);
         if (engine_step(e, &r, &err)) lab_error(L, "lab.time: %s", err.message);
+    }
     *seconds = (double)elapsed * 1e-9;
     *cpu_seconds = elapsed_cpu;
 }
@@ -220,7 +227,8 @@ static void push_timing(lua_State* L, const timing_request* q, double* seconds, 
 static int lab_time(lua_State* L) {
     static const char* const fields[] = {"model", "phase", "tokens", "batch", "repeats", "context", "threads", NULL};
     lab_check_fields(L, 1, fields);
-    if (lua_getfield(L, 1, "model") != LUA_TUSERDATA) lab_field_error(L, 1, "model", "expected a model from lab.model{}");
+    if (lab_get_field(L, 1, "model") != LUA_TUSERDATA)
+        lab_field_error(L, 1, "model", "expected a model from lab.model{}");
     lab_model* m = lab_check_model(L, lua_gettop(L));
     timing_request q = read_timing_request(L, &m->source.model.config);
     timing_engine* t = push_timing_engine(L, m, &q);
@@ -305,7 +313,7 @@ static int lab_devices(lua_State* L) {
 }
 
 static void read_device(lua_State* L, int arg, bool int8, double* bandwidth, double* peak, const char** name) {
-    int type = lua_getfield(L, arg, "device");
+    int type = lab_get_field(L, arg, "device");
     if (type == LUA_TTABLE) {
         int table = lua_gettop(L);
         *bandwidth = lab_opt_number_field(L, table, "bandwidth", 0, 1, 1e18);

@@ -43,15 +43,18 @@ static void* scratch(lua_State* L, size_t bytes) { return lua_newuserdatauv(L, b
 // The matrix to quantize: a model's tensor, or values with rows x cols.
 static float* read_matrix(lua_State* L, int* rows, int* cols) {
     const char* tensor = lab_opt_string_field(L, 1, "tensor", NULL);
-    int has_values = lua_getfield(L, 1, "values") != LUA_TNIL;
+    int has_values = lab_get_field(L, 1, "values") != LUA_TNIL;
     lua_pop(L, 1);
     if ((tensor != NULL) == has_values)
         lab_field_error(L, 1, "values", "give exactly one of values (an array) and tensor (with model)");
     if (tensor) {
-        if (lua_getfield(L, 1, "model") != LUA_TUSERDATA)
+        if (lab_get_field(L, 1, "model") != LUA_TUSERDATA)
             lab_field_error(L, 1, "model", "tensor needs the model it belongs to (model = lab.model{...})");
-        lab_model* m = lab_check_model(L, lua_gettop(L));
-        lua_pop(L, 1);
+        // The handle stays on the stack while the tensor is copied: the
+        // scratch below may run a collection, which would free a model
+        // nothing else holds and leave w dangling.
+        int model_index = lua_gettop(L);
+        lab_model* m = lab_check_model(L, model_index);
         const weight_matrix* w = model_matrix_by_name(&m->source.model, tensor);
         if (!w)
             lab_field_error(L, 1, "tensor", "no tensor '%s' (token_embedding, classifier, layers.0..%d.wq|wk|wv|wo|w1|w2|w3)",
@@ -60,11 +63,12 @@ static float* read_matrix(lua_State* L, int* rows, int* cols) {
         for (int r = 0; r < w->rows; r++) weight_row_to_f32(values + (size_t)r * (size_t)w->cols, w, r, NULL);
         *rows = w->rows;
         *cols = w->cols;
+        lua_remove(L, model_index); // the copy is the lesson's scratch now
         return values;
     }
-    if (lua_getfield(L, 1, "model") != LUA_TNIL) lab_field_error(L, 1, "model", "only used with tensor");
+    if (lab_get_field(L, 1, "model") != LUA_TNIL) lab_field_error(L, 1, "model", "only used with tensor");
     lua_pop(L, 1);
-    lua_getfield(L, 1, "values");
+    lab_get_field(L, 1, "values");
     size_t n = 0;
     float* values = lab_read_number_array(L, -1, 1, "values", &n);
     lua_remove(L, -2);
@@ -77,14 +81,14 @@ static float* read_matrix(lua_State* L, int* rows, int* cols) {
 
 // inputs = {{x_1 ... x_cols}, ...}: calibration activations (n_samples, cols).
 static float* read_inputs(lua_State* L, int cols, int* n_samples) {
-    if (lua_getfield(L, 1, "inputs") != LUA_TTABLE)
+    if (lab_get_field(L, 1, "inputs") != LUA_TTABLE)
         lab_field_error(L, 1, "inputs", "awq and gptq need calibration inputs: an array of rows of %d numbers", cols);
     int table = lua_gettop(L);
-    lua_Integer n = luaL_len(L, table);
+    lua_Integer n = (lua_Integer)lua_rawlen(L, table);
     if (n < 1 || n > 65536) lab_field_error(L, 1, "inputs", "expected 1..65536 rows, got %lld", (long long)n);
     float* x = scratch(L, (size_t)n * (size_t)cols * sizeof *x);
     for (lua_Integer i = 1; i <= n; i++) {
-        lua_geti(L, table, i);
+        lua_rawgeti(L, table, i);
         size_t length = 0;
         char field[32];
         snprintf(field, sizeof field, "inputs[%lld]", (long long)i);
@@ -150,7 +154,7 @@ typedef struct quantized_matrix {
 static void quantize_to_fixed_range(lua_State* L, const quant_scheme* scheme, int method, quantized_matrix* q) {
     if (scheme->granularity != QUANT_PER_TENSOR || scheme->clip_search || method != QUANT_RTN)
         lab_field_error(L, 1, "range", "a fixed range needs granularity \"tensor\", no clip and method \"rtn\"");
-    lua_getfield(L, 1, "range");
+    lab_get_field(L, 1, "range");
     size_t two = 0;
     float* range = lab_read_number_array(L, -1, 1, "range", &two);
     if (two != 2 || !(range[0] < range[1])) lab_field_error(L, 1, "range", "expected {r_min, r_max} with r_min < r_max");
@@ -183,7 +187,7 @@ static void quantize_matrix(lua_State* L, const quant_scheme* scheme, int method
     if (has_range) quantize_to_fixed_range(L, scheme, method, q);
     else if (method == QUANT_RTN && quant_matrix_rtn(q->w, q->rows, q->cols, scheme, q->codes, q->params, &err))
         lab_error(L, "lab.quantize: %s", err.message);
-    if (method != QUANT_RTN || lua_getfield(L, 1, "inputs") != LUA_TNIL) {
+    if (method != QUANT_RTN || lab_get_field(L, 1, "inputs") != LUA_TNIL) {
         if (method == QUANT_RTN) lua_pop(L, 1);
         q->x = read_inputs(L, q->cols, &q->n_samples);
     } else {
@@ -240,7 +244,7 @@ static int lab_quantize(lua_State* L) {
     q.codes = scratch(L, n * sizeof *q.codes);
     q.params = scratch(L, (size_t)q.n_sets * sizeof *q.params);
     float* r_hat = scratch(L, n * sizeof *r_hat);
-    bool has_range = lua_getfield(L, 1, "range") != LUA_TNIL;
+    bool has_range = lab_get_field(L, 1, "range") != LUA_TNIL;
     lua_pop(L, 1);
     quantize_matrix(L, &scheme, method, has_range, &q);
     quant_matrix_dequantize(q.codes, q.params, rows, cols, &scheme, r_hat);

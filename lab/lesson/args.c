@@ -52,15 +52,18 @@ void lab_check_fields(lua_State* L, int arg, const char* const* allowed) {
     }
 }
 
-// Pushes t[field], read raw; returns its type. Raw: an __index proxy
-// could hand back a value nothing else references, and the next collection
-// would free a string the host still reads; named arguments are plain
-// tables.
-static int get_field(lua_State* L, int arg, const char* field) {
+// Raw: an __index proxy could hand back a value nothing else references
+// (the next collection frees a string the host still reads), or run the
+// lesson's code while the host holds an engine's pointer (it could close
+// the engine); named arguments are plain tables.
+int lab_get_field(lua_State* L, int arg, const char* field) {
     luaL_checktype(L, arg, LUA_TTABLE);
+    arg = lua_absindex(L, arg);
     lua_pushstring(L, field);
-    return lua_rawget(L, arg > 0 || arg <= LUA_REGISTRYINDEX ? arg : arg - 1);
+    return lua_rawget(L, arg);
 }
+
+static int get_field(lua_State* L, int arg, const char* field) { return lab_get_field(L, arg, field); }
 
 lua_Integer lab_opt_integer_field(lua_State* L, int arg, const char* field, lua_Integer fallback, lua_Integer min,
                                   lua_Integer max) {
@@ -131,14 +134,14 @@ float* lab_read_number_array(lua_State* L, int index, int arg, const char* field
     index = lua_absindex(L, index);
     if (lua_type(L, index) != LUA_TTABLE)
         lab_field_error(L, arg, field, "expected an array of numbers, got %s", luaL_typename(L, index));
-    size_t length = (size_t)luaL_len(L, index);
+    size_t length = lua_rawlen(L, index); // raw, as every read of a lesson's table (lab_get_field)
     if (length == 0) lab_field_error(L, arg, field, "expected a non-empty array of numbers");
     if (length > ((size_t)1 << 26)) lab_field_error(L, arg, field, "array of %zu values is too long", length);
     // Counted against the cap through a Lua userdata, so that a failure
     // never leaks: the buffer is collected with the stack.
     float* values = lua_newuserdatauv(L, length * sizeof *values, 0);
     for (size_t i = 0; i < length; i++) {
-        int type = lua_geti(L, index, (lua_Integer)i + 1);
+        int type = lua_rawgeti(L, index, (lua_Integer)i + 1);
         if (type != LUA_TNUMBER)
             lab_field_error(L, arg, field, "element %zu: expected a number, got %s", i + 1, luaL_typename(L, -1));
         double value = lua_tonumber(L, -1);

@@ -50,7 +50,7 @@ static bool valid_claim_id(const char* id) {
 // verdict must turn; "" in problem when the list is well formed.
 static fault_set read_breaks_with(lua_State* L, char* problem, size_t capacity) {
     fault_set set = 0;
-    int type = lua_getfield(L, 1, "breaks_with");
+    int type = lab_get_field(L, 1, "breaks_with");
     if (type == LUA_TNIL) {
         lua_pop(L, 1);
         return 0;
@@ -98,7 +98,7 @@ static void read_claim_fields(lua_State* L, claim_fields* out) {
     if (strlen(given_claim) > LESSON_MAX_CLAIM_BYTES)
         lab_field_error(L, 1, "claim", "%zu bytes is too long (at most %d)", strlen(given_claim), LESSON_MAX_CLAIM_BYTES);
     snprintf(out->claim, sizeof out->claim, "%s", given_claim);
-    int beyond_type = lua_getfield(L, 1, "beyond_bank");
+    int beyond_type = lab_get_field(L, 1, "beyond_bank");
     bool beyond_bank = lua_toboolean(L, -1);
     lua_pop(L, 1);
     if (beyond_type != LUA_TNIL && beyond_type != LUA_TBOOLEAN)
@@ -106,11 +106,11 @@ static void read_claim_fields(lua_State* L, claim_fields* out) {
                         luaL_typename(L, beyond_type));
     const char* answer_field = beyond_bank ? "answer" : "bank_answer";
     const char* other_field = beyond_bank ? "bank_answer" : "answer";
-    if (lua_getfield(L, 1, other_field) != LUA_TNIL)
+    if (lab_get_field(L, 1, other_field) != LUA_TNIL)
         lab_field_error(L, 1, other_field, beyond_bank ? "a claim beyond the bank has no bank_answer; give answer"
                                                        : "answer goes with beyond_bank = true; a bank claim gives bank_answer");
     lua_pop(L, 1);
-    if (lua_getfield(L, 1, answer_field) != LUA_TBOOLEAN)
+    if (lab_get_field(L, 1, answer_field) != LUA_TBOOLEAN)
         lab_field_error(L, 1, answer_field, beyond_bank ? "expected true or false (what the lesson expects), got %s"
                                                         : "expected true or false (what the question bank says), got %s",
                         luaL_typename(L, -1));
@@ -129,8 +129,8 @@ static void read_claim_fields(lua_State* L, claim_fields* out) {
 // is re-raised: it is not a check's failure).
 static void push_verdict(lua_State* L, lesson* l, int measure_type, char* problem, size_t capacity) {
     if (measure_type == LUA_TNIL) {
-        lua_getfield(L, 1, "verdict");
-        lua_getfield(L, 1, "evidence");
+        lab_get_field(L, 1, "verdict");
+        lab_get_field(L, 1, "evidence");
         return;
     }
     if (measure_type != LUA_TFUNCTION) {
@@ -162,7 +162,7 @@ int lab_check(lua_State* L) {
         snprintf(problem, sizeof problem, "claim '%s' was already checked in this lesson", c.id);
     if (declared) declared->checked = true;
 
-    int measure_type = lua_getfield(L, 1, "measure");
+    int measure_type = lab_get_field(L, 1, "measure");
     int base = lua_gettop(L);
     if (!problem[0]) push_verdict(L, l, measure_type, problem, sizeof problem);
     if (!problem[0]) {
@@ -188,30 +188,45 @@ int lab_check(lua_State* L) {
 // declaration when only its metadata is wanted.
 static const char DECLARATION_ONLY = 0;
 
-// lab.lesson{title = "...", claims = {"tf1", ...}}: the lesson's declaration.
+// lab.lesson{title = "...", claims = {"tf1", ...}}: the declaration. The
+// claims are read raw into a local list and copied into the lesson only
+// when all are good: an __index on the claims table once re-entered
+// lab.lesson{} from the loop, the inner call filled the 64 places and the
+// outer wrote past them. Re-entry is refused besides (l->declaring), though
+// raw reads leave no way back into Lua between setting and clearing it.
 int lab_declare_lesson(lua_State* L) {
     static const char* const fields[] = {"title", "claims", NULL};
-    lab_check_fields(L, 1, fields);
     lesson* l = lesson_of(L);
+    if (l->declaring)
+        return lab_error(L, "lab.lesson{} called again while it runs (from the lesson's own metamethod?)");
+    lab_check_fields(L, 1, fields);
     if (l->declaration_seen) lab_error(L, "lab.lesson{} may be called once");
     const char* title = lab_opt_string_field(L, 1, "title", NULL);
     if (!title) lab_field_error(L, 1, "title", "expected the lesson's title");
-    lesson_clean_text(title, l->title, sizeof l->title, false);
-    if (lua_getfield(L, 1, "claims") != LUA_TTABLE) lab_field_error(L, 1, "claims", "expected an array of claim ids");
-    lua_Integer n = luaL_len(L, -1);
-    if (n < 1 || n > (lua_Integer)(sizeof l->declared / sizeof l->declared[0]))
-        lab_field_error(L, 1, "claims", "expected 1..%d claim ids, got %lld", (int)(sizeof l->declared / sizeof l->declared[0]),
-                        (long long)n);
-    for (lua_Integer i = 1; i <= n; i++) {
-        lua_geti(L, -1, i);
-        const char* id = lua_tostring(L, -1);
-        if (lua_type(L, -1) != LUA_TSTRING || !valid_claim_id(id))
-            lab_field_error(L, 1, "claims", "element %lld: expected a claim id such as \"tf1\"", (long long)i);
-        if (find_declared(l, id)) lab_field_error(L, 1, "claims", "'%s' is declared twice", id);
-        snprintf(l->declared[l->n_declared].id, sizeof l->declared[0].id, "%s", id);
-        l->declared[l->n_declared++].checked = false;
+    enum { MAX_CLAIMS = sizeof l->declared / sizeof l->declared[0] };
+    if (lab_get_field(L, 1, "claims") != LUA_TTABLE) lab_field_error(L, 1, "claims", "expected an array of claim ids");
+    int claims = lua_gettop(L);
+    lua_Integer n = (lua_Integer)lua_rawlen(L, claims);
+    if (n < 1 || n > MAX_CLAIMS)
+        lab_field_error(L, 1, "claims", "expected 1..%d claim ids, got %lld", (int)MAX_CLAIMS, (long long)n);
+    lab_declared_claim declared[MAX_CLAIMS];
+    char problem[200] = "";
+    l->declaring = true;
+    for (int i = 0; i < (int)n && !problem[0]; i++) {
+        const char* id = lua_rawgeti(L, claims, i + 1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+        if (!id || !valid_claim_id(id))
+            snprintf(problem, sizeof problem, "element %d: expected a claim id such as \"tf1\"", i + 1);
+        for (int k = 0; k < i && !problem[0]; k++)
+            if (strcmp(declared[k].id, id) == 0) snprintf(problem, sizeof problem, "'%s' is declared twice", id);
+        if (!problem[0]) snprintf(declared[i].id, sizeof declared[i].id, "%s", id);
+        declared[i].checked = false;
         lua_pop(L, 1);
     }
+    l->declaring = false;
+    if (problem[0]) lab_field_error(L, 1, "claims", "%s", problem);
+    lesson_clean_text(title, l->title, sizeof l->title, false);
+    memcpy(l->declared, declared, (size_t)n * sizeof *declared);
+    l->n_declared = (int)n;
     l->declaration_seen = true;
     if (l->options.only_claim && !find_declared(l, l->options.only_claim)) {
         luaL_Buffer b;

@@ -24,6 +24,8 @@ lesson_options lesson_options_default(void) {
         .time_limit_s = 60.0,
         .memory_limit_bytes = 512ull << 20,
         .output_dir = "lesson-output",
+        .write_limit_bytes = LESSON_WRITE_LIMIT_BYTES,
+        .write_limit_files = LESSON_WRITE_LIMIT_FILES,
     };
 }
 
@@ -117,6 +119,8 @@ static int open_lesson(lesson** out, const char* path, const lesson_options* opt
     l->options = options ? *options : lesson_options_default();
     if (l->options.time_limit_s <= 0) l->options.time_limit_s = 60.0;
     if (l->options.memory_limit_bytes == 0) l->options.memory_limit_bytes = 512ull << 20;
+    if (l->options.write_limit_bytes == 0) l->options.write_limit_bytes = LESSON_WRITE_LIMIT_BYTES;
+    if (l->options.write_limit_files <= 0) l->options.write_limit_files = LESSON_WRITE_LIMIT_FILES;
     snprintf(l->path, sizeof l->path, "%s", path);
     snprintf(l->output_dir, sizeof l->output_dir, "%s", l->options.output_dir ? l->options.output_dir : "lesson-output");
     char resolved[PATH_MAX];
@@ -256,7 +260,12 @@ lesson_status lesson_resume(lesson* l) {
     } else {
         char where[1200], message[1024];
         failure_location(l->thread, where, sizeof where);
-        if (status == LUA_ERRMEM)
+        // A memory error caught by a host's protected call (e:run's
+        // stop_when) and raised again arrives as a runtime error holding
+        // Lua's own message.
+        bool memory_error = status == LUA_ERRMEM || (lua_type(l->thread, -1) == LUA_TSTRING &&
+                                                     strcmp(lua_tostring(l->thread, -1), "not enough memory") == 0);
+        if (memory_error)
             snprintf(message, sizeof message, "memory limit of %d MiB reached (--memory-limit)",
                      (int)(l->options.memory_limit_bytes >> 20));
         else if (lua_type(l->thread, -1) == LUA_TSTRING)

@@ -62,6 +62,8 @@ struct lesson {
     int output_fd;            // the output folder, -1 until first write
     FILE* open_files[LESSON_MAX_OPEN_FILES];
     int n_open_files;
+    uint64_t written_bytes;   // what file:write was given, against options.write_limit_bytes
+    int files_created;        // files io.open created, against options.write_limit_files
     lesson_status status;
     bool started;
     char error[1024];
@@ -70,6 +72,7 @@ struct lesson {
     lab_declared_claim declared[64];
     int n_declared;
     bool declaration_seen;
+    bool declaring;           // lab.lesson{} is running: a call from inside it is an error
     char title[160];
     bool info_only;           // lesson_read_info: stop at the declaration
     int passed;

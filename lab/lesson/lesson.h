@@ -33,8 +33,9 @@
 // process CPU time, and a watchdog stops what the hook cannot reach (one
 // long call into Lua's library, code running with hooks off) half a second
 // later, abandoning the Lua state; the Lua allocator and the engines' own
-// memory (model weights, KV pool, scratch) share one cap,
-// memory_limit_bytes. Links are never followed, only regular files open,
+// memory (model weights, KV pool, scratch, the logits e:logits keeps) share
+// one cap, memory_limit_bytes; what it writes has a quota of
+// write_limit_bytes and write_limit_files. Links are never followed, only regular files open,
 // and control characters in what a lesson prints are made visible.
 #ifndef SERVELAB_LESSON_H
 #define SERVELAB_LESSON_H
@@ -79,6 +80,8 @@ typedef struct lesson_options {
     double time_limit_s;       // process CPU seconds (default 60)
     uint64_t memory_limit_bytes; // Lua heap + engines + models (default 512 MiB)
     const char* output_dir;    // where io.open may write (default "lesson-output"); created on demand
+    uint64_t write_limit_bytes; // bytes the lesson may write in all (default LESSON_WRITE_LIMIT_BYTES)
+    int write_limit_files;      // files it may create in output_dir (default LESSON_WRITE_LIMIT_FILES)
     fault_set faults;          // deliberate bugs installed for the run (engine/fault.h); 0 normally
     const char* only_claim;    // when set, on_check sees only this claim's result (others still run);
                                // a lesson that does not declare it fails at its declaration
@@ -90,6 +93,12 @@ typedef struct lesson_options {
     void (*on_check)(void* user, const lesson_check_result* result);
     void* user;
 } lesson_options;
+
+// The write quota's defaults: a lesson's results are a few tables and
+// traces (the shipped lessons write under 1 MiB in under 10 files), while
+// a hostile one wrote 512 MiB in 2000 files in 2.7 s before it existed.
+#define LESSON_WRITE_LIMIT_BYTES (64ull << 20)
+#define LESSON_WRITE_LIMIT_FILES 256
 
 lesson_options lesson_options_default(void);
 

@@ -146,10 +146,12 @@ static int accept_opened_file(int file_fd, int flags, char* problem, size_t capa
 
 // Opens `name` (relative to the folder `base_fd`, whose absolute path is
 // `base`, called `folder_name` in messages) without following any link. Returns a descriptor, or -1 with a
-// reason in `problem`.
+// reason in `problem`. A file that does not exist yet is created only
+// when may_create (the file quota); *created says whether it was.
 static int open_beneath(int base_fd, const char* base, const char* folder_name, const char* name, int flags,
-                        char* problem, size_t capacity, int* error_number) {
+                        bool may_create, bool* created, char* problem, size_t capacity, int* error_number) {
     *error_number = 0;
+    *created = false;
     char path[4096];
     if (name_beneath(base, folder_name, name, path, sizeof path, problem, capacity)) return -1;
     int dir_fd = dup(base_fd);
@@ -171,6 +173,13 @@ static int open_beneath(int base_fd, const char* base, const char* folder_name, 
             component = slash + 1;
             continue;
         }
+        struct stat existing;
+        bool creates = last && (flags & O_CREAT) && fstatat(dir_fd, component, &existing, AT_SYMLINK_NOFOLLOW) != 0;
+        if (creates && !may_create) {
+            snprintf(problem, capacity, "would be a new file past the lesson's quota of files");
+            *error_number = EDQUOT;
+            break;
+        }
         // O_TRUNC waits until the file has passed the checks below (a
         // hard link's other name must not be emptied by the refused open).
         int next = last ? openat(dir_fd, component, (flags & ~O_TRUNC) | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC, 0644)
@@ -183,6 +192,7 @@ static int open_beneath(int base_fd, const char* base, const char* folder_name, 
         dir_fd = next;
         if (last) {
             if (accept_opened_file(dir_fd, flags, problem, capacity)) break;
+            *created = creates;
             return dir_fd;
         }
         component = slash + 1;
@@ -242,9 +252,14 @@ static FILE* sandbox_fopen(lua_State* L, const char* function, const char* name,
     const char* base = write ? l->output_dir : l->lesson_dir;
     char problem[300] = "";
     int error_number = 0;
-    int fd = open_beneath(base_fd, base, write ? "output folder" : "lesson's folder", name, flags, problem,
-                          sizeof problem, &error_number);
+    bool may_create = l->files_created < l->options.write_limit_files, created = false;
+    int fd = open_beneath(base_fd, base, write ? "output folder" : "lesson's folder", name, flags, may_create,
+                          &created, problem, sizeof problem, &error_number);
     if (fd < 0 && missing_ok && !write && error_number == ENOENT) return NULL;
+    if (fd < 0 && error_number == EDQUOT)
+        lab_error(L, "%s: '%s': write quota of %d files reached (--write-files): the lesson created %d", function,
+                  name, l->options.write_limit_files, l->files_created);
+    l->files_created += created;
     if (fd < 0)
         lab_error(L, "%s: '%s' %s (lessons read only inside their own folder '%s' and write only inside the output "
                      "folder '%s')",
@@ -272,6 +287,24 @@ static int sandbox_file_close(lua_State* L) {
     forget_file(lesson_of(L), stream->f);
     int closed = fclose(stream->f) == 0;
     return luaL_fileresult(L, closed, NULL);
+}
+
+// file:write(...), counted against the write quota before it writes. A
+// number counts as 32 bytes, more than "%.14g" or an integer prints.
+static int sandbox_file_write(lua_State* L) {
+    lesson* l = lesson_of(L);
+    uint64_t bytes = 0;
+    for (int i = 2; i <= lua_gettop(L); i++) bytes += lua_type(L, i) == LUA_TSTRING ? lua_rawlen(L, i) : 32;
+    uint64_t limit = l->options.write_limit_bytes;
+    if (bytes > limit - (l->written_bytes < limit ? l->written_bytes : limit))
+        lab_error(L, "write quota of %.1f MiB reached (--write-limit): the lesson wrote %.1f MiB and asked for %.1f "
+                     "MiB more", (double)limit / 1048576.0, (double)l->written_bytes / 1048576.0,
+                  (double)bytes / 1048576.0);
+    l->written_bytes += bytes;
+    lua_pushvalue(L, lua_upvalueindex(1)); // liolib's write
+    lua_insert(L, 1);
+    lua_call(L, lua_gettop(L) - 1, LUA_MULTRET);
+    return lua_gettop(L);
 }
 
 // Pushes a Lua file handle (the io library's own type) owning f.
@@ -515,8 +548,14 @@ void lesson_install_sandbox(lua_State* L) {
     lua_pushnil(L);
     lua_setfield(L, -2, LUA_OSLIBNAME);
     lua_pop(L, 1);
-    // The file handle type keeps its finalizer (it closes files) out of reach.
+    // The file handle type keeps its finalizer (it closes files) out of
+    // reach, and its write method counts against the write quota.
     luaL_getmetatable(L, LUA_FILEHANDLE);
+    lua_getfield(L, -1, "__index");
+    lua_getfield(L, -1, "write");
+    lua_pushcclosure(L, sandbox_file_write, 1);
+    lua_setfield(L, -2, "write");
+    lua_pop(L, 1);
     lua_pushliteral(L, "file handle");
     lua_setfield(L, -2, "__metatable");
     lua_pop(L, 1);

@@ -11,6 +11,31 @@
 // Ten million means the file is not data (an endless loop, say).
 #define DATA_INSTRUCTION_LIMIT 10000000
 
+// The most memory a data file's Lua state may take. bank.lua (42 KB of
+// text, 60 items) takes about 0.5 MiB; without a cap, a file doubling one
+// string 31 times took 2.7 GB before the instruction limit could notice.
+#define DATA_MEMORY_LIMIT_BYTES (64u << 20)
+
+// The state's allocator: lua_Alloc with a count against the cap (the
+// lesson host's lesson_alloc does the same, and also links every block so
+// an abandoned state can be freed; a data file's state is always closed).
+static void* capped_alloc(void* user, void* block, size_t old_size, size_t new_size) {
+    quiz_data_memory* memory = user;
+    if (!block) old_size = 0; // old_size then encodes the object's type
+    if (new_size == 0) {
+        free(block);
+        memory->used_bytes -= old_size;
+        return NULL;
+    }
+    if (new_size > old_size && memory->used_bytes + (new_size - old_size) > memory->limit_bytes) {
+        memory->limit_reached = true;
+        return NULL; // Lua raises a memory error
+    }
+    void* grown = realloc(block, new_size);
+    if (grown) memory->used_bytes = memory->used_bytes - old_size + new_size;
+    return grown;
+}
+
 static void stop_runaway(lua_State* L, lua_Debug* ar) {
     (void)ar;
     luaL_error(L, "the data file ran for more than %d instructions (a loop instead of a table?)",
@@ -20,8 +45,14 @@ static void stop_runaway(lua_State* L, lua_Debug* ar) {
 int quiz_data_open(quiz_data_file* f, const char* path, error_info* err) {
     memset(f, 0, sizeof *f);
     snprintf(f->path, sizeof f->path, "%s", path);
-    f->L = luaL_newstate();
-    if (!f->L) return error_set(err, "%s: out of memory", path);
+    f->memory = calloc(1, sizeof *f->memory); // the allocator's user data: fixed while f may move
+    if (!f->memory) return error_set(err, "%s: out of memory", path);
+    f->memory->limit_bytes = DATA_MEMORY_LIMIT_BYTES;
+    f->L = lua_newstate(capped_alloc, f->memory);
+    if (!f->L) {
+        quiz_data_close(f);
+        return error_set(err, "%s: out of memory", path);
+    }
     lua_State* L = f->L;
     // Text only (no precompiled chunks), and an empty table as _ENV: the
     // chunk sees no globals at all.
@@ -37,7 +68,11 @@ int quiz_data_open(quiz_data_file* f, const char* path, error_info* err) {
     status = lua_pcall(L, 0, 1, 0);
     lua_sethook(L, NULL, 0, 0);
     if (status != LUA_OK) {
-        error_set(err, "%s: %s", path, lua_tostring(L, -1));
+        if (f->memory->limit_reached)
+            error_set(err, "%s: the data file took more than its memory limit of %u MiB (%s)", path,
+                      DATA_MEMORY_LIMIT_BYTES >> 20, lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "");
+        else
+            error_set(err, "%s: %s", path, lua_tostring(L, -1));
         quiz_data_close(f);
         return -1;
     }
@@ -52,6 +87,8 @@ int quiz_data_open(quiz_data_file* f, const char* path, error_info* err) {
 void quiz_data_close(quiz_data_file* f) {
     if (f->L) lua_close(f->L);
     f->L = NULL;
+    free(f->memory);
+    f->memory = NULL;
 }
 
 int quiz_data_count(quiz_data_file* f) { return (int)luaL_len(f->L, -1); }

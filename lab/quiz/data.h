@@ -3,7 +3,7 @@
 // The files are Lua table constructors (`return { ... }`), evaluated in an
 // empty environment: no library function is reachable, so a data file can
 // describe values but cannot do anything. An instruction hook stops a file
-// that loops instead of returning. Accessors name the file, the entry and
+// that loops instead of returning, and a 64 MiB cap one that grows. Accessors name the file, the entry and
 // the field in their error messages ("quiz/bank.lua: item 3 (tf3): field
 // 'answer': expected a boolean").
 #ifndef SERVELAB_QUIZ_DATA_H
@@ -15,8 +15,16 @@
 
 typedef struct lua_State lua_State;
 
+// What a data file's Lua state has allocated, against its cap.
+typedef struct quiz_data_memory {
+    size_t used_bytes;
+    size_t limit_bytes;
+    bool limit_reached;
+} quiz_data_memory;
+
 typedef struct quiz_data_file {
     lua_State* L;
+    quiz_data_memory* memory; // the allocator's count (heap: f may be copied)
     char path[512];
     char where[96]; // the entry being read, for messages: "item 3 (tf3)"
 } quiz_data_file;

@@ -8,9 +8,12 @@
 #include <stdlib.h>
 #include <cmocka.h>
 
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include "lab/lesson/lesson.h"
 #include "tests/test_support.h"
@@ -569,6 +572,191 @@ static void test_syntax_error_names_file_and_line(void** state) {
     assert_non_null(strstr(err.message, "no/such/lesson.lua: no such lesson file"));
 }
 
+// ---- callbacks into the lesson cannot free what the host holds ------------------------------
+// Each case was a heap use after free or overflow (issue 46, item 2): the
+// sanitizer build (make check) reported it; here the lesson must end with
+// a clear Lua error, or not call the lesson's code at all.
+
+// Runs a lesson and fails with what it said and its error when it ends otherwise than `expected`.
+static void expect_run(const char* name, const char* source, lesson_options* options, captured* c,
+                       lesson_status expected) {
+    lesson_status status = run_source(name, source, options, c);
+    if (status != expected)
+        fail_msg("%s: status %d, expected %d; error: %s; said: %s", name, (int)status, (int)expected, c->error,
+                 c->n_said ? c->said[0] : "(nothing)");
+}
+
+static void test_callbacks_cannot_free_what_the_host_holds(void** state) {
+    (void)state;
+    captured* c = calloc(1, sizeof *c);
+    // An __index on the claims re-entered lab.lesson{} from its own loop:
+    // the inner call filled the 64 places, the outer wrote past them. Read
+    // raw, the claims are the one element the table holds.
+    const char* reentry = "local inner = false\n"
+                          "local claims = setmetatable({'a1'}, {__len = function() return 64 end,\n"
+                          "  __index = function(t, i)\n"
+                          "    if not inner then inner = true\n"
+                          "      local ids = {}\n"
+                          "      for k = 1, 64 do ids[k] = 'b' .. k end\n"
+                          "      lab.lesson{title = 'inner', claims = ids}\n"
+                          "    end\n"
+                          "    return 'c' .. i\n"
+                          "  end})\n"
+                          "lab.lesson{title = 'outer', claims = claims}\n"
+                          "lab.say(inner and 'index ran' or 'read raw')\n";
+    expect_run("reentry", reentry, NULL, c, LESSON_DONE);
+    assert_string_equal(c->said[0], "read raw");
+    assert_int_equal(c->n_checks, 1); // a1, never checked
+    assert_string_equal(c->check_text[0][0], "a1");
+    // e:close() inside stop_when freed the engine e:run was stepping.
+    const char* stop_when = "lab.lesson{title = 'stop', claims = {'s1'}}\n"
+                            "local e = lab.engine{model = 'tiny', kv_mem = '2MiB'}\n"
+                            "e:add{prompt = 'Once', max_tokens = 8}\n"
+                            "local ok, err = pcall(e.run, e, {stop_when = function() e:close() end})\n"
+                            "lab.say(tostring(ok) .. ': ' .. tostring(err))\n"
+                            "lab.say(tostring(e))\n"
+                            "local steps = e:run()\n"
+                            "lab.say('then ' .. steps .. ' steps')\n";
+    expect_run("stop_when", stop_when, NULL, c, LESSON_DONE);
+    assert_non_null(strstr(c->said[0], "false: "));
+    assert_non_null(strstr(c->said[0], "engine closed during stop_when"));
+    assert_non_null(strstr(c->said[1], "engine (tiny"));
+    assert_string_equal(c->said[2], "then 7 steps");
+    // e:add's fields through an __index that closes the engine: read raw,
+    // the __index never runs (nor one on the ids array).
+    const char* add = "lab.lesson{title = 'add', claims = {'a1'}}\n"
+                      "local e = lab.engine{model = 'tiny', kv_mem = '2MiB'}\n"
+                      "local closed = false\n"
+                      "local closer = {__index = function() if not closed then closed = true; e:close() end end}\n"
+                      "lab.say('first ' .. e:add(setmetatable({prompt = 'Once'}, closer)))\n"
+                      "lab.say('second ' .. e:add{ids = setmetatable({1, 200}, closer)})\n"
+                      "lab.say(tostring(e))\n";
+    expect_run("add", add, NULL, c, LESSON_DONE);
+    assert_string_equal(c->said[0], "first 0");
+    assert_string_equal(c->said[1], "second 1");
+    assert_non_null(strstr(c->said[2], "engine (tiny"));
+    // lab.quantize's model from an __index: nothing else held it, and the
+    // collection during the tensor's copy freed it under the copy.
+    const char* quantize = "lab.lesson{title = 'quantize', claims = {'q1'}}\n"
+                           "collectgarbage('incremental', 1, 1000)\n"
+                           "local args = setmetatable({tensor = 'layers.0.w1', bits = 4}, {__index = function(t, k)\n"
+                           "  if k == 'model' then return lab.model('tiny') end end})\n"
+                           "local ok, err = pcall(lab.quantize, args)\n"
+                           "lab.say(tostring(ok) .. ': ' .. tostring(err))\n"
+                           "local q = lab.quantize{tensor = 'layers.0.w1', bits = 4, model = lab.model('tiny')}\n"
+                           "lab.say('held: ' .. #q.q .. ' codes')\n";
+    expect_run("quantize", quantize, NULL, c, LESSON_DONE);
+    assert_non_null(strstr(c->said[0], "false: "));
+    assert_non_null(strstr(c->said[0], "tensor needs the model it belongs to"));
+    assert_non_null(strstr(c->said[1], "held: "));
+    free(c);
+}
+
+// ---- limits a lesson cannot get around (issue 46, item 6) --------------------------------
+
+static double process_cpu_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void test_limits_cover_logits_steps_and_writes(void** state) {
+    (void)state;
+    captured* c = calloc(1, sizeof *c);
+    // Every sequence's last logits (vocab floats) count against the cap.
+    lesson_options o = lesson_options_default();
+    o.memory_limit_bytes = 64u << 20;
+    const char* logits = "lab.lesson{title = 'logits', claims = {'l1'}}\n"
+                         "local e = lab.engine{model = 'tiny', kv_mem = '8MiB', max_seqs = 4096}\n"
+                         "for i = 1, 40 do e:add{prompt = 'x', n = 4096, max_tokens = 1} end\n"
+                         "e:run{max_steps = 2}\n"
+                         "lab.say('kept them all')\n";
+    expect_run("logits", logits, &o, c, LESSON_FAILED);
+    assert_non_null(strstr(c->error, "logits.lua:3: memory limit of 64 MiB: the logits kept for e:logits"));
+    // One lab.time round looks at the clock before every step. This round
+    // (250 decode steps of 64 sequences of 'small') took 10.6 s of CPU here,
+    // all of it past a limit looked at only between rounds (11.5 s in all
+    // under --time-limit 1.2); loading 'small' takes 0.9 s, hence 1.2 s.
+    o = lesson_options_default();
+    o.time_limit_s = 1.2;
+    const char* timing = "lab.lesson{title = 'timing', claims = {'t1'}}\n"
+                         "local m = lab.model('small')\n"
+                         "lab.time{model = m, phase = 'decode', tokens = 250, batch = 64, repeats = 1, threads = 1}\n";
+    double cpu_start = process_cpu_seconds();
+    expect_run("timing", timing, &o, c, LESSON_FAILED);
+    double cpu_used = process_cpu_seconds() - cpu_start;
+    assert_non_null(strstr(c->error, "timing.lua:3: time limit of 1.2 s CPU exceeded"));
+    if (cpu_used > o.time_limit_s + 1.5) fail_msg("lab.time ran %.2f s of CPU under a 1.2 s limit", cpu_used);
+    // The write quota: bytes and files, each a clear error naming the limit.
+    char output[600];
+    snprintf(output, sizeof output, "%s/quota-output", test_scratch_dir());
+    o = lesson_options_default();
+    o.output_dir = output;
+    o.write_limit_bytes = 1u << 20;
+    o.write_limit_files = 8;
+    const char* bytes = "lab.lesson{title = 'bytes', claims = {'w1'}}\n"
+                        "local f = io.open('big.txt', 'w')\n"
+                        "local chunk = string.rep('x', 65536)\n"
+                        "for i = 1, 32 do f:write(chunk) end\n";
+    expect_run("bytes", bytes, &o, c, LESSON_FAILED);
+    assert_non_null(strstr(c->error, "bytes.lua:4: write quota of 1.0 MiB reached (--write-limit)"));
+    const char* files = "lab.lesson{title = 'files', claims = {'w1'}}\n"
+                        "for i = 1, 20 do local f = io.open('f' .. i .. '.txt', 'w'); f:write('x'); f:close() end\n";
+    expect_run("files", files, &o, c, LESSON_FAILED);
+    assert_non_null(strstr(c->error, "files.lua:2: io.open: 'f9.txt': write quota of 8 files reached (--write-files)"));
+    // Files that exist may be written again: the quota counts files created.
+    const char* again = "lab.lesson{title = 'again', claims = {'w1'}}\n"
+                        "for i = 1, 20 do local f = io.open('f1.txt', 'w'); f:write('y'); f:close() end\n"
+                        "lab.say('rewrote')\n";
+    expect_run("again", again, &o, c, LESSON_DONE);
+    assert_string_equal(c->said[0], "rewrote");
+    free(c);
+}
+
+// Sets the stop flag (what Ctrl-C, SIGTERM and SIGHUP set) 0.3 s after it starts.
+static volatile sig_atomic_t test_stop_flag;
+
+static void* raise_stop_later(void* unused) {
+    (void)unused;
+    struct timespec delay = {0, 300 * 1000 * 1000};
+    nanosleep(&delay, NULL);
+    test_stop_flag = 1;
+    return NULL;
+}
+
+static double wall_seconds_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+// The stop flag ends a lab.time round within a second: the round (230
+// decode steps of 1024 sequences of 'tiny') takes 6.5 s of CPU, and the
+// flag was looked at only between rounds. CPU seconds are asserted, since
+// wall time on a shared machine runs 3x the CPU (19.8 s for that round).
+static void test_stop_flag_ends_a_long_round(void** state) {
+    (void)state;
+    captured* c = calloc(1, sizeof *c);
+    lesson_options o = lesson_options_default();
+    test_stop_flag = 0;
+    o.stop_flag = &test_stop_flag;
+    const char* timing = "lab.lesson{title = 'stop', claims = {'t1'}}\n"
+                         "local m = lab.model('tiny')\n"
+                         "lab.time{model = m, phase = 'decode', tokens = 230, batch = 1024, repeats = 1, "
+                         "threads = 1}\n";
+    // 'tiny' loads in milliseconds, so the flag lands inside the round.
+    pthread_t stopper;
+    assert_int_equal(pthread_create(&stopper, NULL, raise_stop_later, NULL), 0);
+    double start = wall_seconds_now(), cpu_start = process_cpu_seconds();
+    expect_run("stop", timing, &o, c, LESSON_FAILED);
+    double elapsed = wall_seconds_now() - start, cpu_used = process_cpu_seconds() - cpu_start;
+    pthread_join(stopper, NULL);
+    assert_non_null(strstr(c->error, "stop.lua:3: stopped: the lesson was interrupted"));
+    if (cpu_used > 1.3)
+        fail_msg("the lesson ran %.2f s of CPU (%.2f s wall) though the flag was set at 0.3 s", cpu_used, elapsed);
+    free(c);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_arguments_raise_named_errors),
@@ -582,6 +770,9 @@ int main(void) {
         cmocka_unit_test(test_time_limit_stops_a_runaway_loop),
         cmocka_unit_test(test_memory_cap_stops_a_hog),
         cmocka_unit_test(test_syntax_error_names_file_and_line),
+        cmocka_unit_test(test_callbacks_cannot_free_what_the_host_holds),
+        cmocka_unit_test(test_limits_cover_logits_steps_and_writes),
+        cmocka_unit_test(test_stop_flag_ends_a_long_round),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -462,6 +462,10 @@ static void test_bad_bank_files_are_named_errors(void** state) {
     // Data, not programs: no library is reachable, and a loop is stopped.
     expect_bank_error("os.execute('touch /tmp/servelab-quiz-pwned') return {}", "os");
     expect_bank_error("while true do end", "ran for more than");
+    // Nor does one grow without bound: 28 doublings make a 256 MiB string
+    // in 84 instructions (31 took 2.7 GB of RSS before the cap).
+    expect_bank_error("local s = 'x' for i = 1, 28 do s = s .. s end return {}",
+                      "bad_bank.lua: the data file took more than its memory limit of 64 MiB");
     error_info err = {{0}};
     quiz_bank bank;
     assert_int_equal(quiz_bank_load("quiz/no-such-bank.lua", &bank, &err), -1);
