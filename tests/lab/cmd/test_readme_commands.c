@@ -219,7 +219,23 @@ static void test_runnable_commands_succeed_without_models(void** state) {
     free(list.items);
 }
 
-// Every page the README links to exists, and every topic page of docs/ is
+// Every relative link of a markdown file (`folder`: where the file lies,
+// "" or "docs/") names a file that exists.
+static void check_links(const char* file, const char* folder) {
+    char* text = test_read_text(file);
+    for (const char* p = text; (p = strstr(p, "](")); p += 2) {
+        const char* target = p + 2;
+        size_t length = strcspn(target, ")# ");
+        if (starts_with(target, "http") || length == 0) continue;
+        char path[1024];
+        snprintf(path, sizeof path, "%s%.*s", folder, (int)length, target);
+        struct stat st;
+        if (stat(path, &st) != 0) fail_msg("%s links to %.*s, which does not exist", file, (int)length, target);
+    }
+    free(text);
+}
+
+// Every page the README and docs/ link to exists, and every topic page of docs/ is
 // linked from the README (the manual moved there, so nothing is lost from
 // a newcomer's view), and the README stays short.
 static void test_readme_links_and_length(void** state) {
@@ -228,21 +244,15 @@ static void test_readme_links_and_length(void** state) {
     int lines = 0;
     for (const char* p = readme; *p; p++) lines += *p == '\n';
     if (lines > 210) fail_msg("README.md has %d lines; the manual belongs in docs/", lines);
-    for (const char* p = readme; (p = strstr(p, "](")); p += 2) {
-        const char* target = p + 2;
-        size_t length = strcspn(target, ")#");
-        if (starts_with(target, "http")) continue;
-        char path[512];
-        snprintf(path, sizeof path, "%.*s", (int)length, target);
-        struct stat st;
-        if (stat(path, &st) != 0) fail_msg("README.md links to %s, which does not exist", path);
-    }
+    check_links("README.md", "");
     DIR* dir = opendir("docs");
     assert_non_null(dir);
     for (struct dirent* entry; (entry = readdir(dir));) {
         size_t length = strlen(entry->d_name);
         if (length < 4 || strcmp(entry->d_name + length - 3, ".md") != 0) continue;
-        char link[512];
+        char page[512], link[512];
+        snprintf(page, sizeof page, "docs/%s", entry->d_name);
+        check_links(page, "docs/");
         snprintf(link, sizeof link, "](docs/%s)", entry->d_name);
         if (!strstr(readme, link)) fail_msg("README.md does not link to docs/%s", entry->d_name);
     }
