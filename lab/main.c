@@ -62,7 +62,8 @@ static int exit_status(int command_status) {
 // NULL. 2 edits: a typo or two; 3 would turn "lab" into "sim".
 static const char* nearest_command(const char* word) {
     const char* names[sizeof COMMANDS / sizeof COMMANDS[0]];
-    for (size_t i = 0; i < sizeof COMMANDS / sizeof COMMANDS[0]; i++) names[i] = COMMANDS[i].name;
+    for (size_t i = 0; i < sizeof COMMANDS / sizeof COMMANDS[0]; i++)
+        names[i] = COMMANDS[i].name;
     return arg_nearest(word, names, (int)(sizeof names / sizeof names[0]), 2);
 }
 

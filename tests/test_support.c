@@ -48,7 +48,8 @@ void test_report_missing_shared(const char* name) {
     if (!said)
         print_message("skipping the tests that need llama2.c's or llama.cpp's own files: %s is in neither "
                       "../shared/models (beside the clone) nor ./models; 'make models' fetches stories260K.bin "
-                      "and tok512.bin (the reference outputs come only with ../shared)\n", name);
+                      "and tok512.bin (the reference outputs come only with ../shared)\n",
+                      name);
     else
         print_message("skipping: %s is missing (see above)\n", name);
     said = true;
@@ -278,8 +279,14 @@ static float next_normal(uint64_t* state) {
 }
 
 void test_synthesize_stories260k_shape(struct model* out) {
-    model_config config = {.dim = 64, .hidden_dim = 172, .n_layers = 5, .n_heads = 8, .n_kv_heads = 4,
-                           .vocab_size = 512, .max_seq_len = 512, .shared_classifier = true};
+    model_config config = {.dim = 64,
+                           .hidden_dim = 172,
+                           .n_layers = 5,
+                           .n_heads = 8,
+                           .n_kv_heads = 4,
+                           .vocab_size = 512,
+                           .max_seq_len = 512,
+                           .shared_classifier = true};
     error_info err = {{0}};
     memset(out, 0, sizeof *out);
     if (model_config_validate(&config, "stories260K-shaped", &err) ||
@@ -302,6 +309,7 @@ void test_synthesize_stories260k_shape(struct model* out) {
                 ((float*)w->values)[i] = next_normal(&state) * sigma;
         }
     }
-    for (int i = 0; i < config.dim; i++) ((float*)out->rms_final)[i] = 1.0f;
+    for (int i = 0; i < config.dim; i++)
+        ((float*)out->rms_final)[i] = 1.0f;
     model_storage_build_tiles(out);
 }

@@ -125,12 +125,12 @@ const struct sequence* test_sequence(const struct engine* e, int32_t id);
 void test_report_missing_shared(const char* name);
 
 // Resolves a shared model file into `path_buffer` or skips (fails under CI).
-#define REQUIRE_SHARED_MODEL(path_buffer, name)                               \
-    do {                                                                      \
-        if (!shared_model_path((path_buffer), sizeof(path_buffer), (name))) { \
-            test_report_missing_shared(name);                                 \
-            skip();                                                           \
-        }                                                                     \
+#define REQUIRE_SHARED_MODEL(path_buffer, name)                                                                        \
+    do {                                                                                                               \
+        if (!shared_model_path((path_buffer), sizeof(path_buffer), (name))) {                                          \
+            test_report_missing_shared(name);                                                                          \
+            skip();                                                                                                    \
+        }                                                                                                              \
     } while (0)
 
 #endif

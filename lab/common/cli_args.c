@@ -16,13 +16,15 @@ const char* arg_command_name(void) { return command_name; }
 int arg_edit_distance(const char* a, const char* b) {
     int n = (int)strnlen(a, 31), m = (int)strnlen(b, 31);
     int previous[32], current[32];
-    for (int j = 0; j <= m; j++) previous[j] = j;
+    for (int j = 0; j <= m; j++)
+        previous[j] = j;
     for (int i = 1; i <= n; i++) {
         current[0] = i;
         for (int j = 1; j <= m; j++) {
             int substitute = previous[j - 1] + (a[i - 1] != b[j - 1]);
             int remove = previous[j] + 1, insert = current[j - 1] + 1;
-            current[j] = substitute < remove ? (substitute < insert ? substitute : insert) : (remove < insert ? remove : insert);
+            current[j] =
+                substitute < remove ? (substitute < insert ? substitute : insert) : (remove < insert ? remove : insert);
         }
         memcpy(previous, current, sizeof current);
     }
@@ -103,8 +105,8 @@ int arg_unknown(const arg_cursor* cursor, error_info* err) {
     const char* suggestion =
         known_here && arg[0] == '-' && strlen(word) > 2 ? arg_nearest(word, tried.flags, tried.count, 2) : NULL;
     if (suggestion)
-        return error_set(err, "%s: unknown option '%s'; did you mean '%s'? (see %.*s --help)", command, arg,
-                         suggestion, top_length, command);
+        return error_set(err, "%s: unknown option '%s'; did you mean '%s'? (see %.*s --help)", command, arg, suggestion,
+                         top_length, command);
     return error_set(err, "%s: unknown option '%s' (see %.*s --help)", command, arg, top_length, command);
 }
 

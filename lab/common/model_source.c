@@ -139,14 +139,19 @@ static int apply_quant(model_source* source, const char* spec_text, error_info* 
 static int missing_model(const char* model_arg, error_info* err) {
     const char* names[32];
     int n = 0;
-    for (const synth_preset* p = synth_presets(); p->name && n < 32; p++) names[n++] = p->name;
+    for (const synth_preset* p = synth_presets(); p->name && n < 32; p++)
+        names[n++] = p->name;
     const char* preset = strchr(model_arg, '/') ? NULL : arg_nearest(model_arg, names, n, 2);
     if (preset)
-        return error_set(err, "%s: not a file and not a preset; did you mean '%s'? (presets: tiny, small, medium, "
-                              "large, stories110m)", model_arg, preset);
-    return error_set(err, "%s: no such file; leave out --model for the default model (stories260K when `make models` "
-                          "has fetched it, else the small preset), or name a preset (tiny, small, medium, large, "
-                          "stories110m)", model_arg);
+        return error_set(err,
+                         "%s: not a file and not a preset; did you mean '%s'? (presets: tiny, small, medium, "
+                         "large, stories110m)",
+                         model_arg, preset);
+    return error_set(err,
+                     "%s: no such file; leave out --model for the default model (stories260K when `make models` "
+                     "has fetched it, else the small preset), or name a preset (tiny, small, medium, large, "
+                     "stories110m)",
+                     model_arg);
 }
 
 static int open_unquantized(model_source* out, const model_request* request, error_info* err);

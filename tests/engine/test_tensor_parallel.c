@@ -174,8 +174,8 @@ static void test_stories_sharded_equals_unsharded(void** state) {
         tp_run sharded;
         run_one(m, tp, LINK_NVLINK, 5, n_new, &sharded);
         double difference = compare_greedy(&sharded, &reference, n_new);
-        print_message("stories260K-shaped --tp %d: %d greedy ids equal, logits max relative difference %.3g\n", tp, n_new,
-                      difference);
+        print_message("stories260K-shaped --tp %d: %d greedy ids equal, logits max relative difference %.3g\n", tp,
+                      n_new, difference);
         assert_true(difference < 1e-4);
         free_run(&sharded);
     }

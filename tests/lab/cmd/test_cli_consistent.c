@@ -18,7 +18,8 @@
 
 static int count_lines(const char* text) {
     int lines = 0;
-    for (const char* p = text; *p; p++) lines += *p == '\n';
+    for (const char* p = text; *p; p++)
+        lines += *p == '\n';
     return lines;
 }
 
@@ -37,14 +38,16 @@ static void test_usage_errors_share_one_format(void** state) {
         {"quant --scheme w5a16", "servelab quant: --scheme: expected", "found 'w5a16'"},
         {"sim --requests 0", "servelab sim: ", "--requests"},
         {"calc --batch x", "servelab calc: ", "--batch"},
-        {"generate --temprature 0.5", "servelab generate: unknown option '--temprature'", "see servelab generate --help"},
+        {"generate --temprature 0.5", "servelab generate: unknown option '--temprature'",
+         "see servelab generate --help"},
         // Was exit 1 with "0 passed, 1 failed", as if the lesson had run.
         {"lesson run lessons/nope.lua", "servelab lesson run: lessons/nope.lua: no such file", "lesson list"},
         {"lesson run lessons/nope.lua --headless", "servelab lesson run: lessons/nope.lua: no such file", ""},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         command_result r = run_servelab(cases[i].arguments);
-        if (r.exit_status != 2) fail_msg("'%s' exited %d, expected 2 (stderr: %s)", cases[i].arguments, r.exit_status, r.err);
+        if (r.exit_status != 2)
+            fail_msg("'%s' exited %d, expected 2 (stderr: %s)", cases[i].arguments, r.exit_status, r.err);
         if (strncmp(r.err, cases[i].prefix, strlen(cases[i].prefix)) != 0)
             fail_msg("'%s': stderr '%s' does not start with '%s'", cases[i].arguments, r.err, cases[i].prefix);
         if (!strstr(r.err, cases[i].expected))
@@ -66,8 +69,8 @@ static void test_mistyped_options_suggest_the_nearest(void** state) {
     } cases[] = {
         {"generate --temprature 0.5", "did you mean '--temperature'?"},
         {"generate --temprature=0.5", "did you mean '--temperature'?"},
-        {"sim --kv-memm 64MiB", "did you mean '--kv-mem'?"},      // an engine flag
-        {"sim --modle tiny", "did you mean '--model'?"},           // a model flag
+        {"sim --kv-memm 64MiB", "did you mean '--kv-mem'?"}, // an engine flag
+        {"sim --modle tiny", "did you mean '--model'?"},     // a model flag
         {"lesson run lessons/01-kv-sizing.lua --headles", "did you mean '--headless'?"},
         {"bench-serve --concurency 4", "did you mean '--concurrency'?"},
         {"calc --devic H100", "did you mean '--device'?"},

@@ -32,8 +32,8 @@
 
 typedef struct runnable_command {
     char file[128];
-    int line;         // of the command's first line
-    char text[2048];  // continuation lines joined
+    int line;        // of the command's first line
+    char text[2048]; // continuation lines joined
 } runnable_command;
 
 typedef struct command_list {
@@ -56,7 +56,8 @@ static void add_command(command_list* list, const char* file, int line, const ch
 static bool starts_with(const char* text, const char* prefix) { return strncmp(text, prefix, strlen(prefix)) == 0; }
 
 static const char* skip_spaces(const char* text) {
-    while (*text == ' ' || *text == '\t') text++;
+    while (*text == ' ' || *text == '\t')
+        text++;
     return text;
 }
 
@@ -79,8 +80,8 @@ static int extract_commands(const char* path, command_list* list) {
             } else {
                 in_fence = true;
                 in_block = (marked && strcmp(body, "```sh") == 0) || strcmp(body, "```sh runnable") == 0;
-                if (marked && !in_block) fail_msg("%s:%d: <!-- runnable --> before a block that is not ```sh", path,
-                                                  line_number);
+                if (marked && !in_block)
+                    fail_msg("%s:%d: <!-- runnable --> before a block that is not ```sh", path, line_number);
                 n_blocks += in_block;
             }
             marked = false;
@@ -214,7 +215,8 @@ static void test_runnable_commands_succeed_without_models(void** state) {
     collect(&list, &readme_blocks);
     char clone[PATH_MAX];
     make_clone(clone, sizeof clone);
-    for (int i = 0; i < list.count; i++) run_in_clone(clone, &list.items[i]);
+    for (int i = 0; i < list.count; i++)
+        run_in_clone(clone, &list.items[i]);
     print_message("%d runnable commands passed\n", list.count);
     free(list.items);
 }
@@ -242,7 +244,8 @@ static void test_readme_links_and_length(void** state) {
     (void)state;
     char* readme = test_read_text("README.md");
     int lines = 0;
-    for (const char* p = readme; *p; p++) lines += *p == '\n';
+    for (const char* p = readme; *p; p++)
+        lines += *p == '\n';
     if (lines > 210) fail_msg("README.md has %d lines; the manual belongs in docs/", lines);
     check_links("README.md", "");
     DIR* dir = opendir("docs");
