@@ -57,51 +57,30 @@ static int exit_status(int command_status) {
     return signal_number ? 128 + signal_number : command_status;
 }
 
-// Levenshtein distance (insert, delete, substitute), for suggestions; long
-// words are cut to 31 characters, longer than any command.
-static int edit_distance(const char* a, const char* b) {
-    int n = (int)strnlen(a, 31), m = (int)strnlen(b, 31);
-    int previous[32], current[32];
-    for (int j = 0; j <= m; j++) previous[j] = j;
-    for (int i = 1; i <= n; i++) {
-        current[0] = i;
-        for (int j = 1; j <= m; j++) {
-            int substitute = previous[j - 1] + (a[i - 1] != b[j - 1]);
-            int remove = previous[j] + 1, insert = current[j - 1] + 1;
-            current[j] = substitute < remove ? (substitute < insert ? substitute : insert) : (remove < insert ? remove : insert);
-        }
-        memcpy(previous, current, sizeof current);
-    }
-    return previous[m];
-}
-
 // The command `word` was most likely meant to be: the nearest within 2
 // edits ("generat", "smi"), else the one it is the start of ("gen"), else
 // NULL. 2 edits: a typo or two; 3 would turn "lab" into "sim".
 static const char* nearest_command(const char* word) {
-    const char* best = NULL;
-    int best_distance = 3;
-    for (size_t i = 0; i < sizeof COMMANDS / sizeof COMMANDS[0]; i++) {
-        int distance = edit_distance(word, COMMANDS[i].name);
-        if (distance < best_distance) {
-            best_distance = distance;
-            best = COMMANDS[i].name;
-        }
-    }
-    if (best || strlen(word) < 2) return best;
+    const char* names[sizeof COMMANDS / sizeof COMMANDS[0]];
     for (size_t i = 0; i < sizeof COMMANDS / sizeof COMMANDS[0]; i++)
-        if (strncmp(COMMANDS[i].name, word, strlen(word)) == 0) return COMMANDS[i].name;
-    return NULL;
+        names[i] = COMMANDS[i].name;
+    return arg_nearest(word, names, (int)(sizeof names / sizeof names[0]), 2);
 }
 
 int main(int argc, char** argv) {
-    if (argc < 2) return exit_status(command_lab(argc, argv)); // plain `servelab` opens the dashboard
+    if (argc < 2) { // plain `servelab` opens the dashboard
+        arg_set_command_name("lab");
+        return exit_status(command_lab(argc, argv));
+    }
     if (strcmp(argv[1], "help") == 0 || arg_is_help(argv[1])) {
         fputs(USAGE, stdout);
         return 0;
     }
     for (size_t i = 0; i < sizeof COMMANDS / sizeof COMMANDS[0]; i++)
-        if (strcmp(argv[1], COMMANDS[i].name) == 0) return exit_status(COMMANDS[i].run(argc - 1, argv + 1));
+        if (strcmp(argv[1], COMMANDS[i].name) == 0) {
+            arg_set_command_name(COMMANDS[i].name);
+            return exit_status(COMMANDS[i].run(argc - 1, argv + 1));
+        }
     const char* suggestion = nearest_command(argv[1]);
     if (suggestion)
         fprintf(stderr, "servelab: unknown command '%s'; did you mean '%s'? (see servelab help)\n", argv[1], suggestion);

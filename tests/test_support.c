@@ -8,9 +8,11 @@
 #include "tests/test_support.h"
 
 #include "engine/engine.h"
+#include "engine/model_storage.h"
 #include "kernels/cpu/cpu_features.h"
 
 #include <errno.h>
+#include <math.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -38,6 +40,19 @@ bool shared_model_path(char* out, size_t out_capacity, const char* name) {
     if (file_exists(out)) return true;
     written = snprintf(out, out_capacity, "models/%s", name);
     return written >= 0 && (size_t)written < out_capacity && file_exists(out);
+}
+
+void test_report_missing_shared(const char* name) {
+    if (getenv("CI")) fail_msg("../shared/models/%s is missing and CI is set", name);
+    static bool said;
+    if (!said)
+        print_message("skipping the tests that need llama2.c's or llama.cpp's own files: %s is in neither "
+                      "../shared/models (beside the clone) nor ./models; 'make models' fetches stories260K.bin "
+                      "and tok512.bin (the reference outputs come only with ../shared)\n",
+                      name);
+    else
+        print_message("skipping: %s is missing (see above)\n", name);
+    said = true;
 }
 
 const char* test_scratch_dir(void) {
@@ -247,4 +262,54 @@ test_generation test_engine_generate(const struct model* m, const int32_t* promp
 const sequence* test_sequence(const engine* e, int32_t id) {
     const scheduler* s = &e->scheduler;
     return id >= 0 && id < s->n_sequences && s->sequences[id].tokens ? &s->sequences[id] : NULL;
+}
+
+// splitmix64, then Box-Muller: a normal deviate from a plain counter stream.
+static double next_uniform(uint64_t* state) {
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return ((double)(z >> 11) + 0.5) / 9007199254740992.0; // (0, 1)
+}
+
+static float next_normal(uint64_t* state) {
+    double u = next_uniform(state), v = next_uniform(state);
+    return (float)(sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
+}
+
+void test_synthesize_stories260k_shape(struct model* out) {
+    model_config config = {.dim = 64,
+                           .hidden_dim = 172,
+                           .n_layers = 5,
+                           .n_heads = 8,
+                           .n_kv_heads = 4,
+                           .vocab_size = 512,
+                           .max_seq_len = 512,
+                           .shared_classifier = true};
+    error_info err = {{0}};
+    memset(out, 0, sizeof *out);
+    if (model_config_validate(&config, "stories260K-shaped", &err) ||
+        model_storage_allocate(out, &config, WEIGHT_F32, 0, &err))
+        fail_msg("stories260K's shape: %s", err.message);
+    snprintf(out->name, sizeof out->name, "stories260K-shaped");
+    uint64_t state = 260;
+    float* embedding = (float*)out->token_embedding.values;
+    for (size_t i = 0; i < (size_t)config.vocab_size * (size_t)config.dim; i++)
+        embedding[i] = next_normal(&state) * 2.0f / sqrtf((float)config.dim);
+    for (int l = 0; l < config.n_layers; l++) {
+        for (int i = 0; i < config.dim; i++) {
+            ((float*)out->layers[l].rms_attention)[i] = 1.0f;
+            ((float*)out->layers[l].rms_ffn)[i] = 1.0f;
+        }
+        for (int k = 0; k < 7; k++) {
+            const weight_matrix* w = model_storage_layer_matrix(&out->layers[l], k);
+            float sigma = 1.0f / sqrtf((float)w->cols);
+            for (size_t i = 0; i < (size_t)w->rows * (size_t)w->cols; i++)
+                ((float*)w->values)[i] = next_normal(&state) * sigma;
+        }
+    }
+    for (int i = 0; i < config.dim; i++)
+        ((float*)out->rms_final)[i] = 1.0f;
+    model_storage_build_tiles(out);
 }

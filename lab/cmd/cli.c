@@ -1,6 +1,7 @@
 #include "lab/cmd/cli.h"
 
 #include <stdio.h>
+#include <string.h>
 
 #include "lab/common/engine_options.h"
 
@@ -17,6 +18,12 @@ bool cli_answer_help(int argc, char** argv, const char* usage, const char* const
 }
 
 int cli_usage_error(const error_info* err) {
-    fprintf(stderr, "%s\n", err->message);
+    // One format for every usage error: "servelab generate: -n: expected ...".
+    // Messages from the shared value parsers name only the flag.
+    const char* command = arg_command_name();
+    if (strncmp(err->message, "servelab", strlen("servelab")) == 0 || !command)
+        fprintf(stderr, "%s\n", err->message);
+    else
+        fprintf(stderr, "servelab %s: %s\n", command, err->message);
     return 2;
 }

@@ -19,8 +19,9 @@ extern const char* const CLI_ENGINE_DEFAULTS[];
 // engine_defaults replaces (engine_options_print_usage).
 bool cli_answer_help(int argc, char** argv, const char* usage, const char* const* engine_defaults);
 
-// Prints err's message on stderr and returns 2, the exit status of a usage
-// error (lab/cmd/commands.h).
+// Prints err's message on stderr as "servelab CMD: message" (the message
+// as it is when it already starts with "servelab") and returns 2, the exit
+// status of a usage error (lab/cmd/commands.h).
 int cli_usage_error(const error_info* err);
 
 #endif

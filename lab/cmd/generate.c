@@ -34,6 +34,8 @@ static const char GENERATE_USAGE[] =
     "  --dtype fp32|fp16     how weights are stored (default: the file's; fp16 for presets)\n"
     "  --quant SCHEME        quantize after loading: w8a16|w4a16|w8a8|w4a8[:gG][:rtn|awq|gptq][:sym|asym]\n"
     "  --ids                 print the generated ids on one line instead of text\n"
+    "  --progress            the progress line (building a large preset, --quant) on stderr even when it is\n"
+    "                        not a terminal\n"
     "  --chat                the prompt is a user message, written in the model's chat\n"
     "                        template (a GGUF's tokenizer.chat_template: Llama 3, ChatML,\n"
     "                        Llama 2 [INST], Zephyr); --system TEXT adds a system message\n"
@@ -74,6 +76,7 @@ typedef struct generate_args {
     bool print_ids;
     bool chat;                // --chat: wrap the prompt in the model's chat template
     const char* system_text;  // --system TEXT with --chat
+    bool progress_forced;     // --progress: the model-building line even when stderr is not a terminal
 } generate_args;
 
 static int parse_generate_args(int argc, char** argv, generate_args* args, error_info* err) {
@@ -104,6 +107,8 @@ static int parse_generate_args(int argc, char** argv, generate_args* args, error
             if (!failed && parse_float_arg("--top-p", cursor.value, 0.0, 1.0, &args->options.top_p, err)) return -1;
         } else if (arg_match(&cursor, "--seed", true, &failed, err)) {
             if (!failed && parse_u64_arg("--seed", cursor.value, &args->options.seed, err)) return -1;
+        } else if (arg_match(&cursor, "--progress", false, &failed, err)) {
+            args->progress_forced = true;
         } else if (arg_match(&cursor, "--ids", false, &failed, err)) {
             args->print_ids = true;
         } else if (arg_match(&cursor, "--chat", false, &failed, err)) {
@@ -332,6 +337,7 @@ int command_generate(int argc, char** argv) {
     error_info err = {{0}};
     generate_args args;
     if (parse_generate_args(argc, argv, &args, &err)) return cli_usage_error(&err);
+    model_source_force_progress(args.progress_forced);
     model_source source;
     if (model_source_open(&source, &args.request, &err)) {
         fprintf(stderr, "servelab generate: %s\n", err.message);

@@ -109,6 +109,10 @@ static int parse_run_args(int argc, char** argv, run_args* a, error_info* err) {
         if (failed) return -1;
     }
     if (!a->path) return error_set(err, "servelab lesson run: which lesson? (servelab lesson run lessons/01-kv-sizing.lua)");
+    struct stat st;
+    if (stat(a->path, &st) != 0 || !S_ISREG(st.st_mode))
+        return error_set(err, "servelab lesson run: %s: no such file (servelab lesson list shows the lessons)",
+                         a->path);
     return 0;
 }
 

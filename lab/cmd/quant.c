@@ -229,7 +229,9 @@ static int model_spec_from_args(const quant_args* a, model_quant_spec* out) {
     snprintf(spec_text, sizeof spec_text, "%s", a->scheme);
     model_quant_spec spec;
     if (model_quant_spec_parse(spec_text, &spec, &err)) {
-        fprintf(stderr, "servelab quant: --scheme: %s\n", err.message);
+        // The parser speaks of --quant (generate's flag); here the flag is --scheme.
+        const char* message = strncmp(err.message, "--quant: ", 9) == 0 ? err.message + 9 : err.message;
+        fprintf(stderr, "servelab quant: --scheme: %s\n", message);
         return 2;
     }
     if (a->group >= 0) spec.group_size = a->group;

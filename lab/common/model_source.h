@@ -51,4 +51,9 @@ bool model_source_is_gguf(const char* path);
 bool model_option_match(arg_cursor* cursor, model_request* request, bool* failed, error_info* err);
 void model_source_close(model_source* source);
 
+// Building a large preset (medium and up) and --quant show a progress line
+// on stderr when it is a terminal; forced (a command's --progress) shows it
+// anywhere, so a test can see it.
+void model_source_force_progress(bool forced);
+
 #endif

@@ -34,6 +34,25 @@ static double monotonic_seconds(void) {
 
 bool progress_wanted(bool forced) { return forced || isatty(STDERR_FILENO); }
 
+// One line at a time: a second ticker would rewrite the first one's line
+// (a command's own line while it builds a preset, say).
+static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
+static bool line_live;
+
+static bool claim_line(void) {
+    pthread_mutex_lock(&live_lock);
+    bool claimed = !line_live;
+    line_live = true;
+    pthread_mutex_unlock(&live_lock);
+    return claimed;
+}
+
+static void release_line(void) {
+    pthread_mutex_lock(&live_lock);
+    line_live = false;
+    pthread_mutex_unlock(&live_lock);
+}
+
 // A line wider than the terminal wraps, and \r then rewrites only its last
 // row: the line is cut to the width (80 when stderr is not a terminal).
 static int line_width(void) {
@@ -92,9 +111,12 @@ static void* tick(void* argument) {
 }
 
 progress* progress_start(const char* what, bool forced) {
-    if (!progress_wanted(forced)) return NULL;
+    if (!progress_wanted(forced) || !claim_line()) return NULL;
     progress* p = calloc(1, sizeof *p);
-    if (!p) return NULL;
+    if (!p) {
+        release_line();
+        return NULL;
+    }
     snprintf(p->what, sizeof p->what, "%s", what);
     p->start_s = monotonic_seconds();
     pthread_condattr_t attributes;
@@ -107,6 +129,7 @@ progress* progress_start(const char* what, bool forced) {
         pthread_cond_destroy(&p->wake);
         pthread_mutex_destroy(&p->lock);
         free(p);
+        release_line();
         return NULL;
     }
     return p;
@@ -149,4 +172,5 @@ void progress_finish(progress* p) {
     pthread_cond_destroy(&p->wake);
     pthread_mutex_destroy(&p->lock);
     free(p);
+    release_line();
 }

@@ -20,7 +20,9 @@ typedef struct progress progress;
 bool progress_wanted(bool forced);
 
 // Starts the line: "<what>: ..." (what: "servelab sim"). Returns NULL when
-// the line is not wanted (or the ticker cannot start: no line, no harm).
+// the line is not wanted, when another line is live (one line at a time:
+// the command's own line wins over a model build's inside it), or when the
+// ticker cannot start: no line, no harm.
 progress* progress_start(const char* what, bool forced);
 
 // What the line says now: `done` of `total` `unit` (total <= 0: unknown,

