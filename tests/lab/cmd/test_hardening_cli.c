@@ -36,6 +36,18 @@ static double monotonic_seconds(void) {
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
+// ---- issue 46 item 7c: a length that overflowed an int ---------------------------------
+
+static void test_sim_length_beyond_the_limit_is_a_usage_error(void** state) {
+    (void)state;
+    command_result r = run_servelab("sim --model tiny --requests 2 --output-len fixed:2147483647");
+    if (r.exit_status != 2) fail_msg("expected exit 2, got %d; stderr:\n%s", r.exit_status, r.err);
+    if (!strstr(r.err, "--output-len: lengths above 1048576 tokens are not supported, found 'fixed:2147483647'"))
+        fail_msg("expected the flag and the limit in the message:\n%s", r.err);
+    assert_string_equal(r.out, "");
+    free_result(&r);
+}
+
 // ---- defect 7: --kv-mem beyond the memory available -------------------------------------
 
 static void test_kv_mem_beyond_memory_is_refused_at_once(void** state) {
@@ -282,6 +294,7 @@ static void test_nonfinite_weights_warn_once_naming_the_tensor(void** state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sim_length_beyond_the_limit_is_a_usage_error),
         cmocka_unit_test(test_kv_mem_beyond_memory_is_refused_at_once),
         cmocka_unit_test(test_num_blocks_beyond_memory_is_refused),
         cmocka_unit_test(test_large_kv_pool_is_not_touched),
