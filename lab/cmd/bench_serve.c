@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/terminal_text.h"
 #include "engine/tokenizer.h"
 #include "lab/bench/serve_load.h"
 #include "lab/common/cli_args.h"
@@ -606,9 +607,11 @@ static int run_point(const bench_serve_args* args, const char* completions, cons
 }
 
 // The report: JSON (taking runs), one run's text, or the sweep's table and
-// chart. Returns 1 when the JSON could not be printed, else 0.
+// chart. The JSON names the model exactly; the text shows model_shown, its
+// terminal-safe form. Returns 1 when the JSON could not be printed, else 0.
 static int print_results(const bench_serve_args* args, const bench_summary* points, const int* concurrency,
-                         int n_points, const char* completions, const char* model, json_t* runs) {
+                         int n_points, const char* completions, const char* model, const char* model_shown,
+                         json_t* runs) {
     if (args->json) {
         json_t* root = json_pack("{s:o, s:o, s:o}", "url", json_out_text(completions), "model", json_out_text(model),
                                  "runs", runs);
@@ -616,10 +619,10 @@ static int print_results(const bench_serve_args* args, const bench_summary* poin
     }
     json_decref(runs);
     if (!args->n_sweep) {
-        print_report(&points[0], completions, model, args, concurrency[0]);
+        print_report(&points[0], completions, model_shown, args, concurrency[0]);
         return 0;
     }
-    printf("servelab bench-serve: %s (model %s)\n\n", completions, model);
+    printf("servelab bench-serve: %s (model %s)\n\n", completions, model_shown);
     print_sweep_table(points, concurrency, n_points);
     print_chart(points, concurrency, n_points);
     for (int p = 0; p < n_points; p++)
@@ -668,6 +671,11 @@ int command_bench_serve(int argc, char** argv) {
         curl_global_cleanup();
         return 1;
     }
+    // The server chose this name: ESC or U+009B in it would drive the
+    // terminal. Requests still send it exactly as the server gave it.
+    char model_shown[sizeof model];
+    snprintf(model_shown, sizeof model_shown, "%s", model);
+    terminal_text_clean(model_shown);
     int n_points = args.n_sweep ? args.n_sweep : 1;
     int concurrency[MAX_SWEEP_POINTS];
     bench_summary* points = calloc((size_t)n_points, sizeof *points);
@@ -700,7 +708,7 @@ int command_bench_serve(int argc, char** argv) {
         curl_global_cleanup();
         return exit_status;
     }
-    if (print_results(&args, points, concurrency, n_points, completions, model, runs)) exit_status = 1;
+    if (print_results(&args, points, concurrency, n_points, completions, model, model_shown, runs)) exit_status = 1;
     if (args.svg_path) {
         char title[1400];
         snprintf(title, sizeof title, "servelab bench-serve: %s (%s)", completions, model);
