@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "base/terminal_text.h"
+#include "engine/output_file.h"
 #include "engine/tokenizer.h"
 #include "lab/bench/serve_load.h"
 #include "lab/common/cli_args.h"
@@ -464,11 +465,12 @@ static void print_chart(const bench_summary* points, const int* concurrency, int
 
 static int write_svg(const char* path, const bench_summary* points, const int* concurrency, int n, const char* title,
                      error_info* err) {
-    char temporary[4200];
-    if (snprintf(temporary, sizeof temporary, "%s.tmp", path) >= (int)sizeof temporary)
-        return error_set(err, "--svg: path too long");
-    FILE* f = fopen(temporary, "w");
-    if (!f) return error_set(err, "--svg: cannot write %s: %s", temporary, strerror(errno));
+    // output_file: a new temporary beside path (path.tmp was a fixed name,
+    // opened through any link planted there), then rename.
+    output_file out;
+    error_info file_err = {{0}};
+    if (output_file_open(&out, path, &file_err)) return error_set(err, "--svg: %s", file_err.message);
+    FILE* f = out.stream;
     const double width = 640, height = 420, left = 70, right = 20, top = 40, bottom = 60;
     double x_max, y_max;
     chart_axes(points, n, &x_max, &y_max);
@@ -515,12 +517,7 @@ static int write_svg(const char* path, const bench_summary* points, const int* c
         fprintf(f, "<text x=\"%.1f\" y=\"%.1f\">c=%d</text>\n", x + 6, y - 6, concurrency[i]);
     }
     fprintf(f, "</svg>\n");
-    bool failed = ferror(f) != 0;
-    failed |= fclose(f) != 0;
-    if (failed || rename(temporary, path) != 0) {
-        remove(temporary);
-        return error_set(err, "--svg: cannot write %s: %s", path, strerror(errno));
-    }
+    if (output_file_commit(&out, ferror(f) != 0, &file_err)) return error_set(err, "--svg: %s", file_err.message);
     return 0;
 }
 

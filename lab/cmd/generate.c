@@ -6,6 +6,7 @@
 #include "base/terminal_text.h"
 #include "engine/engine.h"
 #include "engine/model_synth.h"
+#include "engine/output_file.h"
 #include "engine/tokenizer.h"
 #include "lab/common/cli_args.h"
 #include "lab/cmd/cli.h"
@@ -261,11 +262,17 @@ static int run_request(const model_source* source, generate_args* args, const in
         fprintf(stderr, "servelab generate: %s\n", err.message);
         return 2;
     }
+    // The trace through output_file: never written through a planted link,
+    // and renamed into place only once complete.
+    output_file trace_file;
     FILE* trace = NULL;
-    if (args->trace_path && !(trace = fopen(args->trace_path, "w"))) {
-        fprintf(stderr, "servelab generate: %s: cannot create the trace file\n", args->trace_path);
-        engine_free(&e);
-        return 1;
+    if (args->trace_path) {
+        if (output_file_open(&trace_file, args->trace_path, &err)) {
+            fprintf(stderr, "servelab generate: %s (the trace file)\n", err.message);
+            engine_free(&e);
+            return 1;
+        }
+        trace = trace_file.stream;
     }
     engine_set_trace(&e, trace);
     request_params params = {prompt, n_prompt, args->options.max_new_tokens, 1, args->options.temperature,
@@ -274,7 +281,7 @@ static int run_request(const model_source* source, generate_args* args, const in
     if (args->options.max_new_tokens > 0 && engine_add_request(&e, &params, &id, &err)) {
         fprintf(stderr, "servelab generate: %s\n", err.message);
         engine_free(&e);
-        if (trace) fclose(trace);
+        if (trace) output_file_abort(&trace_file);
         return 2;
     }
     int printed = n_prompt; // tokens of the sequence already printed
@@ -297,8 +304,8 @@ static int run_request(const model_source* source, generate_args* args, const in
     bool complete = !engine_has_work(&e);
     stats->stop = added ? s.stop : STOP_LENGTH;
     engine_free(&e);
-    if (trace && fclose(trace) != 0) {
-        fprintf(stderr, "servelab generate: %s: the trace could not be written\n", args->trace_path);
+    if (trace && output_file_commit(&trace_file, false, &err)) {
+        fprintf(stderr, "servelab generate: %s: the trace could not be written: %s\n", args->trace_path, err.message);
         complete = false;
     }
     return complete ? 0 : 1;

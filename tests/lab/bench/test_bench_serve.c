@@ -346,6 +346,46 @@ static void test_server_model_id_is_printed_safely(void** state) {
     free_result(&r);
 }
 
+// Issue 46 item 9: --svg wrote PATH.tmp (a fixed name) with fopen("w")
+// through any link planted there; a link at PATH itself is refused.
+static void test_svg_is_not_written_through_links(void** state) {
+    (void)state;
+    char victim[512], svg[512], temporary[600], arguments[1200];
+    snprintf(victim, sizeof victim, "%s/svg-victim", test_scratch_dir());
+    snprintf(svg, sizeof svg, "%s/chart.svg", test_scratch_dir());
+    snprintf(temporary, sizeof temporary, "%s.tmp", svg);
+    for (int at_target = 0; at_target < 2; at_target++) {
+        assert_true(test_write_file(victim, "victim\n", 7));
+        unlink(svg);
+        unlink(temporary);
+        assert_int_equal(symlink(/* relative to the link's folder, which holds it */ "svg-victim", at_target ? svg : temporary), 0);
+        fake_server f;
+        fake_start(&f, FAKE_HOSTILE_MODEL);
+        snprintf(arguments, sizeof arguments,
+                 "bench-serve --url http://127.0.0.1:%d --requests 1 --sweep-concurrency 1 --prompt-len 8 "
+                 "--output-len 1 --idle-timeout 5 --timeout 20 --svg %s",
+                 f.port, svg);
+        command_result r = run_servelab(arguments);
+        fake_stop(&f);
+        char* text = test_read_text(victim);
+        if (strcmp(text, "victim\n") != 0)
+            fail_msg("the link at %s was written through (exit %d)", at_target ? "the target" : "PATH.tmp", r.exit_status);
+        free(text);
+        if (at_target) {
+            assert_int_equal(r.exit_status, 1);
+            if (!strstr(r.err, "chart.svg: is a symbolic link")) fail_msg("expected the link named:\n%s", r.err);
+        } else {
+            if (r.exit_status != 0) fail_msg("exit %d: %s", r.exit_status, r.err);
+            char* chart = test_read_text(svg);
+            assert_non_null(strstr(chart, "<svg"));
+            free(chart);
+        }
+        free_result(&r);
+        unlink(svg);
+        unlink(temporary);
+    }
+}
+
 static void test_connection_dropped_mid_stream(void** state) {
     (void)state;
     expect_failed_requests(FAKE_DROP_MID_STREAM, "connection dropped mid-stream after 1 tokens");
@@ -451,6 +491,7 @@ int main(void) {
         cmocka_unit_test(test_lengths_and_urls),
         cmocka_unit_test(test_bad_options_are_named),
         cmocka_unit_test(test_server_model_id_is_printed_safely),
+        cmocka_unit_test(test_svg_is_not_written_through_links),
         cmocka_unit_test(test_connection_dropped_mid_stream),
         cmocka_unit_test(test_http_500),
         cmocka_unit_test(test_malformed_json_event),
