@@ -612,7 +612,9 @@ static int print_results(const bench_serve_args* args, const bench_summary* poin
     if (args->json) {
         json_t* root = json_pack("{s:o, s:o, s:o}", "url", json_out_text(completions), "model", json_out_text(model),
                                  "runs", runs);
-        return json_out_print(root, JSON_INDENT(2), "bench-serve") ? 1 : 0;
+        // ENSURE_ASCII: the exact model id, with U+009B (CSI) written as \u009b
+        // rather than bytes a terminal would obey; Jansson escapes C0 already.
+        return json_out_print(root, JSON_INDENT(2) | JSON_ENSURE_ASCII, "bench-serve") ? 1 : 0;
     }
     json_decref(runs);
     if (!args->n_sweep) {

@@ -344,6 +344,20 @@ static void test_server_model_id_is_printed_safely(void** state) {
         fail_msg("a control from the model id reached stdout:\n%s", r.out);
     if (!strstr(r.out, "(model m?]0;pwned??[2J?2J)")) fail_msg("expected the model id with '?' for controls:\n%s", r.out);
     free_result(&r);
+    // --json keeps the exact id, escaped: \u001b and \u009b, never the raw bytes.
+    fake_start(&f, FAKE_HOSTILE_MODEL);
+    snprintf(arguments, sizeof arguments,
+             "bench-serve --url http://127.0.0.1:%d --requests 1 --concurrency 1 --prompt-len 8 --output-len 1 "
+             "--idle-timeout 5 --timeout 20 --json",
+             f.port);
+    r = run_servelab(arguments);
+    fake_stop(&f);
+    if (strchr(r.out, '\x1b') || strchr(r.out, '\a') || strstr(r.out, "\xc2\x9b"))
+        fail_msg("a control from the model id reached stdout in --json:\n%s", r.out);
+    json_t* root = parse_json_or_fail(r.out);
+    assert_string_equal(json_string_value(json_object_get(root, "model")), "m\x1b]0;pwned\a\x1b[2J\xc2\x9b" "2J");
+    json_decref(root);
+    free_result(&r);
 }
 
 // Issue 46 item 9: --svg wrote PATH.tmp (a fixed name) with fopen("w")
