@@ -9,6 +9,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/terminal_text.h"
+
 // ---- types ------------------------------------------------------------------------------
 
 typedef struct tensor_type_info {
@@ -506,11 +508,14 @@ int gguf_get_string(const gguf_file* f, const char* key, char* out, size_t capac
     size_t n = length < capacity - 1 ? (size_t)length : capacity - 1;
     memcpy(out, kv->value + 8, n);
     out[n] = '\0';
-    // These strings are names (an architecture, a tokenizer model) that
-    // messages quote: a control byte (a newline would split a one-line
-    // error) becomes '?', which no real name holds.
-    for (size_t i = 0; i < n; i++)
-        if ((unsigned char)out[i] < 0x20 || out[i] == 0x7f) out[i] = '?';
+    // These strings are names (an architecture, a tokenizer model,
+    // general.name) that messages quote and `info` prints: a control (a
+    // newline would split a one-line error; ESC or U+009B CSI would drive
+    // the terminal) becomes '?', which no real name holds.
+    terminal_text state = {0};
+    size_t kept = terminal_text_filter(&state, out, n, out);
+    kept += terminal_text_finish(&state, out + kept);
+    out[kept] = '\0';
     return 1;
 }
 

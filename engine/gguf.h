@@ -146,7 +146,8 @@ int gguf_get_uint(const gguf_file* f, const char* key, uint64_t max_value, uint6
 int gguf_get_float(const gguf_file* f, const char* key, double* out, error_info* err);
 int gguf_get_bool(const gguf_file* f, const char* key, bool* out, error_info* err);
 // Copies the string (cut to capacity - 1 bytes, always NUL-terminated;
-// control bytes, NUL included, become '?': these are names quoted in messages).
+// controls, NUL included, and invalid UTF-8 become '?' (base/terminal_text.h):
+// these are names quoted in messages and printed by `info`).
 int gguf_get_string(const gguf_file* f, const char* key, char* out, size_t capacity, error_info* err);
 
 // The string value of a key of type string ({"", 0} for any other type).

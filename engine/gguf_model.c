@@ -225,6 +225,23 @@ static weight_dtype dtype_for(gguf_tensor_type type, model_dtype_choice choice, 
     }
 }
 
+// True when an F32/F16 tensor's data may be read in place as float/uint16_t.
+// A file with general.alignment 1 (a power of two, so allowed) can put a
+// tensor at an odd address, and a misaligned float load is undefined
+// behaviour (UBSan: kernels/cpu/matmul.c); such a tensor is copied instead.
+// Element alignment is all the kernels need: their SIMD loads are unaligned.
+static bool aligned_for_type(const gguf_tensor* t) {
+    uintptr_t address = (uintptr_t)t->data;
+    if (t->type == GGUF_TENSOR_F32) return address % _Alignof(float) == 0;
+    if (t->type == GGUF_TENSOR_F16) return address % _Alignof(uint16_t) == 0;
+    return true;
+}
+
+// Norms are read as fp32 in place only when they are F32 at an aligned address.
+static bool norm_needs_copy(const gguf_tensor* norm) {
+    return norm->type != GGUF_TENSOR_F32 || !aligned_for_type(norm);
+}
+
 static uint64_t storage_bytes(const matrix_plan* p) {
     uint64_t n = p->tensor->ne[1] * p->tensor->ne[0];                                       // both below 2^31: fits
     uint64_t groups = n / (uint64_t)p->group_size, per_group = 2 + (p->asymmetric ? 1 : 0); // fp16 scale, zero-point
@@ -552,6 +569,7 @@ typedef struct load_plan {
 // What the load converts, for the stderr line.
 typedef struct conversion_tally {
     uint64_t from_q8_bytes, from_q4_bytes, widened_bytes;
+    uint64_t realigned_bytes;    // F32/F16 copied unchanged: in place they sat at misaligned addresses
     kquant_cost kquant_costs[3]; // Q4_K, Q5_K, Q6_K converted to int8
 } conversion_tally;
 
@@ -686,6 +704,11 @@ static conversion_tally plan_conversions(load_plan* p, model_dtype_choice choice
         matrix_plan* m = &p->matrices[i];
         if (!m->tensor) continue;
         m->dtype = dtype_for(m->tensor->type, choice, &m->mapped, &m->group_size, &m->asymmetric);
+        const bool realigned = m->mapped && !aligned_for_type(m->tensor);
+        if (realigned) {
+            m->mapped = false;
+            tally.realigned_bytes += m->tensor->bytes;
+        }
         m->bytes = m->mapped ? 0 : round_up_64(storage_bytes(m));
         p->storage_bytes += m->bytes;
         if (m->dtype == WEIGHT_I8 && is_kquant(m->tensor->type)) {
@@ -698,10 +721,11 @@ static conversion_tally plan_conversions(load_plan* p, model_dtype_choice choice
         } else if (m->dtype == WEIGHT_I8)
             tally.from_q8_bytes += m->tensor->bytes;
         else if (m->dtype == WEIGHT_I4) tally.from_q4_bytes += m->tensor->bytes;
-        else if (!m->mapped) tally.widened_bytes += m->tensor->bytes;
+        else if (!m->mapped && !realigned)
+            tally.widened_bytes += m->tensor->bytes;
     }
     for (int i = 0; i < 2 * p->n_layers + 1; i++)
-        if (p->norms[i]->type != GGUF_TENSOR_F32) p->storage_bytes += round_up_64((uint64_t)c->dim * 4);
+        if (norm_needs_copy(p->norms[i])) p->storage_bytes += round_up_64((uint64_t)c->dim * 4);
     return tally;
 }
 
@@ -731,7 +755,7 @@ static void convert_weights(const load_plan* p, model* out, uint64_t dim) {
     for (int i = 0; i < 2 * L + 1; i++) {
         const gguf_tensor* norm = p->norms[i];
         const float* gain = (const float*)norm->data;
-        if (norm->type != GGUF_TENSOR_F32) {
+        if (norm_needs_copy(norm)) {
             float* widened = (float*)(p->storage + offset);
             for (uint64_t j = 0; j < dim; j++) widened[j] = element_f32(norm, j);
             gain = widened;
@@ -811,7 +835,8 @@ static void report_conversions(const gguf_file* f, model_dtype_choice choice, we
                                const conversion_tally* tally) {
     const bool any_kquant = tally->kquant_costs[0].weights || tally->kquant_costs[1].weights ||
                             tally->kquant_costs[2].weights;
-    if (!(tally->from_q8_bytes || tally->from_q4_bytes || tally->widened_bytes || any_kquant)) return;
+    if (!(tally->from_q8_bytes || tally->from_q4_bytes || tally->widened_bytes || tally->realigned_bytes || any_kquant))
+        return;
     char line[1024] = "";
     size_t used_chars = describe_kquant_conversions(tally, line, sizeof line);
     if (tally->from_q8_bytes && used_chars < sizeof line)
@@ -824,6 +849,11 @@ static void report_conversions(const gguf_file* f, model_dtype_choice choice, we
                                        "; Q4_0 -> int4 g32 (W4A8, int8 activations per 32): %llu bytes, nibbles "
                                        "reordered, scales unchanged, same bytes per token",
                                        (unsigned long long)tally->from_q4_bytes);
+    if (tally->realigned_bytes && used_chars < sizeof line)
+        used_chars += (size_t)snprintf(line + used_chars, sizeof line - used_chars,
+                                       "; %llu bytes of tensors copied to aligned memory (general.alignment %llu "
+                                       "left them misaligned)",
+                                       (unsigned long long)tally->realigned_bytes, (unsigned long long)f->alignment);
     if (tally->widened_bytes && used_chars < sizeof line)
         snprintf(line + used_chars, sizeof line - used_chars, "; %llu bytes of tensors %s to %s",
                  (unsigned long long)tally->widened_bytes,

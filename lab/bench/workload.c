@@ -17,20 +17,27 @@
 int length_distribution_parse(const char* flag, const char* text, length_distribution* out, error_info* err) {
     double a = 0, b = 0;
     char tail;
+    bool parsed = false;
     if (sscanf(text, "fixed:%lf%c", &a, &tail) == 1 && a >= 1) {
         *out = (length_distribution){LENGTH_FIXED, a, 0};
-        return 0;
-    }
-    if (sscanf(text, "uniform:%lf:%lf%c", &a, &b, &tail) == 2 && a >= 1 && b >= a) {
+        parsed = true;
+    } else if (sscanf(text, "uniform:%lf:%lf%c", &a, &b, &tail) == 2 && a >= 1 && b >= a) {
         *out = (length_distribution){LENGTH_UNIFORM, a, b};
-        return 0;
-    }
-    if (sscanf(text, "lognormal:%lf:%lf%c", &a, &b, &tail) == 2 && a >= 1 && b >= 0) {
+        parsed = true;
+    } else if (sscanf(text, "lognormal:%lf:%lf%c", &a, &b, &tail) == 2 && a >= 1 && b >= 0) {
         *out = (length_distribution){LENGTH_LOGNORMAL, a, b};
-        return 0;
+        parsed = true;
     }
-    return error_set(err, "%s: expected fixed:N, uniform:LOW:HIGH or lognormal:MEAN:SD with lengths >= 1, found '%s'",
-                     flag, text);
+    if (!parsed)
+        return error_set(err,
+                         "%s: expected fixed:N, uniform:LOW:HIGH or lognormal:MEAN:SD with lengths >= 1, found '%s'",
+                         flag, text);
+    // fixed:2147483647 once became an int prompt + output that overflowed;
+    // inf passed "a >= 1" and reached llround. Every number stays <= the limit.
+    if (!(a <= LENGTH_MAX_TOKENS) || !(b <= LENGTH_MAX_TOKENS))
+        return error_set(err, "%s: lengths above %d tokens are not supported, found '%s'", flag, LENGTH_MAX_TOKENS,
+                         text);
+    return 0;
 }
 
 static int draw_length(const length_distribution* d, uint64_t* state) {
@@ -46,8 +53,10 @@ static int draw_length(const length_distribution* d, uint64_t* state) {
         double normal = seeded_normal(state);
         value = exp(mu + sqrt(sigma2) * normal);
     }
-    int length = (int)llround(value);
-    return length < 1 ? 1 : length;
+    // A lognormal tail can reach any size; clamp before converting to int.
+    if (!(value >= 1.0)) return 1;
+    if (value > LENGTH_MAX_TOKENS) return LENGTH_MAX_TOKENS;
+    return (int)llround(value);
 }
 
 // ---- generated workloads ----------------------------------------------------------

@@ -31,6 +31,12 @@ typedef struct length_distribution {
     double b; // uniform: high; lognormal: standard deviation
 } length_distribution;
 
+// The longest length a distribution may give, in tokens: 1 Mi, beyond any
+// model's context here, and small enough that prompt + output fits an int.
+#define LENGTH_MAX_TOKENS (1 << 20)
+
+// Reads fixed:N, uniform:LOW:HIGH or lognormal:MEAN:SD (every number in
+// 1..LENGTH_MAX_TOKENS, SD from 0); -1 with err naming `flag` otherwise.
 int length_distribution_parse(const char* flag, const char* text, length_distribution* out, error_info* err);
 
 typedef struct workload_request {

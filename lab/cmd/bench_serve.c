@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/terminal_text.h"
+#include "engine/output_file.h"
 #include "engine/tokenizer.h"
 #include "lab/bench/serve_load.h"
 #include "lab/common/cli_args.h"
@@ -463,11 +465,12 @@ static void print_chart(const bench_summary* points, const int* concurrency, int
 
 static int write_svg(const char* path, const bench_summary* points, const int* concurrency, int n, const char* title,
                      error_info* err) {
-    char temporary[4200];
-    if (snprintf(temporary, sizeof temporary, "%s.tmp", path) >= (int)sizeof temporary)
-        return error_set(err, "--svg: path too long");
-    FILE* f = fopen(temporary, "w");
-    if (!f) return error_set(err, "--svg: cannot write %s: %s", temporary, strerror(errno));
+    // output_file: a new temporary beside path (path.tmp was a fixed name,
+    // opened through any link planted there), then rename.
+    output_file out;
+    error_info file_err = {{0}};
+    if (output_file_open(&out, path, &file_err)) return error_set(err, "--svg: %s", file_err.message);
+    FILE* f = out.stream;
     const double width = 640, height = 420, left = 70, right = 20, top = 40, bottom = 60;
     double x_max, y_max;
     chart_axes(points, n, &x_max, &y_max);
@@ -514,12 +517,7 @@ static int write_svg(const char* path, const bench_summary* points, const int* c
         fprintf(f, "<text x=\"%.1f\" y=\"%.1f\">c=%d</text>\n", x + 6, y - 6, concurrency[i]);
     }
     fprintf(f, "</svg>\n");
-    bool failed = ferror(f) != 0;
-    failed |= fclose(f) != 0;
-    if (failed || rename(temporary, path) != 0) {
-        remove(temporary);
-        return error_set(err, "--svg: cannot write %s: %s", path, strerror(errno));
-    }
+    if (output_file_commit(&out, ferror(f) != 0, &file_err)) return error_set(err, "--svg: %s", file_err.message);
     return 0;
 }
 
@@ -606,20 +604,24 @@ static int run_point(const bench_serve_args* args, const char* completions, cons
 }
 
 // The report: JSON (taking runs), one run's text, or the sweep's table and
-// chart. Returns 1 when the JSON could not be printed, else 0.
+// chart. The JSON names the model exactly; the text shows model_shown, its
+// terminal-safe form. Returns 1 when the JSON could not be printed, else 0.
 static int print_results(const bench_serve_args* args, const bench_summary* points, const int* concurrency,
-                         int n_points, const char* completions, const char* model, json_t* runs) {
+                         int n_points, const char* completions, const char* model, const char* model_shown,
+                         json_t* runs) {
     if (args->json) {
         json_t* root = json_pack("{s:o, s:o, s:o}", "url", json_out_text(completions), "model", json_out_text(model),
                                  "runs", runs);
-        return json_out_print(root, JSON_INDENT(2), "bench-serve") ? 1 : 0;
+        // ENSURE_ASCII: the exact model id, with U+009B (CSI) written as \u009b
+        // rather than bytes a terminal would obey; Jansson escapes C0 already.
+        return json_out_print(root, JSON_INDENT(2) | JSON_ENSURE_ASCII, "bench-serve") ? 1 : 0;
     }
     json_decref(runs);
     if (!args->n_sweep) {
-        print_report(&points[0], completions, model, args, concurrency[0]);
+        print_report(&points[0], completions, model_shown, args, concurrency[0]);
         return 0;
     }
-    printf("servelab bench-serve: %s (model %s)\n\n", completions, model);
+    printf("servelab bench-serve: %s (model %s)\n\n", completions, model_shown);
     print_sweep_table(points, concurrency, n_points);
     print_chart(points, concurrency, n_points);
     for (int p = 0; p < n_points; p++)
@@ -668,6 +670,11 @@ int command_bench_serve(int argc, char** argv) {
         curl_global_cleanup();
         return 1;
     }
+    // The server chose this name: ESC or U+009B in it would drive the
+    // terminal. Requests still send it exactly as the server gave it.
+    char model_shown[sizeof model];
+    snprintf(model_shown, sizeof model_shown, "%s", model);
+    terminal_text_clean(model_shown);
     int n_points = args.n_sweep ? args.n_sweep : 1;
     int concurrency[MAX_SWEEP_POINTS];
     bench_summary* points = calloc((size_t)n_points, sizeof *points);
@@ -700,7 +707,7 @@ int command_bench_serve(int argc, char** argv) {
         curl_global_cleanup();
         return exit_status;
     }
-    if (print_results(&args, points, concurrency, n_points, completions, model, runs)) exit_status = 1;
+    if (print_results(&args, points, concurrency, n_points, completions, model, model_shown, runs)) exit_status = 1;
     if (args.svg_path) {
         char title[1400];
         snprintf(title, sizeof title, "servelab bench-serve: %s (%s)", completions, model);

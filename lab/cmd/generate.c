@@ -3,8 +3,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/terminal_text.h"
 #include "engine/engine.h"
 #include "engine/model_synth.h"
+#include "engine/output_file.h"
 #include "engine/tokenizer.h"
 #include "lab/common/cli_args.h"
 #include "lab/cmd/cli.h"
@@ -147,13 +149,23 @@ static int parse_prompt_ids(const char* text, int vocab_size, int32_t* ids, int 
     }
 }
 
-static void print_piece(const tokenizer* tok, int32_t previous, int32_t token) {
-    const char* piece = tok_decode_piece(tok, previous, token);
-    if (tok_piece_is_printable(piece)) fputs(piece, stdout);
+// The vocabulary's pieces are the model author's text, not the user's: a
+// piece holding ESC ] 0 ; ... BEL or U+009B would set the terminal's title or
+// clear the screen. Controls print as '?' except '\n' and '\t' (a "<0x0A>"
+// byte token still breaks the line); a character spelled one byte-token at a
+// time waits in `text` until it is whole.
+typedef struct piece_printer {
+    const tokenizer* tok;
+    terminal_text text;
+} piece_printer;
+
+static void print_piece(piece_printer* printer, int32_t previous, int32_t token) {
+    const char* piece = tok_decode_piece(printer->tok, previous, token);
+    if (tok_piece_is_printable(piece)) terminal_text_write(&printer->text, piece, stdout);
 }
 
-static void print_generated_piece(void* user, int32_t previous, int32_t token) {
-    print_piece(user, previous, token);
+static void print_generated_piece(piece_printer* printer, int32_t previous, int32_t token) {
+    print_piece(printer, previous, token);
     fflush(stdout); // the student sees each token as it is decoded
 }
 
@@ -241,11 +253,11 @@ static void add_step(generation_stats* stats, const step_record* r) {
 }
 
 // One request through the serving engine (so --trace shows its steps),
-// printing each token's text as it comes when print_text. The generated ids
+// printing each token's text as it comes through printer (NULL: ids only). The generated ids
 // go to generated (capacity max_new_tokens + 1). Returns 0 when the request
 // ran to its end and the trace was written, else the exit status.
 static int run_request(const model_source* source, generate_args* args, const int32_t* prompt, int n_prompt,
-                       bool print_text, int32_t* generated, int* n_generated, generation_stats* stats) {
+                       piece_printer* printer, int32_t* generated, int* n_generated, generation_stats* stats) {
     error_info err = {{0}};
     const model_config* c = &source->model.config;
     // The KV cache is fp32 unless asked otherwise: with fp32 weights the
@@ -257,11 +269,17 @@ static int run_request(const model_source* source, generate_args* args, const in
         fprintf(stderr, "servelab generate: %s\n", err.message);
         return 2;
     }
+    // The trace through output_file: never written through a planted link,
+    // and renamed into place only once complete.
+    output_file trace_file;
     FILE* trace = NULL;
-    if (args->trace_path && !(trace = fopen(args->trace_path, "w"))) {
-        fprintf(stderr, "servelab generate: %s: cannot create the trace file\n", args->trace_path);
-        engine_free(&e);
-        return 1;
+    if (args->trace_path) {
+        if (output_file_open(&trace_file, args->trace_path, &err)) {
+            fprintf(stderr, "servelab generate: %s (the trace file)\n", err.message);
+            engine_free(&e);
+            return 1;
+        }
+        trace = trace_file.stream;
     }
     engine_set_trace(&e, trace);
     request_params params = {prompt, n_prompt, args->options.max_new_tokens, 1, args->options.temperature,
@@ -270,7 +288,7 @@ static int run_request(const model_source* source, generate_args* args, const in
     if (args->options.max_new_tokens > 0 && engine_add_request(&e, &params, &id, &err)) {
         fprintf(stderr, "servelab generate: %s\n", err.message);
         engine_free(&e);
-        if (trace) fclose(trace);
+        if (trace) output_file_abort(&trace_file);
         return 2;
     }
     int printed = n_prompt; // tokens of the sequence already printed
@@ -285,7 +303,7 @@ static int run_request(const model_source* source, generate_args* args, const in
         engine_sequence_status(&e, id, &s); // never released here
         for (; printed < s.n_tokens; printed++) {
             generated[(*n_generated)++] = s.tokens[printed];
-            if (print_text) print_generated_piece(source->tokenizer, s.tokens[printed - 1], s.tokens[printed]);
+            if (printer) print_generated_piece(printer, s.tokens[printed - 1], s.tokens[printed]);
         }
     }
     step_sequence_status s;
@@ -293,8 +311,8 @@ static int run_request(const model_source* source, generate_args* args, const in
     bool complete = !engine_has_work(&e);
     stats->stop = added ? s.stop : STOP_LENGTH;
     engine_free(&e);
-    if (trace && fclose(trace) != 0) {
-        fprintf(stderr, "servelab generate: %s: the trace could not be written\n", args->trace_path);
+    if (trace && output_file_commit(&trace_file, false, &err)) {
+        fprintf(stderr, "servelab generate: %s: the trace could not be written: %s\n", args->trace_path, err.message);
         complete = false;
     }
     return complete ? 0 : 1;
@@ -358,10 +376,13 @@ int command_generate(int argc, char** argv) {
     if (!args.print_ids && !source.tokenizer)
         fprintf(stderr, "servelab generate: no tokenizer for vocab %d beside %s: printing ids (give --tokenizer)\n",
                 c->vocab_size, source.model_label);
+    piece_printer printer = {source.tokenizer, {.keep_line_breaks = true}};
     if (print_text)
-        for (int i = 1; i < n_prompt; i++) print_piece(source.tokenizer, prompt[i - 1], prompt[i]);
-    if ((status = run_request(&source, &args, prompt, n_prompt, print_text, generated, &n_generated, &stats)) != 0)
-        goto done;
+        for (int i = 1; i < n_prompt; i++) print_piece(&printer, prompt[i - 1], prompt[i]);
+    status = run_request(&source, &args, prompt, n_prompt, print_text ? &printer : NULL, generated, &n_generated,
+                         &stats);
+    if (print_text) terminal_text_flush(&printer.text, stdout);
+    if (status != 0) goto done;
     if (!print_text)
         for (int i = 0; i < n_generated; i++) printf(i ? " %d" : "%d", generated[i]);
     putchar('\n');

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "engine/fault.h"
+#include "engine/output_file.h"
 #include "lab/common/cli_args.h"
 #include "lab/cmd/commands.h"
 #include "lab/common/engine_options.h"
@@ -437,25 +438,24 @@ static int command_new(int argc, char** argv) {
         fprintf(stderr, "servelab lesson new: expected one NAME (writes NAME.lua)\n");
         return 2;
     }
-    char path[1024], temporary[1100];
+    char path[1024];
     size_t length = strlen(argv[2]);
     bool has_suffix = length > 4 && strcmp(argv[2] + length - 4, ".lua") == 0;
     snprintf(path, sizeof path, "%s%s", argv[2], has_suffix ? "" : ".lua");
     struct stat st;
-    if (stat(path, &st) == 0) {
+    if (lstat(path, &st) == 0) { // a link (even a dangling one) counts: it is not followed
         fprintf(stderr, "servelab lesson new: %s already exists (not overwritten)\n", path);
         return 1;
     }
-    snprintf(temporary, sizeof temporary, "%s.tmp%ld", path, (long)getpid());
-    FILE* f = fopen(temporary, "w");
-    if (!f) {
-        fprintf(stderr, "servelab lesson new: cannot write %s\n", path);
+    output_file out;
+    error_info err = {{0}};
+    if (output_file_open(&out, path, &err)) {
+        fprintf(stderr, "servelab lesson new: %s\n", err.message);
         return 1;
     }
-    fprintf(f, SKELETON, path, path, path);
-    if (fclose(f) != 0 || rename(temporary, path) != 0) {
-        remove(temporary);
-        fprintf(stderr, "servelab lesson new: cannot write %s\n", path);
+    bool failed = fprintf(out.stream, SKELETON, path, path, path) < 0;
+    if (output_file_commit(&out, failed, &err)) {
+        fprintf(stderr, "servelab lesson new: %s\n", err.message);
         return 1;
     }
     printf("wrote %s\n", path);

@@ -9,6 +9,7 @@
 
 #include "engine/engine.h"
 #include "engine/model_synth.h"
+#include "engine/output_file.h"
 #include "lab/cmd/cli.h"
 #include "lab/cmd/commands.h"
 #include "lab/common/engine_options.h"
@@ -415,17 +416,20 @@ static void run_all(const sim_args* args, const model* m, const workload* w, con
         char run_name[128];
         snprintf(run_name, sizeof run_name, "%s (run %d of %d)", labels[i], i + 1, n_runs);
         progress_set(line, run_name, 0, w->n_requests, "requests finished");
+        // Each trace through output_file: never written through a planted
+        // link, renamed into place once complete.
+        output_file trace_file;
         FILE* trace = NULL;
         if (args->trace_path) {
             char path[4096];
             if (n_runs > 1) snprintf(path, sizeof path, "%s.%s", args->trace_path, labels[i]);
             else snprintf(path, sizeof path, "%s", args->trace_path);
-            trace = fopen(path, "w");
-            if (!trace) {
-                snprintf(out->failures[out->n_failures++], sizeof out->failures[0], "%s: cannot create the trace file",
-                         path);
+            if (output_file_open(&trace_file, path, &err)) {
+                snprintf(out->failures[out->n_failures++], sizeof out->failures[0],
+                         "cannot create the trace file: %s", err.message);
                 continue;
             }
+            trace = trace_file.stream;
         }
         sim_result result;
         bool ok = true;
@@ -433,9 +437,9 @@ static void run_all(const sim_args* args, const model* m, const workload* w, con
             snprintf(out->failures[out->n_failures++], sizeof out->failures[0], "%s: %s", labels[i], err.message);
             ok = false;
         }
-        if (trace && fclose(trace) != 0) {
+        if (trace && output_file_commit(&trace_file, false, &err)) { // a failed run keeps its trace so far
             snprintf(out->failures[out->n_failures++], sizeof out->failures[0],
-                     "%s: the trace file could not be written", labels[i]);
+                     "%s: the trace file could not be written: %s", labels[i], err.message);
             ok = false;
         }
         if (!ok) continue;

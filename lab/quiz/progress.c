@@ -12,6 +12,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "engine/output_file.h"
+
 static const char HEADER[] = "servelab-quiz-progress 1";
 
 // Box 0 and 1 are due at once; then 1, 3, 7, 16 days.
@@ -384,29 +386,17 @@ int quiz_progress_load(const char* path, quiz_progress* out, char* warning, int 
 
 int quiz_progress_save(const char* path, const quiz_progress* p, error_info* err) {
     if (make_parent_dirs(path, err)) return -1;
-    char temp[1200];
-    snprintf(temp, sizeof temp, "%s.tmp-%ld", path, (long)getpid());
-    int fd = open(temp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) return error_set(err, "%s: cannot create: %s", temp, strerror(errno));
-    int status = quiz_progress_write(p, fd, err);
-    if (status == 0 && fsync(fd) != 0) status = error_set(err, "%s: fsync failed: %s", temp, strerror(errno));
-    if (close(fd) != 0 && status == 0) status = error_set(err, "%s: close failed: %s", temp, strerror(errno));
-    if (status == 0 && rename(temp, path) != 0)
-        status = errno == EISDIR ? error_set(err, "%s is a directory", path)
-                                 : error_set(err, "%s: cannot replace with %s: %s", path, temp, strerror(errno));
+    // output_file: a new temporary (never a link planted at its name), fsync,
+    // rename; a link at the path itself is refused, not written through.
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) return error_set(err, "%s is a directory", path);
+    output_file out;
+    if (output_file_open(&out, path, err)) return -1;
+    // The records go straight to the descriptor; nothing is buffered in the stream.
+    int status = quiz_progress_write(p, fileno(out.stream), err);
     if (status) {
-        unlink(temp);
+        output_file_abort(&out);
         return -1;
     }
-    // Make the rename itself durable: fsync the folder (best effort).
-    char dir[1024];
-    snprintf(dir, sizeof dir, "%s", path);
-    char* slash = strrchr(dir, '/');
-    if (slash) *slash = '\0';
-    int dir_fd = open(slash ? (dir[0] ? dir : "/") : ".", O_RDONLY | O_DIRECTORY);
-    if (dir_fd >= 0) {
-        fsync(dir_fd);
-        close(dir_fd);
-    }
-    return 0;
+    return output_file_commit(&out, false, err);
 }

@@ -771,6 +771,138 @@ static void test_hostile_headers(void** state) {
     free(good);
 }
 
+// ---- general.alignment 1: tensors at odd addresses (issue 46 item 8) -------------------------
+
+typedef struct gguf_bytes {
+    unsigned char* bytes;
+    size_t size, capacity;
+} gguf_bytes;
+
+static void append(gguf_bytes* b, const void* data, size_t n) {
+    if (b->size + n > b->capacity) {
+        b->capacity = (b->size + n) * 2;
+        b->bytes = realloc(b->bytes, b->capacity);
+        assert_non_null(b->bytes);
+    }
+    memcpy(b->bytes + b->size, data, n);
+    b->size += n;
+}
+
+static void append_u32(gguf_bytes* b, uint32_t v) { append(b, &v, 4); } // the test hosts are little-endian
+static void append_u64(gguf_bytes* b, uint64_t v) { append(b, &v, 8); }
+
+// The same file with general.alignment = 1 and every tensor moved so that
+// its address in the returned buffer is 1 past a multiple of 4: no F32 value
+// sits where a float may be loaded.
+static gguf_bytes misaligned_copy(const unsigned char* good, size_t size) {
+    gguf_file f;
+    error_info err = {{0}};
+    if (gguf_parse(&f, good, size, "stories260K-f32.gguf", &err)) fail_msg("%s", err.message);
+    assert_null(gguf_find_kv(&f, "general.alignment")); // the default 32 applies to this file
+    // Metadata runs from byte 24 to the first tensor info (its name's u64 length).
+    size_t infos_at = find_bytes(good, size, f.tensors[0].name) - 8;
+    gguf_bytes out = {0};
+    append(&out, good, 8); // magic and version
+    append_u64(&out, (uint64_t)f.n_tensors);
+    append_u64(&out, (uint64_t)f.n_kv + 1);
+    append(&out, good + 24, infos_at - 24);
+    append_u64(&out, strlen("general.alignment"));
+    append(&out, "general.alignment", strlen("general.alignment"));
+    append_u32(&out, GGUF_VALUE_UINT32);
+    append_u32(&out, 1);
+    size_t header_bytes = out.size;
+    for (int i = 0; i < f.n_tensors; i++)
+        header_bytes += 8 + strlen(f.tensors[i].name) + 4 + 8 * (size_t)f.tensors[i].n_dims + 4 + 8;
+    // Data starts right after the header (alignment 1): place each tensor at
+    // an absolute offset that is 1 mod 4 (malloc's buffer is 16-aligned).
+    uint64_t* offsets = malloc((size_t)f.n_tensors * sizeof *offsets);
+    uint64_t cursor = 0;
+    for (int i = 0; i < f.n_tensors; i++) {
+        while ((header_bytes + cursor) % 4 != 1)
+            cursor++;
+        offsets[i] = cursor;
+        cursor += f.tensors[i].bytes;
+    }
+    for (int i = 0; i < f.n_tensors; i++) {
+        const gguf_tensor* t = &f.tensors[i];
+        append_u64(&out, strlen(t->name));
+        append(&out, t->name, strlen(t->name));
+        append_u32(&out, (uint32_t)t->n_dims);
+        for (int d = 0; d < t->n_dims; d++)
+            append_u64(&out, t->ne[d]);
+        append_u32(&out, (uint32_t)t->type);
+        append_u64(&out, offsets[i]);
+    }
+    assert_int_equal(out.size, header_bytes);
+    for (int i = 0; i < f.n_tensors; i++) {
+        while (out.size < header_bytes + offsets[i])
+            append(&out, "\xee", 1);
+        append(&out, f.tensors[i].data, (size_t)f.tensors[i].bytes);
+    }
+    free(offsets);
+    gguf_close(&f);
+    return out;
+}
+
+static bool address_aligned(const void* p, size_t alignment) { return (uintptr_t)p % alignment == 0; }
+
+// general.alignment 1 is a power of two, so the file loads; its F32
+// tensors must then be copied to aligned memory rather than read in place
+// (a misaligned float load is undefined behaviour: UBSan flagged
+// kernels/cpu/matmul.c). The logits are the aligned file's, bit for bit.
+static void test_alignment_one_copies_misaligned_tensors(void** state) {
+    (void)state;
+    char path[512];
+    REQUIRE_GGUF_FILE(path, "stories260K-f32.gguf");
+    size_t size = 0;
+    unsigned char* good = test_read_file(path, &size);
+    gguf_bytes odd = misaligned_copy(good, size);
+    assert_true(address_aligned(odd.bytes, 16));
+
+    error_info err = {{0}};
+    gguf_file aligned_file, odd_file;
+    model aligned, misaligned;
+    assert_int_equal(gguf_parse(&aligned_file, good, size, "aligned.gguf", &err), 0);
+    if (gguf_model_from_file(&aligned, &aligned_file, NULL, &err)) fail_msg("%s", err.message);
+    if (gguf_parse(&odd_file, odd.bytes, odd.size, "odd.gguf", &err)) fail_msg("%s", err.message);
+    assert_int_equal(odd_file.alignment, 1);
+    assert_false(address_aligned(gguf_find_tensor(&odd_file, "blk.0.attn_q.weight")->data, 4));
+    if (gguf_model_from_file(&misaligned, &odd_file, NULL, &err)) fail_msg("%s", err.message);
+
+    // The forward pass first: under UBSan a float read in place at an odd
+    // address stops here.
+    int32_t prompt[5] = {1, 403, 407, 261, 378};
+    int32_t ids_aligned[8], ids_misaligned[8];
+    float* logits_aligned = malloc(512 * sizeof(float));
+    float* logits_misaligned = malloc(512 * sizeof(float));
+    greedy_like_golden(&aligned, prompt, 5, 8, ids_aligned, logits_aligned);
+    greedy_like_golden(&misaligned, prompt, 5, 8, ids_misaligned, logits_misaligned);
+    assert_memory_equal(logits_aligned, logits_misaligned, 512 * sizeof(float));
+    assert_memory_equal(ids_aligned, ids_misaligned, sizeof ids_aligned);
+    free(logits_aligned);
+    free(logits_misaligned);
+
+    // Every matrix and norm the kernels read is float-aligned.
+    const model_config* c = &misaligned.config;
+    assert_true(address_aligned(misaligned.token_embedding.values, 4));
+    assert_true(address_aligned(misaligned.classifier.values, 4));
+    assert_true(address_aligned(misaligned.rms_final, 4));
+    for (int l = 0; l < c->n_layers; l++) {
+        const layer_weights* w = &misaligned.layers[l];
+        const weight_matrix* matrices[7] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w1, &w->w2, &w->w3};
+        for (int k = 0; k < 7; k++)
+            if (!address_aligned(matrices[k]->values, 4)) fail_msg("layer %d matrix %d is misaligned", l, k);
+        assert_true(address_aligned(w->rms_attention, 4));
+        assert_true(address_aligned(w->rms_ffn, 4));
+    }
+    model_free(&aligned);
+    model_free(&misaligned);
+    gguf_close(&aligned_file);
+    gguf_close(&odd_file);
+    free(odd.bytes);
+    free(good);
+}
+
 // Every header byte of stories260K-f32.gguf flipped in turn (XOR 0xff,
 // then the low bit): each load succeeds or says why in one line.
 static void test_bit_flipped_headers(void** state) {
@@ -813,6 +945,7 @@ int main(void) {
         cmocka_unit_test(test_model_tokenizers_give_golden_prompt_ids),
         cmocka_unit_test(test_stories_tokenizer_matches_tok512),
         cmocka_unit_test(test_hostile_headers),
+        cmocka_unit_test(test_alignment_one_copies_misaligned_tensors),
         cmocka_unit_test(test_bit_flipped_headers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

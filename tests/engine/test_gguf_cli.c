@@ -119,6 +119,98 @@ static void test_generate_on_gguf_equals_checkpoint(void** state) {
     free_result(&a);
 }
 
+// ---- terminal escapes in the file's text (issue 46 item 10) ---------------------------------
+
+static uint64_t read_u64(const unsigned char* p) {
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = v << 8 | p[i];
+    return v;
+}
+
+static size_t find_key(const unsigned char* bytes, size_t size, const char* key) {
+    size_t n = strlen(key);
+    for (size_t i = 0; i + n <= size; i++)
+        if (memcmp(bytes + i, key, n) == 0) return i + n;
+    fail_msg("'%s' not found", key);
+    return 0;
+}
+
+// Overwrites the text of string value `target` (its bytes end at the
+// array's end or the next string) with `text`, padded with 'x' to its length.
+static void overwrite_text(unsigned char* at, uint64_t length, const char* text) {
+    size_t n = strlen(text);
+    if (n > length) fail_msg("piece of %llu bytes is too short for %zu", (unsigned long long)length, n);
+    memset(at, 'x', (size_t)length);
+    memcpy(at, text, n);
+}
+
+// stories260K-f32.gguf with general.name "llama" made U+009B "2J" ESC, and
+// the first two pieces of 8 bytes or more (after the byte tokens) made
+// ESC ] 0 ; pw BEL (set the title) and U+009B 2 J ESC [ m. Their ids into
+// hostile_ids; the file's path into path.
+static void write_hostile_gguf(const char* dir, char* path, size_t capacity, int hostile_ids[2]) {
+    char good[600];
+    snprintf(good, sizeof good, "%s/stories260K-f32.gguf", dir);
+    size_t size = 0;
+    unsigned char* bytes = test_read_file(good, &size);
+    assert_non_null(bytes);
+    size_t name_at = find_key(bytes, size, "general.name") + 4; // value type
+    assert_int_equal(read_u64(bytes + name_at), 5);
+    memcpy(bytes + name_at + 8, "\xc2\x9b" "2J\x1b", 5);
+    size_t at = find_key(bytes, size, "tokenizer.ggml.tokens") + 4 + 4; // value type, element type
+    const uint64_t count = read_u64(bytes + at);
+    at += 8;
+    int found = 0;
+    for (uint64_t id = 0; id < count && found < 2; id++) {
+        uint64_t length = read_u64(bytes + at);
+        if (id > 258 && length >= 8) {
+            overwrite_text(bytes + at + 8, length, found == 0 ? "\x1b]0;pw\x07" : "\xc2\x9b" "2J\x1b[m");
+            hostile_ids[found++] = (int)id;
+        }
+        at += 8 + (size_t)length;
+    }
+    assert_int_equal(found, 2);
+    snprintf(path, capacity, "%s/hostile-text.gguf", test_scratch_dir());
+    assert_true(test_write_file(path, bytes, size));
+    free(bytes);
+}
+
+static void expect_no_controls(const char* text, const char* what) {
+    for (const unsigned char* c = (const unsigned char*)text; *c; c++)
+        if ((*c < 0x20 && *c != '\n' && *c != '\t') || *c == 0x7f || (c[0] == 0xc2 && c[1] >= 0x80 && c[1] <= 0x9f))
+            fail_msg("%s: a control (0x%02x) reached the terminal:\n%s", what, *c, text);
+}
+
+// info shows general.name with '?' for U+009B (C1) as for ESC (C0).
+static void test_info_filters_c1_in_the_name(void** state) {
+    (void)state;
+    char dir[512], path[600];
+    int ids[2];
+    require_gguf_dir(dir, sizeof dir);
+    write_hostile_gguf(dir, path, sizeof path, ids);
+    command_result r = run("info %s", path);
+    if (r.exit_status != 0) fail_msg("info failed: %s", r.err);
+    expect_no_controls(r.out, "info");
+    expect_contains(r.out, "architecture: llama, name ?2J?");
+    free_result(&r);
+}
+
+// generate prints pieces with '?' for controls, while the byte token
+// <0x0A> (id 13) still breaks the line.
+static void test_generate_filters_controls_in_pieces(void** state) {
+    (void)state;
+    char dir[512], path[600];
+    int ids[2];
+    require_gguf_dir(dir, sizeof dir);
+    write_hostile_gguf(dir, path, sizeof path, ids);
+    command_result r = run("generate --model %s --prompt-ids '%d 13 %d' -n 1", path, ids[0], ids[1]);
+    if (r.exit_status != 0) fail_msg("generate failed: %s", r.err);
+    expect_no_controls(r.out, "generate");
+    expect_contains(r.out, "?]0;pw?x");
+    expect_contains(r.out, "\n?2J?[mx");
+    free_result(&r);
+}
+
 // quant calibrates on built-in stories, the longest 131 tokens: a GGUF
 // whose context is 128 (llama.cpp's llama2.c converter writes that) gets
 // them cut to its context instead of an error.
@@ -138,6 +230,8 @@ int main(void) {
         cmocka_unit_test(test_tokenize_gives_llama_cpp_ids),
         cmocka_unit_test(test_generate_on_gguf_equals_checkpoint),
         cmocka_unit_test(test_quant_on_gguf),
+        cmocka_unit_test(test_info_filters_c1_in_the_name),
+        cmocka_unit_test(test_generate_filters_controls_in_pieces),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

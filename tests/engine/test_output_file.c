@@ -70,6 +70,52 @@ static void test_device_is_written_not_replaced(void** state) {
     assert_true(S_ISCHR(st.st_mode));
 }
 
+// Issue 46 item 9: a link planted at the temporary's name (path.tmp.<pid>,
+// which anyone can guess) or at the destination is never written through:
+// the file it points to keeps its bytes.
+static void test_planted_links_are_not_followed(void** state) {
+    (void)state;
+    char victim[512], path[512], temporary[600];
+    snprintf(victim, sizeof victim, "%s/victim.txt", test_scratch_dir());
+    snprintf(path, sizeof path, "%s/saved.txt", test_scratch_dir());
+    snprintf(temporary, sizeof temporary, "%s.tmp.%ld", path, (long)getpid());
+    assert_true(test_write_file(victim, "victim\n", 7));
+    unlink(path);
+    unlink(temporary);
+    assert_int_equal(symlink(/* relative to the link's folder, which holds it */ "victim.txt", temporary), 0);
+    output_file f;
+    error_info err = {{0}};
+    assert_int_equal(output_file_open(&f, path, &err), 0);
+    fputs("saved\n", f.stream);
+    assert_int_equal(output_file_commit(&f, false, &err), 0);
+    char* text = test_read_text(victim);
+    assert_string_equal(text, "victim\n");
+    free(text);
+    text = test_read_text(path);
+    assert_string_equal(text, "saved\n");
+    free(text);
+    struct stat st;
+    assert_int_equal(lstat(temporary, &st), 0); // the planted link is left alone
+    assert_true(S_ISLNK(st.st_mode));
+    unlink(temporary);
+
+    // A link at the destination, to a file and to nothing: refused, named.
+    unlink(path);
+    assert_int_equal(symlink("victim.txt", path), 0);
+    assert_int_not_equal(output_file_open(&f, path, &err), 0);
+    assert_non_null(strstr(err.message, "saved.txt: is a symbolic link"));
+    text = test_read_text(victim);
+    assert_string_equal(text, "victim\n");
+    free(text);
+    unlink(path);
+    char missing[600];
+    snprintf(missing, sizeof missing, "%s/nothing-here", test_scratch_dir());
+    assert_int_equal(symlink("nothing-here", path), 0);
+    assert_int_not_equal(output_file_open(&f, path, &err), 0);
+    assert_int_not_equal(access(missing, F_OK), 0);
+    unlink(path);
+}
+
 static void test_bad_destinations_are_named(void** state) {
     (void)state;
     output_file f;
@@ -85,6 +131,7 @@ int main(void) {
         cmocka_unit_test(test_regular_file_is_replaced_on_commit_only),
         cmocka_unit_test(test_failed_write_keeps_the_old_file),
         cmocka_unit_test(test_device_is_written_not_replaced),
+        cmocka_unit_test(test_planted_links_are_not_followed),
         cmocka_unit_test(test_bad_destinations_are_named),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -155,6 +155,7 @@ typedef enum fake_behaviour {
     FAKE_HTTP_500,        // an OpenAI-style error body
     FAKE_MALFORMED_JSON,  // an event whose data is not JSON
     FAKE_NO_DONE,         // a complete chunked body that never says [DONE]
+    FAKE_HOSTILE_MODEL,   // GET /v1/models names a model with terminal escapes; streams then complete
 } fake_behaviour;
 
 typedef struct fake_server {
@@ -240,6 +241,24 @@ static void answer(fake_server* f, int fd) {
         write_chunk(fd, ONE_TOKEN);
         write_all(fd, "0\r\n\r\n");
         break;
+    case FAKE_HOSTILE_MODEL:
+        if (f->connections == 1) { // the model list comes first
+            // ESC ] 0 ; title BEL, ESC [ 2 J, and U+009B (CSI) 2 J.
+            const char* body = "{\"data\":[{\"id\":\"m\\u001b]0;pwned\\u0007\\u001b[2J\\u009b2J\"}]}";
+            char head[256];
+            snprintf(head, sizeof head,
+                     "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
+                     "Connection: close\r\n\r\n",
+                     strlen(body));
+            write_all(fd, head);
+            write_all(fd, body);
+            break;
+        }
+        write_all(fd, STREAM_HEADERS);
+        write_chunk(fd, ONE_TOKEN);
+        write_chunk(fd, "data: [DONE]\n\n");
+        write_all(fd, "0\r\n\r\n");
+        break;
     }
     shutdown(fd, SHUT_RDWR);
     close(fd);
@@ -306,6 +325,79 @@ static void expect_failed_requests(fake_behaviour behaviour, const char* reason)
     assert_non_null(strstr(r.err, "every request failed"));
     json_decref(root);
     free_result(&r);
+}
+
+// Issue 46 item 10: the model id is the server's text; its escapes must not
+// reach the terminal (the report shows '?' for each control).
+static void test_server_model_id_is_printed_safely(void** state) {
+    (void)state;
+    fake_server f;
+    fake_start(&f, FAKE_HOSTILE_MODEL);
+    char arguments[512];
+    snprintf(arguments, sizeof arguments,
+             "bench-serve --url http://127.0.0.1:%d --requests 1 --concurrency 1 --prompt-len 8 --output-len 1 "
+             "--idle-timeout 5 --timeout 20",
+             f.port);
+    command_result r = run_servelab(arguments);
+    fake_stop(&f);
+    if (strchr(r.out, '\x1b') || strchr(r.out, '\a') || strstr(r.out, "\xc2\x9b"))
+        fail_msg("a control from the model id reached stdout:\n%s", r.out);
+    if (!strstr(r.out, "(model m?]0;pwned??[2J?2J)")) fail_msg("expected the model id with '?' for controls:\n%s", r.out);
+    free_result(&r);
+    // --json keeps the exact id, escaped: \u001b and \u009b, never the raw bytes.
+    fake_start(&f, FAKE_HOSTILE_MODEL);
+    snprintf(arguments, sizeof arguments,
+             "bench-serve --url http://127.0.0.1:%d --requests 1 --concurrency 1 --prompt-len 8 --output-len 1 "
+             "--idle-timeout 5 --timeout 20 --json",
+             f.port);
+    r = run_servelab(arguments);
+    fake_stop(&f);
+    if (strchr(r.out, '\x1b') || strchr(r.out, '\a') || strstr(r.out, "\xc2\x9b"))
+        fail_msg("a control from the model id reached stdout in --json:\n%s", r.out);
+    json_t* root = parse_json_or_fail(r.out);
+    assert_string_equal(json_string_value(json_object_get(root, "model")), "m\x1b]0;pwned\a\x1b[2J\xc2\x9b" "2J");
+    json_decref(root);
+    free_result(&r);
+}
+
+// Issue 46 item 9: --svg wrote PATH.tmp (a fixed name) with fopen("w")
+// through any link planted there; a link at PATH itself is refused.
+static void test_svg_is_not_written_through_links(void** state) {
+    (void)state;
+    char victim[512], svg[512], temporary[600], arguments[1200];
+    snprintf(victim, sizeof victim, "%s/svg-victim", test_scratch_dir());
+    snprintf(svg, sizeof svg, "%s/chart.svg", test_scratch_dir());
+    snprintf(temporary, sizeof temporary, "%s.tmp", svg);
+    for (int at_target = 0; at_target < 2; at_target++) {
+        assert_true(test_write_file(victim, "victim\n", 7));
+        unlink(svg);
+        unlink(temporary);
+        assert_int_equal(symlink(/* relative to the link's folder, which holds it */ "svg-victim", at_target ? svg : temporary), 0);
+        fake_server f;
+        fake_start(&f, FAKE_HOSTILE_MODEL);
+        snprintf(arguments, sizeof arguments,
+                 "bench-serve --url http://127.0.0.1:%d --requests 1 --sweep-concurrency 1 --prompt-len 8 "
+                 "--output-len 1 --idle-timeout 5 --timeout 20 --svg %s",
+                 f.port, svg);
+        command_result r = run_servelab(arguments);
+        fake_stop(&f);
+        char* text = test_read_text(victim);
+        if (strcmp(text, "victim\n") != 0)
+            fail_msg("the link at %s was written through (exit %d)", at_target ? "the target" : "PATH.tmp", r.exit_status);
+        free(text);
+        if (at_target) {
+            assert_int_equal(r.exit_status, 1);
+            if (!strstr(r.err, "chart.svg: is a symbolic link")) fail_msg("expected the link named:\n%s", r.err);
+        } else {
+            if (r.exit_status != 0) fail_msg("exit %d: %s", r.exit_status, r.err);
+            char* chart = test_read_text(svg);
+            assert_non_null(strstr(chart, "<svg"));
+            free(chart);
+        }
+        free_result(&r);
+        unlink(svg);
+        unlink(temporary);
+    }
 }
 
 static void test_connection_dropped_mid_stream(void** state) {
@@ -412,6 +504,8 @@ int main(void) {
         cmocka_unit_test(test_percentile_interpolates_between_ranks),
         cmocka_unit_test(test_lengths_and_urls),
         cmocka_unit_test(test_bad_options_are_named),
+        cmocka_unit_test(test_server_model_id_is_printed_safely),
+        cmocka_unit_test(test_svg_is_not_written_through_links),
         cmocka_unit_test(test_connection_dropped_mid_stream),
         cmocka_unit_test(test_http_500),
         cmocka_unit_test(test_malformed_json_event),

@@ -75,6 +75,27 @@ static void test_generated_workload_is_seeded(void** state) {
                                      "lengths >= 1, found 'uniform:9:3'");
 }
 
+// Issue 46 item 7c: fixed:2147483647 became an int length whose sum with the
+// prompt overflowed (UBSan), and inf passed "a >= 1" into llround.
+static void test_lengths_beyond_the_limit_are_refused(void** state) {
+    (void)state;
+    static const char* const TOO_LONG[] = {"fixed:2147483647", "fixed:inf",     "uniform:1:1e300",
+                                           "lognormal:1e12:5", "lognormal:8:inf", "fixed:1048577"};
+    for (size_t i = 0; i < sizeof TOO_LONG / sizeof TOO_LONG[0]; i++) {
+        length_distribution d;
+        error_info err = {{0}};
+        if (length_distribution_parse("--output-len", TOO_LONG[i], &d, &err) != -1)
+            fail_msg("%s was accepted", TOO_LONG[i]);
+        char expected[256];
+        snprintf(expected, sizeof expected, "--output-len: lengths above 1048576 tokens are not supported, found '%s'",
+                 TOO_LONG[i]);
+        assert_string_equal(err.message, expected);
+    }
+    length_distribution d;
+    error_info err = {{0}};
+    assert_int_equal(length_distribution_parse("--output-len", "fixed:1048576", &d, &err), 0);
+}
+
 static void test_reads_requests(void** state) {
     (void)state;
     tokenizer* tok = byte_tokenizer();
@@ -303,6 +324,7 @@ static void test_missing_file(void** state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_lengths_beyond_the_limit_are_refused),
         cmocka_unit_test(test_generated_workload_is_seeded),
         cmocka_unit_test(test_reads_requests),
         cmocka_unit_test(test_field_errors_name_file_line_and_field),

@@ -36,6 +36,45 @@ static double monotonic_seconds(void) {
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
+// ---- issue 46 item 7c: a length that overflowed an int ---------------------------------
+
+static void test_sim_length_beyond_the_limit_is_a_usage_error(void** state) {
+    (void)state;
+    command_result r = run_servelab("sim --model tiny --requests 2 --output-len fixed:2147483647");
+    if (r.exit_status != 2) fail_msg("expected exit 2, got %d; stderr:\n%s", r.exit_status, r.err);
+    if (!strstr(r.err, "--output-len: lengths above 1048576 tokens are not supported, found 'fixed:2147483647'"))
+        fail_msg("expected the flag and the limit in the message:\n%s", r.err);
+    assert_string_equal(r.out, "");
+    free_result(&r);
+}
+
+// ---- issue 46 item 9: --trace never writes through a link ------------------------------
+
+// generate and sim opened --trace with fopen("w"), truncating whatever a
+// link there pointed to; now the path is refused and the file is unchanged.
+static void test_trace_is_not_written_through_a_link(void** state) {
+    (void)state;
+    char victim[512], link_path[512], arguments[1200];
+    snprintf(victim, sizeof victim, "%s/trace-victim", test_scratch_dir());
+    snprintf(link_path, sizeof link_path, "%s/trace-link", test_scratch_dir());
+    static const char* const COMMANDS[] = {"generate --model tiny -n 2 --trace %s",
+                                           "sim --model tiny --requests 2 --kv paged --trace %s"};
+    for (size_t i = 0; i < sizeof COMMANDS / sizeof COMMANDS[0]; i++) {
+        assert_true(test_write_file(victim, "victim\n", 7));
+        unlink(link_path);
+        assert_int_equal(symlink(/* relative to the link's folder, which holds it */ "trace-victim", link_path), 0);
+        snprintf(arguments, sizeof arguments, COMMANDS[i], link_path);
+        command_result r = run_servelab(arguments);
+        char* text = test_read_text(victim);
+        if (strcmp(text, "victim\n") != 0) fail_msg("%s wrote through the link (exit %d)", arguments, r.exit_status);
+        free(text);
+        if (r.exit_status == 0) fail_msg("%s: expected a failure, got exit 0", arguments);
+        if (!strstr(r.err, "is a symbolic link")) fail_msg("%s: expected the link named:\n%s", arguments, r.err);
+        free_result(&r);
+        unlink(link_path);
+    }
+}
+
 // ---- defect 7: --kv-mem beyond the memory available -------------------------------------
 
 static void test_kv_mem_beyond_memory_is_refused_at_once(void** state) {
@@ -282,6 +321,8 @@ static void test_nonfinite_weights_warn_once_naming_the_tensor(void** state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sim_length_beyond_the_limit_is_a_usage_error),
+        cmocka_unit_test(test_trace_is_not_written_through_a_link),
         cmocka_unit_test(test_kv_mem_beyond_memory_is_refused_at_once),
         cmocka_unit_test(test_num_blocks_beyond_memory_is_refused),
         cmocka_unit_test(test_large_kv_pool_is_not_touched),

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "lab/lesson/lesson.h"
 #include "tests/test_support.h"
@@ -153,6 +154,69 @@ static void test_new_writes_a_skeleton_that_runs(void** state) {
     free(out);
 }
 
+// Issue 46 item 9: `lesson new` wrote NAME.lua.tmp<pid> with fopen("w"),
+// through whatever link was there. The child's pid is known before it
+// execs servelab, so links go at the temporary's old and new names first;
+// the file they point to must keep its bytes.
+static void test_new_never_writes_through_planted_links(void** state) {
+    (void)state;
+    char name[512], path[600], victim[600], old_temporary[700], temporary[700];
+    snprintf(name, sizeof name, "%s/linked-lesson", test_scratch_dir());
+    snprintf(path, sizeof path, "%s.lua", name);
+    snprintf(victim, sizeof victim, "%s/lesson-victim", test_scratch_dir());
+    assert_true(test_write_file(victim, "victim\n", 7));
+    remove(path);
+    int go[2];
+    assert_int_equal(pipe(go), 0);
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        char byte;
+        close(go[1]);
+        if (read(go[0], &byte, 1) != 1) _exit(90);
+        freopen("/dev/null", "w", stdout);
+        freopen("/dev/null", "w", stderr);
+        const char* bin = getenv("SERVELAB_BIN") ? getenv("SERVELAB_BIN") : "bin/servelab";
+        execl(bin, bin, "lesson", "new", name, (char*)NULL);
+        _exit(91);
+    }
+    close(go[0]);
+    snprintf(old_temporary, sizeof old_temporary, "%s.tmp%ld", path, (long)child);
+    snprintf(temporary, sizeof temporary, "%s.tmp.%ld", path, (long)child);
+    remove(old_temporary);
+    remove(temporary);
+    assert_int_equal(symlink(/* relative to the link's folder, which holds it */ "lesson-victim", old_temporary), 0);
+    assert_int_equal(symlink("lesson-victim", temporary), 0);
+    assert_int_equal(write(go[1], "x", 1), 1);
+    close(go[1]);
+    int status = 0;
+    assert_int_equal(waitpid(child, &status, 0), child);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    char* text = test_read_text(victim);
+    assert_string_equal(text, "victim\n");
+    free(text);
+    text = test_read_text(path);
+    assert_non_null(strstr(text, "mine1"));
+    free(text);
+    remove(old_temporary);
+    remove(temporary);
+    remove(path);
+    // A dangling link at NAME.lua: "already exists", and nothing is created where it points.
+    char missing[700];
+    snprintf(missing, sizeof missing, "%s/lesson-nothing", test_scratch_dir());
+    remove(missing);
+    assert_int_equal(symlink("lesson-nothing", path), 0);
+    char arguments[700];
+    char* out = NULL;
+    snprintf(arguments, sizeof arguments, "lesson new %s", name);
+    assert_int_equal(servelab(arguments, &out), 1);
+    assert_non_null(strstr(out, "already exists"));
+    free(out);
+    assert_int_not_equal(access(missing, F_OK), 0);
+    remove(path);
+}
+
 static void test_run_flags_and_failures(void** state) {
     (void)state;
     char* out = NULL;
@@ -194,6 +258,7 @@ int main(void) {
         cmocka_unit_test(test_list_shows_titles_and_claims),
         cmocka_unit_test(test_check_reports_syntax_errors_with_line),
         cmocka_unit_test(test_new_writes_a_skeleton_that_runs),
+        cmocka_unit_test(test_new_never_writes_through_planted_links),
         cmocka_unit_test(test_run_flags_and_failures),
         cmocka_unit_test(test_every_lesson_passes_and_covers_the_bank),
     };

@@ -292,6 +292,46 @@ static void test_directory_at_the_path_is_named(void** state) {
     assert_true(S_ISDIR(info.st_mode)); // untouched
 }
 
+// Issue 46 item 9: links planted at the save's temporary names (the old
+// path.tmp-<pid> and output_file's path.tmp.<pid>) or at the progress path
+// itself never get the victim written: the save used O_TRUNC through them.
+static void test_planted_links_are_not_written_through(void** state) {
+    (void)state;
+    char victim[512], path[512], old_temporary[600], temporary[600];
+    scratch_path(victim, sizeof victim, "progress-victim");
+    scratch_path(path, sizeof path, "progress-linked");
+    snprintf(old_temporary, sizeof old_temporary, "%s.tmp-%ld", path, (long)getpid());
+    snprintf(temporary, sizeof temporary, "%s.tmp.%ld", path, (long)getpid());
+    assert_true(test_write_file(victim, "victim\n", 7));
+    unlink(path);
+    unlink(old_temporary);
+    unlink(temporary);
+    assert_int_equal(symlink(/* relative to the link's folder, which holds it */ "progress-victim", old_temporary), 0);
+    assert_int_equal(symlink("progress-victim", temporary), 0);
+    quiz_progress p = {0};
+    error_info err = {{0}};
+    quiz_progress_record(&p, "tf1", true, 5, &err);
+    assert_int_equal(quiz_progress_save(path, &p, &err), 0);
+    char* text = test_read_text(victim);
+    assert_string_equal(text, "victim\n");
+    free(text);
+    struct stat info;
+    assert_int_equal(lstat(path, &info), 0);
+    assert_true(S_ISREG(info.st_mode));
+    unlink(old_temporary);
+    unlink(temporary);
+
+    unlink(path);
+    assert_int_equal(symlink("progress-victim", path), 0);
+    assert_int_equal(quiz_progress_save(path, &p, &err), -1);
+    assert_non_null(strstr(err.message, "is a symbolic link"));
+    text = test_read_text(victim);
+    assert_string_equal(text, "victim\n");
+    free(text);
+    unlink(path);
+    quiz_progress_free(&p);
+}
+
 // ---- through the servelab binary -------------------------------------------------------------
 
 // An empty XDG_DATA_HOME under the scratch folder. Absolute: a relative
@@ -531,6 +571,7 @@ int main(void) {
         cmocka_unit_test(test_numbers_out_of_range_are_rejected),
         cmocka_unit_test(test_bad_lines_are_skipped_and_reported),
         cmocka_unit_test(test_directory_at_the_path_is_named),
+        cmocka_unit_test(test_planted_links_are_not_written_through),
         cmocka_unit_test(test_corrupt_and_foreign_files_are_moved_aside),
         cmocka_unit_test(test_default_path_follows_xdg),
         cmocka_unit_test(test_kill_mid_write_never_truncates),
