@@ -46,7 +46,7 @@ static void lesson_checked(void* user, const lesson_check_result* result) {
     lesson_print_check(out, result); // the same line as the headless runner prints
     fclose(out);
     if (size && line[size - 1] == '\n') line[size - 1] = '\0';
-    static const lesson_log_kind KINDS[] = {LOG_PASS, LOG_DISAGREE, LOG_FAIL};
+    static const lesson_log_kind KINDS[] = {LOG_PASS, LOG_DISAGREE, LOG_FAIL, LOG_STATUS}; // UNDECIDED: neutral
     dashboard_lesson_log(user, KINDS[result->outcome], line);
     free(line);
 }

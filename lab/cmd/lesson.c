@@ -221,9 +221,10 @@ static int run_full_with_progress(const run_args* a) {
     if (status == LESSON_FAILED) fprintf(stderr, "%s\n", lesson_error(l));
     int passed = 0, failed = 0;
     lesson_counts(l, &passed, &failed);
+    int undecided = lesson_undecided(l);
     lesson_close(l);
-    if (status == LESSON_FAILED && passed + failed == 0) failed = 1; // a lesson that failed before any check
-    printf("%d passed, %d failed\n", passed, failed);
+    if (status == LESSON_FAILED && passed + failed + undecided == 0) failed = 1; // failed before any check
+    lesson_print_summary(stdout, passed, failed, undecided);
     return failed == 0 && status == LESSON_DONE ? 0 : 1;
 }
 

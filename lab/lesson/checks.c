@@ -15,6 +15,7 @@ static void report_check(lesson* l, const lesson_check_result* result) {
     bool counted = !l->options.only_claim || strcmp(l->options.only_claim, result->id) == 0;
     if (!counted) return;
     if (result->outcome == CHECK_PASS) l->passed++;
+    else if (result->outcome == CHECK_UNDECIDED) l->undecided++;
     else l->failed++;
     if (!l->options.on_check) return;
     // The claim and the evidence are the lesson's text: shown inert.
@@ -166,8 +167,13 @@ int lab_check(lua_State* L) {
     int base = lua_gettop(L);
     if (!problem[0]) push_verdict(L, l, measure_type, problem, sizeof problem);
     if (!problem[0]) {
-        if (lua_type(L, -2) != LUA_TBOOLEAN)
-            snprintf(problem, sizeof problem, "verdict: expected a boolean computed from measurements, got %s",
+        bool undecided = lua_type(L, -2) == LUA_TSTRING && strcmp(lua_tostring(L, -2), LESSON_UNDECIDED_VERDICT) == 0;
+        if (undecided && lua_type(L, -1) == LUA_TSTRING) {
+            result.evidence = lua_tostring(L, -1);
+            result.outcome = CHECK_UNDECIDED;
+        } else if (lua_type(L, -2) != LUA_TBOOLEAN && !undecided)
+            snprintf(problem, sizeof problem,
+                     "verdict: expected a boolean computed from measurements (or lab.UNDECIDED), got %s",
                      luaL_typename(L, -2));
         else if (lua_type(L, -1) != LUA_TSTRING)
             snprintf(problem, sizeof problem, "evidence: expected a string with the measured numbers, got %s",

@@ -88,7 +88,10 @@ static void parse_record(char* line, matrix_run* run) {
     }
     fields[3][strcspn(fields[3], "\n")] = '\0';
     int outcome = atoi(fields[0]);
-    c->outcome = outcome == CHECK_PASS ? CHECK_PASS : outcome == CHECK_DISAGREE ? CHECK_DISAGREE : CHECK_FAIL;
+    c->outcome = outcome == CHECK_PASS        ? CHECK_PASS
+                 : outcome == CHECK_DISAGREE   ? CHECK_DISAGREE
+                 : outcome == CHECK_UNDECIDED ? CHECK_UNDECIDED
+                                               : CHECK_FAIL;
     snprintf(c->id, sizeof c->id, "%s", fields[1]);
     c->breaks_with = (fault_set)strtoul(fields[2], NULL, 16);
     snprintf(c->evidence, sizeof c->evidence, "%s", fields[3]);
@@ -130,7 +133,10 @@ static int run_lesson(const char* path, const lesson_options* base, fault_set fa
 }
 
 static const char* outcome_word(check_outcome outcome) {
-    return outcome == CHECK_PASS ? "PASS" : outcome == CHECK_DISAGREE ? "DISAGREE" : "FAIL";
+    return outcome == CHECK_PASS       ? "PASS"
+           : outcome == CHECK_DISAGREE  ? "DISAGREE"
+           : outcome == CHECK_UNDECIDED ? "UNDECIDED"
+                                        : "FAIL";
 }
 
 static const matrix_claim* find_claim(const matrix_run* run, const char* id) {
@@ -166,9 +172,13 @@ int lesson_fault_table(const char* const* paths, int n_paths, const lesson_optio
 
 // Prints one line per (claim, fault) pair and a summary; returns 0 when
 // every claim passed clean, declares a fault, and turned under each.
+// UNDECIDED (a timing too noisy to decide) is neither: clean, its pairs are
+// not judged this run; under a fault, the pair is not turned and not a
+// problem. Both are counted in the summary, so a check that only ever
+// says UNDECIDED shows.
 int lesson_fault_matrix(const char* const* paths, int n_paths, const lesson_options* options, bool undeclared,
                         FILE* out, FILE* errors) {
-    int n_claims = 0, n_pairs = 0, n_turned = 0, n_problems = 0, n_extra = 0;
+    int n_claims = 0, n_pairs = 0, n_turned = 0, n_problems = 0, n_extra = 0, n_undecided = 0;
     for (int p = 0; p < n_paths; p++) {
         matrix_run clean;
         if (run_lesson(paths[p], options, 0, &clean)) {
@@ -180,7 +190,11 @@ int lesson_fault_matrix(const char* const* paths, int n_paths, const lesson_opti
             const matrix_claim* c = &clean.claims[i];
             n_claims++;
             declared |= c->breaks_with;
-            if (c->outcome != CHECK_PASS) {
+            if (c->outcome == CHECK_UNDECIDED) {
+                fprintf(out, "%s: %s is UNDECIDED with no fault (its faults are not judged this run): %s\n", paths[p],
+                        c->id, c->evidence);
+                n_undecided++;
+            } else if (c->outcome != CHECK_PASS) {
                 fprintf(out, "%s: %s is %s with no fault: %s\n", paths[p], c->id, outcome_word(c->outcome), c->evidence);
                 n_problems++;
             }
@@ -200,14 +214,18 @@ int lesson_fault_matrix(const char* const* paths, int n_paths, const lesson_opti
                 const matrix_claim* under = find_claim(&faulty, c->id);
                 check_outcome outcome = under ? under->outcome : CHECK_FAIL;
                 const char* evidence = under ? under->evidence : "never reported";
-                if (c->breaks_with & fault) {
+                if ((c->breaks_with & fault) && (c->outcome == CHECK_UNDECIDED || outcome == CHECK_UNDECIDED)) {
+                    n_undecided++;
+                    fprintf(out, "%-8s %-18s %-24s %s -- %s\n", "undecid.", c->id, fault_name(f), outcome_word(outcome),
+                            evidence);
+                } else if (c->breaks_with & fault) {
                     n_pairs++;
                     bool turned = outcome != CHECK_PASS;
                     n_turned += turned;
                     fprintf(out, "%-8s %-18s %-24s %s -- %s%s%s\n", turned ? "turned" : "STILL", c->id, fault_name(f),
                             outcome_word(outcome), evidence, broke ? " -- " : "", broke ? faulty.problem : "");
                     if (!turned) n_problems++;
-                } else if (outcome != CHECK_PASS && c->outcome == CHECK_PASS) {
+                } else if (outcome != CHECK_PASS && outcome != CHECK_UNDECIDED && c->outcome == CHECK_PASS) {
                     n_extra++;
                     fprintf(out, "also     %-18s %-24s %s (not declared) -- %s\n", c->id, fault_name(f), outcome_word(outcome),
                             evidence);
@@ -221,7 +239,8 @@ int lesson_fault_matrix(const char* const* paths, int n_paths, const lesson_opti
             fflush(out);
         }
     }
-    fprintf(out, "fault matrix: %d claims in %d lessons; %d of %d declared (claim, fault) pairs turned; %d undeclared turns; %d problems\n",
-            n_claims, n_paths, n_turned, n_pairs, n_extra, n_problems);
+    fprintf(out, "fault matrix: %d claims in %d lessons; %d of %d declared (claim, fault) pairs turned; %d undeclared turns; "
+                 "%d problems; %d undecided (noisy timings: not turned, not failed)\n",
+            n_claims, n_paths, n_turned, n_pairs, n_extra, n_problems, n_undecided);
     return n_problems == 0 && n_claims > 0 ? 0 : 1;
 }

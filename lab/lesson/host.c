@@ -73,6 +73,9 @@ static int open_lab(lua_State* L) {
     lua_newtable(L);
     lab_set_boolean(L, "full", l->options.full);
     lab_set_boolean(L, "interactive", l->options.interactive);
+    // A verdict for lab.check when a timing's interval straddles the
+    // threshold: the machine was too noisy to decide (CHECK_UNDECIDED).
+    lab_set_string(L, "UNDECIDED", LESSON_UNDECIDED_VERDICT);
     lab_set_string(L, "lesson_dir", l->lesson_dir);
     lab_set_string(L, "output_dir", l->output_dir);
     lua_pushcfunction(L, lab_declare_lesson);
@@ -283,6 +286,8 @@ lesson_status lesson_resume(lesson* l) {
 const char* lesson_error(const lesson* l) { return l->error; }
 
 const engine* lesson_focus_engine(const lesson* l) { return l->api.focus; }
+
+int lesson_undecided(const lesson* l) { return l->undecided; }
 
 void lesson_counts(const lesson* l, int* passed, int* failed) {
     *passed = l->passed;

@@ -77,6 +77,7 @@ struct lesson {
     bool info_only;           // lesson_read_info: stop at the declaration
     int passed;
     int failed;
+    int undecided; // checks whose timing could not decide (CHECK_UNDECIDED)
     bool finished;
 };
 

@@ -59,6 +59,8 @@ typedef enum check_outcome {
     CHECK_PASS = 0,     // the measured verdict equals the bank's answer
     CHECK_DISAGREE = 1, // the measurement contradicts the bank's answer
     CHECK_FAIL = 2,     // the check itself erred (bad arguments, or never reached)
+    CHECK_UNDECIDED = 3, // a timing whose interval straddles the threshold (verdict lab.UNDECIDED):
+                         // neither a pass nor a failure; the evidence says how noisy the machine was
 } check_outcome;
 
 typedef struct lesson_check_result {
@@ -122,6 +124,9 @@ const engine* lesson_focus_engine(const lesson* l);
 // Counts so far (DISAGREE and FAIL count as failed).
 void lesson_counts(const lesson* l, int* passed, int* failed);
 
+// Checks that read UNDECIDED so far (counted neither as passed nor failed).
+int lesson_undecided(const lesson* l);
+
 // Reports every declared claim that was not checked as FAIL (once).
 // lesson_resume calls it when the lesson ends; a host that abandons a
 // paused lesson and wants its remaining claims reported may call it.
@@ -157,9 +162,16 @@ int lesson_list_folder(const char* folder, lesson_file_name* names, int capacity
 //     ("(beyond the bank: true|false)" for a claim the bank does not make)
 //   DISAGREE <id> (bank: ...) "<claim>" -- measured: <evidence> (the measurement contradicts the bank: ...)
 //   FAIL <id> (bank: ...) "<claim>" -- <error>
+//   UNDECIDED <id> (bank: ...) "<claim>" -- measured: <evidence> (too noisy to decide: neither a pass nor a failure)
 // Under --fault, a bracketed tail says whether the fault turned the claim
 // and whether the claim declares it (breaks_with).
 void lesson_print_check(FILE* out, const lesson_check_result* result);
+
+// "N passed, M failed", and ", K undecided (...)" when K > 0.
+void lesson_print_summary(FILE* out, int passed, int failed, int undecided);
+
+// What lab.UNDECIDED holds: a verdict that is neither true nor false.
+#define LESSON_UNDECIDED_VERDICT "undecided (too noisy to decide)"
 
 // Runs a lesson to its end with `options` as given (callbacks included),
 // calling on_pause (may be NULL) at every pause; prints errors to `errors`

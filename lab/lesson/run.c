@@ -7,7 +7,7 @@
 #include "lab/lesson/lesson.h"
 
 void lesson_print_check(FILE* out, const lesson_check_result* r) {
-    static const char* const words[] = {"PASS", "DISAGREE", "FAIL"};
+    static const char* const words[] = {"PASS", "DISAGREE", "FAIL", "UNDECIDED"};
     // The claim as the bank states it, quoted, beside the bank's answer: a
     // PASS line of a false claim must not read as if the claim held.
     const char* expected = r->bank_answer ? "true" : "false";
@@ -19,12 +19,16 @@ void lesson_print_check(FILE* out, const lesson_check_result* r) {
     else if (r->outcome == CHECK_DISAGREE)
         fprintf(out, " (the measurement contradicts the bank: bank says %s, measured %s)", expected,
                 r->verdict ? "true" : "false");
+    else if (r->outcome == CHECK_UNDECIDED)
+        fprintf(out, " (too noisy to decide: neither a pass nor a failure; run it again on a quieter machine)");
     if (r->note && r->note[0]) fprintf(out, " -- note: %s", r->note);
     if (r->running) {
         char running[512], declared[512];
         fault_set_describe(r->running, running, sizeof running);
         fault_set_describe(r->running & r->breaks_with, declared, sizeof declared);
-        if (r->outcome != CHECK_PASS && declared[0])
+        if (r->outcome == CHECK_UNDECIDED)
+            fprintf(out, " [undecided under %s: not turned, not failed]", running);
+        else if (r->outcome != CHECK_PASS && declared[0])
             fprintf(out, " [turned by %s, as its breaks_with declares]", declared);
         else if (r->outcome != CHECK_PASS)
             fprintf(out, " [turned under %s, which its breaks_with does not declare]", running);
@@ -35,6 +39,13 @@ void lesson_print_check(FILE* out, const lesson_check_result* r) {
     }
     fputc('\n', out);
     fflush(out);
+}
+
+void lesson_print_summary(FILE* out, int passed, int failed, int undecided) {
+    if (undecided > 0)
+        fprintf(out, "%d passed, %d failed, %d undecided (too noisy to decide: not failures)\n", passed, failed, undecided);
+    else
+        fprintf(out, "%d passed, %d failed\n", passed, failed);
 }
 
 static void print_check(void* user, const lesson_check_result* result) { lesson_print_check(user, result); }
@@ -54,9 +65,10 @@ int lesson_run_file(const char* path, const lesson_options* options, void (*on_p
     if (status == LESSON_FAILED) fprintf(errors, "%s\n", lesson_error(l));
     int passed = 0, failed = 0;
     lesson_counts(l, &passed, &failed);
+    int undecided = lesson_undecided(l);
     lesson_close(l);
-    if (status == LESSON_FAILED && passed + failed == 0) failed = 1; // a lesson that failed before any check
-    if (summary) fprintf(out, "%d passed, %d failed\n", passed, failed);
+    if (status == LESSON_FAILED && passed + failed + undecided == 0) failed = 1; // failed before any check
+    if (summary) lesson_print_summary(out, passed, failed, undecided);
     return failed == 0 && status == LESSON_DONE ? 0 : 1;
 }
 

@@ -353,6 +353,46 @@ static void test_checks_pass_disagree_fail_and_unreached(void** state) {
     free(c);
 }
 
+// lab.UNDECIDED: a timing too noisy to decide is neither a pass nor a
+// failure (issue 43: a verdict that flips on a clean engine is a defect),
+// and lab.ratio_interval gives the interval such verdicts are decided on.
+static void test_undecided_is_neither_pass_nor_failure(void** state) {
+    (void)state;
+    const char* source =
+        "lab.lesson{title = 'noisy', claims = {'u1', 'u2'}}\n"
+        "local iv = lab.ratio_interval({1, 2, 3, 4, 5}, {1, 1, 1, 1, 1})\n"
+        "assert(iv.median == 3 and iv.low == 1 and iv.high == 5 and iv.n == 5, 'n = 5: the extremes')\n"
+        "assert(math.abs(iv.confidence - 0.9375) < 1e-9, 'n = 5: 1 - 2/32')\n"
+        "local nine = lab.ratio_interval({9, 1, 8, 2, 7, 3, 6, 4, 5}, {1, 1, 1, 1, 1, 1, 1, 1, 1})\n"
+        "assert(nine.low == 2 and nine.high == 8 and nine.median == 5, 'n = 9: the 2nd from each end')\n"
+        "assert(not pcall(lab.ratio_interval, {1, 2, 3}, {1, 1}), 'unpaired timings are refused')\n"
+        "assert(not pcall(lab.ratio_interval, {1, 0, 3}, {1, 1, 1}), 'a zero timing is refused')\n"
+        "lab.check{id = 'u1', claim = 'noisy', bank_answer = true, measure = function() "
+        "return lab.UNDECIDED, 'noisy machine: x0.9..x1.1' end}\n"
+        "lab.check{id = 'u2', claim = 'clear', bank_answer = true, verdict = true, evidence = 'x2'}\n";
+    captured* c = calloc(1, sizeof *c);
+    assert_int_equal(run_source("noisy", source, NULL, c), LESSON_DONE);
+    if (c->error[0]) fail_msg("%s", c->error);
+    assert_int_equal(c->n_checks, 2);
+    assert_int_equal(c->checks[0].outcome, CHECK_UNDECIDED);
+    assert_string_equal(c->checks[0].evidence, "noisy machine: x0.9..x1.1");
+    assert_int_equal(c->checks[1].outcome, CHECK_PASS);
+    free(c);
+
+    char path[512], out_path[512];
+    snprintf(path, sizeof path, "%s/noisy.lua", test_scratch_dir());
+    snprintf(out_path, sizeof out_path, "%s/noisy.out", test_scratch_dir());
+    FILE* out = fopen(out_path, "w");
+    assert_non_null(out);
+    lesson_options o = lesson_options_default();
+    assert_int_equal(lesson_run_headless(path, &o, out, stderr), 0); // not a failure
+    fclose(out);
+    char* text = test_read_text(out_path);
+    assert_non_null(strstr(text, "UNDECIDED u1 (bank: true) \"noisy\" -- measured: noisy machine: x0.9..x1.1 (too noisy"));
+    assert_non_null(strstr(text, "1 passed, 0 failed, 1 undecided"));
+    free(text);
+}
+
 static void test_headless_output_format(void** state) {
     (void)state;
     const char* source =
@@ -763,6 +803,7 @@ int main(void) {
         cmocka_unit_test(test_engine_api_reports_what_ran),
         cmocka_unit_test(test_quant_and_formula_api),
         cmocka_unit_test(test_checks_pass_disagree_fail_and_unreached),
+        cmocka_unit_test(test_undecided_is_neither_pass_nor_failure),
         cmocka_unit_test(test_headless_output_format),
         cmocka_unit_test(test_read_info_and_prove_claim),
         cmocka_unit_test(test_sandbox_stops_each_escape),
