@@ -16,7 +16,8 @@
 # The runner exits 1 when anything failed, else 0.
 #
 # Environment: TEST_JOBS, TEST_LOG_DIR, TEST_TIMES (the times file, default
-# TEST_LOG_DIR.times: "milliseconds program" per line, rewritten each run).
+# TEST_LOG_DIR.times: "milliseconds program cpu-seconds" per line, rewritten
+# each run).
 set -u
 
 # The name a program is shown and logged under: its path below tests/
@@ -41,13 +42,19 @@ if [ "${1:-}" = "--one" ]; then
     { "$bin" </dev/null 2>&1; echo $? >"$log.rc"; } | tee "$log" | sed -u "s|^|[$name] |"
     end=$(now_ms)
     echo $((end - start)) >"$log.ms"
+    # CPU seconds (user + system) of the program and all it waited for:
+    # the shell's `times`, second line "XmY.YYs XmY.YYs" (children).
+    times >"$log.cpu"
+    sed -n 2p "$log.cpu" | awk '{ n = 0; for (i = 1; i <= 2; i++) { split($i, p, "m"); n += p[1] * 60 + p[2] }
+        printf "%.1f\n", n }' >"$log.cpu.new" && mv "$log.cpu.new" "$log.cpu"
     rc=$(cat "$log.rc" 2>/dev/null || echo 1)
     case "$rc" in
     0) word=ok ;;
     77) word="NOT RUN" ;;
     *) word="FAILED (exit $rc)" ;;
     esac
-    printf -- '-- %s: %s in %d.%d s\n' "$name" "$word" $(((end - start) / 1000)) $(((end - start) % 1000 / 100))
+    printf -- '-- %s: %s in %d.%d s (%s s CPU)\n' "$name" "$word" $(((end - start) / 1000)) $(((end - start) % 1000 / 100)) \
+        "$(cat "$log.cpu" 2>/dev/null)"
     exit 0
 fi
 
@@ -55,7 +62,7 @@ logs=${TEST_LOG_DIR:-build/test-logs}
 times=${TEST_TIMES:-$logs.times}
 jobs=${TEST_JOBS:-$(nproc 2>/dev/null || echo 2)}
 mkdir -p "$logs" || exit 1
-rm -f "$logs"/*.log "$logs"/*.log.rc "$logs"/*.log.ms
+rm -f "$logs"/*.log "$logs"/*.log.rc "$logs"/*.log.ms "$logs"/*.log.cpu
 
 log_of() { printf '%s/%s.log\n' "$logs" "$(name_of "$1" | tr '/' '.')"; }
 
@@ -96,7 +103,8 @@ for bin in "$@"; do
     log=$(log_of "$bin")
     rc=$(cat "$log.rc" 2>/dev/null || echo 1)
     ms=$(cat "$log.ms" 2>/dev/null || echo 0)
-    new_times="$new_times$ms $bin
+    cpu=$(cat "$log.cpu" 2>/dev/null || echo 0)
+    new_times="$new_times$ms $bin $cpu
 "
     if [ "$rc" -eq 77 ]; then
         reason=$(grep -m 1 'NOT RUN' "$log" 2>/dev/null || echo 'no reason given')
@@ -133,10 +141,11 @@ done
 } >"$times.new" 2>/dev/null && mv "$times.new" "$times"
 
 echo
-echo "== summary ($total programs, $jobs at a time: $(((finished - started) / 1000)) s)"
-echo "slowest programs:"
+cpu_total=$(printf '%s' "$new_times" | awk '{ n += $3 } END { printf "%.0f", n }')
+echo "== summary ($total programs, $jobs at a time: $(((finished - started) / 1000)) s; $cpu_total s of CPU; load: $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null))"
+echo "slowest programs (wall, CPU):"
 printf '%s' "$new_times" | sort -k1,1nr | head -n 10 |
-    awk '{ name = $2; if (!sub(/^.*\/tests\//, "", name)) sub(/^.*\//, "", name); printf "  %6.1f s  %s\n", $1 / 1000, name }'
+    awk '{ name = $2; if (!sub(/^.*\/tests\//, "", name)) sub(/^.*\//, "", name); printf "  %6.1f s  %6.1f s  %s\n", $1 / 1000, $3, name }'
 [ -z "$not_run_lines" ] || printf '%s' "$not_run_lines"
 if [ -n "$failures" ]; then
     echo "FAILED:"

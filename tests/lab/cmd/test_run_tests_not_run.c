@@ -101,7 +101,7 @@ static void test_summary_names_failures_and_slowest(void** state) {
     if (!strstr(out, expected)) fail_msg("expected '%s' in: %s", expected, out);
     assert_non_null(strstr(out, "!! fake_crashing: (exited with status 139 without a cmocka summary"));
     assert_non_null(strstr(out, "the last words"));
-    assert_non_null(strstr(out, "slowest programs:\n"));
+    assert_non_null(strstr(out, "slowest programs (wall, CPU):\n"));
     assert_non_null(strstr(out, " s  fake_slow\n"));
     // The log holds the program's own output, without the prefix.
     char log_path[600];
