@@ -157,12 +157,14 @@ Q := @
 say = @printf '  %-6s %s\n' $(1) $(2)
 endif
 
-$(BUILD)/obj/%.o: %.c
+# Order-only on check-pkgs: a parallel build names the missing libraries
+# before any compiler says a header is missing.
+$(BUILD)/obj/%.o: %.c | check-pkgs
 	@mkdir -p $(dir $@)
 	$(call say,CC,$@)
 	$(Q)$(CC) $(ALL_CFLAGS) $(PKG_CFLAGS) -MMD -MP -c $< -o $@
 
-$(BUILD)/obj/tests/%.o: tests/%.c
+$(BUILD)/obj/tests/%.o: tests/%.c | check-test-pkgs
 	@mkdir -p $(dir $@)
 	$(call say,CC,$@)
 	$(Q)$(CC) $(ALL_CFLAGS) $(PKG_CFLAGS) $(CMOCKA_CFLAGS) -MMD -MP -c $< -o $@
@@ -201,7 +203,7 @@ $(SERVELAB): $(MAIN_OBJ) $(LIB)
 	$(call say,LINK,$@)
 	$(Q)$(CC) $(LDFLAGS) $(ALL_CFLAGS) -o $@ $^ $(PKG_LIBS) $(LDLIBS)
 
-$(BUILD)/tests/%: tests/%.c $(TEST_SUPPORT) $(LIB)
+$(BUILD)/tests/%: tests/%.c $(TEST_SUPPORT) $(LIB) | check-test-pkgs
 	@mkdir -p $(dir $@)
 	$(call say,TEST,$@)
 	$(Q)$(CC) $(ALL_CFLAGS) $(PKG_CFLAGS) $(CMOCKA_CFLAGS) $(LDFLAGS) -MMD -MP -o $@ $< $(TEST_SUPPORT) $(LIB) $(CMOCKA_LIBS) $(PKG_LIBS) $(LDLIBS)

@@ -69,24 +69,12 @@ static int lesson_weight(const char* name) {
     return 0;
 }
 
-static void run_matrices(void) {
-    if (n_lessons_found > 0) return;
-    n_lessons_found = lesson_list_folder("lessons", lesson_names, LESSON_MAX_FILES);
-    assert_true(n_lessons_found >= 7);
-    int order[LESSON_MAX_FILES];
-    for (int i = 0; i < n_lessons_found; i++) order[i] = i;
-    for (int i = 1; i < n_lessons_found; i++) // insertion sort: heaviest first
-        for (int j = i; j > 0 && lesson_weight(lesson_names[order[j]]) > lesson_weight(lesson_names[order[j - 1]]); j--) {
-            int t = order[j];
-            order[j] = order[j - 1];
-            order[j - 1] = t;
-        }
-    long jobs = getenv("TEST_JOBS") ? atol(getenv("TEST_JOBS")) : sysconf(_SC_NPROCESSORS_ONLN);
-    if (jobs < 1) jobs = 1;
-    pid_t children[LESSON_MAX_FILES];
+// The matrices of lessons order[0..n), `jobs` at a time.
+static void run_matrix_processes(const int* order, int n, long jobs) {
+    pid_t children[LESSON_MAX_FILES] = {0};
     int running = 0, next = 0;
-    while (next < n_lessons_found || running > 0) {
-        if (next < n_lessons_found && running < jobs) {
+    while (next < n || running > 0) {
+        if (next < n && running < jobs) {
             int i = order[next++];
             char command[2048];
             snprintf(command, sizeof command,
@@ -108,7 +96,8 @@ static void run_matrices(void) {
         pid_t done = wait(&raw);
         assert_true(done > 0);
         for (int i = 0; i < n_lessons_found; i++) {
-            if (children[i] != done) continue;
+            if (children[i] != done || done == 0) continue;
+            free(matrix_outputs[i]);
             char path[600];
             snprintf(path, sizeof path, "%s/matrix-%d.out", test_scratch_dir(), i);
             matrix_outputs[i] = test_read_text(path);
@@ -123,6 +112,44 @@ static void run_matrices(void) {
         }
         running--;
     }
+}
+
+// Only clean verdicts that came out DISAGREE, nothing STILL, nothing undeclared, no crash:
+// what a timing claim reads when the machine is oversubscribed.
+static bool only_clean_disagreements(const char* out) {
+    return strstr(out, " is DISAGREE with no fault: ") && !strstr(out, " is FAIL with no fault")
+           && strncmp(out, "STILL ", 6) != 0 && !strstr(out, "\nSTILL ") && !strstr(out, "declares no fault")
+           && !strstr(out, ": under ") && !strstr(out, ": no fault: ");
+}
+
+static void run_matrices(void) {
+    if (n_lessons_found > 0) return;
+    n_lessons_found = lesson_list_folder("lessons", lesson_names, LESSON_MAX_FILES);
+    assert_true(n_lessons_found >= 7);
+    int order[LESSON_MAX_FILES];
+    for (int i = 0; i < n_lessons_found; i++) order[i] = i;
+    for (int i = 1; i < n_lessons_found; i++) // insertion sort: heaviest first
+        for (int j = i; j > 0 && lesson_weight(lesson_names[order[j]]) > lesson_weight(lesson_names[order[j - 1]]); j--) {
+            int t = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = t;
+        }
+    long jobs = getenv("TEST_JOBS") ? atol(getenv("TEST_JOBS")) : sysconf(_SC_NPROCESSORS_ONLN);
+    if (jobs < 1) jobs = 1;
+    run_matrix_processes(order, n_lessons_found, jobs);
+    // The clean run of a timing claim may read DISAGREE while the other
+    // lessons' matrices and test programs share the cores (make test runs
+    // them in parallel); such a lesson's matrix runs once more, alone in
+    // this program. Its clean verdict is test_lesson_cli's to judge; here
+    // what counts is that each claim turns under its faults.
+    int again[LESSON_MAX_FILES], n_again = 0;
+    for (int i = 0; i < n_lessons_found; i++) {
+        if (matrix_status[i] == 0 || !only_clean_disagreements(matrix_outputs[i])) continue;
+        printf("lessons/%s: a clean verdict read DISAGREE beside the other matrices; once more, alone. It said:\n%s",
+               lesson_names[i], matrix_outputs[i]);
+        again[n_again++] = i;
+    }
+    if (n_again) run_matrix_processes(again, n_again, 1);
 }
 
 static void test_every_claim_turns_under_its_faults(void** state) {
