@@ -122,7 +122,7 @@ for bin in "$@"; do
     if [ "$rc" -ne 0 ]; then
         status=1
         # cmocka lists each failed test after its count: "[  FAILED  ] test_x".
-        names=$(sed -n 's/^\[  FAILED  \] \([A-Za-z_][A-Za-z0-9_]*\)$/\1/p' "$log" 2>/dev/null | tr '\n' ' ')
+        names=$(sed -n 's/^\[  FAILED  \] \([A-Za-z_][A-Za-z0-9_.-]*\)$/\1/p' "$log" 2>/dev/null | awk '!seen[$0]++' | tr '\n' ' ')
         if [ -z "${f:-}" ]; then
             failed=$((failed + 1))
             names="${names}(exited with status $rc without a cmocka summary; the end of its log below)"
