@@ -11,7 +11,9 @@
 #   make fuzz-build only build them (build/fuzz/bin/fuzz_*)
 #   make bench      servelab bench on stories110m (BENCH_ARGS="--json --threads 2")
 #   make lessons    every Lua lesson headless with its full-size scenarios (minutes)
-#   make deps       install missing Debian packages (root) or print the command
+#   make deps       install the lab's missing Debian packages (root) or print the command
+#   make test-deps  the same for what only the tests need (cmocka, tmux, curl, node, npm, openai)
+#   JOBS=N          jobs for the build (default: every core; -jN works too); V=1: full commands
 #   make models     fetch stories260K/stories15M into ./models (needs internet)
 #   make install    PREFIX=/usr/local DESTDIR=
 #   CUDA=auto|0|1   build kernels/cuda when nvcc is found / never / always
@@ -26,8 +28,22 @@ CUDA     ?= auto
 BUILD    ?= build/release
 SANITIZE ?= 0
 
-PKGS      := ncursesw lua5.4 jansson cmocka libmicrohttpd libcurl
-DEB_PKGS  := build-essential pkg-config libncurses-dev liblua5.4-dev libjansson-dev libcmocka-dev libmicrohttpd-dev libcurl4-openssl-dev tmux
+# The lab's libraries and Debian packages (make run), and what only the
+# tests add (make test, make check). An entry PACKAGE:PROGRAM counts as
+# present when PROGRAM is on the PATH (a nodejs from elsewhere brings npm).
+PKGS          := ncursesw lua5.4 jansson libmicrohttpd libcurl
+TEST_PKGS     := cmocka
+DEB_PKGS      := build-essential pkg-config libncurses-dev liblua5.4-dev libjansson-dev libmicrohttpd-dev libcurl4-openssl-dev
+TEST_DEB_PKGS := libcmocka-dev tmux curl:curl git:git nodejs:node npm:npm
+
+# Parallel builds by default: every core unless -j was given. Only the
+# top-level make adds it; a sub-make ($(MAKE)) shares its jobserver.
+JOBS ?= $(shell nproc 2>/dev/null || echo 1)
+ifeq ($(MAKELEVEL),0)
+ifeq ($(filter -j%,$(MAKEFLAGS)),)
+MAKEFLAGS += -j$(JOBS)
+endif
+endif
 
 WARNINGS := -Wall -Wextra -Wshadow -Wpointer-arith -Wstrict-prototypes -Wmissing-prototypes -Wvla
 ifdef CI
@@ -36,7 +52,8 @@ endif
 
 # pkg-config is queried lazily so that `make deps` works before the packages exist.
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
-PKG_LIBS   = $(shell pkg-config --libs ncursesw lua5.4 jansson libmicrohttpd libcurl 2>/dev/null)
+PKG_LIBS   = $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+CMOCKA_CFLAGS = $(shell pkg-config --cflags cmocka 2>/dev/null)
 CMOCKA_LIBS = $(shell pkg-config --libs cmocka 2>/dev/null)
 
 CFLAGS   ?= -O2 -g
@@ -65,9 +82,13 @@ else
 endif
 
 CUDA_HOME ?= $(patsubst %/bin/,%,$(dir $(shell command -v $(NVCC) 2>/dev/null)))
-NVCC_FLAGS := -O2 -std=c++17 -Xcompiler -Wall \
-  -gencode arch=compute_80,code=sm_80 -gencode arch=compute_89,code=sm_89 \
+# The GPUs the CUDA code is compiled for. The four cost ~59 s of CPU per
+# build here (cuda_attention.cu 24 s, cuda_matmul.cu 17 s; PTX for
+# compute_90 alone: cuda_attention.cu 5.6 s); a build that only has to show
+# the code still compiles may pass NVCC_GENCODE=-gencode=arch=compute_90,code=compute_90.
+NVCC_GENCODE ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_89,code=sm_89 \
   -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+NVCC_FLAGS := -O2 -std=c++17 -Xcompiler -Wall $(NVCC_GENCODE)
 
 # ---- sources, by layer (docs/design.md: base <- kernels <- engine <- lab) --
 # base/ (errors, arenas) is the one layer every other may include.
@@ -115,7 +136,7 @@ endif
 # Keep intermediate objects (test_support.o) instead of rebuilding them.
 .SECONDARY:
 
-.PHONY: all run test check deps models install clean check-pkgs tests-build test-run bench lessons gpu-programs \
+.PHONY: all run test check deps test-deps models install clean check-pkgs check-test-pkgs tests-build test-run bench lessons gpu-programs \
         fuzz fuzz-build fuzz-run fuzz-deps
 all: check-pkgs $(SERVELAB)
 
@@ -123,52 +144,94 @@ check-pkgs:
 	@missing=""; for p in $(PKGS); do pkg-config --exists $$p 2>/dev/null || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then echo "servelab: missing libraries:$$missing — run 'make deps' (or: apt-get install $(DEB_PKGS))" >&2; exit 1; fi
 
-$(BUILD)/obj/%.o: %.c
+check-test-pkgs: check-pkgs
+	@missing=""; for p in $(TEST_PKGS); do pkg-config --exists $$p 2>/dev/null || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then echo "servelab: missing test libraries:$$missing — run 'make test-deps' (or: apt-get install $(filter-out %:%,$(TEST_DEB_PKGS)))" >&2; exit 1; fi
+
+# V=1 prints each command in full; by default one short line per file.
+ifeq ($(V),1)
+Q :=
+say = @:
+else
+Q := @
+say = @printf '  %-6s %s\n' $(1) $(2)
+endif
+
+# Order-only on check-pkgs: a parallel build names the missing libraries
+# before any compiler says a header is missing.
+$(BUILD)/obj/%.o: %.c | check-pkgs
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) $(PKG_CFLAGS) -MMD -MP -c $< -o $@
+	$(call say,CC,$@)
+	$(Q)$(CC) $(ALL_CFLAGS) $(PKG_CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/obj/tests/%.o: tests/%.c | check-test-pkgs
+	@mkdir -p $(dir $@)
+	$(call say,CC,$@)
+	$(Q)$(CC) $(ALL_CFLAGS) $(PKG_CFLAGS) $(CMOCKA_CFLAGS) -MMD -MP -c $< -o $@
 
 $(BUILD)/obj/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) -I. -c $< -o $@
+	$(call say,NVCC,$@)
+	$(Q)$(NVCC) $(NVCC_FLAGS) -I. -c $< -o $@
 
-$(LIB): $(LIB_OBJS)
-	@mkdir -p $(dir $@)
-	rm -f $@ && ar rcs $@ $^
+# The slowest objects are listed first so that a parallel build starts them
+# first and they do not finish alone at the end (at -j2 the always-inline
+# AVX-512 int8 kernels take 36 s of CPU, the CUDA files 20-25 s each with 4
+# gencodes); the archives keep the order of LIB_OBJS / CORE_OBJS.
+SLOW_OBJS := $(foreach p,%/matmul_int_avx512.o %/cuda_matmul.cu.o %/cuda_attention.cu.o %/attention_avx2.o \
+               %/matmul_a8_avx512.o %.cu.o,$(filter $(p),$(LIB_OBJS)))
 
-$(CORE_LIB): $(CORE_OBJS)
+$(LIB): $(SLOW_OBJS) $(LIB_OBJS)
 	@mkdir -p $(dir $@)
-	rm -f $@ && ar rcs $@ $^
+	$(call say,AR,$@)
+	$(Q)rm -f $@ && ar rcs $@ $(LIB_OBJS)
+
+$(CORE_LIB): $(SLOW_OBJS) $(CORE_OBJS)
+	@mkdir -p $(dir $@)
+	$(call say,AR,$@)
+	$(Q)rm -f $@ && ar rcs $@ $(CORE_OBJS)
 
 $(BUILD)/tests/cuda/%: tests/cuda/%.c $(CORE_LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -MMD -MP -o $@ $< $(CORE_LIB) $(LDLIBS)
+	$(call say,LINK,$@)
+	$(Q)$(CC) $(ALL_CFLAGS) $(LDFLAGS) -MMD -MP -o $@ $< $(CORE_LIB) $(LDLIBS)
 
 gpu-programs: $(GPU_PROGRAMS)
 
 $(SERVELAB): $(MAIN_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) $(ALL_CFLAGS) -o $@ $^ $(PKG_LIBS) $(LDLIBS)
+	$(call say,LINK,$@)
+	$(Q)$(CC) $(LDFLAGS) $(ALL_CFLAGS) -o $@ $^ $(PKG_LIBS) $(LDLIBS)
 
-$(BUILD)/tests/%: tests/%.c $(TEST_SUPPORT) $(LIB)
+$(BUILD)/tests/%: tests/%.c $(TEST_SUPPORT) $(LIB) | check-test-pkgs
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) $(PKG_CFLAGS) $(LDFLAGS) -MMD -MP -o $@ $< $(TEST_SUPPORT) $(LIB) $(CMOCKA_LIBS) $(PKG_LIBS) $(LDLIBS)
+	$(call say,TEST,$@)
+	$(Q)$(CC) $(ALL_CFLAGS) $(PKG_CFLAGS) $(CMOCKA_CFLAGS) $(LDFLAGS) -MMD -MP -o $@ $< $(TEST_SUPPORT) $(LIB) $(CMOCKA_LIBS) $(PKG_LIBS) $(LDLIBS)
 
-tests-build: check-pkgs $(SERVELAB) $(TEST_BINS) $(GPU_PROGRAMS)
+tests-build: check-test-pkgs $(SERVELAB) $(TEST_BINS) $(GPU_PROGRAMS)
 
-# Runs every test binary from the repository root; prints each cmocka summary
-# and one total line. Exits non-zero when any test failed or crashed.
+# Runs every test binary from the repository root, TEST_JOBS at a time
+# (default: every core), each line streamed with its program's name; then
+# the failures by name, the ten slowest programs and one total line (the
+# last). Logs: $(BUILD)/test-logs/. Exits non-zero when any test failed.
+# First every lesson once, clean (scripts/clean-lessons.sh into
+# $(BUILD)/clean-lessons): test_lesson_cli and test_fault_matrix read those
+# runs (SERVELAB_CLEAN_LESSONS) instead of making their own.
+CLEAN_LESSONS := $(BUILD)/clean-lessons
 test-run: tests-build
-	@SERVELAB_BIN=$(SERVELAB) sh scripts/run-tests.sh $(TEST_BINS) $(GPU_TEST_BINS)
 	@$(if $(GPU_TEST_BINS),,echo "GPU tests NOT RUN: built without CUDA (CUDA=$(CUDA))")
+	@sh scripts/clean-lessons.sh $(SERVELAB) $(CLEAN_LESSONS) $(if $(filter 1,$(SANITIZE)),900,60)
+	@TEST_LOG_DIR=$(BUILD)/test-logs SERVELAB_BIN=$(SERVELAB) SERVELAB_CLEAN_LESSONS=$(CLEAN_LESSONS) \
+	    sh scripts/run-tests.sh $(TEST_BINS) $(GPU_TEST_BINS)
 
-test: deps
+test: deps test-deps
 	@$(MAKE) --no-print-directory test-run
 
 # Sanitizers instrument the host C code; CUDA stays off there because the
 # CUDA runtime and ASan's shadow memory do not mix without extra options.
 # LeakSanitizer is ASan's default on Linux; detect_leaks=1 says so rather
 # than relying on it (a leak fails the test binary that made it).
-check: deps
+check: deps test-deps
 	@ASAN_OPTIONS=detect_leaks=1:$(ASAN_OPTIONS) $(MAKE) --no-print-directory BUILD=build/check SANITIZE=1 CUDA=0 test-run
 
 # Every lesson headless with lab.full set: the full-size measurements (the
@@ -191,6 +254,13 @@ bench: all
 
 deps:
 	@sh scripts/deps.sh $(DEB_PKGS)
+
+# What only the tests need: cmocka, tmux, curl, git, node and npm, and the
+# official OpenAI client pinned by tests/serve/package-lock.json (npm ci;
+# without the network test_serve_clients then says NOT RUN and why).
+test-deps:
+	@sh scripts/deps.sh $(TEST_DEB_PKGS)
+	@sh scripts/deps.sh --npm tests/serve
 
 # ---- fuzzing: libFuzzer harnesses (tests/fuzz/fuzz_*.c) -------------------
 # Each harness links the project compiled again with clang into build/fuzz

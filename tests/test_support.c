@@ -128,12 +128,16 @@ void free_result(command_result* result) {
     free(result->err);
 }
 
-void test_tmux_require(void) {
-    if (system("command -v tmux >/dev/null 2>&1") == 0) return;
-    if (getenv("CI")) fail_msg("tmux is not installed and CI is set (make deps installs it)");
-    print_message("skipping: tmux is not installed (make deps installs it)\n");
+void test_require_program(const char* program) {
+    char command[300];
+    snprintf(command, sizeof command, "command -v '%s' >/dev/null 2>&1", program);
+    if (system(command) == 0) return;
+    if (getenv("CI")) fail_msg("'%s' is not installed and CI is set (make test-deps installs it)", program);
+    print_message("skipping: '%s' is not installed (make test-deps installs it)\n", program);
     skip();
 }
+
+void test_tmux_require(void) { test_require_program("tmux"); }
 
 int test_tmux(const char* socket, const char* arguments) {
     char command[8192];

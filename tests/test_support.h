@@ -55,7 +55,10 @@ void free_result(command_result* result);
 // Each test uses its own server (tmux -L socket), so nothing reaches the
 // user's sessions.
 
-// Skips the test when tmux is missing (fails when CI is set: make deps installs it).
+// Skips the test, naming the program, when `program` is not on the PATH
+// (fails when CI is set: make test-deps installs the tests' programs).
+void test_require_program(const char* program);
+// Skips the test when tmux is missing (fails when CI is set: make test-deps installs it).
 void test_tmux_require(void);
 // Runs `tmux -L socket arguments`, output discarded; returns system()'s status.
 int test_tmux(const char* socket, const char* arguments);

@@ -156,6 +156,7 @@ static void test_lab_restores_terminal_on_a_crash(void** state) {
 static void test_lab_serve_in_a_terminal(void** state) {
     (void)state;
     skip_without_tmux();
+    test_require_program("curl"); // the client (Debian: apt-get install curl; make test-deps)
     char model[512], flags[700], stty_path[512], out_path[512], command[2048];
     REQUIRE_SHARED_MODEL(model, "stories260K.bin");
     snprintf(flags, sizeof flags, "--model %s --serve 0", model);
@@ -168,12 +169,25 @@ static void test_lab_serve_in_a_terminal(void** state) {
     free(screen);
     assert_true(port > 0);
     snprintf(command, sizeof command,
-             "curl -sN -m 60 http://127.0.0.1:%d/v1/completions -d '{\"model\": \"stories260K\", \"prompt\": "
-             "\"Once upon a time\", \"max_tokens\": 20, \"stream\": true}' > %s 2>&1 &",
-             port, out_path);
+             "curl -sSN -m 60 http://127.0.0.1:%d/v1/completions -d '{\"model\": \"stories260K\", \"prompt\": "
+             "\"Once upon a time\", \"max_tokens\": 20, \"stream\": true}' > %s 2>&1 "
+             "|| echo \"curl exited with status $?\" >> %s &",
+             port, out_path, out_path);
     assert_int_equal(system(command), 0);
-    // Paused: the request is queued at the server and no step has run.
-    screen = wait_for_text("1 client  1 queued");
+    // Paused: the request is queued at the server and no step has run. When
+    // it never arrives, what the client said (curl's error) is the cause.
+    for (int waited_ms = 0;; waited_ms += 100) {
+        screen = test_tmux_output(tmux_socket, "capture-pane -p -t lab");
+        if (strstr(screen, "1 client  1 queued")) break;
+        if (waited_ms >= 15000) {
+            char* said = test_read_text(out_path);
+            fail_msg("the lab never showed '1 client  1 queued' for the curl request; curl's output (%s): %s\n"
+                     "last capture:\n%s",
+                     out_path, said && said[0] ? said : "(none)", screen);
+        }
+        free(screen);
+        test_sleep_ms(100);
+    }
     if (!strstr(screen, "step 0 ")) fail_msg("the paused lab stepped:\n%s", screen);
     free(screen);
     test_sleep_ms(300);
