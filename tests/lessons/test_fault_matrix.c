@@ -193,7 +193,12 @@ static void test_every_claim_turns_under_its_faults(void** state) {
     for (size_t k = 0; k < sizeof BANK_CLAIMS / sizeof BANK_CLAIMS[0]; k++) {
         char pattern[64];
         snprintf(pattern, sizeof pattern, "turned   %-18s ", BANK_CLAIMS[k]);
-        if (!strstr(out, pattern)) fail_msg("no fault turns claim %s in the matrix", BANK_CLAIMS[k]);
+        char undecided[64]; // a noisy timing this run: its pairs are not judged (neither turned nor STILL)
+        snprintf(undecided, sizeof undecided, "undecid. %-18s ", BANK_CLAIMS[k]);
+        if (!strstr(out, pattern) && strstr(out, undecided))
+            printf("claim %s: UNDECIDED this run (a noisy timing): its faults were not judged\n", BANK_CLAIMS[k]);
+        else if (!strstr(out, pattern))
+            fail_msg("no fault turns claim %s in the matrix", BANK_CLAIMS[k]);
     }
     assert_int_equal(n_lessons, n_lessons_found);
     assert_int_equal(n_claims, (int)(sizeof BANK_CLAIMS / sizeof BANK_CLAIMS[0]));
@@ -309,6 +314,7 @@ static char* table_from_clean_runs_and_matrices(void) {
             const char* rest = strncmp(line, "PASS ", 5) == 0       ? line + 5
                                : strncmp(line, "DISAGREE ", 9) == 0 ? line + 9
                                : strncmp(line, "FAIL ", 5) == 0     ? line + 5
+                               : strncmp(line, "UNDECIDED ", 10) == 0 ? line + 10
                                                                     : NULL;
             char id[32] = "";
             if (!rest || sscanf(rest, "%31s", id) != 1) continue;
@@ -316,7 +322,9 @@ static char* table_from_clean_runs_and_matrices(void) {
             for (const char* m = matrix_outputs[i]; *m; m = strchr(m, '\n') ? strchr(m, '\n') + 1 : m + strlen(m)) {
                 char word[16], claim[32], fault[64];
                 if (sscanf(m, "%15s %31s %63s", word, claim, fault) != 3) continue;
-                if ((strcmp(word, "turned") != 0 && strcmp(word, "STILL") != 0) || strcmp(claim, id) != 0) continue;
+                if ((strcmp(word, "turned") != 0 && strcmp(word, "STILL") != 0 && strcmp(word, "undecid.") != 0) ||
+                    strcmp(claim, id) != 0)
+                    continue;
                 size_t used = strlen(faults);
                 snprintf(faults + used, sizeof faults - used, "%s%s", used ? " " : "", fault);
             }

@@ -88,14 +88,19 @@ static void test_every_lesson_passes_and_covers_the_bank(void** state) {
         fputs(out, stdout);
         fflush(stdout);
         // One line per declared claim, then the summary.
-        int passes = 0;
+        // UNDECIDED (a timing the machine was too noisy to decide) is
+        // neither a pass nor a failure: counted apart, and printed.
+        int passes = 0, undecided = 0;
         for (const char* line = out; *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : line + strlen(line)) {
             if (strncmp(line, "FAIL ", 5) == 0) fail_msg("%s: a check failed: %.300s", path, line);
             if (strncmp(line, "DISAGREE ", 9) == 0 && !UNDER_SANITIZER) fail_msg("%s: %.300s", path, line);
-            if (strncmp(line, "PASS ", 5) != 0 && strncmp(line, "DISAGREE ", 9) != 0) continue;
+            bool is_undecided = strncmp(line, "UNDECIDED ", 10) == 0;
+            if (strncmp(line, "PASS ", 5) != 0 && strncmp(line, "DISAGREE ", 9) != 0 && !is_undecided) continue;
             passes += line[0] == 'P';
+            undecided += is_undecided;
+            if (is_undecided) printf("(undecided on this machine, not a failure: %.200s)\n", line);
             char id[16] = "";
-            sscanf(line + (line[0] == 'P' ? 5 : 9), "%15s", id);
+            sscanf(line + (line[0] == 'P' ? 5 : is_undecided ? 10 : 9), "%15s", id);
             for (size_t k = 0; k < sizeof BANK_CLAIMS / sizeof BANK_CLAIMS[0]; k++)
                 if (strcmp(id, BANK_CLAIMS[k]) == 0) seen[k] = true;
             // Evidence carries numbers.
@@ -103,14 +108,18 @@ static void test_every_lesson_passes_and_covers_the_bank(void** state) {
             assert_non_null(evidence);
             assert_true(strcspn(evidence, "0123456789") < strcspn(evidence, "\n"));
         }
-        char summary[64];
-        snprintf(summary, sizeof summary, "%d passed, %d failed\n", passes, info.n_claims - passes);
+        char summary[128];
+        if (undecided > 0)
+            snprintf(summary, sizeof summary, "%d passed, %d failed, %d undecided (too noisy to decide: not failures)\n",
+                     passes, info.n_claims - passes - undecided, undecided);
+        else
+            snprintf(summary, sizeof summary, "%d passed, %d failed\n", passes, info.n_claims - passes);
         size_t length = strlen(out), summary_length = strlen(summary);
         assert_true(length >= summary_length);
         assert_string_equal(out + length - summary_length, summary);
         if (!UNDER_SANITIZER) {
             assert_int_equal(status, 0);
-            assert_int_equal(passes, info.n_claims);
+            assert_int_equal(passes + undecided, info.n_claims);
         }
         free(out);
     }

@@ -272,6 +272,8 @@ static void test_plain_session_right_and_wrong(void** state) {
     bool passed = strncmp(result, line_start, strlen(line_start)) == 0;
     snprintf(line_start, sizeof line_start, "DISAGREE %s ", claim);
     bool disagreed = strncmp(result, line_start, strlen(line_start)) == 0;
+    snprintf(line_start, sizeof line_start, "UNDECIDED %s ", claim); // a timing too noisy to decide here
+    disagreed |= strncmp(result, line_start, strlen(line_start)) == 0;
     if (!passed && !disagreed) fail_msg("no check line for %s after 'p':\n%s", claim, result);
     assert_non_null(strstr(result, " -- ")); // the measured evidence follows
     check_progress(home, log, n);
@@ -654,7 +656,7 @@ static void test_prove_it_scrolls_in_tmux(void** state) {
     for (int i = 0; i < n_whole; i++)
         snprintf(joined + strlen(joined), sizeof joined - strlen(joined), "%s%s", i ? " " : "", whole[i]);
     bool verdict = strstr(joined, "(headless)... PASS ") || strstr(joined, "(headless)... DISAGREE ") ||
-                   strstr(joined, "(headless)... FAIL ");
+                   strstr(joined, "(headless)... FAIL ") || strstr(joined, "(headless)... UNDECIDED ");
     if (strncmp(joined, "running the lesson check for ", 29) != 0 || !verdict || !strstr(joined, " -- "))
         fail_msg("no prove-it result at 40x50:\n%s", screen);
     free(screen);
