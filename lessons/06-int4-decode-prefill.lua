@@ -119,8 +119,11 @@ local bytes_ratio = read16 / read4
 -- Decided on the intervals: decode faster (its whole interval below x1)
 -- and by a margin over prefill (its high end below prefill's low end / 1.3);
 -- clearly not when the intervals say the opposite; lab.UNDECIDED between.
--- The counted parts (bytes, how the kernels multiply) decide alone.
-local counted_ok = bytes_ratio >= 3 and reads_once and math_in_float
+-- The counted parts decide alone: x3 fewer weight bytes per decode token,
+-- each read once, the math in floating point, and prefill serving each
+-- weight byte to every prompt token (the tally's FLOPs per byte; an engine
+-- that runs prompts token by token, the unbatched-decode fault, reads 1).
+local counted_ok = bytes_ratio >= 3 and reads_once and math_in_float and reuse_as_expected
 local decode_wins -- true, false or lab.UNDECIDED
 if not counted_ok then
     decode_wins = false
@@ -138,6 +141,7 @@ local evidence = string.format("decode of small, median of %d interleaved runs: 
     decode_rounds, decode16_s / DECODE_TOKENS * 1e3, decode4_s / DECODE_TOKENS * 1e3, decode_speedup, prefill_ratio,
     read16 / 2 ^ 20, read4 / 2 ^ 20, bytes_ratio, read16 / fp16:info().decode_weight_bytes,
     read4 / int4:info().decode_weight_bytes, activations, interval_text(decode_iv), interval_text(prefill_iv))
+evidence = evidence .. string.format("; prefill serves %.0f FLOPs per fp16 weight byte (%d tokens)", reuse, PREFILL_TOKENS)
 
 if lab.full then
     -- The memory-bound case, measured: the medium preset does not fit any cache.
@@ -160,10 +164,10 @@ lab.check{
 lab.pause()
 
 local recall1_verdict -- decode wins, and prefill is slower by more than x1.05 (its whole interval)
-if decode_wins == lab.UNDECIDED then
-    recall1_verdict = lab.UNDECIDED
-elseif not decode_wins or not reuse_as_expected then
+if decode_wins == false or not reuse_as_expected then
     recall1_verdict = false
+elseif decode_wins == lab.UNDECIDED then
+    recall1_verdict = lab.UNDECIDED
 elseif prefill_iv.low > 1.05 then
     recall1_verdict = true
 elseif prefill_iv.high < 1.05 then

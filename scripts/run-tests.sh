@@ -159,6 +159,15 @@ if [ -n "$failures" ]; then
         fi
     done
 fi
+# Skips for want of llama2.c's or llama.cpp's own files (a clone without
+# ../shared): said once for the whole run, with what brings them.
+missing_programs=""
+for bin in "$@"; do
+    grep -q "skipping the tests that need llama2.c's or llama.cpp's own files" "$(log_of "$bin")" 2>/dev/null &&
+        missing_programs="$missing_programs ${bin##*/}"
+done
+[ -z "$missing_programs" ] ||
+    echo "SKIPPED for want of llama2.c's/llama.cpp's files (no ../shared/models, no ./models):$missing_programs; 'make models' fetches stories260K, and ../shared beside the clone brings the reference outputs"
 [ "$not_run" -eq 0 ] || echo "NOT RUN: $not_run test program(s) could not run on this machine (see the '-- ... NOT RUN' lines)"
 echo "tests: $passed passed, $failed failed, $skipped skipped, $not_run not run"
 exit $status
