@@ -714,14 +714,15 @@ static void test_limits_cover_logits_steps_and_writes(void** state) {
     expect_run("logits", logits, &o, c, LESSON_FAILED);
     assert_non_null(strstr(c->error, "logits.lua:3: memory limit of 64 MiB: the logits kept for e:logits"));
     // One lab.time round looks at the clock before every step. This round
-    // (250 decode steps of 64 sequences of 'small') took 10.6 s of CPU here,
-    // all of it past a limit looked at only between rounds (11.5 s in all
-    // under --time-limit 1.2); loading 'small' takes 0.9 s, hence 1.2 s.
+    // (230 decode steps of 1024 sequences of 'tiny') takes 6.5 s of CPU in a
+    // release build, all of it past a limit looked at only between rounds.
+    // 'tiny' loads in milliseconds, so nearly all the CPU is the round's even
+    // under ASan, where loading 'small' alone took 3 s and hid the overshoot.
     o = lesson_options_default();
     o.time_limit_s = 1.2;
     const char* timing = "lab.lesson{title = 'timing', claims = {'t1'}}\n"
-                         "local m = lab.model('small')\n"
-                         "lab.time{model = m, phase = 'decode', tokens = 250, batch = 64, repeats = 1, threads = 1}\n";
+                         "local m = lab.model('tiny')\n"
+                         "lab.time{model = m, phase = 'decode', tokens = 230, batch = 1024, repeats = 1, threads = 1}\n";
     double cpu_start = process_cpu_seconds();
     expect_run("timing", timing, &o, c, LESSON_FAILED);
     double cpu_used = process_cpu_seconds() - cpu_start;
