@@ -99,8 +99,8 @@ do
     spread = hi / lo
 end
 lab.say(string.format("AWQ scales each input channel by mean|x|^alpha before rounding (alpha = %.2f here): recomputed "
-    .. "from the inputs' first moment alone, its %d scales match to within %.1e, and every code is the nearest level "
-    .. "(%d of %d are not). GPTQ feeds each column's rounding error into the columns after it through the inverse of "
+    .. "from the inputs' first moment alone, its %d scales match to within %.1e, and %d of its %d codes are off the "
+    .. "nearest level. GPTQ feeds each column's rounding error into the columns after it through the inverse of "
     .. "H = 2 X^T X, so %d of its %d codes are not the nearest level: that is where a Hessian shows.", awq.alpha,
     rtn.cols, scale_mismatch, awq.not_nearest, n, gptq.not_nearest, n))
 lab.check{
@@ -147,8 +147,8 @@ for i = 1, #a do
     low, high = math.min(low, b[i]), math.max(high, b[i])
 end
 local logit_range = high - low
-lab.say(string.format("Largest difference between their logits: %.4g, %.1f%% of the logits' range. W8A8 rounds the "
-    .. "activations to 8 bits too (activation bits %d against %d).", max_difference, 100 * max_difference / logit_range,
+lab.say(string.format("Largest difference between their logits: %.4g, %.1f%% of the logits' range; activation bits %d "
+    .. "against %d. Any difference at all means W8A8 rounded the activations as well as the weights.", max_difference, 100 * max_difference / logit_range,
     w8a8:info().activation_bits, w8a16:info().activation_bits))
 lab.check{
     id = "se4",
@@ -185,7 +185,8 @@ local held_16, held_4 = report.heap_bytes_before, report.heap_bytes_after
 local read_16, read_4 = t16.weight_bytes / tokens, t4.weight_bytes / tokens
 lab.say(string.format("Last, memory: the heap grew by %d bytes when the fp16 tiny model was loaded, and holds %d "
     .. "once it is quantized to W4A16. A decode step reads %d weight bytes per token, against %d in fp16. A model that "
-    .. "kept an fp16 copy would hold more, and a step could not read less than the model it runs.", held_16, held_4,
+    .. "kept an fp16 copy would hold more, and a step that read more than the model holds would be "
+    .. "reading a copy.", held_16, held_4,
     read_4, read_16))
 lab.check{
     id = "tf8",
