@@ -254,6 +254,7 @@ lab.check{
         table.concat(partial.lasts, ","), tostring(partial.front_shared), table.concat(samples_text, ","),
         aligned.n_prompt, aligned.copies, aligned.copy_bytes, aligned_want, table.concat(aligned.lasts, ",")),
     breaks_with = {"no-cow", "cow-short-copy"},
-    note = "in this engine the sharers that write into a shared block are forks of one request; requests that only "
-        .. "share a system prompt share full blocks and never write into them (tf10 counted their copies)",
+    note = string.format("in this engine the sharers that write into a shared block are forks of one request; "
+        .. "requests that only share a system prompt share full blocks and never write into them (the system-prompt "
+        .. "check above counted %d copies)", cached.copies),
 }
