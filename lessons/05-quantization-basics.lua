@@ -1,9 +1,6 @@
 -- 05 Quantization basics: the step size s, the zero-point z, rounding and
--- clipping, symmetric vs asymmetric, and how fine the scales are.
---
---   asymmetric: s = (r_max - r_min) / (2^b - 1), z = round(-r_min / s), q = clamp(round(r / s) + z)
---   symmetric:  s = max|r| / (2^(b-1) - 1), z = 0
---   r_hat = s (q - z)
+-- clipping, symmetric vs asymmetric, and how fine the scales are (the
+-- formulas are in the first lab.say).
 --
 -- The packed formats store s in fp16, so the quantizer rounds s UP to the
 -- next fp16 value (lab.quantize reports that s). Where a check needs exact
