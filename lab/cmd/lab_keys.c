@@ -47,10 +47,15 @@ static void confirm_key(lab_app* a, int key) {
     error_info err = {{0}};
     a->v.mode = UI_MODE_NORMAL;
     if (key != 'y' && key != 'Y') return;
-    if (dashboard_set_block_size(&a->d, a->v.pending_block_size, &err))
+    if (dashboard_set_block_size(&a->d, a->v.pending_block_size, &err)) {
         lab_set_message(a, err.message);
-    else
-        lab_set_message(a, "engines restarted with the new block size; requests replayed");
+        return;
+    }
+    char text[160];
+    snprintf(text, sizeof text, "engines restarted with block size %d: %d blocks, %lld slots of the same KV memory; "
+             "requests replayed", a->d.config.block_size, a->d.config.num_blocks,
+             (long long)engine_pool_slots(&a->d.paged));
+    lab_set_message(a, text);
 }
 
 // a f p x [ ]: the keys that change the lab's own requests or engines.

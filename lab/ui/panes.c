@@ -1108,16 +1108,37 @@ static void draw_keys_bar(ui_screen* s, const dashboard* d, int y) {
     ui_line_put(s, 0, y, s->cols, UI_DEFAULT, UI_REVERSE, &bar_line);
 }
 
+// "Restart with block size N?", with what the pool becomes: the KV memory
+// stays, so 128 blocks of 16 become 64 of 32 (the same 2048 slots).
+static void draw_confirm_bar(ui_screen* s, const dashboard* d, const ui_view* v, int y) {
+    int block_size = v->pending_block_size, n_blocks = dashboard_blocks_for(d, block_size);
+    int64_t slots_now = engine_pool_slots(&d->paged), slots_then = (int64_t)n_blocks * block_size;
+    char pool_long[UI_LINE_FORM_BYTES], pool_short[UI_LINE_FORM_BYTES];
+    if (slots_then == slots_now) {
+        snprintf(pool_long, sizeof pool_long, ": same KV memory, %d blocks x %d = %lld slots", n_blocks, block_size,
+                 (long long)slots_then);
+        snprintf(pool_short, sizeof pool_short, ": same KV, %d blocks", n_blocks);
+    } else { // the bytes do not divide into whole blocks of the new size
+        snprintf(pool_long, sizeof pool_long, ": same KV memory, %d blocks x %d = %lld of %lld slots", n_blocks,
+                 block_size, (long long)slots_then, (long long)slots_now);
+        snprintf(pool_short, sizeof pool_short, ": %d blocks, %lld of %lld slots", n_blocks, (long long)slots_then,
+                 (long long)slots_now);
+    }
+    ui_line confirm;
+    ui_line_init(&confirm);
+    ui_line_number(&confirm, 9, false, "restart both engines with block size ", block_size, 1, "");
+    ui_line_text(&confirm, 8, pool_long, pool_short, NULL);
+    ui_line_text(&confirm, 9, "? (y/n)", NULL);
+    ui_line_put(s, 0, y, s->cols, UI_BAD, UI_REVERSE, &confirm);
+}
+
 // The bottom row: the prompt being typed, the block-size question, the
 // last message, else the keys.
 static void draw_key_bar(ui_screen* s, const dashboard* d, const ui_view* v, int y) {
     if (v->mode == UI_MODE_EDIT) {
         draw_edit_bar(s, v, y);
     } else if (v->mode == UI_MODE_CONFIRM) {
-        ui_line confirm;
-        ui_line_init(&confirm);
-        ui_line_number(&confirm, 9, false, "restart both engines with block size ", v->pending_block_size, 1, "? (y/n)");
-        ui_line_put(s, 0, y, s->cols, UI_BAD, UI_REVERSE, &confirm);
+        draw_confirm_bar(s, d, v, y);
     } else if (v->message[0]) {
         // A message longer than the bar goes on at word ends (the next key clears it).
         if (put_whole(s, 0, y, s->cols, UI_DEFAULT, UI_REVERSE, v->message) < 0) {
