@@ -130,7 +130,10 @@ int dashboard_step(dashboard* d, error_info* err);
 bool dashboard_has_work(const dashboard* d);
 // Forks the selected sequence in both engines (engine_fork_sequence): in
 // the paged engine the child shares every block and samples at temperature
-// 0.8, so it diverges and its first write copies the shared tail; the
+// 0.8, so it diverges. Whichever of the two writes first into a shared,
+// partly filled tail block copies it (kv_layout_paged.c prepare_decode):
+// the scheduler runs the parent first (the child is queued after it), so
+// the parent takes the copy and the child keeps the original block. The
 // contiguous engine recomputes the child in its own reservation.
 int dashboard_fork_selected(dashboard* d, error_info* err);
 // Adds a request made of the system prompt and a short follow-up, so that
