@@ -52,9 +52,10 @@ static void confirm_key(lab_app* a, int key) {
         return;
     }
     char text[160];
-    snprintf(text, sizeof text, "engines restarted with block size %d: %d blocks, %lld slots of the same KV memory; "
-             "requests replayed", a->d.config.block_size, a->d.config.num_blocks,
-             (long long)engine_pool_slots(&a->d.paged));
+    snprintf(text, sizeof text,
+             "engines restarted with block size %d: %d blocks, %lld slots of the same KV memory; "
+             "requests replayed",
+             a->d.config.block_size, a->d.config.num_blocks, (long long)engine_pool_slots(&a->d.paged));
     lab_set_message(a, text);
 }
 
@@ -79,8 +80,10 @@ static void say_who_copies(lab_app* a, int32_t parent, int32_t child) {
                  "%s keeps it",
                  parent_name, child_name, blocks, parent_name, tail, block_size, child_name);
     else
-        snprintf(text, sizeof text, "forked %s into %s, sharing %s: the tail is full, so each takes a new "
-                 "block and nothing is copied", parent_name, child_name, blocks);
+        snprintf(text, sizeof text,
+                 "forked %s into %s, sharing %s: the tail is full, so each takes a new "
+                 "block and nothing is copied",
+                 parent_name, child_name, blocks);
     lab_set_message(a, text);
 }
 
@@ -102,8 +105,10 @@ static void request_key(lab_app* a, int key) {
     }
     if (key == 'f') {
         int32_t parent = a->d.selected;
-        if (dashboard_fork_selected(&a->d, &err)) lab_set_message(a, err.message);
-        else say_who_copies(a, parent, a->d.selected);
+        if (dashboard_fork_selected(&a->d, &err))
+            lab_set_message(a, err.message);
+        else
+            say_who_copies(a, parent, a->d.selected);
     }
     if (key == 'p' && dashboard_add_shared_prompt(&a->d, &err)) lab_set_message(a, err.message);
     if (key == 'x' && dashboard_cancel_selected(&a->d, &err)) lab_set_message(a, err.message);

@@ -559,8 +559,10 @@ static void traffic_machine_line(ui_screen* s, ui_rect r, const dashboard* d, co
 // ("RTX 4090").
 static void device_short_name(const device_model* dev, char* out, size_t size) {
     const char* end = strchr(dev->name, ' ');
-    if (end && !strpbrk(dev->name, "0123456789")) end = NULL;
-    else if (end && strcspn(dev->name, "0123456789") > (size_t)(end - dev->name)) end = strchr(end + 1, ' ');
+    if (end && !strpbrk(dev->name, "0123456789"))
+        end = NULL;
+    else if (end && strcspn(dev->name, "0123456789") > (size_t)(end - dev->name))
+        end = strchr(end + 1, ' ');
     snprintf(out, size, "%.*s", end ? (int)(end - dev->name) : (int)strlen(dev->name), dev->name);
 }
 
@@ -975,8 +977,8 @@ static void draw_lesson(ui_screen* s, ui_rect r, const dashboard* d, const ui_vi
 static const char* const HELP[][2] = {
     {"space/n  step, or continue a lesson", "r        run / pause"},
     {"+ / -    speed", "a        add a request (type, Enter)"},
-    {"f        fork selected (shares)", "x        cancel selected request"},
-    {"p        add a system-prompt request", "[ / ]    block size (confirm y)"},
+    {"f        fork (shares; parent copies)", "x        cancel selected request"},
+    {"p        add a system-prompt request", "[ / ]    block size, same KV (y)"},
     {"Tab      next pane / page", "1-5      page (small terminals)"},
     {"up/down  request, or layer (Step size)", "left/right  tensor (Step size)"},
     {"b  bits   g  granularity", "m  sym / asym   ,/.  parameter set"},
@@ -996,7 +998,7 @@ static void draw_help(ui_screen* s, const ui_layout* l) {
         if (b > right) right = b;
     }
     int gap = 2, two_wide = left + gap + right + 4; // a frame and a space inside each side
-    int area_h = l->key_bar.y - 1; // between the header and the key bar
+    int area_h = l->key_bar.y - 1;                  // between the header and the key bar
     bool two = two_wide <= s->cols && n + 4 <= area_h;
     int w = two ? two_wide : (left > right ? left : right) + 4, h = (two ? n : 2 * n) + 4;
     if (w > s->cols) w = s->cols;
@@ -1127,9 +1129,9 @@ static void draw_edit_bar(ui_screen* s, const ui_view* v, int y) {
 // UI_KEY_BAR_ONE_ROW_COLS, 80x24 among them) show every key, "1-5 page"
 // too, whole: the first row takes the keys in order while they fit.
 static void draw_keys_bar(ui_screen* s, const dashboard* d, ui_rect bar, bool pages) {
-    static const char* const KEYS[] = {"spc step", "r run",    "+/- speed", "a add",     "p shared",
-                                       "f fork",   "x cancel", "[/] block", "z quiz",    "Tab focus",
-                                       "1-5 page", "PgUp/PgDn lesson",      "? help",    "q quit"};
+    static const char* const KEYS[] = {
+        "spc step",  "r run",  "+/- speed", "a add",    "p shared",         "f fork", "x cancel",
+        "[/] block", "z quiz", "Tab focus", "1-5 page", "PgUp/PgDn lesson", "? help", "q quit"};
     static const int PRIORITY[] = {8, 7, 4, 6, 3, 5, 5, 3, 4, 6, 6, 2, 9, 9};
     enum { N_KEYS = (int)(sizeof KEYS / sizeof KEYS[0]), PAGE_KEYS = 10 };
     ui_line rows[2];
@@ -1154,7 +1156,8 @@ static void draw_keys_bar(ui_screen* s, const dashboard* d, ui_rect bar, bool pa
         ui_line_text(&rows[row], PRIORITY[i], key, "", NULL);
         used += columns;
     }
-    for (int k = 0; k < bar.h && k < 2; k++) ui_line_put(s, 0, bar.y + k, bar.w, UI_DEFAULT, UI_REVERSE, &rows[k]);
+    for (int k = 0; k < bar.h && k < 2; k++)
+        ui_line_put(s, 0, bar.y + k, bar.w, UI_DEFAULT, UI_REVERSE, &rows[k]);
 }
 
 // "Restart with block size N?", with what the pool becomes: the KV memory
@@ -1197,10 +1200,14 @@ static void draw_message_bar(ui_screen* s, const char* message, ui_rect bar) {
 // The bottom row(s): the prompt being typed, the block-size question, the
 // last message, else the keys.
 static void draw_key_bar(ui_screen* s, const dashboard* d, const ui_view* v, const ui_layout* l) {
-    if (v->mode == UI_MODE_EDIT) draw_edit_bar(s, v, l->key_bar.y);
-    else if (v->mode == UI_MODE_CONFIRM) draw_confirm_bar(s, d, v, l->key_bar.y);
-    else if (v->message[0]) draw_message_bar(s, v->message, l->key_bar);
-    else draw_keys_bar(s, d, l->key_bar, l->mode == LAYOUT_PAGES);
+    if (v->mode == UI_MODE_EDIT)
+        draw_edit_bar(s, v, l->key_bar.y);
+    else if (v->mode == UI_MODE_CONFIRM)
+        draw_confirm_bar(s, d, v, l->key_bar.y);
+    else if (v->message[0])
+        draw_message_bar(s, v->message, l->key_bar);
+    else
+        draw_keys_bar(s, d, l->key_bar, l->mode == LAYOUT_PAGES);
 }
 
 void ui_draw(ui_screen* s, const dashboard* d, const ui_view* v) {

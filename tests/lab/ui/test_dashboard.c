@@ -442,7 +442,6 @@ static void test_lesson_pane_scrolls_back(void** state) {
     free(frame);
 }
 
-
 // ---- panes drawn in this process -------------------------------------------------------
 
 // The lab's dashboard on stories260K (two requests, 128 blocks of 16) after
@@ -456,9 +455,11 @@ static void open_dashboard(dashboard* d, const char* model_path, int steps) {
     error_info err = {{0}};
     if (dashboard_init(d, &request, &config, KV_LAYOUT_PAGED, &err)) fail_msg("%s", err.message);
     d->max_new_tokens = 64;
-    assert_int_equal(dashboard_add_prompt(d, "Once upon a time, there was a little girl named Lily.", 64, 1, 0.0f, &err), 0);
+    assert_int_equal(
+        dashboard_add_prompt(d, "Once upon a time, there was a little girl named Lily.", 64, 1, 0.0f, &err), 0);
     assert_int_equal(dashboard_add_prompt(d, "The dog ran", 64, 1, 0.0f, &err), 0);
-    for (int i = 0; i < steps; i++) assert_int_equal(dashboard_step(d, &err), 0);
+    for (int i = 0; i < steps; i++)
+        assert_int_equal(dashboard_step(d, &err), 0);
     machine_figures* m = calloc(1, sizeof *m);
     assert_non_null(m);
     atomic_init(&m->owners, 1); // the dashboard's alone: dashboard_free frees it
@@ -471,14 +472,16 @@ static void open_dashboard(dashboard* d, const char* model_path, int steps) {
 // Row y of the screen as UTF-8 text, trailing spaces kept.
 static void screen_row(const ui_screen* s, int y, char* out, size_t size) {
     out[0] = '\0';
-    for (int x = 0; x < s->cols; x++) strncat(out, s->cells[y * s->cols + x].text, size - strlen(out) - 1);
+    for (int x = 0; x < s->cols; x++)
+        strncat(out, s->cells[y * s->cols + x].text, size - strlen(out) - 1);
 }
 
 // The text of rows [r.y, r.y + r.h) between columns r.x and r.x + r.w, one line each.
 static void screen_rect(const ui_screen* s, ui_rect r, char* out, size_t size) {
     out[0] = '\0';
     for (int y = r.y; y < r.y + r.h; y++) {
-        for (int x = r.x; x < r.x + r.w; x++) strncat(out, s->cells[y * s->cols + x].text, size - strlen(out) - 1);
+        for (int x = r.x; x < r.x + r.w; x++)
+            strncat(out, s->cells[y * s->cols + x].text, size - strlen(out) - 1);
         strncat(out, "\n", size - strlen(out) - 1);
     }
 }
@@ -493,7 +496,9 @@ static void test_ridges_name_their_machine(void** state) {
     REQUIRE_SHARED_MODEL(model_path, "stories260K.bin");
     static dashboard d;
     open_dashboard(&d, model_path, 2);
-    static const int SIZES[][2] = {{80, 24}, {100, 30}, {120, 40}, {149, 30}, {150, 40}, {160, 50}, {200, 60}, {250, 70}};
+    // 150x50 is the narrowest grid (a 60-column pane); 149x30 the widest page.
+    static const int SIZES[][2] = {{80, 24},  {100, 30}, {120, 40}, {149, 30},
+                                   {150, 50}, {160, 50}, {200, 60}, {250, 70}};
     int n_devices = 0;
     const device_model* devices = device_models(&n_devices);
     ui_screen screen;
@@ -508,6 +513,7 @@ static void test_ridges_name_their_machine(void** state) {
             ui_draw(&screen, &d, &v);
             ui_layout l = ui_layout_compute(SIZES[k][0], SIZES[k][1], v.page);
             assert_true(l.visible[PANE_TRAFFIC]);
+            if (SIZES[k][0] == 150) assert_int_equal(l.panes[PANE_TRAFFIC].w, 60); // the pane's minimum
             screen_rect(&screen, l.panes[PANE_TRAFFIC], pane, sizeof pane);
             // "CPU ridge 7.21" (or 7.2, 7 where the pane is narrow).
             const char* cpu = strstr(pane, "; CPU ridge 7");
@@ -522,7 +528,8 @@ static void test_ridges_name_their_machine(void** state) {
                 fail_msg("%dx%d: no '%s' (or '%s') in\n%s", SIZES[k][0], SIZES[k][1], expect_long, expect_short, pane);
             // No other ridge: every "ridge" is one of the two above.
             int n_ridges = 0;
-            for (const char* p = pane; (p = strstr(p, "ridge")) != NULL; p++) n_ridges++;
+            for (const char* p = pane; (p = strstr(p, "ridge")) != NULL; p++)
+                n_ridges++;
             if (n_ridges != 2) fail_msg("%dx%d: %d ridges in\n%s", SIZES[k][0], SIZES[k][1], n_ridges, pane);
         }
     ui_screen_free(&screen);
@@ -586,7 +593,8 @@ static void pane_phase(const char* pane, const char* label, bool table, char* ou
     for (const char* p = pane; (p = strstr(p, label)) != NULL; p++) {
         const char* word = p + strlen(label);
         if (*word != ' ') continue;
-        while (*word == ' ') word++;
+        while (*word == ' ')
+            word++;
         size_t n = strcspn(word, " \n");
         if (table && strncmp(word + n, " ctx ", 5) != 0) continue;
         if (!table && (p == pane || (p[-1] != ' ' && p[-1] != '>'))) continue;
@@ -641,9 +649,9 @@ static void test_panes_agree_on_phase(void** state) {
 // grid's (two rows below UI_KEY_BAR_ONE_ROW_COLS, one from it).
 static void test_key_bar_shows_every_key(void** state) {
     (void)state;
-    static const char* const KEYS[] = {"spc step", "r run",  "+/- speed", "a add",    "p shared",
-                                       "f fork",   "x cancel", "[/] block", "z quiz", "Tab focus",
-                                       "1-5 page", "PgUp/PgDn lesson",      "? help", "q quit"};
+    static const char* const KEYS[] = {
+        "spc step",  "r run",  "+/- speed", "a add",    "p shared",         "f fork", "x cancel",
+        "[/] block", "z quiz", "Tab focus", "1-5 page", "PgUp/PgDn lesson", "? help", "q quit"};
     static dashboard d;
     model_request request = {"tiny", NULL, MODEL_DTYPE_DEFAULT, SYNTH_DEFAULT_SEED, NULL};
     engine_config config = engine_config_default();
@@ -688,7 +696,10 @@ static void test_block_size_change_keeps_kv_memory(void** state) {
     assert_int_equal(model_source_open(&source, &request, &err), 0);
     kv_dtype dtype = engine_config_default().kv_dtype;
     uint64_t kv_bytes = 128 * kv_memory_block_bytes(&source.model.config, dtype, 16); // the lab's 128 blocks of 16
-    static const struct { const char* keys; int block_size; } CASES[] = {{"]", 32}, {"[", 8}};
+    static const struct {
+        const char* keys;
+        int block_size;
+    } CASES[] = {{"]", 32}, {"[", 8}};
     int n_blocks[2];
     for (int k = 0; k < 2; k++)
         n_blocks[k] = (int)(kv_bytes / kv_memory_block_bytes(&source.model.config, dtype, CASES[k].block_size));
@@ -699,7 +710,8 @@ static void test_block_size_change_keeps_kv_memory(void** state) {
         // The question says what the pool becomes.
         snprintf(arguments, sizeof arguments, "--model %s --block-size 16 --keys '%s'", model_path, CASES[k].keys);
         char* frame = dump_frame(arguments);
-        snprintf(expect, sizeof expect, "block size %d: same KV memory, %d blocks x %d = 2048 slots? (y/n)", bs, blocks, bs);
+        snprintf(expect, sizeof expect, "block size %d: same KV memory, %d blocks x %d = 2048 slots? (y/n)", bs, blocks,
+                 bs);
         if (!strstr(frame, expect)) fail_msg("missing '%s' in\n%s", expect, frame);
         free(frame);
         // The restarted pool: that many blocks, the same slots in both engines.
@@ -734,7 +746,10 @@ static void test_fork_message_names_the_copier(void** state) {
     if (!cow || sscanf(cow, " COW %d->%d(%c)", &from, &to, &who) != 3) fail_msg("no COW event in\n%s", frame);
     if (who != 'a') fail_msg("the copy was made by %c, not a#0, in\n%s", who, frame);
     // Each table's cells are on the row under its line: a#0 ends in the copy, c#2 in the original.
-    static const struct { const char* line; bool copy; } HOLDERS[] = {{"a#0 decode ctx ", true}, {"c#2 decode ctx ", false}};
+    static const struct {
+        const char* line;
+        bool copy;
+    } HOLDERS[] = {{"a#0 decode ctx ", true}, {"c#2 decode ctx ", false}};
     for (int k = 0; k < 2; k++) {
         const char* line = strstr(frame, HOLDERS[k].line);
         const char* cells = line ? strchr(line, '\n') : NULL;
