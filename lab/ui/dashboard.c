@@ -6,7 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/kv_memory.h"
 #include "engine/tokenizer.h"
 #include "kernels/cpu/machine_probe.h"
 #include "kernels/cpu/matmul.h"
@@ -50,10 +49,8 @@ int dashboard_init(dashboard* d, const model_request* request, const engine_conf
         return -1;
     }
     // The engine resolved the pool (--num-blocks, or what --kv-mem holds):
-    // its bytes are what every later block size shares out.
-    const engine_config* started = &d->paged.config;
-    d->kv_bytes = (uint64_t)started->num_blocks *
-                  kv_memory_block_bytes(&d->source.model.config, started->kv_dtype, started->block_size);
+    // its slots are what every later block size shares out.
+    d->kv_slots = engine_pool_slots(&d->paged);
     // The step-size pane starts on layers.0.wq, 4-bit asymmetric per tensor:
     // few enough levels (16) to see each one over the histogram.
     d->step_size.scheme = (quant_scheme){4, false, QUANT_PER_TENSOR, 32, false};
@@ -334,16 +331,15 @@ int dashboard_add_shared_prompt(dashboard* d, error_info* err) {
 }
 
 int dashboard_blocks_for(const dashboard* d, int block_size) {
-    uint64_t block_bytes = kv_memory_block_bytes(&d->source.model.config, d->paged.config.kv_dtype, block_size);
-    uint64_t blocks = block_bytes ? d->kv_bytes / block_bytes : 0;
-    return blocks > (1u << 30) ? 1 << 30 : (int)blocks;
+    int64_t blocks = block_size > 0 ? d->kv_slots / block_size : 0;
+    return blocks > (1 << 30) ? 1 << 30 : (int)blocks;
 }
 
 int dashboard_set_block_size(dashboard* d, int block_size, error_info* err) {
     int n_blocks = dashboard_blocks_for(d, block_size);
     if (n_blocks < 1)
-        return error_set(err, "block size %d: the pool's %llu bytes of KV memory hold no block of that size",
-                         block_size, (unsigned long long)d->kv_bytes);
+        return error_set(err, "block size %d: the pool's %lld slots of KV memory hold no block of that size",
+                         block_size, (long long)d->kv_slots);
     engine_config saved = d->config;
     stop_engines(d);
     d->config.block_size = block_size;

@@ -89,7 +89,10 @@ typedef struct lesson_log {
 typedef struct dashboard {
     model_source source;
     engine_config config;       // layout ignored: both engines run
-    uint64_t kv_bytes;          // KV memory of each engine, kept when the block size changes
+    // Slots of KV memory each engine gets, kept when the block size changes:
+    // a block's bytes are block_size x the bytes of one slot, so the same
+    // slots are the same bytes (2048 = 128 blocks of 16 = 64 of 32).
+    int64_t kv_slots;
     engine paged;
     engine contiguous;
     bool have_engines;
@@ -144,11 +147,11 @@ int dashboard_cancel_selected(dashboard* d, error_info* err);
 // from its prompt, in the state the student left it: a fork is forked again
 // from its parent (at once: the parent starts over, so the child shares its
 // prompt and recomputes), a cancelled request is cancelled again. The KV
-// memory stays d->kv_bytes: the pool gets dashboard_blocks_for(d, block_size)
+// memory stays d->kv_slots: the pool gets dashboard_blocks_for(d, block_size)
 // blocks, so a comparison of block sizes is not also one of pool sizes.
 int dashboard_set_block_size(dashboard* d, int block_size, error_info* err);
-// Blocks of `block_size` slots that d->kv_bytes holds (bytes / block bytes,
-// rounded down): 128 blocks of 16 are 64 blocks of 32.
+// Blocks of `block_size` slots in the KV memory (kv_slots / block_size,
+// rounded down; bytes / block bytes alike): 128 blocks of 16 are 64 of 32.
 int dashboard_blocks_for(const dashboard* d, int block_size);
 // Recomputes the step-size view after a change of tensor or scheme.
 void dashboard_update_step_size(dashboard* d);
