@@ -47,10 +47,44 @@ static void confirm_key(lab_app* a, int key) {
     error_info err = {{0}};
     a->v.mode = UI_MODE_NORMAL;
     if (key != 'y' && key != 'Y') return;
-    if (dashboard_set_block_size(&a->d, a->v.pending_block_size, &err))
+    if (dashboard_set_block_size(&a->d, a->v.pending_block_size, &err)) {
         lab_set_message(a, err.message);
+        return;
+    }
+    char text[160];
+    snprintf(text, sizeof text,
+             "engines restarted with block size %d: %d blocks, %lld slots of the same KV memory; "
+             "requests replayed",
+             a->d.config.block_size, a->d.config.num_blocks, (long long)engine_pool_slots(&a->d.paged));
+    lab_set_message(a, text);
+}
+
+// After f: what the next step does to the shared blocks. The parent runs
+// first (the child is queued after it), so when the shared tail block is
+// partly filled the parent copies it and the child keeps the original
+// (kv_layout_paged.c prepare_decode); a full tail is not written again.
+static void say_who_copies(lab_app* a, int32_t parent, int32_t child) {
+    step_sequence_status p;
+    if (!engine_sequence_status(&a->d.paged, parent, &p)) return;
+    int block_size = a->d.paged.config.block_size, tail = p.n_computed % block_size;
+    // The panes' names: a letter per id (a..z) and the id.
+    char parent_name[16], child_name[16], blocks[32], text[200];
+    snprintf(blocks, sizeof blocks, "%d block%s", p.n_table, p.n_table == 1 ? "" : "s");
+    snprintf(parent_name, sizeof parent_name, "%c#%d", 'a' + parent % 26, parent);
+    snprintf(child_name, sizeof child_name, "%c#%d", 'a' + child % 26, child);
+    if (p.state != SEQ_DECODE)
+        snprintf(text, sizeof text, "forked %s into %s: they share %s", parent_name, child_name, blocks);
+    else if (tail)
+        snprintf(text, sizeof text,
+                 "forked %s into %s, sharing %s: next step %s (run first) copies the shared tail (%d/%d), "
+                 "%s keeps it",
+                 parent_name, child_name, blocks, parent_name, tail, block_size, child_name);
     else
-        lab_set_message(a, "engines restarted with the new block size; requests replayed");
+        snprintf(text, sizeof text,
+                 "forked %s into %s, sharing %s: the tail is full, so each takes a new "
+                 "block and nothing is copied",
+                 parent_name, child_name, blocks);
+    lab_set_message(a, text);
 }
 
 // a f p x [ ]: the keys that change the lab's own requests or engines.
@@ -69,7 +103,13 @@ static void request_key(lab_app* a, int key) {
         a->v.mode = UI_MODE_EDIT;
         a->v.edit[0] = '\0';
     }
-    if (key == 'f' && dashboard_fork_selected(&a->d, &err)) lab_set_message(a, err.message);
+    if (key == 'f') {
+        int32_t parent = a->d.selected;
+        if (dashboard_fork_selected(&a->d, &err))
+            lab_set_message(a, err.message);
+        else
+            say_who_copies(a, parent, a->d.selected);
+    }
     if (key == 'p' && dashboard_add_shared_prompt(&a->d, &err)) lab_set_message(a, err.message);
     if (key == 'x' && dashboard_cancel_selected(&a->d, &err)) lab_set_message(a, err.message);
     if (key == '[' || key == ']') change_block_size(a, key == '[' ? -1 : +1);

@@ -48,6 +48,9 @@ int dashboard_init(dashboard* d, const model_request* request, const engine_conf
         model_source_close(&d->source);
         return -1;
     }
+    // The engine resolved the pool (--num-blocks, or what --kv-mem holds):
+    // its slots are what every later block size shares out.
+    d->kv_slots = engine_pool_slots(&d->paged);
     // The step-size pane starts on layers.0.wq, 4-bit asymmetric per tensor:
     // few enough levels (16) to see each one over the histogram.
     d->step_size.scheme = (quant_scheme){4, false, QUANT_PER_TENSOR, 32, false};
@@ -327,10 +330,20 @@ int dashboard_add_shared_prompt(dashboard* d, error_info* err) {
     return 0;
 }
 
+int dashboard_blocks_for(const dashboard* d, int block_size) {
+    int64_t blocks = block_size > 0 ? d->kv_slots / block_size : 0;
+    return blocks > (1 << 30) ? 1 << 30 : (int)blocks;
+}
+
 int dashboard_set_block_size(dashboard* d, int block_size, error_info* err) {
+    int n_blocks = dashboard_blocks_for(d, block_size);
+    if (n_blocks < 1)
+        return error_set(err, "block size %d: the pool's %lld slots of KV memory hold no block of that size",
+                         block_size, (long long)d->kv_slots);
     engine_config saved = d->config;
     stop_engines(d);
     d->config.block_size = block_size;
+    d->config.num_blocks = n_blocks; // the same bytes, not the same count
     if (start_engines(d, err)) {
         d->config = saved;
         if (start_engines(d, err)) return -1;

@@ -89,6 +89,10 @@ typedef struct lesson_log {
 typedef struct dashboard {
     model_source source;
     engine_config config;       // layout ignored: both engines run
+    // Slots of KV memory each engine gets, kept when the block size changes:
+    // a block's bytes are block_size x the bytes of one slot, so the same
+    // slots are the same bytes (2048 = 128 blocks of 16 = 64 of 32).
+    int64_t kv_slots;
     engine paged;
     engine contiguous;
     bool have_engines;
@@ -129,7 +133,10 @@ int dashboard_step(dashboard* d, error_info* err);
 bool dashboard_has_work(const dashboard* d);
 // Forks the selected sequence in both engines (engine_fork_sequence): in
 // the paged engine the child shares every block and samples at temperature
-// 0.8, so it diverges and its first write copies the shared tail; the
+// 0.8, so it diverges. Whichever of the two writes first into a shared,
+// partly filled tail block copies it (kv_layout_paged.c prepare_decode):
+// the scheduler runs the parent first (the child is queued after it), so
+// the parent takes the copy and the child keeps the original block. The
 // contiguous engine recomputes the child in its own reservation.
 int dashboard_fork_selected(dashboard* d, error_info* err);
 // Adds a request made of the system prompt and a short follow-up, so that
@@ -139,8 +146,13 @@ int dashboard_cancel_selected(dashboard* d, error_info* err);
 // Rebuilds both engines with a new block size and replays every request
 // from its prompt, in the state the student left it: a fork is forked again
 // from its parent (at once: the parent starts over, so the child shares its
-// prompt and recomputes), a cancelled request is cancelled again.
+// prompt and recomputes), a cancelled request is cancelled again. The KV
+// memory stays d->kv_slots: the pool gets dashboard_blocks_for(d, block_size)
+// blocks, so a comparison of block sizes is not also one of pool sizes.
 int dashboard_set_block_size(dashboard* d, int block_size, error_info* err);
+// Blocks of `block_size` slots in the KV memory (kv_slots / block_size,
+// rounded down; bytes / block bytes alike): 128 blocks of 16 are 64 of 32.
+int dashboard_blocks_for(const dashboard* d, int block_size);
 // Recomputes the step-size view after a change of tensor or scheme.
 void dashboard_update_step_size(dashboard* d);
 

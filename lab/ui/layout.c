@@ -52,8 +52,9 @@ static void grid(ui_layout* l, int cols, int top, int height) {
 }
 
 // Each pane of the page gets its minimum rows and an equal share of the
-// rest: at 80x24 (22 rows) the block pool gets 10 and fragmentation 12,
-// both layouts' bars (equal halves would leave fragmentation 11, one short).
+// rest: at 80x24 (21 rows under a two-row key bar) the block pool gets 8
+// and fragmentation 13, both layouts' bars with a row to spare (equal
+// halves would leave fragmentation 10, two short).
 static void page(ui_layout* l, int cols, int top, int height, int which) {
     int members[PANE_COUNT], n = 0, needed = 0;
     for (int p = 0; p < PANE_COUNT; p++)
@@ -88,6 +89,10 @@ ui_layout ui_layout_compute(int cols, int rows, int page_index) {
     memset(l.visible, 0, sizeof l.visible);
     memset(l.panes, 0, sizeof l.panes);
     l.mode = LAYOUT_PAGES;
+    if (cols < UI_KEY_BAR_ONE_ROW_COLS) { // every key whole, on two rows
+        l.key_bar = rect(0, rows - 2, cols, 2);
+        height--;
+    }
     page(&l, cols, top, height, l.page);
     return l;
 }

@@ -3,7 +3,8 @@
 // Large terminals get a grid of every pane; smaller ones (down to 80x24)
 // get one page per pane group, switched with the number keys and Tab; below
 // that a message says how big the terminal must be. Row 0 is the header
-// and the last row the key bar in the grid and page layouts.
+// and the last row the key bar in the grid and page layouts (the last two
+// in page layouts narrower than UI_KEY_BAR_ONE_ROW_COLS).
 #ifndef SERVELAB_UI_LAYOUT_H
 #define SERVELAB_UI_LAYOUT_H
 
@@ -28,6 +29,9 @@ enum {
     UI_MIN_COLS = 80, // the page layout's minimum terminal
     UI_MIN_ROWS = 24,
     UI_PAGE_COUNT = 5,
+    // The key bar's 14 keys in one row ("spc step  r run ... ? help  q quit",
+    // panes.c) take 135 columns: narrower page layouts give it two rows.
+    UI_KEY_BAR_ONE_ROW_COLS = 135,
 };
 
 typedef struct ui_layout {
@@ -36,7 +40,7 @@ typedef struct ui_layout {
     bool visible[PANE_COUNT];
     ui_rect panes[PANE_COUNT];   // valid where visible
     ui_rect header;              // row 0
-    ui_rect key_bar;             // the last row
+    ui_rect key_bar;             // the last row, or the last two
 } ui_layout;
 
 // The smallest rectangle (frame included) in which a pane still says what it must.

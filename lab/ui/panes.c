@@ -30,6 +30,15 @@ static const char* state_name(const step_sequence_status* q) {
     return NAMES[q->state];
 }
 
+// The phase both the Requests and the Block tables panes print for sequence
+// `id`: its state in the engine now. The step record's phase says what the
+// last step computed, which after a prefill step (or a fork right after
+// one) read "prefill" beside a Requests row already saying "decode".
+static const char* sequence_phase(const engine* e, int32_t id) {
+    step_sequence_status now;
+    return engine_sequence_status(e, id, &now) ? state_name(&now) : "released";
+}
+
 // Writes text only when all of it fits before column `right`: -1 when it
 // does not (nothing written), else the columns written.
 static int put_whole(ui_screen* s, int x, int y, int right, ui_color color, int attr, const char* text) {
@@ -142,12 +151,12 @@ static void draw_request_tokens(ui_screen* s, int x, int y, int right, const ste
 }
 
 // One request's row: its letter and id, its state, then its tokens.
-static void draw_request_row(ui_screen* s, ui_rect r, int y, const step_sequence_status* q, const tokenizer* t,
-                             bool selected, bool ran) {
+static void draw_request_row(ui_screen* s, ui_rect r, int y, const engine* e, const step_sequence_status* q,
+                             const tokenizer* t, bool selected, bool ran) {
     int x = r.x, right = r.x + text_w(r);
     char label[32], state[32];
     snprintf(label, sizeof label, "%c%c#%d", selected ? '>' : ' ', owner_letter(q->id), q->id);
-    snprintf(state, sizeof state, " %-9s ", state_name(q));
+    snprintf(state, sizeof state, " %-9s ", sequence_phase(e, q->id));
     int w = put_whole(s, x, y, right, owner_color(q->id), selected ? UI_REVERSE : UI_BOLD, label);
     if (w < 0) return;
     x += w;
@@ -176,7 +185,7 @@ static void draw_requests(ui_screen* s, ui_rect r, const dashboard* d) {
         bool ran = false;
         if (rec)
             for (int k = 0; k < rec->n_sequences; k++) ran |= rec->sequences[k].id == q->id;
-        draw_request_row(s, r, y, q, t, q->id == d->selected, ran);
+        draw_request_row(s, r, y, e, q, t, q->id == d->selected, ran);
     }
     step_record_free(&now);
 }
@@ -275,14 +284,17 @@ static int first_table_shown(const step_record* rec, int selected_id, ui_rect r)
 
 // A table's line: its request, phase, context, blocks, tail fill and the
 // request it was forked from.
-static void draw_table_line(ui_screen* s, ui_rect r, int y, const step_record* rec, const step_sequence* q,
-                            int block_size) {
+static void draw_table_line(ui_screen* s, ui_rect r, int y, const engine* e, const step_record* rec,
+                            const step_sequence* q) {
+    int block_size = e->config.block_size;
     ui_line row;
     ui_line_init(&row);
     char label[16], text[96];
     snprintf(label, sizeof label, "%c#%d", owner_letter(q->id), q->id);
     ui_line_text(&row, 9, label, NULL);
-    ui_line_text(&row, 6, q->phase == PHASE_PREFILL ? " prefill" : " decode", "", NULL);
+    char phase[32];
+    snprintf(phase, sizeof phase, " %s", sequence_phase(e, q->id));
+    ui_line_text(&row, 6, phase, "", NULL);
     ui_line_number(&row, 8, false, " ctx ", q->context_length, 1, "");
     ui_line_number(&row, 7, true, " blocks ", q->n_table, 1, "");
     snprintf(text, sizeof text, " tail %d/%d", q->tail_fill, block_size);
@@ -335,7 +347,7 @@ static void draw_block_tables(ui_screen* s, ui_rect r, const dashboard* d) {
     int y = r.y + 1;
     for (int k = first_table_shown(rec, d->selected, r); k < rec->n_sequences && y < r.y + r.h; k++) {
         const step_sequence* q = &rec->sequences[k];
-        draw_table_line(s, r, y++, rec, q, block_size);
+        draw_table_line(s, r, y++, e, rec, q);
         if (y >= r.y + r.h) break;
         y = draw_table_cells(s, r, y, rec, q);
     }
@@ -528,7 +540,9 @@ static void traffic_machine_line(ui_screen* s, ui_rect r, const dashboard* d, co
                        seconds > 0 ? round(100.0 * (double)total / seconds / 1e9 / machine_gb_s) : 0.0, 1, "%");
         ui_line_si(&machine, 7, false, " of ", machine_gb_s * 1e9, "B/s", "");
         ui_line_text(&machine, 1, " measured", "", NULL);
-        ui_line_number(&machine, 5, true, "; ridge ", machine_ridge, 3, " FLOP/B");
+        // Named as this CPU's, at every width: the device's ridge is on the
+        // row below (153 FLOP/B on an A100 against about 8 here).
+        ui_line_number(&machine, 5, false, "; CPU ridge ", machine_ridge, 3, " FLOP/B");
         ui_line_si(&machine, 3, true, " (", machine_gflop_s * 1e9, "FLOP/s", ")");
         ui_line_put(s, r.x, r.y + 4, text_w(r), intensity < machine_ridge ? UI_BAD : UI_GOOD, 0, &machine);
     } else {
@@ -540,6 +554,18 @@ static void traffic_machine_line(ui_screen* s, ui_rect r, const dashboard* d, co
     }
 }
 
+// A device model's name without its variant: "A100 80GB SXM" -> "A100",
+// "H200 SXM" -> "H200"; a first word without a digit keeps the next one
+// ("RTX 4090").
+static void device_short_name(const device_model* dev, char* out, size_t size) {
+    const char* end = strchr(dev->name, ' ');
+    if (end && !strpbrk(dev->name, "0123456789"))
+        end = NULL;
+    else if (end && strcspn(dev->name, "0123456789") > (size_t)(end - dev->name))
+        end = strchr(end + 1, ' ');
+    snprintf(out, size, "%.*s", end ? (int)(end - dev->name) : (int)strlen(dev->name), dev->name);
+}
+
 // Rows 5-6: the step on the chosen device model (d cycles): memory- or
 // compute-bound against its ridge, and the time it would take there.
 static void traffic_device_lines(ui_screen* s, ui_rect r, const device_model* dev, uint64_t total, uint64_t flops,
@@ -549,9 +575,14 @@ static void traffic_device_lines(ui_screen* s, ui_rect r, const device_model* de
     ui_line bound;
     ui_line_init(&bound);
     ui_line_number(&bound, 9, false, "intensity ", intensity, 3, " FLOP/B");
-    ui_line_number(&bound, 7, true, " vs ridge ", round(ridge), 1, "");
-    snprintf(text, sizeof text, " on %s", dev->name);
-    ui_line_text(&bound, 4, text, "", NULL);
+    // The ridge always says whose it is (the CPU's is on the row above); a
+    // ridge is a whole number of FLOP/B (153 to 412 for the models), so
+    // only the name shortens.
+    char ridge_long[UI_LINE_FORM_BYTES], ridge_short[UI_LINE_FORM_BYTES], short_name[64];
+    device_short_name(dev, short_name, sizeof short_name);
+    snprintf(ridge_long, sizeof ridge_long, " vs %s ridge %.0f", dev->name, round(ridge));
+    snprintf(ridge_short, sizeof ridge_short, " vs %s ridge %.0f", short_name, round(ridge));
+    ui_line_text(&bound, 7, ridge_long, ridge_short, NULL);
     ui_line_text(&bound, 8, intensity < ridge ? ": memory-bound" : ": compute-bound",
                  intensity < ridge ? ": memory" : ": compute", NULL);
     ui_line_put(s, r.x, r.y + 5, text_w(r), intensity < ridge ? UI_BAD : UI_GOOD, 0, &bound);
@@ -946,8 +977,8 @@ static void draw_lesson(ui_screen* s, ui_rect r, const dashboard* d, const ui_vi
 static const char* const HELP[][2] = {
     {"space/n  step, or continue a lesson", "r        run / pause"},
     {"+ / -    speed", "a        add a request (type, Enter)"},
-    {"f        fork selected (shares)", "x        cancel selected request"},
-    {"p        add a system-prompt request", "[ / ]    block size (confirm y)"},
+    {"f        fork (shares; parent copies)", "x        cancel selected request"},
+    {"p        add a system-prompt request", "[ / ]    block size, same KV (y)"},
     {"Tab      next pane / page", "1-5      page (small terminals)"},
     {"up/down  request, or layer (Step size)", "left/right  tensor (Step size)"},
     {"b  bits   g  granularity", "m  sym / asym   ,/.  parameter set"},
@@ -955,7 +986,11 @@ static const char* const HELP[][2] = {
     {"z        quiz page (Esc returns)", "? / F1   this help   q  quit"},
 };
 
-static void draw_help(ui_screen* s) {
+// The overlay takes every row between the header and the key bar: a pane
+// left showing beside its box had numbers cut by its frame ("block size 1"
+// for 16), so the panes are blanked while it is open.
+static void draw_help(ui_screen* s, const ui_layout* l) {
+    ui_fill(s, (ui_rect){0, 1, s->cols, l->key_bar.y - 1}, " ", UI_DEFAULT, 0);
     int n = (int)(sizeof HELP / sizeof HELP[0]), left = 0, right = 0;
     for (int i = 0; i < n; i++) {
         int a = ui_text_columns(HELP[i][0]), b = ui_text_columns(HELP[i][1]);
@@ -963,12 +998,12 @@ static void draw_help(ui_screen* s) {
         if (b > right) right = b;
     }
     int gap = 2, two_wide = left + gap + right + 4; // a frame and a space inside each side
-    bool two = two_wide <= s->cols && n + 4 <= s->rows;
+    int area_h = l->key_bar.y - 1;                  // between the header and the key bar
+    bool two = two_wide <= s->cols && n + 4 <= area_h;
     int w = two ? two_wide : (left > right ? left : right) + 4, h = (two ? n : 2 * n) + 4;
     if (w > s->cols) w = s->cols;
-    if (h > s->rows) h = s->rows;
-    ui_rect r = {(s->cols - w) / 2, (s->rows - h) / 2, w, h};
-    ui_fill(s, r, " ", UI_DEFAULT, 0);
+    if (h > area_h) h = area_h;
+    ui_rect r = {(s->cols - w) / 2, 1 + (area_h - h) / 2, w, h};
     ui_box(s, r, "Help (any key closes)", true);
     ui_clip(s, inner(r));
     for (int i = 0, y = r.y + 2; i < n; i++) {
@@ -1089,45 +1124,90 @@ static void draw_edit_bar(ui_screen* s, const ui_view* v, int y) {
     ui_line_put(s, 0, y, s->cols, UI_TITLE, UI_REVERSE, &edit);
 }
 
-// The key bar's keys: every key is in the help; the bar keeps "? help
-// q quit" at any width.
-static void draw_keys_bar(ui_screen* s, const dashboard* d, int y) {
-    static const char* const KEYS[] = {"spc step", "r run", "+/- speed", "a add", "p shared", "f fork", "x cancel",
-                                       "[/] block", "z quiz", "Tab focus", "PgUp/PgDn lesson", "? help", "q quit"};
-    static const int PRIORITY[] = {8, 7, 4, 6, 3, 5, 5, 3, 4, 6, 2, 9, 9};
-    ui_line bar_line;
-    ui_line_init(&bar_line);
-    for (int i = 0; i < (int)(sizeof KEYS / sizeof KEYS[0]); i++) {
+// The key bar's keys: every key is in the help. One row keeps "? help
+// q quit" at any width; two rows (the page layouts under
+// UI_KEY_BAR_ONE_ROW_COLS, 80x24 among them) show every key, "1-5 page"
+// too, whole: the first row takes the keys in order while they fit.
+static void draw_keys_bar(ui_screen* s, const dashboard* d, ui_rect bar, bool pages) {
+    static const char* const KEYS[] = {
+        "spc step",  "r run",  "+/- speed", "a add",    "p shared",         "f fork", "x cancel",
+        "[/] block", "z quiz", "Tab focus", "1-5 page", "PgUp/PgDn lesson", "? help", "q quit"};
+    static const int PRIORITY[] = {8, 7, 4, 6, 3, 5, 5, 3, 4, 6, 6, 2, 9, 9};
+    enum { N_KEYS = (int)(sizeof KEYS / sizeof KEYS[0]), PAGE_KEYS = 10 };
+    ui_line rows[2];
+    ui_line_init(&rows[0]);
+    ui_line_init(&rows[1]);
+    int row = 0, used = 0;
+    for (int i = 0; i < N_KEYS; i++) {
         // Serving, requests come from clients: a, p, f, x and [/] (indexes 3..7) act on
         // the lab's own engines, which are not drawn, so the bar leaves them out.
         if (d->serve_address[0] && i >= 3 && i <= 7) continue;
+        if (i == PAGE_KEYS && !pages) continue; // the grid shows every pane: no pages to pick
+        const char* gap = rows[row].n ? "  " : "";
+        int columns = ui_text_columns(gap) + ui_text_columns(KEYS[i]);
+        if (bar.h > 1 && row == 0 && used + columns > bar.w) {
+            row = 1;
+            used = 0;
+            gap = "";
+            columns = ui_text_columns(KEYS[i]);
+        }
         char key[32];
-        snprintf(key, sizeof key, "%s%s", i ? "  " : "", KEYS[i]);
-        ui_line_text(&bar_line, PRIORITY[i], key, "", NULL);
+        snprintf(key, sizeof key, "%s%s", gap, KEYS[i]);
+        ui_line_text(&rows[row], PRIORITY[i], key, "", NULL);
+        used += columns;
     }
-    ui_line_put(s, 0, y, s->cols, UI_DEFAULT, UI_REVERSE, &bar_line);
+    for (int k = 0; k < bar.h && k < 2; k++)
+        ui_line_put(s, 0, bar.y + k, bar.w, UI_DEFAULT, UI_REVERSE, &rows[k]);
 }
 
-// The bottom row: the prompt being typed, the block-size question, the
+// "Restart with block size N?", with what the pool becomes: the KV memory
+// stays, so 128 blocks of 16 become 64 of 32 (the same 2048 slots).
+static void draw_confirm_bar(ui_screen* s, const dashboard* d, const ui_view* v, int y) {
+    int block_size = v->pending_block_size, n_blocks = dashboard_blocks_for(d, block_size);
+    int64_t slots_now = engine_pool_slots(&d->paged), slots_then = (int64_t)n_blocks * block_size;
+    char pool_long[UI_LINE_FORM_BYTES], pool_short[UI_LINE_FORM_BYTES];
+    if (slots_then == slots_now) {
+        snprintf(pool_long, sizeof pool_long, ": same KV memory, %d blocks x %d = %lld slots", n_blocks, block_size,
+                 (long long)slots_then);
+        snprintf(pool_short, sizeof pool_short, ": same KV, %d blocks", n_blocks);
+    } else { // the bytes do not divide into whole blocks of the new size
+        snprintf(pool_long, sizeof pool_long, ": same KV memory, %d blocks x %d = %lld of %lld slots", n_blocks,
+                 block_size, (long long)slots_then, (long long)slots_now);
+        snprintf(pool_short, sizeof pool_short, ": %d blocks, %lld of %lld slots", n_blocks, (long long)slots_then,
+                 (long long)slots_now);
+    }
+    ui_line confirm;
+    ui_line_init(&confirm);
+    ui_line_number(&confirm, 9, false, "restart both engines with block size ", block_size, 1, "");
+    ui_line_text(&confirm, 8, pool_long, pool_short, NULL);
+    ui_line_text(&confirm, 9, "? (y/n)", NULL);
+    ui_line_put(s, 0, y, s->cols, UI_BAD, UI_REVERSE, &confirm);
+}
+
+// A message on the key bar's rows, broken at word ends (the next key clears it).
+static void draw_message_bar(ui_screen* s, const char* message, ui_rect bar) {
+    const char* p = message;
+    for (int y = bar.y; y < bar.y + bar.h && *p; y++) {
+        if (put_whole(s, 0, y, s->cols, UI_DEFAULT, UI_REVERSE, p) >= 0) return;
+        char head[512];
+        const char* rest;
+        snprintf(head, sizeof head, "%.*s", wrap_row(p, s->cols, &rest), p);
+        ui_put(s, 0, y, s->cols, UI_DEFAULT, UI_REVERSE, head);
+        p = rest;
+    }
+}
+
+// The bottom row(s): the prompt being typed, the block-size question, the
 // last message, else the keys.
-static void draw_key_bar(ui_screen* s, const dashboard* d, const ui_view* v, int y) {
-    if (v->mode == UI_MODE_EDIT) {
-        draw_edit_bar(s, v, y);
-    } else if (v->mode == UI_MODE_CONFIRM) {
-        ui_line confirm;
-        ui_line_init(&confirm);
-        ui_line_number(&confirm, 9, false, "restart both engines with block size ", v->pending_block_size, 1, "? (y/n)");
-        ui_line_put(s, 0, y, s->cols, UI_BAD, UI_REVERSE, &confirm);
-    } else if (v->message[0]) {
-        // A message longer than the bar goes on at word ends (the next key clears it).
-        if (put_whole(s, 0, y, s->cols, UI_DEFAULT, UI_REVERSE, v->message) < 0) {
-            char head[sizeof v->message];
-            const char* rest;
-            snprintf(head, sizeof head, "%.*s", wrap_row(v->message, s->cols, &rest), v->message);
-            ui_put(s, 0, y, s->cols, UI_DEFAULT, UI_REVERSE, head);
-        }
-    } else
-        draw_keys_bar(s, d, y);
+static void draw_key_bar(ui_screen* s, const dashboard* d, const ui_view* v, const ui_layout* l) {
+    if (v->mode == UI_MODE_EDIT)
+        draw_edit_bar(s, v, l->key_bar.y);
+    else if (v->mode == UI_MODE_CONFIRM)
+        draw_confirm_bar(s, d, v, l->key_bar.y);
+    else if (v->message[0])
+        draw_message_bar(s, v->message, l->key_bar);
+    else
+        draw_keys_bar(s, d, l->key_bar, l->mode == LAYOUT_PAGES);
 }
 
 void ui_draw(ui_screen* s, const dashboard* d, const ui_view* v) {
@@ -1139,6 +1219,6 @@ void ui_draw(ui_screen* s, const dashboard* d, const ui_view* v) {
     }
     draw_header(s, d, v, &l);
     draw_panes(s, d, v, &l);
-    draw_key_bar(s, d, v, l.key_bar.y);
-    if (v->help) draw_help(s);
+    draw_key_bar(s, d, v, &l);
+    if (v->help) draw_help(s, &l);
 }

@@ -12,10 +12,16 @@
 #include <unistd.h>
 #include <sys/wait.h>
 
+#include "engine/devices.h"
+#include "engine/kv_memory.h"
 #include "engine/model_synth.h"
 #include "engine/quant.h"
 #include "engine/tokenizer.h"
 #include "lab/common/model_source.h"
+#include "lab/ui/dashboard.h"
+#include "lab/ui/layout.h"
+#include "lab/ui/panes.h"
+#include "lab/ui/screen.h"
 #include "tests/test_support.h"
 
 // Runs the lab headless with `arguments` and returns the dumped frame (malloc'ed).
@@ -65,8 +71,9 @@ static void test_block_table_after_steps(void** state) {
         int context = n_prompt + n_steps - 1;
         int blocks = (context + 15) / 16, tail = context - 16 * (blocks - 1);
         char expect[128];
-        snprintf(expect, sizeof expect, "a#0 %s ctx %d blocks %d tail %d/16", n_steps == 1 ? "prefill" : "decode",
-                 context, blocks, tail);
+        // The phase is the sequence's state now, as on its Requests row:
+        // after step 1 the prompt is in the cache and the next step decodes.
+        snprintf(expect, sizeof expect, "a#0 decode ctx %d blocks %d tail %d/16", context, blocks, tail);
         if (!strstr(frame, expect)) fail_msg("missing '%s' in\n%s", expect, frame);
         // The pool pane agrees: one sequence, its blocks in use, the rest free.
         snprintf(expect, sizeof expect, "used %d shared 0 cached 0 free %d /128", blocks, 128 - blocks);
@@ -435,6 +442,327 @@ static void test_lesson_pane_scrolls_back(void** state) {
     free(frame);
 }
 
+// ---- panes drawn in this process -------------------------------------------------------
+
+// The lab's dashboard on stories260K (two requests, 128 blocks of 16) after
+// `steps` steps, with this machine's figures set to fixed ones (62.1 GB/s,
+// 448 GFLOP/s: a ridge of 7.21 FLOP/B) so the traffic pane draws them.
+static void open_dashboard(dashboard* d, const char* model_path, int steps) {
+    model_request request = {model_path, NULL, MODEL_DTYPE_DEFAULT, SYNTH_DEFAULT_SEED, NULL};
+    engine_config config = engine_config_default();
+    config.block_size = 16;
+    config.num_blocks = 128;
+    error_info err = {{0}};
+    if (dashboard_init(d, &request, &config, KV_LAYOUT_PAGED, &err)) fail_msg("%s", err.message);
+    d->max_new_tokens = 64;
+    assert_int_equal(
+        dashboard_add_prompt(d, "Once upon a time, there was a little girl named Lily.", 64, 1, 0.0f, &err), 0);
+    assert_int_equal(dashboard_add_prompt(d, "The dog ran", 64, 1, 0.0f, &err), 0);
+    for (int i = 0; i < steps; i++)
+        assert_int_equal(dashboard_step(d, &err), 0);
+    machine_figures* m = calloc(1, sizeof *m);
+    assert_non_null(m);
+    atomic_init(&m->owners, 1); // the dashboard's alone: dashboard_free frees it
+    m->bandwidth_gb_s = 62.1;
+    m->peak_gflop_s = 448.0;
+    atomic_init(&m->measured, true);
+    d->machine = m;
+}
+
+// Row y of the screen as UTF-8 text, trailing spaces kept.
+static void screen_row(const ui_screen* s, int y, char* out, size_t size) {
+    out[0] = '\0';
+    for (int x = 0; x < s->cols; x++)
+        strncat(out, s->cells[y * s->cols + x].text, size - strlen(out) - 1);
+}
+
+// The text of rows [r.y, r.y + r.h) between columns r.x and r.x + r.w, one line each.
+static void screen_rect(const ui_screen* s, ui_rect r, char* out, size_t size) {
+    out[0] = '\0';
+    for (int y = r.y; y < r.y + r.h; y++) {
+        for (int x = r.x; x < r.x + r.w; x++)
+            strncat(out, s->cells[y * s->cols + x].text, size - strlen(out) - 1);
+        strncat(out, "\n", size - strlen(out) - 1);
+    }
+}
+
+// Both ridges on the traffic pane name their machine, at every size that
+// shows the pane (60 to 100 columns in the grid, 80 to 149 as a page) and
+// for every device model: the CPU's as "CPU ridge N", the device's as
+// "vs NAME ridge N" with the device's name or its short form.
+static void test_ridges_name_their_machine(void** state) {
+    (void)state;
+    char model_path[512];
+    REQUIRE_SHARED_MODEL(model_path, "stories260K.bin");
+    static dashboard d;
+    open_dashboard(&d, model_path, 2);
+    // 150x50 is the narrowest grid (a 60-column pane); 149x30 the widest page.
+    static const int SIZES[][2] = {{80, 24},  {100, 30}, {120, 40}, {149, 30},
+                                   {150, 50}, {160, 50}, {200, 60}, {250, 70}};
+    int n_devices = 0;
+    const device_model* devices = device_models(&n_devices);
+    ui_screen screen;
+    assert_int_equal(ui_screen_init(&screen, 80, 24, true, false), 0);
+    static char pane[64 * 1024];
+    for (size_t k = 0; k < sizeof SIZES / sizeof SIZES[0]; k++)
+        for (int device = 0; device < n_devices; device++) {
+            assert_int_equal(ui_screen_resize(&screen, SIZES[k][0], SIZES[k][1]), 0);
+            ui_view v = {0};
+            v.page = ui_pane_page(PANE_TRAFFIC);
+            v.device = device;
+            ui_draw(&screen, &d, &v);
+            ui_layout l = ui_layout_compute(SIZES[k][0], SIZES[k][1], v.page);
+            assert_true(l.visible[PANE_TRAFFIC]);
+            if (SIZES[k][0] == 150) assert_int_equal(l.panes[PANE_TRAFFIC].w, 60); // the pane's minimum
+            screen_rect(&screen, l.panes[PANE_TRAFFIC], pane, sizeof pane);
+            // "CPU ridge 7.21" (or 7.2, 7 where the pane is narrow).
+            const char* cpu = strstr(pane, "; CPU ridge 7");
+            if (!cpu) fail_msg("%dx%d: the CPU's ridge is not named in\n%s", SIZES[k][0], SIZES[k][1], pane);
+            char name[64], expect_long[128], expect_short[128];
+            snprintf(name, sizeof name, "%s", devices[device].name);
+            if (strchr(name, ' ') && strncmp(name, "RTX", 3) != 0) *strchr(name, ' ') = '\0';
+            double ridge = devices[device].peak_fp16_flops / devices[device].bandwidth_bytes_per_s;
+            snprintf(expect_long, sizeof expect_long, " vs %s ridge %.0f", devices[device].name, ridge);
+            snprintf(expect_short, sizeof expect_short, " vs %s ridge %.0f", name, ridge);
+            if (!strstr(pane, expect_long) && !strstr(pane, expect_short))
+                fail_msg("%dx%d: no '%s' (or '%s') in\n%s", SIZES[k][0], SIZES[k][1], expect_long, expect_short, pane);
+            // No other ridge: every "ridge" is one of the two above.
+            int n_ridges = 0;
+            for (const char* p = pane; (p = strstr(p, "ridge")) != NULL; p++)
+                n_ridges++;
+            if (n_ridges != 2) fail_msg("%dx%d: %d ridges in\n%s", SIZES[k][0], SIZES[k][1], n_ridges, pane);
+        }
+    ui_screen_free(&screen);
+    dashboard_free(&d);
+}
+
+// The help overlay leaves nothing of the panes beside it: every cell
+// between the header and the key bar outside its box is blank (a pane
+// showing past the box had "block size 1" for 16 cut by its frame).
+static void test_help_blanks_the_panes(void** state) {
+    (void)state;
+    char model_path[512];
+    REQUIRE_SHARED_MODEL(model_path, "stories260K.bin");
+    static dashboard d;
+    open_dashboard(&d, model_path, 1);
+    static const int SIZES[][2] = {{80, 24}, {120, 30}, {160, 50}, {250, 70}};
+    ui_screen screen;
+    assert_int_equal(ui_screen_init(&screen, 80, 24, true, false), 0);
+    char row[4096];
+    for (size_t k = 0; k < sizeof SIZES / sizeof SIZES[0]; k++) {
+        assert_int_equal(ui_screen_resize(&screen, SIZES[k][0], SIZES[k][1]), 0);
+        ui_view v = {0};
+        v.help = true;
+        ui_draw(&screen, &d, &v);
+        ui_layout l = ui_layout_compute(SIZES[k][0], SIZES[k][1], 0);
+        // The box: the corners nearest its title "Help (any key closes)" (a
+        // pane's frame may be drawn on either side of it).
+        int box_x = -1, box_y = -1, box_right = -1, box_bottom = -1, title_x = -1;
+        for (int y = 1; y < l.key_bar.y && box_y < 0; y++)
+            for (int x = 0; x + 4 < screen.cols && box_y < 0; x++)
+                if (strcmp(screen.cells[y * screen.cols + x].text, "H") == 0 &&
+                    strcmp(screen.cells[y * screen.cols + x + 1].text, "e") == 0 &&
+                    strcmp(screen.cells[y * screen.cols + x + 2].text, "l") == 0 &&
+                    strcmp(screen.cells[y * screen.cols + x + 3].text, "p") == 0 &&
+                    strcmp(screen.cells[y * screen.cols + x + 4].text, " ") == 0)
+                    title_x = x, box_y = y;
+        assert_true(box_y > 0);
+        for (int x = title_x; x >= 0 && box_x < 0; x--)
+            if (strcmp(screen.cells[box_y * screen.cols + x].text, "\u250c") == 0) box_x = x;
+        for (int x = title_x; x < screen.cols && box_right < 0; x++)
+            if (strcmp(screen.cells[box_y * screen.cols + x].text, "\u2510") == 0) box_right = x;
+        for (int y = box_y; y < l.key_bar.y && box_bottom < 0; y++)
+            if (box_x >= 0 && strcmp(screen.cells[y * screen.cols + box_x].text, "\u2514") == 0) box_bottom = y;
+        assert_true(box_x >= 0 && box_right > box_x && box_bottom > box_y);
+        for (int y = 1; y < l.key_bar.y; y++)
+            for (int x = 0; x < screen.cols; x++) {
+                bool in_box = x >= box_x && x <= box_right && y >= box_y && y <= box_bottom;
+                if (in_box || strcmp(screen.cells[y * screen.cols + x].text, " ") == 0) continue;
+                screen_row(&screen, y, row, sizeof row);
+                fail_msg("%dx%d: a pane shows beside the help at (%d,%d): '%s'", SIZES[k][0], SIZES[k][1], x, y, row);
+            }
+    }
+    ui_screen_free(&screen);
+    dashboard_free(&d);
+}
+
+// The phase word of `id` on the Requests rows (" a#0 decode  ...") and on
+// the Block tables lines ("a#0 decode ctx ..."); "" when not shown.
+static void pane_phase(const char* pane, const char* label, bool table, char* out, size_t size) {
+    out[0] = '\0';
+    for (const char* p = pane; (p = strstr(p, label)) != NULL; p++) {
+        const char* word = p + strlen(label);
+        if (*word != ' ') continue;
+        while (*word == ' ')
+            word++;
+        size_t n = strcspn(word, " \n");
+        if (table && strncmp(word + n, " ctx ", 5) != 0) continue;
+        if (!table && (p == pane || (p[-1] != ' ' && p[-1] != '>'))) continue;
+        snprintf(out, size, "%.*s", (int)n, word);
+        return;
+    }
+}
+
+// Requests and Block tables give each sequence the same phase: after a
+// prefill step, right after a fork, after a cancel and one step later.
+static void test_panes_agree_on_phase(void** state) {
+    (void)state;
+    char model_path[512];
+    REQUIRE_SHARED_MODEL(model_path, "stories260K.bin");
+    static dashboard d;
+    open_dashboard(&d, model_path, 1);
+    ui_screen screen;
+    assert_int_equal(ui_screen_init(&screen, 160, 50, true, false), 0);
+    static char requests[32 * 1024], tables[32 * 1024];
+    error_info err = {{0}};
+    int compared = 0;
+    for (int stage = 0; stage < 4; stage++) {
+        if (stage == 1) assert_int_equal(dashboard_fork_selected(&d, &err), 0); // a#0 forked into c#2
+        if (stage == 2) {
+            d.selected = 1;
+            assert_int_equal(dashboard_cancel_selected(&d, &err), 0); // b#1 cancelled
+        }
+        if (stage == 3) assert_int_equal(dashboard_step(&d, &err), 0);
+        ui_view v = {0};
+        ui_draw(&screen, &d, &v);
+        ui_layout l = ui_layout_compute(160, 50, 0);
+        screen_rect(&screen, l.panes[PANE_REQUESTS], requests, sizeof requests);
+        screen_rect(&screen, l.panes[PANE_BLOCK_TABLES], tables, sizeof tables);
+        for (int id = 0; id < 3; id++) {
+            char label[16], in_requests[32], in_tables[32];
+            snprintf(label, sizeof label, "%c#%d", 'a' + id, id);
+            pane_phase(requests, label, false, in_requests, sizeof in_requests);
+            pane_phase(tables, label, true, in_tables, sizeof in_tables);
+            if (!in_tables[0]) continue; // not in the last step's record (a fork before its first step)
+            if (strcmp(in_requests, in_tables) != 0)
+                fail_msg("stage %d: %s is '%s' in Requests but '%s' in Block tables:\n%s\n%s", stage, label,
+                         in_requests, in_tables, requests, tables);
+            compared++;
+        }
+    }
+    assert_true(compared >= 7); // a#0 and b#1 at stages 0-2, and c#2 too at stage 3
+    ui_screen_free(&screen);
+    dashboard_free(&d);
+}
+
+// Every key of the bar shows whole, at 80x24 and at each width up to the
+// grid's (two rows below UI_KEY_BAR_ONE_ROW_COLS, one from it).
+static void test_key_bar_shows_every_key(void** state) {
+    (void)state;
+    static const char* const KEYS[] = {
+        "spc step",  "r run",  "+/- speed", "a add",    "p shared",         "f fork", "x cancel",
+        "[/] block", "z quiz", "Tab focus", "1-5 page", "PgUp/PgDn lesson", "? help", "q quit"};
+    static dashboard d;
+    model_request request = {"tiny", NULL, MODEL_DTYPE_DEFAULT, SYNTH_DEFAULT_SEED, NULL};
+    engine_config config = engine_config_default();
+    config.num_blocks = 128;
+    error_info err = {{0}};
+    assert_int_equal(dashboard_init(&d, &request, &config, KV_LAYOUT_PAGED, &err), 0);
+    ui_screen screen;
+    assert_int_equal(ui_screen_init(&screen, 80, 24, true, false), 0);
+    char bar[2048], row[1024];
+    for (int cols = 80; cols < 150; cols++) {
+        assert_int_equal(ui_screen_resize(&screen, cols, 24), 0);
+        ui_view v = {0};
+        ui_draw(&screen, &d, &v);
+        ui_layout l = ui_layout_compute(cols, 24, 0);
+        assert_int_equal(l.mode, LAYOUT_PAGES);
+        assert_int_equal(l.key_bar.h, cols < UI_KEY_BAR_ONE_ROW_COLS ? 2 : 1);
+        bar[0] = '\0';
+        for (int y = l.key_bar.y; y < l.key_bar.y + l.key_bar.h; y++) {
+            screen_row(&screen, y, row, sizeof row);
+            strcat(bar, row);
+            strcat(bar, "\n");
+        }
+        for (size_t k = 0; k < sizeof KEYS / sizeof KEYS[0]; k++)
+            if (!strstr(bar, KEYS[k])) fail_msg("%dx24: the key bar lost '%s':\n%s", cols, KEYS[k], bar);
+        // And the panes end above it.
+        for (int p = 0; p < PANE_COUNT; p++)
+            if (l.visible[p]) assert_true(l.panes[p].y + l.panes[p].h <= l.key_bar.y);
+    }
+    ui_screen_free(&screen);
+    dashboard_free(&d);
+}
+
+// A block-size restart keeps the KV memory: blocks = bytes / (block_size x
+// bytes per slot), from the model's shapes, not the 128 blocks kept.
+static void test_block_size_change_keeps_kv_memory(void** state) {
+    (void)state;
+    char model_path[512], arguments[1024], expect[256];
+    REQUIRE_SHARED_MODEL(model_path, "stories260K.bin");
+    model_source source;
+    model_request request = {model_path, NULL, MODEL_DTYPE_DEFAULT, SYNTH_DEFAULT_SEED, NULL};
+    error_info err = {{0}};
+    assert_int_equal(model_source_open(&source, &request, &err), 0);
+    kv_dtype dtype = engine_config_default().kv_dtype;
+    uint64_t kv_bytes = 128 * kv_memory_block_bytes(&source.model.config, dtype, 16); // the lab's 128 blocks of 16
+    static const struct {
+        const char* keys;
+        int block_size;
+    } CASES[] = {{"]", 32}, {"[", 8}};
+    int n_blocks[2];
+    for (int k = 0; k < 2; k++)
+        n_blocks[k] = (int)(kv_bytes / kv_memory_block_bytes(&source.model.config, dtype, CASES[k].block_size));
+    model_source_close(&source);
+    for (size_t k = 0; k < sizeof CASES / sizeof CASES[0]; k++) {
+        int bs = CASES[k].block_size, blocks = n_blocks[k];
+        assert_int_equal(blocks * bs, 2048); // the same slots: 2048 = 128 x 16
+        // The question says what the pool becomes.
+        snprintf(arguments, sizeof arguments, "--model %s --block-size 16 --keys '%s'", model_path, CASES[k].keys);
+        char* frame = dump_frame(arguments);
+        snprintf(expect, sizeof expect, "block size %d: same KV memory, %d blocks x %d = 2048 slots? (y/n)", bs, blocks,
+                 bs);
+        if (!strstr(frame, expect)) fail_msg("missing '%s' in\n%s", expect, frame);
+        free(frame);
+        // The restarted pool: that many blocks, the same slots in both engines.
+        snprintf(arguments, sizeof arguments, "--model %s --block-size 16 --keys '%sy<space>'", model_path,
+                 CASES[k].keys);
+        frame = dump_frame(arguments);
+        snprintf(expect, sizeof expect, " /%d", blocks);
+        if (!strstr(frame, expect)) fail_msg("the pool is not %d blocks in\n%s", blocks, frame);
+        if (!strstr(frame, "slots in pool: paged 2048, contiguous 2048")) fail_msg("the slots changed in\n%s", frame);
+        free(frame);
+    }
+}
+
+// What the lab says after f, against what the engine then does: the
+// parent (scheduled first) copies the shared tail, the child keeps it.
+static void test_fork_message_names_the_copier(void** state) {
+    (void)state;
+    char model_path[512], arguments[2048];
+    REQUIRE_SHARED_MODEL(model_path, "stories260K.bin");
+    const char* keys = "<space><space><space>f";
+    snprintf(arguments, sizeof arguments, "--model %s --block-size 16 --keys '%s'", model_path, keys);
+    char* frame = dump_frame(arguments);
+    if (!strstr(frame, "forked a#0 into c#2, sharing 2 blocks: next step a#0 (run first) copies the shared tail"))
+        fail_msg("the fork does not say who copies in\n%s", frame);
+    free(frame);
+    snprintf(arguments, sizeof arguments, "--model %s --block-size 16 --keys '%s<space>'", model_path, keys);
+    frame = dump_frame(arguments);
+    // The copy is a#0's (the letter in brackets), and its table holds the copy.
+    const char* cow = strstr(frame, " COW ");
+    int from = -1, to = -1;
+    char who = 0;
+    if (!cow || sscanf(cow, " COW %d->%d(%c)", &from, &to, &who) != 3) fail_msg("no COW event in\n%s", frame);
+    if (who != 'a') fail_msg("the copy was made by %c, not a#0, in\n%s", who, frame);
+    // Each table's cells are on the row under its line: a#0 ends in the copy, c#2 in the original.
+    static const struct {
+        const char* line;
+        bool copy;
+    } HOLDERS[] = {{"a#0 decode ctx ", true}, {"c#2 decode ctx ", false}};
+    for (int k = 0; k < 2; k++) {
+        const char* line = strstr(frame, HOLDERS[k].line);
+        const char* cells = line ? strchr(line, '\n') : NULL;
+        char last[32];
+        snprintf(last, sizeof last, "x2][%d]", HOLDERS[k].copy ? to : from);
+        const char* end = cells ? strchr(cells + 1, '\n') : NULL;
+        const char* found = cells ? strstr(cells, last) : NULL;
+        if (!found || found > end)
+            fail_msg("%stable should end in block %d in\n%s", HOLDERS[k].line, HOLDERS[k].copy ? to : from, frame);
+    }
+    free(frame);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_block_table_after_steps),
@@ -453,6 +781,12 @@ int main(void) {
         cmocka_unit_test(test_quiz_says_when_too_small),
         cmocka_unit_test(test_quiz_save_failure_is_told),
         cmocka_unit_test(test_lesson_pane_scrolls_back),
+        cmocka_unit_test(test_ridges_name_their_machine),
+        cmocka_unit_test(test_help_blanks_the_panes),
+        cmocka_unit_test(test_panes_agree_on_phase),
+        cmocka_unit_test(test_key_bar_shows_every_key),
+        cmocka_unit_test(test_block_size_change_keeps_kv_memory),
+        cmocka_unit_test(test_fork_message_names_the_copier),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

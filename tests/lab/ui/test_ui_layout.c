@@ -30,11 +30,14 @@ static void check_layout(int cols, int rows, int page) {
         int min_cols, min_rows;
         ui_pane_minimum((ui_pane)p, &min_cols, &min_rows);
         assert_true(r.w >= min_cols && r.h >= min_rows);
-        assert_true(r.x >= 0 && r.y >= 1 && r.x + r.w <= cols && r.y + r.h <= rows - 1); // header and key bar kept
+        assert_true(r.x >= 0 && r.y >= 1 && r.x + r.w <= cols && r.y + r.h <= l.key_bar.y); // header and key bar kept
         if (l.mode == LAYOUT_PAGES) assert_int_equal(ui_pane_page((ui_pane)p), l.page);
         for (int q = p + 1; q < PANE_COUNT; q++)
             if (l.visible[q]) assert_false(overlap(r, l.panes[q]));
     }
+    // The key bar is the last row, or the last two in a page layout too narrow for its keys in one.
+    assert_int_equal(l.key_bar.y + l.key_bar.h, rows);
+    assert_int_equal(l.key_bar.h, l.mode == LAYOUT_PAGES && cols < UI_KEY_BAR_ONE_ROW_COLS ? 2 : 1);
     if (l.mode == LAYOUT_GRID) assert_int_equal(shown, PANE_COUNT);
     else assert_true(shown >= 1);
 }
