@@ -156,7 +156,8 @@ static void test_seed_items_are_all_in_the_bank(void** state) {
     quiz_bank bank = load_bank();
     // The seed's 33 items, plus the lab's own claims beyond the bank.
     int beyond = 0;
-    for (int i = 0; i < bank.n_items; i++) beyond += bank.items[i].beyond_bank;
+    for (int i = 0; i < bank.n_items; i++)
+        beyond += bank.items[i].beyond_bank;
     assert_int_equal(bank.n_items - beyond, total);
     // Each seed item is claimed by exactly one bank item, whose words are in it.
     int claimed[QUIZ_KIND_COUNT][16] = {{0}};
@@ -222,9 +223,9 @@ static void test_every_item_is_complete(void** state) {
 
 // Issue 7's claim ids: what the lessons check.
 static const char* const LESSON_CLAIMS[] = {
-    "tf1",  "tf2",  "tf3",   "tf4",   "tf5",   "tf6",   "tf7",   "tf8",   "tf9",   "tf10",  "se1",
-    "se2",  "se3",  "se4",   "se5",   "se6",   "se7",   "se8",   "why1",  "why2",  "why3",  "why4",
-    "why5", "why6", "edge1", "edge2", "edge3", "edge4", "edge5", "edge6", "edge7", "edge8", "recall1",
+    "tf1",          "tf2",  "tf3",   "tf4",   "tf5",   "tf6",   "tf7",   "tf8",   "tf9",   "tf10",  "se1",
+    "se2",          "se3",  "se4",   "se5",   "se6",   "se7",   "se8",   "why1",  "why2",  "why3",  "why4",
+    "why5",         "why6", "edge1", "edge2", "edge3", "edge4", "edge5", "edge6", "edge7", "edge8", "recall1",
     "w4a8-prefill", // beyond the bank: integer activations do speed up prefill
 };
 #define N_LESSON_CLAIMS ((int)(sizeof LESSON_CLAIMS / sizeof LESSON_CLAIMS[0]))
@@ -422,6 +423,55 @@ static void test_why2_counts_the_group_scales(void** state) {
 
 // ---- bad data files ----------------------------------------------------------------------
 
+// ---- multiple choice: the form gives nothing away ----------------------------------------
+
+// A student who always picks the longest choice, or always the shortest,
+// or who rules out the longest and guesses among the rest, scores no
+// better than chance + 10% over the bank's multiple-choice items (ties
+// split: picking among k equally long choices scores 1/k). The seed's
+// right answers were 2-4x longer than their distractors (edge2: 42
+// characters against 4, 1 and 5), and "always the longest" scored 16 of 16.
+static void test_choice_length_gives_nothing_away(void** state) {
+    (void)state;
+    quiz_bank bank = load_bank();
+    int n_items = 0;
+    double chance = 0, longest = 0, shortest = 0, not_longest = 0;
+    for (int i = 0; i < bank.n_items; i++) {
+        const quiz_item* item = &bank.items[i];
+        if (item->n_choices < 2) continue;
+        n_items++;
+        chance += 1.0 / item->n_choices;
+        size_t max_length = 0, min_length = SIZE_MAX;
+        for (int c = 0; c < item->n_choices; c++) {
+            size_t length = strlen(item->choices[c].en);
+            if (length > max_length) max_length = length;
+            if (length < min_length) min_length = length;
+        }
+        int n_longest = 0, n_shortest = 0;
+        for (int c = 0; c < item->n_choices; c++) {
+            n_longest += strlen(item->choices[c].en) == max_length;
+            n_shortest += strlen(item->choices[c].en) == min_length;
+        }
+        size_t right = strlen(item->choices[item->correct_choice].en);
+        if (right == max_length) longest += 1.0 / n_longest;
+        if (right == min_length) shortest += 1.0 / n_shortest;
+        if (right != max_length) not_longest += 1.0 / (item->n_choices - n_longest);
+    }
+    assert_int_equal(n_items, 16); // 8 spot-the-error, 8 edge cases
+    chance /= n_items;
+    const struct {
+        const char* strategy;
+        double score;
+    } STRATEGIES[] = {{"always the longest", longest / n_items},
+                      {"always the shortest", shortest / n_items},
+                      {"a guess among all but the longest", not_longest / n_items}};
+    for (size_t k = 0; k < sizeof STRATEGIES / sizeof STRATEGIES[0]; k++)
+        if (STRATEGIES[k].score > chance + 0.10)
+            fail_msg("'%s' scores %.0f%% over %d items; chance is %.0f%%", STRATEGIES[k].strategy,
+                     100 * STRATEGIES[k].score, n_items, 100 * chance);
+    quiz_bank_free(&bank);
+}
+
 static void expect_bank_error(const char* source, const char* expected) {
     char path[512];
     snprintf(path, sizeof path, "%s/bad_bank.lua", test_scratch_dir());
@@ -481,6 +531,7 @@ int main(void) {
         cmocka_unit_test(test_bad_bank_files_are_named_errors),
         cmocka_unit_test(test_kv_formula_items_teach_the_gqa_width),
         cmocka_unit_test(test_tf9_names_the_compute_ridge),
+        cmocka_unit_test(test_choice_length_gives_nothing_away),
         cmocka_unit_test(test_why2_counts_the_group_scales),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
