@@ -144,17 +144,19 @@ return {
         seed = {section = "true_false", index = 9, match = "spare HBM"},
         prompt = "If the GPU has spare HBM, a bigger batch always raises tokens per second.",
         answer = false,
-        explanation = "False, but the ceiling is compute, not HBM. Batch-1 decode already streams every weight at "
-            .. "full bandwidth, and that is where batching pays: the batch shares one weight read. Each weight byte "
-            .. "then feeds about B FLOPs (FP16), so gains stop at the compute ridge: H100 989 TFLOP/s / 3.35 TB/s "
-            .. "= 295 FLOP/byte, B of about 295. Past it every step grows with the batch: latency up, tokens/s flat.",
+        explanation = "False; HBM is to blame only at long context. Per step, Llama-2-7B reads W = 13.2 GB of "
+            .. "weights once per batch and S x 512 KiB of KV per sequence. If 295 x S x 512 KiB < W (S below 85 "
+            .. "tokens), gains stop at the compute ridge: H100 989 TFLOP/s / 3.35 TB/s = 295 FLOP/byte, B ~ 295. "
+            .. "Longer: KV passes W at B = W / (S x 512 KiB) = 6 (S = 4096); steps stay memory-bound (218 to 1294 "
+            .. "tok/s, B = 1 to 30) near 3.35 TB/s / 2 GiB = 1560 tok/s: the bank is right there.",
         hi_en = {
             prompt = "GPU mein HBM bacha ho to bada batch hamesha tokens/sec badhata hai.",
-            explanation = "False, par chhat compute ki hai, HBM ki nahi. Batch 1 decode pehle se har weight poori "
-                .. "bandwidth par padhta hai, aur wahin batching ka fayda hai: poora batch ek hi weight read baant "
-                .. "leta hai. Har weight byte lagbhag B FLOPs karta hai (FP16), to fayda compute ridge par rukta hai: "
-                .. "H100 989 TFLOP/s / 3.35 TB/s = 295 FLOP/byte, yaani B lagbhag 295. Uske baad har step batch ke "
-                .. "saath lamba: latency badhti, tokens/s wahin.",
+            explanation = "False; HBM sirf lambe context par zimmedar hai. Har step Llama-2-7B W = 13.2 GB weights "
+                .. "batch ke liye ek baar padhta hai, aur har sequence ka S x 512 KiB KV. Agar 295 x S x 512 KiB < W "
+                .. "(S 85 tokens se kam), fayda compute ridge par rukta hai: H100 989 TFLOP/s / 3.35 TB/s = 295 "
+                .. "FLOP/byte, B ~ 295. Lamba context: KV W se aage B = W / (S x 512 KiB) = 6 par (S = 4096); step "
+                .. "memory-bound (B = 1 se 30: 218 se 1294 tok/s), seema 3.35 TB/s / 2 GiB = 1560 tok/s: wahan bank "
+                .. "sahi hai.",
         },
     },
     {

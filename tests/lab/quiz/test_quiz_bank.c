@@ -13,12 +13,14 @@
 
 #include <ctype.h>
 #include <dirent.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "engine/devices.h"
 #include "lab/quiz/bank.h"
 #include "lab/quiz/data.h"
+#include "lab/quiz/drills.h"
 #include "lab/quiz/models.h"
 #include "tests/test_support.h"
 
@@ -378,11 +380,15 @@ static void test_kv_formula_items_teach_the_gqa_width(void** state) {
     quiz_bank_free(&bank);
 }
 
-// tf9: the seed blames HBM saturation; lesson 04 measures the plateau at
-// the compute ridge (batch-1 decode already saturates the bandwidth, and
-// that is where batching pays). The answer stays the seed's (false), the
-// reason is the ridge, with the H100's numbers from engine/devices.h.
-static void test_tf9_names_the_compute_ridge(void** state) {
+// tf9: the seed blames HBM saturation for the batching plateau. Both
+// regimes are taught, with numbers worked here from Llama-2-7B's shape
+// (quiz/models.lua) and the H100 of engine/devices.h: a decode step reads
+// the weights W once for the batch and S x KV per token for each sequence.
+// Short context: the plateau is the compute ridge (B ~ 295), which needs
+// 295 x S x KV < W; long context (S = 4096): the KV bytes pass W at B = 6,
+// every step stays memory-bound, and tokens/s levels off at bandwidth /
+// (S x KV): the bank is right there. The answer stays false.
+static void test_tf9_teaches_both_regimes(void** state) {
     (void)state;
     quiz_bank bank = load_bank();
     const quiz_item* tf9 = find_item(&bank, "tf9");
@@ -393,15 +399,51 @@ static void test_tf9_names_the_compute_ridge(void** state) {
     for (int d = 0; d < n_devices; d++)
         if (strstr(devices[d].name, "H100")) h100 = &devices[d];
     assert_non_null(h100);
-    char arithmetic[128];
-    snprintf(arithmetic, sizeof arithmetic, "%.0f TFLOP/s / %.2f TB/s = %.0f FLOP/byte", h100->peak_fp16_flops / 1e12,
-             h100->bandwidth_bytes_per_s / 1e12, device_ridge_point(h100, 0));
+    quiz_model_list models;
+    error_info err = {{0}};
+    if (quiz_models_load("quiz/models.lua", &models, &err)) fail_msg("%s", err.message);
+    const quiz_model* llama = find_model(&models, "Llama-2-7B");
+    const double bw = h100->bandwidth_bytes_per_s, peak = h100->peak_fp16_flops, ridge = peak / bw;
+    const double kv = (double)quiz_model_kv_bytes_per_token(llama, true, 2), S = 4096;
+    quiz_decode_weights read = quiz_decode_weight_bytes(llama, QUIZ_WEIGHTS_FP16, 0);
+    const double W = read.total_bytes, matmul_flops_per_sequence = 2.0 * (double)read.matrix_weights;
+    char expected[8][96], phrase[128];
+    snprintf(expected[0], sizeof expected[0], "%.0f TFLOP/s / %.2f TB/s = %.0f FLOP/byte", peak / 1e12, bw / 1e12,
+             ridge);
+    snprintf(expected[1], sizeof expected[1], "W = %.1f GB", W / 1e9);
+    snprintf(expected[2], sizeof expected[2], "S x %.0f KiB", kv / 1024);
+    snprintf(expected[3], sizeof expected[3], "%.0f x S x %.0f KiB < W", floor(ridge), kv / 1024);
+    snprintf(expected[4], sizeof expected[4], "%.0f tokens", floor(W / (ridge * kv))); // "S below ...", "S ... se kam"
+    // The B where the batch's KV bytes pass the weights, at S = 4096.
+    snprintf(expected[5], sizeof expected[5], "= %.0f ", floor(W / (S * kv)));
+    // Memory-bound tokens/s at B = 1, 8, 30 (33 sequences fit in 80 GiB), and the level it approaches.
+    double rate[3];
+    const int batches[3] = {1, 8, 30};
+    for (int i = 0; i < 3; i++) {
+        double memory_s = (W + batches[i] * S * kv) / bw, compute_s = matmul_flops_per_sequence * batches[i] / peak;
+        assert_true(memory_s > 10 * compute_s); // memory-bound by far
+        rate[i] = batches[i] / memory_s;
+    }
+    snprintf(expected[6], sizeof expected[6], "%.0f se %.0f tok/s", rate[0], rate[2]); // EN: "to"
+    snprintf(expected[7], sizeof expected[7], "%.2f TB/s / %.0f GiB = %.0f", bw / 1e12, S * kv / 1073741824.0,
+             bw / (S * kv));
     for (int lang = 0; lang < 2; lang++) {
         const char* text = lang ? tf9->explanation.hi_en : tf9->explanation.en;
-        expect_in("tf9", "explanation", text, arithmetic);
+        for (int k = 0; k < 8; k++) {
+            if (k == 4)
+                snprintf(phrase, sizeof phrase, lang ? "S %s se kam" : "S below %s", expected[4]);
+            else if (k == 6 && !lang)
+                snprintf(phrase, sizeof phrase, "%.0f to %.0f tok/s", rate[0], rate[2]);
+            else
+                memcpy(phrase, expected[k], sizeof expected[k]);
+            expect_in("tf9", lang ? "Hinglish explanation" : "explanation", text, phrase);
+        }
         expect_in("tf9", "explanation", text, "compute ridge");
+        expect_in("tf9", "explanation", text, "memory-bound");
     }
-    expect_in("tf9", "explanation", tf9->explanation.en, "not HBM");
+    expect_in("tf9", "explanation", tf9->explanation.en, "the bank is right there");
+    expect_in("tf9", "explanation", tf9->explanation.hi_en, "bank sahi hai");
+    quiz_models_free(&models);
     quiz_bank_free(&bank);
 }
 
@@ -530,7 +572,7 @@ int main(void) {
         cmocka_unit_test(test_claims_exist_in_lessons),
         cmocka_unit_test(test_bad_bank_files_are_named_errors),
         cmocka_unit_test(test_kv_formula_items_teach_the_gqa_width),
-        cmocka_unit_test(test_tf9_names_the_compute_ridge),
+        cmocka_unit_test(test_tf9_teaches_both_regimes),
         cmocka_unit_test(test_choice_length_gives_nothing_away),
         cmocka_unit_test(test_why2_counts_the_group_scales),
     };
