@@ -329,8 +329,8 @@ static void expect_feedback_whole(const quiz_session* s, int cols, int rows) {
 // At 80x24, the smallest size the lab supports, every question's feedback
 // (verdict, explanation or worked answer, prove-it hint) is shown whole
 // below its question: in both languages, graded right and wrong, and for
-// 40 fresh draws of every drill. The tightest today are edge8 (8 rows of
-// 8) and se2, se3 (7 of 7); the decode-time drill keeps a row spare.
+// 40 fresh draws of every drill. tf9, which teaches two regimes, was cut
+// until it fit its 9 rows (at 522 characters it needed 10).
 static void test_every_feedback_is_whole_at_80x24(void** state) {
     fixture* f = *state;
     int checked = 0;
