@@ -144,17 +144,19 @@ return {
         seed = {section = "true_false", index = 9, match = "spare HBM"},
         prompt = "If the GPU has spare HBM, a bigger batch always raises tokens per second.",
         answer = false,
-        explanation = "False, but the ceiling is compute, not HBM. Batch-1 decode already streams every weight at "
-            .. "full bandwidth, and that is where batching pays: the batch shares one weight read. Each weight byte "
-            .. "then feeds about B FLOPs (FP16), so gains stop at the compute ridge: H100 989 TFLOP/s / 3.35 TB/s "
-            .. "= 295 FLOP/byte, B of about 295. Past it every step grows with the batch: latency up, tokens/s flat.",
+        explanation = "False; HBM is to blame only at long context. Per step, Llama-2-7B reads W = 13.2 GB of "
+            .. "weights once per batch and S x 512 KiB of KV per sequence. If 295 x S x 512 KiB < W (S below 85 "
+            .. "tokens), gains stop at the compute ridge: H100 989 TFLOP/s / 3.35 TB/s = 295 FLOP/byte, B ~ 295. "
+            .. "Longer: KV passes W at B = W / (S x 512 KiB) = 6 (S = 4096); steps stay memory-bound (218 to 1294 "
+            .. "tok/s, B = 1 to 30) near 3.35 TB/s / 2 GiB = 1560 tok/s: the bank is right there.",
         hi_en = {
             prompt = "GPU mein HBM bacha ho to bada batch hamesha tokens/sec badhata hai.",
-            explanation = "False, par chhat compute ki hai, HBM ki nahi. Batch 1 decode pehle se har weight poori "
-                .. "bandwidth par padhta hai, aur wahin batching ka fayda hai: poora batch ek hi weight read baant "
-                .. "leta hai. Har weight byte lagbhag B FLOPs karta hai (FP16), to fayda compute ridge par rukta hai: "
-                .. "H100 989 TFLOP/s / 3.35 TB/s = 295 FLOP/byte, yaani B lagbhag 295. Uske baad har step batch ke "
-                .. "saath lamba: latency badhti, tokens/s wahin.",
+            explanation = "False; HBM sirf lambe context par zimmedar hai. Har step Llama-2-7B W = 13.2 GB weights "
+                .. "batch ke liye ek baar padhta hai, aur har sequence ka S x 512 KiB KV. Agar 295 x S x 512 KiB < W "
+                .. "(S 85 tokens se kam), fayda compute ridge par rukta hai: H100 989 TFLOP/s / 3.35 TB/s = 295 "
+                .. "FLOP/byte, B ~ 295. Lamba context: KV W se aage B = W / (S x 512 KiB) = 6 par (S = 4096); step "
+                .. "memory-bound (B = 1 se 30: 218 se 1294 tok/s), seema 3.35 TB/s / 2 GiB = 1560 tok/s: wahan bank "
+                .. "sahi hai.",
         },
     },
     {
@@ -179,10 +181,10 @@ return {
         seed = {section = "spot_error", index = 1, match = "KV cache size ="},
         prompt = "Spot the error: \"KV cache size = B * S * L * d_model * p\"",
         choices = {
-            "The factor 2 is missing: every token stores a key and a value",
-            "S should be squared, because attention is quadratic",
-            "p should be in bits, not bytes",
-            "L should not be there: the layers share one cache",
+            "The factor 2 is missing: each token stores both a key and a value",
+            "S should be squared, since every token attends to all earlier ones",
+            "L does not belong: all the layers share one cache of keys and values",
+            "p is wrong: KV entries stay in FP32 whatever format the weights use",
         },
         answer = 1,
         explanation = "Each token keeps a key and a value in every layer: 2 * B * S * L * d_model * p with "
@@ -202,10 +204,10 @@ return {
         seed = {section = "spot_error", index = 2, match = "per head kaam karta"},
         prompt = "Spot the error: \"We use d_head in the KV formula, because attention works per head.\"",
         choices = {
-            "Wrong width: the cache holds every head and n_heads * d_head = d_model (with GQA: n_kv_heads * d_head)",
-            "Nothing: the formula uses d_head",
-            "It should be d_model squared",
-            "It should be the vocabulary size",
+            "One head only: the cache holds all KV heads, n_kv_heads * d_head wide",
+            "Nothing: each head keeps its own cache, and d_head is its width",
+            "It should be d_model squared, the size of the K and V weight matrices",
+            "It should be the feed-forward width that K and V are projected to",
         },
         answer = 1,
         explanation = "The cache stores all heads, and n_heads * d_head = d_model, so the whole-cache formula uses "
@@ -223,10 +225,10 @@ return {
         seed = {section = "spot_error", index = 3, match = "AWQ layer ke output error"},
         prompt = "Spot the error: \"AWQ works by minimising the layer's output error with a Hessian.\"",
         choices = {
-            "That is GPTQ; AWQ protects salient channels picked by activation magnitude, with no Hessian",
-            "AWQ uses the gradient, not the Hessian",
-            "Nothing: that is how AWQ works",
-            "AWQ does not quantize weights at all, only activations",
+            "It is GPTQ; AWQ scales channels picked by activation size, no Hessian",
+            "AWQ follows the loss gradient, as quantization-aware training does",
+            "Nothing: AWQ rounds the weights using the inverse Hessian of X^T X",
+            "AWQ quantizes only the activations and keeps all the weights in FP16",
         },
         answer = 1,
         explanation = "The Hessian (built from the calibration inputs, X^T X) and the error feedback that uses it "
@@ -244,11 +246,10 @@ return {
         seed = {section = "spot_error", index = 4, match = "W8A8 sirf weights"},
         prompt = "Spot the error: \"W8A8 quantizes only the weights, so it is W4A16 at 8 bits.\"",
         choices = {
-            "W8A8 also quantizes activations, so the matmul runs natively in INT8; W4A16 keeps FP16 activations "
-                .. "and only cuts HBM reads",
-            "W8A8 quantizes only the activations",
-            "Nothing: W8A8 is weight-only",
-            "W8A8 means an 8-bit KV cache",
+            "W8A8 quantizes activations too, so the matmul runs on INT8 units",
+            "W8A8 quantizes only activations; the weights stay FP16 as in W4A16",
+            "Nothing: W8A8 is weight-only; A8 is the accumulator's bit width",
+            "W8A8 is an 8-bit KV cache; weights and activations stay in FP16",
         },
         answer = 1,
         explanation = "W8A8 quantizes the activations too, which lets the matmul run on INT8 units (a compute "
@@ -266,10 +267,10 @@ return {
         seed = {section = "spot_error", index = 5, match = "Zero-point"},
         prompt = "Spot the error: \"The zero-point is z = round(r_min / s).\"",
         choices = {
-            "Sign error: z = round(-r_min / s), the code that decodes to 0.0 under r_hat = s (q - z)",
-            "It should be round(r_max / s)",
-            "It should be r_min * s",
-            "Nothing: that is the formula",
+            "Sign error: z = round(-r_min / s), the code that decodes back to 0.0",
+            "It should use the top: z = round(r_max / s), the end of the code range",
+            "It should multiply: z = round(r_min * s), so that z is in real units",
+            "Nothing: with r_min < 0 a negative z is what moves codes into range",
         },
         answer = 1,
         explanation = "With r_min < 0, -r_min / s is positive and lands inside the code range [0, 2^b - 1]; it is "
@@ -285,11 +286,10 @@ return {
         seed = {section = "spot_error", index = 6, match = "Per-tensor quantization per-channel"},
         prompt = "Spot the error: \"Per-tensor quantization is finer-grained than per-channel.\"",
         choices = {
-            "It is the other way round: per-tensor has one (s, z) for everything; per-channel and per-group have "
-                .. "many (finer, lower error)",
-            "Nothing: per-tensor is the finest",
-            "They are the same granularity",
-            "Per-channel has no scale at all",
+            "Reversed: one (s, z) per tensor is coarser than one per channel",
+            "Nothing: a tensor-wide range sees every value, so its step is finest",
+            "They are equally fine: both keep one scale per row of the matrix",
+            "Per-channel is coarser, since a channel mixes values of many layers",
         },
         answer = 1,
         explanation = "Per-tensor uses a single (s, z) for the whole matrix, the coarsest choice. Per-channel and "
@@ -305,10 +305,10 @@ return {
         seed = {section = "spot_error", index = 7, match = "saara KV memory waste"},
         prompt = "Spot the error: \"PagedAttention eliminates all KV memory waste.\"",
         choices = {
-            "Not all: each request's tail block is partly empty, up to block_size - 1 slots",
-            "Nothing: the waste is zero",
-            "It wastes more than contiguous allocation",
-            "It wastes exactly one block per layer",
+            "Not all: a request's last block can leave block_size - 1 slots empty",
+            "Nothing: blocks are cut to fit each request, so no slot is ever unused",
+            "It wastes more than contiguous allocation: every block has a header",
+            "It wastes one whole block per layer, kept free for copy-on-write",
         },
         answer = 1,
         explanation = "The last block of each request is usually only partly filled, so up to block_size - 1 slots "
@@ -324,10 +324,10 @@ return {
         seed = {section = "spot_error", index = 8, match = "Naive framework memory fragment"},
         prompt = "Spot the error: \"A naive serving framework fragments memory because attention is O(t^2).\"",
         choices = {
-            "Unrelated causes: fragmentation comes from reserving max_seq_len contiguously per request",
-            "Nothing: quadratic attention fragments memory",
-            "Fragmentation comes from the tokenizer",
-            "Fragmentation comes from the weights, not the KV cache",
+            "Wrong cause: each request reserves max_seq_len slots up front",
+            "Nothing: the t x t attention matrix kept per request fragments it",
+            "Wrong cause: tokenizer pieces of varying length fragment the memory",
+            "Wrong cause: weights loaded layer by layer leave holes in memory",
         },
         answer = 1,
         explanation = "A naive server reserves one contiguous region of max_seq_len slots for each request before "
@@ -448,10 +448,10 @@ return {
         seed = {section = "edge", index = 1, match = "exact multiple"},
         prompt = "What is the KV waste of a request whose length is an exact multiple of block_size?",
         choices = {
-            "Zero tail waste: every block is full",
-            "block_size - 1 slots",
-            "One whole block",
-            "Half a block on average",
+            "None: every block, the last one included, is full",
+            "block_size - 1 slots, the worst case for any tail",
+            "One whole block, kept free for the next new token",
+            "Half a block, the average over all request lengths",
         },
         answer = 1,
         explanation = "Every block, the last one included, is completely filled: the best case for paged KV.",
@@ -464,7 +464,12 @@ return {
         id = "edge2", kind = "edge", topics = {"quantization"}, claim = "edge2",
         seed = {section = "edge", index = 2, match = "halfway"},
         prompt = "What is the quantization error of a weight that lies exactly halfway between two levels?",
-        choices = {"s / 2, the largest error rounding can make", "Zero", "s", "s / 4"},
+        choices = {
+            "s / 2, the largest error rounding can make",
+            "Zero, since a tie rounds to the even level",
+            "s, since a tie always rounds up a whole step",
+            "s / 4, the mean of the two possible errors",
+        },
         answer = 1,
         explanation = "Rounding has to pick one side, and either side is half a step away: s/2 is the worst case "
             .. "for an in-range value.",
@@ -479,10 +484,10 @@ return {
         seed = {section = "edge", index = 3, match = "far upar"},
         prompt = "Asymmetric b-bit quantization: what comes out for a real value far above r_max?",
         choices = {
-            "It clips to the top code 2^b - 1 and decodes to about r_max",
-            "It wraps around to a small code",
-            "It overflows and decodes to infinity",
-            "The scale is recomputed to include it",
+            "It clips to the top code 2^b - 1, which decodes to about r_max",
+            "It wraps around to a small code, the way integer overflow does",
+            "It overflows past 2^b - 1 and decodes to infinity or to NaN",
+            "The scale s is recomputed on the spot so that the range includes it",
         },
         answer = 1,
         explanation = "The code saturates at 2^b - 1 and r_hat = s (2^b - 1 - z), which is r_max (to within half a "
@@ -498,10 +503,10 @@ return {
         seed = {section = "edge", index = 4, match = "far neeche"},
         prompt = "Asymmetric b-bit quantization: what comes out for a real value far below r_min?",
         choices = {
-            "It clips to code 0 and decodes to s (0 - z), about r_min",
-            "It wraps around to the top code",
-            "It becomes NaN",
-            "It decodes to exactly 0.0",
+            "It clips to code 0, which decodes to s (0 - z), about r_min",
+            "It wraps around to the top code 2^b - 1, which is near r_max",
+            "It turns into NaN, since there is no code below 0 to use",
+            "It decodes to exactly 0.0, the value the zero-point z stands for",
         },
         answer = 1,
         explanation = "The code saturates at 0 and r_hat = s (0 - z) = -s z, which is r_min (to within half a step): "
@@ -516,10 +521,10 @@ return {
         seed = {section = "edge", index = 5, match = "Batch size 1"},
         prompt = "With batch size 1 and a short prompt, does PagedAttention help throughput?",
         choices = {
-            "Barely: its gain comes from packing many requests, and one short request has little waste to reclaim",
-            "Yes, by about 24x",
-            "Yes, because attention needs fewer FLOPs",
-            "No, it makes that request several times slower",
+            "Barely: one short request leaves little wasted memory to reclaim",
+            "Yes, about 24x, the serving gain the vLLM paper reports for it",
+            "Yes: the block-wise kernel needs fewer FLOPs for each new token",
+            "No: looking up the block table makes the request several times slower",
         },
         answer = 1,
         explanation = "Paged KV wins by fitting more requests into memory. A single short request wastes little "
@@ -535,10 +540,10 @@ return {
         seed = {section = "edge", index = 6, match = "shared block mein naya token"},
         prompt = "Two requests share a prefix. Both try to write a new token into the same shared block. What happens?",
         choices = {
-            "Copy-on-write: the block is copied so that each request writes into its own copy",
-            "The second waits until the first request finishes",
-            "Both write into the block and corrupt each other",
-            "The whole prefix is recomputed from scratch",
+            "Copy-on-write: the writer first gets its own copy of the block",
+            "The second request waits until the first one has finished",
+            "Both write into the shared block and corrupt each other's KV",
+            "The shared prefix is recomputed from scratch for both of the requests",
         },
         answer = 1,
         explanation = "A block with more than one owner is never written in place: the writer gets a private copy "
@@ -555,10 +560,10 @@ return {
         seed = {section = "edge", index = 7, match = "block_size = 1"},
         prompt = "With block_size = 1, what have you effectively built?",
         choices = {
-            "Per-token allocation: no tail waste, but the most block-table overhead and the least efficient kernel",
-            "The contiguous allocator again",
-            "The best setting for every workload",
-            "Nothing: the engine cannot run with it",
+            "Per-token allocation: no tail waste, but the largest block tables",
+            "The contiguous allocator again: each request's slots in one run",
+            "The best setting for every workload, with no waste of any kind",
+            "An engine that cannot run: attention needs whole heads per block",
         },
         answer = 1,
         explanation = "One slot per block removes tail waste entirely, at the cost of one table entry per token and "
@@ -574,11 +579,10 @@ return {
         seed = {section = "edge", index = 8, match = "pehle decode step"},
         prompt = "What is the KV cache size at the very first decode step, when S = 1?",
         choices = {
-            "One token's worth, 2 * B * L * d_model * p (n_kv_heads * d_head in place of d_model with GQA), growing "
-                .. "linearly from there",
-            "Zero",
-            "2 * B * L * d_model^2 * p",
-            "The full max_seq_len reservation",
+            "2 * B * L * d_model * p (n_kv_heads * d_head for d_model with GQA)",
+            "Zero: nothing is cached until the first new token is written back",
+            "2 * B * L * d_model^2 * p: a d_model x d_model matrix per layer",
+            "The whole max_seq_len reservation, which is made before the first step",
         },
         answer = 1,
         explanation = "Put S = 1 into 2 * B * S * L * kv_dim * p: kv_dim = d_model with multi-head attention "

@@ -180,7 +180,7 @@ static int parse_device(const char* text, calc_device* out, error_info* err) {
     for (int i = 0; i < count && i < (int)(sizeof KEYS / sizeof KEYS[0]); i++) {
         if (strcmp(compact, KEYS[i]) != 0) continue;
         snprintf(out->name, sizeof out->name, "%s", devices[i].name);
-        out->capacity_bytes = devices[i].capacity_bytes;
+        out->capacity_bytes = quiz_device_memory_bytes(&devices[i]); // N GiB, as the quiz counts it
         out->bandwidth_bytes_per_s = devices[i].bandwidth_bytes_per_s;
         out->peak_fp16_flops = devices[i].peak_fp16_flops;
         return 0;
@@ -375,7 +375,7 @@ static void print_text(const calc_inputs* in, const char* label, const calc_repo
            m->n_layers, m->d_model, m->n_heads, m->n_kv_heads, m->head_dim, m->vocab_size, m->intermediate_size,
            m->tied_embeddings ? "tied output" : "untied output");
     printf("device: %s", in->device.name);
-    if (in->device.capacity_bytes > 0) printf(", %.4g GB", in->device.capacity_bytes / 1e9);
+    if (in->device.capacity_bytes > 0) printf(", %.4g GiB", in->device.capacity_bytes / 1073741824.0);
     if (in->device.bandwidth_bytes_per_s > 0)
         printf(", %.4g GB/s, %.4g TFLOP/s fp16", in->device.bandwidth_bytes_per_s / 1e9,
                in->device.peak_fp16_flops / 1e12);

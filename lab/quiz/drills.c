@@ -59,6 +59,17 @@ unsigned quiz_drill_topics(quiz_drill_kind kind) {
     return kind >= 0 && kind < QUIZ_DRILL_COUNT ? DRILLS[kind].topics : 0;
 }
 
+double quiz_device_memory_gib(const device_model* device) { return round(device->capacity_bytes / 1e9); }
+
+double quiz_device_memory_bytes(const device_model* device) { return quiz_device_memory_gib(device) * 1073741824.0; }
+
+double quiz_kv_bytes_per_token(const quiz_model* m, bool grouped_query, int bytes_per_value) {
+    double values = (double)quiz_model_kv_bytes_per_token(m, grouped_query, bytes_per_value);
+    if (bytes_per_value != 1) return values;
+    double heads = grouped_query ? m->n_kv_heads : m->n_heads;
+    return values + 2.0 * m->n_layers * heads * 4.0; // engine/kv_memory.h: an FP32 scale per token and KV head
+}
+
 double quiz_weight_bytes(uint64_t n_params, quiz_weight_format format, int group_size) {
     double n = (double)n_params;
     if (format == QUIZ_WEIGHTS_FP16) return 2.0 * n;
@@ -121,16 +132,18 @@ static const quiz_model* pick_model(const quiz_model_list* models, quiz_rng* rng
 
 static int generate_kv_size(const quiz_model_list* models, quiz_rng* rng, quiz_drill* d) {
     static const int BATCHES[] = {1, 2, 4, 8, 16, 32, 64, 128};
-    static const int BYTES[] = {2, 2, 2, 1, 4}; // FP16 most often, then INT8/FP8 and FP32
+    static const int BYTES[] = {2, 2, 2, 1, 4}; // FP16 most often, then INT8 (with its scales) and FP32
     const quiz_model* m = pick_model(models, rng, d);
     d->in.batch = pick(rng, BATCHES, 8);
-    d->in.seq_len = quiz_rng_int(rng, 1, 128) * 64;
+    // S in steps of 64 up to 8192, and never past the model's context (Llama-2: 4096).
+    int max_steps = m->context_tokens / 64 < 128 ? m->context_tokens / 64 : 128;
+    d->in.seq_len = quiz_rng_int(rng, 1, max_steps) * 64;
     d->in.bytes_per_value = pick(rng, BYTES, 5);
     bool has_gqa = m->n_kv_heads < m->n_heads;
     d->in.grouped_query = has_gqa ? quiz_rng_int(rng, 0, 1) == 1 : true;
     int heads = d->in.grouped_query ? m->n_kv_heads : m->n_heads;
-    double bytes =
-        2.0 * d->in.batch * d->in.seq_len * m->n_layers * (double)heads * m->head_dim * d->in.bytes_per_value;
+    const bool int8 = d->in.bytes_per_value == 1;
+    double bytes = quiz_kv_bytes_per_token(m, d->in.grouped_query, d->in.bytes_per_value) * d->in.batch * d->in.seq_len;
     set_bytes_answer(d, bytes, rng);
     char model[256];
     describe_model(m, model, sizeof model);
@@ -138,16 +151,30 @@ static int generate_kv_size(const quiz_model_list* models, quiz_rng* rng, quiz_d
                         : d->in.grouped_query
                             ? "Count the KV heads it really stores (grouped-query attention)."
                             : "Suppose it had no grouped-query attention: all query heads store K and V.";
+    char precision[160];
+    if (int8)
+        snprintf(precision, sizeof precision,
+                 "INT8: 1 byte per value, plus one FP32 scale (4 bytes) per token, layer, K/V and head");
+    else
+        snprintf(precision, sizeof precision, "p = %d bytes per value (%s)", d->in.bytes_per_value,
+                 d->in.bytes_per_value == 2 ? "FP16" : "FP32");
     snprintf(d->prompt, sizeof d->prompt,
-             "KV cache size of %s for B = %d sequence%s of S = %d tokens, p = %d byte%s per value. %s Answer in %s.",
-             model, d->in.batch, d->in.batch == 1 ? "" : "s", d->in.seq_len, d->in.bytes_per_value,
-             d->in.bytes_per_value == 1 ? "" : "s", which, d->answer.unit);
-    char shown[128];
+             "KV cache size of %s for B = %d sequence%s of S = %d tokens, %s. %s Answer in %s.", model, d->in.batch,
+             d->in.batch == 1 ? "" : "s", d->in.seq_len, precision, which, d->answer.unit);
+    char shown[128], work[320];
     quiz_format_numeric(&d->answer, shown, sizeof shown);
-    snprintf(d->explanation, sizeof d->explanation,
-             "2 (K and V) x B x S x L x %s x head_dim x p = 2 x %d x %d x %d x %d x %d x %d = %.0f bytes = %s.%s",
-             d->in.grouped_query ? "n_kv_heads" : "n_heads", d->in.batch, d->in.seq_len, m->n_layers, heads,
-             m->head_dim, d->in.bytes_per_value, bytes, shown,
+    const char* width = d->in.grouped_query ? "n_kv_heads" : "n_heads";
+    if (int8)
+        snprintf(work, sizeof work,
+                 "2 (K and V) x B x S x L x %s x (head_dim x 1 + 4) = 2 x %d x %d x %d x %d x (%d + 4) = %.0f bytes "
+                 "(the scales add 4 / %d = %.1f%%)",
+                 width, d->in.batch, d->in.seq_len, m->n_layers, heads, m->head_dim, bytes, m->head_dim,
+                 400.0 / m->head_dim);
+    else
+        snprintf(work, sizeof work,
+                 "2 (K and V) x B x S x L x %s x head_dim x p = 2 x %d x %d x %d x %d x %d x %d = %.0f bytes", width,
+                 d->in.batch, d->in.seq_len, m->n_layers, heads, m->head_dim, d->in.bytes_per_value, bytes);
+    snprintf(d->explanation, sizeof d->explanation, "%s = %s.%s", work, shown,
              has_gqa ? (d->in.grouped_query ? " Without GQA it would be n_heads / n_kv_heads times larger."
                                             : " With GQA it is n_heads / n_kv_heads times smaller.")
                      : "");
@@ -205,35 +232,42 @@ static int generate_blocks(quiz_rng* rng, quiz_drill* d, bool waste) {
 // ---- memory fit -----------------------------------------------------------------------------
 
 static int generate_sequences_fit(const quiz_model_list* models, quiz_rng* rng, quiz_drill* d, error_info* err) {
-    static const int LENGTHS[] = {512, 1024, 2048, 4096, 8192, 16384};
+    static const int LENGTHS[] = {512, 1024, 2048, 4096, 8192, 16384}; // ascending
     int n_devices = 0;
     const device_model* devices = device_models(&n_devices);
     for (int attempt = 0; attempt < 200; attempt++) {
         const quiz_model* m = pick_model(models, rng, d);
         d->in.device = quiz_rng_int(rng, 0, n_devices - 1);
-        d->in.seq_len = pick(rng, LENGTHS, 6);
+        int n_lengths = 0; // the lengths within the model's context (models.c: at least 512)
+        while (n_lengths < 6 && LENGTHS[n_lengths] <= m->context_tokens)
+            n_lengths++;
+        d->in.seq_len = pick(rng, LENGTHS, n_lengths);
         d->in.bytes_per_value = 2;
         d->in.grouped_query = true;
         const device_model* g = &devices[d->in.device];
         uint64_t params = quiz_model_params(m);
-        double weights = 2.0 * (double)params;
+        double weights = 2.0 * (double)params, capacity = quiz_device_memory_bytes(g);
         double per_sequence = (double)quiz_model_kv_bytes_per_token(m, true, 2) * d->in.seq_len;
-        double free_bytes = g->capacity_bytes - weights;
+        double free_bytes = capacity - weights;
         if (free_bytes < per_sequence) continue; // the model does not fit with even one sequence: draw again
         double fit = floor(free_bytes / per_sequence);
         set_plain_answer(d, fit, QUIZ_DIM_NUMBER, "", 0, 1); // +-1: rounding N to 4 digits can move the floor
         char model[256];
         describe_model(m, model, sizeof model);
         snprintf(d->prompt, sizeof d->prompt,
-                 "GPU: %s, %.0f GB of memory (%.0f x 10^9 bytes). Model: %s, N = %.4f billion parameters in FP16 (2 "
+                 "GPU: %s, %.0f GiB of memory (%.0f x 2^30 bytes). Model: %s, N = %.4f billion parameters in FP16 (2 "
                  "bytes each). The KV cache is FP16 too. How many sequences of S = %d tokens fit in the memory left "
                  "after the weights? (Ignore activations and other overhead.)",
-                 g->name, g->capacity_bytes / 1e9, g->capacity_bytes / 1e9, model, (double)params / 1e9, d->in.seq_len);
-        snprintf(d->explanation, sizeof d->explanation,
-                 "Free = %.0f - 2 x %.0f = %.0f bytes. One sequence: 2 x L x n_kv_heads x head_dim x 2 bytes x S = "
-                 "2 x %d x %d x %d x 2 x %d = %.0f bytes. floor(%.0f / %.0f) = %.0f sequence%s.",
-                 g->capacity_bytes, (double)params, free_bytes, m->n_layers, m->n_kv_heads, m->head_dim, d->in.seq_len,
-                 per_sequence, free_bytes, per_sequence, fit, fit == 1 ? "" : "s");
+                 g->name, quiz_device_memory_gib(g), quiz_device_memory_gib(g), model, (double)params / 1e9,
+                 d->in.seq_len);
+        snprintf(
+            d->explanation, sizeof d->explanation,
+            "Free = %.0f x 2^30 - 2 x %.0f = %.0f - %.0f = %.0f bytes. One sequence: 2 x L x n_kv_heads x head_dim "
+            "x 2 bytes x S = 2 x %d x %d x %d x 2 x %d = %.0f bytes. floor(%.0f / %.0f) = %.0f sequence%s. "
+            "(Reading %.0f GiB as %.0f x 10^9 bytes leaves out %.0f bytes.)",
+            quiz_device_memory_gib(g), (double)params, capacity, weights, free_bytes, m->n_layers, m->n_kv_heads,
+            m->head_dim, d->in.seq_len, per_sequence, free_bytes, per_sequence, fit, fit == 1 ? "" : "s",
+            quiz_device_memory_gib(g), quiz_device_memory_gib(g), capacity - quiz_device_memory_gib(g) * 1e9);
         return 0;
     }
     return error_set(err, "drill-sequences-fit: no model fits on any device");
@@ -451,7 +485,7 @@ static int generate_decode_time(const quiz_model_list* models, quiz_rng* rng, qu
         d->in.device = quiz_rng_int(rng, 0, n_devices - 1);
         const device_model* g = &devices[d->in.device];
         uint64_t params = quiz_model_params(m);
-        if (quiz_weight_bytes(params, d->in.format, d->in.group_size) > g->capacity_bytes)
+        if (quiz_weight_bytes(params, d->in.format, d->in.group_size) > quiz_device_memory_bytes(g))
             continue; // the weights do not fit on one device: draw again
         quiz_decode_weights read = quiz_decode_weight_bytes(m, d->in.format, d->in.group_size);
         double ms = read.total_bytes / g->bandwidth_bytes_per_s * 1e3;

@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "base/error.h"
+#include "engine/devices.h"
 #include "lab/quiz/models.h"
 #include "lab/quiz/units.h"
 
@@ -85,6 +86,22 @@ unsigned quiz_drill_topics(quiz_drill_kind kind);
 // Draws a fresh drill of `kind`. 0, or -1 with err (no model fits, for example).
 int quiz_drill_generate(quiz_drill_kind kind, const quiz_model_list* models, quiz_rng* rng, quiz_drill* out,
                         error_info* err);
+
+// Bytes of memory a device holds. engine/devices.c gives the marketed size
+// in decimal bytes (H100: 80e9), but the memory itself comes in binary
+// sizes: an H100 holds 80 GiB = 85899345920 bytes, 7.4% more, enough for 33
+// sequences of Llama-2-7B at S = 4096 rather than 30. The quiz and calc
+// count N GiB.
+double quiz_device_memory_bytes(const device_model* device);
+// The same in GiB (80 for an H100).
+double quiz_device_memory_gib(const device_model* device);
+
+// KV bytes one token adds at `bytes_per_value` (1: INT8, 2: FP16, 4: FP32),
+// as the engine's pool stores them: 2 (K and V) x L x heads x head_dim x
+// bytes, plus for INT8 one FP32 scale per token, layer, K/V and head (2 x L x
+// heads x 4 bytes: +3.1% at head_dim 128). heads: n_kv_heads, or n_heads
+// without grouped-query attention.
+double quiz_kv_bytes_per_token(const quiz_model* m, bool grouped_query, int bytes_per_value);
 
 // Bytes of N weights in `format`: 2 N (FP16); N bits / 8 + 2 N / group_size
 // (INT8, INT4: one 2-byte FP16 scale per group of group_size weights).

@@ -23,10 +23,14 @@ static int read_model(quiz_data_file* f, quiz_model* m, error_info* err) {
         {"head_dim", &m->head_dim},
         {"vocab_size", &m->vocab_size},
         {"intermediate_size", &m->intermediate_size},
+        {"max_position_embeddings", &m->context_tokens},
     };
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
         if (quiz_data_int(f, fields[i].field, true, 1, 1 << 24, fields[i].out, err)) return -1;
     if (quiz_data_bool(f, "tied_embeddings", true, &m->tied_embeddings, err)) return -1;
+    if (m->context_tokens < QUIZ_MIN_CONTEXT_TOKENS)
+        return error_set(err, "%s: %s: field 'max_position_embeddings': expected at least %d tokens, found %d", f->path,
+                         f->where, QUIZ_MIN_CONTEXT_TOKENS, m->context_tokens);
     if (m->n_heads % m->n_kv_heads != 0)
         return error_set(err, "%s: %s: n_kv_heads %d does not divide n_heads %d", f->path, f->where, m->n_kv_heads,
                          m->n_heads);

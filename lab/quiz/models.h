@@ -7,6 +7,10 @@
 
 #include "base/error.h"
 
+// The shortest sequence the drills ask about (drill-sequences-fit's 512),
+// so a model's context must hold at least that.
+enum { QUIZ_MIN_CONTEXT_TOKENS = 512 };
+
 typedef struct quiz_model {
     char name[48];
     int n_layers;   // L
@@ -17,6 +21,7 @@ typedef struct quiz_model {
     int vocab_size;
     int intermediate_size; // feed-forward width
     bool tied_embeddings;  // the output matrix is the embedding matrix
+    int context_tokens;    // max_position_embeddings: the longest sequence a drill asks about (0: no limit)
 } quiz_model;
 
 typedef struct quiz_model_list {
@@ -25,7 +30,8 @@ typedef struct quiz_model_list {
 } quiz_model_list;
 
 // Loads and checks models.lua (every field present and positive,
-// n_kv_heads divides n_heads, n_heads * head_dim = d_model).
+// n_kv_heads divides n_heads, n_heads * head_dim = d_model; the context,
+// max_position_embeddings, at least 512 tokens: the shortest S a drill asks about).
 int quiz_models_load(const char* path, quiz_model_list* list, error_info* err);
 void quiz_models_free(quiz_model_list* list);
 

@@ -62,9 +62,10 @@ static void test_llama2_7b_on_h100_by_hand(void** state) {
     // 32000 x 4096 x 2 + 32 x (2 x 4096^2 + 2 x 4096^2 + 3 x 4096 x 11008 + 2 x 4096) + 4096.
     assert_true(result(root, "parameters") == 6738415616.0);
     assert_true(result(root, "weight_bytes_fp16") == 13476831232.0);
-    // floor((80e9 - 13476831232) / 2147483648) = floor(30.98); int8 KV: / 1107296256 = floor(60.08).
-    assert_true(result(root, "sequences_fit_fp16_kv") == 30.0);
-    assert_true(result(root, "sequences_fit_int8_kv") == 60.0);
+    // The H100 holds 80 GiB: floor((80 x 2^30 - 13476831232) / 2147483648) = floor(33.72); int8 KV:
+    // / 1107296256 = floor(65.41). (80e9 bytes would give 30 and 60.)
+    assert_true(result(root, "sequences_fit_fp16_kv") == 33.0);
+    assert_true(result(root, "sequences_fit_int8_kv") == 65.0);
     // Per token: 6738415616 - 32000 x 4096 + 4096 - 65 x 4096 norm gains = 6607081472 fp16 weights,
     // + 266240 x 4 bytes of fp32 norms = 13215227904 bytes; / 3.35e12 B/s = 3.9448 ms.
     assert_true(result(root, "decode_weight_bytes") == 13215227904.0);
@@ -81,8 +82,8 @@ static void test_text_shows_the_formulas_filled_in(void** state) {
     assert_int_equal(r.exit_status, 0);
     assert_non_null(strstr(r.out, "2 x 32 x 4096 (32 KV heads x 128) x 2"));
     assert_non_null(strstr(r.out, "= 524288 bytes"));
-    assert_non_null(strstr(r.out, "floor((80000000000 - 13476831232) / (524288 x 4096))"));
-    assert_non_null(strstr(r.out, "= 30 sequences"));
+    assert_non_null(strstr(r.out, "floor((85899345920 - 13476831232) / (524288 x 4096))"));
+    assert_non_null(strstr(r.out, "= 33 sequences"));
     free_result(&r);
 }
 

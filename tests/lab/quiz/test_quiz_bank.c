@@ -13,12 +13,14 @@
 
 #include <ctype.h>
 #include <dirent.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "engine/devices.h"
 #include "lab/quiz/bank.h"
 #include "lab/quiz/data.h"
+#include "lab/quiz/drills.h"
 #include "lab/quiz/models.h"
 #include "tests/test_support.h"
 
@@ -156,7 +158,8 @@ static void test_seed_items_are_all_in_the_bank(void** state) {
     quiz_bank bank = load_bank();
     // The seed's 33 items, plus the lab's own claims beyond the bank.
     int beyond = 0;
-    for (int i = 0; i < bank.n_items; i++) beyond += bank.items[i].beyond_bank;
+    for (int i = 0; i < bank.n_items; i++)
+        beyond += bank.items[i].beyond_bank;
     assert_int_equal(bank.n_items - beyond, total);
     // Each seed item is claimed by exactly one bank item, whose words are in it.
     int claimed[QUIZ_KIND_COUNT][16] = {{0}};
@@ -222,9 +225,9 @@ static void test_every_item_is_complete(void** state) {
 
 // Issue 7's claim ids: what the lessons check.
 static const char* const LESSON_CLAIMS[] = {
-    "tf1",  "tf2",  "tf3",   "tf4",   "tf5",   "tf6",   "tf7",   "tf8",   "tf9",   "tf10",  "se1",
-    "se2",  "se3",  "se4",   "se5",   "se6",   "se7",   "se8",   "why1",  "why2",  "why3",  "why4",
-    "why5", "why6", "edge1", "edge2", "edge3", "edge4", "edge5", "edge6", "edge7", "edge8", "recall1",
+    "tf1",          "tf2",  "tf3",   "tf4",   "tf5",   "tf6",   "tf7",   "tf8",   "tf9",   "tf10",  "se1",
+    "se2",          "se3",  "se4",   "se5",   "se6",   "se7",   "se8",   "why1",  "why2",  "why3",  "why4",
+    "why5",         "why6", "edge1", "edge2", "edge3", "edge4", "edge5", "edge6", "edge7", "edge8", "recall1",
     "w4a8-prefill", // beyond the bank: integer activations do speed up prefill
 };
 #define N_LESSON_CLAIMS ((int)(sizeof LESSON_CLAIMS / sizeof LESSON_CLAIMS[0]))
@@ -377,11 +380,15 @@ static void test_kv_formula_items_teach_the_gqa_width(void** state) {
     quiz_bank_free(&bank);
 }
 
-// tf9: the seed blames HBM saturation; lesson 04 measures the plateau at
-// the compute ridge (batch-1 decode already saturates the bandwidth, and
-// that is where batching pays). The answer stays the seed's (false), the
-// reason is the ridge, with the H100's numbers from engine/devices.h.
-static void test_tf9_names_the_compute_ridge(void** state) {
+// tf9: the seed blames HBM saturation for the batching plateau. Both
+// regimes are taught, with numbers worked here from Llama-2-7B's shape
+// (quiz/models.lua) and the H100 of engine/devices.h: a decode step reads
+// the weights W once for the batch and S x KV per token for each sequence.
+// Short context: the plateau is the compute ridge (B ~ 295), which needs
+// 295 x S x KV < W; long context (S = 4096): the KV bytes pass W at B = 6,
+// every step stays memory-bound, and tokens/s levels off at bandwidth /
+// (S x KV): the bank is right there. The answer stays false.
+static void test_tf9_teaches_both_regimes(void** state) {
     (void)state;
     quiz_bank bank = load_bank();
     const quiz_item* tf9 = find_item(&bank, "tf9");
@@ -392,15 +399,51 @@ static void test_tf9_names_the_compute_ridge(void** state) {
     for (int d = 0; d < n_devices; d++)
         if (strstr(devices[d].name, "H100")) h100 = &devices[d];
     assert_non_null(h100);
-    char arithmetic[128];
-    snprintf(arithmetic, sizeof arithmetic, "%.0f TFLOP/s / %.2f TB/s = %.0f FLOP/byte", h100->peak_fp16_flops / 1e12,
-             h100->bandwidth_bytes_per_s / 1e12, device_ridge_point(h100, 0));
+    quiz_model_list models;
+    error_info err = {{0}};
+    if (quiz_models_load("quiz/models.lua", &models, &err)) fail_msg("%s", err.message);
+    const quiz_model* llama = find_model(&models, "Llama-2-7B");
+    const double bw = h100->bandwidth_bytes_per_s, peak = h100->peak_fp16_flops, ridge = peak / bw;
+    const double kv = (double)quiz_model_kv_bytes_per_token(llama, true, 2), S = 4096;
+    quiz_decode_weights read = quiz_decode_weight_bytes(llama, QUIZ_WEIGHTS_FP16, 0);
+    const double W = read.total_bytes, matmul_flops_per_sequence = 2.0 * (double)read.matrix_weights;
+    char expected[8][96], phrase[128];
+    snprintf(expected[0], sizeof expected[0], "%.0f TFLOP/s / %.2f TB/s = %.0f FLOP/byte", peak / 1e12, bw / 1e12,
+             ridge);
+    snprintf(expected[1], sizeof expected[1], "W = %.1f GB", W / 1e9);
+    snprintf(expected[2], sizeof expected[2], "S x %.0f KiB", kv / 1024);
+    snprintf(expected[3], sizeof expected[3], "%.0f x S x %.0f KiB < W", floor(ridge), kv / 1024);
+    snprintf(expected[4], sizeof expected[4], "%.0f tokens", floor(W / (ridge * kv))); // "S below ...", "S ... se kam"
+    // The B where the batch's KV bytes pass the weights, at S = 4096.
+    snprintf(expected[5], sizeof expected[5], "= %.0f ", floor(W / (S * kv)));
+    // Memory-bound tokens/s at B = 1, 8, 30 (33 sequences fit in 80 GiB), and the level it approaches.
+    double rate[3];
+    const int batches[3] = {1, 8, 30};
+    for (int i = 0; i < 3; i++) {
+        double memory_s = (W + batches[i] * S * kv) / bw, compute_s = matmul_flops_per_sequence * batches[i] / peak;
+        assert_true(memory_s > 10 * compute_s); // memory-bound by far
+        rate[i] = batches[i] / memory_s;
+    }
+    snprintf(expected[6], sizeof expected[6], "%.0f se %.0f tok/s", rate[0], rate[2]); // EN: "to"
+    snprintf(expected[7], sizeof expected[7], "%.2f TB/s / %.0f GiB = %.0f", bw / 1e12, S * kv / 1073741824.0,
+             bw / (S * kv));
     for (int lang = 0; lang < 2; lang++) {
         const char* text = lang ? tf9->explanation.hi_en : tf9->explanation.en;
-        expect_in("tf9", "explanation", text, arithmetic);
+        for (int k = 0; k < 8; k++) {
+            if (k == 4)
+                snprintf(phrase, sizeof phrase, lang ? "S %s se kam" : "S below %s", expected[4]);
+            else if (k == 6 && !lang)
+                snprintf(phrase, sizeof phrase, "%.0f to %.0f tok/s", rate[0], rate[2]);
+            else
+                memcpy(phrase, expected[k], sizeof expected[k]);
+            expect_in("tf9", lang ? "Hinglish explanation" : "explanation", text, phrase);
+        }
         expect_in("tf9", "explanation", text, "compute ridge");
+        expect_in("tf9", "explanation", text, "memory-bound");
     }
-    expect_in("tf9", "explanation", tf9->explanation.en, "not HBM");
+    expect_in("tf9", "explanation", tf9->explanation.en, "the bank is right there");
+    expect_in("tf9", "explanation", tf9->explanation.hi_en, "bank sahi hai");
+    quiz_models_free(&models);
     quiz_bank_free(&bank);
 }
 
@@ -421,6 +464,55 @@ static void test_why2_counts_the_group_scales(void** state) {
 }
 
 // ---- bad data files ----------------------------------------------------------------------
+
+// ---- multiple choice: the form gives nothing away ----------------------------------------
+
+// A student who always picks the longest choice, or always the shortest,
+// or who rules out the longest and guesses among the rest, scores no
+// better than chance + 10% over the bank's multiple-choice items (ties
+// split: picking among k equally long choices scores 1/k). The seed's
+// right answers were 2-4x longer than their distractors (edge2: 42
+// characters against 4, 1 and 5), and "always the longest" scored 16 of 16.
+static void test_choice_length_gives_nothing_away(void** state) {
+    (void)state;
+    quiz_bank bank = load_bank();
+    int n_items = 0;
+    double chance = 0, longest = 0, shortest = 0, not_longest = 0;
+    for (int i = 0; i < bank.n_items; i++) {
+        const quiz_item* item = &bank.items[i];
+        if (item->n_choices < 2) continue;
+        n_items++;
+        chance += 1.0 / item->n_choices;
+        size_t max_length = 0, min_length = SIZE_MAX;
+        for (int c = 0; c < item->n_choices; c++) {
+            size_t length = strlen(item->choices[c].en);
+            if (length > max_length) max_length = length;
+            if (length < min_length) min_length = length;
+        }
+        int n_longest = 0, n_shortest = 0;
+        for (int c = 0; c < item->n_choices; c++) {
+            n_longest += strlen(item->choices[c].en) == max_length;
+            n_shortest += strlen(item->choices[c].en) == min_length;
+        }
+        size_t right = strlen(item->choices[item->correct_choice].en);
+        if (right == max_length) longest += 1.0 / n_longest;
+        if (right == min_length) shortest += 1.0 / n_shortest;
+        if (right != max_length) not_longest += 1.0 / (item->n_choices - n_longest);
+    }
+    assert_int_equal(n_items, 16); // 8 spot-the-error, 8 edge cases
+    chance /= n_items;
+    const struct {
+        const char* strategy;
+        double score;
+    } STRATEGIES[] = {{"always the longest", longest / n_items},
+                      {"always the shortest", shortest / n_items},
+                      {"a guess among all but the longest", not_longest / n_items}};
+    for (size_t k = 0; k < sizeof STRATEGIES / sizeof STRATEGIES[0]; k++)
+        if (STRATEGIES[k].score > chance + 0.10)
+            fail_msg("'%s' scores %.0f%% over %d items; chance is %.0f%%", STRATEGIES[k].strategy,
+                     100 * STRATEGIES[k].score, n_items, 100 * chance);
+    quiz_bank_free(&bank);
+}
 
 static void expect_bank_error(const char* source, const char* expected) {
     char path[512];
@@ -480,7 +572,8 @@ int main(void) {
         cmocka_unit_test(test_claims_exist_in_lessons),
         cmocka_unit_test(test_bad_bank_files_are_named_errors),
         cmocka_unit_test(test_kv_formula_items_teach_the_gqa_width),
-        cmocka_unit_test(test_tf9_names_the_compute_ridge),
+        cmocka_unit_test(test_tf9_teaches_both_regimes),
+        cmocka_unit_test(test_choice_length_gives_nothing_away),
         cmocka_unit_test(test_why2_counts_the_group_scales),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -10,15 +10,20 @@
 #include <stdlib.h>
 #include <cmocka.h>
 
+#include <fcntl.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "engine/devices.h"
 #include "engine/engine.h"
 #include "engine/model_quant.h"
 #include "engine/model_synth.h"
 #include "engine/quant.h"
+#include "lab/cmd/commands.h"
 #include "lab/quiz/drills.h"
 #include "tests/test_support.h"
 
@@ -71,7 +76,8 @@ static void test_bad_model_file(void** state) {
     char path[512];
     snprintf(path, sizeof path, "%s/bad_models.lua", test_scratch_dir());
     const char* text = "return { { name = 'M', n_layers = 2, d_model = 64, n_heads = 4, n_kv_heads = 3, head_dim = 16, "
-                       "vocab_size = 10, intermediate_size = 8, tied_embeddings = false } }";
+                       "vocab_size = 10, intermediate_size = 8, tied_embeddings = false, "
+                       "max_position_embeddings = 4096 } }";
     assert_true(test_write_file(path, text, strlen(text)));
     quiz_model_list list;
     error_info err = {{0}};
@@ -81,6 +87,12 @@ static void test_bad_model_file(void** state) {
     assert_true(test_write_file(path, text, strlen(text)));
     assert_int_equal(quiz_models_load(path, &list, &err), -1);
     assert_non_null(strstr(err.message, "field 'n_layers': expected a whole number"));
+    // A context shorter than the shortest S a drill asks about.
+    text = "return { { name = 'M', n_layers = 2, d_model = 64, n_heads = 4, n_kv_heads = 2, head_dim = 16, "
+           "vocab_size = 10, intermediate_size = 8, tied_embeddings = false, max_position_embeddings = 256 } }";
+    assert_true(test_write_file(path, text, strlen(text)));
+    assert_int_equal(quiz_models_load(path, &list, &err), -1);
+    assert_non_null(strstr(err.message, "model M: field 'max_position_embeddings': expected at least 512 tokens"));
 }
 
 // ---- independent computations, from the drawn inputs only ------------------------------
@@ -98,6 +110,17 @@ static double bytes_in_format(double n, const quiz_drill_inputs* in) {
                                              : n / 2 + 2 * n / in->group_size;
 }
 
+// Each device's memory as the card holds it, in binary units (nvidia-smi
+// shows 81920 MiB on an A100 80GB; the L4's 24 GiB are 22.5 with ECC on),
+// in device_models() order: A100, H100, H200, L4, RTX 4090.
+static double memory_bytes(int device) {
+    static const double GIB[] = {80, 80, 141, 24, 24};
+    int n_devices = 0;
+    device_models(&n_devices);
+    assert_int_equal(n_devices, (int)(sizeof GIB / sizeof GIB[0]));
+    return GIB[device] * 1024.0 * 1024.0 * 1024.0;
+}
+
 static double expected_answer(const quiz_drill* d, const quiz_model_list* models) {
     const quiz_drill_inputs* in = &d->in;
     const quiz_model* m = in->model >= 0 ? &models->models[in->model] : NULL;
@@ -105,8 +128,10 @@ static double expected_answer(const quiz_drill* d, const quiz_model_list* models
     const device_model* devices = device_models(&n_devices);
     switch (d->kind) {
     case QUIZ_DRILL_KV_SIZE: {
-        double width = (in->grouped_query ? m->n_kv_heads * m->head_dim : m->d_model);
-        return 2.0 * in->batch * in->seq_len * m->n_layers * width * in->bytes_per_value;
+        double heads = in->grouped_query ? m->n_kv_heads : m->n_heads;
+        // INT8 stores a 4-byte fp32 scale per token, layer, K/V and head (engine/kv_memory.h).
+        double per_head = m->head_dim * (double)in->bytes_per_value + (in->bytes_per_value == 1 ? 4.0 : 0.0);
+        return 2.0 * in->batch * in->seq_len * m->n_layers * heads * per_head;
     }
     case QUIZ_DRILL_BLOCKS_NEEDED:
     case QUIZ_DRILL_TAIL_WASTE: {
@@ -119,7 +144,7 @@ static double expected_answer(const quiz_drill* d, const quiz_model_list* models
         return d->kind == QUIZ_DRILL_BLOCKS_NEEDED ? blocks : empty;
     }
     case QUIZ_DRILL_SEQUENCES_FIT: {
-        double free_bytes = devices[in->device].capacity_bytes - 2.0 * params_of(m);
+        double free_bytes = memory_bytes(in->device) - 2.0 * params_of(m);
         double per_sequence = 2.0 * m->n_layers * m->n_kv_heads * m->head_dim * 2.0 * in->seq_len;
         return floor(free_bytes / per_sequence);
     }
@@ -410,6 +435,271 @@ static void test_decode_time_of_qwen_int4_on_h200_by_hand(void** state) {
     quiz_models_free(&models);
 }
 
+// ---- the model's context -------------------------------------------------------------------
+
+// No drill of any family asks about a sequence longer than the model's
+// context (Llama-2: 4096; the drills once drew 8192 and 16384 for it), and
+// the families that draw S do reach the longest S each model allows.
+static void test_no_drill_goes_past_the_context(void** state) {
+    (void)state;
+    quiz_model_list models = load_models();
+    for (int i = 0; i < models.n_models; i++) {
+        const quiz_model* m = &models.models[i];
+        quiz_model_list one = {(quiz_model*)m, 1};
+        for (int kind = 0; kind < QUIZ_DRILL_COUNT; kind++) {
+            int longest = 0;
+            for (int draw = 0; draw < DRAWS; draw++) {
+                quiz_rng rng;
+                quiz_rng_seed(&rng, (uint64_t)draw * 104729u + (uint64_t)kind);
+                quiz_drill d;
+                error_info err = {{0}};
+                if (quiz_drill_generate((quiz_drill_kind)kind, &one, &rng, &d, &err)) fail_msg("%s", err.message);
+                if (d.in.seq_len > m->context_tokens)
+                    fail_msg("%s on %s: S = %d, past its context of %d tokens\n%s",
+                             quiz_drill_id((quiz_drill_kind)kind), m->name, d.in.seq_len, m->context_tokens, d.prompt);
+                if (d.in.seq_len > longest) longest = d.in.seq_len;
+            }
+            // kv-size draws S up to 8192, sequences-fit up to 16384: capped by the context where it is shorter.
+            int reach = kind == QUIZ_DRILL_KV_SIZE ? 8192 : kind == QUIZ_DRILL_SEQUENCES_FIT ? 16384 : 0;
+            if (reach > m->context_tokens) reach = m->context_tokens;
+            if (longest != reach)
+                fail_msg("%s on %s: the longest S drawn is %d, expected %d", quiz_drill_id((quiz_drill_kind)kind),
+                         m->name, longest, reach);
+        }
+    }
+    quiz_models_free(&models);
+}
+
+// ---- memory in GiB, KV in INT8 with its scales --------------------------------------------
+
+// Llama-2-7B on an H100 at S = 4096: (80 x 2^30 - 13476831232) / 2^31 =
+// 33.7, so 33 sequences; the decimal 80e9 gave 30, which is now graded wrong.
+static void test_sequences_fit_counts_gib(void** state) {
+    (void)state;
+    quiz_model_list models = load_models();
+    quiz_model_list llama = {(quiz_model*)find_model(&models, "Llama-2-7B"), 1};
+    bool found = false;
+    for (int draw = 0; draw < 5000 && !found; draw++) {
+        quiz_rng rng;
+        quiz_rng_seed(&rng, (uint64_t)draw);
+        quiz_drill d;
+        error_info err = {{0}};
+        assert_int_equal(quiz_drill_generate(QUIZ_DRILL_SEQUENCES_FIT, &llama, &rng, &d, &err), 0);
+        if (d.in.seq_len != 4096 || !strstr(device_models(&(int){0})[d.in.device].name, "H100")) continue;
+        found = true;
+        assert_true(d.answer.value == 33.0);
+        assert_non_null(strstr(d.prompt, "80 GiB of memory (80 x 2^30 bytes)"));
+        assert_non_null(strstr(d.explanation, "85899345920"));
+        quiz_numeric_verdict verdict;
+        assert_int_equal(quiz_check_numeric(&d.answer, "33", &verdict, &err), 0);
+        assert_true(verdict.correct);
+        assert_int_equal(quiz_check_numeric(&d.answer, "30", &verdict, &err), 0);
+        assert_false(verdict.correct);
+    }
+    assert_true(found);
+    quiz_models_free(&models);
+}
+
+// Llama-2-7B, INT8 KV: 2 x 32 x 32 x (128 + 4) = 270336 bytes per token,
+// the bytes the engine's pool stores; the 262144 of the values alone are
+// 3.0% short, outside the drill's 1%.
+static void test_int8_kv_counts_the_scales(void** state) {
+    (void)state;
+    quiz_model_list models = load_models();
+    quiz_model_list llama = {(quiz_model*)find_model(&models, "Llama-2-7B"), 1};
+    int found = 0;
+    for (int draw = 0; draw < 2000; draw++) {
+        quiz_rng rng;
+        quiz_rng_seed(&rng, (uint64_t)draw);
+        quiz_drill d;
+        error_info err = {{0}};
+        assert_int_equal(quiz_drill_generate(QUIZ_DRILL_KV_SIZE, &llama, &rng, &d, &err), 0);
+        if (d.in.bytes_per_value != 1) continue;
+        found++;
+        double per_token = 270336.0 * d.in.batch * d.in.seq_len;
+        assert_true(d.answer.value == per_token);
+        assert_non_null(strstr(d.prompt, "one FP32 scale (4 bytes) per token, layer, K/V and head"));
+        char typed[64];
+        double factor = quiz_unit_factor(d.answer.unit, NULL);
+        snprintf(typed, sizeof typed, "%.6g %s", 262144.0 * d.in.batch * d.in.seq_len / factor, d.answer.unit);
+        quiz_numeric_verdict verdict;
+        assert_int_equal(quiz_check_numeric(&d.answer, typed, &verdict, &err), 0);
+        if (verdict.correct) fail_msg("'%s' (no scales) was graded right:\n%s", typed, d.prompt);
+    }
+    assert_true(found > 20);
+    quiz_models_free(&models);
+}
+
+// ---- every drill family against servelab calc ---------------------------------------------
+
+// calc's --device words, in device_models() order.
+static const char* const DEVICE_KEYS[] = {"A100", "H100", "H200", "L4", "RTX4090"};
+
+// Runs `servelab calc --json ARGUMENTS` in this process (command_calc, its
+// stdout sent to a scratch file) and returns its "results" object's value `name`.
+static double calc_result(const char* arguments, const char* name) {
+    char line[512], path[512];
+    snprintf(line, sizeof line, "calc --json %s", arguments);
+    char* argv[24];
+    int argc = 0;
+    for (char* word = strtok(line, " "); word && argc < 23; word = strtok(NULL, " "))
+        argv[argc++] = word;
+    argv[argc] = NULL;
+    snprintf(path, sizeof path, "%s/calc.json", test_scratch_dir());
+    fflush(stdout);
+    int saved = dup(1), fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    assert_true(saved >= 0 && fd >= 0);
+    dup2(fd, 1);
+    close(fd);
+    int status = command_calc(argc, argv);
+    fflush(stdout);
+    dup2(saved, 1);
+    close(saved);
+    char* text = test_read_text(path);
+    if (status != 0) fail_msg("servelab calc --json %s: exit %d: %s", arguments, status, text);
+    json_error_t error;
+    json_t* root = json_loads(text, 0, &error);
+    if (!root) fail_msg("servelab calc --json %s: not JSON (%s): %s", arguments, error.text, text);
+    json_t* value = json_object_get(json_object_get(root, "results"), name);
+    if (!json_is_number(value)) fail_msg("calc %s: results.%s is missing", arguments, name);
+    double number = json_number_value(value);
+    json_decref(root);
+    free(text);
+    return number;
+}
+
+// A quiz folder for calc with every model of quiz/models.lua and, for each,
+// a twin "<name>-MHA" with n_kv_heads = n_heads: the shape the kv-size
+// drill asks about when it says "suppose it had no grouped-query attention".
+static void write_quiz_dir_with_mha_twins(const quiz_model_list* models, char* dir, size_t capacity) {
+    char cwd[512], path[1100], bank[1100];
+    assert_non_null(getcwd(cwd, sizeof cwd));
+    snprintf(dir, capacity, "%s/%s/calc-quiz", cwd, test_scratch_dir());
+    mkdir(dir, 0755);
+    snprintf(path, sizeof path, "%s/bank.lua", dir);
+    snprintf(bank, sizeof bank, "%s/quiz/bank.lua", cwd);
+    unlink(path);
+    assert_int_equal(symlink(bank, path), 0);
+    static char text[16384];
+    int used = snprintf(text, sizeof text, "return {\n");
+    for (int i = 0; i < models->n_models; i++)
+        for (int twin = 0; twin < 2; twin++) {
+            const quiz_model* m = &models->models[i];
+            used += snprintf(text + used, sizeof text - (size_t)used,
+                             "{ name = '%s%s', n_layers = %d, d_model = %d, n_heads = %d, n_kv_heads = %d, "
+                             "head_dim = %d, vocab_size = %d, intermediate_size = %d, tied_embeddings = %s, "
+                             "max_position_embeddings = %d },\n",
+                             m->name, twin ? "-MHA" : "", m->n_layers, m->d_model, m->n_heads,
+                             twin ? m->n_heads : m->n_kv_heads, m->head_dim, m->vocab_size, m->intermediate_size,
+                             m->tied_embeddings ? "true" : "false", m->context_tokens);
+        }
+    snprintf(text + used, sizeof text - (size_t)used, "}\n");
+    snprintf(path, sizeof path, "%s/models.lua", dir);
+    assert_true(test_write_file(path, text, strlen(text)));
+}
+
+static const char* weights_argument(const quiz_drill_inputs* in, char* out, size_t capacity) {
+    if (in->format == QUIZ_WEIGHTS_FP16)
+        snprintf(out, capacity, "fp16");
+    else
+        snprintf(out, capacity, "%s:g%d", in->format == QUIZ_WEIGHTS_INT8 ? "int8" : "int4", in->group_size);
+    return out;
+}
+
+// calc's number for the drill, in the drill's units; false for the families
+// calc has no line for (blocks and tail waste, quantization codes, step
+// ratios: tests above check those against the engine and by hand).
+static bool calc_answer(const quiz_drill* d, const quiz_model_list* models, double* out) {
+    const quiz_drill_inputs* in = &d->in;
+    const char* name = in->model >= 0 ? models->models[in->model].name : "";
+    char arguments[256], weights[32];
+    switch (d->kind) {
+    case QUIZ_DRILL_KV_SIZE: {
+        // calc knows fp16 and int8 KV; fp32 (p = 4) is the fp16 bytes twice over.
+        snprintf(arguments, sizeof arguments, "--model %s%s --seq %d --batch %d --kv-dtype %s", name,
+                 in->grouped_query ? "" : "-MHA", in->seq_len, in->batch, in->bytes_per_value == 1 ? "int8" : "fp16");
+        *out = calc_result(arguments, "kv_bytes_batch") * (in->bytes_per_value == 4 ? 2.0 : 1.0);
+        return true;
+    }
+    case QUIZ_DRILL_SEQUENCES_FIT:
+        snprintf(arguments, sizeof arguments, "--model %s --device %s --seq %d", name, DEVICE_KEYS[in->device],
+                 in->seq_len);
+        *out = calc_result(arguments, "sequences_fit_fp16_kv");
+        return true;
+    case QUIZ_DRILL_DECODE_TIME:
+        snprintf(arguments, sizeof arguments, "--model %s --device %s --weights %s", name, DEVICE_KEYS[in->device],
+                 weights_argument(in, weights, sizeof weights));
+        *out = calc_result(arguments, "decode_s_per_token_batch1_weights") * 1e3; // the drill asks in ms
+        return true;
+    case QUIZ_DRILL_WEIGHT_BYTES: {
+        snprintf(arguments, sizeof arguments, "--model %s --weights %s", name,
+                 weights_argument(in, weights, sizeof weights));
+        const char* key = in->format == QUIZ_WEIGHTS_FP16   ? "weight_bytes_fp16"
+                          : in->format == QUIZ_WEIGHTS_INT8 ? "weight_bytes_int8"
+                                                            : "weight_bytes_int4";
+        *out = calc_result(arguments, key);
+        return true;
+    }
+    case QUIZ_DRILL_BLOCKS_NEEDED:
+    case QUIZ_DRILL_TAIL_WASTE:
+    case QUIZ_DRILL_QUANT_SCALE:
+    case QUIZ_DRILL_QUANT_ZERO_POINT:
+    case QUIZ_DRILL_QUANT_CODE:
+    case QUIZ_DRILL_QUANT_RHAT:
+    case QUIZ_DRILL_STEP_RATIO: return false;
+    default: fail_msg("drill kind %d: say whether calc can answer it", (int)d->kind); return false;
+    }
+}
+
+// For every drill family calc answers, every model, and (kv-size) every
+// precision with and without grouped-query attention: calc's number is the
+// drill's answer within the drill's own tolerance.
+static void test_every_drill_family_agrees_with_calc(void** state) {
+    (void)state;
+    quiz_model_list models = load_models();
+    char dir[1024];
+    write_quiz_dir_with_mha_twins(&models, dir, sizeof dir);
+    setenv("SERVELAB_QUIZ_DIR", dir, 1);
+    int compared_families = 0;
+    for (int kind = 0; kind < QUIZ_DRILL_COUNT; kind++) {
+        bool calc_family = false;
+        for (int i = 0; i < models.n_models; i++) {
+            quiz_model_list one = {&models.models[i], 1};
+            bool mha = models.models[i].n_kv_heads == models.models[i].n_heads;
+            // kv-size: p = 1, 2, 4, each grouped and not (a model without GQA has only the first);
+            // the others: one draw per model.
+            bool seen[5][2] = {{false}};
+            int wanted = kind == QUIZ_DRILL_KV_SIZE ? (mha ? 3 : 6) : 1, compared = 0;
+            for (int draw = 0; draw < 400 && compared < wanted; draw++) {
+                quiz_rng rng;
+                quiz_rng_seed(&rng, (uint64_t)draw * 7u + (uint64_t)kind);
+                quiz_drill d;
+                error_info err = {{0}};
+                if (quiz_drill_generate((quiz_drill_kind)kind, &one, &rng, &d, &err)) fail_msg("%s", err.message);
+                bool* variant = &seen[d.in.bytes_per_value][d.in.grouped_query];
+                if (kind == QUIZ_DRILL_KV_SIZE && *variant) continue;
+                double from_calc = 0;
+                if (!calc_answer(&d, &one, &from_calc)) break;
+                calc_family = true;
+                *variant = true;
+                compared++;
+                double allowed = d.answer.rel_tolerance * fabs(d.answer.value) + d.answer.abs_tolerance;
+                if (fabs(from_calc - d.answer.value) > allowed)
+                    fail_msg("%s, %s: calc %.10g, the drill %.10g (allowed +-%.3g)\n%s",
+                             quiz_drill_id((quiz_drill_kind)kind), models.models[i].name, from_calc, d.answer.value,
+                             allowed, d.prompt);
+            }
+            if (calc_family && compared < wanted)
+                fail_msg("%s, %s: %d of %d variants drawn", quiz_drill_id((quiz_drill_kind)kind), models.models[i].name,
+                         compared, wanted);
+        }
+        compared_families += calc_family;
+    }
+    assert_int_equal(compared_families, 4); // kv-size, sequences-fit, decode-time, weight-bytes
+    unsetenv("SERVELAB_QUIZ_DIR");
+    quiz_models_free(&models);
+}
+
 static void test_same_seed_same_drill(void** state) {
     (void)state;
     quiz_model_list models = load_models();
@@ -438,6 +728,10 @@ int main(void) {
         cmocka_unit_test(test_quantization_worked_answer_uses_the_engines_fp16_scale),
         cmocka_unit_test(test_decode_time_counts_the_bytes_the_engine_reads),
         cmocka_unit_test(test_decode_time_of_qwen_int4_on_h200_by_hand),
+        cmocka_unit_test(test_no_drill_goes_past_the_context),
+        cmocka_unit_test(test_sequences_fit_counts_gib),
+        cmocka_unit_test(test_int8_kv_counts_the_scales),
+        cmocka_unit_test(test_every_drill_family_agrees_with_calc),
         cmocka_unit_test(test_same_seed_same_drill),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -329,8 +329,8 @@ static void expect_feedback_whole(const quiz_session* s, int cols, int rows) {
 // At 80x24, the smallest size the lab supports, every question's feedback
 // (verdict, explanation or worked answer, prove-it hint) is shown whole
 // below its question: in both languages, graded right and wrong, and for
-// 40 fresh draws of every drill. The tightest today are edge8 (8 rows of
-// 8) and se2, se3 (7 of 7); the decode-time drill keeps a row spare.
+// 40 fresh draws of every drill. tf9, which teaches two regimes, was cut
+// until it fit its 9 rows (at 522 characters it needed 10).
 static void test_every_feedback_is_whole_at_80x24(void** state) {
     fixture* f = *state;
     int checked = 0;
@@ -707,9 +707,40 @@ static void test_scroll_keys(void** state) {
     quiz_session_free(s);
 }
 
+// The bank writes every right choice first; the session shuffles them. A
+// student who always answers the same letter scores no better than chance
+// + 10%, over 200 sessions of the whole bank.
+static void test_no_letter_is_right_more_often_than_chance(void** state) {
+    fixture* f = *state;
+    int hits[QUIZ_MAX_CHOICES] = {0}, asked = 0;
+    double chance = 0;
+    for (uint64_t seed = 1; seed <= 200; seed++) {
+        quiz_session s;
+        quiz_session_options o = {QUIZ_ALL_TOPICS, 100, seed, QUIZ_LANG_EN, NOW, true, false};
+        error_info err = {{0}};
+        if (quiz_session_start(&s, &o, &f->bank, &f->models, &f->progress, &err)) fail_msg("%s", err.message);
+        for (int i = 0; i < s.n_questions; i++) {
+            const quiz_question* q = &s.questions[i];
+            if (!q->item || q->item->n_choices < 2) continue;
+            asked++;
+            chance += 1.0 / q->item->n_choices;
+            for (int k = 0; k < q->item->n_choices; k++)
+                hits[k] += q->choice_order[k] == q->item->correct_choice;
+        }
+        quiz_session_free(&s);
+    }
+    assert_true(asked >= 200 * 16);
+    chance /= asked;
+    for (int k = 0; k < QUIZ_MAX_CHOICES; k++)
+        if ((double)hits[k] / asked > chance + 0.10)
+            fail_msg("always '%c' scores %.0f%% over %d questions; chance is %.0f%%", 'a' + k, 100.0 * hits[k] / asked,
+                     asked, 100 * chance);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_topics_and_count, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_no_letter_is_right_more_often_than_chance, setup, teardown),
         cmocka_unit_test_setup_teardown(test_due_items_come_first, setup, teardown),
         cmocka_unit_test_setup_teardown(test_true_false_answers, setup, teardown),
         cmocka_unit_test_setup_teardown(test_choice_text_and_numeric_answers, setup, teardown),
