@@ -180,7 +180,7 @@ static int parse_device(const char* text, calc_device* out, error_info* err) {
     for (int i = 0; i < count && i < (int)(sizeof KEYS / sizeof KEYS[0]); i++) {
         if (strcmp(compact, KEYS[i]) != 0) continue;
         snprintf(out->name, sizeof out->name, "%s", devices[i].name);
-        out->capacity_bytes = quiz_device_memory_bytes(&devices[i]); // N GiB, as the quiz counts it
+        out->capacity_bytes = devices[i].capacity_bytes; // N GiB (engine/devices.c)
         out->bandwidth_bytes_per_s = devices[i].bandwidth_bytes_per_s;
         out->peak_fp16_flops = devices[i].peak_fp16_flops;
         return 0;

@@ -59,9 +59,9 @@ unsigned quiz_drill_topics(quiz_drill_kind kind) {
     return kind >= 0 && kind < QUIZ_DRILL_COUNT ? DRILLS[kind].topics : 0;
 }
 
-double quiz_device_memory_gib(const device_model* device) { return round(device->capacity_bytes / 1e9); }
+double quiz_device_memory_gib(const device_model* device) { return device->capacity_bytes / 1073741824.0; }
 
-double quiz_device_memory_bytes(const device_model* device) { return quiz_device_memory_gib(device) * 1073741824.0; }
+double quiz_device_memory_bytes(const device_model* device) { return device->capacity_bytes; }
 
 double quiz_kv_bytes_per_token(const quiz_model* m, bool grouped_query, int bytes_per_value) {
     double values = (double)quiz_model_kv_bytes_per_token(m, grouped_query, bytes_per_value);

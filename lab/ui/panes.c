@@ -594,7 +594,7 @@ static void traffic_device_lines(ui_screen* s, ui_rect r, const device_model* de
     ui_line_text(&device, 1, " (d cycles)", "", NULL);
     ui_line_si(&device, 9, false, ": ", projected, "s", "");
     ui_line_si(&device, 6, true, "  ", dev->bandwidth_bytes_per_s, "B/s", "");
-    ui_line_si(&device, 5, true, ", ", dev->capacity_bytes, "B", "");
+    ui_line_number(&device, 5, true, ", ", dev->capacity_bytes / 1073741824.0, 3, " GiB"); // binary, as the card holds it
     ui_line_si(&device, 4, true, ", ", dev->peak_fp16_flops, "FLOPS", " fp16");
     ui_line_si(&device, 3, true, ", ", dev->peak_int8_ops, "OPS", " int8");
     ui_line_put(s, r.x, r.y + 6, text_w(r), UI_DEFAULT, 0, &device);
