@@ -75,13 +75,10 @@ static const renamed_field RENAMED_FIELDS[] = {
 enum { MAX_COMPARED_NAME = 64 };
 
 // Optimal string alignment distance (edits: insert, delete, substitute,
-// swap two neighbours), with a key that starts a longer name counted as 1:
-// `tail_wast` is one edit from `tail_waste` but six from `tail_waste_slots`,
-// which it means.
-static int name_distance(const char* a, const char* b) {
+// swap two neighbours).
+static int edit_distance(const char* a, const char* b) {
     size_t n = strlen(a), m = strlen(b);
     if (n > MAX_COMPARED_NAME || m > MAX_COMPARED_NAME) return 1000;
-    if (n >= 3 && n < m && strncmp(a, b, n) == 0) return 1;
     int d[MAX_COMPARED_NAME + 1][MAX_COMPARED_NAME + 1];
     for (size_t i = 0; i <= n; i++)
         d[i][0] = (int)i;
@@ -101,6 +98,15 @@ static int name_distance(const char* a, const char* b) {
     return d[n][m];
 }
 
+// The edit distance, except that a key of 3+ characters that starts a
+// longer name counts 1: `tail_wast` is one edit from `tail_waste` but six
+// from `tail_waste_slots`, which it means.
+static int name_distance(const char* key, const char* name, int edits) {
+    size_t n = strlen(key);
+    if (n >= 3 && n < strlen(name) && strncmp(key, name, n) == 0 && edits > 1) return 1;
+    return edits;
+}
+
 // Close enough to say "did you mean": up to a third of the name's length,
 // at least 2 (`blok_size` and `kvread` are typos; `foo` for `step` is not).
 static bool close_enough(const char* key, int distance) {
@@ -110,14 +116,20 @@ static bool close_enough(const char* key, int distance) {
 
 const char* lab_closest_name(const char* key, const char* const* names, int n_names, int* distance_out) {
     const char* best = NULL;
-    int best_distance = 1 << 30;
+    int best_distance = 1 << 30, best_edits = 1 << 30;
     for (int i = 0; i < n_names; i++) {
-        int distance = name_distance(key, names[i]);
-        // Ties go to the alphabetically first name, so the message is the
-        // same whatever order a table's keys come in.
-        if (distance < best_distance || (distance == best_distance && best && strcmp(names[i], best) < 0)) {
+        int edits = edit_distance(key, names[i]);
+        int distance = name_distance(key, names[i], edits);
+        // Ties go to fewer plain edits (`scale` means `scales` before
+        // `scale_mean`), then to the alphabetically first name, so the
+        // message is the same whatever order a table's keys come in.
+        bool better =
+            distance < best_distance ||
+            (distance == best_distance && (edits < best_edits || (edits == best_edits && strcmp(names[i], best) < 0)));
+        if (better) {
             best = names[i];
             best_distance = distance;
+            best_edits = edits;
         }
     }
     if (distance_out) *distance_out = best_distance;
