@@ -190,13 +190,18 @@ static void warn_renamed_once(lua_State* L, const char* kind, const renamed_fiel
 static int known_names(lua_State* L, int table, const char* kind, const char** names, const char** meaning,
                        int capacity) {
     int n = 0;
+    int room = capacity - 32; // room kept for the optional and old names
     lua_pushnil(L);
     while (lua_next(L, table) != 0) {
         lua_pop(L, 1);
-        if (lua_type(L, -1) == LUA_TSTRING && n < capacity) {
+        if (lua_type(L, -1) == LUA_TSTRING) {
             names[n] = lua_tostring(L, -1); // the key is held by the table
             meaning[n] = names[n];
             n++;
+        }
+        if (n == room) { // a table a lesson filled with thousands of keys: suggest from the first 64 it yields
+            lua_pop(L, 1);
+            break;
         }
     }
     for (size_t i = 0; i < N_OPTIONAL && n < capacity; i++)
