@@ -32,7 +32,7 @@ typedef struct kv_usage {
     int64_t slots_total;           // slots in the memory
     int64_t slots_used;            // slots holding a token (shared blocks once)
     int64_t slots_allocated;       // paged: slots of used blocks; contiguous: reserved slots
-    int64_t tail_waste_slots;      // paged: slots past each sequence's last token in its last block
+    int64_t tail_waste_slots;      // paged: slots past each sequence's last computed token in its last block
     int64_t reserved_unused_slots; // contiguous: reserved but holding no token
     int64_t external_fragmentation_slots; // contiguous: free slots outside the largest hole
 } kv_usage;

@@ -166,10 +166,16 @@ static void after_compute(block_manager* bm, sequence* s, int from, int to) {
 }
 
 static int32_t tail_waste(const block_manager* bm, const sequence* s) {
-    // Slots of its blocks past its last token (computed or still to
-    // compute), at most block_size - 1 by construction. A token just
-    // sampled may sit one past the table until the next step gives it a block.
-    int64_t tail = (int64_t)s->n_table * bm->block_size - s->n_tokens;
+    // Slots of its blocks that no token of it fills: past its last token
+    // whose keys and values are in the cache (n_computed, the record's
+    // `context`) or, while it prefills, due there in a later chunk (its
+    // blocks were taken for the whole prompt). The token just sampled is
+    // not counted: it has no keys until the next step writes them (at
+    // context 33 in blocks of 16, 15 empty slots, and tail_fill 1 + 15 =
+    // block_size; counting it gave 14, one less than lesson 02's count).
+    // At most block_size - 1: a block is taken only for tokens due.
+    int tokens_holding_slots = s->state == SEQ_DECODE ? s->n_computed : s->n_tokens;
+    int64_t tail = (int64_t)s->n_table * bm->block_size - tokens_holding_slots;
     return tail > 0 ? (int32_t)tail : 0;
 }
 

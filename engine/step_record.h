@@ -31,7 +31,9 @@ typedef struct step_sequence {
     int32_t table_offset;  // its block table: block_ids[table_offset .. + n_table)
     int32_t n_table;
     int32_t tail_fill;     // slots used in its last block (paged)
-    int32_t tail_waste_slots; // paged: slots of its blocks past its last token, 0..block_size - 1; contiguous 0
+    int32_t tail_waste_slots; // paged: slots of its blocks past its last computed token, or past its prompt while
+                              // it prefills (decoding: n_blocks x block_size - context; the token just sampled
+                              // holds no slot yet), 0..block_size - 1; contiguous 0
 } step_sequence;
 
 // Where a pool block stands after the step (the dashboard's pool map).
@@ -106,7 +108,7 @@ typedef struct step_record {
     int64_t slots_total;           // slots in the pool
     int64_t slots_used;            // slots holding a token (shared blocks once)
     int64_t slots_allocated;       // paged: slots of used blocks; contiguous: reserved slots
-    int64_t tail_waste_slots;      // paged: slots past each sequence's last token in its last block
+    int64_t tail_waste_slots;      // paged: slots past each sequence's last computed token in its last block
     int64_t reserved_unused_slots; // contiguous: reserved but holding no token
     int64_t external_fragmentation_slots; // contiguous: free slots outside the largest hole
     kv_layout layout;

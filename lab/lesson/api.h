@@ -112,8 +112,12 @@ int lab_field_error(lua_State* L, int arg, const char* field, const char* format
 int lab_get_field(lua_State* L, int arg, const char* field);
 
 // Checks that argument `arg` is a table whose keys are all in `allowed`
-// (NULL-terminated).
+// (NULL-terminated); an unknown key's error names the closest allowed one
+// ("field 'block_sise': unknown field (did you mean 'block_size'? ...)").
 void lab_check_fields(lua_State* L, int arg, const char* const* allowed);
+// The same for a table inside argument `arg` (at stack `index`), its
+// fields named "prefix.field" in errors (prefix "device.").
+void lab_check_nested_fields(lua_State* L, int index, int arg, const char* prefix, const char* const* allowed);
 
 // Optional fields: the default when absent (nil); an error when the type or range is wrong.
 lua_Integer lab_opt_integer_field(lua_State* L, int arg, const char* field, lua_Integer fallback, lua_Integer min,
@@ -159,6 +163,30 @@ void lab_apply_flag_fields(lua_State* L, int arg, const lab_field_flag* fields, 
 // `shown_as`, so a bad argument reads "bad argument #2 to 'engine.add'".
 void lab_register_userdata_type(lua_State* L, const char* name, const char* shown_as, const luaL_Reg* methods,
                                 lua_CFunction gc, lua_CFunction tostring);
+
+// ---- strict tables (strict.c) ------------------------------------------------------------
+
+// The lesson API's version, lab.api_version: raised whenever a name a
+// lesson reads changes (lessons/README.md's changelog lists each change).
+#define LAB_API_VERSION 3
+
+// Makes the table at `index`, and every table inside it, strict: reading a
+// name it lacks raises "KIND has no field 'x' (did you mean 'y'?)"; a name
+// renamed since API 1 reads the new field, with one warning per lesson.
+// `kind` names it in messages ("step record", "e:pool()"); nested tables
+// are "KIND.field" and array elements "KIND[]". A table that already has
+// a metatable (an element made strict under its own kind) is left as is.
+void lab_make_strict(lua_State* L, int index, const char* kind);
+
+// The name among `names` closest to `key` (edit distance, where a key that
+// starts a longer name counts 1), and that distance; NULL when n_names is 0.
+const char* lab_closest_name(const char* key, const char* const* names, int n_names, int* distance);
+// True when that distance is small enough to say "did you mean".
+bool lab_name_is_close(const char* key, int distance);
+
+// A warning for the lesson's author (a renamed field read by its old
+// name): to the host's on_warning, else narrated as "warning: ...".
+void lesson_warn(lesson* l, const char* text);
 
 // ---- the parts, each adding its functions to the lab table on top -------------------------
 void lab_open_model_api(lua_State* L);   // api_model.c: loading models, their shapes, tensors, tokenizer

@@ -408,6 +408,7 @@ static void push_record(lua_State* L, const step_record* r) {
     push_ran_sequences(L, r);
     lab_push_int32_array(L, r->finished_ids, (size_t)r->n_finished_now);
     lua_setfield(L, -2, "finished_ids");
+    lab_make_strict(L, record, "step record");
 }
 
 static void accumulate(lab_totals* t, const step_record* r) {
@@ -551,6 +552,7 @@ static int engine_pool(lua_State* L) {
         }
         lua_setfield(L, -2, "filled");
     }
+    lab_make_strict(L, -1, "e:pool()");
     return 1;
 }
 
@@ -624,6 +626,7 @@ static void push_sequence(lua_State* L, const lab_engine* e, const step_sequence
     if (e->engine.config.layout == KV_LAYOUT_PAGED) lab_set_integer(L, "tail_waste_slots", recorded_tail_waste(e, s));
     lab_push_decoded(L, e->model->source.tokenizer, s->tokens[s->n_prompt - 1], s->tokens + s->n_prompt, generated);
     lua_setfield(L, -2, "text");
+    lab_make_strict(L, -1, "sequence");
 }
 
 static int engine_sequence_lua(lua_State* L) {
@@ -640,6 +643,7 @@ static int engine_sequences(lua_State* L) {
         push_sequence(L, e, &now->live_sequences[i]);
         lua_rawseti(L, -2, i + 1);
     }
+    lab_make_strict(L, -1, "e:sequences()");
     return 1;
 }
 
@@ -651,6 +655,7 @@ static int engine_queues_lua(lua_State* L) {
     lab_push_int32_array(L, now->running_ids, (size_t)now->n_running);
     lua_setfield(L, -2, "running");
     lab_set_integer(L, "finished", now->n_finished);
+    lab_make_strict(L, -1, "e:queues()");
     return 1;
 }
 
@@ -681,6 +686,7 @@ static int engine_totals(lua_State* L) {
     lab_set_number(L, "util_pct", t->steps ? t->util_pct_sum / (double)t->steps : 0.0);
     lab_set_integer(L, "requests", le->engine.n_requests);
     lab_set_integer(L, "finished", now->n_finished);
+    lab_make_strict(L, -1, "e:totals()");
     return 1;
 }
 
@@ -692,6 +698,7 @@ static int engine_logits(lua_State* L) {
         return luaL_argerror(L, 2, lua_pushfstring(L, "sequence %d has not sampled a token yet", s->id));
     int vocab = e->engine.model->config.vocab_size;
     lab_push_float_array(L, e->last_logits + (size_t)s->id * (size_t)vocab, (size_t)vocab);
+    lab_make_strict(L, -1, "e:logits()");
     lua_pushinteger(L, e->logits_position[s->id]);
     return 2;
 }
@@ -713,6 +720,7 @@ static int engine_config_lua(lua_State* L) {
     lab_set_integer(L, "threads", c->n_threads);
     lab_set_integer(L, "tp", c->tp_shards);
     lab_set_string(L, "tp_link", link_model_get(c->tp_link)->name);
+    lab_make_strict(L, -1, "e:config()");
     return 1;
 }
 

@@ -215,6 +215,7 @@ static void push_model_info(lua_State* L, const lab_model* m) {
     lab_set_string(L, "dtype", weight_dtype_name(mo->layers[0].wq.dtype));
     lab_set_integer(L, "activation_bits", mo->layers[0].wq.activation_bits);
     lab_set_string(L, "activations", matmul_activation_format(&mo->layers[0].wq));
+    lab_make_strict(L, -1, "m:info()");
 }
 
 static int model_info(lua_State* L) {
@@ -239,6 +240,7 @@ static int model_tensor(lua_State* L) {
             lua_rawseti(L, -2, (lua_Integer)r * w->cols + i + 1);
         }
     }
+    lab_make_strict(L, -1, "m:tensor()");
     lua_pushinteger(L, w->rows);
     lua_pushinteger(L, w->cols);
     return 3;
@@ -301,6 +303,7 @@ static int model_encode(lua_State* L) {
     int n = 0;
     int32_t* ids = lab_encode_text(L, m->source.tokenizer, text, true, &n, 2, NULL);
     lab_push_int32_array(L, ids, (size_t)n);
+    lab_make_strict(L, -1, "m:encode()");
     return 1;
 }
 

@@ -92,6 +92,7 @@ static int lab_ratio_interval(lua_State* L) {
     lua_setfield(L, -2, "confidence");
     lua_pushinteger(L, (lua_Integer)n);
     lua_setfield(L, -2, "n");
+    lab_make_strict(L, -1, "lab.ratio_interval()");
     return 1;
 }
 
@@ -300,6 +301,7 @@ static int lab_time(lua_State* L) {
         }
     }
     push_timing(L, &q, seconds, cpu, &traffic);
+    lab_make_strict(L, -1, "lab.time()");
     // Free the engine now rather than at the next collection (the
     // finalizer then finds nothing left to do).
     lua_pushcfunction(L, timing_engine_gc);
@@ -337,6 +339,7 @@ static int lab_roofline(lua_State* L) {
     lab_set_string(L, "bound", memory_s >= compute_s ? "memory" : "compute");
     lab_set_number(L, "intensity", bytes > 0 ? flops / bytes : 0.0);
     lab_set_number(L, "ridge", peak / bandwidth);
+    lab_make_strict(L, -1, "lab.roofline()");
     return 1;
 }
 
@@ -358,6 +361,7 @@ static int lab_devices(lua_State* L) {
         push_device(L, &devices[i]);
         lua_rawseti(L, -2, i + 1);
     }
+    lab_make_strict(L, -1, "lab.devices()");
     return 1;
 }
 
@@ -365,6 +369,9 @@ static void read_device(lua_State* L, int arg, bool int8, double* bandwidth, dou
     int type = lab_get_field(L, arg, "device");
     if (type == LUA_TTABLE) {
         int table = lua_gettop(L);
+        // A device of lab.devices() may be passed whole: its other fields are accepted.
+        static const char* const device_fields[] = {"bandwidth", "peak_flops", "peak_int8", "name", "capacity", "ridge", NULL};
+        lab_check_nested_fields(L, table, arg, "device.", device_fields);
         *bandwidth = lab_opt_number_field(L, table, "bandwidth", 0, 1, 1e18);
         *peak = lab_opt_number_field(L, table, "peak_flops", 0, 1, 1e20);
         if (*bandwidth <= 0 || *peak <= 0) lab_field_error(L, arg, "device", "a device table needs bandwidth and peak_flops");
@@ -372,8 +379,10 @@ static void read_device(lua_State* L, int arg, bool int8, double* bandwidth, dou
     } else if (type == LUA_TSTRING && strcmp(lua_tostring(L, -1), "machine") == 0) {
         lua_pushcfunction(L, lab_machine);
         lua_call(L, 0, 1);
-        lua_getfield(L, -1, "bandwidth");
-        lua_getfield(L, -2, "peak_flops");
+        lua_pushliteral(L, "bandwidth"); // raw, as every host read (the table is strict)
+        lua_rawget(L, -2);
+        lua_pushliteral(L, "peak_flops");
+        lua_rawget(L, -3);
         *bandwidth = lua_tonumber(L, -2);
         *peak = lua_tonumber(L, -1);
         lua_pop(L, 3);
@@ -482,6 +491,7 @@ static int lab_machine(lua_State* L) {
     lab_set_number(L, "bandwidth", l->machine_bandwidth_bytes_per_s);
     lab_set_number(L, "peak_flops", l->machine_peak_flops);
     lab_set_number(L, "ridge", l->machine_peak_flops / l->machine_bandwidth_bytes_per_s);
+    lab_make_strict(L, -1, "lab.machine()");
     return 1;
 }
 

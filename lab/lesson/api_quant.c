@@ -300,6 +300,7 @@ static int lab_quantize(lua_State* L) {
         lab_push_float_array(L, q.channel_scales, (size_t)cols);
         lua_setfield(L, -2, "channel_scales");
     }
+    lab_make_strict(L, -1, "lab.quantize()");
     return 1;
 }
 
@@ -371,6 +372,7 @@ static int lab_quantize_model(lua_State* L) {
         lua_rawseti(L, -2, i + 1);
     }
     lua_setfield(L, -2, "layers");
+    lab_make_strict(L, -1, "lab.quantize_model()");
     model_quant_report_free(&report);
     return 2;
 }
@@ -395,6 +397,7 @@ static int lab_compare(lua_State* L) {
     lab_set_number(L, "ppl_reference", c.ppl_reference);
     lab_set_number(L, "ppl_test", c.ppl_test);
     lab_set_integer(L, "positions", c.n_positions);
+    lab_make_strict(L, -1, "lab.compare()");
     return 1;
 }
 

@@ -27,18 +27,22 @@ int lab_field_error(lua_State* L, int arg, const char* field, const char* format
     return luaL_argerror(L, arg, message);
 }
 
-void lab_check_fields(lua_State* L, int arg, const char* const* allowed) {
-    luaL_checktype(L, arg, LUA_TTABLE);
+// The keys of the table at `index` must all be in `allowed`; an unknown one
+// names the closest allowed name. `prefix` ("device.") is put before a
+// field's name when the table sits inside argument `arg`.
+static void check_table_fields(lua_State* L, int index, int arg, const char* prefix, const char* const* allowed) {
+    index = lua_absindex(L, index);
     lua_pushnil(L);
-    while (lua_next(L, arg) != 0) {
+    while (lua_next(L, index) != 0) {
         lua_pop(L, 1); // the value; keep the key for lua_next
         if (lua_type(L, -1) != LUA_TSTRING) {
-            luaL_argerror(L, arg, lua_pushfstring(L, "unexpected key of type %s (fields have names)",
-                                                   luaL_typename(L, -1)));
+            luaL_argerror(L, arg, lua_pushfstring(L, "unexpected key of type %s%s (fields have names)",
+                                                   luaL_typename(L, -1), prefix[0] ? " in a table field" : ""));
         }
         const char* key = lua_tostring(L, -1);
         bool known = false;
-        for (const char* const* a = allowed; *a && !known; a++) known = strcmp(*a, key) == 0;
+        int n_allowed = 0;
+        for (const char* const* a = allowed; *a; a++, n_allowed++) known = known || strcmp(*a, key) == 0;
         if (!known) {
             luaL_Buffer b;
             luaL_buffinit(L, &b);
@@ -47,9 +51,26 @@ void lab_check_fields(lua_State* L, int arg, const char* const* allowed) {
                 luaL_addstring(&b, *a);
             }
             luaL_pushresult(&b);
-            lab_field_error(L, arg, key, "unknown field (expected one of: %s)", lua_tostring(L, -1));
+            int distance = 0;
+            const char* closest = lab_closest_name(key, allowed, n_allowed, &distance);
+            char field[96];
+            snprintf(field, sizeof field, "%s%.64s", prefix, key);
+            if (closest && lab_name_is_close(key, distance))
+                lab_field_error(L, arg, field, "unknown field (did you mean '%s'? expected one of: %s)", closest,
+                                lua_tostring(L, -1));
+            lab_field_error(L, arg, field, "unknown field (the closest is '%s'; expected one of: %s)",
+                            closest ? closest : "", lua_tostring(L, -1));
         }
     }
+}
+
+void lab_check_fields(lua_State* L, int arg, const char* const* allowed) {
+    luaL_checktype(L, arg, LUA_TTABLE);
+    check_table_fields(L, arg, arg, "", allowed);
+}
+
+void lab_check_nested_fields(lua_State* L, int index, int arg, const char* prefix, const char* const* allowed) {
+    check_table_fields(L, index, arg, prefix, allowed);
 }
 
 // Raw: an __index proxy could hand back a value nothing else references

@@ -48,6 +48,15 @@ void lesson_say(lesson* l, const char* text) {
     free(clean);
 }
 
+void lesson_warn(lesson* l, const char* text) {
+    if (l->info_only) return;
+    char* clean = lesson_clean_copy(text, true);
+    if (!clean) return;
+    if (l->options.on_warning) l->options.on_warning(l->options.warning_user, clean);
+    else if (l->options.on_say) l->options.on_say(l->options.user, clean);
+    free(clean);
+}
+
 static int lab_say(lua_State* L) {
     lesson_say(lesson_of(L), luaL_checkstring(L, 1));
     return 0;
@@ -76,6 +85,9 @@ static int open_lab(lua_State* L) {
     // A verdict for lab.check when a timing's interval straddles the
     // threshold: the machine was too noisy to decide (CHECK_UNDECIDED).
     lab_set_string(L, "UNDECIDED", LESSON_UNDECIDED_VERDICT);
+    // A lesson may check it (`assert(lab.api_version >= 3)`); the changelog
+    // in lessons/README.md says what each version renamed.
+    lab_set_integer(L, "api_version", LAB_API_VERSION);
     lab_set_string(L, "lesson_dir", l->lesson_dir);
     lab_set_string(L, "output_dir", l->output_dir);
     lua_pushcfunction(L, lab_declare_lesson);

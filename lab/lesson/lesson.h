@@ -94,6 +94,12 @@ typedef struct lesson_options {
     void (*on_say)(void* user, const char* text);
     void (*on_check)(void* user, const lesson_check_result* result);
     void* user;
+    // Warnings for the lesson's author (a field read by a name the API
+    // renamed): to on_warning with warning_user when set, else to on_say
+    // (the dashboard narrates them). lesson_run_file sends them to its
+    // error stream when neither is set.
+    void (*on_warning)(void* user, const char* text);
+    void* warning_user;
 } lesson_options;
 
 // The write quota's defaults: a lesson's results are a few tables and

@@ -50,8 +50,19 @@ void lesson_print_summary(FILE* out, int passed, int failed, int undecided) {
 
 static void print_check(void* user, const lesson_check_result* result) { lesson_print_check(user, result); }
 
+static void print_warning(void* user, const char* text) {
+    fprintf(user, "%s\n", text);
+    fflush(user);
+}
+
 int lesson_run_file(const char* path, const lesson_options* options, void (*on_pause)(void* user), void* pause_user,
                     FILE* out, FILE* errors, bool summary) {
+    lesson_options with_warnings = options ? *options : lesson_options_default();
+    if (!with_warnings.on_warning) {
+        with_warnings.on_warning = print_warning; // headless: the author still sees a renamed field
+        with_warnings.warning_user = errors;
+    }
+    options = &with_warnings;
     lesson* l = NULL;
     error_info err = {{0}};
     if (lesson_open(&l, path, options, &err)) {

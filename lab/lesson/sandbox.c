@@ -443,6 +443,10 @@ static int sandbox_print(lua_State* L) {
 // lesson's metatable may not carry one. The host's own types keep theirs
 // behind __metatable, which setmetatable and getmetatable respect.
 static int sandbox_setmetatable(lua_State* L) {
+    // A protected metatable (the lab's strict tables) is refused here, so
+    // the error carries the lesson's line like every other.
+    if (lua_type(L, 1) == LUA_TTABLE && luaL_getmetafield(L, 1, "__metatable") != LUA_TNIL)
+        return luaL_error(L, "cannot change a protected metatable");
     if (lua_type(L, 2) == LUA_TTABLE) {
         lua_pushliteral(L, "__gc");
         if (lua_rawget(L, 2) != LUA_TNIL)

@@ -477,9 +477,10 @@ static void test_kv_bytes_and_tail_waste(void** state) {
             engine_free(&e);
         }
     }
-    // Tail waste counts slots past a sequence's last token (the sampled one
-    // included): 32 tokens in two blocks of 16 waste nothing; 34 tokens in
-    // three blocks waste 14.
+    // Tail waste counts the slots past a sequence's last computed token
+    // (the token just sampled holds no keys yet): 32 computed tokens in two
+    // blocks of 16 waste nothing; 33 in three blocks waste 15, and the
+    // allocated slots are the used ones plus the waste (48 = 33 + 15).
     engine_config c = fp32_config();
     c.block_size = 16;
     engine e;
@@ -495,9 +496,10 @@ static void test_kv_bytes_and_tail_waste(void** state) {
     assert_int_equal(r->slots_used, 32);
     assert_int_equal(r->blocks_used, 2);
     assert_int_equal(engine_step(&e, &r, &err), 0); // token 33 written into a third block, 34 sampled
-    assert_int_equal(r->tail_waste_slots, 14);
+    assert_int_equal(r->tail_waste_slots, 15);
     assert_int_equal(r->slots_used, 33);
     assert_int_equal(r->slots_allocated, 48);
+    assert_int_equal(r->slots_allocated, r->slots_used + r->tail_waste_slots);
     assert_int_equal(r->sequences[0].tail_fill, 1);
     engine_free(&e);
 }

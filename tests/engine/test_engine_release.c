@@ -79,7 +79,10 @@ static int64_t check_queues_window(const engine* e, const step_record* r) {
         assert_int_equal(q->n_tokens, s->n_tokens);
         assert_int_equal(q->n_prompt, s->n_prompt);
         assert_ptr_equal(q->tokens, s->tokens);
-        int64_t tail = (int64_t)s->n_table * e->config.block_size - s->n_tokens;
+        // Past the computed tokens when decoding (the sampled token holds no
+        // slot yet), past the whole prompt while it prefills in chunks.
+        int holding = s->state == SEQ_DECODE ? s->n_computed : s->n_tokens;
+        int64_t tail = (int64_t)s->n_table * e->config.block_size - holding;
         assert_int_equal(q->tail_waste_slots, tail > 0 ? tail : 0);
         assert_in_range(q->tail_waste_slots, 0, e->config.block_size - 1);
         if (s->state == SEQ_PREFILL || s->state == SEQ_DECODE) running_tail_waste += q->tail_waste_slots;

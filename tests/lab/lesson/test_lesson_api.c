@@ -148,6 +148,24 @@ static const bad_case BAD_CASES[] = {
     {"lab.check{id = 'c1', claim = 'c', bank_answer = true, verdict = true, evidence = 'e', extra = 1}", "field 'extra'"},
     {"lab.lesson{title = 'again', claims = {'x'}}", "lab.lesson{} may be called once"},
     {"local closed = lab.engine{model = TINY, num_blocks = 4}; closed:close(); closed:step()", "the engine was closed"},
+    // Argument tables name the closest field of a typo.
+    {"lab.engine{model = TINY, block_sise = 4}", "field 'block_sise': unknown field (did you mean 'block_size'?"},
+    {"E:add{prompt = 'x', max_token = 4}", "field 'max_token': unknown field (did you mean 'max_tokens'?"},
+    {"E:run{stop_wen = function() return true end}", "field 'stop_wen': unknown field (did you mean 'stop_when'?"},
+    {"lab.time{model = TINY, phase = 'decode', tokns = 4}", "field 'tokns': unknown field (did you mean 'tokens'?"},
+    {"lab.roofline{bytes = 1, flops = 1, device = {bandwith = 1, peak_flops = 1}}",
+     "field 'device.bandwith': unknown field (did you mean 'bandwidth'?"},
+    // Tables the lab returns are strict: a missing name is an error with the closest one.
+    {"local w = E:step().tail_wast", "step record has no field 'tail_wast' (did you mean 'tail_waste_slots'?)"},
+    {"local w = E:record().bytes.kvread", "step record.bytes has no field 'kvread' (did you mean 'kv_read'?)"},
+    {"local w = E:pool().ref_count", "e:pool() has no field 'ref_count' (did you mean 'ref_counts'?)"},
+    {"local w = E:sequence(0).n_promt", "sequence has no field 'n_promt' (did you mean 'n_prompt'?)"},
+    {"local w = E:totals().wast_pct", "e:totals() has no field 'wast_pct' (did you mean 'waste_pct'?)"},
+    {"local w = TINY:info().kvdim", "m:info() has no field 'kvdim' (did you mean 'kv_dim'?)"},
+    {"local w = E:sequence(0).block_table.n", "sequence.block_table is an array: it has no field 'n'"},
+    {"local w = E:record().zebra", "step record has no field 'zebra' (the closest name is"},
+    {"setmetatable(E:record(), nil)", "cannot change a protected metatable"},
+    {"local w = lab.quantize{values = {1, 2}}.scale", "lab.quantize() has no field 'scale' (did you mean 'scales'?"},
 };
 
 static void test_bad_arguments_raise_named_errors(void** state) {
@@ -798,10 +816,73 @@ static void test_stop_flag_ends_a_long_round(void** state) {
     free(c);
 }
 
+// Renamed fields read the new field under the old name, with one warning
+// per name; fields that only sometimes apply read nil; tail waste has the
+// definition the guide gives (checked against the block table, not the engine).
+typedef struct warnings_seen {
+    int n;
+    char text[8][400];
+} warnings_seen;
+
+static void on_warning(void* user, const char* text) {
+    warnings_seen* w = user;
+    if (w->n < 8) snprintf(w->text[w->n], sizeof w->text[0], "%s", text);
+    w->n++;
+}
+
+static void test_strict_tables_renames_and_tail_waste(void** state) {
+    (void)state;
+    const char* source =
+        "lab.lesson{title = 'strict', claims = {'c1'}}\n"
+        "assert(lab.api_version == 3, 'api version ' .. tostring(lab.api_version))\n"
+        "local e = lab.engine{model = 'tiny', block_size = 16, num_blocks = 16}\n"
+        "local prompt = {1}\n"
+        "for k = 1, 31 do prompt[#prompt + 1] = 3 + k end\n"
+        "local id = e:add{ids = prompt, max_tokens = 4}\n"
+        "assert(e:sequence(id).ttft == nil and e:sequence(id).latency == nil)\n"
+        "local r = e:step()\n" // the prompt of 32: two full blocks
+        "r = e:step()\n"       // token 33 written into a third block
+        "local s = r.sequences[1]\n"
+        "lab.say(string.format('context %d fill %d waste %d table %d', s.context, s.tail_fill, s.tail_waste_slots, "
+        "#s.block_table))\n"
+        "lab.say(string.format('allocated %d used %d waste %d', r.slots_allocated, r.slots_used, r.tail_waste_slots))\n"
+        "lab.say(string.format('old %d %d %d', r.tail_waste, r.tail_waste, e:sequence(id).tail_waste))\n"
+        "lab.say(string.format('seconds %s', tostring(math.abs(r.seconds - r.wall_ns * 1e-9) < 1e-12)))\n"
+        "local c = lab.engine{model = 'tiny', kv = 'contiguous', num_blocks = 16}\n"
+        "lab.say('contiguous pool: ' .. tostring(c:pool().blocks_total))\n"
+        "for k, v in pairs(r) do if k == 'step' then lab.say('pairs sees step ' .. v) end end\n"
+        "lab.check{id = 'c1', claim = 'c', beyond_bank = true, answer = true, verdict = true, evidence = 'ran'}\n";
+    lesson_options options = lesson_options_default();
+    warnings_seen seen = {0};
+    options.on_warning = on_warning;
+    options.warning_user = &seen;
+    captured* c = calloc(1, sizeof *c);
+    lesson_status status = run_source("strict", source, &options, c);
+    if (status != LESSON_DONE) fail_msg("%s", c->error);
+    assert_int_equal(c->n_said, 6);
+    // At context 33 in blocks of 16: 3 blocks, 1 slot of the last filled,
+    // 15 empty (the sampled token 34 has no keys yet); 48 = 33 + 15.
+    assert_string_equal(c->said[0], "context 33 fill 1 waste 15 table 3");
+    assert_string_equal(c->said[1], "allocated 48 used 33 waste 15");
+    assert_string_equal(c->said[2], "old 15 15 15");
+    assert_string_equal(c->said[3], "seconds true");
+    assert_string_equal(c->said[4], "contiguous pool: nil");
+    assert_string_equal(c->said[5], "pairs sees step 2");
+    // One warning per old name: the record's tail_waste (read twice), its
+    // seconds, and the sequence's tail_waste; each with the lesson's line.
+    assert_int_equal(seen.n, 3);
+    assert_non_null(strstr(seen.text[0], "strict.lua:13: warning: step record field 'tail_waste' was renamed "
+                                         "'tail_waste_slots'"));
+    assert_non_null(strstr(seen.text[1], "sequence field 'tail_waste' was renamed 'tail_waste_slots'"));
+    assert_non_null(strstr(seen.text[2], "step record field 'seconds' was renamed 'wall_ns'"));
+    free(c);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_arguments_raise_named_errors),
         cmocka_unit_test(test_engine_api_reports_what_ran),
+        cmocka_unit_test(test_strict_tables_renames_and_tail_waste),
         cmocka_unit_test(test_quant_and_formula_api),
         cmocka_unit_test(test_checks_pass_disagree_fail_and_unreached),
         cmocka_unit_test(test_undecided_is_neither_pass_nor_failure),
