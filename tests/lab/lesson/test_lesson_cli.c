@@ -355,6 +355,46 @@ static void test_bank_answer_must_be_the_banks(void** state) {
     free(out);
 }
 
+// The tutorial of lessons/README.md (its lua blocks, in order, up to "5. Run
+// it") is a lesson that runs as the guide says: kv1 is not a bank claim, so
+// it gives expected (bank_answer is refused for it), passes, and turns
+// under both faults it declares.
+static void test_tutorial_lesson_runs_as_written(void** state) {
+    (void)state;
+    char* guide = test_read_text("lessons/README.md");
+    assert_non_null(guide);
+    const char* start = strstr(guide, "## Tutorial");
+    const char* end = start ? strstr(start, "**5. Run it.**") : NULL;
+    if (!start || !end) fail_msg("lessons/README.md: no '## Tutorial' ... '**5. Run it.**' section");
+    size_t capacity = (size_t)(end - start) + 1, used = 0;
+    char* lesson_text = calloc(1, capacity);
+    assert_non_null(lesson_text);
+    for (const char* block = strstr(start, "```lua\n"); block && block < end; block = strstr(block, "```lua\n")) {
+        block += strlen("```lua\n");
+        const char* close = strstr(block, "```");
+        assert_non_null(close);
+        memcpy(lesson_text + used, block, (size_t)(close - block));
+        used += (size_t)(close - block);
+        block = close + 3;
+    }
+    free(guide);
+    char path[512], arguments[700];
+    snprintf(path, sizeof path, "%s/10-kv-writes.lua", test_scratch_dir());
+    assert_true(test_write_file(path, lesson_text, used));
+    free(lesson_text);
+    char* out = NULL;
+    snprintf(arguments, sizeof arguments, "lesson run %s --headless", path);
+    if (servelab(arguments, &out) != 0) fail_msg("%s", out);
+    assert_non_null(strstr(out, "PASS kv1 \"each decode step writes one token's keys and values\": TRUE, as the lesson "
+                                "expects (a claim beyond the bank: the lesson's own) -- measured: "));
+    free(out);
+    snprintf(arguments, sizeof arguments, "lesson faults --matrix --output %s/tutorial-output %s", test_scratch_dir(),
+             path);
+    if (servelab(arguments, &out) != 0) fail_msg("%s", out);
+    assert_non_null(strstr(out, "2 of 2 declared (claim, fault) pairs turned"));
+    free(out);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_list_shows_titles_and_claims),
@@ -364,6 +404,7 @@ int main(void) {
         cmocka_unit_test(test_run_flags_and_failures),
         cmocka_unit_test(test_run_shows_the_title_and_where_a_lesson_crashed),
         cmocka_unit_test(test_bank_answer_must_be_the_banks),
+        cmocka_unit_test(test_tutorial_lesson_runs_as_written),
         cmocka_unit_test(test_every_lesson_passes_and_covers_the_bank),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
