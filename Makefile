@@ -319,24 +319,10 @@ fuzz-deps:
 
 fuzz-build: check-pkgs $(FUZZ_BINS)
 
-# Every harness for FUZZ_SECONDS from its seeds and what earlier runs found;
-# stdout and stderr of the code under test are closed (-close_fd_mask=3),
-# libFuzzer's report and any sanitizer report still reach the log.
+# Every harness for FUZZ_SECONDS, as many at a time as there are cores
+# (scripts/fuzz-run.sh says how and why).
 fuzz-run: fuzz-build
-	@mkdir -p $(FUZZ_BUILD)/artifacts; status=0; \
-	for name in $(FUZZ_NAMES); do \
-	    mkdir -p $(FUZZ_BUILD)/corpus/$$name; \
-	    echo "== $$name: $(FUZZ_SECONDS) s (log: $(FUZZ_BUILD)/$$name.log)"; \
-	    if $(FUZZ_BUILD)/bin/$$name -max_total_time=$(FUZZ_SECONDS) -timeout=$(FUZZ_TIMEOUT) -print_final_stats=1 \
-	        -close_fd_mask=3 -artifact_prefix=$(FUZZ_BUILD)/artifacts/$$name- $(FUZZ_FLAGS) \
-	        $(FUZZ_BUILD)/corpus/$$name tests/fuzz/corpus/$$name > $(FUZZ_BUILD)/$$name.log 2>&1; then \
-	        grep -E '^#[0-9]+[[:space:]]+DONE|^stat::(number_of_executed_units|average_exec_per_sec|peak_rss_mb)' $(FUZZ_BUILD)/$$name.log; \
-	    else \
-	        status=1; echo "!! $$name FAILED:"; tail -n 60 $(FUZZ_BUILD)/$$name.log; \
-	    fi; \
-	done; \
-	if [ $$status -ne 0 ]; then echo "fuzz: FAILED; reproducers:"; ls -l $(FUZZ_BUILD)/artifacts; fi; \
-	exit $$status
+	@sh scripts/fuzz-run.sh $(FUZZ_BUILD) $(FUZZ_SECONDS) $(FUZZ_TIMEOUT) "$(FUZZ_FLAGS)" $(FUZZ_NAMES)
 
 fuzz: fuzz-deps
 	@$(MAKE) --no-print-directory fuzz-run

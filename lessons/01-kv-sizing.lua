@@ -19,10 +19,9 @@ lab.say(string.format("Model: %d layers, d_model %d, %d query heads, %d KV heads
     .. "its multi-head twin has %d KV heads (KV width %d).",
     shape.n_layers, shape.dim, shape.n_heads, shape.n_kv_heads, shape.head_dim, shape.kv_dim, mha.n_kv_heads, mha.kv_dim))
 
--- One sequence grows one token per step. After every step we read the KV
--- bytes the kernels wrote so far (keys and values of every layer) and the
--- attention FLOPs they spent. Block size 1 makes the pool hold exactly the
--- tokens, so the pool's bytes and the written bytes must agree.
+lab.say("One sequence now grows one token per step, from S = 1 to S = 256. After every step we add up the KV "
+    .. "bytes the kernels wrote and the attention FLOPs they spent. Blocks of 1 slot make the pool hold exactly the "
+    .. "tokens, so what was written and what is held must agree.")
 local e = lab.engine{model = model, block_size = 1, num_blocks = 512}
 local id = e:add{ids = {1}, max_tokens = 300} -- more than we run: it stays in the pool
 local written, attention = 0, 0
@@ -34,6 +33,8 @@ e:run{stop_when = function(r)
     at[S] = {written = written, attention = attention, pool = r.slots_used * e:pool().bytes_per_slot}
     return S >= 256
 end}
+lab.say(string.format("Written so far: %d bytes at S = 64, %d at S = 128, %d at S = 256; the pool holds %d, %d, %d.",
+    at[64].written, at[128].written, at[256].written, at[64].pool, at[128].pool, at[256].pool))
 lab.pause()
 
 -- The multi-head twin, measured at S = 128 in one prefill step: the bytes
@@ -51,9 +52,11 @@ local function prefill_bytes(m, length)
     return result
 end
 local mha_at = prefill_bytes(mha_model, S)
+lab.say(string.format("The multi-head twin reads a %d-token prompt in one step: its kernels write %d bytes of KV, "
+    .. "%.0f times the grouped-query model's %d, because it keeps %d KV heads where the other keeps %d.", S,
+    mha_at.written, mha_at.written / at[S].written, at[S].written, mha.n_kv_heads, shape.n_kv_heads))
 
--- tf3: doubling S doubles the cache (linear); the quadratic cost is the
--- attention work over all positions, which caching turns into one pass.
+-- tf3: x2 within 1% per doubling, and every byte written is held.
 local ratio_kv = at[128].written / at[64].written
 local ratio_kv_2 = at[256].written / at[128].written
 local ratio_attention = at[256].attention / at[128].attention
@@ -61,8 +64,9 @@ local function doubles(ratio) return math.abs(ratio / 2 - 1) <= 0.01 end -- x2 w
 local written_is_held = at[64].written == at[64].pool and at[128].written == at[128].pool
     and at[256].written == at[256].pool
 local linear = doubles(ratio_kv) and doubles(ratio_kv_2) and written_is_held
-lab.say(string.format("S = 128: %d bytes of KV; S = 256: %d bytes (x%.2f). Attention FLOPs summed over the steps: x%.2f.",
-    at[128].written, at[256].written, ratio_kv_2, ratio_attention))
+lab.say(string.format("Doubling S doubles the cache: x%.2f from 64 to 128, x%.2f from 128 to 256. What grows "
+    .. "about fourfold is the attention work summed over the steps (x%.2f): each new token attends to every earlier "
+    .. "one, and the cache is what saves recomputing them.", ratio_kv, ratio_kv_2, ratio_attention))
 lab.check{
     id = "tf3",
     claim = "the KV cache grows quadratically with sequence length",
@@ -82,6 +86,10 @@ local measured = at[S].written
 local with_two = 2 * S * shape.n_layers * shape.kv_dim * p
 local without_two = S * shape.n_layers * shape.kv_dim * p
 local mha_with_two = 2 * S * mha.n_layers * mha.dim * p
+lab.say(string.format("The formula 2 x B x S x L x d x p at S = %d: with the factor 2 (keys and values) %d bytes, "
+    .. "without it %d; the kernels wrote %d. The bank's d is d_model; this model's cache stores kv_dim = %d per "
+    .. "token and layer, and its multi-head twin d_model = %d.", S, with_two, without_two, measured, shape.kv_dim,
+    mha.dim))
 local factor_two_holds = measured == with_two and mha_at.prefill == S and mha_at.written == mha_with_two
     and mha_at.written == mha_at.pool
 lab.check{
@@ -104,6 +112,9 @@ lab.check{
 local with_d_head = 2 * S * shape.n_layers * shape.head_dim * p
 local with_kv_width = 2 * S * shape.n_layers * shape.n_kv_heads * shape.head_dim * p
 local mha_with_d_head = 2 * S * mha.n_layers * mha.head_dim * p
+lab.say(string.format("Which width? One head's d_head = %d gives %d bytes, and the kernels wrote x%.0f that; "
+    .. "every KV head together, %d x %d, gives %d, the bytes written.", shape.head_dim, with_d_head, measured / with_d_head,
+    shape.n_kv_heads, shape.head_dim, with_kv_width))
 local width_is_all_kv_heads = measured == with_kv_width and mha_at.written == mha_with_two
 lab.check{
     id = "se2",
@@ -130,9 +141,14 @@ local function first_step(m)
     b:close()
     return first
 end
+lab.say(string.format("Last, the very first step: a batch of %d one-token prompts, S = 1. Watch the slots used: "
+    .. "one per sequence.", batch))
 local first, mha_first = first_step(model), first_step(mha_model)
 local expected = lab.kv_bytes{model = model, batch = batch, seq = 1, bytes_per_element = p}
 local mha_expected = 2 * batch * 1 * mha.n_layers * mha.dim * p
+lab.say(string.format("The step wrote %d bytes into %d slots (2 x B x 1 x L x kv_dim x p = %d); the twin %d bytes "
+    .. "into %d slots (with d_model: %d). The cache starts at one token per sequence and grows from there.",
+    first.bytes.kv_written, first.slots_used, expected, mha_first.bytes.kv_written, mha_first.slots_used, mha_expected))
 local one_token_each = first.bytes.kv_written == expected and first.slots_used == batch
     and mha_first.bytes.kv_written == mha_expected and mha_first.slots_used == batch
 lab.check{

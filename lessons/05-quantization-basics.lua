@@ -1,9 +1,6 @@
 -- 05 Quantization basics: the step size s, the zero-point z, rounding and
--- clipping, symmetric vs asymmetric, and how fine the scales are.
---
---   asymmetric: s = (r_max - r_min) / (2^b - 1), z = round(-r_min / s), q = clamp(round(r / s) + z)
---   symmetric:  s = max|r| / (2^(b-1) - 1), z = 0
---   r_hat = s (q - z)
+-- clipping, symmetric vs asymmetric, and how fine the scales are (the
+-- formulas are in the first lab.say).
 --
 -- The packed formats store s in fp16, so the quantizer rounds s UP to the
 -- next fp16 value (lab.quantize reports that s). Where a check needs exact
@@ -20,6 +17,10 @@ lab.lesson{
 
 local model = lab.model("small")
 local tensor = "layers.0.wq" -- (384, 384), with the synthetic outlier input channels
+lab.say("Quantizing maps each real value r to an integer code q with b bits. Asymmetric: step s = (r_max - r_min) / "
+    .. "(2^b - 1), zero-point z = round(-r_min / s), q = clamp(round(r / s) + z); symmetric: s = max|r| / "
+    .. "(2^(b-1) - 1), z = 0. Decoding gives r_hat = s (q - z). Each step below quantizes something and compares "
+    .. "what came back with these formulas.")
 
 -- round half away from zero, as the quantizer rounds
 local function round(x)
@@ -43,6 +44,9 @@ local zp = lab.quantize{values = {-1, 0, 3}, bits = 4, range = {-1, 3}}
 local exact_s = 4 / 15
 local plus = round(-1 / zp.s)   -- round(r_min / s): what the claim says
 local minus = round(1 / zp.s)   -- round(-r_min / s): the formula above
+lab.say(string.format("The range [-1, 3] at 4 bits: s = %.6f (4/15, its fp16 value). The quantizer chose z = %d; "
+    .. "round(-r_min / s) = %d and round(r_min / s) = %d. Watch 0.0: it gets code %d and decodes to %g, so zero "
+    .. "stays exact.", zp.s, zp.z, minus, plus, zp.q[2], zp.r_hat[2]))
 lab.check{
     id = "se5",
     claim = "the zero-point is z = round(r_min / s)",
@@ -92,6 +96,10 @@ local function sweep_errors(values, q)
 end
 local a_largest, a_halfway, a_elsewhere = sweep_errors(sweep, asym)
 local s_largest, s_halfway, s_elsewhere = sweep_errors(sym_sweep, sym)
+lab.say(string.format("Next, %d values spaced s/16 apart across [-1, 2.75] (s = 0.25), and %d across [-1.75, 1.75] "
+    .. "symmetric. Rounding to nearest puts every value within s/2 = %g of a level. Largest error measured: %g "
+    .. "and %g; away from the halfway points at most %g.", #sweep, #sym_sweep, s_expected / 2,
+    a_largest, s_largest, math.max(a_elsewhere, s_elsewhere)))
 lab.check{
     id = "edge2",
     claim = "a weight exactly halfway between two levels has the largest rounding error, s/2",
@@ -109,6 +117,9 @@ lab.check{
 -- edge3, edge4: far outside the same range [-1, 2.75], s = 0.25, z = 4. The
 -- top code decodes to s (15 - 4) = 2.75 and code 0 to s (0 - 4) = -1 exactly.
 local outside = lab.quantize{values = {1000, -1000}, bits = 4, range = {-1, 2.75}}
+lab.say(string.format("Far outside the range: 1000 gets code %d (the top of 0..%d) and decodes to %g; -1000 gets "
+    .. "code %d and decodes to %g. Saturating would keep them at the edges, r_max = 2.75 and r_min = -1.", outside.q[1],
+    outside.q_max, outside.r_hat[1], outside.q[2], outside.r_hat[2]))
 lab.check{
     id = "edge3",
     claim = "a value far above r_max saturates at the top code 2^b - 1 and decodes to r_max",
@@ -140,6 +151,10 @@ local clipped = lab.quantize{model = model, tensor = tensor, bits = 4, granulari
 local edge = lab.quantize{values = {4.1}, bits = 4, range = {-1, 2.75}}
 local wrapped_code = (round(4.1 / s_expected) + 4) % 16
 local wrapped = s_expected * (wrapped_code - 4)
+lab.say(string.format("Rounding and clipping together: on a real tensor (%s, 4 bits, one scale) every in-range error "
+    .. "is at most s/2: %s (largest %.4f, s/2 = %.4f). 4.1 on [-1, 2.75] decodes to %g, where a code kept by "
+    .. "wrapping around would decode to %g. Choosing a clipped range for the tensor: MSE %.3g instead of %.3g.", tensor,
+    tostring(real.within_half_step), real.max_error, real.s / 2, edge.r_hat[1], wrapped, clipped.mse, real.mse))
 lab.check{
     id = "why3",
     claim = "quantization needs both rounding (error <= s/2 in range) and clipping (saturate outliers)",
@@ -169,6 +184,10 @@ local l_sym = lab.quantize{values = lopsided, bits = 8, symmetric = true}
 local l_asym = lab.quantize{values = lopsided, bits = 8, symmetric = false}
 local b_sym = lab.quantize{model = model, tensor = tensor, bits = 4, symmetric = true, granularity = "group", group_size = 64}
 local b_asym = lab.quantize{model = model, tensor = tensor, bits = 4, symmetric = false, granularity = "group", group_size = 64}
+lab.say(string.format("Symmetric against asymmetric, 8 bits. Zero-centred values: MSE %.3g against %.3g. Values that "
+    .. "are all positive: %.3g against %.3g, since symmetric leaves its negative codes unused. Stored: %d against %d "
+    .. "bytes for %s at 4 bits in groups of 64, because symmetric keeps no zero-points.", c_sym.mse, c_asym.mse,
+    l_sym.mse, l_asym.mse, b_sym.packed_bytes, b_asym.packed_bytes, tensor))
 lab.check{
     id = "tf5",
     claim = "symmetric quantization is strictly worse than asymmetric",
@@ -196,6 +215,9 @@ lab.check{
 -- error follows the step: s grows 255/15 = 17 times, so the MSE about 289.
 local int8 = lab.quantize{model = model, tensor = tensor, bits = 8, granularity = "channel"}
 local int4 = lab.quantize{model = model, tensor = tensor, bits = 4, granularity = "channel"}
+lab.say(string.format("INT8 against INT4 on %s, one scale per row: the mean step grows x%.1f (255 / 15 levels), and "
+    .. "the MSE x%.0f; the step's square is x%.0f, and the claim below says x2.", tensor,
+    int4.scale_mean / int8.scale_mean, int4.mse / int8.mse, (int4.scale_mean / int8.scale_mean) ^ 2))
 lab.check{
     id = "tf7",
     claim = "INT4 has exactly twice the error of INT8",
@@ -224,6 +246,9 @@ lab.pause()
 local per_tensor = lab.quantize{model = model, tensor = tensor, bits = 4, granularity = "tensor"}
 local per_channel = lab.quantize{model = model, tensor = tensor, bits = 4, granularity = "channel"}
 local per_group = lab.quantize{model = model, tensor = tensor, bits = 4, granularity = "group", group_size = 64}
+lab.say(string.format("How many scales: per tensor %d (MSE %.3g), per channel %d (MSE %.3g), per group of 64 inputs "
+    .. "%d (MSE %.3g). A finer set of scales fits its own values more closely, so the error should fall at each step.",
+    per_tensor.sets, per_tensor.mse, per_channel.sets, per_channel.mse, per_group.sets, per_group.mse))
 lab.check{
     id = "se6",
     claim = "per-tensor quantization is finer-grained than per-channel",

@@ -28,6 +28,10 @@ lab.say(string.format("small: %.1f MiB in fp16, %.1f MiB as W4A16 (4-bit codes +
     fp16:info().weight_bytes / 2 ^ 20, int4:info().weight_bytes / 2 ^ 20))
 
 local PREFILL_TOKENS, DECODE_TOKENS = 128, 16
+lab.say("W4A16 keeps 4-bit codes and turns them back into 16-bit numbers in registers before it multiplies: fewer "
+    .. "bytes to read, more work per weight. Decode reads every weight once per token, prefill once for the whole "
+    .. "prompt, so the same trade can help one and hurt the other. We time both phases with fp16 and W4A16 in turns, "
+    .. "one thread, CPU time, and read the bytes and FLOPs the kernels counted.")
 
 -- rounds x (fp16, W4A16) one-repeat timings of one phase, alternating which
 -- model goes first; returns the median CPU seconds of each, the last timing
@@ -78,6 +82,10 @@ local read16 = decode16.weight_bytes / DECODE_TOKENS
 local read4 = decode4.weight_bytes / DECODE_TOKENS
 local reads_once = math.abs(read16 / fp16:info().decode_weight_bytes - 1) < 0.01
     and math.abs(read4 / int4:info().decode_weight_bytes - 1) < 0.01
+lab.say(string.format("Prefill of %d tokens, %d rounds: fp16 %.1f ms, W4A16 %.1f ms of CPU (median ratio x%.2f, "
+    .. "interval %s). Each fp16 weight byte serves %.0f FLOPs there; this machine's ridge is %.1f. Above the ridge a "
+    .. "step waits for arithmetic, and dequantizing adds arithmetic.", PREFILL_TOKENS, rounds, prefill16_s * 1e3,
+    prefill4_s * 1e3, prefill_ratio, interval_text(prefill_iv), reuse, machine.ridge))
 
 lab.check{
     id = "tf2",
@@ -124,6 +132,11 @@ local bytes_ratio = read16 / read4
 -- weight byte to every prompt token (the tally's FLOPs per byte; an engine
 -- that runs prompts token by token, the unbatched-decode fault, reads 1).
 local counted_ok = bytes_ratio >= 3 and reads_once and math_in_float and reuse_as_expected
+lab.say(string.format("Decode, %d rounds of %d tokens: fp16 %.3f ms, W4A16 %.3f ms of CPU per token (x%.2f faster; "
+    .. "interval of W4A16/fp16 %s). Watch the bytes: %.2f MiB of weights per token against %.2f MiB, x%.1f fewer, "
+    .. "while the math stays in %s.", decode_rounds, DECODE_TOKENS, decode16_s / DECODE_TOKENS * 1e3,
+    decode4_s / DECODE_TOKENS * 1e3, decode_speedup, interval_text(decode_iv), read16 / 2 ^ 20, read4 / 2 ^ 20,
+    bytes_ratio, activations))
 local decode_wins -- true, false or lab.UNDECIDED
 if not counted_ok then
     decode_wins = false
@@ -163,6 +176,9 @@ lab.check{
 }
 lab.pause()
 
+lab.say("Both halves together: decode gains because it reads fewer bytes, prefill pays for the extra work. Each "
+    .. "timing verdict is given only when the whole interval lies on one side of its line; a noisy machine gets "
+    .. "UNDECIDED, not a guess.")
 local recall1_verdict -- decode wins, and prefill is slower by more than x1.05 (its whole interval)
 if decode_wins == false or not reuse_as_expected then
     recall1_verdict = false
@@ -199,6 +215,9 @@ lab.pause()
 -- too, for the evidence only: on a CPU with AVX-512 BF16 their kernel makes
 -- 32 multiply-adds per instruction and reads x0.85-1.1 of W4A8's time in
 -- prefill, so on this machine the integer path is not what separates them.
+lab.say("Beyond the bank: W4A8 rounds the activations to 8 bits as well, so the inner loop multiplies integers and "
+    .. "no weight is turned back into a float. Prefill again, fp16 against W4A8, with W4A16 in groups of 32 beside "
+    .. "them.")
 local int4a8 = lab.quantize_model(fp16, "w4a8")
 local int4a16 = lab.quantize_model(fp16, "w4a16:g32:sym")
 
@@ -258,6 +277,8 @@ local a8_timing = a8_run.last
 local a8_ratio = a8_iv.median                                 -- < 1: W4A8 prefill is faster than fp16
 local a8_over_a16 = lab.ratio_interval(a8_all, a16_all).median -- evidence: 8-bit against 16-bit activations, same weights
 local a8_multiplies_in = int4a8:info().activations -- what the built model's kernels multiply the codes with
+lab.say(string.format("W4A8 / fp16 prefill time over %d rounds: median x%.2f (%s); W4A8 multiplies in %s.",
+    a8_rounds * a8_sets, a8_ratio, interval_text(a8_iv), a8_multiplies_in))
 local a8_verdict
 if a8_multiplies_in ~= "int8" or a8_iv.low > 1.0 then
     a8_verdict = false

@@ -7,10 +7,11 @@ lab.lesson{
 
 local small = lab.model("small")
 local tensor = "layers.0.wq" -- (384 outputs, 384 inputs); a few input channels are 10-20x larger
+lab.say("At 4 bits there are only 16 levels, so where the scale comes from decides the error. This lesson quantizes "
+    .. "one matrix of the small model, " .. tensor .. ", whose weights have a few input channels 10 to 20 times larger "
+    .. "than the rest, the way real models do.")
 
--- why4 (part 1): one 4-bit scale for the whole tensor is stretched by the
--- outliers; a scale per group of 32 inputs follows the values. At 8 bits
--- the same coarse scale costs far less.
+-- why4 (part 1): the error per tensor, channel and group of 32, at 4 and 8 bits.
 local function mse(bits, granularity, group_size)
     return lab.quantize{model = small, tensor = tensor, bits = bits, granularity = granularity, group_size = group_size}.mse
 end
@@ -43,6 +44,12 @@ local function with(method)
     return lab.quantize(args)
 end
 local rtn, awq, gptq = with("rtn"), with("awq"), with("gptq")
+lab.say(string.format("Error relative to the weights at 4 bits: one scale for the tensor %.0f%%, one per output "
+    .. "channel %.0f%%, one per group of 32 inputs %.0f%%; at 8 bits one scale gives %.1f%%. The outliers stretch a "
+    .. "shared scale, and 16 levels cannot afford it.", relative(t4), relative(c4), relative(g4), relative(t8)))
+lab.say(string.format("Now the layer's output on 64 made-up tokens whose inputs have 4 channels 30 times larger: "
+    .. "rounding to nearest (RTN) gives an output error of %.3g, AWQ %.3g, GPTQ %.3g. Both methods look at the "
+    .. "inputs; the next step asks how.", rtn.output_mse, awq.output_mse, gptq.output_mse))
 lab.check{
     id = "why4",
     claim = "4-bit quantization needs group scales and outlier handling",
@@ -89,6 +96,11 @@ do
     for c = 1, rtn.cols do hi, lo = math.max(hi, awq.channel_scales[c]), math.min(lo, awq.channel_scales[c]) end
     spread = hi / lo
 end
+lab.say(string.format("AWQ scales each input channel by mean|x|^alpha before rounding (alpha = %.2f here): recomputed "
+    .. "from the inputs' first moment alone, its %d scales match to within %.1e, and %d of its %d codes are off the "
+    .. "nearest level. GPTQ feeds each column's rounding error into the columns after it through the inverse of "
+    .. "H = 2 X^T X, so %d of its %d codes are not the nearest level: that is where a Hessian shows.", awq.alpha,
+    rtn.cols, scale_mismatch, awq.not_nearest, n, gptq.not_nearest, n))
 lab.check{
     id = "se3",
     claim = "AWQ minimises the layer's output error with a Hessian",
@@ -124,6 +136,8 @@ local function first_logits(m)
     e:close()
     return logits
 end
+lab.say("W8A8 against W8A16 on the tiny model: the same symmetric 8-bit weights per channel, and the same prompt. "
+    .. "If W8A8 only quantized the weights, the two would compute the same logits.")
 local a, b = first_logits(w8a8), first_logits(w8a16)
 local max_difference, low, high = 0, math.huge, -math.huge
 for i = 1, #a do
@@ -131,6 +145,9 @@ for i = 1, #a do
     low, high = math.min(low, b[i]), math.max(high, b[i])
 end
 local logit_range = high - low
+lab.say(string.format("Largest difference between their logits: %.4g, %.1f%% of the logits' range; activation bits %d "
+    .. "against %d. Any difference at all means W8A8 rounded the activations as well as the weights.", max_difference, 100 * max_difference / logit_range,
+    w8a8:info().activation_bits, w8a16:info().activation_bits))
 lab.check{
     id = "se4",
     claim = "W8A8 quantizes only the weights (like W4A16, at 8 bits)",
@@ -164,6 +181,11 @@ local t16 = lab.time{model = tiny, phase = "decode", tokens = tokens, repeats = 
 local t4 = lab.time{model = w4, phase = "decode", tokens = tokens, repeats = 1, threads = 1}
 local held_16, held_4 = report.heap_bytes_before, report.heap_bytes_after
 local read_16, read_4 = t16.weight_bytes / tokens, t4.weight_bytes / tokens
+lab.say(string.format("Last, memory: the heap grew by %d bytes when the fp16 tiny model was loaded, and holds %d "
+    .. "once it is quantized to W4A16. A decode step reads %d weight bytes per token, against %d in fp16. A model that "
+    .. "kept an fp16 copy would hold more, and a step that read more than the model holds would be "
+    .. "reading a copy.", held_16, held_4,
+    read_4, read_16))
 lab.check{
     id = "tf8",
     claim = "a quantized model need not keep an FP16 copy of its weights",

@@ -10,6 +10,9 @@ lab.lesson{
     claims = {"why1"},
 }
 
+lab.say("Arithmetic intensity is a step's FLOPs divided by the bytes it moved, both counted by the kernels. A "
+    .. "machine's ridge is its peak FLOP/s over its bandwidth: a step below the ridge waits for memory, one above it "
+    .. "for arithmetic.")
 local machine = lab.machine()
 lab.say(string.format("This machine: %.1f GB/s stream read, %.0f GFLOP/s fp16 matmul: ridge %.1f FLOP/byte.",
     machine.bandwidth / 1e9, machine.peak_flops / 1e9, machine.ridge))
@@ -28,6 +31,8 @@ local decode = lab.time{model = model, phase = "decode", tokens = DECODE_STEPS, 
     threads = 1}
 local decode_step_s = decode.cpu_seconds / DECODE_STEPS
 local prefill_token_s = prefill.cpu_seconds / prompt
+lab.say(string.format("%s: a %d-token prefill and %d decode steps after a %d-token prompt, one thread, CPU time, "
+    .. "median of 3.", shape.name, prompt, DECODE_STEPS, DECODE_CONTEXT))
 local h100_decode = lab.roofline{bytes = decode.bytes / DECODE_STEPS, flops = decode.flops / DECODE_STEPS, device = "H100"}
 
 -- The intensity is only as good as its two counts, so each is first held
@@ -44,6 +49,10 @@ local decode_positions = DECODE_STEPS * DECODE_CONTEXT + DECODE_STEPS * (DECODE_
 local prefill_positions = prompt * (prompt + 1) / 2
 local decode_attention_ratio = decode.attention_flops / (attention_per_position * decode_positions)
 local prefill_attention_ratio = prefill.attention_flops / (attention_per_position * prefill_positions)
+lab.say(string.format("First the counts, against the model's shapes: a decode step read x%.3f of the model's %.2f MiB "
+    .. "of weights, and the attention FLOPs are x%.3f (decode) and x%.3f (prefill) of 4 x layers x heads x head_dim "
+    .. "x positions attended.", weights_once, shape.decode_weight_bytes / 2^20, decode_attention_ratio,
+    prefill_attention_ratio))
 local counts_match_shapes = math.abs(weights_once - 1) < 0.01 and math.abs(decode_attention_ratio - 1) < 0.005
     and math.abs(prefill_attention_ratio - 1) < 0.005
 
@@ -55,6 +64,10 @@ local counts_match_shapes = math.abs(weights_once - 1) < 0.01 and math.abs(decod
 local decode_reuse = decode.matmul_flops / decode.weight_bytes
 local prefill_reuse = prefill.matmul_flops / prefill.weight_bytes
 local prompt_shares_weights = prefill_reuse > 0.9 * prompt * decode_reuse
+lab.say(string.format("Watch the FLOPs per weight byte: decode multiplies each weight it streams by one row, %.2f "
+    .. "FLOP/byte; the prefill's %d rows can share each read: %.1f FLOP/byte measured. Intensity of the whole step: decode %.2f, "
+    .. "prefill %.1f, against this machine's ridge %.1f.", decode_reuse, prompt, prefill_reuse, decode.intensity,
+    prefill.intensity, machine.ridge))
 
 -- The roofline verdict, and the time it predicts: a memory-bound decode
 -- step spends its time streaming weights for one token, so per token it
@@ -63,6 +76,9 @@ local prompt_shares_weights = prefill_reuse > 0.9 * prompt * decode_reuse
 -- weight reuse gives x1). 2 is the line between.
 local on_either_side = decode.intensity < machine.ridge and prefill.intensity > machine.ridge
 local decode_slower_per_token = decode_step_s > 2 * prefill_token_s
+lab.say(string.format("What that costs per token: a decode step %.2f ms, a prefill row %.3f ms of CPU (x%.1f). On an "
+    .. "H100 a decode step would be %s-bound (intensity %.1f, ridge %.0f).", decode_step_s * 1e3, prefill_token_s * 1e3,
+    decode_step_s / prefill_token_s, h100_decode.bound, h100_decode.intensity, h100_decode.ridge))
 
 -- Achieved rates: decode's bytes per second against the bandwidth, prefill's
 -- FLOPs per second against the peak (one thread here, so both fall short).

@@ -395,6 +395,79 @@ static void test_tutorial_lesson_runs_as_written(void** state) {
     free(out);
 }
 
+// The line of `out` that starts with `prefix` (NULL if none), copied into line[size].
+static const char* find_line(const char* out, const char* prefix, char* line, size_t size) {
+    for (const char* at = out; *at; at = strchr(at, '\n') ? strchr(at, '\n') + 1 : at + strlen(at)) {
+        if (strncmp(at, prefix, strlen(prefix)) != 0) continue;
+        size_t length = strcspn(at, "\n");
+        snprintf(line, size, "%.*s", (int)(length < size ? length : size - 1), at);
+        return line;
+    }
+    return NULL;
+}
+
+// A number after `"key": ` in servelab calc's JSON.
+static double calc_json_number(const char* json, const char* key) {
+    char quoted[96];
+    snprintf(quoted, sizeof quoted, "\"%s\": ", key);
+    const char* at = strstr(json, quoted);
+    if (!at) fail_msg("servelab calc --json has no %s", key);
+    return strtod(at + strlen(quoted), NULL);
+}
+
+// Lesson 04 narrates every step, and tf9 teaches both plateaus: a short
+// context that crosses the ridge and a long one held by its KV reads, with
+// the engine's counts equal to the shapes' closed form. Its Llama-2-7B
+// projection must give what servelab calc (a separate implementation in C)
+// gives for the same model, device and context.
+static void test_batching_lesson_teaches_both_plateaus(void** state) {
+    (void)state;
+    char* out = NULL;
+    int status = servelab("lesson run lessons/04-batching.lua --headless --verbose --time-limit 120", &out);
+    fputs(out, stdout);
+    assert_int_equal(status, 0);
+    // Narration before every check: each check line follows at least one '# ' line after the previous check.
+    int narration_since_check = 0, checks = 0;
+    for (const char* line = out; *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : line + strlen(line)) {
+        if (strncmp(line, "# ", 2) == 0) narration_since_check++;
+        if (strncmp(line, "PASS ", 5) == 0 || strncmp(line, "UNDECIDED ", 10) == 0) {
+            if (narration_since_check == 0) fail_msg("a check with no narration before it: %.120s", line);
+            narration_since_check = 0;
+            checks++;
+        }
+    }
+    assert_int_equal(checks, 4);
+    static char tf9[8192], edge5[8192];
+    assert_non_null(find_line(out, "PASS tf9 ", tf9, sizeof tf9));
+    assert_non_null(strstr(tf9, "two plateaus: compute at a short context, KV reads at a long one"));
+    assert_non_null(strstr(tf9, "context 1: "));
+    assert_non_null(strstr(tf9, "context 480: "));
+    assert_non_null(strstr(tf9, "FLOPs equal the shapes' closed form at all 8 points"));
+    static const int LLAMA_BATCHES[] = {1, 8, 15, 30}; // the issue's; 30 is how many 4096-token sequences fit
+    for (size_t i = 0; i < sizeof LLAMA_BATCHES / sizeof LLAMA_BATCHES[0]; i++) {
+        int batch = LLAMA_BATCHES[i];
+        char arguments[128], expected[96];
+        snprintf(arguments, sizeof arguments, "calc --model Llama-2-7B --device H100 --seq 4096 --batch %d --json",
+                 batch);
+        char* json = NULL;
+        assert_int_equal(servelab(arguments, &json), 0);
+        snprintf(expected, sizeof expected, "B=%d %.0f tok/s (memory-bound", batch,
+                 calc_json_number(json, "decode_tokens_per_s"));
+        if (!strstr(tf9, expected)) fail_msg("tf9's Llama-2-7B projection lacks \"%s\" (servelab calc's)", expected);
+        if (batch == 30) {
+            snprintf(expected, sizeof expected, ", %.0f sequences fit",
+                     calc_json_number(json, "sequences_fit_fp16_kv"));
+            if (!strstr(tf9, expected)) fail_msg("tf9's note lacks \"%s\" (servelab calc's)", expected);
+        }
+        free(json);
+    }
+    // edge5 says why paging gains little alone, with the waste it measured.
+    assert_non_null(find_line(out, "PASS edge5 ", edge5, sizeof edge5));
+    assert_non_null(strstr(edge5, "not for the bank's reason"));
+    assert_non_null(strstr(edge5, "no other request wants that memory (0 waited"));
+    free(out);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_list_shows_titles_and_claims),
@@ -406,6 +479,7 @@ int main(void) {
         cmocka_unit_test(test_bank_answer_must_be_the_banks),
         cmocka_unit_test(test_tutorial_lesson_runs_as_written),
         cmocka_unit_test(test_every_lesson_passes_and_covers_the_bank),
+        cmocka_unit_test(test_batching_lesson_teaches_both_plateaus),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
