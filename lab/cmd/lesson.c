@@ -31,13 +31,19 @@ static const char LESSON_USAGE[] =
     "                                         declares it must turn); --undeclared also runs the\n"
     "                                         other faults and lists the claims they turn\n"
     "\n"
-    "run: narration and checks in the terminal (lab.pause() waits for Enter when\n"
-    "stdin is a terminal). --headless prints one line per check:\n"
-    "  PASS <id> (bank: B) \"<claim>\" -- measured: <evidence>      the measurement agrees with the bank\n"
-    "  DISAGREE <id> (bank: B) \"<claim>\" -- measured: <evidence>  the measurement contradicts the bank\n"
-    "  FAIL <id> (bank: B) \"<claim>\" -- <error>                   the check itself failed\n"
-    "(B is the bank's answer: a PASS of a false claim means the engine showed it false),\n"
-    "then 'N passed, M failed'; the exit status is 0 only when every check passed.\n"
+    "run: the lesson's title, then narration and checks in the terminal (lab.pause()\n"
+    "waits for Enter when stdin is a terminal); a lesson that stops on an error prints\n"
+    "it as FILE:LINE: message. --headless prints one line per check: a word for tools,\n"
+    "the claim, then in words what the claim is and who says so:\n"
+    "  PASS tf3 \"<claim>\": FALSE, as the bank says -- measured: <evidence>\n"
+    "      the engine measured what the bank says (here: the claim is false)\n"
+    "  DISAGREE tf9 \"<claim>\": TRUE here, but the bank says FALSE -- measured: <evidence>\n"
+    "      this engine measured the other answer: worth reading, never hidden\n"
+    "  FAIL tf3 \"<claim>\": not judged, the check itself failed (...) -- <error>\n"
+    "  UNDECIDED why5 \"<claim>\": not decided, too noisy to tell (...) -- measured: <evidence>\n"
+    "A claim of the lesson's own (lab.check's expected, beyond the bank) reads \"as the\n"
+    "lesson expects\". Then 'N passed, M failed'; the exit status is 0 only when every\n"
+    "check passed (UNDECIDED is neither).\n"
     "\n"
     "  --full               the full-size scenarios (lab.full = true; make lessons); they\n"
     "                       take minutes, so a progress line (checks done, elapsed) shows\n"
@@ -148,7 +154,17 @@ static void wait_for_enter(void* user) {
     }
 }
 
+// The title first, as the dashboard shows it: a student who ran the file
+// sees which lesson this is before its narration. A file whose declaration
+// cannot be read prints nothing here; the run then reports the error.
+static void print_title(const char* path) {
+    lesson_info info;
+    error_info ignored = {{0}};
+    if (lesson_read_info(path, &info, &ignored) == 0) printf("== %s (%s) ==\n", info.title, path);
+}
+
 static int run_in_terminal(const run_args* a) {
+    print_title(a->path);
     lesson_options options = a->options;
     options.interactive = isatty(STDIN_FILENO);
     options.on_say = say_to_terminal;
@@ -193,6 +209,7 @@ static int run_full_with_progress(const run_args* a) {
     lesson_options options = a->options;
     full_run_progress f = {NULL, a->path, 0, 0, a->headless ? NULL : say_to_terminal, check_to_terminal};
     if (a->headless && a->verbose) f.say = say_as_comment;
+    if (!a->headless) print_title(a->path);
     lesson_info info;
     error_info ignored = {{0}};
     if (a->options.only_claim) f.checks_total = 1;
@@ -409,7 +426,8 @@ static const char SKELETON[] =
     "}\n"
     "\n"
     "-- 2. Build a scenario. Presets run without files: tiny, small, medium, large.\n"
-    "local e = lab.engine{model = \"tiny\", block_size = 16, num_blocks = 64}\n"
+    "local model = lab.model(\"tiny\")\n"
+    "local e = lab.engine{model = model, block_size = 16, num_blocks = 64}\n"
     "local id = e:add{prompt = \"Hello\", max_tokens = 8}\n"
     "lab.say(\"One request of \" .. e:sequence(id).n_prompt .. \" prompt tokens.\")\n"
     "lab.pause() -- waits for a key in the dashboard; does nothing headless\n"
@@ -417,21 +435,28 @@ static const char SKELETON[] =
     "-- 3. Measure. Every step returns its record: tokens, bytes, FLOPs, pool figures.\n"
     "local written = {}\n"
     "e:run{stop_when = function(r)\n"
-    "    written[#written + 1] = r.bytes.kv_written\n"
+    "    if r.decode_tokens > 0 then written[#written + 1] = r.bytes.kv_written end\n"
     "    return false\n"
     "end}\n"
     "\n"
-    "-- 4. Check the claim with a verdict computed from the measurement, and\n"
+    "-- 4. Check the claim with a verdict computed from the measurement against an\n"
+    "--    independent reference (here the formula from the model's shapes), and\n"
     "--    evidence that carries the numbers. Never write the verdict by hand.\n"
-    "local per_token = written[#written]\n"
-    "local same = true\n"
-    "for step = 2, #written do same = same and written[step] == per_token end\n"
+    "--    mine1 is your own claim, so `expected` says what you expect; a claim of\n"
+    "--    the question bank (tf3, se1, ...) gives `bank_answer`, which must be\n"
+    "--    what the bank says. breaks_with names the engine bugs that must turn\n"
+    "--    the verdict (servelab info --faults; servelab lesson faults --matrix).\n"
+    "local one_token_bytes = lab.kv_bytes{model = model, seq = 1} -- 2 x L x kv_dim x p\n"
+    "local all_equal = #written > 0\n"
+    "for step = 1, #written do all_equal = all_equal and written[step] == one_token_bytes end\n"
     "lab.check{\n"
     "    id = \"mine1\",\n"
-    "    claim = \"every decode step writes the same number of KV bytes (one token's keys and values)\",\n"
-    "    bank_answer = true,\n"
-    "    verdict = same,\n"
-    "    evidence = string.format(\"%%d decode steps, each wrote %%d bytes\", #written - 1, per_token),\n"
+    "    claim = \"every decode step writes one token's keys and values\",\n"
+    "    expected = true,\n"
+    "    verdict = all_equal,\n"
+    "    evidence = string.format(\"%%d decode steps wrote %%d bytes each; 2*L*kv_dim*p = %%d\", #written,\n"
+    "                             written[1] or 0, one_token_bytes),\n"
+    "    breaks_with = {\"kv-count-dropped\", \"kv-count-doubled\"},\n"
     "}\n";
 
 static int command_new(int argc, char** argv) {

@@ -44,9 +44,9 @@ static bool valid_claim_id(const char* id) {
 // lab.check{id=, claim=, bank_answer=, verdict=, evidence=} or with
 // measure=function() return verdict, evidence end instead of verdict and
 // evidence (an error inside measure is a FAIL line, not a failed lesson).
-// A claim the question bank does not make (the lab's own, beyond the bank)
-// gives beyond_bank = true and answer = what the lesson expects instead of
-// bank_answer.
+// bank_answer must be what the bank says (lesson_bank_claim_find); a claim
+// the question bank does not make (the lab's own, beyond the bank) gives
+// expected = what the lesson expects instead.
 // breaks_with = {"no-cow", ...}: the faults (engine/fault.h) under which the
 // verdict must turn; "" in problem when the list is well formed.
 static fault_set read_breaks_with(lua_State* L, char* problem, size_t capacity) {
@@ -82,11 +82,11 @@ typedef struct claim_fields {
     char id[sizeof ((lab_declared_claim*)0)->id];
     char claim[LESSON_MAX_CLAIM_BYTES + 1];
     char note[LESSON_MAX_CLAIM_BYTES + 1];
-    bool expected;    // bank_answer, or answer for a claim beyond the bank
-    bool beyond_bank;
+    bool expected;    // bank_answer, or expected for a claim beyond the bank
+    bool beyond_bank; // the id is not in the bank (lesson_bank_claim_find)
 } claim_fields;
 
-// Reads id, claim, beyond_bank, bank_answer or answer, and note of the
+// Reads id, claim, bank_answer or expected, and note of the
 // table at argument 1, raising an argument error for a malformed one.
 static void read_claim_fields(lua_State* L, claim_fields* out) {
     const char* given_id = lab_opt_string_field(L, 1, "id", NULL);
@@ -99,25 +99,47 @@ static void read_claim_fields(lua_State* L, claim_fields* out) {
     if (strlen(given_claim) > LESSON_MAX_CLAIM_BYTES)
         lab_field_error(L, 1, "claim", "%zu bytes is too long (at most %d)", strlen(given_claim), LESSON_MAX_CLAIM_BYTES);
     snprintf(out->claim, sizeof out->claim, "%s", given_claim);
-    int beyond_type = lab_get_field(L, 1, "beyond_bank");
-    bool beyond_bank = lua_toboolean(L, -1);
+    // The bank's answer is the bank's, not the lesson's to give: a lesson
+    // that declared tf10 with bank_answer = true and measured nothing once
+    // printed a PASS. So bank_answer must match the bank, and a claim the
+    // bank does not make says what the lesson expects in its own field.
+    const lesson_bank_claim* bank = lesson_bank_claim_find(out->id);
+    int bank_type = lab_get_field(L, 1, "bank_answer");
+    bool bank_answer = lua_toboolean(L, -1);
     lua_pop(L, 1);
-    if (beyond_type != LUA_TNIL && beyond_type != LUA_TBOOLEAN)
-        lab_field_error(L, 1, "beyond_bank", "expected true (a claim the question bank does not make), got %s",
-                        luaL_typename(L, beyond_type));
-    const char* answer_field = beyond_bank ? "answer" : "bank_answer";
-    const char* other_field = beyond_bank ? "bank_answer" : "answer";
-    if (lab_get_field(L, 1, other_field) != LUA_TNIL)
-        lab_field_error(L, 1, other_field, beyond_bank ? "a claim beyond the bank has no bank_answer; give answer"
-                                                       : "answer goes with beyond_bank = true; a bank claim gives bank_answer");
+    int expected_type = lab_get_field(L, 1, "expected");
+    bool expected = lua_toboolean(L, -1);
     lua_pop(L, 1);
-    if (lab_get_field(L, 1, answer_field) != LUA_TBOOLEAN)
-        lab_field_error(L, 1, answer_field, beyond_bank ? "expected true or false (what the lesson expects), got %s"
-                                                        : "expected true or false (what the question bank says), got %s",
-                        luaL_typename(L, -1));
-    out->expected = lua_toboolean(L, -1);
-    out->beyond_bank = beyond_bank;
-    lua_pop(L, 1);
+    if (bank) {
+        const char* says = bank->bank_answer ? "true" : "false";
+        if (expected_type != LUA_TNIL)
+            lab_field_error(L, 1, "expected",
+                            "'%s' is a claim of the question bank: give bank_answer = %s (what the "
+                            "bank says) instead",
+                            out->id, says);
+        if (bank_type != LUA_TBOOLEAN)
+            lab_field_error(L, 1, "bank_answer",
+                            "expected true or false (what the question bank says of '%s': %s), got %s", out->id, says,
+                            lua_typename(L, bank_type));
+        if (bank_answer != bank->bank_answer)
+            lab_field_error(L, 1, "bank_answer", "the question bank says '%s' is %s (\"%s\"), not %s", out->id, says,
+                            bank->statement, bank_answer ? "true" : "false");
+        out->expected = bank_answer;
+        out->beyond_bank = false;
+    } else {
+        if (bank_type != LUA_TNIL)
+            lab_field_error(L, 1, "bank_answer",
+                            "'%s' is not a claim of the question bank (tf1-tf10, se1-se8, why1-why6, "
+                            "edge1-edge8, recall1); for a claim of your own give expected = true or false",
+                            out->id);
+        if (expected_type != LUA_TBOOLEAN)
+            lab_field_error(L, 1, "expected",
+                            "expected true or false (what the lesson expects of its own claim '%s', "
+                            "which the question bank does not make), got %s",
+                            out->id, lua_typename(L, expected_type));
+        out->expected = expected;
+        out->beyond_bank = true;
+    }
     const char* given_note = lab_opt_string_field(L, 1, "note", "");
     if (strlen(given_note) > LESSON_MAX_CLAIM_BYTES)
         lab_field_error(L, 1, "note", "%zu bytes is too long (at most %d)", strlen(given_note), LESSON_MAX_CLAIM_BYTES);
@@ -147,8 +169,8 @@ static void push_verdict(lua_State* L, lesson* l, int measure_type, char* proble
 }
 
 int lab_check(lua_State* L) {
-    static const char* const fields[] = {"id", "claim", "bank_answer", "beyond_bank", "answer", "verdict",
-                                         "evidence", "measure", "breaks_with", "note", NULL};
+    static const char* const fields[] = {"id",       "claim",   "bank_answer", "expected", "verdict",
+                                         "evidence", "measure", "breaks_with", "note",     NULL};
     lab_check_fields(L, 1, fields);
     lesson* l = lesson_of(L);
     claim_fields c;
@@ -260,7 +282,19 @@ void lesson_report_unchecked(lesson* l) {
         char evidence[1200];
         snprintf(evidence, sizeof evidence, "never checked: %s",
                  l->status == LESSON_FAILED ? l->error : "the lesson ended before lab.check for it");
-        lesson_check_result result = {l->declared[i].id, "(declared in lab.lesson)", false, false, evidence, CHECK_FAIL, 0, "", 0, false};
+        // A bank claim shows the bank's sentence and answer; the lesson's
+        // own claim was never stated (its lab.check did not run).
+        const lesson_bank_claim* bank = lesson_bank_claim_find(l->declared[i].id);
+        lesson_check_result result = {l->declared[i].id,
+                                      bank ? bank->statement : "(the lesson's own claim: its lab.check never ran)",
+                                      bank && bank->bank_answer,
+                                      false,
+                                      evidence,
+                                      CHECK_FAIL,
+                                      0,
+                                      "",
+                                      0,
+                                      !bank};
         report_check(l, &result);
     }
 }

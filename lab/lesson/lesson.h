@@ -56,9 +56,9 @@ typedef enum lesson_status {
 } lesson_status;
 
 typedef enum check_outcome {
-    CHECK_PASS = 0,     // the measured verdict equals the bank's answer
-    CHECK_DISAGREE = 1, // the measurement contradicts the bank's answer
-    CHECK_FAIL = 2,     // the check itself erred (bad arguments, or never reached)
+    CHECK_PASS = 0,      // the measured verdict equals the bank's answer (or the lesson's expected)
+    CHECK_DISAGREE = 1,  // the measurement contradicts the bank's answer
+    CHECK_FAIL = 2,      // the check itself erred (bad arguments, or never reached)
     CHECK_UNDECIDED = 3, // a timing whose interval straddles the threshold (verdict lab.UNDECIDED):
                          // neither a pass nor a failure; the evidence says how noisy the machine was
 } check_outcome;
@@ -66,15 +66,30 @@ typedef enum check_outcome {
 typedef struct lesson_check_result {
     const char* id;        // "tf1", "se3", ...
     const char* claim;     // the statement checked, in words
-    bool bank_answer;      // what the question bank says about the claim (beyond_bank: what the lesson expects)
+    bool bank_answer;      // what the question bank says of the claim (beyond_bank: what the lesson expects)
     bool verdict;          // what the measurement says (meaningless for CHECK_FAIL)
     const char* evidence;  // the numbers behind the verdict, or the error for CHECK_FAIL
     check_outcome outcome;
     fault_set breaks_with; // the faults that must turn this verdict (lab.check's breaks_with)
     const char* note;      // "" or where the measured cause differs from the bank's reason
     fault_set running;     // the faults the engine ran with when this was measured (0 normally)
-    bool beyond_bank;      // a claim the question bank does not make: the lab's own
+    bool beyond_bank;      // a claim the question bank does not make (lab.check's expected): the lesson's own
 } lesson_check_result;
+
+// ---- the question bank's claims (lab/lesson/bank_claims.c) --------------------------
+
+// One claim of the question bank as the lessons state it, and what the
+// bank says of that sentence.
+typedef struct lesson_bank_claim {
+    const char* id;        // "tf3"
+    bool bank_answer;      // true or false: what lab.check's bank_answer must be
+    const char* statement; // "the KV cache grows quadratically with sequence length"
+} lesson_bank_claim;
+
+// The claim with this id, or NULL when the bank does not make it.
+const lesson_bank_claim* lesson_bank_claim_find(const char* id);
+// All of them (33: the seed's items), in the bank's order.
+const lesson_bank_claim* lesson_bank_claims(int* count);
 
 typedef struct lesson_options {
     bool interactive;          // lab.pause() yields (false: it is a no-op)
@@ -163,12 +178,14 @@ int lesson_list_folder(const char* folder, lesson_file_name* names, int capacity
 
 // ---- headless running ----------------------------------------------------------------
 
-// Prints one check as the headless runner does:
-//   PASS <id> (bank: true|false) "<claim>" -- measured: <evidence>[ -- note: <note>]
-//     ("(beyond the bank: true|false)" for a claim the bank does not make)
-//   DISAGREE <id> (bank: ...) "<claim>" -- measured: <evidence> (the measurement contradicts the bank: ...)
-//   FAIL <id> (bank: ...) "<claim>" -- <error>
-//   UNDECIDED <id> (bank: ...) "<claim>" -- measured: <evidence> (too noisy to decide: neither a pass nor a failure)
+// Prints one check as the headless runner does: a leading word for tools,
+// the id and the claim, then in words what the claim is and what says so:
+//   PASS tf3 "<claim>": FALSE, as the bank says -- measured: <evidence>[ -- note: <note>]
+//   DISAGREE tf9 "<claim>": TRUE here, but the bank says FALSE -- measured: <evidence>
+//   FAIL tf3 "<claim>": not judged, the check itself failed (the bank says FALSE) -- <error>
+//   UNDECIDED why5 "<claim>": not decided, too noisy to tell (the bank says TRUE; ...) -- measured: <evidence>
+// A claim beyond the bank reads "as the lesson expects" / "but the lesson
+// expects" with "(a claim beyond the bank: the lesson's own)".
 // Under --fault, a bracketed tail says whether the fault turned the claim
 // and whether the claim declares it (breaks_with).
 void lesson_print_check(FILE* out, const lesson_check_result* result);

@@ -8,19 +8,28 @@
 
 void lesson_print_check(FILE* out, const lesson_check_result* r) {
     static const char* const words[] = {"PASS", "DISAGREE", "FAIL", "UNDECIDED"};
-    // The claim as the bank states it, quoted, beside the bank's answer: a
-    // PASS line of a false claim must not read as if the claim held.
-    const char* expected = r->bank_answer ? "true" : "false";
-    fprintf(out, "%s %s (%s: %s) \"%s\" -- %s%s", words[r->outcome], r->id, r->beyond_bank ? "beyond the bank" : "bank",
-            expected, r->claim, r->outcome == CHECK_FAIL ? "" : "measured: ", r->evidence);
-    if (r->outcome == CHECK_DISAGREE && r->beyond_bank)
-        fprintf(out, " (the measurement contradicts the lesson: it expects %s, measured %s)", expected,
-                r->verdict ? "true" : "false");
+    // The leading word is for tools; the words after the claim are for the
+    // student. "PASS tf3 (bank: false) ..." read to newcomers and reviewers
+    // alike as if a false claim had passed, so the line now says what the
+    // claim is: "FALSE, as the bank says".
+    const char* expected = r->bank_answer ? "TRUE" : "FALSE";
+    const char* measured = r->verdict ? "TRUE" : "FALSE";
+    const char* whose = r->beyond_bank ? "the lesson expects" : "the bank says";
+    const char* beyond = r->beyond_bank ? " (a claim beyond the bank: the lesson's own)" : "";
+    fprintf(out, "%s %s \"%s\": ", words[r->outcome], r->id, r->claim);
+    if (r->outcome == CHECK_PASS)
+        fprintf(out, "%s, as %s%s -- measured: %s", expected, whose, beyond, r->evidence);
     else if (r->outcome == CHECK_DISAGREE)
-        fprintf(out, " (the measurement contradicts the bank: bank says %s, measured %s)", expected,
-                r->verdict ? "true" : "false");
+        fprintf(out, "%s here, but %s %s%s -- measured: %s", measured, whose, expected, beyond, r->evidence);
     else if (r->outcome == CHECK_UNDECIDED)
-        fprintf(out, " (too noisy to decide: neither a pass nor a failure; run it again on a quieter machine)");
+        fprintf(out,
+                "not decided, too noisy to tell (%s %s; neither a pass nor a failure: run it again on a quieter "
+                "machine) -- measured: %s",
+                whose, expected, r->evidence);
+    else if (r->beyond_bank)
+        fprintf(out, "not judged, the check itself failed -- %s", r->evidence);
+    else
+        fprintf(out, "not judged, the check itself failed (the bank says %s) -- %s", expected, r->evidence);
     if (r->note && r->note[0]) fprintf(out, " -- note: %s", r->note);
     if (r->running) {
         char running[512], declared[512];

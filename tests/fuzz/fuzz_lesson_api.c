@@ -359,8 +359,8 @@ static const field_spec ADD_FIELDS[] = {
 };
 static const field_spec CHECK_FIELDS[] = {
     {"id", F_CHOICE, "c1|c2|c3|zz"}, {"id", F_CHOICE, "c1|c2|c3"},  {"claim", F_TEXT, NULL},
-    {"bank_answer", F_BOOL, NULL},    {"verdict", F_BOOL, NULL},     {"evidence", F_TEXT, NULL},
-    {"measure", F_FUNCTION, NULL},    {"measure", F_FUNCTION, NULL},
+    {"expected", F_BOOL, NULL},      {"verdict", F_BOOL, NULL},     {"evidence", F_TEXT, NULL},
+    {"measure", F_FUNCTION, NULL},   {"measure", F_FUNCTION, NULL},
 };
 static const field_spec QUANTIZE_FIELDS[] = {
     {"values", F_VALUES, NULL},   {"values", F_VALUES, NULL},
@@ -440,7 +440,7 @@ static void emit_statement(program* p, choices* c, int depth) {
         break;
     case 9:
         if (chance(c, 2)) { // well formed, so that the measurement runs
-            emit(p, "lab.check{id = \"c%u\", claim = \"a claim\", bank_answer = %s, ", pick(c, 4) + 1,
+            emit(p, "lab.check{id = \"c%u\", claim = \"a claim\", expected = %s, ", pick(c, 4) + 1,
                  chance(c, 2) ? "true" : "false");
             if (chance(c, 2)) {
                 emit(p, "measure = ");

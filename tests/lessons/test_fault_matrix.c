@@ -219,9 +219,9 @@ static void test_matrix_fails_on_a_check_that_cannot_fail(void** state) {
                        "local e = lab.engine{model = \"tiny\", block_size = 16, num_blocks = 16}\n"
                        "e:add{ids = {1, 2, 3}, max_tokens = 2}\n"
                        "e:run{}\n"
-                       "lab.check{id = \"b1\", claim = \"always\", bank_answer = true, verdict = true,\n"
+                       "lab.check{id = \"b1\", claim = \"always\", expected = true, verdict = true,\n"
                        "          evidence = \"nothing measured: 1\", breaks_with = {\"no-cow\"}}\n"
-                       "lab.check{id = \"b2\", claim = \"also always\", bank_answer = true, verdict = true,\n"
+                       "lab.check{id = \"b2\", claim = \"also always\", expected = true, verdict = true,\n"
                        "          evidence = \"nothing measured: 2\"}\n";
     assert_true(test_write_file(path, text, strlen(text)));
     snprintf(arguments, sizeof arguments, "lesson faults --matrix --output %s/matrix-output %s", test_scratch_dir(), path);
@@ -249,7 +249,7 @@ static void test_matrix_passes_a_check_that_sees_its_fault(void** state) {
         "e:add{ids = {1}, max_tokens = 4}\n"
         "local r = e:step()\n"
         "local expected = 2 * shape.n_layers * shape.kv_dim * 2\n"
-        "lab.check{id = \"s1\", claim = \"one token writes 2 L kv_dim p bytes\", bank_answer = true,\n"
+        "lab.check{id = \"s1\", claim = \"one token writes 2 L kv_dim p bytes\", expected = true,\n"
         "          verdict = r.bytes.kv_written == expected, breaks_with = {\"kv-count-doubled\"},\n"
         "          evidence = string.format(\"%d bytes written, %d expected\", r.bytes.kv_written, expected)}\n";
     assert_true(test_write_file(path, text, strlen(text)));

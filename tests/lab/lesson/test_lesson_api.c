@@ -137,15 +137,23 @@ static const bad_case BAD_CASES[] = {
     {"lab.roofline{flops = 1, device = 'H100'}", "field 'bytes'"},
     {"lab.median{}", "expected a non-empty array"},
     {"lab.say()", "bad argument #1 to 'say'"},
-    {"lab.check{claim = 'c', bank_answer = true, verdict = true, evidence = 'e'}", "field 'id'"},
-    {"lab.check{id = 'Bad Id', claim = 'c', bank_answer = true, verdict = true, evidence = 'e'}", "field 'id'"},
-    {"lab.check{id = 'c1', claim = 'c', verdict = true, evidence = 'e'}", "field 'bank_answer'"},
-    {"lab.check{id = 'c1', claim = 'c', beyond_bank = true, verdict = true, evidence = 'e'}", "field 'answer'"},
-    {"lab.check{id = 'c1', claim = 'c', beyond_bank = true, answer = true, bank_answer = true, verdict = true, "
-     "evidence = 'e'}", "no bank_answer"},
-    {"lab.check{id = 'c1', claim = 'c', bank_answer = true, answer = true, verdict = true, evidence = 'e'}",
-     "goes with beyond_bank"},
-    {"lab.check{id = 'c1', claim = 'c', bank_answer = true, verdict = true, evidence = 'e', extra = 1}", "field 'extra'"},
+    {"lab.check{claim = 'c', expected = true, verdict = true, evidence = 'e'}", "field 'id'"},
+    {"lab.check{id = 'Bad Id', claim = 'c', expected = true, verdict = true, evidence = 'e'}", "field 'id'"},
+    // The bank's answer is checked against the bank (issue 44: tf10 declared
+    // true printed a PASS), and a claim of the lesson's own says expected.
+    {"lab.check{id = 'tf10', claim = 'c', bank_answer = true, verdict = true, evidence = 'e'}",
+     "field 'bank_answer': the question bank says 'tf10' is false (\"two requests sharing a system prompt"},
+    {"lab.check{id = 'tf3', claim = 'c', verdict = true, evidence = 'e'}",
+     "field 'bank_answer': expected true or false (what the question bank says of 'tf3': false), got nil"},
+    {"lab.check{id = 'tf3', claim = 'c', bank_answer = false, expected = false, verdict = true, evidence = 'e'}",
+     "field 'expected': 'tf3' is a claim of the question bank: give bank_answer = false"},
+    {"lab.check{id = 'c1', claim = 'c', bank_answer = true, verdict = true, evidence = 'e'}",
+     "field 'bank_answer': 'c1' is not a claim of the question bank"},
+    {"lab.check{id = 'c1', claim = 'c', verdict = true, evidence = 'e'}", "field 'expected': expected true or false"},
+    {"lab.check{id = 'c1', claim = 'c', expected = 'yes', verdict = true, evidence = 'e'}", "got string"},
+    {"lab.check{id = 'c1', claim = 'c', beyond_bank = true, expected = true, verdict = true, evidence = 'e'}",
+     "field 'beyond_bank': unknown field"},
+    {"lab.check{id = 'c1', claim = 'c', expected = true, verdict = true, evidence = 'e', extra = 1}", "field 'extra'"},
     {"lab.lesson{title = 'again', claims = {'x'}}", "lab.lesson{} may be called once"},
     {"local closed = lab.engine{model = TINY, num_blocks = 4}; closed:close(); closed:step()", "the engine was closed"},
     // Argument tables name the closest field of a typo.
@@ -213,7 +221,8 @@ static void test_engine_api_reports_what_ran(void** state) {
         "lab.say(string.format('add %d %d', id, e:sequence(id).n_prompt))\n"
         "lab.say(string.format('queues %d %d', #e:queues().waiting, #e:queues().running))\n"
         "local r = e:step()\n"
-        "lab.say(string.format('step %d %d %d %d', r.prefill_tokens, r.bytes.kv_written, #r.sequences, #r.sequences[1].block_table))\n"
+        "lab.say(string.format('step %d %d %d %d', r.prefill_tokens, r.bytes.kv_written, #r.sequences, "
+        "#r.sequences[1].block_table))\n"
         "local steps = e:run()\n"
         "local t = e:totals()\n"
         "lab.say(string.format('totals %d %d %d %d', steps, t.steps, t.generated_tokens, t.prefill_tokens))\n"
@@ -222,7 +231,8 @@ static void test_engine_api_reports_what_ran(void** state) {
         "local logits, position = e:logits(id)\n"
         "lab.say(string.format('logits %d %d', #logits, position))\n"
         "local p = e:pool()\n"
-        "lab.say(string.format('pool %s %d %d %d %d', p.layout, p.blocks_total, p.blocks_free, p.blocks_evictable, p.bytes_per_slot))\n"
+        "lab.say(string.format('pool %s %d %d %d %d', p.layout, p.blocks_total, p.blocks_free, p.blocks_evictable, "
+        "p.bytes_per_slot))\n"
         "lab.say(string.format('config %s %d %s', e:config().kv, e:config().block_size, tostring(e:has_work())))\n"
         "lab.say('model ' .. tostring(e:model() == m))\n"
         "local w, rows, cols = m:tensor('layers.0.wq')\n"
@@ -232,7 +242,8 @@ static void test_engine_api_reports_what_ran(void** state) {
         "local c = lab.engine{model = m, kv = 'contiguous', num_blocks = 32}\n"
         "local cid = c:add{prompt = 'abcdef', max_tokens = 8}\n"
         "c:step(); c:cancel(cid)\n"
-        "lab.say(string.format('cancel %s %s %s', c:sequence(cid).state, c:sequence(cid).stop, tostring(c:has_work())))\n"
+        "lab.say(string.format('cancel %s %s %s', c:sequence(cid).state, c:sequence(cid).stop, "
+        "tostring(c:has_work())))\n"
         "local f = lab.engine{model = m, num_blocks = 32}\n"
         "local first = f:add{prompt = 'abcdef', max_tokens = 4, n = 3, temperature = 1, seed = 3}\n"
         "f:run{stop_when = function(rec) return rec.decode_tokens > 0 end}\n"
@@ -242,7 +253,7 @@ static void test_engine_api_reports_what_ran(void** state) {
         "local sr = sharded:step()\n"
         "lab.say(string.format('tp %d %d %s %d %s %d', sr.tp.shards, #sr.tp.shard, sr.tp.link, sr.tp.allreduces,\n"
         "    tostring(sr.tp.shard[1].bytes.weights < sr.bytes.weights), #r.tp.shard))\n"
-        "lab.check{id = 'c1', claim = 'c', bank_answer = true, verdict = t.generated_tokens == 3, evidence = 'n'}\n";
+        "lab.check{id = 'c1', claim = 'c', expected = true, verdict = t.generated_tokens == 3, evidence = 'n'}\n";
     captured* c = calloc(1, sizeof *c);
     assert_int_equal(run_source("engine_api", source, NULL, c), LESSON_DONE);
     const char* expected[] = {
@@ -275,21 +286,29 @@ static void test_quant_and_formula_api(void** state) {
     const char* source =
         "lab.lesson{title = 'quant', claims = {'c1'}}\n"
         "local q = lab.quantize{values = {-1, 0, 3, 100}, bits = 4, range = {-1, 3}}\n"
-        "lab.say(string.format('range %.4f %d %d %d %d %d %g %d', q.s, q.z, q.q[1], q.q[2], q.q[3], q.q[4], q.r_hat[2], q.clipped))\n"
-        "local g = lab.quantize{values = {1, 2, 3, 4, 5, 6, 7, 8}, rows = 2, bits = 8, granularity = 'group', group_size = 2}\n"
+        "lab.say(string.format('range %.4f %d %d %d %d %d %g %d', q.s, q.z, q.q[1], q.q[2], q.q[3], q.q[4], "
+        "q.r_hat[2], q.clipped))\n"
+        "local g = lab.quantize{values = {1, 2, 3, 4, 5, 6, 7, 8}, rows = 2, bits = 8, granularity = 'group', "
+        "group_size = 2}\n"
         "lab.say(string.format('groups %d %d %d %s', g.sets, g.rows, g.cols, tostring(g.within_half_step)))\n"
         "local m = lab.model('tiny')\n"
-        "local t = lab.quantize{model = m, tensor = 'layers.0.w1', bits = 4, granularity = 'channel', symmetric = true}\n"
+        "local t = lab.quantize{model = m, tensor = 'layers.0.w1', bits = 4, granularity = 'channel', symmetric = "
+        "true}\n"
         "lab.say(string.format('tensor %d %d %d %d', t.sets, t.z, t.q_min, t.q_max))\n"
         "local inputs = {}\n"
         "for s = 1, 8 do local row = {} for c = 1, 64 do row[c] = math.sin(s * c) end inputs[s] = row end\n"
-        "local a = lab.quantize{model = m, tensor = 'layers.0.wq', bits = 4, granularity = 'group', group_size = 16, method = 'awq', inputs = inputs}\n"
-        "local p = lab.quantize{model = m, tensor = 'layers.0.wq', bits = 4, granularity = 'group', group_size = 16, method = 'gptq', inputs = inputs}\n"
-        "lab.say(string.format('methods %d %s %s %s', a.not_nearest, tostring(a.alpha >= 0 and a.alpha <= 1), tostring(p.output_mse >= 0), tostring(#a.channel_scales == 64)))\n"
+        "local a = lab.quantize{model = m, tensor = 'layers.0.wq', bits = 4, granularity = 'group', group_size = 16, "
+        "method = 'awq', inputs = inputs}\n"
+        "local p = lab.quantize{model = m, tensor = 'layers.0.wq', bits = 4, granularity = 'group', group_size = 16, "
+        "method = 'gptq', inputs = inputs}\n"
+        "lab.say(string.format('methods %d %s %s %s', a.not_nearest, tostring(a.alpha >= 0 and a.alpha <= 1), "
+        "tostring(p.output_mse >= 0), tostring(#a.channel_scales == 64)))\n"
         "local w4, report = lab.quantize_model(m, 'w4a16:g16')\n"
-        "lab.say(string.format('model %s %s %d %s %s', w4:info().dtype, tostring(report.weight_bytes_after < report.weight_bytes_before), #report.layers, w4:info().activations, m:info().activations))\n"
+        "lab.say(string.format('model %s %s %d %s %s', w4:info().dtype, tostring(report.weight_bytes_after < "
+        "report.weight_bytes_before), #report.layers, w4:info().activations, m:info().activations))\n"
         "local cmp = lab.compare(m, w4)\n"
-        "lab.say(string.format('compare %s %s %s', tostring(cmp.kl > 0), tostring(cmp.top1 > 0 and cmp.top1 <= 1), tostring(cmp.ppl_test > 1)))\n"
+        "lab.say(string.format('compare %s %s %s', tostring(cmp.kl > 0), tostring(cmp.top1 > 0 and cmp.top1 <= 1), "
+        "tostring(cmp.ppl_test > 1)))\n"
         "lab.say(string.format('kv %d', lab.kv_bytes{n_layers = 2, kv_dim = 32, batch = 3, seq = 10}))\n"
         "lab.say(string.format('kvm %d', lab.kv_bytes{model = m, seq = 1}))\n"
         "local r = lab.roofline{bytes = 3.35e12, flops = 1e12, device = 'H100'}\n"
@@ -301,10 +320,11 @@ static void test_quant_and_formula_api(void** state) {
         "lab.say(string.format('machine %s', tostring(machine.bandwidth > 1e8 and machine.peak_flops > 1e8)))\n"
         "lab.say(string.format('median %g %g', lab.median{3, 1, 2}, lab.median{4, 1, 3, 2}))\n"
         "local timing = lab.time{model = m, phase = 'prefill', tokens = 16, batch = 2, repeats = 3, threads = 1}\n"
-        "lab.say(string.format('time %d %s %s', #timing.samples, tostring(timing.seconds > 0), tostring(timing.cpu_seconds > 0)))\n"
+        "lab.say(string.format('time %d %s %s', #timing.samples, tostring(timing.seconds > 0), "
+        "tostring(timing.cpu_seconds > 0)))\n"
         "local decode = lab.time{model = m, phase = 'decode', tokens = 4, repeats = 1}\n"
         "lab.say(string.format('decode %s', tostring(decode.intensity < timing.intensity)))\n"
-        "lab.check{id = 'c1', claim = 'c', bank_answer = false, measure = function() return q.z == 4, 'z ' .. q.z end}\n";
+        "lab.check{id = 'c1', claim = 'c', expected = false, measure = function() return q.z == 4, 'z ' .. q.z end}\n";
     captured* c = calloc(1, sizeof *c);
     assert_int_equal(run_source("quant_api", source, NULL, c), LESSON_DONE);
     const char* expected[] = {
@@ -327,7 +347,7 @@ static void test_quant_and_formula_api(void** state) {
     if (c->n_said != (int)(sizeof expected / sizeof expected[0])) fail_msg("said %d lines; error: %s", c->n_said, c->error);
     for (size_t i = 0; i < sizeof expected / sizeof expected[0]; i++) assert_string_equal(c->said[i], expected[i]);
     assert_int_equal(c->n_checks, 1);
-    assert_int_equal(c->checks[0].outcome, CHECK_DISAGREE); // measured true, bank false
+    assert_int_equal(c->checks[0].outcome, CHECK_DISAGREE); // measured true, expected false
     assert_string_equal(c->checks[0].evidence, "z 4");
     free(c);
 }
@@ -338,11 +358,11 @@ static void test_checks_pass_disagree_fail_and_unreached(void** state) {
     (void)state;
     const char* source =
         "lab.lesson{title = 'checks', claims = {'a1', 'a2', 'a3', 'a4', 'a5'}}\n"
-        "lab.check{id = 'a1', claim = 'one', bank_answer = true, verdict = 1 + 1 == 2, evidence = '2'}\n"
-        "lab.check{id = 'a2', claim = 'two', bank_answer = true, verdict = false, evidence = 'measured'}\n"
-        "lab.check{id = 'a3', claim = 'three', bank_answer = true, verdict = nil, evidence = 'x'}\n"
-        "lab.check{id = 'a4', claim = 'four', bank_answer = true, measure = function() error('broken meter') end}\n"
-        "lab.check{id = 'zz', claim = 'undeclared', bank_answer = true, verdict = true, evidence = 'x'}\n"
+        "lab.check{id = 'a1', claim = 'one', expected = true, verdict = 1 + 1 == 2, evidence = '2'}\n"
+        "lab.check{id = 'a2', claim = 'two', expected = true, verdict = false, evidence = 'measured'}\n"
+        "lab.check{id = 'a3', claim = 'three', expected = true, verdict = nil, evidence = 'x'}\n"
+        "lab.check{id = 'a4', claim = 'four', expected = true, measure = function() error('broken meter') end}\n"
+        "lab.check{id = 'zz', claim = 'undeclared', expected = true, verdict = true, evidence = 'x'}\n"
         "lab.pause()\n"
         "lab.say('after pause')\n";
     captured* c = calloc(1, sizeof *c);
@@ -385,9 +405,9 @@ static void test_undecided_is_neither_pass_nor_failure(void** state) {
         "assert(nine.low == 2 and nine.high == 8 and nine.median == 5, 'n = 9: the 2nd from each end')\n"
         "assert(not pcall(lab.ratio_interval, {1, 2, 3}, {1, 1}), 'unpaired timings are refused')\n"
         "assert(not pcall(lab.ratio_interval, {1, 0, 3}, {1, 1, 1}), 'a zero timing is refused')\n"
-        "lab.check{id = 'u1', claim = 'noisy', bank_answer = true, measure = function() "
+        "lab.check{id = 'u1', claim = 'noisy', expected = true, measure = function() "
         "return lab.UNDECIDED, 'noisy machine: x0.9..x1.1' end}\n"
-        "lab.check{id = 'u2', claim = 'clear', bank_answer = true, verdict = true, evidence = 'x2'}\n";
+        "lab.check{id = 'u2', claim = 'clear', expected = true, verdict = true, evidence = 'x2'}\n";
     captured* c = calloc(1, sizeof *c);
     assert_int_equal(run_source("noisy", source, NULL, c), LESSON_DONE);
     if (c->error[0]) fail_msg("%s", c->error);
@@ -406,21 +426,27 @@ static void test_undecided_is_neither_pass_nor_failure(void** state) {
     assert_int_equal(lesson_run_headless(path, &o, out, stderr), 0); // not a failure
     fclose(out);
     char* text = test_read_text(out_path);
-    assert_non_null(strstr(text, "UNDECIDED u1 (bank: true) \"noisy\" -- measured: noisy machine: x0.9..x1.1 (too noisy"));
+    assert_non_null(strstr(text, "UNDECIDED u1 \"noisy\": not decided, too noisy to tell (the lesson expects TRUE; "
+                                 "neither a pass nor a failure: run it again on a quieter machine) -- measured: noisy "
+                                 "machine: x0.9..x1.1"));
     assert_non_null(strstr(text, "1 passed, 0 failed, 1 undecided"));
     free(text);
 }
 
+// Each line says in words what the claim is and who says so (issue 44: "PASS
+// tf3 (bank: false)" read as if a false claim had passed). A bank claim never
+// checked shows the bank's sentence and answer, not a placeholder.
 static void test_headless_output_format(void** state) {
     (void)state;
     const char* source =
-        "lab.lesson{title = 'format', claims = {'f1', 'f2', 'f3', 'f4'}}\n"
-        "lab.check{id = 'f1', claim = 'one is one', bank_answer = true, verdict = true, evidence = 'n = 1'}\n"
-        "lab.check{id = 'f2', claim = 'two is three', bank_answer = true, verdict = 2 == 3, evidence = 'n = 2'}\n"
-        "lab.check{id = 'f3', claim = 'four is four', beyond_bank = true, answer = true, verdict = true, "
-        "evidence = 'n = 4'}\n"
-        "lab.check{id = 'f4', claim = 'five is six', beyond_bank = true, answer = true, verdict = 5 == 6, "
-        "evidence = 'n = 5'}\n";
+        "lab.lesson{title = 'format', claims = {'tf3', 'tf8', 'f3', 'f4', 'se1', 'edge8', 'f9'}}\n"
+        "lab.check{id = 'tf3', claim = 'grows quadratically', bank_answer = false, verdict = false, evidence = "
+        "'x2.00'}\n"
+        "lab.check{id = 'tf8', claim = 'no fp16 copy', bank_answer = true, verdict = 2 == 3, evidence = 'n = 2'}\n"
+        "lab.check{id = 'f3', claim = 'four is four', expected = true, verdict = true, evidence = 'n = 4'}\n"
+        "lab.check{id = 'f4', claim = 'five is six', expected = true, verdict = 5 == 6, evidence = 'n = 5'}\n"
+        "lab.check{id = 'se1', claim = 'no factor 2', bank_answer = false, measure = function() error('no meter') "
+        "end}\n";
     char path[512], out_path[512];
     snprintf(path, sizeof path, "%s/format.lua", test_scratch_dir());
     snprintf(out_path, sizeof out_path, "%s/format.out", test_scratch_dir());
@@ -432,13 +458,24 @@ static void test_headless_output_format(void** state) {
     fclose(out);
     assert_int_equal(status, 1);
     char* text = test_read_text(out_path);
-    assert_string_equal(text, "PASS f1 (bank: true) \"one is one\" -- measured: n = 1\n"
-                              "DISAGREE f2 (bank: true) \"two is three\" -- measured: n = 2 (the measurement contradicts "
-                              "the bank: bank says true, measured false)\n"
-                              "PASS f3 (beyond the bank: true) \"four is four\" -- measured: n = 4\n"
-                              "DISAGREE f4 (beyond the bank: true) \"five is six\" -- measured: n = 5 (the measurement "
-                              "contradicts the lesson: it expects true, measured false)\n"
-                              "2 passed, 2 failed\n");
+    char expected[4096];
+    snprintf(
+        expected, sizeof expected,
+        "PASS tf3 \"grows quadratically\": FALSE, as the bank says -- measured: x2.00\n"
+        "DISAGREE tf8 \"no fp16 copy\": FALSE here, but the bank says TRUE -- measured: n = 2\n"
+        "PASS f3 \"four is four\": TRUE, as the lesson expects (a claim beyond the bank: the lesson's own) -- "
+        "measured: n = 4\n"
+        "DISAGREE f4 \"five is six\": FALSE here, but the lesson expects TRUE (a claim beyond the bank: the lesson's "
+        "own) -- measured: n = 5\n"
+        "FAIL se1 \"no factor 2\": not judged, the check itself failed (the bank says FALSE) -- measure failed: "
+        "%s:6: no meter\n"
+        "FAIL edge8 \"at S = 1 the cache holds one token per sequence: 2 x B x L x d x p\": not judged, the check "
+        "itself failed (the bank says TRUE) -- never checked: the lesson ended before lab.check for it\n"
+        "FAIL f9 \"(the lesson's own claim: its lab.check never ran)\": not judged, the check itself failed -- never "
+        "checked: the lesson ended before lab.check for it\n"
+        "2 passed, 5 failed\n",
+        path);
+    assert_string_equal(text, expected);
     free(text);
 }
 
@@ -448,10 +485,11 @@ static void test_read_info_and_prove_claim(void** state) {
     snprintf(dir, sizeof dir, "%s/prove", test_scratch_dir());
     mkdir(dir, 0755);
     const char* a = "lab.lesson{title = 'A', claims = {'p1'}}\n"
-                    "lab.check{id = 'p1', claim = 'c', bank_answer = true, verdict = true, evidence = 'ok'}\n";
-    const char* b = "lab.lesson{title = 'B lesson', claims = {'p2', 'p3'}}\n"
-                    "lab.check{id = 'p2', claim = 'c2', bank_answer = true, verdict = #lab.devices() == 5, evidence = 'five'}\n"
-                    "lab.check{id = 'p3', claim = 'c3', bank_answer = true, verdict = false, evidence = 'no'}\n";
+                    "lab.check{id = 'p1', claim = 'c', expected = true, verdict = true, evidence = 'ok'}\n";
+    const char* b =
+        "lab.lesson{title = 'B lesson', claims = {'p2', 'p3'}}\n"
+        "lab.check{id = 'p2', claim = 'c2', expected = true, verdict = #lab.devices() == 5, evidence = 'five'}\n"
+        "lab.check{id = 'p3', claim = 'c3', expected = true, verdict = false, evidence = 'no'}\n";
     snprintf(path, sizeof path, "%s/01-a.lua", dir);
     assert_true(test_write_file(path, a, strlen(a)));
     snprintf(path, sizeof path, "%s/02-b.lua", dir);
@@ -472,9 +510,11 @@ static void test_read_info_and_prove_claim(void** state) {
     assert_non_null(strstr(err.message, "no lesson"));
     fclose(out);
     char* text = test_read_text(out_path);
-    assert_string_equal(text, "PASS p2 (bank: true) \"c2\" -- measured: five\n"
-                              "DISAGREE p3 (bank: true) \"c3\" -- measured: no (the measurement contradicts the bank: "
-                              "bank says true, measured false)\n");
+    assert_string_equal(text,
+                        "PASS p2 \"c2\": TRUE, as the lesson expects (a claim beyond the bank: the lesson's own) -- "
+                        "measured: five\n"
+                        "DISAGREE p3 \"c3\": FALSE here, but the lesson expects TRUE (a claim beyond the bank: "
+                        "the lesson's own) -- measured: no\n");
     free(text);
 
     // A lab call before the declaration is refused in info mode.

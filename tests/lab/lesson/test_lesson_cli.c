@@ -103,6 +103,16 @@ static void test_every_lesson_passes_and_covers_the_bank(void** state) {
             sscanf(line + (line[0] == 'P' ? 5 : is_undecided ? 10 : 9), "%15s", id);
             for (size_t k = 0; k < sizeof BANK_CLAIMS / sizeof BANK_CLAIMS[0]; k++)
                 if (strcmp(id, BANK_CLAIMS[k]) == 0) seen[k] = true;
+            // The words after the claim say what the bank says of it.
+            const lesson_bank_claim* bank = lesson_bank_claim_find(id);
+            if (line[0] == 'P' && bank) {
+                char words[64];
+                snprintf(words, sizeof words,
+                         "\": %s, as the bank says -- measured: ", bank->bank_answer ? "TRUE" : "FALSE");
+                const char* end = strchr(line, '\n');
+                const char* at = strstr(line, words);
+                if (!at || (end && at > end)) fail_msg("%s: the line does not say '%s': %.300s", path, words, line);
+            }
             // Evidence carries numbers.
             const char* evidence = strstr(line, " -- ");
             assert_non_null(evidence);
@@ -179,8 +189,19 @@ static void test_new_writes_a_skeleton_that_runs(void** state) {
     free(out);
     snprintf(arguments, sizeof arguments, "lesson run %s --headless", path);
     assert_int_equal(servelab(arguments, &out), 0);
-    assert_non_null(strstr(out, "PASS mine1 "));
+    // mine1 is not a bank claim: the skeleton says what it expects
+    // (bank_answer is refused for it), and the line says whose answer it is.
+    if (!strstr(out, "PASS mine1 \"every decode step writes one token's keys and values\": TRUE, as the lesson expects "
+                     "(a claim beyond the bank: the lesson's own) -- measured: "))
+        fail_msg("%s", out);
     assert_non_null(strstr(out, "1 passed, 0 failed\n"));
+    free(out);
+    // Its check can fail: both faults it declares turn it (the skeleton
+    // once declared none, so the matrix said it could not fail).
+    snprintf(arguments, sizeof arguments, "lesson faults --matrix --output %s/skeleton-output %s", test_scratch_dir(),
+             path);
+    if (servelab(arguments, &out) != 0) fail_msg("%s", out);
+    assert_non_null(strstr(out, "2 of 2 declared (claim, fault) pairs turned"));
     free(out);
     snprintf(arguments, sizeof arguments, "lesson new %s", name);
     assert_int_equal(servelab(arguments, &out), 1); // never overwritten
@@ -267,7 +288,7 @@ static void test_run_flags_and_failures(void** state) {
     assert_int_equal(servelab("lesson run lessons/01-kv-sizing.lua --memory-limit 1KiB", &out), 2);
     free(out);
     assert_int_equal(servelab("lesson --help", &out), 0);
-    assert_non_null(strstr(out, "PASS <id> (bank: B) \"<claim>\" -- measured: <evidence>"));
+    assert_non_null(strstr(out, "PASS tf3 \"<claim>\": FALSE, as the bank says -- measured: <evidence>"));
     free(out);
     // --only reports one claim.
     assert_int_equal(servelab("lesson run lessons/03-prefix-sharing.lua --headless --only edge6", &out), 0);
@@ -284,6 +305,93 @@ static void test_run_flags_and_failures(void** state) {
     assert_int_equal(servelab(arguments, &out), 1);
     assert_non_null(strstr(out, "escape.lua:2: os.execute is not available to lessons"));
     assert_non_null(strstr(out, "FAIL e1 "));
+    free(out);
+}
+
+// Issue 44: a terminal run shows the lesson's title first, and a lesson
+// that stops on a Lua error prints the error with its file and line (and
+// the claims it never reached, with the bank's own sentence and answer).
+static void test_run_shows_the_title_and_where_a_lesson_crashed(void** state) {
+    (void)state;
+    char path[512], arguments[700];
+    snprintf(path, sizeof path, "%s/crashing.lua", test_scratch_dir());
+    const char* crashing = "lab.lesson{title = 'A lesson that crashes', claims = {'tf3'}}\n"
+                           "lab.say('before the crash')\n"
+                           "local missing = nil\n"
+                           "local value = missing.field\n";
+    assert_true(test_write_file(path, crashing, strlen(crashing)));
+    char* out = NULL;
+    snprintf(arguments, sizeof arguments, "lesson run %s", path); // the terminal run (stdin is not a terminal)
+    assert_int_equal(servelab(arguments, &out), 1);
+    char title[700];
+    snprintf(title, sizeof title, "== A lesson that crashes (%s) ==\nbefore the crash\n", path);
+    if (strncmp(out, title, strlen(title)) != 0) fail_msg("no title first:\n%s", out);
+    assert_non_null(strstr(out, "crashing.lua:4: attempt to index a nil value (local 'missing')"));
+    assert_non_null(strstr(out,
+                           "FAIL tf3 \"the KV cache grows quadratically with sequence length\": not judged, the check "
+                           "itself failed (the bank says FALSE) -- never checked: "));
+    free(out);
+}
+
+// Issue 44: a lesson declared tf10 with bank_answer = true (the bank says
+// false), measured nothing, and printed a PASS. Now the check names the
+// line and what the bank says.
+static void test_bank_answer_must_be_the_banks(void** state) {
+    (void)state;
+    char path[512], arguments[700];
+    snprintf(path, sizeof path, "%s/wrong-bank.lua", test_scratch_dir());
+    const char* wrong = "lab.lesson{title = 'wrong bank answer', claims = {'tf10'}}\n"
+                        "lab.check{id = 'tf10', claim = 'shared prompts share KV', bank_answer = true,\n"
+                        "          verdict = true, evidence = '1 of 1'}\n";
+    assert_true(test_write_file(path, wrong, strlen(wrong)));
+    char* out = NULL;
+    snprintf(arguments, sizeof arguments, "lesson run %s --headless", path);
+    assert_int_equal(servelab(arguments, &out), 1);
+    if (!strstr(out, "wrong-bank.lua:2: bad argument #1 to 'check' (field 'bank_answer': the question bank says 'tf10' "
+                     "is false (\"two requests sharing a system prompt must each store its KV\"), not true)"))
+        fail_msg("%s", out);
+    assert_null(strstr(out, "PASS "));
+    assert_non_null(strstr(out, "0 passed, 1 failed\n"));
+    free(out);
+}
+
+// The tutorial of lessons/README.md (its lua blocks, in order, up to "5. Run
+// it") is a lesson that runs as the guide says: kv1 is not a bank claim, so
+// it gives expected (bank_answer is refused for it), passes, and turns
+// under both faults it declares.
+static void test_tutorial_lesson_runs_as_written(void** state) {
+    (void)state;
+    char* guide = test_read_text("lessons/README.md");
+    assert_non_null(guide);
+    const char* start = strstr(guide, "## Tutorial");
+    const char* end = start ? strstr(start, "**5. Run it.**") : NULL;
+    if (!start || !end) fail_msg("lessons/README.md: no '## Tutorial' ... '**5. Run it.**' section");
+    size_t capacity = (size_t)(end - start) + 1, used = 0;
+    char* lesson_text = calloc(1, capacity);
+    assert_non_null(lesson_text);
+    for (const char* block = strstr(start, "```lua\n"); block && block < end; block = strstr(block, "```lua\n")) {
+        block += strlen("```lua\n");
+        const char* close = strstr(block, "```");
+        assert_non_null(close);
+        memcpy(lesson_text + used, block, (size_t)(close - block));
+        used += (size_t)(close - block);
+        block = close + 3;
+    }
+    free(guide);
+    char path[512], arguments[700];
+    snprintf(path, sizeof path, "%s/10-kv-writes.lua", test_scratch_dir());
+    assert_true(test_write_file(path, lesson_text, used));
+    free(lesson_text);
+    char* out = NULL;
+    snprintf(arguments, sizeof arguments, "lesson run %s --headless", path);
+    if (servelab(arguments, &out) != 0) fail_msg("%s", out);
+    assert_non_null(strstr(out, "PASS kv1 \"each decode step writes one token's keys and values\": TRUE, as the lesson "
+                                "expects (a claim beyond the bank: the lesson's own) -- measured: "));
+    free(out);
+    snprintf(arguments, sizeof arguments, "lesson faults --matrix --output %s/tutorial-output %s", test_scratch_dir(),
+             path);
+    if (servelab(arguments, &out) != 0) fail_msg("%s", out);
+    assert_non_null(strstr(out, "2 of 2 declared (claim, fault) pairs turned"));
     free(out);
 }
 
@@ -367,6 +475,9 @@ int main(void) {
         cmocka_unit_test(test_new_writes_a_skeleton_that_runs),
         cmocka_unit_test(test_new_never_writes_through_planted_links),
         cmocka_unit_test(test_run_flags_and_failures),
+        cmocka_unit_test(test_run_shows_the_title_and_where_a_lesson_crashed),
+        cmocka_unit_test(test_bank_answer_must_be_the_banks),
+        cmocka_unit_test(test_tutorial_lesson_runs_as_written),
         cmocka_unit_test(test_every_lesson_passes_and_covers_the_bank),
         cmocka_unit_test(test_batching_lesson_teaches_both_plateaus),
     };

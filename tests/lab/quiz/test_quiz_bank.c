@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "engine/devices.h"
+#include "lab/lesson/lesson.h"
 #include "lab/quiz/bank.h"
 #include "lab/quiz/data.h"
 #include "lab/quiz/drills.h"
@@ -564,12 +565,43 @@ static void test_bad_bank_files_are_named_errors(void** state) {
     assert_non_null(strstr(err.message, "no-such-bank.lua"));
 }
 
+// The lesson host's list of the bank's claims (lab/lesson/bank_claims.c),
+// which lab.check's bank_answer must match, says what quiz/bank.lua says:
+// the same ids, a true/false item's own answer, false for a spot-the-error
+// item (the lessons state the mistaken sentence), true for why, edge and
+// recall items (they state the model answer); a claim beyond the bank is
+// not in it.
+static void test_lesson_bank_answers_follow_the_bank(void** state) {
+    (void)state;
+    quiz_bank bank = load_bank();
+    int count = 0, from_bank = 0;
+    lesson_bank_claims(&count);
+    for (int i = 0; i < bank.n_items; i++) {
+        const quiz_item* item = &bank.items[i];
+        const lesson_bank_claim* claim = lesson_bank_claim_find(item->claim);
+        if (item->beyond_bank) {
+            if (claim) fail_msg("%s: beyond the bank, yet the lesson host lists it", item->id);
+            continue;
+        }
+        from_bank++;
+        if (!claim) fail_msg("%s: claim '%s' is missing from lab/lesson/bank_claims.c", item->id, item->claim);
+        bool answer = item->kind == QUIZ_KIND_TRUE_FALSE ? item->truth : item->kind != QUIZ_KIND_SPOT_ERROR;
+        if (claim->bank_answer != answer)
+            fail_msg("%s (%s): bank_claims.c says %s, the bank %s", item->id, quiz_kind_name(item->kind),
+                     claim->bank_answer ? "true" : "false", answer ? "true" : "false");
+    }
+    assert_int_equal(from_bank, 33);
+    assert_int_equal(count, from_bank);
+    quiz_bank_free(&bank);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_seed_items_are_all_in_the_bank),
         cmocka_unit_test(test_every_item_is_complete),
         cmocka_unit_test(test_claims_are_lesson_claim_ids),
         cmocka_unit_test(test_claims_exist_in_lessons),
+        cmocka_unit_test(test_lesson_bank_answers_follow_the_bank),
         cmocka_unit_test(test_bad_bank_files_are_named_errors),
         cmocka_unit_test(test_kv_formula_items_teach_the_gqa_width),
         cmocka_unit_test(test_tf9_teaches_both_regimes),

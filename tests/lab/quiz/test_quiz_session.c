@@ -368,8 +368,8 @@ static void test_every_feedback_is_whole_at_80x24(void** state) {
 // lesson_prove_claim prints, its evidence numbered so that order shows.
 static void long_result_line(char* out, int length, const char* claim) {
     int used = snprintf(out, 4096,
-                        "PASS %s (bank: false) \"the KV cache grows quadratically with sequence length\" -- "
-                        "measured: linear, x2.00 per doubling; KV bytes written",
+                        "PASS %s \"the KV cache grows quadratically with sequence length\": FALSE, as the bank says "
+                        "-- measured: linear, x2.00 per doubling; KV bytes written",
                         claim);
     for (int k = 1; used < length; k++)
         used += snprintf(out + used, (size_t)(4096 - used), " at S=%d: %d B,", 64 * k, 18432 * k);

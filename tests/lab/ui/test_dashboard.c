@@ -149,7 +149,7 @@ static void test_lesson_runs_in_the_dashboard(void** state) {
         "lab.say('prefilled ' .. r.prefill_tokens .. ' tokens')\n"
         "lab.pause()\n"
         "e:step()\n"
-        "lab.check{id = 'k1', claim = 'one decode token', bank_answer = true, verdict = e:totals().decode_tokens == 1,\n"
+        "lab.check{id = 'k1', claim = 'one decode token', expected = true, verdict = e:totals().decode_tokens == 1,\n"
         "          evidence = 'decode tokens ' .. e:totals().decode_tokens}\n"
         "lab.pause()\n");
     char arguments[2048];
@@ -165,7 +165,7 @@ static void test_lesson_runs_in_the_dashboard(void** state) {
     snprintf(arguments, sizeof arguments, "--model tiny --lesson %s --keys '<space><space><space>'", lesson);
     frame = dump_frame(arguments);
     // The line wraps in the pane after "measured: decode".
-    if (!strstr(frame, "PASS k1 (bank: true) \"one decode token\" -- measured: decode") || !strstr(frame, "tokens 1"))
+    if (!strstr(frame, "PASS k1 \"one decode token\": TRUE, as the lesson expects") || !strstr(frame, "tokens 1"))
         fail_msg("no check line in\n%s", frame);
     if (!strstr(frame, "done: 1 passed, 0 failed")) fail_msg("no summary in\n%s", frame);
     free(frame);
@@ -410,7 +410,7 @@ static void test_lesson_pane_scrolls_back(void** state) {
         "lab.lesson{title = 'scroll', claims = {'k1'}}\n"
         "for i = 1, 20 do lab.say('narration line ' .. i) end\n"
         "lab.check{id = 'k1', claim = 'a check whose line is long enough to wrap over several rows of the "
-        "lesson pane, so that its beginning could be lost', bank_answer = true, verdict = true,\n"
+        "lesson pane, so that its beginning could be lost', expected = true, verdict = true,\n"
         "          evidence = 'with evidence that goes on and on: 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16'}\n"
         "lab.pause()\n"
         "for i = 1, 5 do lab.say('after the pause ' .. i) end\n"
@@ -419,7 +419,7 @@ static void test_lesson_pane_scrolls_back(void** state) {
     // Following the newest: the check shows from its start, the early narration is above.
     snprintf(arguments, sizeof arguments, "--model tiny --lesson %s --keys '<space>'", lesson);
     char* frame = dump_frame(arguments);
-    if (!strstr(frame, "PASS k1 (bank: true) \"a check whose line")) fail_msg("the check lost its beginning in\n%s", frame);
+    if (!strstr(frame, "PASS k1 \"a check whose line")) fail_msg("the check lost its beginning in\n%s", frame);
     if (strstr(frame, "narration line 1\n") || strstr(frame, "narration line 1 ")) fail_msg("no scrolling needed?\n%s", frame);
     free(frame);
     // PgUp reaches the first lines, and says there is more below.

@@ -188,11 +188,11 @@ static const char* write_lesson(void) {
         "lab.pause()\n"
         "e:step()\n"
         "lab.check{id = 'k1', claim = 'one decode token after the prefill of 8 prompt tokens in blocks of 4',\n"
-        "          bank_answer = true, verdict = e:totals().decode_tokens == 1,\n"
+        "          expected = true, verdict = e:totals().decode_tokens == 1,\n"
         "          evidence = 'decode tokens ' .. e:totals().decode_tokens .. ', 2 blocks of 4 slots, 0.000321 MSE, "
         "12345678 FLOPs'}\n"
         "lab.pause()\n"
-        "lab.check{id = 'k2', claim = 'a second check', bank_answer = true, verdict = true, evidence = '42 of 42'}\n";
+        "lab.check{id = 'k2', claim = 'a second check', expected = true, verdict = true, evidence = '42 of 42'}\n";
     assert_true(test_write_file(path, source, strlen(source)));
     return path;
 }

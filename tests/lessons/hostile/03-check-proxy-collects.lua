@@ -4,6 +4,6 @@ lab.lesson{title = "hostile", claims = {"h1"}}
 lab.check(setmetatable({}, {__index = function(_, key)
     collectgarbage()
     if key == "id" then return "h" .. tostring(1) end
-    if key == "bank_answer" then return true end
+    if key == "expected" then return true end
     return "x" .. tostring(math.random())
 end}))

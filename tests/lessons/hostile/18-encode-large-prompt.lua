@@ -10,5 +10,5 @@ lab.lesson{title = "hostile", claims = {"h1"}}
 local m = lab.model{model = "stories260K.bin", tokenizer = "tok512.bin"}
 local text = string.rep("Once upon a time, a little girl named Lily saw a big dog. ", 11000)
 local ids = m:encode(text)
-lab.check{id = "h1", claim = "a 640 KB prompt encodes", bank_answer = true, verdict = #ids > 1000,
+lab.check{id = "h1", claim = "a 640 KB prompt encodes", expected = true, verdict = #ids > 1000,
           evidence = #text .. " bytes, " .. #ids .. " tokens"}

@@ -2,4 +2,4 @@
 -- args: --only nosuch
 -- expect: --only nosuch: this lesson does not declare that claim (it declares: h1)
 lab.lesson{title = "hostile", claims = {"h1"}}
-lab.check{id = "h1", claim = "c", bank_answer = true, verdict = true, evidence = "e"}
+lab.check{id = "h1", claim = "c", expected = true, verdict = true, evidence = "e"}
