@@ -353,6 +353,19 @@ static int command_list(int argc, char** argv) {
     return status;
 }
 
+// The lesson's text, NUL-ended, or NULL (lesson_read_info has read it by
+// then and named any problem). A lesson is a few KiB; 4 MiB is plenty.
+static char* read_lesson_source(const char* path) {
+    FILE* f = fopen(path, "rb");
+    if (!f) return NULL;
+    size_t capacity = 4u << 20;
+    char* text = malloc(capacity + 1);
+    size_t n = text ? fread(text, 1, capacity, f) : 0;
+    fclose(f);
+    if (text) text[n] = '\0';
+    return text;
+}
+
 static int command_check(int argc, char** argv) {
     if (argc < 3) {
         fprintf(stderr, "servelab lesson check: which lesson files?\n");
@@ -364,6 +377,15 @@ static int command_check(int argc, char** argv) {
         error_info err = {{0}};
         if (lesson_read_info(argv[i], &info, &err)) {
             fprintf(stderr, "%s\n", err.message);
+            status = 1;
+            continue;
+        }
+        char* source = read_lesson_source(argv[i]);
+        char problems[4096];
+        int n_problems = source ? lesson_lint_bank_answers(source, argv[i], problems, sizeof problems) : 0;
+        free(source);
+        if (n_problems) {
+            fputs(problems, stderr);
             status = 1;
             continue;
         }

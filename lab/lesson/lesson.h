@@ -90,6 +90,12 @@ typedef struct lesson_bank_claim {
 const lesson_bank_claim* lesson_bank_claim_find(const char* id);
 // All of them (33: the seed's items), in the bank's order.
 const lesson_bank_claim* lesson_bank_claims(int* count);
+// `lesson check`'s reading of SOURCE (the lesson file PATH) without running
+// it: every lab.check{...} whose id and bank_answer are literals is held to
+// the bank (a wrong answer, or bank_answer on an id the bank lacks). One
+// "PATH:LINE: ..." line per problem goes into PROBLEMS; returns how many.
+// A computed id or answer is left to the run, which checks every one.
+int lesson_lint_bank_answers(const char* source, const char* path, char* problems, size_t size);
 
 typedef struct lesson_options {
     bool interactive;          // lab.pause() yields (false: it is a no-op)

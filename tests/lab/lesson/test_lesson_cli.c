@@ -353,6 +353,24 @@ static void test_bank_answer_must_be_the_banks(void** state) {
     assert_null(strstr(out, "PASS "));
     assert_non_null(strstr(out, "0 passed, 1 failed\n"));
     free(out);
+    // `lesson check` reads the literal answer without running the lesson;
+    // the same call written in a comment or a string is not a check.
+    const char* linted = "lab.lesson{title = 'wrong bank answer', claims = {'tf10', 'kv9', 'tf3'}}\n"
+                         "-- lab.check{id = 'tf3', bank_answer = true}\n"
+                         "local example = \"lab.check{id = 'tf3', bank_answer = true}\"\n"
+                         "lab.check{id = 'tf10', claim = 'shared prompts share KV', bank_answer = true,\n"
+                         "          verdict = true, evidence = '1 of 1'}\n"
+                         "lab.check{id = 'kv9', claim = 'c', bank_answer = false, verdict = true, evidence = 'e'}\n"
+                         "lab.check{id = 'tf3', claim = 'c', bank_answer = false, verdict = true, evidence = 'e'}\n";
+    assert_true(test_write_file(path, linted, strlen(linted)));
+    snprintf(arguments, sizeof arguments, "lesson check %s", path);
+    assert_int_equal(servelab(arguments, &out), 1);
+    if (!strstr(out, "wrong-bank.lua:4: lab.check{id = 'tf10'}: bank_answer = true, but the question bank says 'tf10' "
+                     "is false") ||
+        !strstr(out, "wrong-bank.lua:6: lab.check{id = 'kv9'}: bank_answer is for the question bank's claims") ||
+        strstr(out, "'tf3'}: bank_answer") || strstr(out, ": ok:"))
+        fail_msg("%s", out);
+    free(out);
 }
 
 // The tutorial of lessons/README.md (its lua blocks, in order, up to "5. Run
