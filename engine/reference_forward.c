@@ -180,6 +180,37 @@ static void rope_ref(float* vec, int n_heads, int head_dim, int position, const 
     }
 }
 
+// The nearest fp16 value of x, from the format's definition: 11
+// significant bits for |x| >= 2^-14, a fixed step of 2^-24 below that
+// (subnormals), infinity beyond the largest finite half, 65504.
+static float round_to_fp16_ref(float x) {
+    if (!isfinite(x) || x == 0.0f) return x;
+    int exponent;
+    float mantissa = frexpf(x, &exponent); // x = mantissa * 2^exponent, |mantissa| in [0.5, 1)
+    float rounded =
+        exponent - 1 >= -14 ? ldexpf(rintf(ldexpf(mantissa, 11)), exponent - 11) : ldexpf(rintf(ldexpf(x, 24)), -24);
+    return fabsf(rounded) > 65504.0f ? copysignf(INFINITY, x) : rounded;
+}
+
+// Rounds one position's K or V (n_kv_heads heads of head_dim) as the
+// cache stores it.
+static void round_kv_ref(float* x, int n_kv_heads, int head_dim, reference_kv_storage storage) {
+    if (storage == REFERENCE_KV_F16) {
+        for (int i = 0; i < n_kv_heads * head_dim; i++)
+            x[i] = round_to_fp16_ref(x[i]);
+    } else if (storage == REFERENCE_KV_I8) {
+        for (int h = 0; h < n_kv_heads; h++) {
+            float* head = x + (size_t)h * (size_t)head_dim;
+            float max_abs = 0.0f;
+            for (int i = 0; i < head_dim; i++)
+                max_abs = fmaxf(max_abs, fabsf(head[i]));
+            float step = max_abs / 127.0f;
+            for (int i = 0; i < head_dim; i++)
+                head[i] = step > 0.0f ? rintf(head[i] / step) * step : 0.0f;
+        }
+    }
+}
+
 static void softmax_ref(float* x, int size) {
     float max = x[0];
     for (int i = 1; i < size; i++)
@@ -229,6 +260,8 @@ int reference_run_token(reference_run* run, int32_t token, float* logits, error_
         if (L->bv) add_ref(value, L->bv, kv_dim);
         rope_ref(q, c->n_heads, head_dim, position, c);
         rope_ref(key, c->n_kv_heads, head_dim, position, c);
+        round_kv_ref(key, c->n_kv_heads, head_dim, run->kv_storage);
+        round_kv_ref(value, c->n_kv_heads, head_dim, run->kv_storage);
         for (int h = 0; h < c->n_heads; h++) {
             const float* query = q + (size_t)h * (size_t)head_dim;
             const size_t kv_offset = (size_t)(h / queries_per_kv_head) * (size_t)head_dim;

@@ -58,14 +58,27 @@ uint64_t reference_weights_bytes(const model* m);
 int reference_weights_from_model(reference_weights* out, const model* m, error_info* err);
 void reference_weights_free(reference_weights* w);
 
+// What the cache keeps of each K and V element. fp32 by default, as run.c;
+// the other two round the way a serving cache stores them, so the engine's
+// fp16 and int8 KV can be checked against the same stored values:
+//   REFERENCE_KV_F16: the nearest fp16 (11 significant bits, ties to even);
+//   REFERENCE_KV_I8:  per position and KV head, s = max|x| / 127 and
+//                     x -> s * round(x / s) (ties to even; 0 for a zero head).
+typedef enum reference_kv_storage {
+    REFERENCE_KV_F32 = 0,
+    REFERENCE_KV_F16 = 1,
+    REFERENCE_KV_I8 = 2
+} reference_kv_storage;
+
 // One sequence being decoded: the KV cache of its positions so far.
 typedef struct reference_run {
     const reference_weights* weights;
-    int capacity;       // positions the cache holds
-    int n_positions;    // tokens consumed so far
-    float* key_cache;   // (n_layers, capacity, kv_dim)
-    float* value_cache; // (n_layers, capacity, kv_dim)
-    float* scratch;     // the activations: x, xb, xb2, q, hb, hb2, attention scores
+    reference_kv_storage kv_storage; // set after reference_run_init; REFERENCE_KV_F32 there
+    int capacity;                    // positions the cache holds
+    int n_positions;                 // tokens consumed so far
+    float* key_cache;                // (n_layers, capacity, kv_dim)
+    float* value_cache;              // (n_layers, capacity, kv_dim)
+    float* scratch;                  // the activations: x, xb, xb2, q, hb, hb2, attention scores
 } reference_run;
 
 // The bytes a run of `capacity` positions allocates (for a memory cap).

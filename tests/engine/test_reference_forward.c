@@ -81,7 +81,8 @@ typedef struct test_request {
 // What one configuration gave against the reference, and the evidence that
 // the configuration did what it is named for.
 typedef struct comparison {
-    double worst_relative; // max over rows of max |engine - reference| / max |reference|
+    double worst_relative;         // max over rows of max |engine - reference| / max |reference|
+    double worst_relative_fp32_kv; // the same against a reference that keeps its KV in fp32
     int rows_compared;
     int sequences;
     uint64_t preemptions;
@@ -93,12 +94,13 @@ typedef struct comparison {
 
 // The engine's largest relative difference from the reference over every
 // row sequence `id` sampled from.
-static double compare_sequence(const reference_weights* ref, const sequence* s, const observation* o, int32_t id,
-                               int* rows_compared) {
+static double compare_sequence(const reference_weights* ref, reference_kv_storage kv_storage, const sequence* s,
+                               const observation* o, int32_t id, int* rows_compared) {
     const int vocab = ref->config.vocab_size;
     reference_run run;
     error_info err = {{0}};
     if (reference_run_init(&run, ref, s->n_tokens, &err)) fail_msg("reference_run_init: %s", err.message);
+    run.kv_storage = kv_storage;
     float* logits = malloc((size_t)vocab * sizeof(float));
     assert_non_null(logits);
     double worst = 0.0;
@@ -159,7 +161,17 @@ static comparison compare_with_reference(const model* m, const reference_weights
     const sequence* s;
     for (int32_t id = 0; (s = test_sequence(&e, id)) != NULL; id++) {
         assert_int_equal(s->state, SEQ_FINISHED);
-        out.worst_relative = fmax(out.worst_relative, compare_sequence(ref, s, &seen, id, &out.rows_compared));
+        // The reference's cache stores K and V as the engine's does (rounded
+        // by its own code, reference_forward.c), and once more in fp32.
+        reference_kv_storage storage = c->kv_dtype == KV_F16  ? REFERENCE_KV_F16
+                                       : c->kv_dtype == KV_I8 ? REFERENCE_KV_I8
+                                                              : REFERENCE_KV_F32;
+        out.worst_relative = fmax(out.worst_relative, compare_sequence(ref, storage, s, &seen, id, &out.rows_compared));
+        int rows_again = 0;
+        out.worst_relative_fp32_kv =
+            fmax(out.worst_relative_fp32_kv, storage == REFERENCE_KV_F32
+                                                 ? out.worst_relative
+                                                 : compare_sequence(ref, REFERENCE_KV_F32, s, &seen, id, &rows_again));
         out.sequences++;
     }
     // Every row the engine sampled from was compared (none fell outside a sequence).
@@ -429,6 +441,233 @@ static void test_engine_matches_reference_on_stories260k(void** state) {
     model_free(&m);
 }
 
+// ---- KV caches that round
+
+// fp16 and int8 KV round each cached K and V element. The reference rounds
+// its own cache by the same rule (written separately: reference_forward.c),
+// so both attend over the same stored values except where inputs that
+// differ in their last bits (the fp16 attention's vector exp is within 2
+// ulp of expf) fall on the two sides of a rounding boundary: that element
+// then moves by one step of the format. The bound is that step: 2^-11 of
+// the element for fp16 (4.9e-4), 1/127 of the head's largest for int8
+// (7.9e-3). Against the reference that keeps fp32 KV, the difference is
+// what the rounding costs, and it must be larger than the bound: that shows
+// the engine's KV did round and the rounding reference explains it.
+static void check_rounding_kv(const model* m, const char* model_name) {
+    reference_weights ref;
+    view_or_fail(&ref, m);
+    test_request requests[4];
+    make_requests(requests, 4, 5, 13, 12);
+    const kv_dtype dtypes[2] = {KV_F16, KV_I8};
+    const double one_step[2] = {1.0 / 2048.0, 1.0 / 127.0};
+    for (int i = 0; i < 2; i++) {
+        engine_config c = fp32_config();
+        c.kv_dtype = dtypes[i];
+        comparison got = compare_with_reference(m, &ref, &c, requests, 4, false);
+        char label[64];
+        snprintf(label, sizeof label, "%s KV", kv_dtype_name(dtypes[i]));
+        print_message("%-14s %-34s against fp32 KV in the reference: %.3g\n", model_name, label,
+                      got.worst_relative_fp32_kv);
+        expect_within(model_name, label, &got, one_step[i]);
+        assert_true(got.worst_relative_fp32_kv > one_step[i]); // the engine's KV did round
+    }
+    reference_weights_free(&ref);
+}
+
+static void test_rounding_kv_against_reference(void** state) {
+    (void)state;
+    model m;
+    error_info err = {{0}};
+    assert_int_equal(model_synthesize(&m, "tiny", 512, MODEL_DTYPE_FP32, SYNTH_DEFAULT_SEED, &err), 0);
+    check_rounding_kv(&m, "tiny (fp32)");
+    model_free(&m);
+    char path[512];
+    REQUIRE_SHARED_MODEL(path, "stories260K.bin");
+    load_or_fail(&m, path, MODEL_DTYPE_FP32);
+    check_rounding_kv(&m, "stories260K");
+    model_free(&m);
+}
+
+// ---- quantized weights against the reference on their dequantized values
+
+// What the engine's matmuls do to their input rows, as a relative error
+// per element (of the row's largest): int8 activations (W8A8, and GGUF
+// Q8_0 as llama.cpp runs it) round to 1/254; WEIGHT_I4 without int8
+// activations rounds them to bf16 (8 significant bits: 2^-8); otherwise
+// fp32, none. Each layer has 7 matmuls, and to first order their errors
+// add, so the logits' bound is n_layers * 7 times that (FP32_TOLERANCE
+// when the activations stay fp32).
+static double activation_bound(const model* m) {
+    const weight_matrix* w = &m->layers[0].wq;
+    double per_element = w->activation_bits == 8 ? 1.0 / 254.0 : w->dtype == WEIGHT_I4 ? 1.0 / 256.0 : 0.0;
+    return per_element > 0.0 ? m->config.n_layers * 7 * per_element : FP32_TOLERANCE;
+}
+
+// The reference runs on the very values the codes stand for
+// (reference_weights_from_model widens each row), so the weights agree
+// exactly and only what the scheme does to activations is left: W8A16
+// keeps them fp32 (bound FP32_TOLERANCE); W4A16 rounds them to bf16 (8
+// significant bits: <= 2^-8 relative) at each of a layer's 7 matmuls;
+// W8A8 quantizes them to int8 per token (<= 1/254 of the row's largest).
+static void test_quantized_weights_against_dequantized_reference(void** state) {
+    (void)state;
+    const char* specs[3] = {"w8a16", "w4a16:g32", "w8a8"};
+    test_request requests[4];
+    make_requests(requests, 4, 5, 13, 12);
+    for (int i = 0; i < 3; i++) {
+        model m;
+        error_info err = {{0}};
+        test_synthesize_stories260k_shape(&m);
+        model_quant_spec spec;
+        assert_int_equal(model_quant_spec_parse(specs[i], &spec, &err), 0);
+        if (model_quantize(&m, &spec, NULL, NULL, 0, NULL, NULL, &err)) fail_msg("model_quantize: %s", err.message);
+        reference_weights ref;
+        view_or_fail(&ref, &m);
+        assert_true(ref.owned_bytes > 0); // the view was dequantized, not borrowed
+        engine_config c = fp32_config();
+        comparison got = compare_with_reference(&m, &ref, &c, requests, 4, false);
+        expect_within(specs[i], "quantized weights, paged 16", &got, activation_bound(&m));
+        reference_weights_free(&ref);
+        model_free(&m);
+    }
+}
+
+// ---- synth-gqa: 32,000-token vocabulary, GQA, as a llama2.c file and as GGUF
+
+// ../shared/gguf/<name> (SERVELAB_SHARED moves ../shared); false when absent.
+static bool gguf_reference_path(char* out, size_t capacity, const char* name) {
+    const char* shared = getenv("SERVELAB_SHARED");
+    int written = snprintf(out, capacity, "%s/gguf/%s", shared ? shared : "../shared", name);
+    FILE* file = written > 0 && (size_t)written < capacity ? fopen(out, "rb") : NULL;
+    if (file) fclose(file);
+    return file != NULL;
+}
+
+// Skips without ../shared/gguf; fails under CI, which always has it.
+#define REQUIRE_GGUF_FILE(buffer, name)                                                                                \
+    do {                                                                                                               \
+        if (!gguf_reference_path((buffer), sizeof(buffer), (name))) {                                                  \
+            if (getenv("CI")) fail_msg("../shared/gguf/%s is missing and CI is set", (name));                          \
+            print_message("skipping: ../shared/gguf/%s is missing (llama.cpp reference files)\n", (name));             \
+            skip();                                                                                                    \
+        }                                                                                                              \
+    } while (0)
+
+static void check_gguf(const char* path, const char* name, const test_request* requests) {
+    model m;
+    error_info err = {{0}};
+    gguf_model_options options = {MODEL_DTYPE_DEFAULT, 0, false};
+    if (gguf_model_load(&m, path, &options, &err)) fail_msg("gguf_model_load: %s", err.message);
+    reference_weights ref;
+    view_or_fail(&ref, &m);
+    engine_config c = fp32_config();
+    comparison got = compare_with_reference(&m, &ref, &c, requests, 4, false);
+    char label[64];
+    snprintf(label, sizeof label, "GGUF as %s%s, paged 16", weight_dtype_name(m.dtype),
+             m.layers[0].wq.activation_bits == 8 ? " (int8 activations)" : "");
+    expect_within(name, label, &got, activation_bound(&m));
+    reference_weights_free(&ref);
+    model_free(&m);
+}
+
+static void test_synth_gqa_against_reference(void** state) {
+    (void)state;
+    char path[512], f16_path[512], q8_path[512], stories_path[512];
+    REQUIRE_GGUF_FILE(path, "synth-gqa.bin");
+    REQUIRE_GGUF_FILE(f16_path, "synth-gqa-f16.gguf");
+    REQUIRE_GGUF_FILE(q8_path, "synth-gqa-q8_0.gguf");
+    REQUIRE_GGUF_FILE(stories_path, "stories260K-f32.gguf");
+    model m;
+    load_or_fail(&m, path, MODEL_DTYPE_FP32);
+    assert_true(m.config.n_kv_heads < m.config.n_heads);
+    reference_weights ref;
+    view_or_fail(&ref, &m);
+    test_request requests[4];
+    make_requests(requests, 4, 5, 13, 12);
+    engine_config c = fp32_config();
+    comparison got = compare_with_reference(&m, &ref, &c, requests, 4, false);
+    expect_within("synth-gqa.bin", "paged, block size 16, batch of 4", &got, FP32_TOLERANCE);
+    c.tp_shards = 2;
+    got = compare_with_reference(&m, &ref, &c, requests, 4, false);
+    expect_within("synth-gqa.bin", "tensor parallel, 2 shards", &got, FP32_TOLERANCE);
+    reference_weights_free(&ref);
+    model_free(&m);
+    check_gguf(f16_path, "synth-gqa-f16.gguf", requests);
+    check_gguf(q8_path, "synth-gqa-q8_0.gguf", requests);
+    check_gguf(stories_path, "stories260K-f32.gguf", requests);
+}
+
+// ---- the faults that change the math leave the reference
+
+typedef struct fault_scenario {
+    const char* name;
+    engine_config config;
+    test_request requests[24];
+    int n_requests;
+} fault_scenario;
+
+static void test_kv_faults_leave_the_reference(void** state) {
+    (void)state;
+    model m;
+    error_info err = {{0}};
+    assert_int_equal(model_synthesize(&m, "tiny", 512, MODEL_DTYPE_FP32, SYNTH_DEFAULT_SEED, &err), 0);
+    reference_weights ref;
+    view_or_fail(&ref, &m);
+    static fault_scenario scenarios[3];
+    fault_scenario* batch = &scenarios[0];
+    batch->name = "batch of 4, block 16";
+    batch->config = fp32_config();
+    make_requests(batch->requests, 4, 5, 13, 12);
+    batch->n_requests = 4;
+    fault_scenario* fork = &scenarios[1];
+    fork->name = "fork n=3, block 4";
+    fork->config = fp32_config();
+    fork->config.block_size = 4;
+    make_requests(fork->requests, 1, 31, 0, 12);
+    fork->requests[0].n_samples = 3, fork->requests[0].temperature = 1.0f, fork->requests[0].seed = 7;
+    fork->n_requests = 1;
+    // 24 requests over one 40-token prefix in 256 slots: cached prefix
+    // blocks are evicted and reused while other tables still list them.
+    fault_scenario* prefix = &scenarios[2];
+    prefix->name = "shared prefix under eviction";
+    prefix->config = fp32_config();
+    prefix->config.block_size = 4;
+    prefix->config.num_blocks = 64;
+    make_requests(prefix->requests, 24, 48, 0, 8);
+    for (int r = 0; r < 24; r++)
+        for (int i = 40; i < 48; i++)
+            prefix->requests[r].prompt[i] = 3 + (r * 7 + i) % 200;
+    prefix->n_requests = 24;
+    // Clean, every scenario agrees with the reference.
+    for (int k = 0; k < 3; k++) {
+        comparison got = compare_with_reference(&m, &ref, &scenarios[k].config, scenarios[k].requests,
+                                                scenarios[k].n_requests, false);
+        expect_within("tiny, clean", scenarios[k].name, &got, FP32_TOLERANCE);
+    }
+    // Each fault: the largest difference over the scenarios.
+    const fault_id must_turn[5] = {FAULT_PAGED_WRONG_SLOT, FAULT_SKIP_LAST_BLOCK, FAULT_NO_COW, FAULT_COW_SHORT_COPY,
+                                   FAULT_PREFIX_NO_REFCOUNT};
+    for (int f = 0; f < (int)FAULT_COUNT; f++) {
+        double worst = 0.0;
+        fault_install((fault_set)1 << f);
+        for (int k = 0; k < 3; k++) {
+            comparison got = compare_with_reference(&m, &ref, &scenarios[k].config, scenarios[k].requests,
+                                                    scenarios[k].n_requests, false);
+            worst = fmax(worst, got.worst_relative);
+        }
+        fault_install(0);
+        bool expected = false;
+        for (int i = 0; i < 5; i++)
+            expected |= (int)must_turn[i] == f;
+        print_message("fault %-26s worst relative difference %.3g: %s\n", fault_name((fault_id)f), worst,
+                      worst > FP32_TOLERANCE ? "caught" : "not caught (the logits stay the reference's)");
+        if (expected && !(worst > FP32_TOLERANCE))
+            fail_msg("fault %s left the engine within %.3g of the reference", fault_name((fault_id)f), worst);
+    }
+    reference_weights_free(&ref);
+    model_free(&m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reference_matches_llama2c_bos_logits),
@@ -436,6 +675,10 @@ int main(void) {
         cmocka_unit_test(test_reference_refuses_bad_input),
         cmocka_unit_test(test_engine_matches_reference_on_tiny),
         cmocka_unit_test(test_engine_matches_reference_on_stories260k),
+        cmocka_unit_test(test_rounding_kv_against_reference),
+        cmocka_unit_test(test_quantized_weights_against_dequantized_reference),
+        cmocka_unit_test(test_synth_gqa_against_reference),
+        cmocka_unit_test(test_kv_faults_leave_the_reference),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
