@@ -13,6 +13,7 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "lab/lesson/lesson.h"
 #include "tests/test_support.h"
@@ -177,11 +178,38 @@ static void test_reference_logits_count_against_the_cap(void** state) {
     free(c);
 }
 
+// The time limit is looked at between tokens: 400 tokens of small (14.7 M
+// parameters, 2 multiply-adds each per token in scalar fp32: about 10 s of
+// CPU here) stop soon after a 2 s limit instead of at the end.
+static void test_reference_logits_stop_at_the_time_limit(void** state) {
+    (void)state;
+    lesson_options o = lesson_options_default();
+    o.time_limit_s = 2.0;
+    const char* source = "lab.lesson{title = 'slow', claims = {'t1'}}\n"
+                         "local m = lab.model('small')\n"
+                         "local ids = {1}\n"
+                         "for i = 2, 400 do ids[i] = 3 + i % 200 end\n"
+                         "lab.reference_logits{model = m, tokens = ids}\n"
+                         "lab.say('ran to the end')\n";
+    captured* c = calloc(1, sizeof *c);
+    struct timespec start, end;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &start);
+    assert_int_equal(run_source("reference_slow", source, &o, c), LESSON_FAILED);
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &end);
+    double cpu_s = (double)(end.tv_sec - start.tv_sec) + 1e-9 * (double)(end.tv_nsec - start.tv_nsec);
+    print_message("reference on 400 tokens of small under a 2 s limit: stopped after %.2f s of CPU\n", cpu_s);
+    assert_int_equal(c->n_said, 0);
+    if (!strstr(c->error, "reference_slow.lua:5: time limit of 2 s CPU exceeded")) fail_msg("error: %s", c->error);
+    assert_true(cpu_s < 2.0 + 1.5);
+    free(c);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reference_logits_equal_the_engines),
         cmocka_unit_test(test_reference_logits_bad_arguments),
         cmocka_unit_test(test_reference_logits_count_against_the_cap),
+        cmocka_unit_test(test_reference_logits_stop_at_the_time_limit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
