@@ -4,10 +4,10 @@
 // (stories260K's BOS logits and greedy goldens); then every logit row the
 // engine samples from, under each configuration it has (paged KV at block
 // sizes 1, 16, 256 and contiguous, the prefix cache, forks, preemption,
-// chunked prefill, tensor parallelism, fp16 and int8 KV, quantized and fp16
-// weights), against the reference run on the same tokens; last, the KV
-// faults of engine/fault.h that change the math must push the engine out of
-// the reference's tolerance.
+// chunked prefill, tensor parallelism, fp16 and int8 KV, quantized weights,
+// GGUF files in fp32, fp16, Q8_0 and Q4_0), against the reference run on the
+// same tokens; last, the KV faults of engine/fault.h that change the math
+// must push the engine out of the reference's tolerance.
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -492,15 +492,16 @@ static void test_rounding_kv_against_reference(void** state) {
 
 // What the engine's matmuls do to their input rows, as a relative error
 // per element (of the row's largest): int8 activations (W8A8, and GGUF
-// Q8_0 as llama.cpp runs it) round to 1/254; WEIGHT_I4 without int8
-// activations rounds them to bf16 (8 significant bits: 2^-8); otherwise
-// fp32, none. Each layer has 7 matmuls, and to first order their errors
-// add, so the logits' bound is n_layers * 7 times that (FP32_TOLERANCE
-// when the activations stay fp32).
+// Q8_0 and Q4_0 as llama.cpp runs them) round to 1/254; WEIGHT_I4 without
+// int8 activations rounds them to bf16 (8 significant bits: 2^-8);
+// otherwise fp32, none. Each layer has 7 matmuls and the classifier one
+// more, and to first order their errors add, so the logits' bound is
+// (n_layers * 7 + 1) times that (FP32_TOLERANCE when the activations stay
+// fp32).
 static double activation_bound(const model* m) {
     const weight_matrix* w = &m->layers[0].wq;
     double per_element = w->activation_bits == 8 ? 1.0 / 254.0 : w->dtype == WEIGHT_I4 ? 1.0 / 256.0 : 0.0;
-    return per_element > 0.0 ? m->config.n_layers * 7 * per_element : FP32_TOLERANCE;
+    return per_element > 0.0 ? (m->config.n_layers * 7 + 1) * per_element : FP32_TOLERANCE;
 }
 
 // The reference runs on the very values the codes stand for
@@ -572,10 +573,11 @@ static void check_gguf(const char* path, const char* name, const test_request* r
 
 static void test_synth_gqa_against_reference(void** state) {
     (void)state;
-    char path[512], f16_path[512], q8_path[512], stories_path[512];
+    char path[512], f16_path[512], q8_path[512], q4_path[512], stories_path[512];
     REQUIRE_GGUF_FILE(path, "synth-gqa.bin");
     REQUIRE_GGUF_FILE(f16_path, "synth-gqa-f16.gguf");
     REQUIRE_GGUF_FILE(q8_path, "synth-gqa-q8_0.gguf");
+    REQUIRE_GGUF_FILE(q4_path, "synth-gqa-q4_0.gguf");
     REQUIRE_GGUF_FILE(stories_path, "stories260K-f32.gguf");
     model m;
     load_or_fail(&m, path, MODEL_DTYPE_FP32);
@@ -594,6 +596,7 @@ static void test_synth_gqa_against_reference(void** state) {
     model_free(&m);
     check_gguf(f16_path, "synth-gqa-f16.gguf", requests);
     check_gguf(q8_path, "synth-gqa-q8_0.gguf", requests);
+    check_gguf(q4_path, "synth-gqa-q4_0.gguf", requests);
     check_gguf(stories_path, "stories260K-f32.gguf", requests);
 }
 
