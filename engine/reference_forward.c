@@ -5,6 +5,7 @@
 #include "engine/reference_forward.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -33,9 +34,15 @@ uint64_t reference_weights_bytes(const model* m) { return owned_floats(m) * size
 // w is stored in another dtype. Checks the shape the config implies.
 static int view_matrix(const float** view, const weight_matrix* w, int rows, int cols, float** cursor, const char* what,
                        int layer, const model* m, error_info* err) {
-    if (w->rows != rows || w->cols != cols || !w->values)
-        return error_set(err, "%s: layer %d %s: expected a (%d, %d) matrix, found (%d, %d)%s", m->name, layer, what,
-                         rows, cols, w->rows, w->cols, w->values ? "" : " without values");
+    if (w->rows != rows || w->cols != cols || !w->values) {
+        char name[48];
+        if (layer >= 0)
+            snprintf(name, sizeof name, "layers.%d.%s", layer, what);
+        else
+            snprintf(name, sizeof name, "%s", what);
+        return error_set(err, "%s: %s: expected a (%d, %d) matrix, found (%d, %d)%s", m->name, name, rows, cols,
+                         w->rows, w->cols, w->values ? "" : " without values");
+    }
     if (w->dtype == WEIGHT_F32) {
         *view = w->values;
         return 0;

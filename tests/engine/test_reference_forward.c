@@ -331,6 +331,17 @@ static void test_reference_refuses_bad_input(void** state) {
     assert_int_equal(reference_run_init(&run, &w, m.config.max_seq_len + 1, &err), -1);
     assert_non_null(strstr(err.message, "positions asked"));
     reference_weights_free(&w);
+    // A matrix whose shape is not the config's is named, not read past its end.
+    layer_weights* layers = malloc((size_t)m.config.n_layers * sizeof *layers);
+    assert_non_null(layers);
+    memcpy(layers, m.layers, (size_t)m.config.n_layers * sizeof *layers);
+    layers[1].wk.rows = 7;
+    model wrong = m;
+    wrong.layers = layers;
+    assert_int_equal(reference_weights_from_model(&w, &wrong, &err), -1);
+    assert_non_null(strstr(err.message, "layers.1.wk: expected a (32, 64) matrix, found (7, 64)"));
+    assert_null(w.layers); // nothing left to free
+    free(layers);
     model_free(&m);
 }
 
