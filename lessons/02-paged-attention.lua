@@ -5,8 +5,12 @@ lab.lesson{
     claims = {"tf1", "se7", "se8", "edge1", "edge7", "tf6"},
 }
 
--- The tiny preset (2 layers, d_model 64, at most 256 tokens) in fp32, so
--- that "the same math" can be checked bit for bit.
+-- The tiny preset (2 layers, d_model 64, at most 256 tokens) in fp32. "The
+-- same math" is checked against the reference forward pass
+-- (lab.reference_logits: the model's math written again apart from the
+-- engine, one sequence at a time in a contiguous cache), not paged against
+-- contiguous: both layouts run the engine's one forward pass, and a bug in
+-- it would be in both.
 local model = lab.model{model = "tiny", dtype = "fp32"}
 lab.say("Twelve requests of different lengths run twice on the tiny model in fp32: once with a paged cache (blocks "
     .. "of 16 slots taken as tokens arrive), once with a contiguous cache that reserves each request's maximum "
@@ -23,8 +27,30 @@ local function add_requests(e, count)
     return ids
 end
 
--- Runs an engine to the end; returns its totals, per request the logits
--- its first sequence last sampled from, and the most empty slots any one
+-- These engines keep their KV in fp16, so the reference rounds its own
+-- cache to fp16 too. The two then attend over the same stored values,
+-- except where inputs a few fp32 bits apart round to neighbouring fp16
+-- values: one fp16 step, 2^-11 of an element, is the bound
+-- (tests/engine/test_reference_forward.c measured 1.1e-4 on this model).
+local REFERENCE_BOUND = 2 ^ -11
+-- The largest difference between sequence `id`'s last logits and the
+-- reference's on the same tokens, over the reference's largest logit.
+local function from_reference(e, id)
+    local logits, position = e:logits(id)
+    local tokens, ids = e:sequence(id).tokens, {}
+    for i = 1, position + 1 do ids[i] = tokens[i] end
+    local reference = lab.reference_logits{model = model, tokens = ids, kv_dtype = "fp16"}
+    local difference, largest = 0, 0
+    for v = 1, #reference do
+        difference = math.max(difference, math.abs(logits[v] - reference[v]))
+        largest = math.max(largest, math.abs(reference[v]))
+    end
+    return difference / largest
+end
+
+-- Runs an engine to the end; returns its totals, per request how far the
+-- logits its first sequence last sampled from are from the reference's
+-- (relative), and the most empty slots any one
 -- decoding sequence held after a step (its table's slots past its context;
 -- a prompt still in chunks holds blocks for the tokens it has yet to compute).
 local function run(e, ids)
@@ -38,37 +64,35 @@ local function run(e, ids)
         end
         return false
     end}
-    local logits = {}
-    for i, id in ipairs(ids) do logits[i] = e:logits(id) end
-    return e:totals(), logits, max_tail_waste
+    local differences = {}
+    for i, id in ipairs(ids) do differences[i] = from_reference(e, id) end
+    return e:totals(), differences, max_tail_waste
 end
 
 -- The same budget of 1024 token slots for both layouts.
 local paged = lab.engine{model = model, kv = "paged", block_size = 16, num_blocks = 64}
 local contiguous = lab.engine{model = model, kv = "contiguous", block_size = 16, num_blocks = 64, reserve = "max"}
-local paged_totals, paged_logits, paged_max_tail = run(paged, add_requests(paged, 12))
-local contiguous_totals, contiguous_logits = run(contiguous, add_requests(contiguous, 12))
+local paged_totals, paged_differences, paged_max_tail = run(paged, add_requests(paged, 12))
+local contiguous_totals, contiguous_differences = run(contiguous, add_requests(contiguous, 12))
 
 -- tf1: the attention FLOPs counted by the kernels, and the logits. The
 -- claim is false exactly when both layouts do the same math: the same
--- FLOPs and, in fp32, logits equal to the last bit for every request.
+-- FLOPs, and every request's logits within one fp16 step of the
+-- reference's, paged and contiguous.
 local identical, differing, largest_difference = true, 0, 0
-for i = 1, #paged_logits do
-    local same = #paged_logits[i] == #contiguous_logits[i]
-    for v = 1, #paged_logits[i] do
-        local difference = math.abs(paged_logits[i][v] - contiguous_logits[i][v])
-        largest_difference = math.max(largest_difference, difference)
-        same = same and difference == 0
-    end
-    if not same then differing = differing + 1 end
-    identical = identical and same
+for i = 1, #paged_differences do
+    local worst = math.max(paged_differences[i], contiguous_differences[i])
+    largest_difference = math.max(largest_difference, worst)
+    if worst > REFERENCE_BOUND then differing = differing + 1 end
 end
+identical = differing == 0
 lab.say(string.format("Paged: %d steps, up to %d requests at once; contiguous: %d steps, up to %d at once, since "
     .. "%d reservations of 256 slots fill the 1024.", paged_totals.steps, paged_totals.peak_running,
     contiguous_totals.steps, contiguous_totals.peak_running, 1024 // 256))
 lab.say(string.format("Same math? The kernels counted %d attention FLOPs paged and %d contiguous, and %d of 12 "
-    .. "requests ended with logits equal to the last bit (largest difference %.3g).", paged_totals.flops.attention,
-    contiguous_totals.flops.attention, 12 - differing, largest_difference))
+    .. "requests ended, in both layouts, with logits within one fp16 step (%.3g) of the reference forward pass "
+    .. "(largest relative difference %.3g).", paged_totals.flops.attention, contiguous_totals.flops.attention,
+    12 - differing, REFERENCE_BOUND, largest_difference))
 local same_flops = paged_totals.flops.attention == contiguous_totals.flops.attention
 local same_math = same_flops and identical
 lab.check{
@@ -77,7 +101,8 @@ lab.check{
     bank_answer = false,
     verdict = not same_math,
     evidence = string.format("%s: 12 requests, attention FLOPs paged %d, contiguous %d (%s); matmul FLOPs %d vs %d; "
-        .. "final logits bit-identical for %d of 12 requests (largest difference %.3g)",
+        .. "final logits within 2^-11 of the reference forward pass, paged and contiguous, for %d of 12 requests "
+        .. "(largest relative difference %.3g)",
         same_math and "the same math" or "not the same math", paged_totals.flops.attention,
         contiguous_totals.flops.attention, same_flops and "equal" or "different", paged_totals.flops.matmul,
         contiguous_totals.flops.matmul, 12 - differing, largest_difference),

@@ -7,23 +7,37 @@ lab.lesson{
     claims = {"tf10", "edge6"},
 }
 
--- fp32 weights: a request's logits then have the same bits however its KV
--- was reached (computed, shared from the prefix cache, or copied), so
--- "sharing is correct" is checked as equality, not closeness.
+-- fp32 weights, and every answer is checked against the reference forward
+-- pass (lab.reference_logits): the model's math written again apart from
+-- the engine, run alone on the same tokens with nothing shared. Comparing
+-- the engine with itself (cached against uncached) would pass even when
+-- both ran the same wrong forward pass.
 local model = lab.model{model = "tiny", dtype = "fp32"}
 local system_prompt = "You are a helpful assistant who answers in one short sentence. "
     .. "Be polite and precise, and never make anything up."
 
--- True when two logit arrays have the same values, element by element.
-local function same_logits(x, y)
-    if #x ~= #y then return false end
-    for v = 1, #x do
-        if x[v] ~= y[v] then return false end
+-- These engines keep their KV in fp16, so the reference rounds its own
+-- cache to fp16 too. The two then attend over the same stored values,
+-- except where inputs a few fp32 bits apart round to neighbouring fp16
+-- values: one fp16 step, 2^-11 of an element, is the bound
+-- (tests/engine/test_reference_forward.c measured 1.1e-4 on this model).
+local REFERENCE_BOUND = 2 ^ -11
+-- The largest difference between sequence `id`'s last logits and the
+-- reference's on the same tokens, over the reference's largest logit.
+local function from_reference(e, id)
+    local logits, position = e:logits(id)
+    local tokens, ids = e:sequence(id).tokens, {}
+    for i = 1, position + 1 do ids[i] = tokens[i] end
+    local reference = lab.reference_logits{model = model, tokens = ids, kv_dtype = "fp16"}
+    local difference, largest = 0, 0
+    for v = 1, #reference do
+        difference = math.max(difference, math.abs(logits[v] - reference[v]))
+        largest = math.max(largest, math.abs(reference[v]))
     end
-    return true
+    return difference / largest
 end
-lab.say("Blocks of 16 tokens, the tiny model in fp32: a request's logits then have the same bits whether its keys "
-    .. "and values were computed, shared or copied, so sharing is checked as equality.")
+lab.say("Blocks of 16 tokens, the tiny model in fp32. Every answer is checked against the reference forward pass: "
+    .. "the model's math written again apart from the engine, run on the same tokens with nothing shared.")
 
 -- tf10: two requests with the same system prompt and different questions,
 -- first with prefix caching, then without.
@@ -71,7 +85,7 @@ local function serve_two(prefix_caching)
     result.copies = totals.copies -- copy-on-write copies over the whole run, both requests to their end
     result.kv_written = totals.bytes.kv_written -- bytes the kernels stored, over the whole run
     result.bytes_per_slot = e:pool().bytes_per_slot
-    result.logits = {e:logits(a), e:logits(b)}
+    result.from_reference = math.max(from_reference(e, a), from_reference(e, b))
     e:close()
     return result
 end
@@ -100,14 +114,15 @@ lab.pause()
 -- kernels did not write, so the bytes written differ by exactly that.
 local saved_bytes = uncached.kv_written - cached.kv_written
 local expected_saving = cached.hits * cached.bytes_per_slot
-local same_answers = same_logits(cached.logits[1], uncached.logits[1]) and same_logits(cached.logits[2], uncached.logits[2])
+local same_answers = cached.from_reference <= REFERENCE_BOUND and uncached.from_reference <= REFERENCE_BOUND
 local block_math_holds = cached.shared == predicted_shared and cached.hits == predicted_hits
     and cached.physical == cached.table_entries - cached.shared and cached.copies == 0 and uncached.copies == 0
 local stored_once = cached.shared > 0 and cached.hits > 0 and block_math_holds and cached.references_right
     and saved_bytes == expected_saving and same_answers
 lab.say(string.format("Without the prefix cache the same prompts took %d blocks instead of %d, and the kernels wrote "
-    .. "%d KV bytes instead of %d. The final logits are the same bits either way: %s.", uncached.physical,
-    cached.physical, uncached.kv_written, cached.kv_written, tostring(same_answers)))
+    .. "%d KV bytes instead of %d. The final logits against the reference: largest relative difference %.3g with "
+    .. "caching, %.3g without (one fp16 step allows %.3g).", uncached.physical, cached.physical, uncached.kv_written,
+    cached.kv_written, cached.from_reference, uncached.from_reference, REFERENCE_BOUND))
 lab.check{
     id = "tf10",
     claim = "two requests sharing a system prompt must each store its KV",
@@ -116,13 +131,15 @@ lab.check{
     evidence = string.format("%s: prompts of %d tokens agreeing on the first %d; with prefix caching %d table entries "
         .. "in %d physical blocks (%d shared, predicted %d // %d = %d; references per shared block {%s}, 3 = two tables "
         .. "+ the cache); %d prompt tokens reused (predicted %d); %d copy-on-write copies with caching, %d without; "
-        .. "KV bytes written %d vs %d without caching (%d saved, %d tokens x %d bytes = %d); final logits with and "
-        .. "without caching bit-identical: %s; without caching %d entries in %d blocks",
+        .. "KV bytes written %d vs %d without caching (%d saved, %d tokens x %d bytes = %d); final logits against the "
+        .. "reference forward pass %.3g with caching, %.3g without (bound 2^-11 = %.3g); without caching %d entries in "
+        .. "%d blocks",
         stored_once and "stored once" or "not stored once as the block math says", cached.prompt_tokens,
         cached.common_tokens, cached.table_entries, cached.physical, cached.shared, cached.common_tokens, BLOCK_SIZE,
         predicted_shared, table.concat(cached.references, ","), cached.hits, predicted_hits, cached.copies,
         uncached.copies, cached.kv_written, uncached.kv_written, saved_bytes, cached.hits, cached.bytes_per_slot,
-        expected_saving, tostring(same_answers), uncached.table_entries, uncached.physical),
+        expected_saving, cached.from_reference, uncached.from_reference, REFERENCE_BOUND, uncached.table_entries,
+        uncached.physical),
     breaks_with = {"prefix-no-refcount", "kv-count-dropped", "kv-count-doubled"},
     note = string.format("the bank says a private copy is made once the generations diverge; this engine measured %d "
         .. "copies: requests share only full prompt blocks, and they diverge in blocks that were never shared",
@@ -181,21 +198,6 @@ local function all_different(blocks)
     end
     return true
 end
--- Each sample's last logits against the same tokens computed alone, in a
--- fresh engine with nothing shared: equal only if no sample ever read
--- another's keys and values.
-local function logits_alone(e, sample)
-    local logits, position = e:logits(sample.id)
-    local ids = {}
-    for i = 1, position + 1 do ids[i] = sample.tokens[i] end
-    local fresh = lab.engine{model = model, block_size = BLOCK_SIZE, num_blocks = 64}
-    local id = fresh:add{ids = ids, max_tokens = 1}
-    fresh:run()
-    local alone = fresh:logits(id)
-    fresh:close()
-    return same_logits(logits, alone)
-end
-
 local SAMPLES = 3
 lab.say(string.format("Now one request asks for %d samples. After its prompt they share every block, the partly "
     .. "filled last one too, and the first decode step writes a new token into that block from every sample.", SAMPLES))
@@ -210,15 +212,18 @@ lab.say(string.format("Measured on the first decode step: %d copies (%s); over t
     .. "The samples' last blocks are now %s.", partial.first_step_copies,
     #partial.events > 0 and table.concat(partial.events, ", ") or "none", partial.copies, partial.copy_bytes,
     table.concat(partial.lasts, ", ")))
+-- Each sample's last logits against the reference on its own tokens, with
+-- nothing shared: within one fp16 step only if no sample ever read
+-- another's keys and values.
 local samples_right, samples_text = true, {}
 for k = 0, SAMPLES - 1 do
-    local right = logits_alone(partial.e, partial.e:sequence(partial.first + k))
-    samples_right = samples_right and right
-    samples_text[#samples_text + 1] = tostring(right)
+    local difference = from_reference(partial.e, partial.first + k)
+    samples_right = samples_right and difference <= REFERENCE_BOUND
+    samples_text[#samples_text + 1] = string.format("%.3g", difference)
 end
 partial.e:close()
-lab.say("Each sample's last logits against the same tokens computed alone, with nothing shared: "
-    .. table.concat(samples_text, ", ") .. ".")
+lab.say(string.format("Each sample's last logits against the reference forward pass on its own tokens: largest "
+    .. "relative differences %s (one fp16 step allows %.3g).", table.concat(samples_text, ", "), REFERENCE_BOUND))
 lab.pause()
 
 local aligned_ids = {1}
@@ -243,8 +248,8 @@ lab.check{
     verdict = private_copies,
     evidence = string.format("%s: a fork of %d samples after a %d-token prompt (%d blocks, the last holding %d, %d owners): "
         .. "first decode step %d copies (%s), whole run %d copies and %d bytes, predicted %d - 1 = %d copies of %d slots "
-        .. "x %d bytes = %d; last blocks %s, first block still shared: %s; each sample's final logits equal the same "
-        .. "tokens computed alone: %s; a fork of 2 after a %d-token prompt (last block full): %d copies, %d bytes "
+        .. "x %d bytes = %d; last blocks %s, first block still shared: %s; each sample's final logits against the "
+        .. "reference forward pass: %s (bound 2^-11); a fork of 2 after a %d-token prompt (last block full): %d copies, %d bytes "
         .. "(predicted %d), last blocks %s",
         private_copies and "each writer but the last got its own copy, as the block math predicts"
             or "the copies are not the ones the block math predicts",

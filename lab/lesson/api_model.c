@@ -4,12 +4,14 @@
 //
 //   m = lab.model{model = "small", dtype = "fp16", quant = "w4a16:g32", tokenizer = PATH, seed = N, n_kv_heads = 6}
 //   m:info(), m:tensor("layers.0.wq"), m:encode("Once"), m:decode{1, 403}
+//   lab.reference_logits{model = m, tokens = ids, kv_dtype = "int8"}
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
 #include "engine/model_synth.h"
+#include "engine/reference_forward.h"
 #include "engine/tokenizer.h"
 #include "lab/lesson/api.h"
 
@@ -327,6 +329,65 @@ static int model_decode(lua_State* L) {
     return 1;
 }
 
+// ---- the reference forward pass ------------------------------------------------------
+
+// lab.reference_logits{model = M, tokens = IDS, kv_dtype = "fp32"|"fp16"|"int8"}
+// -> the vocab_size logits that follow the tokens, from
+// engine/reference_forward.c (written apart from the engine's forward pass)
+// on the model's weights as the handle holds them (dequantized when
+// quantized). kv_dtype rounds the reference's cache as the engine's would.
+// The dequantized copy and the KV cache count against the memory cap while
+// it runs; the time limit is looked at between tokens.
+static int lab_reference_logits(lua_State* L) {
+    static const char* const fields[] = {"model", "tokens", "kv_dtype", NULL};
+    static const char* const kv_choices[] = {"fp32", "fp16", "int8", NULL};
+    static const reference_kv_storage kv_storage_of[] = {REFERENCE_KV_F32, REFERENCE_KV_F16, REFERENCE_KV_I8};
+    lab_check_fields(L, 1, fields);
+    if (lab_get_field(L, 1, "model") != LUA_TUSERDATA)
+        lab_field_error(L, 1, "model", "expected a model (model = lab.model{...}), got %s", luaL_typename(L, -1));
+    lab_model* handle = lab_check_model(L, lua_gettop(L)); // stays on the stack: nothing collects it meanwhile
+    const model* m = &handle->source.model;
+    int kv = lab_opt_choice_field(L, 1, "kv_dtype", kv_choices, 0);
+    if (lab_get_field(L, 1, "tokens") != LUA_TTABLE)
+        lab_field_error(L, 1, "tokens", "expected an array of token ids, got %s", luaL_typename(L, -1));
+    int n = 0;
+    int32_t* ids = lab_read_token_ids(L, lua_gettop(L), 1, "tokens", m->config.vocab_size, false, &n);
+    if (n > m->config.max_seq_len)
+        lab_field_error(L, 1, "tokens", "%d tokens are more than the model's %d positions", n, m->config.max_seq_len);
+    float* logits = lua_newuserdatauv(L, (size_t)m->config.vocab_size * sizeof(float), 0); // scratch, collected
+    lesson* l = lesson_of(L);
+    uint64_t bytes = reference_weights_bytes(m) + reference_run_bytes(&m->config, n);
+    char what[128];
+    snprintf(what, sizeof what, "the reference forward pass (dequantized weights and a %d-position KV cache)", n);
+    lesson_reserve_bytes(L, bytes, what);
+    reference_weights weights;
+    reference_run run;
+    error_info err = {{0}};
+    if (reference_weights_from_model(&weights, m, &err)) {
+        lesson_release_bytes(l, bytes);
+        return lab_error(L, "lab.reference_logits: %s", err.message);
+    }
+    if (reference_run_init(&run, &weights, n, &err)) {
+        reference_weights_free(&weights);
+        lesson_release_bytes(l, bytes);
+        return lab_error(L, "lab.reference_logits: %s", err.message);
+    }
+    run.kv_storage = kv_storage_of[kv];
+    int failed = 0;
+    bool stopped = false;
+    for (int i = 0; i < n && !failed && !stopped; i++) {
+        failed = reference_run_token(&run, ids[i], i == n - 1 ? logits : NULL, &err);
+        stopped = !lesson_keep_going(l);
+    }
+    reference_run_free(&run);
+    reference_weights_free(&weights);
+    lesson_release_bytes(l, bytes);
+    if (stopped) lesson_check_time(L); // raises: the time limit, or a stop asked for
+    if (failed) return lab_error(L, "lab.reference_logits: %s", err.message);
+    lab_push_float_array(L, logits, (size_t)m->config.vocab_size);
+    return 1;
+}
+
 static int model_tostring(lua_State* L) {
     model_box* box = luaL_checkudata(L, 1, LAB_MODEL_TYPE);
     lua_pushfstring(L, "model (%s)", box->model ? box->model->label : "released");
@@ -340,4 +401,6 @@ void lab_open_model_api(lua_State* L) {
     lab_register_userdata_type(L, LAB_MODEL_TYPE, "model", model_methods, model_gc, model_tostring);
     lua_pushcfunction(L, lab_model_new);
     lua_setfield(L, -2, "model");
+    lua_pushcfunction(L, lab_reference_logits);
+    lua_setfield(L, -2, "reference_logits");
 }

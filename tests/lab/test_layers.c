@@ -30,6 +30,7 @@ static const char* const ENGINE_PUBLIC[] = {
     "engine/model_write.h",   // `synth` writes a checkpoint
     "engine/model_quant.h",   // quantizing a whole model (quant command, lab.quantize_model)
     "engine/model_eval.h",    // perplexity and KL of a model against another (quant command, lab.compare)
+    "engine/reference_forward.h", // the forward pass written apart from the engine's (lab.reference_logits)
     "engine/quant.h",         // the quantizer on one matrix and its error statistics (lab.quantize)
     "engine/tokenizer.h",     // text to ids and back
     "engine/gguf.h",          // info prints a GGUF file's container
