@@ -83,7 +83,15 @@ int lab_open_lesson(lab_app* a, const char* path, double time_limit_s, error_inf
     options.on_say = lesson_said;
     options.on_check = lesson_checked;
     options.user = &a->d;
-    snprintf(a->d.lesson.title, sizeof a->d.lesson.title, "lesson %s", path);
+    // The pane is headed by the lesson's own title (its declaration runs in
+    // microseconds), then the file; a lesson that cannot declare one shows
+    // the file alone and says why below.
+    lesson_info info;
+    error_info no_title = {{0}};
+    snprintf(a->d.lesson.file, sizeof a->d.lesson.file, "%s", path);
+    a->d.lesson.title[0] = '\0';
+    if (lesson_read_info(path, &info, &no_title) == 0)
+        snprintf(a->d.lesson.title, sizeof a->d.lesson.title, "%s", info.title);
     if (lesson_open(&a->lesson, path, &options, err)) {
         // The lab still opens: the pane shows what is wrong with the lesson.
         dashboard_lesson_log(&a->d, LOG_FAIL, err->message);

@@ -82,7 +82,8 @@ typedef struct lesson_log {
     lesson_log_kind kinds[LESSON_LOG_LINES];        // (LESSON_LOG_LINES)
     int start, count;
     uint64_t appended; // lines ever logged (the pane counts new ones while scrolled back)
-    char title[160];   // the lesson's file, "" when none runs
+    char file[160];    // the lesson's file, "" when none runs
+    char title[160];   // its lab.lesson{title = ...}, "" if it could not declare one
     char state[96];    // "paused: space continues", "done: 3 passed, 0 failed", ...
 } lesson_log;
 

@@ -912,7 +912,7 @@ void ui_lesson_scroll(const dashboard* d, ui_view* v, int cols, int rows, int pa
 
 static void draw_lesson(ui_screen* s, ui_rect r, const dashboard* d, const ui_view* v) {
     const lesson_log* log = &d->lesson;
-    if (!log->title[0]) {
+    if (!log->file[0]) {
         put_whole(s, r.x, r.y, r.x + text_w(r), UI_DEFAULT, UI_DIM, "No lesson is running.");
         if (r.h > 1) {
             ui_line hint;
@@ -924,10 +924,20 @@ static void draw_lesson(ui_screen* s, ui_rect r, const dashboard* d, const ui_vi
     }
     ui_line title, state;
     ui_line_init(&title);
-    const char* base = strrchr(log->title, '/');
-    char short_title[sizeof log->title + 8];
-    snprintf(short_title, sizeof short_title, "lesson %s", base ? base + 1 : log->title);
-    ui_line_text(&title, 9, log->title, short_title, NULL);
+    // The lesson's own title first, then its file, shortened to its name
+    // and then dropped as the pane narrows.
+    const char* base = strrchr(log->file, '/');
+    base = base ? base + 1 : log->file;
+    char full[sizeof log->title + sizeof log->file + 8], named[sizeof full];
+    if (log->title[0]) {
+        snprintf(full, sizeof full, "%s (%s)", log->title, log->file);
+        snprintf(named, sizeof named, "%s (%s)", log->title, base);
+        ui_line_text(&title, 9, full, named, log->title, NULL);
+    } else {
+        snprintf(full, sizeof full, "lesson %s", log->file);
+        snprintf(named, sizeof named, "lesson %s", base);
+        ui_line_text(&title, 9, full, named, NULL);
+    }
     ui_line_put(s, r.x, r.y, text_w(r), UI_TITLE, UI_BOLD, &title);
     if (r.h > 1) {
         ui_line_init(&state);

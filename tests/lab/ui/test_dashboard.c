@@ -157,6 +157,8 @@ static void test_lesson_runs_in_the_dashboard(void** state) {
     snprintf(arguments, sizeof arguments, "--model tiny --lesson %s --keys '<space>'", lesson);
     char* frame = dump_frame(arguments);
     if (!strstr(frame, "prefilled 7 tokens")) fail_msg("no narration in\n%s", frame);
+    // The pane is headed by the lesson's declared title, then its file.
+    if (!strstr(frame, "pane (") || !strstr(frame, "pane-lesson.lua)")) fail_msg("no lesson title in\n%s", frame);
     if (!strstr(frame, "paused: space continues the lesson")) fail_msg("not paused in\n%s", frame);
     if (!strstr(frame, "(the lesson's engine)  step 1 ")) fail_msg("header does not follow the lesson in\n%s", frame);
     if (!strstr(frame, "ctx 7 blocks 2 tail 3/4")) fail_msg("block tables do not show the lesson's engine in\n%s", frame);
