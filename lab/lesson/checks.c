@@ -86,6 +86,46 @@ typedef struct claim_fields {
     bool beyond_bank; // the id is not in the bank (lesson_bank_claim_find)
 } claim_fields;
 
+// API 2's way to state a claim beyond the bank, `beyond_bank = true, answer
+// = X`, still reads as API 3's `expected = X`, with one warning per lesson
+// (lessons/README.md, "Changelog"). Sets *expected_type and *expected when
+// the old fields are there.
+static void read_old_beyond_bank(lua_State* L, const lesson_bank_claim* bank, int* expected_type, bool* expected) {
+    int beyond_type = lab_get_field(L, 1, "beyond_bank");
+    bool beyond = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    int answer_type = lab_get_field(L, 1, "answer");
+    bool answer = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    if (beyond_type == LUA_TNIL && answer_type == LUA_TNIL) return;
+    if (bank)
+        lab_field_error(L, 1, beyond_type != LUA_TNIL ? "beyond_bank" : "answer",
+                        "'%s' is a claim of the question bank: give bank_answer = %s (what the bank says)",
+                        bank->id, bank->bank_answer ? "true" : "false");
+    if (*expected_type != LUA_TNIL)
+        lab_field_error(L, 1, beyond_type != LUA_TNIL ? "beyond_bank" : "answer",
+                        "give expected = true or false alone (beyond_bank and answer are its old spelling)");
+    if (beyond_type != LUA_TBOOLEAN || !beyond || answer_type != LUA_TBOOLEAN)
+        lab_field_error(L, 1, beyond_type != LUA_TBOOLEAN || !beyond ? "beyond_bank" : "answer",
+                        "the old spelling is beyond_bank = true, answer = true or false; write expected = true or "
+                        "false instead");
+    *expected_type = LUA_TBOOLEAN;
+    *expected = answer;
+    lua_getfield(L, LUA_REGISTRYINDEX, "servelab.warned_beyond_bank");
+    bool warned = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    if (warned) return;
+    lua_pushboolean(L, 1);
+    lua_setfield(L, LUA_REGISTRYINDEX, "servelab.warned_beyond_bank");
+    luaL_where(L, 1); // the lesson's line
+    lua_pushfstring(L,
+                    "%swarning: lab.check's beyond_bank = true, answer = %s became expected = %s in lab API 3 (this "
+                    "is API %d); the old fields still work, but write expected (lessons/README.md, \"Changelog\")",
+                    lua_tostring(L, -1), answer ? "true" : "false", answer ? "true" : "false", LAB_API_VERSION);
+    lesson_warn(lesson_of(L), lua_tostring(L, -1));
+    lua_pop(L, 2);
+}
+
 // Reads id, claim, bank_answer or expected, and note of the
 // table at argument 1, raising an argument error for a malformed one.
 static void read_claim_fields(lua_State* L, claim_fields* out) {
@@ -110,6 +150,7 @@ static void read_claim_fields(lua_State* L, claim_fields* out) {
     int expected_type = lab_get_field(L, 1, "expected");
     bool expected = lua_toboolean(L, -1);
     lua_pop(L, 1);
+    read_old_beyond_bank(L, bank, &expected_type, &expected);
     if (bank) {
         const char* says = bank->bank_answer ? "true" : "false";
         if (expected_type != LUA_TNIL)
@@ -169,8 +210,9 @@ static void push_verdict(lua_State* L, lesson* l, int measure_type, char* proble
 }
 
 int lab_check(lua_State* L) {
-    static const char* const fields[] = {"id",       "claim",   "bank_answer", "expected", "verdict",
-                                         "evidence", "measure", "breaks_with", "note",     NULL};
+    // beyond_bank and answer: API 2's spelling of expected (read_old_beyond_bank).
+    static const char* const fields[] = {"id",       "claim",   "bank_answer", "expected", "verdict",  "evidence",
+                                         "measure",  "breaks_with", "note",   "beyond_bank", "answer", NULL};
     lab_check_fields(L, 1, fields);
     lesson* l = lesson_of(L);
     claim_fields c;

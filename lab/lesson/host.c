@@ -105,6 +105,9 @@ static int open_lab(lua_State* L) {
     lab_open_engine_api(L);
     lab_open_quant_api(L);
     lab_open_perf_api(L);
+    // lab.ful is an error naming lab.full, not a nil that fails later as
+    // "attempt to call a nil value".
+    lab_make_strict(L, -1, "lab");
     return 1;
 }
 

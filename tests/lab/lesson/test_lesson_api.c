@@ -152,7 +152,11 @@ static const bad_case BAD_CASES[] = {
     {"lab.check{id = 'c1', claim = 'c', verdict = true, evidence = 'e'}", "field 'expected': expected true or false"},
     {"lab.check{id = 'c1', claim = 'c', expected = 'yes', verdict = true, evidence = 'e'}", "got string"},
     {"lab.check{id = 'c1', claim = 'c', beyond_bank = true, expected = true, verdict = true, evidence = 'e'}",
-     "field 'beyond_bank': unknown field"},
+     "field 'beyond_bank': give expected = true or false alone"},
+    {"lab.check{id = 'tf3', claim = 'c', beyond_bank = true, answer = false, verdict = true, evidence = 'e'}",
+     "field 'beyond_bank': 'tf3' is a claim of the question bank: give bank_answer = false"},
+    {"lab.check{id = 'c1', claim = 'c', beyond_bank = true, answer = 'yes', verdict = true, evidence = 'e'}",
+     "field 'answer': the old spelling is beyond_bank = true, answer = true or false"},
     {"lab.check{id = 'c1', claim = 'c', expected = true, verdict = true, evidence = 'e', extra = 1}", "field 'extra'"},
     {"lab.lesson{title = 'again', claims = {'x'}}", "lab.lesson{} may be called once"},
     {"local closed = lab.engine{model = TINY, num_blocks = 4}; closed:close(); closed:step()", "the engine was closed"},
@@ -891,7 +895,7 @@ static void test_strict_tables_renames_and_tail_waste(void** state) {
         "local c = lab.engine{model = 'tiny', kv = 'contiguous', num_blocks = 16}\n"
         "lab.say('contiguous pool: ' .. tostring(c:pool().blocks_total))\n"
         "for k, v in pairs(r) do if k == 'step' then lab.say('pairs sees step ' .. v) end end\n"
-        "lab.check{id = 'c1', claim = 'c', beyond_bank = true, answer = true, verdict = true, evidence = 'ran'}\n";
+        "lab.check{id = 'c1', claim = 'c', expected = true, verdict = true, evidence = 'ran'}\n";
     lesson_options options = lesson_options_default();
     warnings_seen seen = {0};
     options.on_warning = on_warning;
