@@ -16,6 +16,7 @@ void audit_free(engine_audit* a) {
     free(a->holders);
     free(a->last_preemptions);
     free(a->last_request);
+    free(a->admitted_order);
     memset(a, 0, sizeof *a);
 }
 
@@ -33,7 +34,10 @@ static int audit_reserve(engine_audit* a, int n_blocks, int n_ids, error_info* e
         int32_t* requests = counts ? realloc(a->last_request, (size_t)n_ids * sizeof *requests) : NULL;
         if (!requests) return error_set(err, "audit: out of memory for %d sequences", n_ids);
         a->last_request = requests;
-        for (int i = a->n_ids; i < n_ids; i++) a->last_preemptions[i] = 0, a->last_request[i] = -1;
+        uint64_t* orders = realloc(a->admitted_order, (size_t)n_ids * sizeof *orders);
+        if (!orders) return error_set(err, "audit: out of memory for %d sequences", n_ids);
+        a->admitted_order = orders;
+        for (int i = a->n_ids; i < n_ids; i++) a->last_preemptions[i] = 0, a->last_request[i] = -1, orders[i] = 0;
         a->n_ids = n_ids;
     }
     return 0;
@@ -321,51 +325,59 @@ static int audit_prefix_chain(engine_audit* a, const engine* e, const step_recor
     return 0;
 }
 
-// preemption: victims were admitted after every survivor, and the three
-// counters moved together.
+// preemption: the victims were admitted after every sequence that survived
+// the step, by the audit's own count of admissions (the order in which it
+// first saw each sequence running, not the scheduler's admit_order, which
+// is what picks the victim), and the three counters moved together.
 static int audit_preemption(engine_audit* a, const engine* e, const step_record* r, error_info* err) {
     const scheduler* sched = &e->scheduler;
     const unsigned long long step = (unsigned long long)r->step;
     uint64_t moved_total = sched->total_preemptions - a->last_total_preemptions;
     int64_t moved_sequences = 0;
-    uint64_t oldest_victim = UINT64_MAX;
-    int32_t oldest_victim_id = -1;
+    uint64_t youngest_survivor = 0, oldest_victim = UINT64_MAX;
+    int32_t survivor_id = -1, victim_id = -1;
     for (int i = 0; i < sched->n_live; i++) {
         const sequence* s = &sched->sequences[sched->live_ids[i]];
-        int32_t before = a->last_request[s->id] == s->request_id ? a->last_preemptions[s->id] : 0;
-        int32_t moved = s->n_preemptions - before;
+        bool known = a->last_request[s->id] == s->request_id;
+        int32_t moved = s->n_preemptions - (known ? a->last_preemptions[s->id] : 0);
         moved_sequences += moved;
-        if (moved > 0 && s->state == SEQ_PREEMPTED && s->admit_order < oldest_victim) {
-            oldest_victim = s->admit_order;
-            oldest_victim_id = s->id;
-        }
+        uint64_t order = known ? a->admitted_order[s->id] : 0; // 0: not running at the last audit
+        if (order == 0) continue;
+        if (moved > 0 && order < oldest_victim) oldest_victim = order, victim_id = s->id;
+        bool running = s->state == SEQ_PREFILL || s->state == SEQ_DECODE;
+        if (moved == 0 && running && order > youngest_survivor) youngest_survivor = order, survivor_id = s->id;
     }
     if ((uint64_t)r->n_preempted != moved_total || moved_sequences != (int64_t)moved_total)
         return error_set(err,
                          "audit: preemptions this step: record %d, scheduler total moved %llu, sequences' counts "
                          "moved %lld at step %llu",
                          r->n_preempted, (unsigned long long)moved_total, (long long)moved_sequences, step);
-    a->n_checks++;
-    if (oldest_victim_id >= 0)
-        for (int i = 0; i < sched->n_running; i++) {
-            const sequence* s = &sched->sequences[sched->running[i]];
-            if (s->admit_order > a->last_admit_counter) continue; // admitted this step, after the preemption
-            if (s->admit_order > oldest_victim)
-                return error_set(err,
-                                 "audit: sequence %d was preempted (admitted %llu-th) while sequence %d, admitted "
-                                 "later (%llu-th), kept running at step %llu",
-                                 oldest_victim_id, (unsigned long long)oldest_victim, s->id,
-                                 (unsigned long long)s->admit_order, step);
-        }
-    a->n_checks++;
+    if (victim_id >= 0 && survivor_id >= 0 && youngest_survivor > oldest_victim)
+        return error_set(err,
+                         "audit: sequence %d was preempted (admission %llu) while sequence %d, admitted later "
+                         "(admission %llu), kept running at step %llu",
+                         victim_id, (unsigned long long)oldest_victim, survivor_id,
+                         (unsigned long long)youngest_survivor, step);
+    a->n_checks += 2;
     return 0;
 }
 
-// Remembers the counters the next step's preemption check starts from.
+// Remembers what the next step's preemption check starts from: each live
+// sequence's count, and the admission order of those running (a sequence
+// newly running, or preempted and admitted again, is the latest admitted).
 static void remember(engine_audit* a, const engine* e) {
     const scheduler* sched = &e->scheduler;
     a->last_total_preemptions = sched->total_preemptions;
-    a->last_admit_counter = sched->admit_counter;
+    for (int id = 0; id < a->n_ids; id++) {
+        const sequence* s = &sched->sequences[id];
+        bool running = id < sched->n_sequences && (s->state == SEQ_PREFILL || s->state == SEQ_DECODE) && s->tokens;
+        bool same = running && a->last_request[id] == s->request_id && a->last_preemptions[id] == s->n_preemptions;
+        if (!same) a->admitted_order[id] = 0;
+    }
+    for (int i = 0; i < sched->n_running; i++) { // in admission order
+        int32_t id = sched->running[i];
+        if (a->admitted_order[id] == 0) a->admitted_order[id] = ++a->admissions;
+    }
     for (int i = 0; i < a->n_ids; i++) a->last_request[i] = -1; // released ids are forgotten (ids are reused)
     for (int i = 0; i < sched->n_live; i++) {
         const sequence* s = &sched->sequences[sched->live_ids[i]];

@@ -26,7 +26,7 @@
 //                    ids at that position and names the block before it as
 //                    its parent
 //   preemption       the victims were admitted after every sequence that
-//                    survived, and the counters (record, scheduler, each
+//                    survived (by the audit's own admission count), and the counters (record, scheduler, each
 //                    sequence's) moved by the same number
 // Contiguous engines are held to the traffic and tail-waste checks only.
 //
@@ -48,9 +48,10 @@ typedef struct engine_audit {
     int32_t* holders;           // (2, n_blocks) scratch: tables listing each block; those of the step's sequences
     int n_blocks;
     uint64_t last_total_preemptions;
-    uint64_t last_admit_counter;
+    uint64_t admissions;        // sequences the audit has seen start running
     int32_t* last_preemptions;  // (n_ids) each sequence id's n_preemptions after the last audit
     int32_t* last_request;      // (n_ids) the request that id belonged to (ids are reused)
+    uint64_t* admitted_order;   // (n_ids) the audit's own admission number of a running sequence, 0 if none
     int n_ids;
     uint64_t n_checks;          // invariants checked so far (a test can see the audit ran)
 } engine_audit;
