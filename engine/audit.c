@@ -7,9 +7,10 @@
 #include "engine/scheduler.h"
 #include "engine/step_record.h"
 
-bool audit_requested_by_environment(void) {
+bool audit_requested_by_environment(bool faults_installed) {
     const char* value = getenv("SERVELAB_AUDIT");
-    return value && strcmp(value, "1") == 0;
+    if (!value) return false;
+    return strcmp(value, "all") == 0 || (strcmp(value, "1") == 0 && !faults_installed);
 }
 
 void audit_free(engine_audit* a) {

@@ -1,7 +1,7 @@
 // audit: after each step, the engine's state and step record checked
 // against quantities worked out independently of the code that produced
 // them (issue 43). On with engine_config.audit (`--audit`, lab.engine{audit
-// = true}, or SERVELAB_AUDIT=1 in the environment, which `make test` sets).
+// = true}) or from the environment (audit_requested_by_environment).
 //
 // What is checked, each by its own count rather than by calling the
 // function the engine used:
@@ -56,8 +56,11 @@ typedef struct engine_audit {
     uint64_t n_checks;          // invariants checked so far (a test can see the audit ran)
 } engine_audit;
 
-// True when the environment asks for the audit (SERVELAB_AUDIT=1).
-bool audit_requested_by_environment(void);
+// True when the environment asks for the audit: SERVELAB_AUDIT=1 for an
+// engine built without a deliberate fault (what `make test` sets: the fault
+// tests and the fault matrix watch what a fault does), SERVELAB_AUDIT=all
+// for every engine (what `--audit` on `lesson run` and `bench` sets).
+bool audit_requested_by_environment(bool faults_installed);
 
 // Checks the step just recorded in `r`. -1 with err naming the first broken invariant.
 int audit_step(engine_audit* a, const struct engine* e, const struct step_record* r, error_info* err);

@@ -172,8 +172,8 @@ int engine_init(engine* e, const model* m, const engine_config* config, error_in
     // `make test` sets SERVELAB_AUDIT=1 so that every engine a test builds is
     // audited; a run with a deliberate fault is left as the fault makes it
     // (the fault tests and the lesson fault matrix watch what it breaks),
-    // unless the audit was asked for explicitly.
-    if (!c->audit && fault_enabled_set == 0 && audit_requested_by_environment()) c->audit = true;
+    // unless the audit was asked for explicitly (engine/audit.h).
+    if (!c->audit && audit_requested_by_environment(fault_enabled_set != 0)) c->audit = true;
     if (check_batch_limits(c, &m->config, err) || size_kv_pool(c, &m->config, err)) return -1;
     block_manager kv;
     if (init_kv_memory(e, &kv, err)) return -1;
