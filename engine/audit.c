@@ -198,7 +198,7 @@ static uint64_t expected_weight_bytes(const engine* e, uint64_t rows, int logit_
     return bytes;
 }
 
-// kv-written, kv-read, allreduce-bytes. The kernels count KV per row: a row
+// kv-written, kv-read, attention-flops, weight-bytes, allreduce-bytes. The kernels count KV per row: a row
 // at position p attends to p + 1 slots and writes one, in every layer.
 static int audit_traffic(engine_audit* a, const engine* e, const step_record* r, error_info* err) {
     const model_config* c = &e->model->config;
@@ -222,7 +222,14 @@ static int audit_traffic(engine_audit* a, const engine* e, const step_record* r,
     if (r->traffic.kv_bytes_read != read)
         return error_set(err, "audit: kv bytes read %llu, but the contexts of the step's rows give %llu at step %llu",
                          (unsigned long long)r->traffic.kv_bytes_read, (unsigned long long)read, step);
-    a->n_checks += 2;
+    // attention-flops: q.k and p.v, 2 FLOPs per multiply-add, over each row's
+    // context (not the slots allocated), in every head and layer.
+    uint64_t attention = 4ull * (uint64_t)c->n_heads * (uint64_t)c->head_dim * (uint64_t)c->n_layers * (read / per_slot);
+    if (r->traffic.attention_flops != attention)
+        return error_set(err, "audit: attention flops %llu, but 4 x %d heads x %d x %d layers x the rows' contexts = %llu at step %llu",
+                         (unsigned long long)r->traffic.attention_flops, c->n_heads, c->head_dim, c->n_layers,
+                         (unsigned long long)attention, step);
+    a->n_checks += 3;
     bool applies;
     uint64_t weights = expected_weight_bytes(e, rows, e->batch.n_logit_rows, &applies);
     if (applies && r->traffic.weight_bytes_read != weights)

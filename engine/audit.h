@@ -14,6 +14,9 @@
 //   kv-written       KV bytes written = tokens x n_layers x 2 x slot bytes
 //   kv-read          KV bytes read = sum over each sequence's rows of its
 //                    context (c0 + 1 .. c0 + n) x n_layers x 2 x slot bytes
+//   attention-flops  4 x n_heads x head_dim x n_layers x the rows' contexts
+//   weight-bytes     every matrix once a step, the embedding once a token,
+//                    each norm's gain once (fp32 and fp16 models, CPU)
 //   allreduce-bytes  per all-reduce 2 (N - 1) / N x rows x dim x 4
 //   write-shared     no block a sequence wrote this step is in another table
 //   copy-bytes       copy-on-write bytes = the copier's position mod

@@ -36,6 +36,13 @@ static int teardown(void** state) {
     return 0;
 }
 
+// A failed check leaves its test early: the next one starts with no fault.
+static int no_fault(void** state) {
+    (void)state;
+    fault_install(0);
+    return 0;
+}
+
 static engine_config audited(int num_blocks) {
     engine_config c = engine_config_default();
     c.kv_dtype = KV_F32;
@@ -117,6 +124,7 @@ static void test_faults_are_caught(void** state) {
         {FAULT_KV_COUNT_DROPPED, 1, "audit: kv bytes written 0, but"},
         {FAULT_KV_COUNT_DOUBLED, 1, "audit: kv bytes written"},
         {FAULT_SKIP_LAST_BLOCK, 1, "audit: kv bytes read"},
+        {FAULT_FLOPS_ALLOCATED, 1, "audit: attention flops"},
         {FAULT_WEIGHT_COUNT_DOUBLED, 1, "audit: weight bytes read"},
         {FAULT_UNBATCHED_DECODE, 1, "audit: weight bytes read"},
         {FAULT_TP_FULL_WEIGHTS, 2, "audit: weight bytes read"},
@@ -310,7 +318,7 @@ static void test_preempting_the_oldest_is_named(void** state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_clean_runs_pass_every_check),
-        cmocka_unit_test(test_faults_are_caught),
+        cmocka_unit_test_teardown(test_faults_are_caught, no_fault),
         cmocka_unit_test(test_released_sequence_keeping_its_first_block),
         cmocka_unit_test(test_tail_waste_wrong_at_exact_multiples),
         cmocka_unit_test(test_extra_reference_is_named),
