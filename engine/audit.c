@@ -38,7 +38,8 @@ static int audit_reserve(engine_audit* a, int n_blocks, int n_ids, error_info* e
         uint64_t* orders = realloc(a->admitted_order, (size_t)n_ids * sizeof *orders);
         if (!orders) return error_set(err, "audit: out of memory for %d sequences", n_ids);
         a->admitted_order = orders;
-        for (int i = a->n_ids; i < n_ids; i++) a->last_preemptions[i] = 0, a->last_request[i] = -1, orders[i] = 0;
+        for (int i = a->n_ids; i < n_ids; i++)
+            a->last_preemptions[i] = 0, a->last_request[i] = -1, orders[i] = 0;
         a->n_ids = n_ids;
     }
     return 0;
@@ -66,8 +67,8 @@ static int audit_pool(engine_audit* a, const engine* e, const step_record* r, er
         for (int k = 0; k < s->n_table; k++) {
             int32_t block = s->block_table[k];
             if (block < 0 || block >= pool->n_blocks)
-                return error_set(err, "audit: sequence %d table entry %d is block %d, outside 0..%d at step %llu", s->id,
-                                 k, block, pool->n_blocks - 1, step);
+                return error_set(err, "audit: sequence %d table entry %d is block %d, outside 0..%d at step %llu",
+                                 s->id, k, block, pool->n_blocks - 1, step);
             a->holders[block]++;
         }
     }
@@ -90,9 +91,12 @@ static int audit_pool(engine_audit* a, const engine* e, const step_record* r, er
             return error_set(err, "audit: block %d ref count %d, but %d holders (%d tables%s) at step %llu", b,
                              block->ref_count, holders, tables, block->cached ? " + cache" : "", step);
         a->n_checks++;
-        if (tables > 0) n_used++;
-        else if (block->cached) n_cached_only++;
-        else n_free++;
+        if (tables > 0)
+            n_used++;
+        else if (block->cached)
+            n_cached_only++;
+        else
+            n_free++;
     }
     if (n_free + n_used + n_cached_only != pool->n_blocks)
         return error_set(err, "audit: free %d + used %d + cached %d = %d blocks, but the pool has %d at step %llu",
@@ -122,7 +126,8 @@ static int audit_writes(engine_audit* a, const engine* e, const step_record* r, 
     memset(ran_holders, 0, (size_t)pool->n_blocks * sizeof *ran_holders);
     for (int i = 0; i < r->n_sequences; i++) {
         const sequence* s = &sched->sequences[r->sequences[i].id];
-        for (int k = 0; k < s->n_table; k++) ran_holders[s->block_table[k]]++;
+        for (int k = 0; k < s->n_table; k++)
+            ran_holders[s->block_table[k]]++;
     }
     for (int i = 0; i < r->n_sequences; i++) {
         const step_sequence* q = &r->sequences[i];
@@ -138,8 +143,8 @@ static int audit_writes(engine_audit* a, const engine* e, const step_record* r, 
         }
         a->n_checks++;
     }
-    const uint64_t per_slot = 2ull * (uint64_t)e->model->config.n_layers *
-                              slot_bytes_from_shapes(&e->model->config, e->config.kv_dtype);
+    const uint64_t per_slot =
+        2ull * (uint64_t)e->model->config.n_layers * slot_bytes_from_shapes(&e->model->config, e->config.kv_dtype);
     uint64_t expected = 0;
     for (int k = 0; k < r->n_events; k++) {
         if (r->events[k].kind != BLOCK_COPY) continue;
@@ -148,8 +153,9 @@ static int audit_writes(engine_audit* a, const engine* e, const step_record* r, 
                 expected += (uint64_t)((r->sequences[i].context_length - r->sequences[i].n_tokens) % bs) * per_slot;
     }
     if (r->copy_bytes != expected)
-        return error_set(err, "audit: copy-on-write copied %llu bytes, but the copiers' write positions give %llu at step %llu",
-                         (unsigned long long)r->copy_bytes, (unsigned long long)expected, step);
+        return error_set(
+            err, "audit: copy-on-write copied %llu bytes, but the copiers' write positions give %llu at step %llu",
+            (unsigned long long)r->copy_bytes, (unsigned long long)expected, step);
     a->n_checks++;
     return 0;
 }
@@ -216,19 +222,24 @@ static int audit_traffic(engine_audit* a, const engine* e, const step_record* r,
         read += (n * before + n * (n + 1) / 2) * per_slot; // contexts before + 1 .. before + n
     }
     if (r->traffic.kv_bytes_written != written)
-        return error_set(err, "audit: kv bytes written %llu, but %llu tokens x %llu bytes (2 x %d layers x slot) = %llu at step %llu",
-                         (unsigned long long)r->traffic.kv_bytes_written, (unsigned long long)rows,
-                         (unsigned long long)per_slot, c->n_layers, (unsigned long long)written, step);
+        return error_set(
+            err,
+            "audit: kv bytes written %llu, but %llu tokens x %llu bytes (2 x %d layers x slot) = %llu at step %llu",
+            (unsigned long long)r->traffic.kv_bytes_written, (unsigned long long)rows, (unsigned long long)per_slot,
+            c->n_layers, (unsigned long long)written, step);
     if (r->traffic.kv_bytes_read != read)
         return error_set(err, "audit: kv bytes read %llu, but the contexts of the step's rows give %llu at step %llu",
                          (unsigned long long)r->traffic.kv_bytes_read, (unsigned long long)read, step);
     // attention-flops: q.k and p.v, 2 FLOPs per multiply-add, over each row's
     // context (not the slots allocated), in every head and layer.
-    uint64_t attention = 4ull * (uint64_t)c->n_heads * (uint64_t)c->head_dim * (uint64_t)c->n_layers * (read / per_slot);
+    uint64_t attention =
+        4ull * (uint64_t)c->n_heads * (uint64_t)c->head_dim * (uint64_t)c->n_layers * (read / per_slot);
     if (r->traffic.attention_flops != attention)
-        return error_set(err, "audit: attention flops %llu, but 4 x %d heads x %d x %d layers x the rows' contexts = %llu at step %llu",
-                         (unsigned long long)r->traffic.attention_flops, c->n_heads, c->head_dim, c->n_layers,
-                         (unsigned long long)attention, step);
+        return error_set(
+            err,
+            "audit: attention flops %llu, but 4 x %d heads x %d x %d layers x the rows' contexts = %llu at step %llu",
+            (unsigned long long)r->traffic.attention_flops, c->n_heads, c->head_dim, c->n_layers,
+            (unsigned long long)attention, step);
     a->n_checks += 3;
     bool applies;
     uint64_t weights = expected_weight_bytes(e, rows, e->batch.n_logit_rows, &applies);
@@ -246,9 +257,10 @@ static int audit_traffic(engine_audit* a, const engine* e, const step_record* r,
         uint64_t expected = 2ull * (uint64_t)c->n_layers * (2ull * (n_shards - 1) * message / n_shards);
         if (rows == 0) expected = 0;
         if (r->allreduce_bytes != expected)
-            return error_set(err, "audit: all-reduce bytes %llu, but 2 x %d layers x 2(%d-1)/%d x %llu bytes = %llu at step %llu",
-                             (unsigned long long)r->allreduce_bytes, c->n_layers, (int)n_shards, (int)n_shards,
-                             (unsigned long long)message, (unsigned long long)expected, step);
+            return error_set(
+                err, "audit: all-reduce bytes %llu, but 2 x %d layers x 2(%d-1)/%d x %llu bytes = %llu at step %llu",
+                (unsigned long long)r->allreduce_bytes, c->n_layers, (int)n_shards, (int)n_shards,
+                (unsigned long long)message, (unsigned long long)expected, step);
         a->n_checks++;
     }
     return 0;
@@ -270,16 +282,18 @@ static int audit_tails(engine_audit* a, const engine* e, const step_record* r, e
         if (paged && holds_kv) {
             int whole = (q->n_tokens + bs - 1) / bs, before_sampled = (q->n_tokens - 1 + bs - 1) / bs;
             if (q->n_table != whole && q->n_table != before_sampled)
-                return error_set(err, "audit: sequence %d holds %d blocks, but %d tokens need %d (block size %d) at step %llu",
-                                 q->id, q->n_table, q->n_tokens, whole, bs, step);
+                return error_set(
+                    err, "audit: sequence %d holds %d blocks, but %d tokens need %d (block size %d) at step %llu",
+                    q->id, q->n_table, q->n_tokens, whole, bs, step);
             expected = q->n_table == whole ? (bs - q->n_tokens % bs) % bs : 0;
         } else if (paged && q->n_table != 0) {
             return error_set(err, "audit: sequence %d is %s but holds %d blocks at step %llu", q->id,
                              sequence_state_name(q->state), q->n_table, step);
         }
         if (q->tail_waste_slots != expected)
-            return error_set(err, "audit: sequence %d tail waste %d slots, but %d tokens in %d blocks of %d leave %d at step %llu",
-                             q->id, q->tail_waste_slots, q->n_tokens, q->n_table, bs, expected, step);
+            return error_set(
+                err, "audit: sequence %d tail waste %d slots, but %d tokens in %d blocks of %d leave %d at step %llu",
+                q->id, q->tail_waste_slots, q->n_tokens, q->n_table, bs, expected, step);
         if (holds_kv) running_waste += expected;
         a->n_checks += 2;
     }
@@ -291,7 +305,8 @@ static int audit_tails(engine_audit* a, const engine* e, const step_record* r, e
         step_sequence_status now;
         if (!engine_sequence_status(e, q->id, &now)) continue;
         if (q->tail_waste_slots != now.tail_waste_slots && (now.state == SEQ_PREFILL || now.state == SEQ_DECODE))
-            return error_set(err, "audit: sequence %d tail waste %d slots in the step, %d in the live list at step %llu",
+            return error_set(err,
+                             "audit: sequence %d tail waste %d slots in the step, %d in the live list at step %llu",
                              q->id, q->tail_waste_slots, now.tail_waste_slots, step);
     }
     a->n_checks++;
@@ -325,8 +340,8 @@ static int audit_prefix_chain(engine_audit* a, const engine* e, const step_recor
                                  "audit: prefix block %d at table entry %d of sequence %d was cached under parent "
                                  "%016llx, but the block before it (%d) is %016llx at step %llu",
                                  s->block_table[k], k, s->id, (unsigned long long)block->parent_hash,
-                                 k > 0 ? s->block_table[k - 1] : -1,
-                                 (unsigned long long)(parent ? parent->hash : 0), (unsigned long long)r->step);
+                                 k > 0 ? s->block_table[k - 1] : -1, (unsigned long long)(parent ? parent->hash : 0),
+                                 (unsigned long long)r->step);
             a->n_checks++;
         }
     }
@@ -386,7 +401,8 @@ static void remember(engine_audit* a, const engine* e) {
         int32_t id = sched->running[i];
         if (a->admitted_order[id] == 0) a->admitted_order[id] = ++a->admissions;
     }
-    for (int i = 0; i < a->n_ids; i++) a->last_request[i] = -1; // released ids are forgotten (ids are reused)
+    for (int i = 0; i < a->n_ids; i++)
+        a->last_request[i] = -1; // released ids are forgotten (ids are reused)
     for (int i = 0; i < sched->n_live; i++) {
         const sequence* s = &sched->sequences[sched->live_ids[i]];
         a->last_preemptions[s->id] = s->n_preemptions;

@@ -48,15 +48,15 @@ struct step_record;
 
 // What the audit remembers between steps (owned by the engine).
 typedef struct engine_audit {
-    int32_t* holders;           // (2, n_blocks) scratch: tables listing each block; those of the step's sequences
+    int32_t* holders; // (2, n_blocks) scratch: tables listing each block; those of the step's sequences
     int n_blocks;
     uint64_t last_total_preemptions;
-    uint64_t admissions;        // sequences the audit has seen start running
-    int32_t* last_preemptions;  // (n_ids) each sequence id's n_preemptions after the last audit
-    int32_t* last_request;      // (n_ids) the request that id belonged to (ids are reused)
-    uint64_t* admitted_order;   // (n_ids) the audit's own admission number of a running sequence, 0 if none
+    uint64_t admissions;       // sequences the audit has seen start running
+    int32_t* last_preemptions; // (n_ids) each sequence id's n_preemptions after the last audit
+    int32_t* last_request;     // (n_ids) the request that id belonged to (ids are reused)
+    uint64_t* admitted_order;  // (n_ids) the audit's own admission number of a running sequence, 0 if none
     int n_ids;
-    uint64_t n_checks;          // invariants checked so far (a test can see the audit ran)
+    uint64_t n_checks; // invariants checked so far (a test can see the audit ran)
 } engine_audit;
 
 // True when the environment asks for the audit: SERVELAB_AUDIT=1 for an

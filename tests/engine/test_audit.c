@@ -56,7 +56,8 @@ static engine_config audited(int num_blocks) {
 // A prompt of n tokens: BOS, then ids from `seed` (equal seeds, equal prompts).
 static void make_prompt(int32_t* out, int n, int seed) {
     out[0] = 1;
-    for (int i = 1; i < n; i++) out[i] = 3 + (i * 37 + seed * 11) % 200;
+    for (int i = 1; i < n; i++)
+        out[i] = 3 + (i * 37 + seed * 11) % 200;
 }
 
 static void add(engine* e, const int32_t* prompt, int n_prompt, int max_new, int n_samples) {
@@ -97,7 +98,8 @@ static void test_clean_runs_pass_every_check(void** state) {
         assert_int_equal(engine_init(&e, &tiny, &configs[k], &err), 0);
         int32_t prompt[40];
         make_prompt(prompt, 40, 0);
-        for (int i = 0; i < 4; i++) add(&e, prompt, 36 + i, 40, i == 0 ? 3 : 1); // one 32-token prefix shared
+        for (int i = 0; i < 4; i++)
+            add(&e, prompt, 36 + i, 40, i == 0 ? 3 : 1); // one 32-token prefix shared
         uint64_t failed_at = run_to_end(&e, &err);
         if (failed_at) fail_msg("config %d: %s", k, err.message);
         assert_true(e.audit.n_checks > 100);
@@ -157,7 +159,8 @@ static void test_faults_are_caught(void** state) {
 
 // A release that never gives back the sequence's first block.
 static void release_keeping_first_block(block_manager* bm, sequence* s) {
-    for (int i = s->n_table - 1; i > 0; i--) kv_pool_release(bm->pool, s->block_table[i], s->id);
+    for (int i = s->n_table - 1; i > 0; i--)
+        kv_pool_release(bm->pool, s->block_table[i], s->id);
     s->n_table = 0;
     s->n_hashed_blocks = 0;
     s->last_block_hash = 0;
@@ -233,7 +236,8 @@ static void test_extra_reference_is_named(void** state) {
     const step_record* r;
     assert_int_equal(engine_step(&e, &r, &err), -1);
     char expected[128];
-    snprintf(expected, sizeof expected, "audit: block %d ref count 3, but 2 holders (1 tables + cache) at step 4", block);
+    snprintf(expected, sizeof expected, "audit: block %d ref count 3, but 2 holders (1 tables + cache) at step 4",
+             block);
     assert_contains(err.message, expected);
     engine_free(&e);
 }
@@ -267,7 +271,8 @@ static void test_prefix_hit_under_another_parent(void** state) {
     int32_t first[40], second[40];
     make_prompt(first, 40, 7);
     memcpy(second, first, sizeof second);
-    for (int i = 1; i < BLOCK; i++) second[i] = 250 - i; // another first block, the same second block
+    for (int i = 1; i < BLOCK; i++)
+        second[i] = 250 - i; // another first block, the same second block
     add(&e, first, 40, 30, 1);
     add(&e, second, 40, 30, 1);
     step_ok(&e, 2);
