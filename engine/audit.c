@@ -335,13 +335,18 @@ static int audit_prefix_chain(engine_audit* a, const engine* e, const step_recor
             // Its parent: none for the first block; the hash of the block
             // before it when that one is cached (an uncached duplicate has none).
             const kv_block* parent = k > 0 ? &pool->blocks[s->block_table[k - 1]] : NULL;
-            if (k == 0 ? block->parent_hash != 0 : parent->cached && parent->hash != block->parent_hash)
+            if (k == 0 && block->parent_hash != 0)
+                return error_set(err,
+                                 "audit: prefix block %d is the first block of sequence %d, but was cached under "
+                                 "parent %016llx (a first block has none) at step %llu",
+                                 s->block_table[k], s->id, (unsigned long long)block->parent_hash,
+                                 (unsigned long long)r->step);
+            if (k > 0 && parent->cached && parent->hash != block->parent_hash)
                 return error_set(err,
                                  "audit: prefix block %d at table entry %d of sequence %d was cached under parent "
                                  "%016llx, but the block before it (%d) is %016llx at step %llu",
                                  s->block_table[k], k, s->id, (unsigned long long)block->parent_hash,
-                                 k > 0 ? s->block_table[k - 1] : -1, (unsigned long long)(parent ? parent->hash : 0),
-                                 (unsigned long long)r->step);
+                                 s->block_table[k - 1], (unsigned long long)parent->hash, (unsigned long long)r->step);
             a->n_checks++;
         }
     }

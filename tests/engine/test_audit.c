@@ -292,6 +292,39 @@ static void test_prefix_hit_under_another_parent(void** state) {
     engine_free(&e);
 }
 
+// The same bug one block earlier: the second prompt starts with the first
+// prompt's second block, which a parent-blind hash would hand out as its
+// first block (seen with a local patch to kv_block_hash and kv_pool_lookup,
+// reverted; here the table is set as that patch left it).
+static void test_prefix_hit_at_another_position(void** state) {
+    (void)state;
+    engine e;
+    error_info err = {{0}};
+    engine_config c = audited(64);
+    assert_int_equal(engine_init(&e, &tiny, &c, &err), 0);
+    int32_t first[40], second[40];
+    make_prompt(first, 40, 8);
+    for (int i = 0; i < 40; i++)
+        second[i] = i < BLOCK ? first[BLOCK + i] : 5 + i;
+    add(&e, first, 40, 30, 1);
+    add(&e, second, 40, 30, 1);
+    step_ok(&e, 2);
+    const sequence* a = test_sequence(&e, 0);
+    sequence* b = (sequence*)test_sequence(&e, 1);
+    int32_t second_block = a->block_table[1];
+    assert_true(e.pool.blocks[second_block].cached);
+    kv_pool_retain(&e.pool, second_block, b->id);
+    kv_pool_release(&e.pool, b->block_table[0], b->id);
+    b->block_table[0] = second_block;
+    const step_record* r;
+    assert_int_equal(engine_step(&e, &r, &err), -1);
+    char expected[96];
+    snprintf(expected, sizeof expected, "audit: prefix block %d is the first block of sequence 1, but was cached",
+             second_block);
+    assert_contains(err.message, expected);
+    engine_free(&e);
+}
+
 // A scheduler that preempts the earliest admitted: its admission stamps are
 // turned around before every step, so its "latest" is the oldest.
 static void test_preempting_the_oldest_is_named(void** state) {
@@ -329,6 +362,7 @@ int main(void) {
         cmocka_unit_test(test_extra_reference_is_named),
         cmocka_unit_test(test_lost_free_block_breaks_the_balance),
         cmocka_unit_test(test_prefix_hit_under_another_parent),
+        cmocka_unit_test(test_prefix_hit_at_another_position),
         cmocka_unit_test(test_preempting_the_oldest_is_named),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
