@@ -217,11 +217,13 @@ tests-build: check-test-pkgs $(SERVELAB) $(TEST_BINS) $(GPU_PROGRAMS)
 # First every lesson once, clean (scripts/clean-lessons.sh into
 # $(BUILD)/clean-lessons): test_lesson_cli and test_fault_matrix read those
 # runs (SERVELAB_CLEAN_LESSONS) instead of making their own.
+# SERVELAB_AUDIT=1: every engine built without a deliberate fault checks
+# each step against independent counts (engine/audit.h).
 CLEAN_LESSONS := $(BUILD)/clean-lessons
 test-run: tests-build
 	@$(if $(GPU_TEST_BINS),,echo "GPU tests NOT RUN: built without CUDA (CUDA=$(CUDA))")
-	@sh scripts/clean-lessons.sh $(SERVELAB) $(CLEAN_LESSONS) $(if $(filter 1,$(SANITIZE)),900,60)
-	@TEST_LOG_DIR=$(BUILD)/test-logs SERVELAB_BIN=$(SERVELAB) SERVELAB_CLEAN_LESSONS=$(CLEAN_LESSONS) \
+	@SERVELAB_AUDIT=1 sh scripts/clean-lessons.sh $(SERVELAB) $(CLEAN_LESSONS) $(if $(filter 1,$(SANITIZE)),900,60)
+	@SERVELAB_AUDIT=1 TEST_LOG_DIR=$(BUILD)/test-logs SERVELAB_BIN=$(SERVELAB) SERVELAB_CLEAN_LESSONS=$(CLEAN_LESSONS) \
 	    sh scripts/run-tests.sh $(TEST_BINS) $(GPU_TEST_BINS)
 
 test: deps test-deps

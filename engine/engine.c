@@ -169,6 +169,11 @@ int engine_init(engine* e, const model* m, const engine_config* config, error_in
     e->model = m;
     e->config = *config;
     engine_config* c = &e->config;
+    // `make test` sets SERVELAB_AUDIT=1 so that every engine a test builds is
+    // audited; a run with a deliberate fault is left as the fault makes it
+    // (the fault tests and the lesson fault matrix watch what it breaks),
+    // unless the audit was asked for explicitly (engine/audit.h).
+    if (!c->audit && audit_requested_by_environment(fault_enabled_set != 0)) c->audit = true;
     if (check_batch_limits(c, &m->config, err) || size_kv_pool(c, &m->config, err)) return -1;
     block_manager kv;
     if (init_kv_memory(e, &kv, err)) return -1;
@@ -196,6 +201,7 @@ void engine_free(engine* e) {
     thread_pool_free(e->workers);
     free(e->logits);
     step_record_free(&e->record);
+    audit_free(&e->audit);
     memset(e, 0, sizeof *e);
 }
 
@@ -454,6 +460,7 @@ int engine_step(engine* e, const step_record** record_out, error_info* err) {
     r->wall_ns = end - start;
     r->clock_seconds = e->clock_seconds;
     if (e->trace) step_record_write_json(r, e->trace);
+    if (e->config.audit && audit_step(&e->audit, e, r, err)) return -1; // the one branch when it is off
     *record_out = r;
     return 0;
 }

@@ -12,6 +12,7 @@
 #include <stdio.h>
 
 #include "base/error.h"
+#include "engine/audit.h"
 #include "engine/batch.h"
 #include "engine/forward.h"
 #include "engine/kv_blocks.h"
@@ -44,6 +45,8 @@ typedef struct engine_config {
     int tp_shards;              // simulated tensor parallelism: shards per layer, 1 = off (engine/tensor_parallel.h)
     link_kind tp_link;          // the link the all-reduces are timed on (engine/links.h)
     engine_backend backend;     // where the forward pass runs (default BACKEND_CPU)
+    bool audit;                 // check every step against independent counts (engine/audit.h); off by
+                                // default, on when SERVELAB_AUDIT=1 and no fault is installed
 } engine_config;
 
 // The defaults: paged, fp16 KV, block size 16, 64 MiB, continuous batching,
@@ -92,6 +95,7 @@ typedef struct engine {
     uint64_t total_prefix_hit_tokens;
     logits_observer observer;
     void* observer_user;
+    engine_audit audit;         // config.audit: what the audit keeps between steps
 } engine;
 
 int engine_init(engine* e, const model* m, const engine_config* config, error_info* err);

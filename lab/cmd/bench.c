@@ -18,8 +18,8 @@
 
 static const char BENCH_USAGE[] =
     "usage: servelab bench [--json] [--model M|PRESET] [--threads N] [--repeats R] [--quick] [--progress]\n"
-    "                      [--peer-bench PATH --peer-models DIR|FILE,... [--peer-batched-bench PATH]\n"
-    "                       [--peer-rounds N] [--peer-only]]\n"
+    "                      [--audit] [--peer-bench PATH --peer-models DIR|FILE,... [--peer-batched-bench PATH]\n"
+    "                                 [--peer-rounds N] [--peer-only]]\n"
     "\n"
     "Measures, side by side in one run (each figure the median of R runs):\n"
     "  machine    streaming-read bandwidth (buffer 8x the L3) and peak fp32 FMA rate\n"
@@ -47,6 +47,8 @@ static const char BENCH_USAGE[] =
     "                    unless --repeats, peer prefill of 128 only: a smoke test, not a measurement\n"
     "  --json            one JSON object on stdout instead of the table\n"
     "  --progress        the progress line even when stderr is not a terminal\n"
+    "  --audit           check each engine step against independent counts (engine/audit.h;\n"
+    "                    off by default: it adds its own time to the figures)\n"
     "  --peer-bench PATH          llama.cpp's llama-bench\n"
     "  --peer-models DIR|FILES    GGUF files of the same weights for both engines: a directory\n"
     "                             or paths separated by commas; the format is told by the name\n"
@@ -77,6 +79,8 @@ static int parse_bench_args(int argc, char** argv, bench_args* args, error_info*
             args->json = true;
         } else if (arg_match(&cursor, "--progress", false, &failed, err)) {
             args->progress_forced = true;
+        } else if (arg_match(&cursor, "--audit", false, &failed, err)) {
+            setenv("SERVELAB_AUDIT", "all", 1); // every engine the bench builds (engine/audit.h)
         } else if (arg_match(&cursor, "--quick", false, &failed, err)) {
             args->options.quick = true;
         } else if (arg_match(&cursor, "--model", true, &failed, err)) {

@@ -19,7 +19,7 @@ static const char LESSON_USAGE[] =
     "usage: servelab lesson run FILE [--headless] [--full] [--only ID] [--time-limit S]\n"
     "                           [--memory-limit SIZE] [--write-limit SIZE] [--write-files N]\n"
     "                           [--output DIR] [--verbose] [--progress]\n"
-    "                           [--fault NAME[,NAME]]\n"
+    "                           [--fault NAME[,NAME]] [--audit]\n"
     "       servelab lesson list [DIR]        title and claims of each lesson (default: the lessons\n"
     "                                         beside the binary, in share/servelab, or ./lessons)\n"
     "       servelab lesson new NAME          write a commented skeleton NAME.lua\n"
@@ -50,6 +50,8 @@ static const char LESSON_USAGE[] =
     "                       on stderr when it is a terminal\n"
     "  --progress           --full: the progress line even when stderr is not a terminal\n"
     "  --only ID            report only claim ID's check\n"
+    "  --audit              every engine the lesson builds checks each step against\n"
+    "                       independent counts (engine/audit.h), faults or not\n"
     "  --time-limit S       CPU seconds before the lesson is stopped (default 60)\n"
     "  --memory-limit SIZE  Lua heap + engines + models (default 512MiB)\n"
     "  --write-limit SIZE   bytes a lesson may write in all (default 64MiB)\n"
@@ -79,6 +81,7 @@ static int parse_run_args(int argc, char** argv, run_args* a, error_info* err) {
         else if (arg_match(&cursor, "--verbose", false, &failed, err)) a->verbose = true;
         else if (arg_match(&cursor, "--full", false, &failed, err)) a->options.full = true;
         else if (arg_match(&cursor, "--progress", false, &failed, err)) a->progress_forced = true;
+        else if (arg_match(&cursor, "--audit", false, &failed, err)) setenv("SERVELAB_AUDIT", "all", 1); // engine/audit.h
         else if (arg_match(&cursor, "--only", true, &failed, err)) {
             if (!failed) a->options.only_claim = cursor.value;
         } else if (arg_match(&cursor, "--fault", true, &failed, err)) {

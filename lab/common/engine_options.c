@@ -31,7 +31,9 @@ const char ENGINE_OPTIONS_USAGE[] =
     "  --tp-link nvlink|pcie     link model timing the all-reduces (default nvlink)\n"
     "  --backend cpu|cuda        where the forward pass runs (default cpu)\n"
     "  --fault NAME[,NAME]       run with a deliberate bug, to see which lesson claims turn\n"
-    "                            (servelab info --faults lists them)\n";
+    "                            (servelab info --faults lists them)\n"
+    "  --audit                   check every step's blocks, counters and bytes against\n"
+    "                            independent counts; stop at the first broken invariant\n";
 
 int parse_size_arg(const char* flag, const char* text, uint64_t* out, error_info* err) {
     char* end = NULL;
@@ -187,6 +189,10 @@ bool engine_option_match(arg_cursor* cursor, engine_config* c, bool* kv_both, bo
         fault_set set = 0;
         if (!*failed) *failed = fault_set_parse(cursor->value, &set, err) != 0;
         if (!*failed) fault_install(fault_enabled_set | set);
+        return true;
+    }
+    if (arg_match(cursor, "--audit", false, failed, err)) {
+        c->audit = true;
         return true;
     }
     if (arg_match(cursor, "--no-chunked-prefill", false, failed, err)) {

@@ -171,7 +171,7 @@ static int lab_engine_new(lua_State* L) {
     static const char* const fields[] = {"model", "tokenizer", "dtype", "quant", "seed", "kv", "block_size",
                                          "kv_mem", "num_blocks", "kv_dtype", "reserve", "batching", "max_seqs",
                                          "max_batched_tokens", "threads", "chunked_prefill", "prefix_caching",
-                                         "watermark_blocks", "tp", "tp_link", NULL};
+                                         "watermark_blocks", "tp", "tp_link", "audit", NULL};
     lab_check_fields(L, 1, fields);
     lesson_check_time(L);
     lesson* l = lesson_of(L);
@@ -179,6 +179,7 @@ static int lab_engine_new(lua_State* L) {
     engine_config config = engine_config_default();
     lab_apply_flag_fields(L, 1, ENGINE_FIELDS, match_engine_flag, &config);
     config.watermark_blocks = (int)lab_opt_integer_field(L, 1, "watermark_blocks", -1, -1, 1 << 24);
+    config.audit = lab_opt_boolean_field(L, 1, "audit", config.audit);
 
     // The model: a handle, or loaded here from the model fields.
     lab_model* m = NULL;

@@ -95,6 +95,10 @@ static const bad_case BAD_CASES[] = {
     {"lab.engine{}", "field 'model'"},
     {"lab.engine{model = 'tiny', tp = 3}", "--tp 3: tiny has 4 query heads and 2 KV heads"},
     {"lab.engine{model = 'tiny', tp_link = 'wifi'}", "field 'tp_link': --tp-link: expected nvlink or pcie"},
+    {"lab.engine{model = 'tiny', audit = 'yes'}", "field 'audit': expected true or false"},
+    // An audited engine runs every step's checks (engine/audit.h) and, clean, raises nothing of its own.
+    {"local a = lab.engine{model = TINY, num_blocks = 16, audit = true}; a:add{prompt = 'xy', max_tokens = 20}; "
+     "a:run{}; error('audited run done')", "audited run done"},
     {"lab.engine{model = TINY, dtype = 'fp32'}", "field 'dtype': set it in lab.model{}"},
     {"E:add{max_tokens = 4}", "field 'prompt': give exactly one of prompt"},
     {"E:add{prompt = 'x', ids = {1}}", "field 'prompt': give exactly one"},
