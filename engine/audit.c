@@ -280,20 +280,27 @@ static int audit_tails(engine_audit* a, const engine* e, const step_record* r, e
         const bool holds_kv = q->state == SEQ_PREFILL || q->state == SEQ_DECODE;
         int32_t expected = 0;
         if (paged && holds_kv) {
-            int whole = (q->n_tokens + bs - 1) / bs, before_sampled = (q->n_tokens - 1 + bs - 1) / bs;
+            // A decoding sequence's newest token was just sampled: its keys
+            // are written by the next step, so it fills no slot yet (the
+            // tail-waste definition in lessons/README.md). A prefilling one
+            // holds blocks for its whole prompt, chunks still to come included.
+            int holding = q->state == SEQ_DECODE ? q->n_tokens - 1 : q->n_tokens;
+            int whole = (q->n_tokens + bs - 1) / bs, before_sampled = (holding + bs - 1) / bs;
             if (q->n_table != whole && q->n_table != before_sampled)
                 return error_set(
                     err, "audit: sequence %d holds %d blocks, but %d tokens need %d (block size %d) at step %llu",
                     q->id, q->n_table, q->n_tokens, whole, bs, step);
-            expected = q->n_table == whole ? (bs - q->n_tokens % bs) % bs : 0;
+            expected = q->n_table * bs - holding;
         } else if (paged && q->n_table != 0) {
             return error_set(err, "audit: sequence %d is %s but holds %d blocks at step %llu", q->id,
                              sequence_state_name(q->state), q->n_table, step);
         }
         if (q->tail_waste_slots != expected)
             return error_set(
-                err, "audit: sequence %d tail waste %d slots, but %d tokens in %d blocks of %d leave %d at step %llu",
-                q->id, q->tail_waste_slots, q->n_tokens, q->n_table, bs, expected, step);
+                err, "audit: sequence %d tail waste %d slots, but %d tokens (%s) in %d blocks of %d leave %d at step %llu",
+                q->id, q->tail_waste_slots, q->n_tokens,
+                q->state == SEQ_DECODE ? "the newest not yet written" : "all due a slot", q->n_table, bs, expected,
+                step);
         if (holds_kv) running_waste += expected;
         a->n_checks += 2;
     }

@@ -39,13 +39,7 @@ local function from_reference(e, id)
     local logits, position = e:logits(id)
     local tokens, ids = e:sequence(id).tokens, {}
     for i = 1, position + 1 do ids[i] = tokens[i] end
-    local reference = lab.reference_logits{model = model, tokens = ids, kv_dtype = "fp16"}
-    local difference, largest = 0, 0
-    for v = 1, #reference do
-        difference = math.max(difference, math.abs(logits[v] - reference[v]))
-        largest = math.max(largest, math.abs(reference[v]))
-    end
-    return difference / largest
+    return lab.logits_difference(logits, lab.reference_logits{model = model, tokens = ids, kv_dtype = "fp16"})
 end
 
 -- Runs an engine to the end; returns its totals, per request how far the

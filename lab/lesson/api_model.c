@@ -5,7 +5,9 @@
 //   m = lab.model{model = "small", dtype = "fp16", quant = "w4a16:g32", tokenizer = PATH, seed = N, n_kv_heads = 6}
 //   m:info(), m:tensor("layers.0.wq"), m:encode("Once"), m:decode{1, 403}
 //   lab.reference_logits{model = m, tokens = ids, kv_dtype = "int8"}
+//   lab.logits_difference(test, reference)  -- max |diff| / max |reference|
 #include <limits.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -388,6 +390,33 @@ static int lab_reference_logits(lua_State* L) {
     return 1;
 }
 
+// lab.logits_difference(test, reference) -> max |test - reference| over
+// max |reference|: one number for "how far are these logits", relative to
+// the reference's scale (an fp16 KV step is 2^-11 of it). Both arrays are
+// read raw and must have the same length.
+static int lab_logits_difference(lua_State* L) {
+    luaL_checktype(L, 1, LUA_TTABLE);
+    luaL_checktype(L, 2, LUA_TTABLE);
+    lua_Integer n = (lua_Integer)lua_rawlen(L, 1);
+    if (n == 0 || n != (lua_Integer)lua_rawlen(L, 2))
+        return luaL_error(L, "lab.logits_difference: the two arrays hold %lld and %lld numbers (the same count, at "
+                             "least one, is needed)", (long long)n, (long long)lua_rawlen(L, 2));
+    double difference = 0, largest = 0;
+    for (lua_Integer v = 1; v <= n; v++) {
+        lua_rawgeti(L, 1, v);
+        lua_rawgeti(L, 2, v);
+        if (!lua_isnumber(L, -2) || !lua_isnumber(L, -1))
+            return luaL_error(L, "lab.logits_difference: item %lld is not a number in both arrays", (long long)v);
+        double test = lua_tonumber(L, -2), reference = lua_tonumber(L, -1);
+        lua_pop(L, 2);
+        difference = fmax(difference, fabs(test - reference));
+        largest = fmax(largest, fabs(reference));
+        if ((v & 4095) == 0) lesson_check_time(L);
+    }
+    lua_pushnumber(L, largest > 0 ? difference / largest : difference);
+    return 1;
+}
+
 static int model_tostring(lua_State* L) {
     model_box* box = luaL_checkudata(L, 1, LAB_MODEL_TYPE);
     lua_pushfstring(L, "model (%s)", box->model ? box->model->label : "released");
@@ -403,4 +432,6 @@ void lab_open_model_api(lua_State* L) {
     lua_setfield(L, -2, "model");
     lua_pushcfunction(L, lab_reference_logits);
     lua_setfield(L, -2, "reference_logits");
+    lua_pushcfunction(L, lab_logits_difference);
+    lua_setfield(L, -2, "logits_difference");
 }
