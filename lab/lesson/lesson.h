@@ -64,11 +64,11 @@ typedef enum check_outcome {
 } check_outcome;
 
 typedef struct lesson_check_result {
-    const char* id;        // "tf1", "se3", ...
-    const char* claim;     // the statement checked, in words
-    bool bank_answer;      // what the question bank says of the claim (beyond_bank: what the lesson expects)
-    bool verdict;          // what the measurement says (meaningless for CHECK_FAIL)
-    const char* evidence;  // the numbers behind the verdict, or the error for CHECK_FAIL
+    const char* id;       // "tf1", "se3", ...
+    const char* claim;    // the statement checked, in words
+    bool bank_answer;     // what the question bank says of the claim (beyond_bank: what the lesson expects)
+    bool verdict;         // what the measurement says (meaningless for CHECK_FAIL)
+    const char* evidence; // the numbers behind the verdict, or the error for CHECK_FAIL
     check_outcome outcome;
     fault_set breaks_with; // the faults that must turn this verdict (lab.check's breaks_with)
     const char* note;      // "" or where the measured cause differs from the bank's reason
@@ -98,16 +98,16 @@ const lesson_bank_claim* lesson_bank_claims(int* count);
 int lesson_lint_bank_answers(const char* source, const char* path, char* problems, size_t size);
 
 typedef struct lesson_options {
-    bool interactive;          // lab.pause() yields (false: it is a no-op)
-    bool full;                 // lab.full: run the full-size scenarios (make lessons)
-    double time_limit_s;       // process CPU seconds (default 60)
+    bool interactive;            // lab.pause() yields (false: it is a no-op)
+    bool full;                   // lab.full: run the full-size scenarios (make lessons)
+    double time_limit_s;         // process CPU seconds (default 60)
     uint64_t memory_limit_bytes; // Lua heap + engines + models (default 512 MiB)
-    const char* output_dir;    // where io.open may write (default "lesson-output"); created on demand
-    uint64_t write_limit_bytes; // bytes the lesson may write in all (default LESSON_WRITE_LIMIT_BYTES)
-    int write_limit_files;      // files it may create in output_dir (default LESSON_WRITE_LIMIT_FILES)
-    fault_set faults;          // deliberate bugs installed for the run (engine/fault.h); 0 normally
-    const char* only_claim;    // when set, on_check sees only this claim's result (others still run);
-                               // a lesson that does not declare it fails at its declaration
+    const char* output_dir;      // where io.open may write (default "lesson-output"); created on demand
+    uint64_t write_limit_bytes;  // bytes the lesson may write in all (default LESSON_WRITE_LIMIT_BYTES)
+    int write_limit_files;       // files it may create in output_dir (default LESSON_WRITE_LIMIT_FILES)
+    fault_set faults;            // deliberate bugs installed for the run (engine/fault.h); 0 normally
+    const char* only_claim;      // when set, on_check sees only this claim's result (others still run);
+                                 // a lesson that does not declare it fails at its declaration
     // When set, the lesson stops once *stop_flag is non-zero (a signal
     // handler's flag: Ctrl-C in the dashboard), even inside a long call.
     const volatile sig_atomic_t* stop_flag;
@@ -233,7 +233,10 @@ int lesson_fault_matrix(const char* const* paths, int n_paths, const lesson_opti
 // The quiz's "prove it": finds the lesson in lessons_dir that declares
 // claim_id, runs it headless and prints that check's line to out. Returns
 // 0 when it passed, 1 when it did not (DISAGREE, FAIL or a failed lesson),
-// -1 with err when no lesson declares the claim.
-int lesson_prove_claim(const char* lessons_dir, const char* claim_id, FILE* out, error_info* err);
+// -1 with err when no lesson declares the claim. stop_flag (or NULL): the
+// lesson stops once it is non-zero (the quiz passes its signal flag, so
+// Ctrl-C, SIGTERM or SIGHUP end a long check within a second).
+int lesson_prove_claim(const char* lessons_dir, const char* claim_id, const volatile sig_atomic_t* stop_flag, FILE* out,
+                       error_info* err);
 
 #endif

@@ -42,7 +42,8 @@ void lesson_print_check(FILE* out, const lesson_check_result* r) {
         else if (r->outcome != CHECK_PASS)
             fprintf(out, " [turned under %s, which its breaks_with does not declare]", running);
         else if (declared[0])
-            fprintf(out, " [STILL PASS under %s, which its breaks_with declares: this check cannot see that bug]", declared);
+            fprintf(out, " [STILL PASS under %s, which its breaks_with declares: this check cannot see that bug]",
+                    declared);
         else
             fprintf(out, " [unchanged under %s]", running);
     }
@@ -52,7 +53,8 @@ void lesson_print_check(FILE* out, const lesson_check_result* r) {
 
 void lesson_print_summary(FILE* out, int passed, int failed, int undecided) {
     if (undecided > 0)
-        fprintf(out, "%d passed, %d failed, %d undecided (too noisy to decide: not failures)\n", passed, failed, undecided);
+        fprintf(out, "%d passed, %d failed, %d undecided (too noisy to decide: not failures)\n", passed, failed,
+                undecided);
     else
         fprintf(out, "%d passed, %d failed\n", passed, failed);
 }
@@ -121,7 +123,8 @@ int lesson_list_folder(const char* folder, lesson_file_name* names, int capacity
     return n;
 }
 
-int lesson_prove_claim(const char* lessons_dir, const char* claim_id, FILE* out, error_info* err) {
+int lesson_prove_claim(const char* lessons_dir, const char* claim_id, const volatile sig_atomic_t* stop_flag, FILE* out,
+                       error_info* err) {
     static lesson_file_name names[LESSON_MAX_FILES];
     int n = lesson_list_folder(lessons_dir, names, LESSON_MAX_FILES);
     if (n < 0) return error_set(err, "%s: cannot open the lessons folder", lessons_dir);
@@ -141,5 +144,6 @@ int lesson_prove_claim(const char* lessons_dir, const char* claim_id, FILE* out,
     // The whole lesson runs for its one claim: lesson 06 needs about 5 s of
     // CPU, and over 60 s under the sanitizers.
     options.time_limit_s = 300.0;
+    options.stop_flag = stop_flag;
     return run_headless(found, &options, out, stderr, false);
 }

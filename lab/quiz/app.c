@@ -6,6 +6,7 @@
 
 #include "lab/lesson/lesson.h"
 #include "lab/quiz/view.h"
+#include "lab/ui/terminal.h"
 
 _Static_assert(QUIZ_KEY_UP == KEY_UP && QUIZ_KEY_DOWN == KEY_DOWN && QUIZ_KEY_PGUP == KEY_PPAGE &&
                    QUIZ_KEY_PGDN == KEY_NPAGE && QUIZ_KEY_HOME == KEY_HOME && QUIZ_KEY_END == KEY_END,
@@ -14,7 +15,12 @@ _Static_assert(QUIZ_KEY_UP == KEY_UP && QUIZ_KEY_DOWN == KEY_DOWN && QUIZ_KEY_PG
 static int prove_with_lessons(const char* lessons_dir, const char* claim_id, FILE* out, error_info* err) {
     fprintf(out, "running the lesson check for %s in %s (headless)...\n", claim_id, lessons_dir);
     fflush(out);
-    int status = lesson_prove_claim(lessons_dir, claim_id, out, err);
+    // The terminal's stop flag: Ctrl-C, SIGTERM or SIGHUP during a check (up
+    // to its 300 s CPU limit) ends the lesson within a second, then the key
+    // loop sees the same flag and gives the terminal back. Without a
+    // terminal (--plain) no handler is installed and the signal ends the
+    // process at once; progress is saved after every answer.
+    int status = lesson_prove_claim(lessons_dir, claim_id, ui_terminal_stop_flag(), out, err);
     return status < 0 ? -1 : 0; // a DISAGREE or FAIL line is the answer, not an error
 }
 

@@ -66,7 +66,8 @@ static lesson_status run_source(const char* name, const char* source, lesson_opt
         return LESSON_FAILED;
     }
     lesson_status status;
-    while ((status = lesson_resume(l)) == LESSON_PAUSED) c->pauses++;
+    while ((status = lesson_resume(l)) == LESSON_PAUSED)
+        c->pauses++;
     c->had_focus = lesson_focus_engine(l) != NULL;
     snprintf(c->error, sizeof c->error, "%s", lesson_error(l));
     lesson_close(l);
@@ -98,7 +99,8 @@ static const bad_case BAD_CASES[] = {
     {"lab.engine{model = 'tiny', audit = 'yes'}", "field 'audit': expected true or false"},
     // An audited engine runs every step's checks (engine/audit.h) and, clean, raises nothing of its own.
     {"local a = lab.engine{model = TINY, num_blocks = 16, audit = true}; a:add{prompt = 'xy', max_tokens = 20}; "
-     "a:run{}; error('audited run done')", "audited run done"},
+     "a:run{}; error('audited run done')",
+     "audited run done"},
     {"lab.engine{model = TINY, dtype = 'fp32'}", "field 'dtype': set it in lab.model{}"},
     {"E:add{max_tokens = 4}", "field 'prompt': give exactly one of prompt"},
     {"E:add{prompt = 'x', ids = {1}}", "field 'prompt': give exactly one"},
@@ -265,24 +267,25 @@ static void test_engine_api_reports_what_ran(void** state) {
     captured* c = calloc(1, sizeof *c);
     assert_int_equal(run_source("engine_api", source, NULL, c), LESSON_DONE);
     const char* expected[] = {
-        "info 2 64 32 259",   // tiny: 2 layers, dim 64, 2 KV heads of 16, byte-level vocabulary
-        "add 0 7",            // BOS + 6 bytes
+        "info 2 64 32 259", // tiny: 2 layers, dim 64, 2 KV heads of 16, byte-level vocabulary
+        "add 0 7",          // BOS + 6 bytes
         "queues 1 0",
-        "step 7 1792 1 2",    // 7 prompt tokens; 7 x 2 x 2 layers x 32 x 2 bytes; 2 blocks of 4
-        "totals 2 3 3 7",     // 2 more steps; 3 generated tokens
+        "step 7 1792 1 2", // 7 prompt tokens; 7 x 2 x 2 layers x 32 x 2 bytes; 2 blocks of 4
+        "totals 2 3 3 7",  // 2 more steps; 3 generated tokens
         "sequence finished length 10",
-        "logits 259 8",       // the logits of position 8 (the last sampled)
+        "logits 259 8",           // the logits of position 8 (the last sampled)
         "pool paged 32 30 2 256", // 2 full blocks stay in the prefix cache; 2 x 2 layers x 32 x 2 bytes per slot
         "config paged 4 false",
         "model true",
         "tensor 4096 64 64",
-        "encode 3 1 107 hi",  // BOS, 'h' = 104 + 3, 'i'
+        "encode 3 1 107 hi", // BOS, 'h' = 104 + 3, 'i'
         "cancel finished cancelled false",
         "fork 3",
         "tp 2 2 pcie 4 true 0", // 2 all-reduces per layer x 2 layers; each shard streams part of the weights
     };
     assert_int_equal(c->n_said, (int)(sizeof expected / sizeof expected[0]));
-    for (size_t i = 0; i < sizeof expected / sizeof expected[0]; i++) assert_string_equal(c->said[i], expected[i]);
+    for (size_t i = 0; i < sizeof expected / sizeof expected[0]; i++)
+        assert_string_equal(c->said[i], expected[i]);
     assert_int_equal(c->n_checks, 1);
     assert_int_equal(c->checks[0].outcome, CHECK_PASS);
     assert_true(c->had_focus);
@@ -337,13 +340,13 @@ static void test_quant_and_formula_api(void** state) {
     assert_int_equal(run_source("quant_api", source, NULL, c), LESSON_DONE);
     const char* expected[] = {
         "range 0.2668 4 0 4 15 15 0 1", // s = 4/15 in fp16, z = round(1/s) = 4, 100 clipped to 15
-        "groups 4 2 4 true",             // 2 rows x 2 groups of 2
+        "groups 4 2 4 true",            // 2 rows x 2 groups of 2
         "tensor 176 0 -7 7",            // one scale per output channel; symmetric 4-bit codes
         "methods 0 true true true",     // AWQ rounds its scaled weights to the nearest level
-        "model int4 true 15 bf16 fp32",   // 14 layer matrices + the embedding; W4A16's activations
+        "model int4 true 15 bf16 fp32", // 14 layer matrices + the embedding; W4A16's activations
         "compare true true true",
-        "kv 7680",                      // 2 x 3 x 10 x 2 x 32 x 2
-        "kvm 256",                      // 2 x 1 x 1 x 2 x 32 x 2
+        "kv 7680", // 2 x 3 x 10 x 2 x 32 x 2
+        "kvm 256", // 2 x 1 x 1 x 2 x 32 x 2
         "roofline memory 1.000 295",
         "custom compute 10",
         "devices 5 H100 SXM",
@@ -352,8 +355,10 @@ static void test_quant_and_formula_api(void** state) {
         "time 3 true true",
         "decode true",
     };
-    if (c->n_said != (int)(sizeof expected / sizeof expected[0])) fail_msg("said %d lines; error: %s", c->n_said, c->error);
-    for (size_t i = 0; i < sizeof expected / sizeof expected[0]; i++) assert_string_equal(c->said[i], expected[i]);
+    if (c->n_said != (int)(sizeof expected / sizeof expected[0]))
+        fail_msg("said %d lines; error: %s", c->n_said, c->error);
+    for (size_t i = 0; i < sizeof expected / sizeof expected[0]; i++)
+        assert_string_equal(c->said[i], expected[i]);
     assert_int_equal(c->n_checks, 1);
     assert_int_equal(c->checks[0].outcome, CHECK_DISAGREE); // measured true, expected false
     assert_string_equal(c->checks[0].evidence, "z 4");
@@ -512,9 +517,9 @@ static void test_read_info_and_prove_claim(void** state) {
     char out_path[600];
     snprintf(out_path, sizeof out_path, "%s/prove.out", test_scratch_dir());
     FILE* out = fopen(out_path, "w");
-    assert_int_equal(lesson_prove_claim(dir, "p2", out, &err), 0);
-    assert_int_equal(lesson_prove_claim(dir, "p3", out, &err), 1);
-    assert_int_equal(lesson_prove_claim(dir, "p9", out, &err), -1);
+    assert_int_equal(lesson_prove_claim(dir, "p2", NULL, out, &err), 0);
+    assert_int_equal(lesson_prove_claim(dir, "p3", NULL, out, &err), 1);
+    assert_int_equal(lesson_prove_claim(dir, "p9", NULL, out, &err), -1);
     assert_non_null(strstr(err.message, "no lesson"));
     fclose(out);
     char* text = test_read_text(out_path);
@@ -786,9 +791,10 @@ static void test_limits_cover_logits_steps_and_writes(void** state) {
     // under ASan, where loading 'small' alone took 3 s and hid the overshoot.
     o = lesson_options_default();
     o.time_limit_s = 1.2;
-    const char* timing = "lab.lesson{title = 'timing', claims = {'t1'}}\n"
-                         "local m = lab.model('tiny')\n"
-                         "lab.time{model = m, phase = 'decode', tokens = 230, batch = 1024, repeats = 1, threads = 1}\n";
+    const char* timing =
+        "lab.lesson{title = 'timing', claims = {'t1'}}\n"
+        "local m = lab.model('tiny')\n"
+        "lab.time{model = m, phase = 'decode', tokens = 230, batch = 1024, repeats = 1, threads = 1}\n";
     double cpu_start = process_cpu_seconds();
     expect_run("timing", timing, &o, c, LESSON_FAILED);
     double cpu_used = process_cpu_seconds() - cpu_start;
@@ -862,6 +868,97 @@ static void test_stop_flag_ends_a_long_round(void** state) {
     if (cpu_used > 1.3)
         fail_msg("the lesson ran %.2f s of CPU (%.2f s wall) though the flag was set at 0.3 s", cpu_used, elapsed);
     free(c);
+}
+
+// A lesson whose engine never drains: its stop_when adds a request after
+// every step and never says stop. The loop's check, the instruction hook
+// inside stop_when and the watchdog (which makes the hook fire on every
+// instruction once the limit is past) all see it.
+static const char NEVER_DRAINS[] = "lab.lesson{title = 'never drains', claims = {'d1'}}\n"
+                                   "local e = lab.engine{model = 'tiny', num_blocks = 4096, prefix_caching = false}\n"
+                                   "local ids = {} for i = 1, 120 do ids[i] = 1 + i % 50 end\n"
+                                   "local request = {ids = ids, max_tokens = 100} e:add(request)\n"
+                                   "local function keep_adding() e:add(request) return false end\n"
+                                   "e:run{stop_when = keep_adding}\n"
+                                   "lab.check{id = 'd1', claim = 'drained', expected = true, verdict = true, "
+                                   "evidence = 'it drained'}\n";
+
+// e:run with no condition on 1024 sequences of 240 tokens: no Lua runs
+// until it returns, so only the loop's own check can stop it. Without that
+// check it ran 6.2 s of CPU under a 0.5 s limit and failed at line 5, after
+// e:run had drained.
+static const char NO_END_IN_SIGHT[] = "lab.lesson{title = 'no end in sight', claims = {'d1'}}\n"
+                                      "local e = lab.engine{model = 'tiny', num_blocks = 16384, kv_dtype = 'int8', "
+                                      "max_seqs = 1024}\n"
+                                      "e:add{ids = {1, 2, 3, 4, 5, 6, 7, 8}, max_tokens = 240, n = 1024}\n"
+                                      "e:run()\n"
+                                      "lab.check{id = 'd1', claim = 'drained', expected = true, verdict = true, "
+                                      "evidence = 'it drained'}\n";
+
+static void expect_stopped_at_limit(const char* name, const char* source, const char* expected_error) {
+    captured* c = calloc(1, sizeof *c);
+    lesson_options o = lesson_options_default();
+    o.time_limit_s = 0.5;
+    double cpu_start = process_cpu_seconds();
+    expect_run(name, source, &o, c, LESSON_FAILED);
+    double cpu_used = process_cpu_seconds() - cpu_start;
+    if (!strstr(c->error, expected_error)) fail_msg("%s: error '%s', expected '%s'", name, c->error, expected_error);
+    assert_int_equal(c->n_checks, 1); // d1, reported as never reached: a failure, not a pass
+    assert_int_equal(c->checks[0].outcome, CHECK_FAIL);
+    if (cpu_used > o.time_limit_s + 0.5) fail_msg("%s ran %.2f s of CPU under a 0.5 s limit", name, cpu_used);
+    free(c);
+}
+
+static void expect_stopped_by_flag(const char* name, const char* source, const char* expected_error) {
+    captured* c = calloc(1, sizeof *c);
+    lesson_options o = lesson_options_default();
+    o.time_limit_s = 300; // out of reach: only the flag can end it in time
+    test_stop_flag = 0;
+    o.stop_flag = &test_stop_flag;
+    pthread_t stopper;
+    assert_int_equal(pthread_create(&stopper, NULL, raise_stop_later, NULL), 0);
+    double start = wall_seconds_now(), cpu_start = process_cpu_seconds();
+    expect_run(name, source, &o, c, LESSON_FAILED);
+    double elapsed = wall_seconds_now() - start, cpu_used = process_cpu_seconds() - cpu_start;
+    pthread_join(stopper, NULL);
+    if (!strstr(c->error, expected_error)) fail_msg("%s: error '%s', expected '%s'", name, c->error, expected_error);
+    if (cpu_used > 1.3)
+        fail_msg("%s ran %.2f s of CPU (%.2f s wall) though the flag was set at 0.3 s", name, cpu_used, elapsed);
+    free(c);
+}
+
+static void test_a_never_draining_engine_stops_at_its_limits(void** state) {
+    (void)state;
+    expect_stopped_at_limit("never_drains", NEVER_DRAINS, "never_drains.lua:6: time limit of 0.5 s CPU exceeded");
+    expect_stopped_at_limit("no_end", NO_END_IN_SIGHT, "no_end.lua:4: time limit of 0.5 s CPU exceeded");
+    expect_stopped_by_flag("never_drains", NEVER_DRAINS, "never_drains.lua:6: stopped: the lesson was interrupted");
+    expect_stopped_by_flag("no_end", NO_END_IN_SIGHT, "no_end.lua:4: stopped: the lesson was interrupted");
+
+    // The quiz's "prove it" runs the lesson with the stop flag it is given
+    // (the quiz passes its terminal's): without it this ran 6 s of CPU.
+    char dir[512], path[600];
+    snprintf(dir, sizeof dir, "%s/prove-no-end", test_scratch_dir());
+    mkdir(dir, 0755);
+    snprintf(path, sizeof path, "%s/01-no-end.lua", dir);
+    assert_true(test_write_file(path, NO_END_IN_SIGHT, strlen(NO_END_IN_SIGHT)));
+    char out_path[600];
+    snprintf(out_path, sizeof out_path, "%s/prove-no-end.out", test_scratch_dir());
+    FILE* out = fopen(out_path, "w");
+    assert_non_null(out);
+    error_info err = {{0}};
+    test_stop_flag = 0;
+    pthread_t stopper;
+    assert_int_equal(pthread_create(&stopper, NULL, raise_stop_later, NULL), 0);
+    double start = wall_seconds_now(), cpu_start = process_cpu_seconds();
+    assert_int_equal(lesson_prove_claim(dir, "d1", &test_stop_flag, out, &err), 1);
+    double elapsed = wall_seconds_now() - start, cpu_used = process_cpu_seconds() - cpu_start;
+    pthread_join(stopper, NULL);
+    fclose(out);
+    char* text = test_read_text(out_path);
+    if (!strstr(text, "FAIL d1")) fail_msg("prove it printed '%s', expected a FAIL line for d1", text);
+    free(text);
+    if (cpu_used > 1.3)
+        fail_msg("prove it ran %.2f s of CPU (%.2f s wall) though the flag was set at 0.3 s", cpu_used, elapsed);
 }
 
 // Renamed fields read the new field under the old name, with one warning
@@ -944,6 +1041,7 @@ int main(void) {
         cmocka_unit_test(test_callbacks_cannot_free_what_the_host_holds),
         cmocka_unit_test(test_limits_cover_logits_steps_and_writes),
         cmocka_unit_test(test_stop_flag_ends_a_long_round),
+        cmocka_unit_test(test_a_never_draining_engine_stops_at_its_limits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
