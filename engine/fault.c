@@ -40,6 +40,8 @@ static const fault_entry fault_table[FAULT_COUNT] = {
     [FAULT_PAGED_ALLOCATE_AHEAD] = {"paged-allocate-ahead",
                                     "paged admission takes blocks for the prompt + max_tokens at once, not as tokens come"},
     [FAULT_COW_SHORT_COPY] = {"cow-short-copy", "copy-on-write copies one slot fewer than the shared block holds"},
+    [FAULT_KV_INT8_SCALES_UNCOUNTED] = {"kv-int8-scales-uncounted",
+                                        "int8 KV's fp32 scales (one per token, layer, K/V and head) are not counted in the KV bytes"},
 };
 
 fault_set fault_install(fault_set set) {

@@ -48,6 +48,7 @@ typedef enum fault_id {
     // paged KV blocks
     FAULT_PAGED_ALLOCATE_AHEAD,  // paged admission takes blocks for prompt + max_tokens at once
     FAULT_COW_SHORT_COPY,        // copy-on-write copies one slot fewer than the block holds
+    FAULT_KV_INT8_SCALES_UNCOUNTED, // int8 KV's per-token, per-head fp32 scales are left out of the KV bytes
     FAULT_COUNT
 } fault_id;
 

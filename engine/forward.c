@@ -516,9 +516,16 @@ static uint64_t unfilled_tail_slots(const forward_batch* b, int block_size) {
 }
 
 // Miscounts one tally the way an enabled counting fault does; with no fault
-// enabled, four not-taken tests per tally per forward() call.
+// enabled, five not-taken tests per tally per forward() call.
 // extra_attention_flops: what flops-allocated adds to this tally.
-static void miscount_traffic(kernel_traffic* t, uint64_t extra_attention_flops) {
+static void miscount_traffic(kernel_traffic* t, uint64_t extra_attention_flops, kv_dtype dtype, int head_dim) {
+    if (fault_on(FAULT_KV_INT8_SCALES_UNCOUNTED) && dtype == KV_I8) {
+        // Each int8 head stores head_dim bytes and its fp32 scale: counting
+        // only the values keeps head_dim of every head_dim + 4 bytes (64 of 68).
+        const uint64_t head_bytes = (uint64_t)head_dim + sizeof(float);
+        t->kv_bytes_written = t->kv_bytes_written / head_bytes * (uint64_t)head_dim;
+        t->kv_bytes_read = t->kv_bytes_read / head_bytes * (uint64_t)head_dim;
+    }
     if (fault_on(FAULT_KV_COUNT_DROPPED)) t->kv_bytes_written = 0;
     if (fault_on(FAULT_KV_COUNT_DOUBLED)) {
         t->kv_bytes_written *= 2;
@@ -583,10 +590,12 @@ int forward(const model* m, forward_state* s, kv_memory* kv, const forward_batch
     }
     // Each shard's attention over one slot: q.k and p.v, 2 FLOPs per multiply-add, in every layer.
     const uint64_t unfilled_slots = fault_on(FAULT_FLOPS_ALLOCATED) ? unfilled_tail_slots(b, kv->block_size) : 0;
-    miscount_traffic(&replicated, 0);
+    miscount_traffic(&replicated, 0, kv->dtype, c->head_dim);
     for (int k = 0; k < s->n_shards; k++)
-        miscount_traffic(&s->shards[k].traffic, 4ull * (uint64_t)s->shards[k].n_heads * (uint64_t)c->head_dim *
-                                                    (uint64_t)c->n_layers * unfilled_slots);
+        miscount_traffic(&s->shards[k].traffic,
+                         4ull * (uint64_t)s->shards[k].n_heads * (uint64_t)c->head_dim * (uint64_t)c->n_layers *
+                             unfilled_slots,
+                         kv->dtype, c->head_dim);
     if (traffic) {
         traffic_add(traffic, &replicated);
         for (int k = 0; k < s->n_shards; k++)

@@ -2,7 +2,7 @@
 -- kernels that write it, against the formula 2 x B x S x L x d x p.
 lab.lesson{
     title = "KV cache sizing: the factor 2, the width d, linear growth, S = 1",
-    claims = {"tf3", "se1", "se2", "edge8"},
+    claims = {"tf3", "se1", "se2", "edge8", "kv-int8-bytes", "kv-int8-logits"},
 }
 
 -- The small preset (9 layers, d_model 384, 6 query heads, 2 KV heads of
@@ -162,4 +162,102 @@ lab.check{
         first.slots_used, expected, mha_first.bytes.kv_written, mha_first.slots_used, mha_expected),
     breaks_with = {"kv-count-dropped", "kv-count-doubled"},
     note = "d is the KV width: d_model with multi-head attention, n_kv_heads x d_head with grouped-query attention",
+}
+lab.pause()
+
+-- Two claims of the lesson's own (the bank says nothing of int8 KV): what
+-- an int8 cache costs in bytes, and what it costs in accuracy. Each head of
+-- each token stores d_head int8 values and one fp32 scale (max|x| / 127),
+-- for K and for V in every layer, so p is not 1 byte but 1 + 4 / d_head,
+-- and the ratio to fp16 is (d_head + 4) / (2 x d_head) = 0.5 + 2 / d_head.
+local int8_element = 1
+local scale_bytes = 4
+local prompt = {}
+for i = 1, S do prompt[i] = 1 + (i * 37) % 250 end
+-- Blocks of 16: 131 tokens leave a tail block of 3, where a slot written
+-- or read one off shows (with blocks of 1 slot neither paged fault turned
+-- the logits). The 128 prompt slots fill 8 blocks exactly, so the pool
+-- still holds just what was written.
+local function prefill_with(kv_dtype)
+    local e = lab.engine{model = model, kv_dtype = kv_dtype, block_size = 16, num_blocks = 64}
+    local id = e:add{ids = prompt, max_tokens = 8} -- still running after the steps: its KV stays in the pool
+    local r = e:step()
+    local result = {written = r.bytes.kv_written, pool = r.slots_used * e:pool().bytes_per_slot,
+        prefill = r.prefill_tokens}
+    -- Three decode steps more, so the logits come from attention over a
+    -- cache the engine wrote and then read back (prefill attends to the
+    -- step's own K and V as well).
+    for _ = 1, 3 do e:step() end
+    local logits, position = e:logits(id)
+    local tokens, ids = e:sequence(id).tokens, {}
+    for i = 1, position + 1 do ids[i] = tokens[i] end
+    result.logits, result.tokens = logits, ids
+    e:close()
+    return result
+end
+lab.say(string.format("Now the same %d-token prompt twice more, once with an fp16 cache and once with an int8 cache "
+    .. "(kv_dtype = \"int8\"): one byte per value, plus one fp32 scale for every token, layer, K or V, and KV head.", S))
+local fp16_kv, int8_kv = prefill_with("fp16"), prefill_with("int8")
+local int8_values = 2 * S * shape.n_layers * shape.n_kv_heads * shape.head_dim * int8_element
+local int8_scales = 2 * S * shape.n_layers * shape.n_kv_heads * scale_bytes
+local int8_closed_form = int8_values + int8_scales
+local int8_ratio = int8_kv.written / fp16_kv.written
+local ratio_closed_form = 0.5 + 2 / shape.head_dim
+lab.say(string.format("int8 wrote %d bytes: %d of values (2 x S x L x n_kv_heads x d_head x 1) and %d of scales "
+    .. "(2 x S x L x n_kv_heads x 4). fp16 wrote %d. The ratio is x%.5f, 0.5 + 2/%d = x%.5f: the scales add %d bytes "
+    .. "to every %d-byte head, so int8 saves %.1f%%, not 50%%.", int8_kv.written, int8_values, int8_scales,
+    fp16_kv.written, int8_ratio, shape.head_dim, ratio_closed_form, scale_bytes, shape.head_dim,
+    100 * (1 - int8_ratio)))
+local bytes_follow_the_shapes = int8_kv.prefill == S and int8_kv.written == int8_closed_form
+    and int8_kv.written == int8_kv.pool and fp16_kv.written == with_two
+    and int8_kv.written * 2 * shape.head_dim == fp16_kv.written * (shape.head_dim + scale_bytes)
+lab.check{
+    id = "kv-int8-bytes",
+    claim = "an int8 KV cache takes 0.5 + 2/d_head of the fp16 bytes (values plus one fp32 scale per token and head), "
+        .. "not half",
+    expected = true,
+    verdict = bytes_follow_the_shapes,
+    evidence = string.format("%s: S=%d, int8: kernels wrote %d bytes, the pool holds %d; closed form "
+        .. "2*S*L*n_kv_heads*(d_head*1 + 4) = %d + %d = %d; fp16 wrote %d (2*S*L*kv_dim*2 = %d); int8/fp16 = x%.5f, "
+        .. "0.5 + 2/d_head = x%.5f with d_head = %d",
+        bytes_follow_the_shapes and "values and scales, exactly" or "the bytes do not follow the closed form",
+        S, int8_kv.written, int8_kv.pool, int8_values, int8_scales, int8_closed_form, fp16_kv.written, with_two,
+        int8_ratio, ratio_closed_form, shape.head_dim),
+    breaks_with = {"kv-int8-scales-uncounted", "kv-count-dropped", "kv-count-doubled"},
+    note = string.format("x%.5f for d_head = %d: a smaller head pays more for its scale (x0.5625 at d_head 32)",
+        ratio_closed_form, shape.head_dim),
+}
+
+-- The accuracy: the reference forward pass (engine/reference_forward.c),
+-- given the same per-token, per-head int8 rounding, must agree with the
+-- engine's int8 cache within one int8 step, 1/127 of the largest logit;
+-- both must then sit as far from the fp32 reference as int8 rounding puts
+-- them (the reference's own int8 distance, within that step).
+local int8_step = 1 / 127
+local int8_reference = lab.reference_logits{model = model, tokens = int8_kv.tokens, kv_dtype = "int8"}
+local fp32_reference = lab.reference_logits{model = model, tokens = int8_kv.tokens}
+local to_int8_reference = lab.logits_difference(int8_kv.logits, int8_reference)
+local to_fp32_reference = lab.logits_difference(int8_kv.logits, fp32_reference)
+local rounding_alone = lab.logits_difference(int8_reference, fp32_reference)
+local fp16_to_fp32 = lab.logits_difference(fp16_kv.logits,
+    lab.reference_logits{model = model, tokens = fp16_kv.tokens})
+lab.say(string.format("Three decode steps later, accuracy, as a share of the largest logit: the int8 engine is %.2g from the reference with the "
+    .. "same int8 cache (one int8 step is %.2g) and %.2g from the fp32 reference, where int8 rounding alone puts the "
+    .. "reference %.2g away. The fp16 cache is %.2g from fp32: int8 costs about %.0f times more.", to_int8_reference,
+    int8_step, to_fp32_reference, rounding_alone, fp16_to_fp32, to_fp32_reference / fp16_to_fp32))
+local int8_matches_reference = to_int8_reference <= int8_step
+    and math.abs(to_fp32_reference - rounding_alone) <= int8_step
+lab.check{
+    id = "kv-int8-logits",
+    claim = "with an int8 KV cache (per-token, per-head scales) the engine's logits are the reference's with the same "
+        .. "rounding, within one int8 step",
+    expected = true,
+    verdict = int8_matches_reference,
+    evidence = string.format("%s: %d tokens (3 decoded), |engine - int8 reference| = %.3g of the largest logit (bound 1/127 = %.3g); "
+        .. "|engine - fp32 reference| = %.3g, |int8 reference - fp32 reference| = %.3g (differ by %.2g); "
+        .. "fp16 cache: |engine - fp32 reference| = %.3g",
+        int8_matches_reference and "the int8 reference's logits, within one step" or "not the reference's logits",
+        #int8_kv.tokens, to_int8_reference, int8_step, to_fp32_reference, rounding_alone,
+        math.abs(to_fp32_reference - rounding_alone), fp16_to_fp32),
+    breaks_with = {"paged-wrong-slot", "skip-last-block"},
 }

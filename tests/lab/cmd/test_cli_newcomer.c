@@ -95,7 +95,7 @@ static void test_bench_quant_lesson_progress(void** state) {
     command_result with = run_servelab("lesson run lessons/01-kv-sizing.lua --headless --full --progress");
     command_result without = run_servelab("lesson run lessons/01-kv-sizing.lua --headless --full");
     if (with.exit_status != 0) fail_msg("lesson --full: %s%s", with.out, with.err);
-    assert_progress_line(&with, "lesson", "4/4 checks");
+    assert_progress_line(&with, "lesson", "6/6 checks");
     assert_string_equal(with.out, without.out); // the check lines and summary are untouched
     assert_null(strchr(without.err, '\r'));
     free_result(&with);
