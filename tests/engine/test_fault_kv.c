@@ -138,6 +138,36 @@ static void test_counting_faults_change_only_the_tallies(void** state) {
     model_free(&m);
 }
 
+// int8 KV: each token writes, per layer and K or V, n_kv_heads x (d_head
+// int8 values + one fp32 scale): tiny's 2 heads of 16 make 2 x (16 + 4) =
+// 40 bytes. kv-int8-scales-uncounted counts 32 of them and leaves the
+// arithmetic alone; on an fp32 cache it changes nothing.
+static void test_int8_scales_uncounted_drops_only_the_scales(void** state) {
+    (void)state;
+    model m;
+    load_tiny(&m);
+    engine_config int8 = config_of(KV_LAYOUT_PAGED, RESERVE_MAX);
+    int8.kv_dtype = KV_I8;
+    run_result clean, uncounted;
+    run_with(&m, &int8, 0, 1, 1, &clean);
+    run_with(&m, &int8, only(FAULT_KV_INT8_SCALES_UNCOUNTED), 1, 1, &uncounted);
+    const uint64_t tokens = PROMPT_LENGTH + NEW_TOKENS - 1;
+    const uint64_t layers = (uint64_t)m.config.n_layers, heads = (uint64_t)m.config.n_kv_heads;
+    const uint64_t head_dim = (uint64_t)m.config.head_dim;
+    assert_int_equal(clean.traffic.kv_bytes_written, tokens * 2 * layers * heads * (head_dim + 4));
+    assert_int_equal(clean.traffic.kv_bytes_written, tokens * kv_memory_block_bytes(&m.config, KV_I8, 1));
+    assert_int_equal(uncounted.traffic.kv_bytes_written, tokens * 2 * layers * heads * head_dim);
+    assert_int_equal(uncounted.traffic.kv_bytes_read * (head_dim + 4), clean.traffic.kv_bytes_read * head_dim);
+    assert_true(same_logits(&clean, &uncounted));
+    engine_config fp32 = config_of(KV_LAYOUT_PAGED, RESERVE_MAX);
+    run_result fp32_clean, fp32_fault;
+    run_with(&m, &fp32, 0, 1, 1, &fp32_clean);
+    run_with(&m, &fp32, only(FAULT_KV_INT8_SCALES_UNCOUNTED), 1, 1, &fp32_fault);
+    assert_int_equal(fp32_fault.traffic.kv_bytes_written, fp32_clean.traffic.kv_bytes_written);
+    assert_int_equal(fp32_fault.traffic.kv_bytes_read, fp32_clean.traffic.kv_bytes_read);
+    model_free(&m);
+}
+
 // ---- attention faults: paged logits move, contiguous ones do not --------------------------------
 
 static void test_attention_faults_change_paged_logits_only(void** state) {
@@ -281,6 +311,7 @@ static void test_kv_head_variants(void** state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_counting_faults_change_only_the_tallies),
+        cmocka_unit_test(test_int8_scales_uncounted_drops_only_the_scales),
         cmocka_unit_test(test_attention_faults_change_paged_logits_only),
         cmocka_unit_test(test_copy_on_write_faults),
         cmocka_unit_test(test_prefix_no_refcount_undercounts_and_finishes),
