@@ -45,7 +45,10 @@ static const char* const BANK_CLAIMS[] = {
     "tf1",  "tf2",  "tf3",  "tf4",  "tf5",  "tf6",  "tf7",  "tf8",  "tf9",  "tf10", "se1",  "se2",
     "se3",  "se4",  "se5",  "se6",  "se7",  "se8",  "why1", "why2", "why3", "why4", "why5", "why6", "edge1",
     "edge2", "edge3", "edge4", "edge5", "edge6", "edge7", "edge8", "recall1",
-    "w4a8-prefill", // beyond the bank: the lab's own claim (lesson 06)
+    // beyond the bank: the lab's own claims
+    "w4a8-prefill",   // lesson 06
+    "kv-int8-bytes",  // lesson 01
+    "kv-int8-logits", // lesson 01
 };
 
 // ---- the shipped lessons' matrix, one process per lesson, in parallel -----------------
