@@ -399,14 +399,14 @@ static int lab_logits_difference(lua_State* L) {
     luaL_checktype(L, 2, LUA_TTABLE);
     lua_Integer n = (lua_Integer)lua_rawlen(L, 1);
     if (n == 0 || n != (lua_Integer)lua_rawlen(L, 2))
-        return luaL_error(L, "lab.logits_difference: the two arrays hold %lld and %lld numbers (the same count, at "
-                             "least one, is needed)", (long long)n, (long long)lua_rawlen(L, 2));
+        return luaL_error(L, "lab.logits_difference: the two arrays hold %I and %I numbers (the same count, at "
+                             "least one, is needed)", n, (lua_Integer)lua_rawlen(L, 2));
     double difference = 0, largest = 0;
     for (lua_Integer v = 1; v <= n; v++) {
         lua_rawgeti(L, 1, v);
         lua_rawgeti(L, 2, v);
         if (!lua_isnumber(L, -2) || !lua_isnumber(L, -1))
-            return luaL_error(L, "lab.logits_difference: item %lld is not a number in both arrays", (long long)v);
+            return luaL_error(L, "lab.logits_difference: item %I is not a number in both arrays", v);
         double test = lua_tonumber(L, -2), reference = lua_tonumber(L, -1);
         lua_pop(L, 2);
         difference = fmax(difference, fabs(test - reference));

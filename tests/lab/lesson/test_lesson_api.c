@@ -143,6 +143,8 @@ static const bad_case BAD_CASES[] = {
     {"lab.roofline{flops = 1, device = 'H100'}", "field 'bytes'"},
     {"lab.median{}", "expected a non-empty array"},
     {"lab.say()", "bad argument #1 to 'say'"},
+    {"lab.modle('tiny')", "lab has no field 'modle' (did you mean 'model'?)"},
+    {"lab.logits_difference({1, 2}, {1})", "lab.logits_difference: the two arrays hold 2 and 1 numbers"},
     {"lab.check{claim = 'c', expected = true, verdict = true, evidence = 'e'}", "field 'id'"},
     {"lab.check{id = 'Bad Id', claim = 'c', expected = true, verdict = true, evidence = 'e'}", "field 'id'"},
     // The bank's answer is checked against the bank (issue 44: tf10 declared
