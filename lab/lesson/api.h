@@ -177,6 +177,9 @@ void lab_register_userdata_type(lua_State* L, const char* name, const char* show
 // are "KIND.field" and array elements "KIND[]". A table that already has
 // a metatable (an element made strict under its own kind) is left as is.
 void lab_make_strict(lua_State* L, int index, const char* kind);
+// Gives "FILE:LINE: warning: MESSAGE" (the lesson's line) through the
+// lesson's on_warning, the first time this lesson asks with KEY only.
+void lab_warn_once(lua_State* L, const char* key, const char* message);
 
 // The name among `names` closest to `key` (edit distance, where a key that
 // starts a longer name counts 1), and that distance; NULL when n_names is 0.

@@ -111,19 +111,12 @@ static void read_old_beyond_bank(lua_State* L, const lesson_bank_claim* bank, in
                         "false instead");
     *expected_type = LUA_TBOOLEAN;
     *expected = answer;
-    lua_getfield(L, LUA_REGISTRYINDEX, "servelab.warned_beyond_bank");
-    bool warned = lua_toboolean(L, -1);
-    lua_pop(L, 1);
-    if (warned) return;
-    lua_pushboolean(L, 1);
-    lua_setfield(L, LUA_REGISTRYINDEX, "servelab.warned_beyond_bank");
-    luaL_where(L, 1); // the lesson's line
-    lua_pushfstring(L,
-                    "%swarning: lab.check's beyond_bank = true, answer = %s became expected = %s in lab API 3 (this "
-                    "is API %d); the old fields still work, but write expected (lessons/README.md, \"Changelog\")",
-                    lua_tostring(L, -1), answer ? "true" : "false", answer ? "true" : "false", LAB_API_VERSION);
-    lesson_warn(lesson_of(L), lua_tostring(L, -1));
-    lua_pop(L, 2);
+    char message[300];
+    snprintf(message, sizeof message,
+             "lab.check's beyond_bank = true, answer = %s became expected = %s in lab API 3 (this is API %d); the old "
+             "fields still work, but write expected (lessons/README.md, \"Changelog\")",
+             answer ? "true" : "false", answer ? "true" : "false", LAB_API_VERSION);
+    lab_warn_once(L, "lab.check beyond_bank", message);
 }
 
 // Reads id, claim, bank_answer or expected, and note of the

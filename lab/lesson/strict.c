@@ -153,34 +153,39 @@ static const renamed_field* find_rename(const char* kind, const char* key) {
     return NULL;
 }
 
-// One warning per old name and lesson: the registry remembers which it gave.
-static void warn_renamed_once(lua_State* L, const char* kind, const renamed_field* r) {
-    lua_getfield(L, LUA_REGISTRYINDEX, "servelab.renames_warned");
+void lab_warn_once(lua_State* L, const char* key, const char* message) {
+    lua_getfield(L, LUA_REGISTRYINDEX, "servelab.warned");
     if (lua_type(L, -1) != LUA_TTABLE) {
         lua_pop(L, 1);
         lua_newtable(L);
         lua_pushvalue(L, -1);
-        lua_setfield(L, LUA_REGISTRYINDEX, "servelab.renames_warned");
+        lua_setfield(L, LUA_REGISTRYINDEX, "servelab.warned");
     }
-    lua_pushfstring(L, "%s.%s", kind, r->old_name);
-    lua_pushvalue(L, -1);
-    bool warned = lua_rawget(L, -3) != LUA_TNIL;
+    bool warned = lua_getfield(L, -1, key) != LUA_TNIL; // a plain table of the host's: no metamethods
     lua_pop(L, 1);
     if (warned) {
-        lua_pop(L, 2);
+        lua_pop(L, 1);
         return;
     }
     lua_pushboolean(L, 1);
-    lua_rawset(L, -3);
+    lua_setfield(L, -2, key);
     lua_pop(L, 1);
-    luaL_where(L, 1); // the lesson's line that read the old name
-    lua_pushfstring(L,
-                    "%swarning: %s field '%s' was renamed '%s' in lab API %d (this is API %d); the old name still "
-                    "works%s, but read '%s' (lessons/README.md, \"Changelog\")",
-                    lua_tostring(L, -1), kind, r->old_name, r->new_name, r->api_version, LAB_API_VERSION,
-                    r->scale != 1 ? " (converted to its old unit)" : "", r->new_name);
+    luaL_where(L, 1); // the lesson's line
+    lua_pushfstring(L, "%swarning: %s", lua_tostring(L, -1), message);
     lesson_warn(lesson_of(L), lua_tostring(L, -1));
     lua_pop(L, 2);
+}
+
+// One warning per old name and lesson.
+static void warn_renamed_once(lua_State* L, const char* kind, const renamed_field* r) {
+    char key[128], message[400];
+    snprintf(key, sizeof key, "rename %s.%s", kind, r->old_name);
+    snprintf(message, sizeof message,
+             "%s field '%s' was renamed '%s' in lab API %d (this is API %d); the old name still works%s, but read "
+             "'%s' (lessons/README.md, \"Changelog\")",
+             kind, r->old_name, r->new_name, r->api_version, LAB_API_VERSION,
+             r->scale != 1 ? " (converted to its old unit)" : "", r->new_name);
+    lab_warn_once(L, key, message);
 }
 
 // Every name a strict table of this kind can be read by: its own keys, the

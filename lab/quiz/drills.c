@@ -61,8 +61,6 @@ unsigned quiz_drill_topics(quiz_drill_kind kind) {
 
 double quiz_device_memory_gib(const device_model* device) { return device->capacity_bytes / 1073741824.0; }
 
-double quiz_device_memory_bytes(const device_model* device) { return device->capacity_bytes; }
-
 double quiz_kv_bytes_per_token(const quiz_model* m, bool grouped_query, int bytes_per_value) {
     double values = (double)quiz_model_kv_bytes_per_token(m, grouped_query, bytes_per_value);
     if (bytes_per_value != 1) return values;
@@ -246,7 +244,7 @@ static int generate_sequences_fit(const quiz_model_list* models, quiz_rng* rng, 
         d->in.grouped_query = true;
         const device_model* g = &devices[d->in.device];
         uint64_t params = quiz_model_params(m);
-        double weights = 2.0 * (double)params, capacity = quiz_device_memory_bytes(g);
+        double weights = 2.0 * (double)params, capacity = g->capacity_bytes;
         double per_sequence = (double)quiz_model_kv_bytes_per_token(m, true, 2) * d->in.seq_len;
         double free_bytes = capacity - weights;
         if (free_bytes < per_sequence) continue; // the model does not fit with even one sequence: draw again
@@ -485,7 +483,7 @@ static int generate_decode_time(const quiz_model_list* models, quiz_rng* rng, qu
         d->in.device = quiz_rng_int(rng, 0, n_devices - 1);
         const device_model* g = &devices[d->in.device];
         uint64_t params = quiz_model_params(m);
-        if (quiz_weight_bytes(params, d->in.format, d->in.group_size) > quiz_device_memory_bytes(g))
+        if (quiz_weight_bytes(params, d->in.format, d->in.group_size) > g->capacity_bytes)
             continue; // the weights do not fit on one device: draw again
         quiz_decode_weights read = quiz_decode_weight_bytes(m, d->in.format, d->in.group_size);
         double ms = read.total_bytes / g->bandwidth_bytes_per_s * 1e3;

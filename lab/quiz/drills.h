@@ -87,13 +87,9 @@ unsigned quiz_drill_topics(quiz_drill_kind kind);
 int quiz_drill_generate(quiz_drill_kind kind, const quiz_model_list* models, quiz_rng* rng, quiz_drill* out,
                         error_info* err);
 
-// Bytes of memory a device holds. engine/devices.c gives the marketed size
-// in decimal bytes (H100: 80e9), but the memory itself comes in binary
-// sizes: an H100 holds 80 GiB = 85899345920 bytes, 7.4% more, enough for 33
-// sequences of Llama-2-7B at S = 4096 rather than 30. The quiz and calc
-// count N GiB.
-double quiz_device_memory_bytes(const device_model* device);
-// The same in GiB (80 for an H100).
+// A device's memory in GiB (80 for an H100: engine/devices.c holds 80 x 2^30
+// bytes, 7.4% more than 80e9, enough for 33 sequences of Llama-2-7B at
+// S = 4096 rather than 30).
 double quiz_device_memory_gib(const device_model* device);
 
 // KV bytes one token adds at `bytes_per_value` (1: INT8, 2: FP16, 4: FP32),
