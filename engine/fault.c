@@ -42,6 +42,15 @@ static const fault_entry fault_table[FAULT_COUNT] = {
     [FAULT_COW_SHORT_COPY] = {"cow-short-copy", "copy-on-write copies one slot fewer than the shared block holds"},
     [FAULT_KV_INT8_SCALES_UNCOUNTED] = {"kv-int8-scales-uncounted",
                                         "int8 KV's fp32 scales (one per token, layer, K/V and head) are not counted in the KV bytes"},
+    [FAULT_EVICT_MOST_RECENT] = {"evict-most-recent",
+                                 "a full pool evicts the most recently used cached prefix block instead of the least"},
+    [FAULT_PREEMPT_OLDEST] = {"preempt-oldest", "preemption takes the running sequence admitted first, not the one admitted last"},
+    [FAULT_RECOMPUTE_DUPLICATES_TOKEN] = {"recompute-extra-token",
+                                          "a preempted sequence's last token is appended once more before it is recomputed"},
+    [FAULT_CHUNK_IGNORES_BUDGET] = {"chunk-ignores-budget",
+                                    "a prefill chunk is sized by the whole step budget, not by what the decodes left of it"},
+    [FAULT_TP_ALLREDUCE_ONE_WAY] = {"tp-allreduce-one-way",
+                                    "an all-reduce counts its reduce-scatter only: (N-1)/N of the message per shard, not 2(N-1)/N"},
 };
 
 fault_set fault_install(fault_set set) {
