@@ -114,7 +114,7 @@ lab.check{
         lru_holds and "the least recently used prefix went, the others stayed" or "not the least recently used",
         POOL_BLOCKS, used_before_d.A, used_before_d.B, used_before_d.C, table.concat(d_evicted, ", "),
         predicted, predicted_blocks[1], predicted_blocks[2], kept, kept_hit, 2 * BLOCK_SIZE, predicted, evicted_hit),
-    breaks_with = {"evict-most-recent"},
+    breaks_with = {"evict-most-recent", "prefix-no-refcount"},
 }
 cache_engine:close()
 
@@ -224,7 +224,7 @@ lab.check{
         recompute_right and "the recompute changed nothing" or "the recomputed tokens are not the reference's",
         matching, #ids, victim_seq and victim_seq.n_prompt or 0, victim and tostring(victim.id) or "none",
         victim_compared and "included" or "not equal", first_difference and "; " .. first_difference or ""),
-    breaks_with = {"recompute-extra-token"},
+    breaks_with = {"recompute-extra-token", "paged-wrong-slot", "skip-last-block"},
 }
 busy:close()
 lab.pause()
