@@ -45,7 +45,7 @@ static const fault_entry fault_table[FAULT_COUNT] = {
     [FAULT_EVICT_MOST_RECENT] = {"evict-most-recent",
                                  "a full pool evicts the most recently used cached prefix block instead of the least"},
     [FAULT_PREEMPT_OLDEST] = {"preempt-oldest", "preemption takes the running sequence admitted first, not the one admitted last"},
-    [FAULT_RECOMPUTE_DUPLICATES_TOKEN] = {"recompute-extra-token",
+    [FAULT_RECOMPUTE_EXTRA_TOKEN] = {"recompute-extra-token",
                                           "a preempted sequence's last token is appended once more before it is recomputed"},
     [FAULT_CHUNK_IGNORES_BUDGET] = {"chunk-ignores-budget",
                                     "a prefill chunk is sized by the whole step budget, not by what the decodes left of it"},

@@ -52,7 +52,7 @@ typedef enum fault_id {
     // memory pressure (lesson 10)
     FAULT_EVICT_MOST_RECENT,     // a full pool evicts the most recently used cached prefix block, not the least
     FAULT_PREEMPT_OLDEST,        // preemption takes the sequence admitted first, not the one admitted last
-    FAULT_RECOMPUTE_DUPLICATES_TOKEN, // a preempted sequence's last token is appended twice before its recompute
+    FAULT_RECOMPUTE_EXTRA_TOKEN, // a preempted sequence's last token is appended twice before its recompute
     FAULT_CHUNK_IGNORES_BUDGET,  // a prefill chunk takes the whole step budget, not what the decodes left of it
     FAULT_TP_ALLREDUCE_ONE_WAY,  // an all-reduce counts its reduce-scatter only: (N-1)/N of the message, not 2(N-1)/N
     FAULT_COUNT

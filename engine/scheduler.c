@@ -184,7 +184,7 @@ static void preempt(scheduler* s, sequence* victim) {
     victim->n_computed = 0;
     // The recompute-duplicates-token fault: the last sampled token goes in
     // twice, so the recomputed context holds a token the model never chose.
-    if (fault_on(FAULT_RECOMPUTE_DUPLICATES_TOKEN) && victim->n_tokens > victim->n_prompt &&
+    if (fault_on(FAULT_RECOMPUTE_EXTRA_TOKEN) && victim->n_tokens > victim->n_prompt &&
         victim->n_tokens < victim->capacity) {
         victim->tokens[victim->n_tokens] = victim->tokens[victim->n_tokens - 1];
         victim->n_tokens++;
