@@ -1,6 +1,7 @@
 -- 09 Tensor parallelism: a shard's decode step stays below the ridge (TP
--- never makes decode compute-bound), and for models this small the
--- all-reduces, not the weight bytes, set the step's time.
+-- never makes decode compute-bound; why6), and for models this small the
+-- all-reduces, not the weight bytes, set the step's time (tp-comm-bound,
+-- the lesson's own claim: the bank does not say it).
 --
 -- With tp = N every linear layer is split Megatron-style across N simulated
 -- GPUs ("shards"): q/k/v and the FFN's gate and up projections by output
