@@ -215,6 +215,12 @@ lab_model* lab_push_model(lua_State* L, const model_request* request);
 // tokenizer, dtype, quant, seed, n_kv_heads) and pushes its handle.
 lab_model* lab_push_model_from_fields(lua_State* L, int arg);
 
+// Loads the draft model a speculative config asks for (SPEC_DRAFT): the
+// target quantized with the config's scheme, or the config's file (inside
+// the folders a lesson may read, same vocabulary as the target); errors name
+// field 'speculative' of table `arg`. Pushes its handle.
+lab_model* lab_push_draft_model(lua_State* L, int arg, const lab_model* target, const speculative_config* spec);
+
 // Drops one reference; the last frees the model and its bytes.
 void lab_model_unreference(lesson* l, lab_model* m);
 
