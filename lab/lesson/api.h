@@ -168,7 +168,7 @@ void lab_register_userdata_type(lua_State* L, const char* name, const char* show
 
 // The lesson API's version, lab.api_version: raised whenever a name a
 // lesson reads changes (lessons/README.md's changelog lists each change).
-#define LAB_API_VERSION 3
+#define LAB_API_VERSION 4
 
 // Makes the table at `index`, and every table inside it, strict: reading a
 // name it lacks raises "KIND has no field 'x' (did you mean 'y'?)"; a name

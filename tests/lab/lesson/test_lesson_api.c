@@ -20,7 +20,7 @@
 
 // What a lesson said and checked, in order.
 typedef struct captured {
-    char said[96][600];
+    char said[128][600];
     int n_said;
     lesson_check_result checks[16];
     char check_text[16][3][600]; // id, claim, evidence (the callback's strings die with the call)
@@ -32,7 +32,7 @@ typedef struct captured {
 
 static void on_say(void* user, const char* text) {
     captured* c = user;
-    if (c->n_said < 96) snprintf(c->said[c->n_said++], sizeof c->said[0], "%s", text);
+    if (c->n_said < 128) snprintf(c->said[c->n_said++], sizeof c->said[0], "%s", text);
 }
 
 static void on_check(void* user, const lesson_check_result* r) {
@@ -102,6 +102,23 @@ static const bad_case BAD_CASES[] = {
      "a:run{}; error('audited run done')",
      "audited run done"},
     {"lab.engine{model = TINY, dtype = 'fp32'}", "field 'dtype': set it in lab.model{}"},
+    // Speculative decoding: the flag's own parser names what was wrong; a
+    // draft file is held to the folders a lesson may read (the engine's
+    // loader would open any path), and must share the target's vocabulary.
+    {"lab.engine{model = TINY, speculative = 'lookup:0'}",
+     "field 'speculative': --speculative lookup:0: lookup's N must be 1..16"},
+    {"lab.engine{model = TINY, speculative = 'draft:w4a16:k99'}", "field 'speculative': --speculative draft:w4a16:k99"},
+    {"lab.engine{model = TINY, speculative = 'draft:/etc/passwd'}",
+     "field 'speculative': '/etc/passwd' is outside the lesson's folder and the model folders"},
+    {"lab.engine{model = TINY, speculative = 'draft:../shared/models/stories260K.bin'}",
+     "field 'speculative': the draft '../shared/models/stories260K.bin' has a vocabulary of 512 tokens, the "
+     "target's has 259"},
+    {"lab.engine{model = TINY, speculative = {lookup = 2, draft = 'w4a16'}}",
+     "field 'speculative': give exactly one of draft"},
+    {"lab.engine{model = TINY, speculative = {lookup = 2, kk = 3}}",
+     "field 'speculative.kk': unknown field (did you mean 'k'?"},
+    {"lab.engine{model = TINY, speculative = {lookup = 2.5}}", "field 'speculative.lookup': expected a whole number"},
+    {"lab.engine{model = TINY, speculative = 7}", "field 'speculative': expected the flag's text"},
     {"E:add{max_tokens = 4}", "field 'prompt': give exactly one of prompt"},
     {"E:add{prompt = 'x', ids = {1}}", "field 'prompt': give exactly one"},
     {"E:add{ids = {1, 'a'}}", "field 'ids': element 2: expected a token id (an integer), got string"},
@@ -186,6 +203,8 @@ static const bad_case BAD_CASES[] = {
     {"local w = E:record().zebra", "step record has no field 'zebra' (the closest name is"},
     {"setmetatable(E:record(), nil)", "cannot change a protected metatable"},
     {"local w = lab.quantize{values = {1, 2}}.scale", "lab.quantize() has no field 'scale' (did you mean 'scales'?"},
+    {"local w = E:record().spec.acepted", "step record.spec has no field 'acepted' (did you mean 'accepted'?)"},
+    {"local w = E:record().sequences[1].spec.drafed", "has no field 'drafed' (did you mean 'drafted'?)"},
 };
 
 static void test_bad_arguments_raise_named_errors(void** state) {
@@ -981,7 +1000,7 @@ static void test_strict_tables_renames_and_tail_waste(void** state) {
     (void)state;
     const char* source =
         "lab.lesson{title = 'strict', claims = {'c1'}}\n"
-        "assert(lab.api_version == 3, 'api version ' .. tostring(lab.api_version))\n"
+        "assert(lab.api_version == 4, 'api version ' .. tostring(lab.api_version))\n"
         "local e = lab.engine{model = 'tiny', block_size = 16, num_blocks = 16}\n"
         "local prompt = {1}\n"
         "for k = 1, 31 do prompt[#prompt + 1] = 3 + k end\n"
