@@ -52,6 +52,7 @@ typedef enum fault_id {
     // speculative decoding
     FAULT_SPEC_NO_RESIDUAL,      // a refused guess is replaced by a draw from p, not from the residual max(0, p - q)
     FAULT_SPEC_NO_ROLLBACK,      // the refused guesses' KV blocks are not given back to the pool
+    FAULT_SPEC_LAST_GUESS_UNJUDGED, // verification judges guesses 1..k-1 only: the last is always dropped, never a bonus
     FAULT_COUNT
 } fault_id;
 
