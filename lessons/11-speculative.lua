@@ -274,7 +274,7 @@ lab.pause()
 -- guesses the target actually judged (the kept ones, plus one per pass that
 -- stopped at a refusal; the guesses after a refusal were never judged).
 local K = 4
-local FORMULA_TOKENS = 64
+local FORMULA_TOKENS = 128
 local FORMULA_PROMPTS = {
     "Once upon a time, there was a little girl",
     "One day, a big dog",

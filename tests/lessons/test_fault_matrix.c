@@ -49,6 +49,7 @@ static const char* const BANK_CLAIMS[] = {
     "w4a8-prefill",   // lesson 06
     "kv-int8-bytes",  // lesson 01
     "kv-int8-logits", // lesson 01
+    "spec-greedy", "spec-sampling", "spec-formula", "spec-bytes", "spec-crossover", "spec-rollback", // lesson 11
 };
 
 // ---- the shipped lessons' matrix, one process per lesson, in parallel -----------------
@@ -66,7 +67,7 @@ static int matrix_status[LESSON_MAX_FILES];
 
 // Heavier lessons first (the CPU of their clean run and faulted runs).
 static int lesson_weight(const char* name) {
-    static const char* const LONGEST[] = {"06-", "04-", "01-", "02-", "05-", "07-", "08-", "09-"};
+    static const char* const LONGEST[] = {"06-", "11-", "04-", "01-", "02-", "05-", "07-", "08-", "09-"};
     for (int k = 0; k < (int)(sizeof LONGEST / sizeof LONGEST[0]); k++)
         if (strncmp(name, LONGEST[k], strlen(LONGEST[k])) == 0) return 100 - k;
     return 0;
