@@ -313,6 +313,87 @@ static void test_engine_api_reports_what_ran(void** state) {
     free(c);
 }
 
+// Speculative decoding as a lesson sees it: the field in both spellings,
+// the record's spec group and each sequence's, the totals, the config. The
+// counts are held to the identities that tie them together (each verifying
+// sequence runs 1 + drafted rows, kept + refused = drafted, the totals are
+// the steps' sums), and the draft's bytes per pass to its model's shapes.
+static void test_speculative_fields(void** state) {
+    (void)state;
+    const char* source =
+        "lab.lesson{title = 'speculative', claims = {'c1'}}\n"
+        "local m = lab.model{model = 'tiny', dtype = 'fp32'}\n"
+        "local plain = lab.engine{model = m, num_blocks = 32}\n"
+        "local pid = plain:add{prompt = 'abab', max_tokens = 3}\n"
+        "plain:run()\n"
+        "local pr = plain:record()\n"
+        "lab.say(string.format('plain %s %d %d %d %s %d', pr.spec.kind, pr.spec.k, pr.sequences[1].spec.drafted,\n"
+        "    plain:totals().spec.drafted, plain:config().speculative, plain:sequence(pid).spec.total_drafted))\n"
+        "local function run(spec)\n"
+        "  local e = lab.engine{model = m, num_blocks = 64, block_size = 4, speculative = spec}\n"
+        "  local id = e:add{prompt = 'ab ab ab ab ab ab ab ab', max_tokens = 24}\n"
+        "  local sums = {drafted = 0, accepted = 0, rejected = 0, emitted = 0, draft_passes = 0, draft_weights = 0}\n"
+        "  local rows_right, parts_right, verifying = true, true, 0\n"
+        "  e:run{stop_when = function(r)\n"
+        "    local drafted = 0\n"
+        "    for _, s in ipairs(r.sequences) do\n"
+        "      drafted = drafted + s.spec.drafted\n"
+        "      if s.spec.drafted > 0 then\n"
+        "        verifying = verifying + 1\n"
+        "        rows_right = rows_right and s.tokens == 1 + s.spec.drafted\n"
+        "        parts_right = parts_right and s.spec.accepted + s.spec.rejected == s.spec.drafted\n"
+        "          and s.spec.bonus == (s.spec.rejected == 0 and 1 or 0)\n"
+        "      end\n"
+        "    end\n"
+        "    parts_right = parts_right and drafted == r.spec.drafted\n"
+        "    for _, k in ipairs{'drafted', 'accepted', 'rejected', 'emitted', 'draft_passes'} do\n"
+        "      sums[k] = sums[k] + r.spec[k]\n"
+        "    end\n"
+        "    sums.draft_weights = sums.draft_weights + r.spec.draft.bytes.weights\n"
+        "    return false\n"
+        "  end}\n"
+        "  local r, t, s = e:record(), e:totals().spec, e:sequence(id)\n"
+        "  local totals_right = t.drafted == sums.drafted and t.accepted == sums.accepted\n"
+        "    and t.emitted == sums.emitted and t.draft_passes == sums.draft_passes\n"
+        "    and r.spec.total_drafted == t.drafted and r.spec.total_accepted == t.accepted\n"
+        "    and s.spec.total_drafted == t.drafted and s.spec.total_accepted == t.accepted\n"
+        "    and t.draft.bytes.weights == sums.draft_weights\n"
+        "  return e, t, {rows = rows_right, parts = parts_right, totals = totals_right, verifying = verifying,\n"
+        "    generated = s.generated, text = s.text}\n"
+        "end\n"
+        "local l, lt, lc = run({lookup = 2, k = 3})\n"
+        "lab.say(string.format('lookup %s %s rows %s parts %s totals %s drafted %s weights %d', l:config().speculative,\n"
+        "  l:record().spec.kind, tostring(lc.rows), tostring(lc.parts), tostring(lc.totals), tostring(lt.drafted > 0),\n"
+        "  lt.draft.bytes.weights))\n"
+        "local d, dt, dc = run('draft:w4a16:g32:k2')\n"
+        "local draft_shape = lab.model{model = 'tiny', quant = 'w4a16:g32'}:info()\n"
+        "local per_pass = dt.draft.bytes.weights / dt.draft_passes\n"
+        "lab.say(string.format('draft %s %s %d rows %s parts %s totals %s drafted %s per pass %s', d:config().speculative,\n"
+        "  d:record().spec.kind, d:record().spec.k, tostring(dc.rows), tostring(dc.parts), tostring(dc.totals),\n"
+        "  tostring(dt.drafted > 0), tostring(math.abs(per_pass / draft_shape.decode_weight_bytes - 1) < 0.01)))\n"
+        "local none = lab.engine{model = m, num_blocks = 64, block_size = 4}\n"
+        "local nid = none:add{prompt = 'ab ab ab ab ab ab ab ab', max_tokens = 24}\n"
+        "none:run()\n"
+        "lab.say(string.format('same text %s %s', tostring(lc.text == none:sequence(nid).text),\n"
+        "  tostring(dc.text == none:sequence(nid).text)))\n"
+        "lab.check{id = 'c1', claim = 'c', expected = true, verdict = dc.generated == 24, evidence = 'n'}\n";
+    captured* c = calloc(1, sizeof *c);
+    lesson_status status = run_source("speculative", source, NULL, c);
+    if (status != LESSON_DONE) fail_msg("%s", c->error);
+    const char* expected[] = {
+        "plain none 0 0 0 none 0",
+        "lookup lookup:2:k3 lookup rows true parts true totals true drafted true weights 0",
+        "draft draft:w4a16:g32:k2 draft 2 rows true parts true totals true drafted true per pass true",
+        "same text true true", // greedy: speculation leaves the output as it was
+    };
+    assert_int_equal(c->n_said, (int)(sizeof expected / sizeof expected[0]));
+    for (size_t i = 0; i < sizeof expected / sizeof expected[0]; i++)
+        assert_string_equal(c->said[i], expected[i]);
+    assert_int_equal(c->n_checks, 1);
+    assert_int_equal(c->checks[0].outcome, CHECK_PASS);
+    free(c);
+}
+
 static void test_quant_and_formula_api(void** state) {
     (void)state;
     const char* source =
@@ -1049,6 +1130,7 @@ int main(void) {
         cmocka_unit_test(test_bad_arguments_raise_named_errors),
         cmocka_unit_test(test_engine_api_reports_what_ran),
         cmocka_unit_test(test_strict_tables_renames_and_tail_waste),
+        cmocka_unit_test(test_speculative_fields),
         cmocka_unit_test(test_quant_and_formula_api),
         cmocka_unit_test(test_checks_pass_disagree_fail_and_unreached),
         cmocka_unit_test(test_undecided_is_neither_pass_nor_failure),
