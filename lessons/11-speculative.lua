@@ -2,7 +2,7 @@
 -- checks all of them in one pass, and rejection sampling keeps the output
 -- the target's own. Every claim is held to something the engine did not
 -- compute itself: the reference forward pass, the model's shapes, the
--- formula, the machine's ridge, the pool's size.
+-- formula, the machine's roofline, the pool's size.
 lab.lesson{
     title = "Speculative decoding: exact, the same distribution, the speedup formula, where it stops, rollback",
     claims = {"spec-greedy", "spec-sampling", "spec-formula", "spec-bytes", "spec-crossover", "spec-rollback"},
@@ -16,6 +16,7 @@ local MODEL_FILE = "../shared/models/stories260K.bin"
 local DRAFT_SCHEME = "w4a16:g32"
 local target = lab.model{model = MODEL_FILE, dtype = "fp32"}
 local shape = target:info()
+local MODEL_NAME = MODEL_FILE:match("([^/]+)%.bin$") -- "stories260K"
 -- The same quantized copy the engine's draft is made of, loaded here for its
 -- shapes: the bytes one draft pass must read.
 local draft_shape = lab.model{model = MODEL_FILE, quant = DRAFT_SCHEME}:info()
@@ -70,7 +71,7 @@ lab.say("Decoding reads every weight of the model to make one token per sequence
     .. "token and all k guesses as k + 1 rows of one forward pass, reading its weights once.")
 lab.say(string.format("Two proposers here. The draft is %s quantized to %s: it reads %.0f KiB of weights per token "
     .. "where the target reads %.0f KiB. Prompt lookup finds the last few tokens earlier in the text and proposes "
-    .. "what followed them there; it reads no weights at all.", shape.name, DRAFT_SCHEME,
+    .. "what followed them there; it reads no weights at all.", MODEL_NAME, DRAFT_SCHEME,
     draft_shape.decode_weight_bytes / 1024, shape.decode_weight_bytes / 1024))
 lab.pause()
 
@@ -127,8 +128,9 @@ lab.check{
         -- Nothing proves exactness unless guesses were made and some refused.
         local exercised = drafted > 0 and rejected > 0
         return all_equal and exercised, string.format("%s: %s; %d guesses, %d refused",
-            all_equal and "every setting gave the reference's tokens" or "a setting left the reference's tokens",
-            table.concat(lines, ", "), drafted, rejected)
+            not all_equal and "a setting left the reference's tokens"
+            or not exercised and "the same tokens, but no guess was refused: the check saw nothing"
+            or "every setting gave the reference's tokens", table.concat(lines, ", "), drafted, rejected)
     end,
     breaks_with = {"paged-wrong-slot"},
 }
