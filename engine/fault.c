@@ -55,6 +55,9 @@ static const fault_entry fault_table[FAULT_COUNT] = {
                                 "speculative sampling replaces a refused guess with a draw from p instead of the residual max(0, p - q)"},
     [FAULT_SPEC_NO_ROLLBACK] = {"spec-no-rollback",
                                 "speculative decoding keeps the KV blocks of refused guesses instead of giving them back"},
+    [FAULT_SPEC_LAST_GUESS_UNJUDGED] = {"spec-last-guess-unjudged",
+                                        "speculative verification stops one guess early: the last guess is always "
+                                        "refused and no bonus token is drawn (the output stays exact, fewer tokens per pass)"},
 };
 
 fault_set fault_install(fault_set set) {

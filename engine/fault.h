@@ -58,11 +58,12 @@ typedef enum fault_id {
     // speculative decoding
     FAULT_SPEC_NO_RESIDUAL,      // a refused guess is replaced by a draw from p, not from the residual max(0, p - q)
     FAULT_SPEC_NO_ROLLBACK,      // the refused guesses' KV blocks are not given back to the pool
+    FAULT_SPEC_LAST_GUESS_UNJUDGED, // verification judges guesses 1..k-1 only: the last is always dropped, never a bonus
     FAULT_COUNT
 } fault_id;
 
-typedef uint32_t fault_set; // bit (1u << fault_id) per enabled fault
-_Static_assert(FAULT_COUNT <= 32, "fault_set holds one bit per fault: widen it past 32 faults");
+typedef uint64_t fault_set; // bit ((fault_set)1 << fault_id) per enabled fault
+_Static_assert(FAULT_COUNT <= 64, "fault_set holds one bit per fault: widen it past 64 faults");
 
 // The faults this process runs with; 0 in every normal run.
 extern fault_set fault_enabled_set;

@@ -391,7 +391,10 @@ int speculative_propose(engine* e, error_info* err) {
 int speculative_verify(speculative_state* st, sequence* q, float* logits, int vocab, int32_t* tokens, int* accepted) {
     sampler* smp = &q->sampler;
     const bool greedy = smp->temperature < SAMPLER_MIN_TEMPERATURE;
-    const int g = q->n_spec_guesses;
+    // An off-by-one that loses the last guess (fault spec-last-guess-unjudged):
+    // the row that judges it is used as a bonus row, so the output stays
+    // exact but a pass yields at most k tokens.
+    const int g = q->n_spec_guesses - (fault_on(FAULT_SPEC_LAST_GUESS_UNJUDGED) && q->n_spec_guesses > 0);
     for (int j = 0; j < g; j++) {
         float* p = logits + (size_t)j * (size_t)vocab;
         int32_t x = q->spec_guesses[j];

@@ -168,7 +168,7 @@ void lab_register_userdata_type(lua_State* L, const char* name, const char* show
 
 // The lesson API's version, lab.api_version: raised whenever a name a
 // lesson reads changes (lessons/README.md's changelog lists each change).
-#define LAB_API_VERSION 3
+#define LAB_API_VERSION 4
 
 // Makes the table at `index`, and every table inside it, strict: reading a
 // name it lacks raises "KIND has no field 'x' (did you mean 'y'?)"; a name
@@ -214,6 +214,12 @@ lab_model* lab_push_model(lua_State* L, const model_request* request);
 // Loads the model that the model fields of table `arg` describe (model,
 // tokenizer, dtype, quant, seed, n_kv_heads) and pushes its handle.
 lab_model* lab_push_model_from_fields(lua_State* L, int arg);
+
+// Loads the draft model a speculative config asks for (SPEC_DRAFT): the
+// target quantized with the config's scheme, or the config's file (inside
+// the folders a lesson may read, same vocabulary as the target); errors name
+// field 'speculative' of table `arg`. Pushes its handle.
+lab_model* lab_push_draft_model(lua_State* L, int arg, const lab_model* target, const speculative_config* spec);
 
 // Drops one reference; the last frees the model and its bytes.
 void lab_model_unreference(lesson* l, lab_model* m);

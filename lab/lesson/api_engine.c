@@ -32,11 +32,16 @@ typedef struct lab_totals {
     double waste_pct_sum;     // per step: (allocated - used) / allocated, %
     uint64_t waste_steps;
     double util_pct_sum;      // per step: used / pool slots, %
+    // Speculative decoding, summed over the steps (the record's spec group):
+    uint64_t spec_drafted, spec_accepted, spec_rejected, spec_bonus, spec_emitted, spec_verify_tokens;
+    uint64_t spec_rollback_slots, spec_rollback_blocks, spec_draft_passes;
+    kernel_traffic spec_draft_traffic; // the draft model's passes (the record's traffic is the target's alone)
 } lab_totals;
 
 typedef struct lab_engine {
     engine engine;
     lab_model* model;
+    lab_model* draft;         // speculative "draft:...": the proposer, kept alive with the engine; else NULL
     lab_totals totals;
     bool stepped;             // a record exists
     float* last_logits;       // (logits_capacity, vocab) the logits each sequence last sampled from
@@ -63,6 +68,7 @@ static void engine_release(lesson* l, lab_engine* e) {
     else api->engines = e->next;
     if (e->next) e->next->previous = e->previous;
     engine_free(&e->engine);
+    if (e->draft) lab_model_unreference(l, e->draft); // after the engine, which reads it
     step_record_free(&e->now);
     free(e->last_logits);
     free(e->logits_position);
@@ -95,6 +101,58 @@ static const lab_field_flag ENGINE_FIELDS[] = {
     {"prefix_caching", "--no-prefix-caching", true},
     {NULL, NULL, false},
 };
+
+// An integer member of the speculative table (stack `index`), or -1 when absent.
+static lua_Integer speculative_integer(lua_State* L, int index, int arg, const char* member) {
+    int type = lab_get_field(L, index, member);
+    lua_Integer value = -1;
+    if (type == LUA_TNUMBER && lua_isinteger(L, -1)) value = lua_tointeger(L, -1);
+    else if (type != LUA_TNIL)
+        lab_field_error(L, arg, member[0] == 'k' ? "speculative.k" : "speculative.lookup",
+                        "expected a whole number, got %s", luaL_typename(L, -1));
+    lua_pop(L, 1);
+    return value;
+}
+
+// lab.engine{speculative = TEXT}: the --speculative flag's text ("none",
+// "draft:w4a16:g32:k4", "draft:FILE:k2", "lookup:3:k8"), or the same as a
+// table ({draft = "w4a16:g32", k = 4}, {lookup = 3}), parsed by the
+// engine's one parser (engine/speculative.h) so the errors are the flag's.
+static void read_speculative(lua_State* L, int arg, speculative_config* out) {
+    int type = lab_get_field(L, arg, "speculative");
+    if (type == LUA_TNIL) {
+        lua_pop(L, 1);
+        return;
+    }
+    char text[sizeof out->draft_path + 32];
+    if (type == LUA_TSTRING) {
+        snprintf(text, sizeof text, "%s", lua_tostring(L, -1));
+    } else if (type == LUA_TTABLE) {
+        int index = lua_gettop(L);
+        static const char* const members[] = {"draft", "lookup", "k", NULL};
+        lab_check_nested_fields(L, index, arg, "speculative.", members);
+        lua_Integer lookup = speculative_integer(L, index, arg, "lookup");
+        lua_Integer k = speculative_integer(L, index, arg, "k");
+        int draft_type = lab_get_field(L, index, "draft");
+        if ((draft_type == LUA_TNIL) == (lookup < 0))
+            lab_field_error(L, arg, "speculative", "give exactly one of draft (a scheme such as \"w4a16:g32\", or a "
+                            "model file) and lookup (the n-gram length)");
+        if (draft_type != LUA_TNIL && draft_type != LUA_TSTRING)
+            lab_field_error(L, arg, "speculative.draft", "expected a scheme or a file name, got %s",
+                            luaL_typename(L, -1));
+        int used = draft_type == LUA_TSTRING ? snprintf(text, sizeof text, "draft:%s", lua_tostring(L, -1))
+                                             : snprintf(text, sizeof text, "lookup:%lld", (long long)lookup);
+        if (k >= 0 && used > 0 && (size_t)used < sizeof text)
+            snprintf(text + used, sizeof text - (size_t)used, ":k%lld", (long long)k);
+        lua_pop(L, 1);
+    } else {
+        lab_field_error(L, arg, "speculative", "expected the flag's text (\"draft:w4a16:g32:k4\", \"lookup:3\") or "
+                        "a table ({draft = \"w4a16:g32\", k = 4}), got %s", luaL_typename(L, -1));
+    }
+    lua_pop(L, 1);
+    error_info err = {{0}};
+    if (speculative_config_parse(text, out, &err)) lab_field_error(L, arg, "speculative", "%s", err.message);
+}
 
 static bool match_engine_flag(arg_cursor* cursor, void* target, bool* failed, error_info* err) {
     return engine_option_match(cursor, target, NULL, NULL, failed, err);
@@ -147,15 +205,26 @@ static void reserve_logits_room(lua_State* L, lab_engine* e, int64_t n_ids) {
     e->reserved_bytes += more_bytes;
 }
 
-uint64_t lab_engine_bytes_estimate(const model_config* c, const engine_config* config) {
+// The KV pool a model of shape c gets under config: num_blocks of its
+// blocks, or the kv_mem budget.
+static uint64_t kv_pool_bytes(const model_config* c, const engine_config* config) {
     uint64_t block_bytes = kv_memory_block_bytes(c, config->kv_dtype, config->block_size);
-    uint64_t kv = config->num_blocks > 0 ? (uint64_t)config->num_blocks * block_bytes : config->kv_mem_bytes;
+    return config->num_blocks > 0 ? (uint64_t)config->num_blocks * block_bytes : config->kv_mem_bytes;
+}
+
+uint64_t lab_engine_bytes_estimate(const model_config* c, const engine_config* config) {
+    uint64_t kv = kv_pool_bytes(c, config);
     uint64_t rows = (uint64_t)config->max_batched_tokens + (uint64_t)config->max_seqs;
     if (!config->chunked_prefill && (uint64_t)c->max_seq_len > (uint64_t)config->max_batched_tokens)
         rows = (uint64_t)c->max_seq_len + (uint64_t)config->max_seqs;
     uint64_t activations = rows * (5ull * (uint64_t)c->dim + 2ull * (uint64_t)c->kv_dim + 2ull * (uint64_t)c->hidden_dim) * 4;
     uint64_t scores = 64ull * (uint64_t)c->max_seq_len * 4;
     uint64_t logits = 2ull * (uint64_t)config->max_seqs * (uint64_t)c->vocab_size * 4;
+    // With a draft model each sequence keeps the draft's q for its guesses:
+    // k x vocab floats (64 KiB at k 4 and 4096 tokens). The draft's own KV
+    // pool is counted by lab.engine, from the draft's shapes.
+    if (config->speculative.kind == SPEC_DRAFT)
+        kv += (uint64_t)config->max_seqs * (uint64_t)config->speculative.k * (uint64_t)c->vocab_size * 4;
     return kv + activations + scores + logits + (1u << 20);
 }
 
@@ -171,7 +240,7 @@ static int lab_engine_new(lua_State* L) {
     static const char* const fields[] = {"model", "tokenizer", "dtype", "quant", "seed", "kv", "block_size",
                                          "kv_mem", "num_blocks", "kv_dtype", "reserve", "batching", "max_seqs",
                                          "max_batched_tokens", "threads", "chunked_prefill", "prefix_caching",
-                                         "watermark_blocks", "tp", "tp_link", "audit", NULL};
+                                         "watermark_blocks", "tp", "tp_link", "audit", "speculative", NULL};
     lab_check_fields(L, 1, fields);
     lesson_check_time(L);
     lesson* l = lesson_of(L);
@@ -180,6 +249,7 @@ static int lab_engine_new(lua_State* L) {
     lab_apply_flag_fields(L, 1, ENGINE_FIELDS, match_engine_flag, &config);
     config.watermark_blocks = (int)lab_opt_integer_field(L, 1, "watermark_blocks", -1, -1, 1 << 24);
     config.audit = lab_opt_boolean_field(L, 1, "audit", config.audit);
+    read_speculative(L, 1, &config.speculative);
 
     // The model: a handle, or loaded here from the model fields.
     lab_model* m = NULL;
@@ -196,13 +266,26 @@ static int lab_engine_new(lua_State* L) {
         m = lab_push_model_from_fields(L, 1);
     }
     model_index = lua_gettop(L); // the model handle, kept by the engine's user value
-    engine_box* box = lua_newuserdatauv(L, sizeof *box, 1);
+    // The draft model (speculative "draft:..."), loaded by the lab: its
+    // bytes count against the cap and a file is held to the lesson's folders.
+    lab_model* draft = NULL;
+    if (config.speculative.kind == SPEC_DRAFT) {
+        draft = lab_push_draft_model(L, 1, m, &config.speculative);
+        config.draft_model = &draft->source.model;
+    } else {
+        lua_pushnil(L);
+    }
+    int draft_index = lua_gettop(L);
+    engine_box* box = lua_newuserdatauv(L, sizeof *box, 2);
     box->engine = NULL;
     luaL_setmetatable(L, LAB_ENGINE_TYPE);
     lua_pushvalue(L, model_index);
     lua_setiuservalue(L, -2, 1);
+    lua_pushvalue(L, draft_index); // the draft's handle, kept with the engine (nil without one)
+    lua_setiuservalue(L, -2, 2);
 
     uint64_t estimate = lab_engine_bytes_estimate(&m->source.model.config, &config);
+    if (draft) estimate += kv_pool_bytes(&draft->source.model.config, &config); // its own KV pool
     lesson_reserve_bytes(L, estimate, "this engine (KV pool and activations; lower kv_mem or num_blocks)");
     lab_engine* e = calloc(1, sizeof *e);
     if (!e) {
@@ -218,6 +301,8 @@ static int lab_engine_new(lua_State* L) {
     e->reserved_bytes = estimate;
     e->model = m;
     m->references++;
+    e->draft = draft;
+    if (draft) draft->references++;
     engine_set_logits_observer(&e->engine, observe_logits, e);
     e->next = api->engines;
     if (api->engines) api->engines->previous = e;
@@ -384,6 +469,17 @@ static void push_ran_sequences(lua_State* L, const step_record* r) {
         lab_set_integer(L, "tail_waste_slots", s->tail_waste_slots);
         lab_push_int32_array(L, r->block_ids + s->table_offset, (size_t)s->n_table);
         lua_setfield(L, -2, "block_table");
+        // Speculative decoding this step, named as in the trace's "spec" of each sequence (zeros without it).
+        lua_createtable(L, 0, 8);
+        lab_set_integer(L, "drafted", s->spec_drafted);
+        lab_set_integer(L, "accepted", s->spec_accepted);
+        lab_set_integer(L, "rejected", s->spec_rejected);
+        lab_set_integer(L, "bonus", s->spec_bonus);
+        lab_set_integer(L, "emitted", s->spec_emitted);
+        lab_set_integer(L, "rollback_first_position", s->spec_rollback_first_position);
+        lab_set_integer(L, "rollback_slots", s->spec_rollback_slots);
+        lab_set_integer(L, "rollback_blocks", s->spec_rollback_blocks);
+        lua_setfield(L, -2, "spec");
         lua_rawseti(L, -2, i + 1);
     }
     lua_setfield(L, -2, "sequences");
@@ -392,18 +488,29 @@ static void push_ran_sequences(lua_State* L, const step_record* r) {
 // The record as a Lua table. Its scalar fields come from the record's
 // field table, so a lesson reads the names a --trace file has; the "pool"
 // and "queues" groups sit flat in the table, "tp" in its own table
-// (simulated tensor parallelism: each shard's traffic and the all-reduces).
+// (simulated tensor parallelism: each shard's traffic and the all-reduces)
+// and "spec" in its own (speculative decoding: the trace's spec group, and
+// the draft model's traffic as `draft`, since `bytes` and `flops` are the
+// target's pass alone).
 static void push_record(lua_State* L, const step_record* r) {
-    lua_createtable(L, 0, 32);
+    lua_createtable(L, 0, 34);
     int record = lua_gettop(L);
     lua_createtable(L, 0, 6);
     int tp = lua_gettop(L);
+    lua_createtable(L, 0, 24);
+    int spec = lua_gettop(L);
     for (int i = 0; i < step_record_field_count; i++) {
         const step_record_field* f = &step_record_fields[i];
-        lua_pushvalue(L, f->group && strcmp(f->group, "tp") == 0 ? tp : record);
+        bool in_tp = f->group && strcmp(f->group, "tp") == 0, in_spec = f->group && strcmp(f->group, "spec") == 0;
+        lua_pushvalue(L, in_tp ? tp : in_spec ? spec : record);
         set_record_field(L, f, r);
         lua_pop(L, 1);
     }
+    if (!r->spec_kind) lab_set_string(L, "kind", speculative_kind_name(SPEC_NONE)); // a record of no step yet
+    lua_createtable(L, 0, 3);
+    push_traffic(L, &r->spec_draft_traffic);
+    lua_setfield(L, spec, "draft");
+    lua_setfield(L, record, "spec");
     lua_setfield(L, record, "tp");
     push_events(L, r);
     push_ran_sequences(L, r);
@@ -430,6 +537,16 @@ static void accumulate(lab_totals* t, const step_record* r) {
         t->waste_steps++;
     }
     if (r->slots_total > 0) t->util_pct_sum += 100.0 * (double)r->slots_used / (double)r->slots_total;
+    t->spec_drafted += (uint64_t)r->spec_drafted;
+    t->spec_accepted += (uint64_t)r->spec_accepted;
+    t->spec_rejected += (uint64_t)r->spec_rejected;
+    t->spec_bonus += (uint64_t)r->spec_bonus;
+    t->spec_emitted += (uint64_t)r->spec_emitted;
+    t->spec_verify_tokens += (uint64_t)r->spec_verify_tokens;
+    t->spec_rollback_slots += (uint64_t)r->spec_rollback_slots;
+    t->spec_rollback_blocks += (uint64_t)r->spec_rollback_blocks;
+    t->spec_draft_passes += (uint64_t)r->spec_draft_passes;
+    traffic_add(&t->spec_draft_traffic, &r->spec_draft_traffic);
 }
 
 static const step_record* step_once(lua_State* L, lab_engine* e) {
@@ -627,6 +744,11 @@ static void push_sequence(lua_State* L, const lab_engine* e, const step_sequence
     if (e->engine.config.layout == KV_LAYOUT_PAGED) lab_set_integer(L, "tail_waste_slots", recorded_tail_waste(e, s));
     lab_push_decoded(L, e->model->source.tokenizer, s->tokens[s->n_prompt - 1], s->tokens + s->n_prompt, generated);
     lua_setfield(L, -2, "text");
+    // Its speculative guesses so far (the record's spec_total_* of a sequence): acceptance = accepted / drafted.
+    lua_createtable(L, 0, 2);
+    lab_set_integer(L, "total_drafted", (lua_Integer)s->spec_total_drafted);
+    lab_set_integer(L, "total_accepted", (lua_Integer)s->spec_total_accepted);
+    lua_setfield(L, -2, "spec");
     lab_make_strict(L, -1, "sequence");
 }
 
@@ -687,6 +809,20 @@ static int engine_totals(lua_State* L) {
     lab_set_number(L, "util_pct", t->steps ? t->util_pct_sum / (double)t->steps : 0.0);
     lab_set_integer(L, "requests", le->engine.n_requests);
     lab_set_integer(L, "finished", now->n_finished);
+    lua_createtable(L, 0, 12); // speculative decoding, summed (zeros without it)
+    lab_set_integer(L, "verify_tokens", (lua_Integer)t->spec_verify_tokens);
+    lab_set_integer(L, "drafted", (lua_Integer)t->spec_drafted);
+    lab_set_integer(L, "accepted", (lua_Integer)t->spec_accepted);
+    lab_set_integer(L, "rejected", (lua_Integer)t->spec_rejected);
+    lab_set_integer(L, "bonus", (lua_Integer)t->spec_bonus);
+    lab_set_integer(L, "emitted", (lua_Integer)t->spec_emitted);
+    lab_set_integer(L, "rollback_slots", (lua_Integer)t->spec_rollback_slots);
+    lab_set_integer(L, "rollback_blocks", (lua_Integer)t->spec_rollback_blocks);
+    lab_set_integer(L, "draft_passes", (lua_Integer)t->spec_draft_passes);
+    lua_createtable(L, 0, 3);
+    push_traffic(L, &t->spec_draft_traffic);
+    lua_setfield(L, -2, "draft");
+    lua_setfield(L, -2, "spec");
     lab_make_strict(L, -1, "e:totals()");
     return 1;
 }
@@ -721,6 +857,15 @@ static int engine_config_lua(lua_State* L) {
     lab_set_integer(L, "threads", c->n_threads);
     lab_set_integer(L, "tp", c->tp_shards);
     lab_set_string(L, "tp_link", link_model_get(c->tp_link)->name);
+    // The --speculative text that makes this engine again ("none", "draft:w4a16:g32:k4", "lookup:3:k4").
+    char speculative[sizeof c->speculative.draft_path + 32];
+    const speculative_config* spec = &c->speculative;
+    if (spec->kind == SPEC_DRAFT)
+        snprintf(speculative, sizeof speculative, "draft:%s:k%d", spec->draft_scheme[0] ? spec->draft_scheme : spec->draft_path,
+                 spec->k);
+    else if (spec->kind == SPEC_LOOKUP) snprintf(speculative, sizeof speculative, "lookup:%d:k%d", spec->lookup_n, spec->k);
+    else snprintf(speculative, sizeof speculative, "none");
+    lab_set_string(L, "speculative", speculative);
     lab_make_strict(L, -1, "e:config()");
     return 1;
 }

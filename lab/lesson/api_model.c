@@ -138,6 +138,29 @@ static void check_model_file(lua_State* L, int arg, const char* field, const cha
     snprintf(out, capacity, "%s", resolved);
 }
 
+// The draft model of lab.engine{speculative = "draft:..."}: a quantized
+// copy of the target (its request loaded again with the scheme, so a preset
+// works as well as a file, and the copy counts against the memory cap), or
+// a file checked like every model file a lesson names. The engine's own
+// speculative_load_draft opens any path it is given: a lesson's
+// "draft:/etc/passwd" must never reach it. Pushes the draft's handle.
+lab_model* lab_push_draft_model(lua_State* L, int arg, const lab_model* target, const speculative_config* spec) {
+    model_request request = target->request; // as it was loaded, before any quantization
+    char path[PATH_MAX];
+    if (spec->draft_scheme[0]) {
+        request.quant = spec->draft_scheme;
+    } else {
+        check_model_file(L, arg, "speculative", spec->draft_path, path, sizeof path);
+        request = (model_request){.model_arg = path, .dtype = target->request.dtype};
+    }
+    lab_model* draft = lab_push_model(L, &request);
+    int draft_vocab = draft->source.model.config.vocab_size, vocab = target->source.model.config.vocab_size;
+    if (draft_vocab != vocab)
+        lab_field_error(L, arg, "speculative", "the draft '%s' has a vocabulary of %d tokens, the target's has %d "
+                        "(a draft must share the target's tokens)", spec->draft_path, draft_vocab, vocab);
+    return draft;
+}
+
 lab_model* lab_push_model_from_fields(lua_State* L, int arg) {
     model_request request = {0};
     request.synth_seed = SYNTH_DEFAULT_SEED;

@@ -49,7 +49,7 @@ typedef struct child_sink {
 // line breaks in the evidence become spaces.
 static void write_record(void* user, const lesson_check_result* r) {
     child_sink* sink = user;
-    fprintf(sink->pipe, "%d\t%s\t%x\t", (int)r->outcome, r->id, (unsigned)r->breaks_with);
+    fprintf(sink->pipe, "%d\t%s\t%llx\t", (int)r->outcome, r->id, (unsigned long long)r->breaks_with);
     for (const char* c = r->evidence; *c; c++) fputc(*c == '\t' || *c == '\n' || *c == '\r' ? ' ' : *c, sink->pipe);
     fputc('\n', sink->pipe);
     fflush(sink->pipe);
@@ -101,7 +101,7 @@ static void parse_record(char* line, matrix_run* run) {
                  : outcome == CHECK_UNDECIDED ? CHECK_UNDECIDED
                                                : CHECK_FAIL;
     snprintf(c->id, sizeof c->id, "%s", fields[1]);
-    c->breaks_with = (fault_set)strtoul(fields[2], NULL, 16);
+    c->breaks_with = (fault_set)strtoull(fields[2], NULL, 16);
     snprintf(c->evidence, sizeof c->evidence, "%s", fields[3]);
     run->n_claims++;
 }

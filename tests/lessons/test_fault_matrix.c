@@ -54,6 +54,7 @@ static const char* const BANK_CLAIMS[] = {
     "preempt-victim", // lesson 10
     "recompute-ref",  // lesson 10
     "chunk-stall",    // lesson 10
+    "spec-greedy", "spec-sampling", "spec-formula", "spec-bytes", "spec-crossover", "spec-rollback", // lesson 11
 };
 
 // Claims whose every declared fault stops the check with a FAIL (a guard
@@ -107,7 +108,7 @@ static int matrix_status[LESSON_MAX_FILES];
 
 // Heavier lessons first (the CPU of their clean run and faulted runs).
 static int lesson_weight(const char* name) {
-    static const char* const LONGEST[] = {"06-", "04-", "01-", "02-", "05-", "07-", "09-", "10-", "08-"};
+    static const char* const LONGEST[] = {"06-", "11-", "04-", "01-", "02-", "05-", "07-", "09-", "10-", "08-"};
     for (int k = 0; k < (int)(sizeof LONGEST / sizeof LONGEST[0]); k++)
         if (strncmp(name, LONGEST[k], strlen(LONGEST[k])) == 0) return 100 - k;
     return 0;

@@ -20,7 +20,7 @@
 
 // What a lesson said and checked, in order.
 typedef struct captured {
-    char said[96][600];
+    char said[128][600];
     int n_said;
     lesson_check_result checks[16];
     char check_text[16][3][600]; // id, claim, evidence (the callback's strings die with the call)
@@ -32,7 +32,7 @@ typedef struct captured {
 
 static void on_say(void* user, const char* text) {
     captured* c = user;
-    if (c->n_said < 96) snprintf(c->said[c->n_said++], sizeof c->said[0], "%s", text);
+    if (c->n_said < 128) snprintf(c->said[c->n_said++], sizeof c->said[0], "%s", text);
 }
 
 static void on_check(void* user, const lesson_check_result* r) {
@@ -102,6 +102,23 @@ static const bad_case BAD_CASES[] = {
      "a:run{}; error('audited run done')",
      "audited run done"},
     {"lab.engine{model = TINY, dtype = 'fp32'}", "field 'dtype': set it in lab.model{}"},
+    // Speculative decoding: the flag's own parser names what was wrong; a
+    // draft file is held to the folders a lesson may read (the engine's
+    // loader would open any path), and must share the target's vocabulary.
+    {"lab.engine{model = TINY, speculative = 'lookup:0'}",
+     "field 'speculative': --speculative lookup:0: lookup's N must be 1..16"},
+    {"lab.engine{model = TINY, speculative = 'draft:w4a16:k99'}", "field 'speculative': --speculative draft:w4a16:k99"},
+    {"lab.engine{model = TINY, speculative = 'draft:/etc/passwd'}",
+     "field 'speculative': '/etc/passwd' is outside the lesson's folder and the model folders"},
+    {"lab.engine{model = TINY, speculative = 'draft:../shared/models/stories260K.bin'}",
+     "field 'speculative': the draft '../shared/models/stories260K.bin' has a vocabulary of 512 tokens, the "
+     "target's has 259"},
+    {"lab.engine{model = TINY, speculative = {lookup = 2, draft = 'w4a16'}}",
+     "field 'speculative': give exactly one of draft"},
+    {"lab.engine{model = TINY, speculative = {lookup = 2, kk = 3}}",
+     "field 'speculative.kk': unknown field (did you mean 'k'?"},
+    {"lab.engine{model = TINY, speculative = {lookup = 2.5}}", "field 'speculative.lookup': expected a whole number"},
+    {"lab.engine{model = TINY, speculative = 7}", "field 'speculative': expected the flag's text"},
     {"E:add{max_tokens = 4}", "field 'prompt': give exactly one of prompt"},
     {"E:add{prompt = 'x', ids = {1}}", "field 'prompt': give exactly one"},
     {"E:add{ids = {1, 'a'}}", "field 'ids': element 2: expected a token id (an integer), got string"},
@@ -186,6 +203,8 @@ static const bad_case BAD_CASES[] = {
     {"local w = E:record().zebra", "step record has no field 'zebra' (the closest name is"},
     {"setmetatable(E:record(), nil)", "cannot change a protected metatable"},
     {"local w = lab.quantize{values = {1, 2}}.scale", "lab.quantize() has no field 'scale' (did you mean 'scales'?"},
+    {"local w = E:record().spec.acepted", "step record.spec has no field 'acepted' (did you mean 'accepted'?)"},
+    {"local w = E:record().sequences[1].spec.drafed", "has no field 'drafed' (did you mean 'drafted'?)"},
 };
 
 static void test_bad_arguments_raise_named_errors(void** state) {
@@ -291,6 +310,87 @@ static void test_engine_api_reports_what_ran(void** state) {
     assert_int_equal(c->n_checks, 1);
     assert_int_equal(c->checks[0].outcome, CHECK_PASS);
     assert_true(c->had_focus);
+    free(c);
+}
+
+// Speculative decoding as a lesson sees it: the field in both spellings,
+// the record's spec group and each sequence's, the totals, the config. The
+// counts are held to the identities that tie them together (each verifying
+// sequence runs 1 + drafted rows, kept + refused = drafted, the totals are
+// the steps' sums), and the draft's bytes per pass to its model's shapes.
+static void test_speculative_fields(void** state) {
+    (void)state;
+    const char* source =
+        "lab.lesson{title = 'speculative', claims = {'c1'}}\n"
+        "local m = lab.model{model = 'tiny', dtype = 'fp32'}\n"
+        "local plain = lab.engine{model = m, num_blocks = 32}\n"
+        "local pid = plain:add{prompt = 'abab', max_tokens = 3}\n"
+        "plain:run()\n"
+        "local pr = plain:record()\n"
+        "lab.say(string.format('plain %s %d %d %d %s %d', pr.spec.kind, pr.spec.k, pr.sequences[1].spec.drafted,\n"
+        "    plain:totals().spec.drafted, plain:config().speculative, plain:sequence(pid).spec.total_drafted))\n"
+        "local function run(spec)\n"
+        "  local e = lab.engine{model = m, num_blocks = 64, block_size = 4, speculative = spec}\n"
+        "  local id = e:add{prompt = 'ab ab ab ab ab ab ab ab', max_tokens = 24}\n"
+        "  local sums = {drafted = 0, accepted = 0, rejected = 0, emitted = 0, draft_passes = 0, draft_weights = 0}\n"
+        "  local rows_right, parts_right, verifying = true, true, 0\n"
+        "  e:run{stop_when = function(r)\n"
+        "    local drafted = 0\n"
+        "    for _, s in ipairs(r.sequences) do\n"
+        "      drafted = drafted + s.spec.drafted\n"
+        "      if s.spec.drafted > 0 then\n"
+        "        verifying = verifying + 1\n"
+        "        rows_right = rows_right and s.tokens == 1 + s.spec.drafted\n"
+        "        parts_right = parts_right and s.spec.accepted + s.spec.rejected == s.spec.drafted\n"
+        "          and s.spec.bonus == (s.spec.rejected == 0 and 1 or 0)\n"
+        "      end\n"
+        "    end\n"
+        "    parts_right = parts_right and drafted == r.spec.drafted\n"
+        "    for _, k in ipairs{'drafted', 'accepted', 'rejected', 'emitted', 'draft_passes'} do\n"
+        "      sums[k] = sums[k] + r.spec[k]\n"
+        "    end\n"
+        "    sums.draft_weights = sums.draft_weights + r.spec.draft.bytes.weights\n"
+        "    return false\n"
+        "  end}\n"
+        "  local r, t, s = e:record(), e:totals().spec, e:sequence(id)\n"
+        "  local totals_right = t.drafted == sums.drafted and t.accepted == sums.accepted\n"
+        "    and t.emitted == sums.emitted and t.draft_passes == sums.draft_passes\n"
+        "    and r.spec.total_drafted == t.drafted and r.spec.total_accepted == t.accepted\n"
+        "    and s.spec.total_drafted == t.drafted and s.spec.total_accepted == t.accepted\n"
+        "    and t.draft.bytes.weights == sums.draft_weights\n"
+        "  return e, t, {rows = rows_right, parts = parts_right, totals = totals_right, verifying = verifying,\n"
+        "    generated = s.generated, text = s.text}\n"
+        "end\n"
+        "local l, lt, lc = run({lookup = 2, k = 3})\n"
+        "lab.say(string.format('lookup %s %s rows %s parts %s totals %s drafted %s weights %d', l:config().speculative,\n"
+        "  l:record().spec.kind, tostring(lc.rows), tostring(lc.parts), tostring(lc.totals), tostring(lt.drafted > 0),\n"
+        "  lt.draft.bytes.weights))\n"
+        "local d, dt, dc = run('draft:w4a16:g32:k2')\n"
+        "local draft_shape = lab.model{model = 'tiny', quant = 'w4a16:g32'}:info()\n"
+        "local per_pass = dt.draft.bytes.weights / dt.draft_passes\n"
+        "lab.say(string.format('draft %s %s %d rows %s parts %s totals %s drafted %s per pass %s', d:config().speculative,\n"
+        "  d:record().spec.kind, d:record().spec.k, tostring(dc.rows), tostring(dc.parts), tostring(dc.totals),\n"
+        "  tostring(dt.drafted > 0), tostring(math.abs(per_pass / draft_shape.decode_weight_bytes - 1) < 0.01)))\n"
+        "local none = lab.engine{model = m, num_blocks = 64, block_size = 4}\n"
+        "local nid = none:add{prompt = 'ab ab ab ab ab ab ab ab', max_tokens = 24}\n"
+        "none:run()\n"
+        "lab.say(string.format('same text %s %s', tostring(lc.text == none:sequence(nid).text),\n"
+        "  tostring(dc.text == none:sequence(nid).text)))\n"
+        "lab.check{id = 'c1', claim = 'c', expected = true, verdict = dc.generated == 24, evidence = 'n'}\n";
+    captured* c = calloc(1, sizeof *c);
+    lesson_status status = run_source("speculative", source, NULL, c);
+    if (status != LESSON_DONE) fail_msg("%s", c->error);
+    const char* expected[] = {
+        "plain none 0 0 0 none 0",
+        "lookup lookup:2:k3 lookup rows true parts true totals true drafted true weights 0",
+        "draft draft:w4a16:g32:k2 draft 2 rows true parts true totals true drafted true per pass true",
+        "same text true true", // greedy: speculation leaves the output as it was
+    };
+    assert_int_equal(c->n_said, (int)(sizeof expected / sizeof expected[0]));
+    for (size_t i = 0; i < sizeof expected / sizeof expected[0]; i++)
+        assert_string_equal(c->said[i], expected[i]);
+    assert_int_equal(c->n_checks, 1);
+    assert_int_equal(c->checks[0].outcome, CHECK_PASS);
     free(c);
 }
 
@@ -981,7 +1081,7 @@ static void test_strict_tables_renames_and_tail_waste(void** state) {
     (void)state;
     const char* source =
         "lab.lesson{title = 'strict', claims = {'c1'}}\n"
-        "assert(lab.api_version == 3, 'api version ' .. tostring(lab.api_version))\n"
+        "assert(lab.api_version == 4, 'api version ' .. tostring(lab.api_version))\n"
         "local e = lab.engine{model = 'tiny', block_size = 16, num_blocks = 16}\n"
         "local prompt = {1}\n"
         "for k = 1, 31 do prompt[#prompt + 1] = 3 + k end\n"
@@ -1030,6 +1130,7 @@ int main(void) {
         cmocka_unit_test(test_bad_arguments_raise_named_errors),
         cmocka_unit_test(test_engine_api_reports_what_ran),
         cmocka_unit_test(test_strict_tables_renames_and_tail_waste),
+        cmocka_unit_test(test_speculative_fields),
         cmocka_unit_test(test_quant_and_formula_api),
         cmocka_unit_test(test_checks_pass_disagree_fail_and_unreached),
         cmocka_unit_test(test_undecided_is_neither_pass_nor_failure),
