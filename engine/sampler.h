@@ -5,8 +5,9 @@
 // logits are divided by the temperature, turned into probabilities by
 // softmax, and a token is drawn, from the smallest set of tokens whose
 // probability reaches top_p when 0 < top_p < 1 (nucleus sampling), else
-// from all of them. The generator is llama2.c's xorshift*, so a seed gives
-// the same draws on every machine.
+// from all of them. The generator is llama2.c's xorshift*, started from the
+// seed mixed by splitmix64 (so that consecutive seeds, one per fork, give
+// unrelated draws), and a seed gives the same draws on every machine.
 #ifndef SERVELAB_SAMPLER_H
 #define SERVELAB_SAMPLER_H
 
