@@ -21,19 +21,21 @@ local MODEL_NAME = MODEL_FILE:match("([^/]+)%.bin$") -- "stories260K"
 -- shapes: the bytes one draft pass must read.
 local draft_shape = lab.model{model = MODEL_FILE, quant = DRAFT_SCHEME}:info()
 
--- Every engine of this lesson checks its own books after each step (the
--- audit: block references, free + used + cached = total, bytes from the
--- shapes); a broken invariant stops the step with its name.
+-- The engine audit (block references, free + used + cached = total, bytes
+-- from the shapes) watches these engines when the run asks for it: `lesson
+-- run --audit`, and `make test`, which audits every run without a deliberate
+-- fault. Under a fault the claims below must see the bug themselves, so the
+-- lesson does not force the audit on (it would stop the run first).
 local function engine(spec, fields)
-    local options = {model = target, kv_dtype = "fp32", block_size = 16, num_blocks = 512, audit = true,
-        speculative = spec}
+    local options = {model = target, kv_dtype = "fp32", block_size = 16, num_blocks = 512, speculative = spec}
     for name, value in pairs(fields or {}) do options[name] = value end
     return lab.engine(options)
 end
 
--- Spread-out seeds: the sampler's xorshift seeded with 1, 2, 3, ... starts
--- with correlated first draws (2000 samples of one prompt gave a token of
--- probability 0.0018 fourteen times, 3.5 expected).
+-- Spread-out seeds. The engine now mixes every seed before its xorshift
+-- starts (seeds 1, 2, 3, ... used to begin with correlated first draws: 2000
+-- samples of one prompt gave a token of probability 0.0018 fourteen times,
+-- 3.5 expected); spreading them here keeps the samples apart either way.
 local function seed_of(i) return (i * 0x9E3779B97F4A7C15) & 0x7fffffffffffffff end
 
 local function generated(e, id)
@@ -285,9 +287,9 @@ local FORMULA_PROMPTS = {
     "Lily had a red ball",
     "There was a small bird who",
 }
--- Every engine audits itself: a broken invariant (a fault can cause one)
--- is an error in the middle of a run. The measurements run protected, and
--- each claim that needs them reports the error as its own FAIL.
+-- With the audit on, a broken invariant is an error in the middle of a run.
+-- The measurements run protected, and each claim that needs them reports
+-- the error as its own FAIL.
 local function measure_speedup()
     local m = {passes = 0, kept = 0, stopped_at_refusal = 0, emitted = 0, spec_target_bytes = 0, spec_draft_bytes = 0,
         draft_passes = 0, plain_bytes = 0, plain_tokens = 0}

@@ -1016,7 +1016,7 @@ static void test_100_disconnecting_clients_leave_the_pool_free(void** state) {
 }
 
 // A streaming client that goes away mid-stream has its sequence cancelled:
-// its blocks are back long before its 400 tokens would have been made.
+// its blocks are back long before its 500 tokens would have been made.
 static void test_disconnect_mid_stream_frees_blocks(void** state) {
     (void)state;
     test_server ts;
@@ -1037,9 +1037,14 @@ static void test_disconnect_mid_stream_frees_blocks(void** state) {
     // One sequence makes one token a step: the steps the engine took are the
     // tokens it made, including any made after the client left (the
     // published-token counter stops with the request, the engine might not).
+    // How far the engine runs past the hang-up is how long the connection's
+    // thread waits for a core: 2 to 7 steps on a quiet machine, 123 and 139
+    // at a load of 9 to 11 on 2 cores (stories260K makes a token in ~0.2 ms).
+    // A server that never cancels runs all 500, so 400 still tells the two
+    // apart without failing on a busy machine.
     double steps = metric_value(ts.port, "servelab:engine_steps_total{model_name=\"stories260K\"} ");
     print_message("disconnected after the first bytes: the engine stopped after %.0f of 500 steps\n", steps);
-    assert_true(steps < 100);
+    assert_true(steps < 400);
     server_stop_checked(&ts);
 }
 
