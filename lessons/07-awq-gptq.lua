@@ -123,15 +123,16 @@ lab.check{
         local refuted = not awq_like_hessian and awq_from_mean_abs and gptq_uses_hessian
         local finding
         if awq_like_hessian then
-            finding = string.format("AWQ moves %d of %d codes off the nearest level, as a Hessian method would", awq.not_nearest, n)
+            finding = string.format("AWQ moves %d of %d codes off the nearest level, as a Hessian method would",
+                awq.not_nearest, n)
         elseif refuted then
             finding = "AWQ uses no Hessian"
         else
             local missed = {}
             if not awq_from_mean_abs then
-                missed[#missed + 1] = string.format("AWQ is not mean|x_c|^alpha scaling then nearest rounding (alpha %.2f, largest relative "
-                    .. "difference %.1e where under 1e-3 is expected, spread x%.2f where over x2 is expected, %d codes off "
-                    .. "the nearest level where 0 is expected)", awq.alpha, scale_mismatch, spread, awq.not_nearest)
+                missed[#missed + 1] = string.format("AWQ is not mean|x_c|^alpha scaling then nearest rounding "
+                    .. "(alpha %.2f, largest relative difference %.1e where under 1e-3 is expected, spread x%.2f where "
+                    .. "over x2 is expected, %d codes off the nearest level where 0 is expected)", awq.alpha, scale_mismatch, spread, awq.not_nearest)
             end
             if not gptq_uses_hessian then
                 missed[#missed + 1] = string.format("GPTQ shows no Hessian at work (%d of %d codes off the nearest level "
