@@ -29,6 +29,7 @@ engine_config engine_config_default(void) {
         .n_threads = 0,
         .tp_shards = 1,
         .tp_link = LINK_NVLINK,
+        .speculative = {.kind = SPEC_NONE, .k = SPEC_DEFAULT_K},
     };
 }
 

@@ -21,6 +21,7 @@
 #include "engine/links.h"
 #include "engine/model.h"
 #include "engine/scheduler.h"
+#include "engine/speculative.h"
 #include "engine/step_record.h"
 
 typedef enum engine_backend {
@@ -45,6 +46,8 @@ typedef struct engine_config {
     int tp_shards;              // simulated tensor parallelism: shards per layer, 1 = off (engine/tensor_parallel.h)
     link_kind tp_link;          // the link the all-reduces are timed on (engine/links.h)
     engine_backend backend;     // where the forward pass runs (default BACKEND_CPU)
+    speculative_config speculative; // speculative decoding (engine/speculative.h); kind SPEC_NONE = off
+    const model* draft_model;   // SPEC_DRAFT: the proposer (speculative_load_draft), not owned; same vocabulary
     bool audit;                 // check every step against independent counts (engine/audit.h); off by
                                 // default, on when SERVELAB_AUDIT=1 and no fault is installed
 } engine_config;

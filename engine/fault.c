@@ -42,6 +42,10 @@ static const fault_entry fault_table[FAULT_COUNT] = {
     [FAULT_COW_SHORT_COPY] = {"cow-short-copy", "copy-on-write copies one slot fewer than the shared block holds"},
     [FAULT_KV_INT8_SCALES_UNCOUNTED] = {"kv-int8-scales-uncounted",
                                         "int8 KV's fp32 scales (one per token, layer, K/V and head) are not counted in the KV bytes"},
+    [FAULT_SPEC_NO_RESIDUAL] = {"spec-no-residual",
+                                "speculative sampling replaces a refused guess with a draw from p instead of the residual max(0, p - q)"},
+    [FAULT_SPEC_NO_ROLLBACK] = {"spec-no-rollback",
+                                "speculative decoding keeps the KV blocks of refused guesses instead of giving them back"},
 };
 
 fault_set fault_install(fault_set set) {

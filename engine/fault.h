@@ -49,6 +49,9 @@ typedef enum fault_id {
     FAULT_PAGED_ALLOCATE_AHEAD,  // paged admission takes blocks for prompt + max_tokens at once
     FAULT_COW_SHORT_COPY,        // copy-on-write copies one slot fewer than the block holds
     FAULT_KV_INT8_SCALES_UNCOUNTED, // int8 KV's per-token, per-head fp32 scales are left out of the KV bytes
+    // speculative decoding
+    FAULT_SPEC_NO_RESIDUAL,      // a refused guess is replaced by a draw from p, not from the residual max(0, p - q)
+    FAULT_SPEC_NO_ROLLBACK,      // the refused guesses' KV blocks are not given back to the pool
     FAULT_COUNT
 } fault_id;
 

@@ -23,6 +23,8 @@ int sequence_init(sequence* s, int32_t id, int32_t request_id, const int32_t* pr
 void sequence_free(sequence* s) {
     free(s->tokens);
     free(s->block_table);
+    free(s->spec_draft_probabilities);
+    free(s->draft_block_table);
     sampler_free(&s->sampler);
     memset(s, 0, sizeof *s);
 }

@@ -15,6 +15,7 @@
 
 #include "engine/stop_rule.h"
 #include "engine/sampler.h"
+#include "engine/speculative.h"
 
 typedef enum sequence_state {
     SEQ_WAITING = 0,   // queued, holds no KV
@@ -52,6 +53,16 @@ typedef struct sequence {
     int pending_forks;     // paged: samples still to fork off once the prompt is computed
     uint64_t seed;         // sampler seed of this sample (request seed + sample_index)
     bool ignore_eos;       // generate max_new_tokens whatever the model says
+    // Speculative decoding (engine/speculative.h):
+    int32_t spec_guesses[SPEC_MAX_K]; // this step's guesses, verified at positions n_computed + 1 ..
+    int n_spec_guesses;    // proposed for this step (the scheduler may cut them to the token budget)
+    float* spec_draft_probabilities; // (SPEC_MAX_K, vocab) the draft's q for each guess (temperature > 0), or NULL
+    int32_t* draft_block_table; // (draft_table_capacity) the draft model's KV blocks, in its own pool
+    int n_draft_table;
+    int draft_table_capacity;
+    int draft_n_computed;  // tokens whose KV the draft model has cached
+    uint64_t spec_total_drafted;  // guesses proposed so far
+    uint64_t spec_total_accepted; // guesses kept so far
 } sequence;
 
 // Allocates the token and table arrays; prompt copied. Returns -1 on failure.

@@ -59,6 +59,27 @@ const step_record_field step_record_fields[] = {
     FIELD(NULL, "preempted", STEP_FIELD_INT, n_preempted),
     FIELD(NULL, "prefix_hit_tokens", STEP_FIELD_INT, prefix_hit_tokens),
     FIELD(NULL, "copy_bytes", STEP_FIELD_U64, copy_bytes),
+    // Speculative decoding: written only when it is on (spec_k > 0).
+    FIELD("spec", "kind", STEP_FIELD_STRING, spec_kind),
+    FIELD("spec", "k", STEP_FIELD_INT, spec_k),
+    FIELD("spec", "verify_tokens", STEP_FIELD_INT, spec_verify_tokens),
+    FIELD("spec", "drafted", STEP_FIELD_INT, spec_drafted),
+    FIELD("spec", "accepted", STEP_FIELD_INT, spec_accepted),
+    FIELD("spec", "rejected", STEP_FIELD_INT, spec_rejected),
+    FIELD("spec", "bonus", STEP_FIELD_INT, spec_bonus),
+    FIELD("spec", "emitted", STEP_FIELD_INT, spec_emitted),
+    FIELD("spec", "rollback_slots", STEP_FIELD_INT, spec_rollback_slots),
+    FIELD("spec", "rollback_blocks", STEP_FIELD_INT, spec_rollback_blocks),
+    FIELD("spec", "draft_passes", STEP_FIELD_INT, spec_draft_passes),
+    FIELD("spec", "draft_weight_bytes", STEP_FIELD_U64, spec_draft_weight_bytes),
+    FIELD("spec", "target_weight_bytes", STEP_FIELD_U64, spec_target_weight_bytes),
+    FIELD("spec", "draft_kv_bytes", STEP_FIELD_U64, spec_draft_kv_bytes),
+    FIELD("spec", "draft_blocks_total", STEP_FIELD_INT, spec_draft_blocks_total),
+    FIELD("spec", "draft_blocks_used", STEP_FIELD_INT, spec_draft_blocks_used),
+    FIELD("spec", "total_drafted", STEP_FIELD_U64, spec_total_drafted),
+    FIELD("spec", "total_accepted", STEP_FIELD_U64, spec_total_accepted),
+    FIELD("spec", "total_emitted", STEP_FIELD_U64, spec_total_emitted),
+    FIELD("spec", "total_target_passes", STEP_FIELD_U64, spec_total_target_passes),
 };
 const int step_record_field_count = (int)(sizeof step_record_fields / sizeof step_record_fields[0]);
 
@@ -121,6 +142,7 @@ void step_record_write_json(const step_record* r, FILE* out) {
     const char* group = NULL;
     for (int i = 0; i < step_record_field_count; i++) {
         const step_record_field* f = &step_record_fields[i];
+        if (r->spec_k == 0 && f->group && strcmp(f->group, "spec") == 0) continue; // off: the trace is as before
         bool same_group = f->group == group || (f->group && group && strcmp(f->group, group) == 0);
         if (!same_group) {
             if (group) fputc('}', out);
@@ -141,7 +163,14 @@ void step_record_write_json(const step_record* r, FILE* out) {
                 i ? "," : "", s->id, s->request_id, s->phase == PHASE_PREFILL ? "prefill" : "decode", s->n_tokens,
                 s->context_length, s->tail_fill);
         for (int b = 0; b < s->n_table; b++) fprintf(out, "%s%d", b ? "," : "", r->block_ids[s->table_offset + b]);
-        fputs("]}", out);
+        fputc(']', out);
+        if (r->spec_k > 0)
+            fprintf(out,
+                    ",\"spec\":{\"drafted\":%d,\"accepted\":%d,\"rejected\":%d,\"bonus\":%d,\"emitted\":%d,"
+                    "\"rollback_first_position\":%d,\"rollback_slots\":%d,\"rollback_blocks\":%d}",
+                    s->spec_drafted, s->spec_accepted, s->spec_rejected, s->spec_bonus, s->spec_emitted,
+                    s->spec_rollback_first_position, s->spec_rollback_slots, s->spec_rollback_blocks);
+        fputc('}', out);
     }
     fputs("],\"events\":[", out);
     for (int i = 0; i < r->n_events; i++) {
@@ -278,6 +307,8 @@ void step_sequence_status_fill(step_sequence_status* out, const scheduler* sched
         .arrival_time = s->arrival_time,
         .first_token_time = s->first_token_time,
         .finish_time = s->finish_time,
+        .spec_total_drafted = s->spec_total_drafted,
+        .spec_total_accepted = s->spec_total_accepted,
         .tokens = s->tokens,
         .block_table = s->block_table,
         .n_table = s->n_table,

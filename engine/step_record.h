@@ -34,6 +34,16 @@ typedef struct step_sequence {
     int32_t tail_waste_slots; // paged: slots of its blocks past its last computed token, or past its prompt while
                               // it prefills (decoding: n_blocks x block_size - context; the token just sampled
                               // holds no slot yet), 0..block_size - 1; contiguous 0
+    // Speculative decoding (engine/speculative.h), this step; all 0 without it. A verifying
+    // sequence ran n_tokens = 1 + spec_drafted rows: its last token and the guesses.
+    int32_t spec_drafted;     // guesses proposed for it
+    int32_t spec_accepted;    // guesses the target kept (a prefix of them)
+    int32_t spec_rejected;    // spec_drafted - spec_accepted: the first refused guess and all after it
+    int32_t spec_bonus;       // 1 when every guess was kept and the last row gave one more token
+    int32_t spec_emitted;     // tokens appended to its output: spec_accepted + 1, fewer when a stop rule cut it
+    int32_t spec_rollback_first_position; // first position whose KV slot was written and then rolled back, -1 if none
+    int32_t spec_rollback_slots;  // slots written then rolled back: positions [first, first + spec_rollback_slots)
+    int32_t spec_rollback_blocks; // blocks the rollback gave back to the pool (their ids are BLOCK_FREE events)
 } step_sequence;
 
 // Where a pool block stands after the step (the dashboard's pool map).
@@ -68,6 +78,8 @@ typedef struct step_sequence_status {
     double arrival_time;      // engine clock, seconds
     double first_token_time;  // engine clock of its first new token, or -1
     double finish_time;       // engine clock when it finished, or -1
+    uint64_t spec_total_drafted;  // guesses proposed for it so far (speculative decoding; else 0)
+    uint64_t spec_total_accepted; // guesses kept so far: its acceptance rate is accepted / drafted
     // Borrowed from the engine: valid until the next engine_step or
     // engine_release_sequence (copying every live sequence's tokens each
     // step would cost O(all tokens) per step).
@@ -136,6 +148,31 @@ typedef struct step_record {
     block_event* events;           // (n_events) block events of this step
     int n_finished_now;
     int32_t* finished_ids;         // (n_finished_now) sequences that finished this step
+    // Speculative decoding (engine/speculative.h; the "spec" group of the JSON trace, written
+    // only when it is on). `traffic` is the target's forward pass alone; the draft model's
+    // passes are in spec_draft_traffic, so a reader can split the bytes of the two.
+    const char* spec_kind;         // "none", "draft", "lookup"
+    int spec_k;                    // most guesses per sequence per step (0 when off)
+    int spec_verify_tokens;        // target rows of verifying sequences: each 1 + its guesses
+    int spec_drafted;              // guesses proposed this step, all sequences
+    int spec_accepted;             // guesses kept
+    int spec_rejected;             // guesses refused (rolled back)
+    int spec_bonus;                // bonus tokens (every guess of a sequence kept)
+    int spec_emitted;              // tokens the verifying sequences appended
+    int spec_rollback_slots;       // KV slots written and rolled back, target cache
+    int spec_rollback_blocks;      // blocks the rollbacks gave back to the target pool
+    int spec_draft_passes;         // forward calls of the draft model (0 for lookup)
+    kernel_traffic spec_draft_traffic; // what the draft model's passes read, wrote and computed
+    uint64_t spec_draft_weight_bytes;  // spec_draft_traffic.weight_bytes_read
+    uint64_t spec_target_weight_bytes; // traffic.weight_bytes_read: the target's pass
+    uint64_t spec_draft_kv_bytes;  // the draft's KV bytes read + written
+    int spec_draft_blocks_total;   // the draft model's own KV pool (draft only), after the step
+    int spec_draft_blocks_used;
+    uint64_t spec_total_drafted;   // since the engine started
+    uint64_t spec_total_accepted;
+    uint64_t spec_total_emitted;   // tokens appended by verifying sequences
+    uint64_t spec_total_target_passes; // sequence-steps that verified (each one target pass for that sequence):
+                                       // tokens per target pass = spec_total_emitted / this
     // Room in the arrays above (the engine's bookkeeping, not for readers).
     int sequences_capacity, block_ids_capacity, finished_capacity, waiting_capacity, running_capacity, live_capacity;
 } step_record;

@@ -33,7 +33,11 @@ const char ENGINE_OPTIONS_USAGE[] =
     "  --fault NAME[,NAME]       run with a deliberate bug, to see which lesson claims turn\n"
     "                            (servelab info --faults lists them)\n"
     "  --audit                   check every step's blocks, counters and bytes against\n"
-    "                            independent counts; stop at the first broken invariant\n";
+    "                            independent counts; stop at the first broken invariant\n"
+    "  --speculative SPEC        speculative decoding: draft:SCHEME[:kK] (a quantized copy of\n"
+    "                            the model, e.g. draft:w4a16:g32:k4), draft:FILE[:kK] (a model\n"
+    "                            with the same vocabulary) or lookup:N[:kK] (n-gram prompt\n"
+    "                            lookup); k guesses per step, 1..16 (default 4; default none)\n";
 
 int parse_size_arg(const char* flag, const char* text, uint64_t* out, error_info* err) {
     char* end = NULL;
@@ -189,6 +193,10 @@ bool engine_option_match(arg_cursor* cursor, engine_config* c, bool* kv_both, bo
         fault_set set = 0;
         if (!*failed) *failed = fault_set_parse(cursor->value, &set, err) != 0;
         if (!*failed) fault_install(fault_enabled_set | set);
+        return true;
+    }
+    if (arg_match(cursor, "--speculative", true, failed, err)) {
+        if (!*failed) *failed = speculative_config_parse(cursor->value, &c->speculative, err) != 0;
         return true;
     }
     if (arg_match(cursor, "--audit", false, failed, err)) {
