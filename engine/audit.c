@@ -132,7 +132,8 @@ static int audit_writes(engine_audit* a, const engine* e, const step_record* r, 
     for (int i = 0; i < r->n_sequences; i++) {
         const step_sequence* q = &r->sequences[i];
         const sequence* s = &sched->sequences[q->id];
-        for (int position = q->context_length - q->n_tokens; position < q->context_length; position++) {
+        const int first = step_sequence_first_row(q);
+        for (int position = first; position < first + q->n_tokens; position++) {
             if (position / bs >= s->n_table) break; // finished this step: its table went back
             int32_t block = s->block_table[position / bs];
             if (ran_holders[block] != 1)
@@ -150,7 +151,7 @@ static int audit_writes(engine_audit* a, const engine* e, const step_record* r, 
         if (r->events[k].kind != BLOCK_COPY) continue;
         for (int i = 0; i < r->n_sequences; i++)
             if (r->sequences[i].id == r->events[k].sequence)
-                expected += (uint64_t)((r->sequences[i].context_length - r->sequences[i].n_tokens) % bs) * per_slot;
+                expected += (uint64_t)(step_sequence_first_row(&r->sequences[i]) % bs) * per_slot;
     }
     if (r->copy_bytes != expected)
         return error_set(
@@ -213,8 +214,8 @@ static int audit_traffic(engine_audit* a, const engine* e, const step_record* r,
     uint64_t written = 0, read = 0, rows = 0;
     for (int i = 0; i < r->n_sequences; i++) {
         const step_sequence* q = &r->sequences[i];
-        uint64_t n = (uint64_t)q->n_tokens, before = (uint64_t)(q->context_length - q->n_tokens);
-        if (q->context_length < q->n_tokens)
+        uint64_t n = (uint64_t)q->n_tokens, before = (uint64_t)step_sequence_first_row(q);
+        if (step_sequence_first_row(q) < 0)
             return error_set(err, "audit: sequence %d ran %d tokens but holds a context of %d at step %llu", q->id,
                              q->n_tokens, q->context_length, step);
         rows += n;

@@ -11,8 +11,6 @@ int step_batch_reserve(step_batch* b, int n_items, int n_rows, int n_finished) {
         if (array_grow(&b->items, &capacity, n_items, sizeof *b->items)) return -1;
         capacity = b->items_capacity;
         if (array_grow(&b->block_tables, &capacity, n_items, sizeof *b->block_tables)) return -1;
-        capacity = b->items_capacity;
-        if (array_grow(&b->sampled, &capacity, n_items, sizeof *b->sampled)) return -1;
         b->items_capacity = capacity;
     }
     if (n_rows > b->rows_capacity) {
@@ -20,6 +18,8 @@ int step_batch_reserve(step_batch* b, int n_items, int n_rows, int n_finished) {
         if (array_grow(&b->rows, &capacity, n_rows, sizeof *b->rows)) return -1;
         capacity = b->rows_capacity;
         if (array_grow(&b->slot_mapping, &capacity, n_rows, sizeof *b->slot_mapping)) return -1;
+        capacity = b->rows_capacity; // a verifying sequence samples from each of its rows (engine/speculative.h)
+        if (array_grow(&b->sampled, &capacity, n_rows, sizeof *b->sampled)) return -1;
         b->rows_capacity = capacity;
     }
     return array_grow(&b->finished_ids, &b->finished_capacity, n_finished, sizeof *b->finished_ids);

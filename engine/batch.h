@@ -19,6 +19,15 @@ typedef struct scheduled_sequence {
     int32_t id;
     int n_tokens;     // tokens to compute this step
     step_phase phase;
+    // Speculative decoding (engine/speculative.h): a verifying decode runs its last token and
+    // n_guesses guesses (n_tokens = 1 + n_guesses); the engine fills the outcome.
+    int n_guesses;
+    int n_accepted;   // guesses kept
+    int n_emitted;    // tokens to append (sampled[] from its first logit row): n_accepted + 1
+    int bonus;        // 1 when every guess was kept
+    int rollback_first_position; // filled by scheduler_postprocess: slots rolled back, or -1
+    int rollback_slots;
+    int rollback_blocks;
 } scheduled_sequence;
 
 // A token sampled for one sequence, and whether the model ends there.
@@ -44,7 +53,7 @@ typedef struct step_batch {
     int prefill_tokens;
     int decode_tokens;
     // ---- the samples (the engine, after the forward pass), in logit-row order
-    sampled_token* sampled;      // (n_logit_rows)
+    sampled_token* sampled;      // (n_logit_rows) one per sequence, or a verifying sequence's n_emitted from its first row
     // A sequence with pending forks spawns them as it samples: fork k of it
     // gets its own sampler and first token, from the same logits.
     sampler* fork_samplers;      // (n_forks) handed to the new sequences by scheduler_postprocess
@@ -54,8 +63,8 @@ typedef struct step_batch {
     int32_t* finished_ids;       // (n_finished) sequences that finished this step, in order
     int n_finished;
     // ---- room
-    int items_capacity;          // items, block_tables and sampled
-    int rows_capacity;
+    int items_capacity;          // items and block_tables
+    int rows_capacity;           // rows, slot_mapping and sampled
     int forks_capacity;
     int finished_capacity;
 } step_batch;

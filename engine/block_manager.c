@@ -26,6 +26,30 @@ int block_manager_prepare_decode(block_manager* bm, sequence* s) { return bm->op
 
 void block_manager_release(block_manager* bm, sequence* s) { bm->ops->release(bm, s); }
 
+int block_manager_prepare_ahead(block_manager* bm, sequence* s, int n_ahead) {
+    // prepare_decode readies the slot of position n_computed; each guess's
+    // position is readied the same way, one past the other.
+    const int next = s->n_computed;
+    int prepared = 0;
+    while (prepared < n_ahead) {
+        s->n_computed = next + 1 + prepared;
+        if (bm->ops->prepare_decode(bm, s) != 0) break;
+        prepared++;
+    }
+    s->n_computed = next;
+    return prepared;
+}
+
+int block_manager_truncate(block_manager* bm, sequence* s, int n_tokens) {
+    if (bm->layout != KV_LAYOUT_PAGED) return 0;
+    int keep = (n_tokens + bm->block_size - 1) / bm->block_size, given_back = 0;
+    while (s->n_table > keep) {
+        kv_pool_release(bm->pool, s->block_table[--s->n_table], s->id);
+        given_back++;
+    }
+    return given_back;
+}
+
 void block_manager_fork(block_manager* bm, const sequence* parent, sequence* child) {
     bm->ops->fork(bm, parent, child);
 }

@@ -68,6 +68,17 @@ int block_manager_admit(block_manager* bm, sequence* s, int* prefix_hit_tokens);
 // (allocating a block or copying a shared one). -1 when the pool is empty.
 int block_manager_prepare_decode(block_manager* bm, sequence* s);
 
+// Speculative decoding (engine/speculative.h): makes the slots of the
+// n_ahead positions after the next one exist and be private, as
+// prepare_decode does for the next; never preempts. Returns how many it
+// prepared (fewer when the pool runs out).
+int block_manager_prepare_ahead(block_manager* bm, sequence* s, int n_ahead);
+
+// Speculative rollback: gives back the blocks past the sequence's first
+// n_tokens tokens (paged; a contiguous reservation stays). Returns the
+// number of blocks given back.
+int block_manager_truncate(block_manager* bm, sequence* s, int n_tokens);
+
 // Returns every block (or the reservation) of the sequence.
 void block_manager_release(block_manager* bm, sequence* s);
 

@@ -185,6 +185,17 @@ int engine_init(engine* e, const model* m, const engine_config* config, error_in
         return -1;
     }
     if (start_workers(e, err) || start_cuda(e, max_rows, err)) return -1;
+    if (c->speculative.kind != SPEC_NONE) {
+        if (e->cuda) {
+            engine_free(e);
+            return error_set(err, "--speculative: runs on the CPU backend only (drop --backend cuda)");
+        }
+        if (speculative_init(&e->spec, &c->speculative, m, c->draft_model, c->kv_dtype, c->num_blocks, c->block_size,
+                             max_rows, e->workers, err)) {
+            engine_free(e);
+            return -1;
+        }
+    }
     if (ensure_logits(e, 2 * c->max_seqs)) {
         engine_free(e);
         return error_set(err, "engine: out of memory");
@@ -203,6 +214,8 @@ void engine_free(engine* e) {
     free(e->logits);
     step_record_free(&e->record);
     audit_free(&e->audit);
+    speculative_free(&e->spec);
+    free(e->observed_logits);
     memset(e, 0, sizeof *e);
 }
 
@@ -254,6 +267,7 @@ int engine_cancel_sequence(engine* e, int32_t id, error_info* err) {
     if (id < 0 || id >= e->scheduler.n_sequences)
         return error_set(err, "cancel: no sequence %d (0..%d)", id, e->scheduler.n_sequences - 1);
     scheduler_cancel(&e->scheduler, id, e->clock_seconds);
+    speculative_drop_draft(&e->spec, &e->scheduler.sequences[id]);
     return 0;
 }
 
@@ -402,6 +416,32 @@ static sampled_token judge(const engine* e, const sequence* s, int32_t token) {
     return out;
 }
 
+// A verifying decode (engine/speculative.h): its 1 + n_guesses rows of
+// logits judge the guesses; the tokens it emits go to sampled[] from its
+// first row, each judged by the stop rules.
+static int verify_guesses(engine* e, step_batch* b, scheduled_sequence* item, sequence* q, float* logits,
+                          int first_row, error_info* err) {
+    const int vocab = e->model->config.vocab_size, n_rows = 1 + item->n_guesses;
+    if (e->observer) { // verifying overwrites the rows; the observer sees the rows sampled from
+        if (!e->observed_logits &&
+            !(e->observed_logits = malloc((size_t)(SPEC_MAX_K + 1) * (size_t)vocab * sizeof *e->observed_logits)))
+            return error_set(err, "engine: out of memory");
+        memcpy(e->observed_logits, logits, (size_t)n_rows * (size_t)vocab * sizeof *logits);
+    }
+    int32_t tokens[SPEC_MAX_K + 1];
+    int accepted = 0;
+    int n = speculative_verify(&e->spec, q, logits, vocab, tokens, &accepted);
+    if (e->observer)
+        for (int j = 0; j < n; j++)
+            e->observer(e->observer_user, q->id, q->n_tokens - 1 + j, e->observed_logits + (size_t)j * (size_t)vocab,
+                        vocab);
+    item->n_accepted = accepted;
+    item->n_emitted = n;
+    item->bonus = accepted == item->n_guesses;
+    for (int j = 0; j < n; j++) b->sampled[first_row + j] = judge(e, q, tokens[j]);
+    return 0;
+}
+
 // One token for every sequence that reached its last token, from its row of
 // logits; a sequence with pending forks first draws each fork's sampler and
 // first token from a copy of the same logits (sampling overwrites them).
@@ -421,6 +461,14 @@ static int sample_batch(engine* e, step_batch* b, error_info* err) {
         sequence* q = &e->scheduler.sequences[b->items[i].id];
         if (q->n_computed + b->items[i].n_tokens < q->n_tokens) continue; // more prompt to go
         float* logits = e->logits + (size_t)logit_row * (size_t)vocab;
+        if (b->items[i].n_guesses > 0) {
+            if (verify_guesses(e, b, &b->items[i], q, logits, logit_row, err)) {
+                free(row);
+                return -1;
+            }
+            logit_row += 1 + b->items[i].n_guesses;
+            continue;
+        }
         if (e->observer) e->observer(e->observer_user, q->id, q->n_tokens - 1, logits, vocab);
         for (int k = 1; k <= q->pending_forks; k++) {
             sampler* fork = &b->fork_samplers[b->n_forks];
@@ -447,12 +495,14 @@ int engine_step(engine* e, const step_record** record_out, error_info* err) {
     r->step = ++e->step_counter;
     kv_pool_clear_events(&e->pool);
 
+    if (e->spec.config.kind != SPEC_NONE && speculative_propose(e, err)) return -1; // 0. the guesses
     if (scheduler_schedule(&e->scheduler, b, err)) return -1; // 1. which sequences, how many tokens
     if (run_batch(e, b, r, err)) return -1;                   // 2. the forward pass
     uint64_t forward_end = now_ns();
     e->clock_seconds += (double)(forward_end - start) * 1e-9;
     if (sample_batch(e, b, err)) return -1;                   // 3. one token per finished prompt
     if (scheduler_postprocess(&e->scheduler, b, e->clock_seconds, err)) return -1; // 4. append, fork, finish
+    if (e->spec.config.kind != SPEC_NONE) speculative_after_step(e, b); // the draft caches rolled back too
 
     e->total_prefix_hit_tokens += (uint64_t)b->prefix_hit_tokens; // 5. the record
     if (step_record_fill(r, e, b)) return error_set(err, "engine: out of memory");

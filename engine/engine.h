@@ -99,6 +99,8 @@ typedef struct engine {
     logits_observer observer;
     void* observer_user;
     engine_audit audit;         // config.audit: what the audit keeps between steps
+    speculative_state spec;     // config.speculative: the draft's pool and activations, the totals
+    float* observed_logits;     // (SPEC_MAX_K + 1, vocab) a verifying sequence's rows kept for the observer
 } engine;
 
 int engine_init(engine* e, const model* m, const engine_config* config, error_info* err);

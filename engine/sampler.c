@@ -112,3 +112,44 @@ int32_t sampler_sample(sampler* s, float* logits) {
     if (s->top_p <= 0.0f || s->top_p >= 1.0f) return sample_all(logits, s->vocab_size, coin);
     return sample_top_p(s, logits, coin);
 }
+
+void sampler_distribution(sampler* s, float* logits) {
+    const int n = s->vocab_size;
+    if (s->temperature < SAMPLER_MIN_TEMPERATURE) {
+        int32_t best = sampler_argmax(logits, n);
+        memset(logits, 0, (size_t)n * sizeof *logits);
+        logits[best] = 1.0f;
+        return;
+    }
+    for (int i = 0; i < n; i++) logits[i] /= s->temperature;
+    softmax(logits, n);
+    if (s->top_p <= 0.0f || s->top_p >= 1.0f) return;
+    // The nucleus as sample_top_p finds it: candidates by descending
+    // probability up to the first whose running total passes top_p.
+    const float cutoff = (1.0f - s->top_p) / (float)(n > 1 ? n - 1 : 1);
+    int n_candidates = 0;
+    for (int i = 0; i < n; i++)
+        if (logits[i] >= cutoff) s->candidates[n_candidates++] = (sampler_candidate){logits[i], i};
+    if (n_candidates == 0) {
+        int32_t best = sampler_argmax(logits, n);
+        memset(logits, 0, (size_t)n * sizeof *logits);
+        logits[best] = 1.0f;
+        return;
+    }
+    qsort(s->candidates, (size_t)n_candidates, sizeof *s->candidates, by_probability_descending);
+    float cumulative = 0.0f;
+    int last = n_candidates - 1;
+    for (int i = 0; i < n_candidates; i++) {
+        cumulative += s->candidates[i].probability;
+        if (cumulative > s->top_p) {
+            last = i;
+            break;
+        }
+    }
+    memset(logits, 0, (size_t)n * sizeof *logits);
+    for (int i = 0; i <= last; i++) logits[s->candidates[i].token] = s->candidates[i].probability / cumulative;
+}
+
+int32_t sampler_draw(sampler* s, const float* probabilities) {
+    return sample_all(probabilities, s->vocab_size, sampler_random_unit(&s->rng_state));
+}

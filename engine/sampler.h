@@ -50,6 +50,17 @@ void sampler_free(sampler* s);
 // probabilities when sampling.
 int32_t sampler_sample(sampler* s, float* logits);
 
+// The distribution sampler_sample draws from, written over logits: divided
+// by the temperature and softmaxed; with 0 < top_p < 1 the tokens outside
+// the nucleus zeroed and the rest renormalised; greedy: 1 on the argmax.
+// Speculative sampling applies it to the target's and the draft's logits
+// alike, so that p and q are cut the same way.
+void sampler_distribution(sampler* s, float* logits);
+
+// A token drawn from probabilities (vocab_size floats summing to about 1)
+// with the sampler's generator.
+int32_t sampler_draw(sampler* s, const float* probabilities);
+
 // Index of the largest value (the first one on ties); values: (n) floats.
 int32_t sampler_argmax(const float* values, int n);
 

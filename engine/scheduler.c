@@ -162,9 +162,14 @@ void scheduler_release(scheduler* s, int32_t id) {
     // the table array itself is what is left to free.
     free(q->tokens);
     free(q->block_table);
+    free(q->draft_block_table); // its blocks went back when it finished (speculative_after_step)
+    free(q->spec_draft_probabilities);
     sampler_free(&q->sampler);
     q->tokens = NULL;
     q->block_table = NULL;
+    q->draft_block_table = NULL;
+    q->spec_draft_probabilities = NULL;
+    q->n_draft_table = q->draft_table_capacity = 0;
     // Zero counts, so that a reader walking the sequences directly sees an
     // empty sequence rather than a count over a NULL array.
     q->n_tokens = q->n_prompt = q->n_computed = q->capacity = 0;
@@ -243,14 +248,34 @@ static void schedule_running(scheduler* s, step_batch* b, int* budget) {
                 i--; // the list shifted under us
                 continue;
             }
-            b->items[b->n_items++] = (scheduled_sequence){q->id, 1, PHASE_DECODE};
+            b->items[b->n_items++] =
+                (scheduled_sequence){.id = q->id, .n_tokens = 1, .phase = PHASE_DECODE, .rollback_first_position = -1};
             *budget -= 1;
         } else if (q->state == SEQ_PREFILL && !already_scheduled(b, q->id)) {
             int chunk = chunk_for(s, q, *budget);
             if (chunk == 0) continue;
-            b->items[b->n_items++] = (scheduled_sequence){q->id, chunk, PHASE_PREFILL};
+            b->items[b->n_items++] =
+                (scheduled_sequence){.id = q->id, .n_tokens = chunk, .phase = PHASE_PREFILL, .rollback_first_position = -1};
             *budget -= chunk;
         }
+    }
+}
+
+// 1b. Speculative decoding (engine/speculative.h): each decode's guesses
+// become rows of its own, after every running sequence has its one token,
+// so that guesses never take a block or a budget slot a plain decode needed
+// (and never preempt); they come before admissions, as in vLLM.
+static void schedule_guesses(scheduler* s, step_batch* b, int* budget) {
+    for (int i = 0; i < b->n_items; i++) {
+        scheduled_sequence* item = &b->items[i];
+        sequence* q = &s->sequences[item->id];
+        if (item->phase != PHASE_DECODE || q->n_spec_guesses == 0) continue;
+        int guesses = q->n_spec_guesses < *budget ? q->n_spec_guesses : *budget;
+        if (guesses > 0) guesses = block_manager_prepare_ahead(&s->kv, q, guesses);
+        q->n_spec_guesses = guesses;
+        item->n_guesses = guesses;
+        item->n_tokens += guesses;
+        *budget -= guesses;
     }
 }
 
@@ -282,7 +307,8 @@ static void admit_waiting(scheduler* s, step_batch* b, int* budget) {
         b->prefix_hit_tokens += hit_tokens;
         int chunk = chunk_for(s, q, *budget);
         if (chunk > 0) {
-            b->items[b->n_items++] = (scheduled_sequence){q->id, chunk, PHASE_PREFILL};
+            b->items[b->n_items++] =
+                (scheduled_sequence){.id = q->id, .n_tokens = chunk, .phase = PHASE_PREFILL, .rollback_first_position = -1};
             *budget -= chunk;
         }
     }
@@ -308,9 +334,13 @@ static void build_rows(scheduler* s, step_batch* b) {
         b->block_tables[i] = q->block_table;
         for (int t = 0; t < b->items[i].n_tokens; t++) {
             int position = q->n_computed + t;
-            bool last = position == q->n_tokens - 1;
-            b->rows[n_rows++] = (batch_row){q->tokens[position], position, i, last};
-            b->n_logit_rows += last;
+            // A verifying decode's rows past its last token are its guesses,
+            // and every one of its rows wants logits (engine/speculative.h).
+            bool guess = position >= q->n_tokens;
+            bool wants_logits = position >= q->n_tokens - 1;
+            int32_t token = guess ? q->spec_guesses[position - q->n_tokens] : q->tokens[position];
+            b->rows[n_rows++] = (batch_row){token, position, i, wants_logits};
+            b->n_logit_rows += wants_logits;
         }
         if (b->items[i].phase == PHASE_PREFILL) b->prefill_tokens += b->items[i].n_tokens;
         else b->decode_tokens += b->items[i].n_tokens;
@@ -338,6 +368,7 @@ int scheduler_schedule(scheduler* s, step_batch* b, error_info* err) {
     b->n_forks = b->n_finished = 0;
     int budget = s->config.max_batched_tokens;
     schedule_running(s, b, &budget);
+    schedule_guesses(s, b, &budget);
     admit_waiting(s, b, &budget);
     build_rows(s, b);
     return 0;
@@ -387,12 +418,43 @@ static int spawn_forks(scheduler* s, step_batch* b, int32_t parent_id, int first
     return 0;
 }
 
+// A verifying decode: its last token and the kept guesses stay in the
+// cache, the refused guesses' slots are rolled back (blocks past the kept
+// tokens go back to the pool), then the emitted tokens are appended one by
+// one, each under the stop rules.
+static void accept_verified(scheduler* s, step_batch* b, scheduled_sequence* item, int first_row,
+                            double clock_seconds) {
+    sequence* q = &s->sequences[item->id];
+    const int from = q->n_computed, kept = 1 + item->n_accepted, n_tokens_before = q->n_tokens;
+    // The kept guesses go where accept_token will append them first, so
+    // that the prefix cache hashes a full block of real tokens.
+    for (int j = 0; j < item->n_accepted; j++) q->tokens[q->n_tokens + j] = q->spec_guesses[j];
+    q->n_computed = from + kept;
+    block_manager_after_compute(&s->kv, q, from, q->n_computed);
+    item->rollback_slots = item->n_tokens - kept;
+    item->rollback_first_position = item->rollback_slots > 0 ? q->n_computed : -1;
+    if (!fault_on(FAULT_SPEC_NO_ROLLBACK)) item->rollback_blocks = block_manager_truncate(&s->kv, q, q->n_computed);
+    int appended = 0;
+    for (int j = 0; j < item->n_emitted && q->state != SEQ_FINISHED; j++) {
+        accept_token(s, b, q, b->sampled[first_row + j], clock_seconds);
+        appended = q->n_tokens - n_tokens_before;
+    }
+    q->spec_total_drafted += (uint64_t)item->n_guesses;
+    q->spec_total_accepted += (uint64_t)item->n_accepted;
+    item->n_emitted = appended + (q->state == SEQ_FINISHED && q->stop != STOP_LENGTH && q->stop != STOP_CONTEXT);
+}
+
 int scheduler_postprocess(scheduler* s, step_batch* b, double clock_seconds, error_info* err) {
     int logit_row = 0, fork = 0;
     int status = 0;
     for (int i = 0; i < b->n_items; i++) {
         int32_t id = b->items[i].id;
         sequence* q = &s->sequences[id];
+        if (b->items[i].n_guesses > 0) {
+            accept_verified(s, b, &b->items[i], logit_row, clock_seconds);
+            logit_row += b->items[i].n_tokens;
+            continue;
+        }
         int from = q->n_computed;
         q->n_computed += b->items[i].n_tokens;
         block_manager_after_compute(&s->kv, q, from, q->n_computed);
@@ -404,6 +466,7 @@ int scheduler_postprocess(scheduler* s, step_batch* b, double clock_seconds, err
         }
         fork += n_forks;
         accept_token(s, b, &s->sequences[id], b->sampled[logit_row++], clock_seconds); // forks may have moved the array
+        if (b->items[i].phase == PHASE_DECODE) b->items[i].n_emitted = 1;
     }
     for (int k = 0; k < b->n_forks; k++) sampler_free(&b->fork_samplers[k]); // any not handed over (an error)
     b->n_forks = 0;

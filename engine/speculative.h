@@ -39,6 +39,8 @@
 #include <stdint.h>
 
 #include "base/error.h"
+#include "engine/forward.h"
+#include "engine/kv_blocks.h"
 #include "engine/model.h"
 
 // Guesses per sequence per step: 1..SPEC_MAX_K. At 16 and an acceptance of
@@ -57,10 +59,10 @@ typedef enum speculative_kind {
 
 typedef struct speculative_config {
     speculative_kind kind;
-    int k;                  // guesses per sequence per step, 1..SPEC_MAX_K (default SPEC_DEFAULT_K)
-    char draft_scheme[64];  // SPEC_DRAFT of the loaded model: its quantization ("w4a16:g32"); "" for a file
-    char draft_path[512];   // SPEC_DRAFT from a model file with the same vocabulary; "" for a scheme
-    int lookup_n;           // SPEC_LOOKUP: tokens matched, 1..SPEC_MAX_LOOKUP_N
+    int k;                 // guesses per sequence per step, 1..SPEC_MAX_K (default SPEC_DEFAULT_K)
+    char draft_scheme[64]; // SPEC_DRAFT of the loaded model: its quantization ("w4a16:g32"); "" for a file
+    char draft_path[512];  // SPEC_DRAFT from a model file with the same vocabulary; "" for a scheme
+    int lookup_n;          // SPEC_LOOKUP: tokens matched, 1..SPEC_MAX_LOOKUP_N
 } speculative_config;
 
 // No speculation (kind SPEC_NONE, k SPEC_DEFAULT_K).
@@ -91,8 +93,8 @@ const char* speculative_kind_name(speculative_kind kind);
 // file. A draft whose vocabulary size differs from the target's is refused
 // ("draft model x.bin: vocabulary of 32000 tokens, the target's has 512").
 // Any other kind: -1 with a message.
-int speculative_load_draft(const speculative_config* config, const model* target, const char* target_path,
-                           model* draft, error_info* err);
+int speculative_load_draft(const speculative_config* config, const model* target, const char* target_path, model* draft,
+                           error_info* err);
 
 // Expected tokens a step yields per verifying sequence when each of k
 // guesses is kept independently with probability `acceptance`:
@@ -100,6 +102,62 @@ int speculative_load_draft(const speculative_config* config, const model* target
 double speculative_expected_tokens(double acceptance, int k);
 
 // ---- for the engine -------------------------------------------------------------------------
+
+struct engine;
+struct sequence;
+struct step_batch;
+
+// What speculative decoding keeps in an engine.
+typedef struct speculative_state {
+    speculative_config config;
+    const model* draft;          // SPEC_DRAFT: the proposer (not owned), else NULL
+    kv_pool draft_pool;          // SPEC_DRAFT: the draft's own KV blocks (no prefix cache)
+    forward_state draft_forward; // SPEC_DRAFT: its activations
+    int max_rows;                // rows one draft forward call takes
+    float* draft_logits;         // (max_rows, vocab)
+    batch_row* rows;             // (max_rows) the draft call being gathered
+    int32_t* slot_mapping;       // (max_rows)
+    int* row_job;                // (max_rows) which drafting sequence each row belongs to
+    int n_rows;
+    struct sequence** jobs;     // (jobs_capacity) the sequences drafting this step
+    const int32_t** job_tables; // (jobs_capacity) their draft block tables
+    int* job_guesses;           // (jobs_capacity) the most guesses each may make
+    int n_jobs, jobs_capacity;
+    float* residual; // (vocab) scratch: max(0, p - q)
+    // This step:
+    kernel_traffic draft_traffic; // the draft model's passes
+    int draft_passes;
+    // Since the engine started:
+    uint64_t total_drafted, total_accepted, total_emitted, total_target_passes;
+} speculative_state;
+
+// Checks the config against the engine's (draft vocabulary, CPU backend)
+// and builds the draft's pool and activations. `pool` runs the draft's
+// kernels (may be NULL).
+int speculative_init(speculative_state* st, const speculative_config* config, const model* target, const model* draft,
+                     kv_dtype dtype, int num_blocks, int block_size, int max_rows, thread_pool* pool, error_info* err);
+void speculative_free(speculative_state* st);
+
+// Before the step is scheduled: the guesses of every decoding sequence
+// (q->n_spec_guesses, at most k, and never so many that the step could
+// emit past max_new_tokens or the sequence's capacity).
+int speculative_propose(struct engine* e, error_info* err);
+
+// Verifies a sequence's n_spec_guesses guesses against its 1 + n rows of
+// target logits (overwritten): writes the tokens it emits to `tokens`
+// (kept guesses, then the correction or the bonus), *accepted the kept
+// guesses; returns how many tokens it wrote (*accepted + 1).
+int speculative_verify(speculative_state* st, struct sequence* q, float* logits, int vocab_size, int32_t* tokens,
+                       int* accepted);
+
+// After the step: each draft cache cut back to the tokens the target kept
+// (its blocks past them freed); a sequence that no longer runs (preempted,
+// finished, cancelled) gives back all of its draft blocks; the counts of
+// the step's verifying sequences added to the totals.
+void speculative_after_step(struct engine* e, const struct step_batch* b);
+
+// Gives back every draft block of q (a cancel between steps).
+void speculative_drop_draft(speculative_state* st, struct sequence* q);
 
 // Up to max_guesses guesses for a sequence of n_tokens tokens by n-gram
 // lookup: the latest earlier occurrence of its last n tokens, and the tokens

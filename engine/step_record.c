@@ -282,6 +282,15 @@ static int record_ran(const scheduler* sched, const step_batch* plan, step_recor
                              ? (s->n_computed - 1) % sched->kv.block_size + 1
                              : 0;
         out->tail_waste_slots = block_manager_tail_waste(&sched->kv, s);
+        const scheduled_sequence* item = &plan->items[i];
+        out->spec_drafted = item->n_guesses;
+        out->spec_accepted = item->n_accepted;
+        out->spec_rejected = item->n_guesses - item->n_accepted;
+        out->spec_bonus = item->n_guesses > 0 ? item->bonus : 0;
+        out->spec_emitted = item->n_emitted;
+        out->spec_rollback_first_position = item->rollback_first_position;
+        out->spec_rollback_slots = item->rollback_slots;
+        out->spec_rollback_blocks = item->rollback_blocks;
         // A sequence that finished this step has released its table (n_table 0,
         // and block_ids may still be NULL): memcpy must not see NULL even for 0 bytes.
         if (s->n_table > 0) memcpy(r->block_ids + offset, s->block_table, (size_t)s->n_table * sizeof(int32_t));
@@ -335,8 +344,43 @@ static int record_sequences(const scheduler* e, step_record* r) {
     return 0;
 }
 
+// Speculative decoding's figures: the step's verifying sequences summed,
+// the draft's traffic and pool, the totals.
+static void record_speculation(const engine* e, const step_batch* b, step_record* r) {
+    const speculative_state* st = &e->spec;
+    r->spec_kind = speculative_kind_name(st->config.kind);
+    if (st->config.kind == SPEC_NONE) return;
+    r->spec_k = st->config.k;
+    for (int i = 0; i < b->n_items; i++) {
+        const scheduled_sequence* item = &b->items[i];
+        if (item->n_guesses == 0) continue;
+        r->spec_verify_tokens += item->n_tokens;
+        r->spec_drafted += item->n_guesses;
+        r->spec_accepted += item->n_accepted;
+        r->spec_rejected += item->n_guesses - item->n_accepted;
+        r->spec_bonus += item->bonus;
+        r->spec_emitted += item->n_emitted;
+        r->spec_rollback_slots += item->rollback_slots;
+        r->spec_rollback_blocks += item->rollback_blocks;
+    }
+    r->spec_draft_passes = st->draft_passes;
+    r->spec_draft_traffic = st->draft_traffic;
+    r->spec_draft_weight_bytes = st->draft_traffic.weight_bytes_read;
+    r->spec_target_weight_bytes = r->traffic.weight_bytes_read;
+    r->spec_draft_kv_bytes = st->draft_traffic.kv_bytes_read + st->draft_traffic.kv_bytes_written;
+    if (st->draft) {
+        r->spec_draft_blocks_total = st->draft_pool.n_blocks;
+        r->spec_draft_blocks_used = st->draft_pool.n_blocks - st->draft_pool.n_free;
+    }
+    r->spec_total_drafted = st->total_drafted;
+    r->spec_total_accepted = st->total_accepted;
+    r->spec_total_emitted = st->total_emitted;
+    r->spec_total_target_passes = st->total_target_passes;
+}
+
 int step_record_fill(step_record* r, engine* e, const step_batch* b) {
     if (record_ran(&e->scheduler, b, r)) return -1;
+    record_speculation(e, b, r);
     const kv_pool* pool = e->scheduler.kv.pool; // paged only
     if (pool) {
         r->events = pool->events;

@@ -46,6 +46,13 @@ typedef struct step_sequence {
     int32_t spec_rollback_blocks; // blocks the rollback gave back to the pool (their ids are BLOCK_FREE events)
 } step_sequence;
 
+// The position of the first row the sequence ran this step: its context
+// after the step less the rows it kept (a verifying sequence's refused
+// guesses were rolled back, so they are not in its context).
+static inline int step_sequence_first_row(const step_sequence* s) {
+    return s->context_length - (s->n_tokens - s->spec_rollback_slots);
+}
+
 // Where a pool block stands after the step (the dashboard's pool map).
 typedef enum block_state {
     BLOCK_STATE_FREE = 0,   // ref_count 0
