@@ -56,7 +56,7 @@ typedef struct sequence {
     // Speculative decoding (engine/speculative.h):
     int32_t spec_guesses[SPEC_MAX_K]; // this step's guesses, verified at positions n_computed + 1 ..
     int n_spec_guesses;    // proposed for this step (the scheduler may cut them to the token budget)
-    float* spec_draft_probabilities; // (SPEC_MAX_K, vocab) the draft's q for each guess (temperature > 0), or NULL
+    float* spec_draft_probabilities; // (k, vocab) the draft's q for each guess (temperature > 0), or NULL
     int32_t* draft_block_table; // (draft_table_capacity) the draft model's KV blocks, in its own pool
     int n_draft_table;
     int draft_table_capacity;

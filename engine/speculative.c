@@ -197,16 +197,14 @@ int speculative_init(speculative_state* st, const speculative_config* config, co
                          draft->name, draft->config.vocab_size, target->config.vocab_size);
     st->draft = draft;
     st->max_rows = max_rows;
-    const size_t vocab = (size_t)draft->config.vocab_size;
     if (kv_pool_init(&st->draft_pool, &draft->config, dtype, num_blocks, block_size, err) ||
         forward_state_init(&st->draft_forward, &draft->config, max_rows, draft->config.max_seq_len, err) ||
         forward_state_set_pool(&st->draft_forward, pool, err))
         return -1;
-    st->draft_logits = malloc((size_t)max_rows * vocab * sizeof *st->draft_logits);
     st->rows = malloc((size_t)max_rows * sizeof *st->rows);
     st->slot_mapping = malloc((size_t)max_rows * sizeof *st->slot_mapping);
     st->row_job = malloc((size_t)max_rows * sizeof *st->row_job);
-    if (!st->draft_logits || !st->rows || !st->slot_mapping || !st->row_job)
+    if (!st->rows || !st->slot_mapping || !st->row_job)
         return error_set(err, "speculative: out of memory for %d draft rows", max_rows);
     return 0;
 }
@@ -311,14 +309,19 @@ static int draft_propose(engine* e, error_info* err) {
     scheduler* s = &e->scheduler;
     const int vocab = st->draft->config.vocab_size;
     if (s->n_running > st->jobs_capacity) {
+        // A draft call has at most one row wanting logits per drafting
+        // sequence, so its logits grow with the jobs, not with max_rows
+        // (which at 32,000 ids and 640 rows would hold 82 MB).
         int capacity = s->n_running * 2;
+        float* logits = realloc(st->draft_logits, (size_t)capacity * (size_t)vocab * sizeof *logits);
+        if (logits) st->draft_logits = logits;
         sequence** jobs = realloc(st->jobs, (size_t)capacity * sizeof *jobs);
         if (jobs) st->jobs = jobs;
         const int32_t** tables = realloc(st->job_tables, (size_t)capacity * sizeof *tables);
         if (tables) st->job_tables = tables;
         int* guesses = realloc(st->job_guesses, (size_t)capacity * sizeof *guesses);
         if (guesses) st->job_guesses = guesses;
-        if (!jobs || !tables || !guesses) return error_set(err, "speculative: out of memory");
+        if (!logits || !jobs || !tables || !guesses) return error_set(err, "speculative: out of memory");
         st->jobs_capacity = capacity;
     }
     st->n_jobs = 0;
@@ -335,7 +338,7 @@ static int draft_propose(engine* e, error_info* err) {
         if (covered < q->n_tokens) continue; // the draft pool is full: a plain decode this step
         if (covered - q->n_tokens + 1 < limit) limit = covered - q->n_tokens + 1;
         if (q->sampler.temperature >= SAMPLER_MIN_TEMPERATURE && !q->spec_draft_probabilities &&
-            !(q->spec_draft_probabilities = malloc((size_t)SPEC_MAX_K * (size_t)vocab * sizeof(float))))
+            !(q->spec_draft_probabilities = malloc((size_t)st->config.k * (size_t)vocab * sizeof(float))))
             return error_set(err, "speculative: out of memory for draft probabilities");
         st->jobs[st->n_jobs] = q;
         st->job_tables[st->n_jobs] = q->draft_block_table;

@@ -165,7 +165,7 @@ typedef struct step_record {
     int spec_accepted;             // guesses kept
     int spec_rejected;             // guesses refused (rolled back)
     int spec_bonus;                // bonus tokens (every guess of a sequence kept)
-    int spec_emitted;              // tokens the verifying sequences appended
+    int spec_emitted;              // tokens the verifying sequences appended (a plain decode's 1 is not in it)
     int spec_rollback_slots;       // KV slots written and rolled back, target cache
     int spec_rollback_blocks;      // blocks the rollbacks gave back to the target pool
     int spec_draft_passes;         // forward calls of the draft model (0 for lookup)
@@ -177,8 +177,8 @@ typedef struct step_record {
     int spec_draft_blocks_used;
     uint64_t spec_total_drafted;   // since the engine started
     uint64_t spec_total_accepted;
-    uint64_t spec_total_emitted;   // tokens appended by verifying sequences
-    uint64_t spec_total_target_passes; // sequence-steps that verified (each one target pass for that sequence):
+    uint64_t spec_total_emitted;   // tokens appended by decoding sequences (verifying or not: lookup may find nothing)
+    uint64_t spec_total_target_passes; // decode sequence-steps (each one target pass for that sequence):
                                        // tokens per target pass = spec_total_emitted / this
     // Room in the arrays above (the engine's bookkeeping, not for readers).
     int sequences_capacity, block_ids_capacity, finished_capacity, waiting_capacity, running_capacity, live_capacity;

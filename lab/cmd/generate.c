@@ -235,17 +235,23 @@ typedef struct generation_stats {
     kernel_traffic decode_shard0;    // --tp: shard 0's work over the decode steps
     uint64_t decode_allreduce_bytes;
     double decode_allreduce_seconds;
-    int decode_steps;
     stop_reason stop;
+    int decode_tokens;               // tokens appended by the decode steps (more than one a step with --speculative)
+    uint64_t spec_drafted, spec_accepted, spec_emitted, spec_target_passes;
+    uint64_t spec_draft_weight_bytes; // the draft model's, over the decode steps
 } generation_stats;
 
 static void add_step(generation_stats* stats, const step_record* r) {
+    stats->spec_drafted = r->spec_total_drafted;
+    stats->spec_accepted = r->spec_total_accepted;
+    stats->spec_emitted = r->spec_total_emitted;
+    stats->spec_target_passes = r->spec_total_target_passes;
     if (r->prefill_tokens > 0) {
         stats->prefill_ns += r->wall_ns;
         return;
     }
     stats->decode_ns += r->wall_ns;
-    stats->decode_steps++;
+    stats->spec_draft_weight_bytes += r->spec_draft_weight_bytes;
     stats->decode_weight_bytes += r->traffic.weight_bytes_read;
     traffic_add(&stats->decode_shard0, &r->shard_traffic[0]);
     stats->decode_allreduce_bytes += r->allreduce_bytes;
@@ -264,9 +270,15 @@ static int run_request(const model_source* source, generate_args* args, const in
     // output then equals llama2.c's exactly.
     if (args->engine.num_blocks == 0 && args->engine.kv_mem_bytes == 0)
         args->engine.num_blocks = (c->max_seq_len + args->engine.block_size - 1) / args->engine.block_size;
+    model_source draft; // --speculative draft:...: the proposer, freed after the engine
+    if (engine_options_open_draft(&args->engine, &args->request, &draft, &err)) {
+        fprintf(stderr, "servelab generate: %s\n", err.message);
+        return 2;
+    }
     engine e;
     if (engine_init(&e, &source->model, &args->engine, &err)) {
         fprintf(stderr, "servelab generate: %s\n", err.message);
+        model_source_close(&draft);
         return 2;
     }
     // The trace through output_file: never written through a planted link,
@@ -277,6 +289,7 @@ static int run_request(const model_source* source, generate_args* args, const in
         if (output_file_open(&trace_file, args->trace_path, &err)) {
             fprintf(stderr, "servelab generate: %s (the trace file)\n", err.message);
             engine_free(&e);
+            model_source_close(&draft);
             return 1;
         }
         trace = trace_file.stream;
@@ -288,6 +301,7 @@ static int run_request(const model_source* source, generate_args* args, const in
     if (args->options.max_new_tokens > 0 && engine_add_request(&e, &params, &id, &err)) {
         fprintf(stderr, "servelab generate: %s\n", err.message);
         engine_free(&e);
+        model_source_close(&draft);
         if (trace) output_file_abort(&trace_file);
         return 2;
     }
@@ -301,6 +315,7 @@ static int run_request(const model_source* source, generate_args* args, const in
         add_step(stats, r);
         step_sequence_status s;
         engine_sequence_status(&e, id, &s); // never released here
+        if (r->prefill_tokens == 0 && s.n_tokens > printed) stats->decode_tokens += s.n_tokens - printed;
         for (; printed < s.n_tokens; printed++) {
             generated[(*n_generated)++] = s.tokens[printed];
             if (printer) print_generated_piece(printer, s.tokens[printed - 1], s.tokens[printed]);
@@ -311,6 +326,7 @@ static int run_request(const model_source* source, generate_args* args, const in
     bool complete = !engine_has_work(&e);
     stats->stop = added ? s.stop : STOP_LENGTH;
     engine_free(&e);
+    model_source_close(&draft);
     if (trace && output_file_commit(&trace_file, false, &err)) {
         fprintf(stderr, "servelab generate: %s: the trace could not be written: %s\n", args->trace_path, err.message);
         complete = false;
@@ -321,9 +337,10 @@ static int run_request(const model_source* source, generate_args* args, const in
 // The stats line on stderr (and, with --tp, shard 0's share of the work).
 static void print_stats(const model_source* source, const generate_args* args, int n_prompt, int n_generated,
                         const generation_stats* stats) {
-    double decode_rate = stats->decode_ns > 0 ? stats->decode_steps / (stats->decode_ns * 1e-9) : 0.0;
+    // Per decode token, not per step: with --speculative a step appends up to k + 1 tokens.
+    double decode_rate = stats->decode_ns > 0 ? stats->decode_tokens / (stats->decode_ns * 1e-9) : 0.0;
     double prefill_rate = stats->prefill_ns > 0 ? n_prompt / (stats->prefill_ns * 1e-9) : 0.0;
-    int decode_steps = stats->decode_steps;
+    int decode_tokens = stats->decode_tokens;
     // fp16 / fp32 weights held twice where the AVX-512 kernel reads them tiled (matmul.h).
     char tile_copy[96] = "";
     if (source->model.tile_bytes)
@@ -335,19 +352,31 @@ static void print_stats(const model_source* source, const generate_args* args, i
             source->model_label, weight_dtype_name(source->model.dtype), (double)source->model.n_parameters / 1e6,
             (unsigned long long)source->model.weight_bytes, tile_copy, n_prompt, prefill_rate, n_generated,
             decode_rate,
-            decode_steps ? (unsigned long long)(stats->decode_weight_bytes / (uint64_t)decode_steps) : 0ull,
+            decode_tokens ? (unsigned long long)(stats->decode_weight_bytes / (uint64_t)decode_tokens) : 0ull,
             stop_reason_name(stats->stop));
-    if (args->engine.tp_shards <= 1 || decode_steps == 0) return;
-    uint64_t shard_bytes = stats->decode_shard0.weight_bytes_read / (uint64_t)decode_steps;
+    if (args->engine.speculative.kind != SPEC_NONE) {
+        char what[600];
+        speculative_config_describe(&args->engine.speculative, what, sizeof what);
+        fprintf(stderr,
+                "servelab: --speculative %s: %llu of %llu guesses kept (acceptance %.1f%%); %llu tokens in %llu target "
+                "passes, %.2f tokens per target pass; the draft read %llu weight bytes per decode token\n",
+                what, (unsigned long long)stats->spec_accepted, (unsigned long long)stats->spec_drafted,
+                stats->spec_drafted ? 100.0 * (double)stats->spec_accepted / (double)stats->spec_drafted : 0.0,
+                (unsigned long long)stats->spec_emitted, (unsigned long long)stats->spec_target_passes,
+                stats->spec_target_passes ? (double)stats->spec_emitted / (double)stats->spec_target_passes : 0.0,
+                decode_tokens ? (unsigned long long)(stats->spec_draft_weight_bytes / (uint64_t)decode_tokens) : 0ull);
+    }
+    if (args->engine.tp_shards <= 1 || decode_tokens == 0) return;
+    uint64_t shard_bytes = stats->decode_shard0.weight_bytes_read / (uint64_t)decode_tokens;
     uint64_t shard_flops =
-        (stats->decode_shard0.matmul_flops + stats->decode_shard0.attention_flops) / (uint64_t)decode_steps;
+        (stats->decode_shard0.matmul_flops + stats->decode_shard0.attention_flops) / (uint64_t)decode_tokens;
     fprintf(stderr,
             "servelab: --tp %d over %s: per decode token shard 0 read %llu weight bytes and did %llu FLOPs "
             "(%.2f FLOP/byte); each shard sent %llu all-reduce bytes, %.1f us on the link\n",
             args->engine.tp_shards, link_model_get(args->engine.tp_link)->name, (unsigned long long)shard_bytes,
             (unsigned long long)shard_flops, shard_bytes ? (double)shard_flops / (double)shard_bytes : 0.0,
-            (unsigned long long)(stats->decode_allreduce_bytes / (uint64_t)decode_steps),
-            stats->decode_allreduce_seconds / decode_steps * 1e6);
+            (unsigned long long)(stats->decode_allreduce_bytes / (uint64_t)decode_tokens),
+            stats->decode_allreduce_seconds / decode_tokens * 1e6);
 }
 
 int command_generate(int argc, char** argv) {

@@ -86,6 +86,9 @@ typedef struct sim_result {
     uint64_t prefix_hit_tokens;
     uint64_t copies;
     int steps;
+    bool speculative;        // --speculative: the two figures below
+    double spec_acceptance_pct;   // guesses kept / guesses made
+    double spec_tokens_per_pass;  // tokens decoding sequences appended / their target passes
 } sim_result;
 
 static int compare_doubles(const void* a, const void* b) {
@@ -191,6 +194,14 @@ static int run_simulation(const model* m, const engine_config* config, const wor
         out->prefix_hit_tokens = e.total_prefix_hit_tokens;
         const step_record* last = engine_view(&e); // NULL only when out of memory
         out->copies = config->layout == KV_LAYOUT_PAGED && last ? last->total_copies : 0;
+        out->speculative = config->speculative.kind != SPEC_NONE;
+        if (out->speculative && last) {
+            out->spec_acceptance_pct =
+                last->spec_total_drafted ? 100.0 * (double)last->spec_total_accepted / (double)last->spec_total_drafted : 0;
+            out->spec_tokens_per_pass = last->spec_total_target_passes ? (double)last->spec_total_emitted /
+                                                                             (double)last->spec_total_target_passes
+                                                                       : 0;
+        }
     }
     free(first_ids);
     engine_free(&e);
@@ -202,7 +213,7 @@ static json_t* json_decimals(double value, int decimals) { return json_out_round
 // One run's figures; NULL when out of memory (json_pack takes the references
 // it is given even when it fails).
 static json_t* result_json(const sim_result* r) {
-    return json_pack("{s:i, s:i, s:I, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:i, s:o, s:o, s:o, s:I, s:I, s:I, s:i}",
+    json_t* o = json_pack("{s:i, s:i, s:I, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:i, s:o, s:o, s:o, s:I, s:I, s:I, s:i}",
                      "completed", r->completed, "requests", r->n_requests, "generated_tokens",
                      (json_int_t)r->generated_tokens, "seconds", json_decimals(r->seconds, 4), "throughput_tok_s",
                      json_decimals(r->throughput_tok_s, 3), "ttft_ms_mean", json_decimals(r->ttft_ms_mean, 3),
@@ -213,6 +224,13 @@ static json_t* result_json(const sim_result* r) {
                      "external_fragmentation_pct", json_decimals(r->external_fragmentation_pct, 3), "preemptions",
                      (json_int_t)r->preemptions, "prefix_hit_tokens", (json_int_t)r->prefix_hit_tokens, "cow_copies",
                      (json_int_t)r->copies, "steps", r->steps);
+    if (o && r->speculative &&
+        (json_object_set_new(o, "spec_acceptance_pct", json_decimals(r->spec_acceptance_pct, 3)) ||
+         json_object_set_new(o, "spec_tokens_per_target_pass", json_decimals(r->spec_tokens_per_pass, 3)))) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
 }
 
 // One compact JSON object keyed by run label, in the order the runs ran (as
@@ -252,6 +270,10 @@ static void print_table(const sim_result* results, int n) {
     ROW("copy-on-write copies", "%20" PRIu64, copies);
     ROW("steps", "%20d", steps);
     ROW("elapsed (s)", "%20.2f", seconds);
+    if (results[0].speculative) {
+        ROW("spec. acceptance (%)", "%20.1f", spec_acceptance_pct);
+        ROW("tokens / target pass", "%20.2f", spec_tokens_per_pass);
+    }
 #undef ROW
     // Ratios against the first run, measured in this run.
     for (int i = 1; i < n; i++)
@@ -467,6 +489,13 @@ int command_sim(int argc, char** argv) {
         fprintf(stderr, "servelab sim: %s\n", err.message);
         return 1;
     }
+    model_source draft; // --speculative draft:...: the proposer, shared by every run
+    if (engine_options_open_draft(&args.config, &args.request, &draft, &err)) {
+        progress_finish(line);
+        fprintf(stderr, "servelab sim: %s\n", err.message);
+        model_source_close(&source);
+        return 1;
+    }
     const model_config* mc = &source.model.config;
     if (!args.budget_given)
         args.config.num_blocks =
@@ -480,6 +509,7 @@ int command_sim(int argc, char** argv) {
     if (status) {
         progress_finish(line);
         fprintf(stderr, "servelab sim: %s\n", err.message);
+        model_source_close(&draft);
         model_source_close(&source);
         return 2;
     }
@@ -501,6 +531,7 @@ int command_sim(int argc, char** argv) {
     for (int i = 0; i < outcome.n_failures; i++) fprintf(stderr, "servelab sim: %s\n", outcome.failures[i]);
     if (outcome.n_failures > 0) status = 1;
     workload_free(&w);
+    model_source_close(&draft);
     model_source_close(&source);
     return status;
 }

@@ -2,6 +2,7 @@
 
 #include "engine/fault.h"
 #include "engine/kv_memory.h"
+#include "engine/model_quant.h"
 #include "kernels/cuda/cuda_info.h"
 
 #include <errno.h>
@@ -234,4 +235,29 @@ void engine_options_print_usage(FILE* out, const char* const* replacements) {
         if (!skipping) fwrite(text, 1, length, out);
         text += length;
     }
+}
+
+int engine_options_open_draft(engine_config* config, const model_request* target_request, model_source* draft,
+                              error_info* err) {
+    memset(draft, 0, sizeof *draft);
+    const speculative_config* spec = &config->speculative;
+    if (spec->kind != SPEC_DRAFT) return 0;
+    model_request request = *target_request;
+    request.quant = NULL;
+    request.dtype = MODEL_DTYPE_FP32; // the draft's own bytes are its scheme's; the rest stays exact
+    if (spec->draft_path[0]) request.model_arg = spec->draft_path;
+    error_info open_err = {{0}};
+    if (model_source_open(draft, &request, &open_err))
+        return error_set(err, "--speculative draft:%s: %s", spec->draft_path[0] ? spec->draft_path : spec->draft_scheme,
+                         open_err.message);
+    if (spec->draft_scheme[0]) {
+        model_quant_spec scheme;
+        if (model_quant_spec_parse(spec->draft_scheme, &scheme, err) ||
+            model_quantize(&draft->model, &scheme, NULL, NULL, 0, NULL, NULL, err)) {
+            model_source_close(draft);
+            return -1;
+        }
+    }
+    config->draft_model = &draft->model;
+    return 0;
 }

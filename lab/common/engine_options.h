@@ -15,6 +15,7 @@
 
 #include "engine/engine.h"
 #include "lab/common/cli_args.h"
+#include "lab/common/model_source.h"
 
 // The usage lines for these flags (for --help texts).
 extern const char ENGINE_OPTIONS_USAGE[];
@@ -27,6 +28,16 @@ extern const char ENGINE_OPTIONS_USAGE[];
 // loaded; engine_init checks the final pool for every caller.
 bool engine_option_match(arg_cursor* cursor, engine_config* config, bool* kv_both, bool* batching_both,
                          bool* failed, error_info* err);
+
+// The draft model that --speculative draft:... asks for, opened into
+// *draft (close it with model_source_close after the engine is freed) and
+// pointed at by config->draft_model: draft:SCHEME opens the target's own
+// --model again (a checkpoint, a GGUF or a preset), without its --quant,
+// and quantizes it with SCHEME (RTN: no calibration data needed);
+// draft:FILE opens FILE. The vocabulary check is engine_init's. Any other
+// kind: nothing to do (returns 0, *draft zeroed).
+int engine_options_open_draft(engine_config* config, const model_request* target_request, model_source* draft,
+                              error_info* err);
 
 // Parses "64MiB", "1GiB", "512KiB", "100MB", "4096" into bytes.
 int parse_size_arg(const char* flag, const char* text, uint64_t* out, error_info* err);
