@@ -16,6 +16,7 @@
 #   ROUNDS=5               interleaved rounds
 #   TOKENS=128             new tokens per run
 #   K=4                    guesses per step, both programs
+#   THREADS=2              threads of each program (llama.cpp: -t and -td)
 #   KEEP=DIR               keep every run's output in DIR
 #
 # The drafts differ, and the table says how:
@@ -28,6 +29,10 @@
 #              for the output; Q4_0 and Q8_0 refuse the 172 columns outright.
 #   lookup     servelab lookup:2:kK (the last 2 tokens matched); llama-lookup
 #              with --draft-max K (its n-grams of 1 to 4 tokens).
+# On a machine shared with other work, llama.cpp's threads wait for each
+# other at every operation of the graph: at a load of 12 on 2 cores,
+# llama-cli on stories260K ran 28 tok/s on 2 threads and 7959 on 1. Run
+# THREADS=1 beside the 2-thread table there.
 # Decode time is what each program calls decode: servelab, the wall time of
 # its steps after the prefill step (from --trace), over the tokens they
 # appended; llama-cli, its eval time; llama-speculative and llama-lookup,
@@ -44,7 +49,7 @@ servelab=${SERVELAB:-bin/servelab}
 rounds=${ROUNDS:-5}
 tokens=${TOKENS:-128}
 k=${K:-4}
-threads=2
+threads=${THREADS:-2}
 prompt="Once upon a time, there was a little girl named Lily. She loved to play"
 for tool in llama-cli llama-speculative llama-lookup llama-quantize; do
     [ -x "$llama_bin/$tool" ] || { echo "$0: $llama_bin/$tool is not an executable (llama.cpp's build/bin)" >&2; exit 2; }

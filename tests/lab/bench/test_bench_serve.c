@@ -547,6 +547,36 @@ static void test_tokens_per_step_against_servelab_serve(void** state) {
     assert_true(json_is_null(json_object_get(server, "tokens_per_target_pass"))); // speculation off
     json_decref(root);
     free_result(&r);
+
+    // With a W4A16 draft guessing 4: a target pass yields between 1 and k + 1 = 5 tokens,
+    // a step up to 3 x 5, and the text report says so.
+    serve_start_with(&s, "--speculative draft:w4a16:g32:k4");
+    snprintf(arguments, sizeof arguments,
+             "bench-serve --url http://127.0.0.1:%d --requests 6 --prompt-len 12 --output-len 32 --concurrency 3 "
+             "--server-metrics --json",
+             s.port);
+    r = run_servelab(arguments);
+    snprintf(arguments + strlen(arguments) - strlen(" --json"), 8, "%s", "");
+    command_result text = run_servelab(arguments);
+    serve_stop(&s);
+    if (r.exit_status != 0 || text.exit_status != 0) fail_msg("exit %d; stderr: %s", r.exit_status, r.err);
+    root = parse_json_or_fail(r.out);
+    run = json_array_get(json_object_get(root, "runs"), 0);
+    server = json_object_get(run, "server_metrics");
+    double drafts = number_field(server, "spec_drafts"), drafted = number_field(server, "spec_draft_tokens");
+    double kept = number_field(server, "spec_accepted_tokens"),
+           per_pass = number_field(server, "tokens_per_target_pass");
+    print_message("draft k4: %.0f passes, %.0f of %.0f guesses kept, %.3f tokens per target pass, %.3f per step\n",
+                  drafts, kept, drafted, per_pass, number_field(server, "tokens_per_step"));
+    assert_true(drafts > 0 && drafted <= 4 * drafts && kept <= drafted);
+    assert_float_equal(number_field(server, "acceptance_rate"), kept / drafted, 1e-3);
+    assert_true(per_pass > 1.0 && per_pass <= 5.0 && per_pass <= 1.0 + kept / drafts + 1e-3); // the JSON has 4 decimals
+    assert_true(number_field(server, "tokens_per_step") <= 15.0);
+    assert_true(number_field(server, "generation_tokens") == (double)integer_field(run, "output_tokens"));
+    if (!strstr(text.out, "tokens per target pass")) fail_msg("the report has no speculation line:\n%s", text.out);
+    json_decref(root);
+    free_result(&r);
+    free_result(&text);
 }
 
 static void test_percentile_interpolates_between_ranks(void** state) {
