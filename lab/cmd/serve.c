@@ -156,23 +156,18 @@ int command_serve(int argc, char** argv) {
     pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
     signal(SIGPIPE, SIG_IGN);
 
-    // --speculative draft:...: the proposer, loaded once and shared by every request.
-    model draft;
-    bool has_draft = false;
-    if (args.engine.speculative.kind == SPEC_DRAFT) {
-        if (speculative_load_draft(&args.engine.speculative, &source.model, args.request.model_arg, &draft, &err)) {
-            fprintf(stderr, "servelab serve: --speculative: %s\n", err.message);
-            model_source_close(&source);
-            return 1;
-        }
-        has_draft = true;
-        args.engine.draft_model = &draft;
+    // --speculative draft:...: the proposer, opened once and shared by every request.
+    model_source draft;
+    if (engine_options_open_draft(&args.engine, &args.request, &draft, &err)) {
+        fprintf(stderr, "servelab serve: %s\n", err.message);
+        model_source_close(&source);
+        return 1;
     }
 
     server* s = NULL;
     if (server_start(&s, &source.model, source.tokenizer, &args.engine, &args.serve, &err)) {
         fprintf(stderr, "servelab serve: %s\n", err.message);
-        if (has_draft) model_free(&draft);
+        model_source_close(&draft);
         model_source_close(&source);
         return 1;
     }
@@ -185,7 +180,7 @@ int command_serve(int argc, char** argv) {
     sigwait(&stop_signals, &signal_number);
     fprintf(stderr, "servelab serve: stopping (signal %d)\n", signal_number);
     server_stop(s);
-    if (has_draft) model_free(&draft);
+    model_source_close(&draft);
     model_source_close(&source);
     return 0;
 }

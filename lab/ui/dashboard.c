@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "engine/tokenizer.h"
+#include "lab/common/engine_options.h"
 #include "kernels/cpu/machine_probe.h"
 #include "kernels/cpu/matmul.h"
 
@@ -44,16 +45,12 @@ int dashboard_init(dashboard* d, const model_request* request, const engine_conf
     d->config = *config;
     d->primary = primary;
     if (model_source_open(&d->source, request, err)) return -1;
-    if (d->config.speculative.kind == SPEC_DRAFT) {
-        if (speculative_load_draft(&d->config.speculative, &d->source.model, request->model_arg, &d->draft, err)) {
-            model_source_close(&d->source);
-            return -1;
-        }
-        d->has_draft = true;
-        d->config.draft_model = &d->draft;
+    if (engine_options_open_draft(&d->config, request, &d->draft, err)) {
+        model_source_close(&d->source);
+        return -1;
     }
     if (start_engines(d, err)) {
-        if (d->has_draft) model_free(&d->draft);
+        model_source_close(&d->draft);
         model_source_close(&d->source);
         return -1;
     }
@@ -123,7 +120,7 @@ void dashboard_free(dashboard* d) {
     free(d->step_size.weights);
     free(d->step_size.codes);
     free(d->step_size.params);
-    if (d->has_draft) model_free(&d->draft);
+    model_source_close(&d->draft);
     model_source_close(&d->source);
     memset(d, 0, sizeof *d);
 }

@@ -93,8 +93,7 @@ typedef struct lesson_log {
 
 typedef struct dashboard {
     model_source source;
-    model draft; // --speculative draft:...: the proposer both engines share (speculative_load_draft)
-    bool has_draft;
+    model_source draft;   // --speculative draft:...: the proposer both engines share (engine_options_open_draft)
     engine_config config; // layout ignored: both engines run
     // Slots of KV memory each engine gets, kept when the block size changes:
     // a block's bytes are block_size x the bytes of one slot, so the same
