@@ -49,6 +49,12 @@ typedef enum fault_id {
     FAULT_PAGED_ALLOCATE_AHEAD,  // paged admission takes blocks for prompt + max_tokens at once
     FAULT_COW_SHORT_COPY,        // copy-on-write copies one slot fewer than the block holds
     FAULT_KV_INT8_SCALES_UNCOUNTED, // int8 KV's per-token, per-head fp32 scales are left out of the KV bytes
+    // memory pressure (lesson 10)
+    FAULT_EVICT_MOST_RECENT,     // a full pool evicts the most recently used cached prefix block, not the least
+    FAULT_PREEMPT_OLDEST,        // preemption takes the sequence admitted first, not the one admitted last
+    FAULT_RECOMPUTE_EXTRA_TOKEN, // a preempted sequence's last token is appended twice before its recompute
+    FAULT_CHUNK_IGNORES_BUDGET,  // a prefill chunk takes the whole step budget, not what the decodes left of it
+    FAULT_TP_ALLREDUCE_ONE_WAY,  // an all-reduce counts its reduce-scatter only: (N-1)/N of the message, not 2(N-1)/N
     // speculative decoding
     FAULT_SPEC_NO_RESIDUAL,      // a refused guess is replaced by a draw from p, not from the residual max(0, p - q)
     FAULT_SPEC_NO_ROLLBACK,      // the refused guesses' KV blocks are not given back to the pool
@@ -56,6 +62,7 @@ typedef enum fault_id {
 } fault_id;
 
 typedef uint32_t fault_set; // bit (1u << fault_id) per enabled fault
+_Static_assert(FAULT_COUNT <= 32, "fault_set holds one bit per fault: widen it past 32 faults");
 
 // The faults this process runs with; 0 in every normal run.
 extern fault_set fault_enabled_set;

@@ -153,7 +153,9 @@ int32_t kv_pool_allocate(kv_pool* pool, int32_t sequence) {
     if (pool->n_free > 0) {
         block = pool->free_stack[--pool->n_free];
     } else if (pool->lru_head >= 0) {
-        block = pool->lru_head; // the least recently used cached prefix goes first
+        // The least recently used cached prefix goes first; the
+        // evict-most-recent fault takes the other end of the list.
+        block = fault_on(FAULT_EVICT_MOST_RECENT) ? pool->lru_tail : pool->lru_head;
         lru_remove(pool, block);
         index_remove(pool, block);
         pool->blocks[block].ref_count = 0;

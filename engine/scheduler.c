@@ -187,6 +187,13 @@ void scheduler_release(scheduler* s, int32_t id) {
 static void preempt(scheduler* s, sequence* victim) {
     block_manager_release(&s->kv, victim);
     victim->n_computed = 0;
+    // The recompute-duplicates-token fault: the last sampled token goes in
+    // twice, so the recomputed context holds a token the model never chose.
+    if (fault_on(FAULT_RECOMPUTE_EXTRA_TOKEN) && victim->n_tokens > victim->n_prompt &&
+        victim->n_tokens < victim->capacity) {
+        victim->tokens[victim->n_tokens] = victim->tokens[victim->n_tokens - 1];
+        victim->n_tokens++;
+    }
     victim->state = SEQ_PREEMPTED;
     victim->n_preemptions++;
     remove_id(s->running, &s->n_running, victim->id);
@@ -194,12 +201,14 @@ static void preempt(scheduler* s, sequence* victim) {
     s->total_preemptions++;
 }
 
-// The running sequence admitted last (the preemption victim).
+// The running sequence admitted last (the preemption victim); under the
+// preempt-oldest fault, the one admitted first.
 static sequence* latest_admitted(scheduler* s) {
     sequence* latest = NULL;
+    const bool oldest = fault_on(FAULT_PREEMPT_OLDEST);
     for (int i = 0; i < s->n_running; i++) {
         sequence* q = &s->sequences[s->running[i]];
-        if (!latest || q->admit_order > latest->admit_order) latest = q;
+        if (!latest || (oldest ? q->admit_order < latest->admit_order : q->admit_order > latest->admit_order)) latest = q;
     }
     return latest;
 }
@@ -213,6 +222,15 @@ static bool already_scheduled(const step_batch* b, int32_t id) {
 static int chunk_for(const scheduler* s, const sequence* q, int budget) {
     int pending = sequence_pending_tokens(q);
     if (!s->config.chunked_prefill) return pending <= budget || budget == s->config.max_batched_tokens ? pending : 0;
+    // The chunk-ignores-budget fault sizes the chunk by the whole budget,
+    // so the step carries the decodes on top of it. The step's rows so far
+    // are max_batched_tokens - budget and the batch holds max_batched_tokens
+    // + max_seqs rows: a chunk of at most budget + max_seqs still fits.
+    if (fault_on(FAULT_CHUNK_IGNORES_BUDGET) && budget > 0) {
+        int whole = budget + s->config.max_seqs < s->config.max_batched_tokens ? budget + s->config.max_seqs
+                                                                               : s->config.max_batched_tokens;
+        return pending < whole ? pending : whole;
+    }
     return pending < budget ? pending : budget;
 }
 

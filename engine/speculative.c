@@ -191,7 +191,10 @@ int speculative_init(speculative_state* st, const speculative_config* config, co
     st->residual = malloc((size_t)target->config.vocab_size * sizeof *st->residual);
     if (!st->residual) return error_set(err, "speculative: out of memory");
     if (config->kind != SPEC_DRAFT) return 0;
-    if (!draft) return error_set(err, "--speculative draft: no draft model was loaded (speculative_load_draft)");
+    if (!draft)
+        return error_set(err, "--speculative draft:%s: no draft model was given to the engine (generate and sim load "
+                              "one; a program that does not must call speculative_load_draft or engine_options_open_draft)",
+                         config->draft_scheme[0] ? config->draft_scheme : config->draft_path);
     if (draft->config.vocab_size != target->config.vocab_size)
         return error_set(err, "draft model %s: vocabulary of %d tokens, the target's has %d (the draft must share it)",
                          draft->name, draft->config.vocab_size, target->config.vocab_size);

@@ -334,5 +334,8 @@ uint64_t tp_all_reduce_residual_rmsnorm(float* out, float* x, const float* const
         traffic_add(traffic, &summed);
     }
     const uint64_t message_bytes = (uint64_t)n_rows * (uint64_t)dim * sizeof(float); // fp32 partial sums
+    // A ring all-reduce is a reduce-scatter then an all-gather, each sending
+    // (N-1)/N of the message; the tp-allreduce-one-way fault counts the first.
+    if (fault_on(FAULT_TP_ALLREDUCE_ONE_WAY)) return link_ring_allreduce_bytes(n_shards, message_bytes) / 2;
     return link_ring_allreduce_bytes(n_shards, message_bytes);
 }

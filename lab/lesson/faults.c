@@ -2,7 +2,15 @@
 // checked if its verdict turns when the engine has the bug the claim is
 // about. Every lab.check declares those bugs (breaks_with); this runs the
 // lesson once with none, where every claim must PASS, then once per
-// declared fault, where every claim declaring it must not PASS.
+// declared fault, where every claim declaring it must turn.
+//
+// Turned means detected: the claim measured the bug and said DISAGREE, with
+// its evidence. A FAIL is not a detection: a guard inside the measurement
+// (an error() on numbers that fit neither answer), a Lua error that ended
+// the lesson before the check, or a crash stopped it, and nothing shows
+// the verdict itself would have turned. Such a pair is listed as stopped,
+// not counted as turned, and a claim that none of its faults turns with a
+// DISAGREE is a problem.
 //
 // Each run is a child process: a fault is a real bug, and a bug that
 // crashed the engine must be reported as such, not take the runner down.
@@ -139,6 +147,17 @@ static const char* outcome_word(check_outcome outcome) {
                                         : "FAIL";
 }
 
+// Why a declared pair that came out FAIL was stopped: by the crash of the
+// lesson's process, by an error that ended the lesson before the check
+// (lesson_report_unchecked's "never checked: ..."), or by a guard inside
+// the check (measure raised an error, or its arguments were wrong).
+static const char* stopped_by(bool crashed, const char* evidence) {
+    if (crashed) return "stopped by a crash, not detected";
+    if (strncmp(evidence, "never checked:", 14) == 0 || strcmp(evidence, "never reported") == 0)
+        return "stopped by an error before its check, not detected";
+    return "stopped by a guard, not detected";
+}
+
 static const matrix_claim* find_claim(const matrix_run* run, const char* id) {
     for (int i = 0; i < run->n_claims; i++)
         if (strcmp(run->claims[i].id, id) == 0) return &run->claims[i];
@@ -171,14 +190,16 @@ int lesson_fault_table(const char* const* paths, int n_paths, const lesson_optio
 }
 
 // Prints one line per (claim, fault) pair and a summary; returns 0 when
-// every claim passed clean, declares a fault, and turned under each.
-// UNDECIDED (a timing too noisy to decide) is neither: clean, its pairs are
-// not judged this run; under a fault, the pair is not turned and not a
-// problem. Both are counted in the summary, so a check that only ever
-// says UNDECIDED shows.
+// every claim passed clean, declares a fault, and turned (DISAGREE) under
+// each. UNDECIDED (a timing too noisy to decide) is neither: clean, its
+// pairs are not judged this run; under a fault, the pair is not turned and
+// not a problem. Both are counted in the summary, so a check that only
+// ever says UNDECIDED shows. A pair stopped by a guard, an error or a
+// crash (FAIL) is not turned either: it is a problem when no fault of the
+// claim turns it to DISAGREE, and is counted at the summary's end.
 int lesson_fault_matrix(const char* const* paths, int n_paths, const lesson_options* options, bool undeclared,
                         FILE* out, FILE* errors) {
-    int n_claims = 0, n_pairs = 0, n_turned = 0, n_problems = 0, n_extra = 0, n_undecided = 0;
+    int n_claims = 0, n_pairs = 0, n_turned = 0, n_problems = 0, n_extra = 0, n_undecided = 0, n_stopped = 0;
     for (int p = 0; p < n_paths; p++) {
         matrix_run clean;
         if (run_lesson(paths[p], options, 0, &clean)) {
@@ -204,6 +225,8 @@ int lesson_fault_matrix(const char* const* paths, int n_paths, const lesson_opti
             }
         }
         fflush(out);
+        // Per claim of this lesson: pairs detected (DISAGREE), stopped (FAIL), undecided.
+        int detected[MATRIX_MAX_CLAIMS] = {0}, stopped[MATRIX_MAX_CLAIMS] = {0}, unjudged[MATRIX_MAX_CLAIMS] = {0};
         for (int f = 0; f < FAULT_COUNT; f++) {
             fault_set fault = (fault_set)1 << f;
             if (!(declared & fault) && !undeclared) continue;
@@ -216,12 +239,22 @@ int lesson_fault_matrix(const char* const* paths, int n_paths, const lesson_opti
                 const char* evidence = under ? under->evidence : "never reported";
                 if ((c->breaks_with & fault) && (c->outcome == CHECK_UNDECIDED || outcome == CHECK_UNDECIDED)) {
                     n_undecided++;
+                    unjudged[i]++;
                     fprintf(out, "%-8s %-18s %-24s %s -- %s\n", "undecid.", c->id, fault_name(f), outcome_word(outcome),
                             evidence);
+                } else if ((c->breaks_with & fault) && outcome == CHECK_FAIL) {
+                    // Not a detection: the check never gave a verdict.
+                    n_pairs++;
+                    n_stopped++;
+                    stopped[i]++;
+                    fprintf(out, "%-8s %-18s %-24s %s -- %s: %s%s%s\n", "stopped", c->id, fault_name(f),
+                            outcome_word(outcome), stopped_by(broke, evidence), evidence, broke ? " -- " : "",
+                            broke ? faulty.problem : "");
                 } else if (c->breaks_with & fault) {
                     n_pairs++;
-                    bool turned = outcome != CHECK_PASS;
+                    bool turned = outcome == CHECK_DISAGREE;
                     n_turned += turned;
+                    detected[i] += turned;
                     fprintf(out, "%-8s %-18s %-24s %s -- %s%s%s\n", turned ? "turned" : "STILL", c->id, fault_name(f),
                             outcome_word(outcome), evidence, broke ? " -- " : "", broke ? faulty.problem : "");
                     if (!turned) n_problems++;
@@ -238,9 +271,18 @@ int lesson_fault_matrix(const char* const* paths, int n_paths, const lesson_opti
             }
             fflush(out);
         }
+        for (int i = 0; i < clean.n_claims; i++) {
+            if (!stopped[i] || detected[i] || unjudged[i]) continue;
+            fprintf(out, "%s: %s is detected by none of its faults: %d of them stopped it by a guard, an error or a "
+                         "crash (FAIL), none turned it to DISAGREE with evidence\n",
+                    paths[p], clean.claims[i].id, stopped[i]);
+            n_problems++;
+        }
+        fflush(out);
     }
     fprintf(out, "fault matrix: %d claims in %d lessons; %d of %d declared (claim, fault) pairs turned; %d undeclared turns; "
-                 "%d problems; %d undecided (noisy timings: not turned, not failed)\n",
-            n_claims, n_paths, n_turned, n_pairs, n_extra, n_problems, n_undecided);
+                 "%d problems; %d undecided (noisy timings: not turned, not failed); %d stopped by a guard, an error or "
+                 "a crash (not detected)\n",
+            n_claims, n_paths, n_turned, n_pairs, n_extra, n_problems, n_undecided, n_stopped);
     return n_problems == 0 && n_claims > 0 ? 0 : 1;
 }

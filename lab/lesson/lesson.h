@@ -224,9 +224,12 @@ int lesson_fault_table(const char* const* paths, int n_paths, const lesson_optio
 
 // Runs each lesson with no fault (every claim must PASS and declare a
 // fault), then once per fault its claims declare (each claim declaring it
-// must not PASS); with `undeclared`, under every other fault too, reporting
-// the claims they also turn. Each run is a child process. One line per
-// (claim, fault) pair and a summary; returns 0 when nothing is wrong.
+// must turn to DISAGREE: a FAIL, where a guard, an error or a crash stopped
+// the check, is listed as "stopped", is not counted as turned, and a claim
+// no fault turns to DISAGREE is a problem); with `undeclared`, under every
+// other fault too, reporting the claims they also turn. Each run is a
+// child process. One line per (claim, fault) pair and a summary; returns 0
+// when nothing is wrong.
 int lesson_fault_matrix(const char* const* paths, int n_paths, const lesson_options* options, bool undeclared,
                         FILE* out, FILE* errors);
 

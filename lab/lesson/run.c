@@ -37,6 +37,8 @@ void lesson_print_check(FILE* out, const lesson_check_result* r) {
         fault_set_describe(r->running & r->breaks_with, declared, sizeof declared);
         if (r->outcome == CHECK_UNDECIDED)
             fprintf(out, " [undecided under %s: not turned, not failed]", running);
+        else if (r->outcome == CHECK_FAIL) // a guard, an error or a crash: no verdict, so no detection
+            fprintf(out, " [stopped under %s, not detected: only a DISAGREE counts as turned]", running);
         else if (r->outcome != CHECK_PASS && declared[0])
             fprintf(out, " [turned by %s, as its breaks_with declares]", declared);
         else if (r->outcome != CHECK_PASS)

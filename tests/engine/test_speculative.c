@@ -21,7 +21,7 @@
 #include "engine/speculative.h"
 #include "tests/test_support.h"
 
-enum { MAX_NEW = 48, MAX_SAMPLES = 16384, NEXT_TOKENS = 4 };
+enum { MAX_NEW = 48, MAX_SAMPLES = 16384, NEXT_TOKENS = 4, LONG_NEW = 400 };
 
 // BOS, "Once upon a time" and other openings in tok512 ids; the last one
 // repeats itself so that lookup has something to find from the first step.
@@ -93,7 +93,8 @@ typedef struct run_options {
 } run_options;
 
 typedef struct run_result {
-    int32_t tokens[MAX_SAMPLES][MAX_NEW]; // generated ids of each sequence, by id
+    int32_t tokens[MAX_SAMPLES][LONG_NEW]; // generated ids of each sequence, by id
+    stop_reason stop[MAX_SAMPLES];
     int n_tokens[MAX_SAMPLES];
     int n_sequences;
     uint64_t drafted, accepted, emitted, target_passes, preemptions, rollback_blocks;
@@ -173,10 +174,11 @@ static void run(const run_options* o, run_result* out) {
         }
     }
     out->n_sequences = e.scheduler.n_sequences;
-    assert_true(out->n_sequences <= MAX_SAMPLES);
+    assert_true(out->n_sequences <= MAX_SAMPLES && o->max_new <= LONG_NEW);
     for (int id = 0; id < out->n_sequences; id++) {
         const sequence* q = test_sequence(&e, id);
         out->n_tokens[id] = q->n_tokens - q->n_prompt;
+        out->stop[id] = q->stop;
         memcpy(out->tokens[id], q->tokens + q->n_prompt, (size_t)out->n_tokens[id] * sizeof(int32_t));
     }
     if (rec) {
@@ -196,6 +198,9 @@ static run_result plain, spec;
 static void expect_same_tokens(const run_result* a, const run_result* b, const char* what) {
     assert_int_equal(a->n_sequences, b->n_sequences);
     for (int id = 0; id < a->n_sequences; id++) {
+        if (a->stop[id] != b->stop[id])
+            fail_msg("%s: sequence %d stopped by %s, plain decoding by %s", what, id, stop_reason_name(b->stop[id]),
+                     stop_reason_name(a->stop[id]));
         if (a->n_tokens[id] != b->n_tokens[id])
             fail_msg("%s: sequence %d generated %d tokens, plain decoding %d", what, id, b->n_tokens[id],
                      a->n_tokens[id]);
@@ -300,6 +305,32 @@ static void test_greedy_equal_with_forks(void** state) {
         expect_same_tokens(&plain, &spec, proposers[i]);
         assert_int_equal(spec.pool_leak, 0);
         assert_int_equal(spec.draft_leak, 0);
+    }
+}
+
+// The stop rules hold for every verified token: greedy "Once upon a time"
+// ends its story with BOS after 341 tokens (with k = 3 the draft's BOS is
+// the first of the step's 4 tokens, so 3 verified tokens after it must be
+// dropped), and max_tokens 1, 2 and 3 are shorter than k = 8 guesses plus
+// the bonus; each run stops where plain decoding stops, for the same
+// reason, and never past it.
+static void test_stop_rules_cut_verified_tokens(void** state) {
+    (void)state;
+    REQUIRE_MODEL();
+    const char* proposers[] = {"draft:w4a16:g32:k3", "draft:w4a16:g32:k8", "lookup:2:k8"};
+    const int lengths[] = {LONG_NEW, 1, 2, 3};
+    for (int l = 0; l < 4; l++) {
+        run_options o = {.block_size = 16, .num_blocks = 1024, .max_new = lengths[l], .n_requests = 1, .n_samples = 1,
+                         .seed = 5};
+        run(&o, &plain);
+        if (l == 0 && plain.stop[0] != STOP_BOS) fail_msg("plain decoding stopped by %s, not BOS", stop_reason_name(plain.stop[0]));
+        for (int i = 0; i < 3; i++) {
+            char what[96];
+            snprintf(what, sizeof what, "%s, max_tokens %d", proposers[i], lengths[l]);
+            o.speculative = proposers[i];
+            run(&o, &spec);
+            expect_same_tokens(&plain, &spec, what);
+        }
     }
 }
 
@@ -584,6 +615,7 @@ int main(void) {
         cmocka_unit_test(test_greedy_equal_with_lookup),
         cmocka_unit_test(test_greedy_equal_under_preemption),
         cmocka_unit_test(test_greedy_equal_with_forks),
+        cmocka_unit_test(test_stop_rules_cut_verified_tokens),
         cmocka_unit_test(test_no_rollback_fault_is_seen),
         cmocka_unit_test(test_distribution_with_draft),
         cmocka_unit_test(test_distribution_with_lookup),

@@ -49,7 +49,48 @@ static const char* const BANK_CLAIMS[] = {
     "w4a8-prefill",   // lesson 06
     "kv-int8-bytes",  // lesson 01
     "kv-int8-logits", // lesson 01
+    "tp-comm-bound",  // lesson 09
+    "lru-eviction",   // lesson 10
+    "preempt-victim", // lesson 10
+    "recompute-ref",  // lesson 10
+    "chunk-stall",    // lesson 10
 };
+
+// Claims whose every declared fault stops the check with a FAIL (a guard
+// inside measure raises an error) instead of turning its verdict to
+// DISAGREE: the matrix counts none of those pairs as turned and calls the
+// claim a problem. Measured when the matrix learned to tell the two apart
+// (ci-run4: se3 under awq-no-scaling and gptq-no-feedback, se5 and tf7
+// under round-floor and zero-point-plus, se6 under those two and
+// group-tensor-max); their lessons' owners are to turn the guards into
+// verdicts. The test holds this list exact: a claim missing from it fails,
+// and so does one listed that has since learned to DISAGREE.
+static const char* const UNDETECTED_CLAIMS[] = {"se3", "se5", "se6", "tf7"};
+enum { N_UNDETECTED_CLAIMS = sizeof UNDETECTED_CLAIMS / sizeof UNDETECTED_CLAIMS[0] };
+
+static bool known_undetected(const char* id) {
+    for (int k = 0; k < N_UNDETECTED_CLAIMS; k++)
+        if (strcmp(id, UNDETECTED_CLAIMS[k]) == 0) return true;
+    return false;
+}
+
+// How many "CLAIM is detected by none of its faults" lines the matrix
+// output holds; fails on one whose claim is not known to be undetected.
+static int undetected_lines(const char* text, const char* lesson_name) {
+    static const char MARK[] = " is detected by none of its faults";
+    int n = 0;
+    for (const char* at = strstr(text, MARK); at; at = strstr(at + 1, MARK)) {
+        const char* start = at;
+        while (start > text && start[-1] != ' ' && start[-1] != '\n') start--;
+        char id[32];
+        snprintf(id, sizeof id, "%.*s", (int)(at - start), start);
+        if (!known_undetected(id))
+            fail_msg("lessons/%s: claim %s is detected by none of its faults (a guard, an error or a crash stopped "
+                     "it under each)", lesson_name, id);
+        n++;
+    }
+    return n;
+}
 
 // ---- the shipped lessons' matrix, one process per lesson, in parallel -----------------
 //
@@ -66,7 +107,7 @@ static int matrix_status[LESSON_MAX_FILES];
 
 // Heavier lessons first (the CPU of their clean run and faulted runs).
 static int lesson_weight(const char* name) {
-    static const char* const LONGEST[] = {"06-", "04-", "01-", "02-", "05-", "07-", "08-", "09-"};
+    static const char* const LONGEST[] = {"06-", "04-", "01-", "02-", "05-", "07-", "09-", "10-", "08-"};
     for (int k = 0; k < (int)(sizeof LONGEST / sizeof LONGEST[0]); k++)
         if (strncmp(name, LONGEST[k], strlen(LONGEST[k])) == 0) return 100 - k;
     return 0;
@@ -163,7 +204,7 @@ static void test_every_claim_turns_under_its_faults(void** state) {
         skip();
     }
     run_matrices();
-    int n_claims = 0, n_lessons = 0, turned = 0, pairs = 0, extra = 0, problems = 0;
+    int n_claims = 0, n_lessons = 0, turned = 0, pairs = 0, extra = 0, problems = 0, stopped = 0, undetected = 0;
     size_t total_length = 0;
     for (int i = 0; i < n_lessons_found; i++) total_length += strlen(matrix_outputs[i]) + 1;
     char* out = calloc(total_length + 1, 1);
@@ -184,18 +225,40 @@ static void test_every_claim_turns_under_its_faults(void** state) {
                                 &c, &l, &t, &p, &e, &n),
                          6);
         n_claims += c, n_lessons += l, turned += t, pairs += p, extra += e, problems += n;
-        if (matrix_status[i] != 0) fail_msg("lessons/%s: the matrix exited %d", lesson_names[i], matrix_status[i]);
+        const char* stopped_count = strstr(summary, " undecided (noisy timings: not turned, not failed); ");
+        int s = -1;
+        if (!stopped_count || sscanf(stopped_count, " undecided (noisy timings: not turned, not failed); %d stopped", &s) != 1)
+            fail_msg("lessons/%s: the summary does not count the pairs stopped by a guard:\n%s", lesson_names[i], summary);
+        stopped += s;
+        // The only problems a lesson may have are its known undetected claims.
+        int u = undetected_lines(text, lesson_names[i]);
+        undetected += u;
+        if (n != u || (matrix_status[i] != 0 && u == 0))
+            fail_msg("lessons/%s: the matrix exited %d with %d problems", lesson_names[i], matrix_status[i], n);
     }
-    printf("all lessons: %d claims in %d lessons; %d of %d declared (claim, fault) pairs turned; %d undeclared turns; "
-           "%d problems\n",
-           n_claims, n_lessons, turned, pairs, extra, problems);
+    printf("all lessons: %d claims in %d lessons; %d of %d declared (claim, fault) pairs turned (DISAGREE); %d stopped "
+           "by a guard, an error or a crash (not detected); %d undeclared turns; %d problems, all %d of them claims no "
+           "fault turns to DISAGREE (the guards of",
+           n_claims, n_lessons, turned, pairs, stopped, extra, problems, undetected);
+    for (int k = 0; k < N_UNDETECTED_CLAIMS; k++) printf(" %s", UNDETECTED_CLAIMS[k]);
+    printf(", to be made verdicts)\n");
     assert_null(strstr(out, "\nSTILL "));
     assert_null(strstr(out, "declares no fault"));
     assert_null(strstr(out, "with no fault:"));
-    // Every claim of the bank is in the matrix, with at least one fault that turned it.
+    // Every claim of the bank is in the matrix, with at least one fault that
+    // turned it to DISAGREE; a known undetected one with its stopped pairs
+    // and none turned (else it has learned to DISAGREE: off the list).
     for (size_t k = 0; k < sizeof BANK_CLAIMS / sizeof BANK_CLAIMS[0]; k++) {
         char pattern[64];
         snprintf(pattern, sizeof pattern, "turned   %-18s ", BANK_CLAIMS[k]);
+        if (known_undetected(BANK_CLAIMS[k])) {
+            char stopped_pattern[64];
+            snprintf(stopped_pattern, sizeof stopped_pattern, "stopped  %-18s ", BANK_CLAIMS[k]);
+            if (strstr(out, pattern) || !strstr(out, stopped_pattern))
+                fail_msg("claim %s is on UNDETECTED_CLAIMS, but the matrix %s", BANK_CLAIMS[k],
+                         strstr(out, pattern) ? "turns it to DISAGREE now: take it off the list" : "never stops it");
+            continue;
+        }
         char undecided[64]; // a noisy timing this run: its pairs are not judged (neither turned nor STILL)
         snprintf(undecided, sizeof undecided, "undecid. %-18s ", BANK_CLAIMS[k]);
         if (!strstr(out, pattern) && strstr(out, undecided))
@@ -205,9 +268,10 @@ static void test_every_claim_turns_under_its_faults(void** state) {
     }
     assert_int_equal(n_lessons, n_lessons_found);
     assert_int_equal(n_claims, (int)(sizeof BANK_CLAIMS / sizeof BANK_CLAIMS[0]));
-    assert_int_equal(turned, pairs);
-    assert_true(pairs >= n_claims);
-    assert_int_equal(problems, 0);
+    assert_int_equal(turned + stopped, pairs);
+    assert_true(turned >= n_claims - N_UNDETECTED_CLAIMS);
+    assert_int_equal(undetected, N_UNDETECTED_CLAIMS);
+    assert_int_equal(problems, undetected);
     free(out);
 }
 
@@ -268,6 +332,55 @@ static void test_matrix_passes_a_check_that_sees_its_fault(void** state) {
     free(out);
 }
 
+// A guard is not a detection: a check whose measure raises an error on the
+// fault's numbers FAILs, and the matrix lists that pair as stopped, does
+// not count it as turned, and calls the claim a problem; the same numbers
+// held by a verdict turn to DISAGREE and count.
+static void test_matrix_does_not_count_a_guard_fail_as_turned(void** state) {
+    (void)state;
+    char path[512], arguments[1200];
+    snprintf(path, sizeof path, "%s/guarded.lua", test_scratch_dir());
+    const char* text =
+        "lab.lesson{title = \"guarded\", claims = {\"g1\", \"g2\"}}\n"
+        "local model = lab.model(\"tiny\")\n"
+        "local shape = model:info()\n"
+        "local e = lab.engine{model = model, block_size = 16, num_blocks = 16}\n"
+        "e:add{ids = {1}, max_tokens = 4}\n"
+        "local r = e:step()\n"
+        "local expected = 2 * shape.n_layers * shape.kv_dim * 2\n"
+        "local evidence = string.format(\"%d bytes written, %d expected\", r.bytes.kv_written, expected)\n"
+        "lab.check{id = \"g1\", claim = \"one token writes 2 L kv_dim p bytes\", expected = true,\n"
+        "          breaks_with = {\"kv-count-doubled\"}, measure = function()\n"
+        "              if r.bytes.kv_written ~= expected then error(\"guard: \" .. evidence, 0) end\n"
+        "              return true, evidence\n"
+        "          end}\n"
+        "lab.check{id = \"g2\", claim = \"one token writes 2 L kv_dim p bytes\", expected = true,\n"
+        "          verdict = r.bytes.kv_written == expected, evidence = evidence, breaks_with = {\"kv-count-doubled\"}}\n";
+    assert_true(test_write_file(path, text, strlen(text)));
+    snprintf(arguments, sizeof arguments, "lesson faults --matrix --output %s/matrix-output %s", test_scratch_dir(), path);
+    char* out = NULL;
+    int status = servelab(arguments, &out);
+    if (!strstr(out, "stopped  g1                 kv-count-doubled         FAIL -- stopped by a guard, not detected: "
+                     "measure failed: guard: 512 bytes written, 256 expected"))
+        fail_msg("%s", out);
+    assert_non_null(strstr(out, "turned   g2                 kv-count-doubled         DISAGREE -- 512 bytes written"));
+    assert_null(strstr(out, "turned   g1 "));
+    assert_non_null(strstr(out, "g1 is detected by none of its faults"));
+    assert_null(strstr(out, "g2 is detected by none"));
+    assert_non_null(strstr(out, "1 of 2 declared (claim, fault) pairs turned"));
+    assert_non_null(strstr(out, "; 1 problems;"));
+    assert_non_null(strstr(out, "; 1 stopped by a guard, an error or a crash (not detected)"));
+    assert_int_equal(status, 1);
+    free(out);
+    // lesson run --fault says the same of each line.
+    snprintf(arguments, sizeof arguments, "lesson run %s --headless --output %s/matrix-output --fault kv-count-doubled", path,
+             test_scratch_dir());
+    assert_int_equal(servelab(arguments, &out), 1);
+    if (!strstr(out, "[stopped under kv-count-doubled, not detected: only a DISAGREE counts as turned]")) fail_msg("%s", out);
+    assert_non_null(strstr(out, "[turned by kv-count-doubled, as its breaks_with declares]"));
+    free(out);
+}
+
 // lesson run --fault marks each line: turned as declared, or still PASS.
 static void test_run_with_a_fault_says_what_turned(void** state) {
     (void)state;
@@ -325,7 +438,8 @@ static char* table_from_clean_runs_and_matrices(void) {
             for (const char* m = matrix_outputs[i]; *m; m = strchr(m, '\n') ? strchr(m, '\n') + 1 : m + strlen(m)) {
                 char word[16], claim[32], fault[64];
                 if (sscanf(m, "%15s %31s %63s", word, claim, fault) != 3) continue;
-                if ((strcmp(word, "turned") != 0 && strcmp(word, "STILL") != 0 && strcmp(word, "undecid.") != 0) ||
+                if ((strcmp(word, "turned") != 0 && strcmp(word, "stopped") != 0 && strcmp(word, "STILL") != 0 &&
+                     strcmp(word, "undecid.") != 0) ||
                     strcmp(claim, id) != 0)
                     continue;
                 size_t used = strlen(faults);
@@ -394,6 +508,7 @@ int main(void) {
         cmocka_unit_test(test_info_lists_every_fault),
         cmocka_unit_test(test_matrix_fails_on_a_check_that_cannot_fail),
         cmocka_unit_test(test_matrix_passes_a_check_that_sees_its_fault),
+        cmocka_unit_test(test_matrix_does_not_count_a_guard_fail_as_turned),
         cmocka_unit_test(test_run_with_a_fault_says_what_turned),
         cmocka_unit_test(test_readme_table_is_generated),
         cmocka_unit_test(test_every_claim_turns_under_its_faults),
