@@ -5,6 +5,7 @@
 #include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -599,6 +600,100 @@ int bench_fetch_model_name(const char* base_url, double timeout_s, char* out, si
     }
     free(body.bytes);
     return status;
+}
+
+// ---- the server's own counters ------------------------------------------------------------
+
+void bench_counters_parse(const char* text, bench_server_counters* out) {
+    static const struct {
+        const char* name;
+        size_t offset;
+    } NAMES[] = {
+        {"servelab:engine_steps_total", offsetof(bench_server_counters, engine_steps)},
+        {"vllm:generation_tokens_total", offsetof(bench_server_counters, generation_tokens)},
+        {"vllm:spec_decode_num_drafts_total", offsetof(bench_server_counters, spec_drafts)},
+        {"vllm:spec_decode_num_draft_tokens_total", offsetof(bench_server_counters, spec_draft_tokens)},
+        {"vllm:spec_decode_num_accepted_tokens_total", offsetof(bench_server_counters, spec_accepted_tokens)},
+        {"servelab:spec_decode_num_emitted_tokens_total", offsetof(bench_server_counters, spec_emitted_tokens)},
+    };
+    enum { N_NAMES = sizeof NAMES / sizeof NAMES[0] };
+    for (size_t i = 0; i < N_NAMES; i++)
+        *(double*)((char*)out + NAMES[i].offset) = -1;
+    for (const char* line = text; line && *line;) {
+        const char* end = strchr(line, '\n');
+        size_t length = end ? (size_t)(end - line) : strlen(line);
+        for (size_t i = 0; i < N_NAMES && line[0] != '#'; i++) {
+            size_t n = strlen(NAMES[i].name);
+            // The name, then its labels or the value: "vllm:x_total" must not match "vllm:x_total_more".
+            if (length <= n || strncmp(line, NAMES[i].name, n) != 0 || (line[n] != '{' && line[n] != ' ')) continue;
+            const char* value = line + n;
+            if (*value == '{') {
+                value = memchr(value, '}', length - n);
+                if (!value) break;
+                value++;
+            }
+            char* parsed_end = NULL;
+            double v = strtod(value, &parsed_end);
+            if (parsed_end == value || !isfinite(v) || v < 0) break;
+            double* field = (double*)((char*)out + NAMES[i].offset);
+            *field = (*field < 0 ? 0 : *field) + v;
+            break;
+        }
+        line = end ? end + 1 : NULL;
+    }
+}
+
+int bench_fetch_counters(const char* base_url, double timeout_s, bench_server_counters* out, error_info* err) {
+    char url[1100];
+    snprintf(url, sizeof url, "%s/metrics", base_url);
+    CURL* easy = curl_easy_init();
+    if (!easy) return error_set(err, "bench-serve: libcurl could not start (curl_easy_init)");
+    grow_buffer body = {NULL, 0, 0, 16 << 20}; // servelab's page is about 10 kB; vLLM's with histograms, more
+    char curl_error[CURL_ERROR_SIZE] = "";
+    curl_easy_setopt(easy, CURLOPT_URL, url);
+    curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, on_models_body); // any body, up to its cap
+    curl_easy_setopt(easy, CURLOPT_WRITEDATA, &body);
+    curl_easy_setopt(easy, CURLOPT_ERRORBUFFER, curl_error);
+    curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, (long)(timeout_s * 1000));
+    CURLcode code = curl_easy_perform(easy);
+    long http_status = 0;
+    curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &http_status);
+    curl_easy_cleanup(easy);
+    int status = 0;
+    if (code != CURLE_OK)
+        status = error_set(err, "%s: cannot read the server's metrics: %s", url,
+                           curl_error[0] ? curl_error : curl_easy_strerror(code));
+    else if (http_status != 200)
+        status = error_set(err, "%s: HTTP %ld (llama-server needs --metrics)", url, http_status);
+    else
+        bench_counters_parse(body.bytes ? body.bytes : "", out);
+    free(body.bytes);
+    return status;
+}
+
+static double counter_delta(double before, double after) { return before < 0 || after < 0 ? -1 : after - before; }
+
+static double ratio_or_missing(double numerator, double denominator) {
+    return numerator < 0 || denominator <= 0 ? -1 : numerator / denominator;
+}
+
+void bench_server_steps_between(const bench_server_counters* before, const bench_server_counters* after,
+                                bench_server_steps* out) {
+    memset(out, 0, sizeof *out);
+    out->measured = true;
+    out->engine_steps = counter_delta(before->engine_steps, after->engine_steps);
+    out->generation_tokens = counter_delta(before->generation_tokens, after->generation_tokens);
+    out->tokens_per_step = ratio_or_missing(out->generation_tokens, out->engine_steps);
+    out->spec_drafts = counter_delta(before->spec_drafts, after->spec_drafts);
+    out->spec_draft_tokens = counter_delta(before->spec_draft_tokens, after->spec_draft_tokens);
+    out->spec_accepted_tokens = counter_delta(before->spec_accepted_tokens, after->spec_accepted_tokens);
+    out->acceptance_rate = ratio_or_missing(out->spec_accepted_tokens, out->spec_draft_tokens);
+    double emitted = counter_delta(before->spec_emitted_tokens, after->spec_emitted_tokens);
+    // vLLM has no emitted count: each verifying pass adds its kept guesses and one token of its own.
+    if (emitted < 0 && out->spec_accepted_tokens >= 0 && out->spec_drafts >= 0)
+        emitted = out->spec_accepted_tokens + out->spec_drafts;
+    out->tokens_per_target_pass = ratio_or_missing(emitted, out->spec_drafts);
 }
 
 // ---- statistics ----------------------------------------------------------------------

@@ -139,6 +139,41 @@ int bench_fetch_model_name(const char* base_url, double timeout_s, char* out, si
 int bench_url_parse(const char* url, char* base, size_t base_capacity, char* completions, size_t completions_capacity,
                     error_info* err);
 
+// ---- the server's own counters (GET /metrics) -------------------------------
+
+// Counters from a Prometheus /metrics page, each summed over its label sets,
+// and -1 where the page has no such metric (llama-server without --metrics;
+// vLLM has no engine steps; speculation off). The speculative ones are
+// vLLM's names, which servelab serve writes too.
+typedef struct bench_server_counters {
+    double engine_steps;         // servelab:engine_steps_total
+    double generation_tokens;    // vllm:generation_tokens_total
+    double spec_drafts;          // vllm:spec_decode_num_drafts_total: sequence-steps that verified guesses
+    double spec_draft_tokens;    // vllm:spec_decode_num_draft_tokens_total
+    double spec_accepted_tokens; // vllm:spec_decode_num_accepted_tokens_total
+    double spec_emitted_tokens;  // servelab:spec_decode_num_emitted_tokens_total (servelab only)
+} bench_server_counters;
+
+// Reads the counters out of a /metrics page's text. Lines it does not know are skipped.
+void bench_counters_parse(const char* text, bench_server_counters* out);
+// GET base_url/metrics and parse it. 0, or -1 with err (unreachable, not HTTP 200).
+int bench_fetch_counters(const char* base_url, double timeout_s, bench_server_counters* out, error_info* err);
+
+// What the server did during one run: `after` minus `before`, and the ratios
+// the report shows; -1 where a counter is missing or its divisor is 0.
+typedef struct bench_server_steps {
+    bool measured;            // both pages were read
+    double engine_steps;      // steps the server ran
+    double generation_tokens; // tokens it generated (every client's, not only this run's)
+    double tokens_per_step;   // generation_tokens / engine_steps: tokens per engine step, whole batch
+    double spec_drafts, spec_draft_tokens, spec_accepted_tokens;
+    double acceptance_rate;        // accepted / drafted guesses
+    double tokens_per_target_pass; // per verifying sequence: emitted / drafts (servelab), else 1 + accepted / drafts
+} bench_server_steps;
+
+void bench_server_steps_between(const bench_server_counters* before, const bench_server_counters* after,
+                                bench_server_steps* out);
+
 // ---- statistics ------------------------------------------------------------
 
 typedef struct bench_stat {

@@ -74,6 +74,11 @@ static const char BENCH_SERVE_USAGE[] =
     "  --slo-ttft-ms X           goodput counts requests with TTFT <= X ms ...\n"
     "  --slo-tpot-ms X           ... and TPOT <= X ms\n"
     "output:\n"
+    "  --server-metrics          read the server's /metrics before and after each run:\n"
+    "                            output tokens per engine step (servelab) and, with\n"
+    "                            speculative decoding, guesses drafted and accepted and\n"
+    "                            tokens per target pass (vLLM's spec_decode counters).\n"
+    "                            Counts every client of the server, not only this run\n"
     "  --json                    one JSON object on stdout instead of the report\n"
     "  --progress                the progress line on stderr even when it is not a\n"
     "                            terminal\n"
@@ -101,7 +106,7 @@ typedef struct bench_serve_args {
     int sweep[MAX_SWEEP_POINTS];
     int n_sweep;
     double slo_ttft_ms, slo_tpot_ms;
-    bool json, progress, ignore_eos, token_ids;
+    bool json, progress, ignore_eos, token_ids, server_metrics;
     double timeout_s, idle_timeout_s, connect_timeout_s;
 } bench_serve_args;
 
@@ -221,7 +226,8 @@ static int parse_real_option(arg_cursor* c, bench_serve_args* args, error_info* 
     int matched = value_option(c, "--rate", err);
     if (matched <= 0) return matched;
     args->rate_given = true;
-    if (strcmp(c->value, "inf") == 0) args->rate = 0;
+    if (strcmp(c->value, "inf") == 0)
+        args->rate = 0;
     else if (parse_positive_double("--rate", c->value, 1e-6, 1e6, &args->rate, err))
         return error_set(err, "--rate: expected requests per second (> 0, at most 1e6) or inf, found '%s'", c->value);
     return 1;
@@ -251,6 +257,7 @@ static int parse_switch_option(arg_cursor* c, bench_serve_args* args, error_info
         {"--progress", &args->progress, true},
         {"--no-ignore-eos", &args->ignore_eos, false},
         {"--no-token-ids", &args->token_ids, false},
+        {"--server-metrics", &args->server_metrics, true},
     };
     bool failed = false; // never set: a switch takes no value
     for (size_t i = 0; i < sizeof SWITCHES / sizeof SWITCHES[0]; i++)
@@ -364,8 +371,31 @@ static void print_token_check(const bench_summary* s) {
         printf("note: %d requests ended before max_tokens (the server stopped at EOS or a limit)\n", s->short_outputs);
 }
 
+// The server's steps during the run (--server-metrics): what it counted, or
+// why a figure is missing.
+static void print_server_steps(const bench_server_steps* t) {
+    if (!t->measured) {
+        printf("server        its /metrics could not be read (see the warning above)\n");
+        return;
+    }
+    if (t->tokens_per_step >= 0)
+        printf("server        %.0f engine steps, %.0f tokens generated: %.3f tokens per step\n", t->engine_steps,
+               t->generation_tokens, t->tokens_per_step);
+    else
+        printf("server        no engine step count in its /metrics (servelab:engine_steps_total)\n");
+    if (t->spec_drafts > 0)
+        printf("speculation   %.0f target passes verified %.0f guesses, %.0f kept (%.1f%%): %.3f tokens per target "
+               "pass\n",
+               t->spec_drafts, t->spec_draft_tokens, t->spec_accepted_tokens, 100.0 * t->acceptance_rate,
+               t->tokens_per_target_pass);
+    else if (t->spec_drafts == 0)
+        printf("speculation   on, but no guesses were verified during the run\n");
+    else
+        printf("speculation   off (no vllm:spec_decode counters)\n");
+}
+
 static void print_report(const bench_summary* s, const char* url, const char* model, const bench_serve_args* args,
-                         int concurrency) {
+                         int concurrency, const bench_server_steps* steps) {
     char rate[32], limit[32];
     snprintf(rate, sizeof rate, args->rate > 0 ? "%g/s" : "inf", args->rate);
     snprintf(limit, sizeof limit, concurrency > 0 ? "%d" : "no limit", concurrency);
@@ -384,6 +414,10 @@ static void print_report(const bench_summary* s, const char* url, const char* mo
     print_stat_row("ITL", &s->itl_ms);
     print_stat_row("E2E", &s->e2e_ms);
     printf("\n");
+    if (args->server_metrics) {
+        print_server_steps(steps);
+        printf("\n");
+    }
     print_token_check(s);
     print_failures(s);
 }
@@ -529,7 +563,22 @@ static json_t* stat_json(const bench_stat* s) {
                      json_out_rounded(s->p99, 3, 0));
 }
 
-static json_t* summary_json(const bench_summary* s, int concurrency) {
+// A ratio or count of --server-metrics, or null where it is missing (-1).
+static json_t* steps_number(double value, int digits) {
+    return value < 0 ? json_null() : json_out_rounded(value, digits, 0);
+}
+
+static json_t* server_steps_json(const bench_server_steps* t) {
+    if (!t->measured) return json_null();
+    return json_pack("{s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o}", "engine_steps", steps_number(t->engine_steps, 0),
+                     "generation_tokens", steps_number(t->generation_tokens, 0), "tokens_per_step",
+                     steps_number(t->tokens_per_step, 4), "spec_drafts", steps_number(t->spec_drafts, 0),
+                     "spec_draft_tokens", steps_number(t->spec_draft_tokens, 0), "spec_accepted_tokens",
+                     steps_number(t->spec_accepted_tokens, 0), "acceptance_rate", steps_number(t->acceptance_rate, 4),
+                     "tokens_per_target_pass", steps_number(t->tokens_per_target_pass, 4));
+}
+
+static json_t* summary_json(const bench_summary* s, int concurrency, const bench_server_steps* steps) {
     json_t* failures = json_array();
     for (int i = 0; i < s->n_reasons; i++)
         json_out_append(&failures,
@@ -558,6 +607,7 @@ static json_t* summary_json(const bench_summary* s, int concurrency) {
                                   s->usage_missing, "short_outputs", s->short_outputs, "first_mismatch",
                                   s->token_mismatches ? json_out_text(s->first_mismatch) : json_null()));
     json_object_set_new(run, "failures", failures);
+    if (steps) json_object_set_new(run, "server_metrics", server_steps_json(steps));
     return run;
 }
 
@@ -573,9 +623,16 @@ static int requests_for(const bench_serve_args* args, int concurrency) {
 
 // One point of the run (one concurrency) into *point. Returns 0, or the exit
 // status with the message printed (2: the workload is bad; 1: the run failed).
-static int run_point(const bench_serve_args* args, const char* completions, const char* model, int concurrency,
-                     progress_context* context, bench_summary* point) {
+static int run_point(const bench_serve_args* args, const char* base, const char* completions, const char* model,
+                     int concurrency, progress_context* context, bench_summary* point, bench_server_steps* steps) {
     error_info err = {{0}};
+    bench_server_counters before, after;
+    bool counted = args->server_metrics;
+    memset(steps, 0, sizeof *steps);
+    if (counted && bench_fetch_counters(base, args->connect_timeout_s, &before, &err)) {
+        fprintf(stderr, "servelab bench-serve: warning: %s\n", err.message);
+        counted = false;
+    }
     bench_workload w;
     if (load_workload(args, requests_for(args, concurrency), &w, &err)) {
         progress_finish(context->line);
@@ -584,14 +641,19 @@ static int run_point(const bench_serve_args* args, const char* completions, cons
         return 2;
     }
     on_progress(context, 0, 0, w.n_requests);
-    bench_client_config config = {completions,          model,
-                                  concurrency,          args->ignore_eos,
-                                  args->token_ids,      args->connect_timeout_s,
-                                  args->idle_timeout_s, args->timeout_s,
-                                  on_progress,          context};
+    bench_client_config config = {
+        completions,          model,           concurrency, args->ignore_eos, args->token_ids, args->connect_timeout_s,
+        args->idle_timeout_s, args->timeout_s, on_progress, context};
     bench_run run;
     int status = bench_run_workload(&config, &w, &run, &err);
     if (status == 0) status = bench_summarize(&run, args->slo_ttft_ms, args->slo_tpot_ms, point, &err);
+    if (status == 0 && counted) {
+        error_info metrics_err = {{0}};
+        if (bench_fetch_counters(base, args->connect_timeout_s, &after, &metrics_err))
+            fprintf(stderr, "servelab bench-serve: warning: %s\n", metrics_err.message);
+        else
+            bench_server_steps_between(&before, &after, steps);
+    }
     bench_run_free(&run);
     bench_workload_free(&w);
     if (status) {
@@ -607,8 +669,8 @@ static int run_point(const bench_serve_args* args, const char* completions, cons
 // chart. The JSON names the model exactly; the text shows model_shown, its
 // terminal-safe form. Returns 1 when the JSON could not be printed, else 0.
 static int print_results(const bench_serve_args* args, const bench_summary* points, const int* concurrency,
-                         int n_points, const char* completions, const char* model, const char* model_shown,
-                         json_t* runs) {
+                         const bench_server_steps* steps, int n_points, const char* completions, const char* model,
+                         const char* model_shown, json_t* runs) {
     if (args->json) {
         json_t* root = json_pack("{s:o, s:o, s:o}", "url", json_out_text(completions), "model", json_out_text(model),
                                  "runs", runs);
@@ -618,12 +680,16 @@ static int print_results(const bench_serve_args* args, const bench_summary* poin
     }
     json_decref(runs);
     if (!args->n_sweep) {
-        print_report(&points[0], completions, model_shown, args, concurrency[0]);
+        print_report(&points[0], completions, model_shown, args, concurrency[0], &steps[0]);
         return 0;
     }
     printf("servelab bench-serve: %s (model %s)\n\n", completions, model_shown);
     print_sweep_table(points, concurrency, n_points);
     print_chart(points, concurrency, n_points);
+    for (int p = 0; p < n_points && args->server_metrics; p++) {
+        printf("\nconcurrency %d:\n", concurrency[p]);
+        print_server_steps(&steps[p]);
+    }
     for (int p = 0; p < n_points; p++)
         if (points[p].failed || points[p].token_mismatches) {
             printf("\nconcurrency %d:\n", concurrency[p]);
@@ -678,6 +744,7 @@ int command_bench_serve(int argc, char** argv) {
     int n_points = args.n_sweep ? args.n_sweep : 1;
     int concurrency[MAX_SWEEP_POINTS];
     bench_summary* points = calloc((size_t)n_points, sizeof *points);
+    bench_server_steps steps[MAX_SWEEP_POINTS];
     json_t* runs = json_array();
     if (!points || !runs) {
         fprintf(stderr, "servelab bench-serve: out of memory\n");
@@ -692,13 +759,13 @@ int command_bench_serve(int argc, char** argv) {
         if (args.n_sweep)
             snprintf(context.detail, sizeof context.detail, "concurrency %d (%d of %d)", concurrency[p], p + 1,
                      n_points);
-        int status = run_point(&args, completions, model, concurrency[p], &context, &points[p]);
+        int status = run_point(&args, base, completions, model, concurrency[p], &context, &points[p], &steps[p]);
         if (status) {
             exit_status = status;
             break;
         }
         if (points[p].failed) exit_status = 1; // failed requests: the sweep goes on, the status says so
-        json_out_append(&runs, summary_json(&points[p], concurrency[p]));
+        json_out_append(&runs, summary_json(&points[p], concurrency[p], args.server_metrics ? &steps[p] : NULL));
     }
     progress_finish(context.line);
     if (exit_status == 2 || (exit_status == 1 && !runs)) {
@@ -707,7 +774,8 @@ int command_bench_serve(int argc, char** argv) {
         curl_global_cleanup();
         return exit_status;
     }
-    if (print_results(&args, points, concurrency, n_points, completions, model, model_shown, runs)) exit_status = 1;
+    if (print_results(&args, points, concurrency, steps, n_points, completions, model, model_shown, runs))
+        exit_status = 1;
     if (args.svg_path) {
         char title[1400];
         snprintf(title, sizeof title, "servelab bench-serve: %s (%s)", completions, model);

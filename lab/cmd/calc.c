@@ -30,7 +30,8 @@
 
 static const char CALC_USAGE[] =
     "usage: servelab calc [--model PRESET|FILE|NAME] [--device A100|H100|H200|L4|RTX4090|machine]\n"
-    "                     [--seq S] [--batch B] [--kv-dtype fp16|int8] [--weights fp16|int8|int4[:gG]] [--json]\n"
+    "                     [--seq S] [--batch B] [--kv-dtype fp16|int8] [--weights fp16|int8|int4[:gG]]\n"
+    "                     [--acceptance A [--draft-tokens K] [--draft-cost C | --draft-weights W]] [--json]\n"
     "\n"
     "KV-cache and memory-fit arithmetic for a model on a device, each formula shown\n"
     "with its numbers filled in: KV bytes per token and for B sequences of S tokens,\n"
@@ -47,6 +48,14 @@ static const char CALC_USAGE[] =
     "  --kv-dtype  fp16 (default) or int8 (1 byte per value + one fp32 scale per token and KV head)\n"
     "  --weights   fp16 (default), int8 or int4, with one fp16 scale per group of G weights\n"
     "              (default group 64, as --quant w4a16)\n"
+    "  --acceptance A    speculative decoding: the chance (0 to 1) that the target accepts one\n"
+    "              drafted token. Adds the tokens one target pass yields and the speedup over\n"
+    "              plain decode, for one target pass plus K draft passes of C target passes each\n"
+    "  --draft-tokens K  tokens drafted per target pass (default 4)\n"
+    "  --draft-cost C    one draft pass in target passes (0 to 10); without it, C is the draft's\n"
+    "              decode weight bytes over the target's\n"
+    "  --draft-weights W the draft's format when C comes from bytes: the same model in int8 or\n"
+    "              int4[:gG] (default int4:g32, as draft:w4a16:g32)\n"
     "  --json      the same numbers as JSON\n";
 
 enum { CALC_DEFAULT_GROUP = 64, CALC_MAX_LINES = 24 };
@@ -206,6 +215,16 @@ static int parse_weights(const char* text, quiz_weight_format* format, int* grou
     return parse_int_arg("--weights group", colon + 2, 1, 1 << 20, group_size, err);
 }
 
+// A double as typed: parse_float_arg checks the range and says what was wrong;
+// the value is read again at full precision (0.8 as a float is 0.800000012).
+static int parse_fraction_arg(const char* flag, const char* text, double min_value, double max_value, double* out,
+                              error_info* err) {
+    float checked = 0;
+    if (parse_float_arg(flag, text, min_value, max_value, &checked, err)) return -1;
+    *out = strtod(text, NULL);
+    return 0;
+}
+
 // ---- the arithmetic --------------------------------------------------------------------------
 
 static const char* weights_name(quiz_weight_format f) {
@@ -227,6 +246,11 @@ typedef struct calc_inputs {
     kv_dtype kv;
     quiz_weight_format weights;
     int group_size;
+    double acceptance; // speculative decoding: a, or -1 for no speculative lines
+    int draft_tokens;  // k
+    double draft_cost; // c, or -1: from the draft's bytes
+    quiz_weight_format draft_weights;
+    int draft_group_size;
 } calc_inputs;
 
 static void fit_line(calc_report* r, const char* name, const calc_inputs* in, double weights, double kv_per_token,
@@ -238,6 +262,43 @@ static void fit_line(calc_report* r, const char* name, const calc_inputs* in, do
              "(%.0f x %d)) = floor(%.0f / %.0f)%s",
              kv_label, in->device.capacity_bytes, weights, kv_per_token, in->seq_len, free_bytes, per_sequence,
              free_bytes > 0 ? "" : ": the weights alone do not fit");
+}
+
+// Written as the sum the formula comes from, term by term, rather than the
+// quiz's closed form (1 - a^(k+1)) / (1 - a): test_quiz_drills compares the
+// two, so a slip in either shows.
+static void speculative_lines(const calc_inputs* in, calc_report* r, double target_decode_bytes) {
+    const double a = in->acceptance;
+    const int k = in->draft_tokens;
+    double tokens = 0, chance_all_accepted = 1; // a^i: drafts 1..i all accepted
+    for (int i = 0; i <= k; i++) {
+        tokens += chance_all_accepted;
+        chance_all_accepted *= a;
+    }
+    add_line(r, "spec_tokens_per_target_pass", tokens, "tokens",
+             "1 + a + a^2 + ... + a^k (token i needs drafts 1..i accepted; the target adds one) with a = %.4g, "
+             "k = %d",
+             a, k);
+    double c = in->draft_cost;
+    if (c < 0) {
+        quiz_decode_weights draft = quiz_decode_weight_bytes(&in->model, in->draft_weights, in->draft_group_size);
+        quiz_decode_weights target = quiz_decode_weight_bytes(&in->model, in->weights, in->group_size);
+        c = draft.total_bytes / target.total_bytes;
+        add_line(r, "spec_draft_cost_ratio", c, "target passes",
+                 "draft decode weight bytes (%s) / target's (%s) = %.0f / %.0f (batch 1: weight bytes decide)",
+                 weights_name(in->draft_weights), weights_name(in->weights), draft.total_bytes, target.total_bytes);
+    } else {
+        add_line(r, "spec_draft_cost_ratio", c, "target passes", "given (--draft-cost)");
+    }
+    double cost = 1.0;
+    for (int i = 0; i < k; i++)
+        cost += c; // one target pass, then k draft passes
+    add_line(r, "spec_speedup", tokens / cost, "x",
+             "tokens per target pass / (1 target pass + k draft passes of c) = %.6g / (1 + %d x %.4g)%s", tokens, k, c,
+             tokens / cost < 1 ? ": slower than plain decode" : "");
+    add_line(r, "spec_decode_weight_bytes_per_token", target_decode_bytes * cost / tokens, "bytes",
+             "target decode weight bytes x cost of a round / tokens per round = %.0f x %.6g / %.6g",
+             target_decode_bytes, cost, tokens);
 }
 
 static void calculate(const calc_inputs* in, calc_report* r) {
@@ -286,6 +347,7 @@ static void calculate(const calc_inputs* in, calc_report* r) {
     add_line(r, "decode_weight_bytes", read.total_bytes, "bytes",
              "matrices + output + one embedding row in %s, norms (2 L + 1) d in fp32: %s + 4 x %llu",
              weights_name(in->weights), work, (unsigned long long)read.norm_weights);
+    if (in->acceptance >= 0) speculative_lines(in, r, read.total_bytes);
     const double bw = in->device.bandwidth_bytes_per_s, peak = in->device.peak_fp16_flops;
     if (bw <= 0 || peak <= 0) return; // this machine: no bandwidth model
     add_line(r, "decode_s_per_token_batch1_weights", read.total_bytes / bw, "s",
@@ -410,6 +472,12 @@ int command_calc(int argc, char** argv) {
     in.kv = KV_F16;
     in.weights = QUIZ_WEIGHTS_FP16;
     in.group_size = CALC_DEFAULT_GROUP;
+    in.acceptance = -1;
+    in.draft_tokens = 4;
+    in.draft_cost = -1;
+    in.draft_weights = QUIZ_WEIGHTS_INT4;
+    in.draft_group_size = 32;
+    bool draft_options = false;
     bool json = false;
     error_info err = {{0}};
     arg_cursor cursor = {argc, argv, 1, "servelab calc", NULL};
@@ -438,6 +506,24 @@ int command_calc(int argc, char** argv) {
             }
         } else if (arg_match(&cursor, "--weights", true, &failed, &err)) {
             if (!failed) failed = parse_weights(cursor.value, &in.weights, &in.group_size, &err) != 0;
+        } else if (arg_match(&cursor, "--acceptance", true, &failed, &err)) {
+            if (!failed) failed = parse_fraction_arg("--acceptance", cursor.value, 0.0, 1.0, &in.acceptance, &err) != 0;
+        } else if (arg_match(&cursor, "--draft-tokens", true, &failed, &err)) {
+            if (!failed) failed = parse_int_arg("--draft-tokens", cursor.value, 1, 64, &in.draft_tokens, &err) != 0;
+            draft_options = true;
+        } else if (arg_match(&cursor, "--draft-cost", true, &failed, &err)) {
+            if (!failed)
+                failed = parse_fraction_arg("--draft-cost", cursor.value, 0.0, 10.0, &in.draft_cost, &err) != 0;
+            draft_options = true;
+        } else if (arg_match(&cursor, "--draft-weights", true, &failed, &err)) {
+            if (!failed)
+                failed = parse_weights(cursor.value, &in.draft_weights, &in.draft_group_size, &err) != 0 ||
+                         (in.draft_weights == QUIZ_WEIGHTS_FP16 &&
+                          error_set(&err,
+                                    "--draft-weights: expected int8 or int4[:gG] (an fp16 draft of an fp16 "
+                                    "model costs what the target does), found '%s'",
+                                    cursor.value) != 0);
+            draft_options = true;
         } else if (arg_match(&cursor, "--json", false, &failed, &err)) {
             json = true;
         } else {
@@ -448,6 +534,10 @@ int command_calc(int argc, char** argv) {
             fprintf(stderr, "servelab calc: %s\n", err.message);
             return 2;
         }
+    }
+    if (draft_options && in.acceptance < 0) {
+        fprintf(stderr, "servelab calc: --draft-tokens, --draft-cost and --draft-weights need --acceptance A\n");
+        return 2;
     }
     if (parse_device(device_name, &in.device, &err)) {
         fprintf(stderr, "servelab calc: %s\n", err.message);

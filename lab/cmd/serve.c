@@ -156,9 +156,18 @@ int command_serve(int argc, char** argv) {
     pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
     signal(SIGPIPE, SIG_IGN);
 
+    // --speculative draft:...: the proposer, opened once and shared by every request.
+    model_source draft;
+    if (engine_options_open_draft(&args.engine, &args.request, &draft, &err)) {
+        fprintf(stderr, "servelab serve: %s\n", err.message);
+        model_source_close(&source);
+        return 1;
+    }
+
     server* s = NULL;
     if (server_start(&s, &source.model, source.tokenizer, &args.engine, &args.serve, &err)) {
         fprintf(stderr, "servelab serve: %s\n", err.message);
+        model_source_close(&draft);
         model_source_close(&source);
         return 1;
     }
@@ -171,6 +180,7 @@ int command_serve(int argc, char** argv) {
     sigwait(&stop_signals, &signal_number);
     fprintf(stderr, "servelab serve: stopping (signal %d)\n", signal_number);
     server_stop(s);
+    model_source_close(&draft);
     model_source_close(&source);
     return 0;
 }

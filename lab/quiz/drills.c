@@ -45,6 +45,9 @@ static const struct {
     {"drill-step-ratio", QUIZ_TOPIC_BIT(QUIZ_TOPIC_QUANTIZATION)},
     {"drill-decode-time", QUIZ_TOPIC_BIT(QUIZ_TOPIC_ROOFLINE)},
     {"drill-weight-bytes", QUIZ_TOPIC_BIT(QUIZ_TOPIC_QUANTIZATION)},
+    // Speculation pays because decode is memory-bound: a roofline question.
+    {"drill-spec-tokens-per-pass", QUIZ_TOPIC_BIT(QUIZ_TOPIC_ROOFLINE)},
+    {"drill-spec-speedup", QUIZ_TOPIC_BIT(QUIZ_TOPIC_ROOFLINE)},
 };
 
 const char* quiz_drill_id(quiz_drill_kind kind) { return kind >= 0 && kind < QUIZ_DRILL_COUNT ? DRILLS[kind].id : "?"; }
@@ -529,6 +532,103 @@ static int generate_decode_time(const quiz_model_list* models, quiz_rng* rng, qu
     return error_set(err, "drill-decode-time: no model fits on any device");
 }
 
+// ---- speculative decoding ------------------------------------------------------------------
+
+double quiz_spec_tokens_per_target_pass(double acceptance, int draft_tokens) {
+    if (acceptance >= 1.0) return draft_tokens + 1.0; // every draft accepted, plus the bonus token
+    return (1.0 - pow(acceptance, draft_tokens + 1)) / (1.0 - acceptance);
+}
+
+double quiz_spec_speedup(double acceptance, int draft_tokens, double draft_cost_ratio) {
+    return quiz_spec_tokens_per_target_pass(acceptance, draft_tokens) / (draft_tokens * draft_cost_ratio + 1.0);
+}
+
+// A speculative answer is graded within 1%; a draw where a usual mistake
+// lands within 3% of the answer (so a student who rounds the mistake to
+// three digits might pass) is drawn again. At k = 1 the linear mistake
+// 1 + k a equals the true 1 + a, so k starts at 2.
+enum { SPEC_MISTAKES = 5 };
+static const double SPEC_TOLERANCE = 0.01, SPEC_MISTAKE_MARGIN = 0.03;
+
+static void spec_mistakes(const quiz_drill* d, double out[SPEC_MISTAKES]) {
+    const double a = d->in.acceptance, c = d->in.draft_cost_ratio;
+    const int k = d->in.draft_tokens;
+    const double tokens = quiz_spec_tokens_per_target_pass(a, k);
+    if (d->kind == QUIZ_DRILL_SPEC_TOKENS) {
+        out[0] = 1.0 + k * a;                   // drafts accepted independently: a rejection keeps the rest
+        out[1] = (1.0 - pow(a, k)) / (1.0 - a); // the sum stopped at a^(k-1): no bonus after k acceptances
+        out[2] = tokens - 1.0;                  // drafted tokens only, not the target's own token
+        out[3] = k + 1.0;                       // every draft accepted
+        out[4] = 1.0 / (1.0 - a);               // the infinite-k limit
+    } else {
+        out[0] = tokens;                        // the draft's cost left out
+        out[1] = tokens / (k * c);              // the target's own pass left out
+        out[2] = tokens / ((k + 1) * c + 1.0);  // k + 1 draft passes
+        out[3] = (1.0 + k * a) / (k * c + 1.0); // the linear tokens per pass
+        out[4] = tokens / (c + 1.0);            // one draft pass for all k tokens
+    }
+}
+
+static int generate_speculative(quiz_rng* rng, quiz_drill* d, error_info* err) {
+    static const int DRAFT_TOKENS[] = {2, 3, 4, 4, 5, 6, 8}; // vLLM and llama.cpp default to a few: 4 most often
+    for (int attempt = 0; attempt < 1000; attempt++) {
+        d->in.acceptance = quiz_rng_int(rng, 40, 95) / 100.0;
+        d->in.draft_tokens = pick(rng, DRAFT_TOKENS, 7);
+        // c: 0.02 (a draft model 50x smaller) to 0.60 (a draft that costs most of a target pass, where
+        // speculation tends to lose); a W4A16 g32 copy of an FP16 target reads about 0.28 of its bytes.
+        d->in.draft_cost_ratio = d->kind == QUIZ_DRILL_SPEC_SPEEDUP ? quiz_rng_int(rng, 2, 60) / 100.0 : 0;
+        double answer = d->kind == QUIZ_DRILL_SPEC_TOKENS
+                            ? quiz_spec_tokens_per_target_pass(d->in.acceptance, d->in.draft_tokens)
+                            : quiz_spec_speedup(d->in.acceptance, d->in.draft_tokens, d->in.draft_cost_ratio);
+        double mistakes[SPEC_MISTAKES];
+        spec_mistakes(d, mistakes);
+        bool close = false;
+        for (int i = 0; i < SPEC_MISTAKES; i++)
+            close = close || fabs(mistakes[i] - answer) <= SPEC_MISTAKE_MARGIN * answer;
+        if (close) continue;
+        if (d->kind == QUIZ_DRILL_SPEC_TOKENS)
+            set_plain_answer(d, answer, QUIZ_DIM_NUMBER, "", SPEC_TOLERANCE, 0);
+        else
+            set_plain_answer(d, answer, QUIZ_DIM_RATIO, "x", SPEC_TOLERANCE, 0);
+        const double a = d->in.acceptance, c = d->in.draft_cost_ratio;
+        const int k = d->in.draft_tokens;
+        const double tokens = quiz_spec_tokens_per_target_pass(a, k);
+        char setting[512];
+        snprintf(setting, sizeof setting,
+                 "Speculative decoding: a draft proposes k = %d tokens and the target checks them all in one pass. "
+                 "Each drafted token is accepted with chance a = %.2f, independently; the first rejection throws "
+                 "away the drafts after it, and the target's pass always adds one token of its own (the correction, "
+                 "or a bonus token when all k are accepted).",
+                 k, a);
+        char sum[256];
+        snprintf(sum, sizeof sum,
+                 "Token i of the draft counts only if drafts 1..i are all accepted (chance a^i), so a target pass "
+                 "yields 1 + a + ... + a^%d = (1 - %.2f^%d) / (1 - %.2f) = %.4g tokens",
+                 k, a, k + 1, a, tokens);
+        if (d->kind == QUIZ_DRILL_SPEC_TOKENS) {
+            snprintf(d->prompt, sizeof d->prompt, "%s How many tokens does one target pass yield, on average?",
+                     setting);
+            snprintf(d->explanation, sizeof d->explanation,
+                     "%s. Not 1 + k a = %.4g: that would keep drafted tokens after a rejection.", sum, 1.0 + k * a);
+        } else {
+            double cost = k * c + 1.0;
+            snprintf(d->prompt, sizeof d->prompt,
+                     "%s One draft pass costs c = %.2f of a target pass, and each round is one target pass plus k "
+                     "draft passes. How many times faster than plain decode (one token per target pass) is it? "
+                     "Answer as a ratio (x); below 1 means slower.",
+                     setting, c);
+            snprintf(d->explanation, sizeof d->explanation,
+                     "%s. A round costs k c + 1 = %d x %.2f + 1 = %.4g target passes, so the speedup is %.4g / %.4g "
+                     "= %.4gx%s.",
+                     sum, k, c, cost, tokens, cost, tokens / cost,
+                     tokens / cost < 1 ? ": slower than plain decode, the draft costs more than it saves" : "");
+        }
+        return 0;
+    }
+    return error_set(err, "%s: every draw put a usual mistake within %.0f%% of the answer", quiz_drill_id(d->kind),
+                     100 * SPEC_MISTAKE_MARGIN);
+}
+
 int quiz_drill_generate(quiz_drill_kind kind, const quiz_model_list* models, quiz_rng* rng, quiz_drill* out,
                         error_info* err) {
     memset(out, 0, sizeof *out);
@@ -548,6 +648,8 @@ int quiz_drill_generate(quiz_drill_kind kind, const quiz_model_list* models, qui
     case QUIZ_DRILL_STEP_RATIO: return generate_step_ratio(rng, out);
     case QUIZ_DRILL_DECODE_TIME: return generate_decode_time(models, rng, out, err);
     case QUIZ_DRILL_WEIGHT_BYTES: return generate_weight_bytes(models, rng, out);
+    case QUIZ_DRILL_SPEC_TOKENS:
+    case QUIZ_DRILL_SPEC_SPEEDUP: return generate_speculative(rng, out, err);
     default: return error_set(err, "unknown drill kind %d", (int)kind);
     }
 }

@@ -41,6 +41,8 @@ typedef enum quiz_drill_kind {
     QUIZ_DRILL_STEP_RATIO,       // (2^high - 1) / (2^low - 1)
     QUIZ_DRILL_DECODE_TIME,      // weight bytes one token reads (quiz_decode_weight_bytes) / bandwidth
     QUIZ_DRILL_WEIGHT_BYTES,     // N bits / 8 + (N / group) 2 bytes of scale
+    QUIZ_DRILL_SPEC_TOKENS,      // speculative decoding: tokens per target pass, (1 - a^(k+1)) / (1 - a)
+    QUIZ_DRILL_SPEC_SPEEDUP,     // speculative decoding: that / (k c + 1), against plain decode
     QUIZ_DRILL_COUNT
 } quiz_drill_kind;
 
@@ -66,6 +68,9 @@ typedef struct quiz_drill_inputs {
     bool symmetric;                      // quantization: codes -(2^(b-1)-1) .. 2^(b-1)-1 and z = 0
     quiz_weight_format format;           // decode time, weight bytes
     int group_size;                      // weights per FP16 scale (INT8, INT4)
+    double acceptance;                   // speculative: a, the chance the target accepts one drafted token
+    int draft_tokens;                    // speculative: k, tokens the draft proposes per target pass
+    double draft_cost_ratio;             // speculative: c, one draft pass's cost in target passes
 } quiz_drill_inputs;
 
 typedef struct quiz_drill {
@@ -117,5 +122,19 @@ typedef struct quiz_decode_weights {
 } quiz_decode_weights;
 
 quiz_decode_weights quiz_decode_weight_bytes(const quiz_model* m, quiz_weight_format format, int group_size);
+
+// ---- speculative decoding (Leviathan et al. 2023, section 3) --------------------------------
+//
+// The model: each drafted token is accepted with the same chance a,
+// independently, and the first rejection ends the run. One target pass
+// verifies k drafted tokens and always yields one token of its own (the
+// correction at the first rejection, or a bonus token after k acceptances),
+// so it yields 1 + a + a^2 + ... + a^k = (1 - a^(k+1)) / (1 - a) tokens
+// (k + 1 at a = 1). A round costs one target pass plus k draft passes of
+// c target passes each, so against plain decode (one token per target
+// pass) it is (1 - a^(k+1)) / ((1 - a) (k c + 1)) times faster; below 1 it
+// is slower.
+double quiz_spec_tokens_per_target_pass(double acceptance, int draft_tokens);
+double quiz_spec_speedup(double acceptance, int draft_tokens, double draft_cost_ratio);
 
 #endif

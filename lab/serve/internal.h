@@ -61,6 +61,15 @@ typedef struct serve_metrics {
     int sequences_live; // held in the engine's memory: added and not yet released
     uint64_t preemptions, prefix_hit_tokens;
     uint64_t steps;
+    // Speculative decoding, added up from each step's sequences (engine/speculative.h);
+    // written to /metrics only when the engine speculates.
+    bool speculative;
+    int spec_k;                    // guesses per sequence per step (the per-position lines)
+    uint64_t spec_drafts;          // sequence-steps that verified at least one guess (vLLM's num_drafts)
+    uint64_t spec_draft_tokens;    // guesses proposed
+    uint64_t spec_accepted_tokens; // guesses the target kept
+    uint64_t spec_emitted_tokens;  // tokens those sequence-steps appended: kept guesses + correction or bonus
+    uint64_t spec_accepted_per_position[SPEC_MAX_K]; // (SPEC_MAX_K) guesses kept at position p of their run
 } serve_metrics;
 
 typedef enum job_state { JOB_SUBMITTED = 0, JOB_RUNNING = 1, JOB_DONE = 2 } job_state;
@@ -217,6 +226,8 @@ enum MHD_Result serve_handle_health(server* s, struct MHD_Connection* connection
 enum MHD_Result serve_handle_metrics(server* s, struct MHD_Connection* connection);
 void serve_histogram_observe(histogram* h, double seconds);
 void serve_metrics_init(serve_metrics* m);
+// Adds a step's speculative counts (its sequences' drafted, accepted, emitted) to m.
+void serve_metrics_count_speculation(serve_metrics* m, const step_record* record);
 
 // ---- HTTP (http.c)
 

@@ -32,6 +32,20 @@ void serve_metrics_init(serve_metrics* m) {
     m->e2e.bounds = E2E_BOUNDS;
 }
 
+void serve_metrics_count_speculation(serve_metrics* m, const step_record* record) {
+    for (int i = 0; i < record->n_sequences; i++) {
+        const step_sequence* seq = &record->sequences[i];
+        if (seq->spec_drafted <= 0) continue; // a prefill chunk, or a lookup that found nothing: a plain step
+        m->spec_drafts++;
+        m->spec_draft_tokens += (uint64_t)seq->spec_drafted;
+        m->spec_accepted_tokens += (uint64_t)seq->spec_accepted;
+        m->spec_emitted_tokens += (uint64_t)seq->spec_emitted;
+        // The kept guesses are a prefix of the run: positions 0 .. accepted - 1.
+        for (int p = 0; p < seq->spec_accepted && p < SPEC_MAX_K; p++)
+            m->spec_accepted_per_position[p]++;
+    }
+}
+
 void serve_histogram_observe(histogram* h, double seconds) {
     int i = 0;
     while (i < HISTOGRAM_BUCKETS && seconds > h->bounds[i])
@@ -141,6 +155,25 @@ enum MHD_Result serve_handle_metrics(server* s, struct MHD_Connection* connectio
                      &m.ttft);
     metric_histogram(&b, "vllm:time_per_output_token_seconds", "Time between a request's tokens.", labels, &m.tpot);
     metric_histogram(&b, "vllm:e2e_request_latency_seconds", "Arrival to last token.", labels, &m.e2e);
+    if (m.speculative) {
+        // vLLM's spec-decode counters (its v1 metrics), and the tokens they yielded.
+        metric_value(&b, "vllm:spec_decode_num_drafts_total", "counter",
+                     "Sequence-steps whose guesses the target verified.", labels, (double)m.spec_drafts);
+        metric_value(&b, "vllm:spec_decode_num_draft_tokens_total", "counter", "Guessed tokens proposed.", labels,
+                     (double)m.spec_draft_tokens);
+        metric_value(&b, "vllm:spec_decode_num_accepted_tokens_total", "counter", "Guessed tokens the target kept.",
+                     labels, (double)m.spec_accepted_tokens);
+        metric_header(&b, "vllm:spec_decode_num_accepted_tokens_per_pos_total", "counter",
+                      "Guesses kept at each position of a run (0 = the first guess).");
+        int k = m.spec_k > 0 && m.spec_k <= SPEC_MAX_K ? m.spec_k : SPEC_MAX_K;
+        for (int p = 0; p < k; p++)
+            tb_printf(&b, "vllm:spec_decode_num_accepted_tokens_per_pos_total{%s,position=\"%d\"} %llu\n", labels, p,
+                      (unsigned long long)m.spec_accepted_per_position[p]);
+        metric_value(&b, "servelab:spec_decode_num_emitted_tokens_total", "counter",
+                     "Tokens the verified sequence-steps appended (kept guesses plus the target's own); divided by "
+                     "num_drafts: tokens per target pass.",
+                     labels, (double)m.spec_emitted_tokens);
+    }
     metric_value(&b, "servelab:kv_blocks_total", "gauge", "Blocks in the KV pool.", labels, m.blocks_total);
     metric_value(&b, "servelab:kv_blocks_free", "gauge", "Free blocks (no owner, not cached).", labels, m.blocks_free);
     metric_value(&b, "servelab:kv_blocks_cached", "gauge", "Blocks only the prefix cache holds (evictable).", labels,

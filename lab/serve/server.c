@@ -80,7 +80,7 @@ static int serve_round(server* s, bool* stepped, error_info* err) {
         return -1;
     }
     *stepped = true;
-    (void)record;
+    serve_metrics_count_speculation(&s->metrics, record);
     server_measure(s);
     server_publish(s);
     server_measure(s);
@@ -192,6 +192,8 @@ int server_start(server** out, const model* m, const tokenizer* tok, const engin
                                .context_tokens = m->config.max_seq_len,
                                .max_n = engine_settings->max_seqs}; // pool_tokens: once the engine exists
     serve_metrics_init(&s->metrics);
+    s->metrics.speculative = engine_settings->speculative.kind != SPEC_NONE;
+    s->metrics.spec_k = engine_settings->speculative.k;
     s->id_salt = ((uint64_t)time(NULL) << 20) ^ (uint64_t)getpid();
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->work, NULL);

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "engine/tokenizer.h"
+#include "lab/common/engine_options.h"
 #include "kernels/cpu/machine_probe.h"
 #include "kernels/cpu/matmul.h"
 
@@ -44,7 +45,12 @@ int dashboard_init(dashboard* d, const model_request* request, const engine_conf
     d->config = *config;
     d->primary = primary;
     if (model_source_open(&d->source, request, err)) return -1;
+    if (engine_options_open_draft(&d->config, request, &d->draft, err)) {
+        model_source_close(&d->source);
+        return -1;
+    }
     if (start_engines(d, err)) {
+        model_source_close(&d->draft);
         model_source_close(&d->source);
         return -1;
     }
@@ -108,11 +114,13 @@ bool dashboard_machine_figures(const dashboard* d, double* gb_s, double* gflop_s
 void dashboard_free(dashboard* d) {
     release_machine(d->machine);
     stop_engines(d);
-    for (int i = 0; i < d->n_requests; i++) free(d->requests[i].prompt);
+    for (int i = 0; i < d->n_requests; i++)
+        free(d->requests[i].prompt);
     free(d->requests);
     free(d->step_size.weights);
     free(d->step_size.codes);
     free(d->step_size.params);
+    model_source_close(&d->draft);
     model_source_close(&d->source);
     memset(d, 0, sizeof *d);
 }
@@ -156,8 +164,10 @@ void dashboard_follow_engine(dashboard* d, const engine* e) {
 void dashboard_lesson_log(dashboard* d, lesson_log_kind kind, const char* text) {
     lesson_log* log = &d->lesson;
     int slot = (log->start + log->count) % LESSON_LOG_LINES;
-    if (log->count == LESSON_LOG_LINES) log->start = (log->start + 1) % LESSON_LOG_LINES;
-    else log->count++;
+    if (log->count == LESSON_LOG_LINES)
+        log->start = (log->start + 1) % LESSON_LOG_LINES;
+    else
+        log->count++;
     snprintf(log->lines[slot], sizeof log->lines[slot], "%s", text);
     log->kinds[slot] = kind;
     log->appended++;
@@ -178,13 +188,12 @@ static int submit(dashboard* d, saved_request* q, error_info* err) {
             return -1;
         return 0;
     }
-    request_params p = {q->prompt, q->n_prompt, q->max_new_tokens, q->n_samples, q->temperature, 0.9f, q->seed, 0.0,
-                        false};
+    request_params p = {q->prompt, q->n_prompt, q->max_new_tokens, q->n_samples, q->temperature, 0.9f, q->seed,
+                        0.0,       false};
     int32_t first;
     if (engine_add_request(&d->paged, &p, &q->sequence, err)) return -1;
     return engine_add_request(&d->contiguous, &p, &first, err);
 }
-
 
 static int remember_request(dashboard* d, const saved_request* q, const int32_t* prompt, error_info* err);
 
@@ -202,7 +211,8 @@ int dashboard_add_prompt(dashboard* d, const char* text, int max_new_tokens, int
     if (!ids) return error_set(err, "lab: out of memory");
     const tokenizer* t = d->source.tokenizer;
     int status = 0;
-    if (t) status = tok_encode(t, text, true, false, ids, capacity, &n, err);
+    if (t)
+        status = tok_encode(t, text, true, false, ids, capacity, &n, err);
     else { // no tokenizer: BOS then one id per byte, folded into the vocabulary
         ids[n++] = TOK_BOS_ID;
         for (const unsigned char* c = (const unsigned char*)text; *c; c++)
@@ -213,15 +223,15 @@ int dashboard_add_prompt(dashboard* d, const char* text, int max_new_tokens, int
     return status;
 }
 
-bool dashboard_has_work(const dashboard* d) {
-    return engine_has_work(&d->paged) || engine_has_work(&d->contiguous);
-}
+bool dashboard_has_work(const dashboard* d) { return engine_has_work(&d->paged) || engine_has_work(&d->contiguous); }
 
 static void remember(step_history* h, const step_record* r) {
     const kernel_traffic* t = &r->traffic;
     int slot = (h->start + h->count) % HISTORY_STEPS;
-    if (h->count == HISTORY_STEPS) h->start = (h->start + 1) % HISTORY_STEPS;
-    else h->count++;
+    if (h->count == HISTORY_STEPS)
+        h->start = (h->start + 1) % HISTORY_STEPS;
+    else
+        h->count++;
     h->bytes[slot] = t->weight_bytes_read + t->kv_bytes_read + t->kv_bytes_written + t->activation_bytes;
     h->tokens[slot] = r->prefill_tokens + r->decode_tokens;
     h->prefill[slot] = r->prefill_tokens > 0;
@@ -233,12 +243,14 @@ int dashboard_step(dashboard* d, error_info* err) {
         if (engine_step(&d->paged, &d->paged_record, err)) return -1;
         d->step_seconds_total += (double)d->paged_record->wall_ns * 1e-9;
         stepped = true;
-    } else d->paged_record = NULL;
+    } else
+        d->paged_record = NULL;
     if (engine_has_work(&d->contiguous)) {
         if (engine_step(&d->contiguous, &d->contiguous_record, err)) return -1;
         d->step_seconds_total += (double)d->contiguous_record->wall_ns * 1e-9;
         stepped = true;
-    } else d->contiguous_record = NULL;
+    } else
+        d->contiguous_record = NULL;
     const step_record* r = dashboard_primary_record(d);
     if (r) remember(&d->history, r);
     if (stepped) d->steps++;
@@ -320,8 +332,8 @@ int dashboard_fork_selected(dashboard* d, error_info* err) {
 int dashboard_add_shared_prompt(dashboard* d, error_info* err) {
     // Different questions after one system prompt: the prompts share the
     // system prompt's full blocks through the prefix cache.
-    static const char* const FOLLOW_UPS[] = {" One day,", " She liked to", " Her friend said", " Then the dog",
-                                             " At night,", " The sun was"};
+    static const char* const FOLLOW_UPS[] = {" One day,",     " She liked to", " Her friend said",
+                                             " Then the dog", " At night,",    " The sun was"};
     const int n_follow_ups = (int)(sizeof FOLLOW_UPS / sizeof FOLLOW_UPS[0]);
     char text[sizeof d->system_prompt + 32];
     snprintf(text, sizeof text, "%s%s", d->system_prompt, FOLLOW_UPS[d->n_shared_prompts % n_follow_ups]);
@@ -401,7 +413,8 @@ void dashboard_update_step_size(dashboard* d) {
         v->n_params = 0;
         return;
     }
-    for (int r = 0; r < w->rows; r++) weight_row_to_f32(v->weights + (size_t)r * (size_t)w->cols, w, r, NULL);
+    for (int r = 0; r < w->rows; r++)
+        weight_row_to_f32(v->weights + (size_t)r * (size_t)w->cols, w, r, NULL);
     if (quant_matrix_rtn(v->weights, w->rows, w->cols, &v->scheme, v->codes, v->params, &err)) {
         snprintf(v->error, sizeof v->error, "%s", err.message);
         v->n_params = 0;

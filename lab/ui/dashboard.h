@@ -17,9 +17,9 @@ enum { HISTORY_STEPS = 256 };
 
 // The last HISTORY_STEPS steps, oldest first from `start`.
 typedef struct step_history {
-    uint64_t bytes[HISTORY_STEPS];  // (HISTORY_STEPS) bytes moved per step
-    int tokens[HISTORY_STEPS];      // (HISTORY_STEPS) tokens computed per step
-    bool prefill[HISTORY_STEPS];    // (HISTORY_STEPS) the step computed prefill tokens
+    uint64_t bytes[HISTORY_STEPS]; // (HISTORY_STEPS) bytes moved per step
+    int tokens[HISTORY_STEPS];     // (HISTORY_STEPS) tokens computed per step
+    bool prefill[HISTORY_STEPS];   // (HISTORY_STEPS) the step computed prefill tokens
     int start, count;
 } step_history;
 
@@ -27,23 +27,23 @@ typedef struct step_history {
 // replays the same requests in the same state: ids come back the same
 // because requests and forks are replayed in the order they were made.
 typedef struct saved_request {
-    int32_t* prompt;   // (n_prompt) token ids
+    int32_t* prompt; // (n_prompt) token ids
     int n_prompt;
     int max_new_tokens;
     int n_samples;
     float temperature;
     uint64_t seed;
-    int32_t fork_of;   // a fork (f): the paged id of the sequence it forked, else -1
-    int32_t sequence;  // the paged id of its (first) sequence
-    bool cancelled;    // x cancelled it: replayed, then cancelled again
+    int32_t fork_of;  // a fork (f): the paged id of the sequence it forked, else -1
+    int32_t sequence; // the paged id of its (first) sequence
+    bool cancelled;   // x cancelled it: replayed, then cancelled again
 } saved_request;
 
 // The step-size pane: one tensor, one scheme, its RTN quantization.
 typedef struct step_size_view {
-    int layer;            // 0..n_layers-1
-    int tensor;           // index into STEP_SIZE_TENSORS (wq wk wv wo w1 w2 w3)
+    int layer;  // 0..n_layers-1
+    int tensor; // index into STEP_SIZE_TENSORS (wq wk wv wo w1 w2 w3)
     quant_scheme scheme;
-    int set_index;        // the parameter set shown (0 = first row / group)
+    int set_index; // the parameter set shown (0 = first row / group)
     int rows, cols;
     float* weights;       // (rows, cols) the tensor in fp32
     int32_t* codes;       // (rows, cols)
@@ -53,7 +53,7 @@ typedef struct step_size_view {
     quant_stats matrix_stats; // of the whole matrix
     float set_min, set_max;   // the set's value range
     char name[64];
-    char error[512];      // non-empty when the scheme does not apply
+    char error[512]; // non-empty when the scheme does not apply
 } step_size_view;
 
 extern const char* const STEP_SIZE_TENSORS[7];
@@ -64,18 +64,22 @@ extern const char* const STEP_SIZE_TENSORS[7];
 // Shared by the dashboard and the measuring thread (a detached thread, so
 // that quitting never waits for it); the last of the two to let go frees it.
 typedef struct machine_figures {
-    atomic_int owners;      // the dashboard and, while it runs, the measuring thread
-    atomic_bool measured;   // set (release) after the two figures are written
-    double bandwidth_gb_s;  // GB/s, 1e9 bytes
-    double peak_gflop_s;    // fp32 FMA GFLOP/s
-    int n_threads;          // threads to measure with (0: one per online CPU)
+    atomic_int owners;     // the dashboard and, while it runs, the measuring thread
+    atomic_bool measured;  // set (release) after the two figures are written
+    double bandwidth_gb_s; // GB/s, 1e9 bytes
+    double peak_gflop_s;   // fp32 FMA GFLOP/s
+    int n_threads;         // threads to measure with (0: one per online CPU)
 } machine_figures;
 
 // What a lesson said and checked, for the lesson pane: the last
 // LESSON_LOG_LINES entries, oldest first from `start`.
 enum { LESSON_LOG_LINES = 64, LESSON_LOG_WIDTH = 320 };
 typedef enum lesson_log_kind {
-    LOG_NARRATION = 0, LOG_PASS = 1, LOG_DISAGREE = 2, LOG_FAIL = 3, LOG_STATUS = 4,
+    LOG_NARRATION = 0,
+    LOG_PASS = 1,
+    LOG_DISAGREE = 2,
+    LOG_FAIL = 3,
+    LOG_STATUS = 4,
 } lesson_log_kind;
 typedef struct lesson_log {
     char lines[LESSON_LOG_LINES][LESSON_LOG_WIDTH]; // (LESSON_LOG_LINES) UTF-8 text
@@ -89,7 +93,8 @@ typedef struct lesson_log {
 
 typedef struct dashboard {
     model_source source;
-    engine_config config;       // layout ignored: both engines run
+    model_source draft;   // --speculative draft:...: the proposer both engines share (engine_options_open_draft)
+    engine_config config; // layout ignored: both engines run
     // Slots of KV memory each engine gets, kept when the block size changes:
     // a block's bytes are block_size x the bytes of one slot, so the same
     // slots are the same bytes (2048 = 128 blocks of 16 = 64 of 32).
@@ -97,29 +102,29 @@ typedef struct dashboard {
     engine paged;
     engine contiguous;
     bool have_engines;
-    const step_record* paged_record;      // the last step, or NULL
+    const step_record* paged_record; // the last step, or NULL
     const step_record* contiguous_record;
-    kv_layout primary;          // the layout the requests and traffic panes follow (--kv)
-    saved_request* requests;    // (n_requests) everything added, to replay after a restart
+    kv_layout primary;       // the layout the requests and traffic panes follow (--kv)
+    saved_request* requests; // (n_requests) everything added, to replay after a restart
     int n_requests, requests_capacity;
     step_history history;
     step_size_view step_size;
-    int selected;               // sequence id (paged engine) of the selected request row
+    int selected; // sequence id (paged engine) of the selected request row
     uint64_t steps;
-    double step_seconds_total;  // engine time of all steps (both engines)
-    char system_prompt[512];    // what `p` requests start with (shared through the prefix cache)
-    int n_shared_prompts;       // requests added with `p` so far
-    int max_new_tokens;         // new tokens per request added from the lab
-    machine_figures* machine;   // NULL until dashboard_measure_machine
+    double step_seconds_total;   // engine time of all steps (both engines)
+    char system_prompt[512];     // what `p` requests start with (shared through the prefix cache)
+    int n_shared_prompts;        // requests added with `p` so far
+    int max_new_tokens;          // new tokens per request added from the lab
+    machine_figures* machine;    // NULL until dashboard_measure_machine
     const engine* lesson_engine; // while a lesson runs: the engine it works on (panes draw it), else NULL
     uint64_t lesson_engine_step; // its last step put into the history
     lesson_log lesson;
     // servelab lab --serve: the panes follow the server's engine (as a
     // lesson's, through lesson_engine) and the header shows these.
-    char serve_address[96];     // "http://127.0.0.1:8000", "" when not serving
-    int serve_clients;          // open client connections
-    int serve_in_flight;        // requests queued or running
-    int serve_submitted;        // of those, not yet admitted (waiting for the lab to step)
+    char serve_address[96]; // "http://127.0.0.1:8000", "" when not serving
+    int serve_clients;      // open client connections
+    int serve_in_flight;    // requests queued or running
+    int serve_submitted;    // of those, not yet admitted (waiting for the lab to step)
 } dashboard;
 
 int dashboard_init(dashboard* d, const model_request* request, const engine_config* config, kv_layout primary,

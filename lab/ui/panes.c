@@ -1,6 +1,5 @@
 #include "lab/ui/panes.h"
 
-
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -48,8 +47,7 @@ static int put_whole(ui_screen* s, int x, int y, int right, ui_color color, int 
 }
 
 // A bytes field: one decimal where it fits, else none, else dropped when droppable.
-static void line_bytes(ui_line* l, int priority, bool droppable, const char* before, double bytes,
-                       const char* after) {
+static void line_bytes(ui_line* l, int priority, bool droppable, const char* before, double bytes, const char* after) {
     char precise[48], rough[48], form[2][UI_LINE_FORM_BYTES];
     int columns = ui_format_bytes(precise, sizeof precise, bytes, 47);
     if (ui_format_bytes(rough, sizeof rough, bytes, columns - 1) < 0) snprintf(rough, sizeof rough, "%s", precise);
@@ -73,8 +71,10 @@ static void bar(ui_screen* s, int x, int y, int width, double fraction, ui_color
 // leading BOS, which shows nothing.
 static bool token_piece(const tokenizer* t, const step_sequence_status* q, int i, char* piece, size_t size) {
     if (i == 0 && q->tokens[0] == TOK_BOS_ID && t) return false;
-    if (t) snprintf(piece, size, "%s", tok_decode_piece(t, i ? q->tokens[i - 1] : TOK_BOS_ID, q->tokens[i]));
-    else snprintf(piece, size, i ? " %d" : "%d", q->tokens[i]);
+    if (t)
+        snprintf(piece, size, "%s", tok_decode_piece(t, i ? q->tokens[i - 1] : TOK_BOS_ID, q->tokens[i]));
+    else
+        snprintf(piece, size, i ? " %d" : "%d", q->tokens[i]);
     return true;
 }
 
@@ -112,7 +112,8 @@ static int first_request_row(const step_record* now, int32_t selected, int rows)
             }
     }
     int first = 0;
-    while (first < now->n_live_sequences && now->live_sequences[first].id < first_id) first++;
+    while (first < now->n_live_sequences && now->live_sequences[first].id < first_id)
+        first++;
     return first;
 }
 
@@ -121,7 +122,8 @@ static int first_request_row(const step_record* now, int32_t selected, int rows)
 static void draw_request_tokens(ui_screen* s, int x, int y, int right, const step_sequence_status* q,
                                 const tokenizer* t, bool ran) {
     int from = 0, room = right - x, total = 0;
-    for (int i = 0; i < q->n_tokens; i++) total += token_columns(t, q, i, ran);
+    for (int i = 0; i < q->n_tokens; i++)
+        total += token_columns(t, q, i, ran);
     if (total > room)
         for (int i = q->n_tokens - 1, used = 0; i >= 0; i--) {
             int need = token_columns(t, q, i, ran);
@@ -146,7 +148,8 @@ static void draw_request_tokens(ui_screen* s, int x, int y, int right, const ste
             x += ui_put(s, x, y, 1, UI_GOOD, UI_REVERSE, "]");
         } else if ((w = put_whole(s, x, y, right, i >= q->n_prompt ? owner_color(q->id) : UI_DEFAULT, attr, piece)) < 0)
             break;
-        else x += w;
+        else
+            x += w;
     }
 }
 
@@ -184,7 +187,8 @@ static void draw_requests(ui_screen* s, ui_rect r, const dashboard* d) {
         const step_sequence_status* q = &now.live_sequences[i];
         bool ran = false;
         if (rec)
-            for (int k = 0; k < rec->n_sequences; k++) ran |= rec->sequences[k].id == q->id;
+            for (int k = 0; k < rec->n_sequences; k++)
+                ran |= rec->sequences[k].id == q->id;
         draw_request_row(s, r, y, e, q, t, q->id == d->selected, ran);
     }
     step_record_free(&now);
@@ -197,7 +201,8 @@ static int table_references(const step_record* rec, int32_t block) {
     int n = 0;
     for (int k = 0; k < rec->n_sequences; k++) {
         const step_sequence* q = &rec->sequences[k];
-        for (int i = 0; i < q->n_table; i++) n += rec->block_ids[q->table_offset + i] == block;
+        for (int i = 0; i < q->n_table; i++)
+            n += rec->block_ids[q->table_offset + i] == block;
     }
     return n;
 }
@@ -208,21 +213,65 @@ static const engine* paged_view(ui_screen* s, ui_rect r, const dashboard* d) {
     if (!e) {
         ui_line why;
         ui_line_init(&why);
-        ui_line_text(&why, 9, "the lesson's engine is contiguous: it has no blocks", "contiguous engine: no blocks", NULL);
+        ui_line_text(&why, 9, "the lesson's engine is contiguous: it has no blocks", "contiguous engine: no blocks",
+                     NULL);
         ui_line_put(s, r.x, r.y, text_w(r), UI_DEFAULT, UI_DIM, &why);
     }
     return e;
+}
+
+// Speculative decoding in a table, after its blocks, each a cell that wraps
+// whole: " d4 a3 r1 b0 75%", this step's guesses drafted, accepted,
+// rejected and bonus, and the sequence's acceptance so far; " ~N@P", the N
+// KV slots from position P that the verify pass wrote for refused guesses
+// and that were rolled back; " ~[b]" for each block the rollback gave back
+// to the pool (the step's last spec_rollback_blocks BLOCK_FREE events of the
+// sequence). Returns the cells written (bad[i]: a rollback cell).
+enum { SPEC_MAX_CELLS = 2 + SPEC_MAX_K };
+
+static const step_sequence_status* recorded_status(const step_record* rec, int32_t id);
+
+static int spec_cells(const step_record* rec, const step_sequence* q, char cells[][48], bool* bad, int max) {
+    int n = 0;
+    if (q->spec_drafted > 0 && n < max) {
+        const step_sequence_status* status = recorded_status(rec, q->id);
+        char rate[16] = "";
+        if (status && status->spec_total_drafted > 0)
+            snprintf(rate, sizeof rate, " %.0f%%",
+                     100.0 * (double)status->spec_total_accepted / (double)status->spec_total_drafted);
+        bad[n] = false;
+        snprintf(cells[n++], 48, " d%d a%d r%d b%d%s", q->spec_drafted, q->spec_accepted, q->spec_rejected,
+                 q->spec_bonus, rate);
+    }
+    if (q->spec_rollback_slots <= 0 || n >= max) return n;
+    bad[n] = true;
+    snprintf(cells[n++], 48, " ~%d@%d", q->spec_rollback_slots, q->spec_rollback_first_position);
+    for (int i = rec->n_events - 1, found = 0; i >= 0 && found < q->spec_rollback_blocks && n < max; i--) {
+        const block_event* ev = &rec->events[i]; // the rollback frees last in the step
+        if (ev->kind != BLOCK_FREE || ev->sequence != q->id) continue;
+        found++;
+        bad[n] = true;
+        snprintf(cells[n++], 48, " ~[%d]", ev->block);
+    }
+    return n;
 }
 
 // Rows a table takes in the pane: its line, then its cells wrapped at w
 // (two columns in, one kept from the frame), as draw_block_tables lays them out.
 static int table_rows(const step_record* rec, const step_sequence* q, int w) {
     int rows = 2, x = 2;
-    for (int i = 0; i < q->n_table; i++) {
-        int32_t b = rec->block_ids[q->table_offset + i];
-        int refs = table_references(rec, b);
+    char rolled[SPEC_MAX_CELLS][48];
+    bool bad[SPEC_MAX_CELLS];
+    int n_rolled = spec_cells(rec, q, rolled, bad, SPEC_MAX_CELLS);
+    for (int i = 0; i < q->n_table + n_rolled; i++) {
         char cell[32];
-        int n = refs > 1 ? snprintf(cell, sizeof cell, "[%d x%d]", b, refs) : snprintf(cell, sizeof cell, "[%d]", b);
+        int n = 0;
+        if (i < q->n_table) {
+            int32_t b = rec->block_ids[q->table_offset + i];
+            int refs = table_references(rec, b);
+            n = refs > 1 ? snprintf(cell, sizeof cell, "[%d x%d]", b, refs) : snprintf(cell, sizeof cell, "[%d]", b);
+        } else
+            n = (int)strlen(rolled[i - q->n_table]);
         if (x + n > w - 1) {
             rows++;
             x = 2;
@@ -230,6 +279,13 @@ static int table_rows(const step_record* rec, const step_sequence* q, int w) {
         x += n;
     }
     return rows;
+}
+
+// The record's status of sequence `id`, or NULL.
+static const step_sequence_status* recorded_status(const step_record* rec, int32_t id) {
+    for (int i = 0; i < rec->n_live_sequences; i++)
+        if (rec->live_sequences[i].id == id) return &rec->live_sequences[i];
+    return NULL;
 }
 
 // The sequence `id` was forked from, as the record lists it (-1: none).
@@ -252,17 +308,22 @@ static void draw_block_events(ui_screen* s, ui_rect r, const step_record* rec) {
         if (ev->kind == BLOCK_COPY)
             snprintf(text, sizeof text, " COW %d->%d(%c)", ev->block, ev->other_block,
                      ev->sequence >= 0 ? owner_letter(ev->sequence) : '-');
-        else if (ev->kind == BLOCK_EVICT) snprintf(text, sizeof text, " EVICT %d", ev->block);
-        else continue;
+        else if (ev->kind == BLOCK_EVICT)
+            snprintf(text, sizeof text, " EVICT %d", ev->block);
+        else
+            continue;
         // Whole events only, and room kept for "+N" saying how many did not fit (7 columns).
         int w = hidden ? -1 : put_whole(s, x, r.y, right - 7, UI_BAD, UI_BOLD, text);
-        if (w < 0) hidden++;
-        else x += w, shown++;
+        if (w < 0)
+            hidden++;
+        else
+            x += w, shown++;
     }
     if (hidden) {
         snprintf(text, sizeof text, " +%d", hidden);
         put_whole(s, x, r.y, right, UI_BAD, UI_BOLD, text);
-    } else if (!shown) put_whole(s, x, r.y, right, UI_DEFAULT, 0, " none");
+    } else if (!shown)
+        put_whole(s, x, r.y, right, UI_DEFAULT, 0, " none");
 }
 
 // The first table shown: the selected request's table is always shown,
@@ -319,13 +380,25 @@ static int draw_table_cells(ui_screen* s, ui_rect r, int y, const step_record* r
         int32_t b = rec->block_ids[q->table_offset + i];
         int refs = table_references(rec, b);
         char cell[32];
-        if (refs > 1) snprintf(cell, sizeof cell, "[%d x%d]", b, refs);
-        else snprintf(cell, sizeof cell, "[%d]", b);
+        if (refs > 1)
+            snprintf(cell, sizeof cell, "[%d x%d]", b, refs);
+        else
+            snprintf(cell, sizeof cell, "[%d]", b);
         if (x + (int)strlen(cell) > r.x + text_w(r)) {
             if (++y >= r.y + r.h) break;
             x = r.x + 2;
         }
         x += ui_put(s, x, y, r.x + r.w - x, refs > 1 ? UI_SHARED : owner_color(q->id), refs > 1 ? UI_BOLD : 0, cell);
+    }
+    char cells[SPEC_MAX_CELLS][48];
+    bool bad[SPEC_MAX_CELLS];
+    int n_cells = spec_cells(rec, q, cells, bad, SPEC_MAX_CELLS);
+    for (int i = 0; i < n_cells && y < r.y + r.h; i++) {
+        if (x + (int)strlen(cells[i]) > r.x + text_w(r)) {
+            if (++y >= r.y + r.h) break;
+            x = r.x + 2;
+        }
+        x += ui_put(s, x, y, r.x + r.w - x, bad[i] ? UI_BAD : owner_color(q->id), bad[i] ? UI_BOLD : UI_DIM, cells[i]);
     }
     return y + 1;
 }
@@ -393,9 +466,12 @@ static void draw_block_pool(ui_screen* s, ui_rect r, const dashboard* d) {
     for (int b = 0; b < n_blocks && b < cells; b++) {
         block_state state = block_state_of(rec, b);
         int cx = r.x + b % r.w, cy = r.y + 2 + b / r.w;
-        if (state == BLOCK_STATE_FREE) ui_put(s, cx, cy, 1, UI_FREE, UI_DIM, ".");
-        else if (state == BLOCK_STATE_CACHED) ui_put(s, cx, cy, 1, UI_CACHED, 0, "c");
-        else if (state == BLOCK_STATE_SHARED) ui_put(s, cx, cy, 1, UI_SHARED, UI_BOLD | UI_REVERSE, "S");
+        if (state == BLOCK_STATE_FREE)
+            ui_put(s, cx, cy, 1, UI_FREE, UI_DIM, ".");
+        else if (state == BLOCK_STATE_CACHED)
+            ui_put(s, cx, cy, 1, UI_CACHED, 0, "c");
+        else if (state == BLOCK_STATE_SHARED)
+            ui_put(s, cx, cy, 1, UI_SHARED, UI_BOLD | UI_REVERSE, "S");
         else {
             int32_t owner = -1;
             for (int q = 0; q < rec->n_sequences && owner < 0; q++)
@@ -421,9 +497,9 @@ static void fragmentation_rows(ui_screen* s, ui_rect r, int y, const char* label
     ui_printf(s, r.x, y, r.w, UI_DEFAULT, UI_BOLD, "%s", label);
     if (!rec) {
         put_whole(s, r.x + 12, y, r.x + text_w(r), UI_DEFAULT, 0,
-                  dashboard_view_engine(d, layout)  ? "(idle)"
-                  : d->serve_address[0] ? "(not in the server's engine)"
-                                        : "(not in the lesson's engine)");
+                  dashboard_view_engine(d, layout) ? "(idle)"
+                  : d->serve_address[0]            ? "(not in the server's engine)"
+                                                   : "(not in the lesson's engine)");
         return;
     }
     const char* names[4] = {"tokens", "tail waste", "reserved", "ext. frag"};
@@ -483,7 +559,8 @@ static void traffic_parts(ui_screen* s, ui_rect r, const kernel_traffic* t) {
     int x = r.x;
     for (int i = 0; i < 4; i++) {
         int w = total ? (int)lround((double)parts[i] / (double)total * r.w) : 0;
-        for (int k = 0; k < w && x < r.x + r.w; k++) ui_put(s, x++, r.y, 1, colors[i], 0, glyphs[i]);
+        for (int k = 0; k < w && x < r.x + r.w; k++)
+            ui_put(s, x++, r.y, 1, colors[i], 0, glyphs[i]);
     }
     for (int i = 0; i < 4; i++) {
         ui_line legend;
@@ -594,7 +671,8 @@ static void traffic_device_lines(ui_screen* s, ui_rect r, const device_model* de
     ui_line_text(&device, 1, " (d cycles)", "", NULL);
     ui_line_si(&device, 9, false, ": ", projected, "s", "");
     ui_line_si(&device, 6, true, "  ", dev->bandwidth_bytes_per_s, "B/s", "");
-    ui_line_number(&device, 5, true, ", ", dev->capacity_bytes / 1073741824.0, 3, " GiB"); // binary, as the card holds it
+    ui_line_number(&device, 5, true, ", ", dev->capacity_bytes / 1073741824.0, 3,
+                   " GiB"); // binary, as the card holds it
     ui_line_si(&device, 4, true, ", ", dev->peak_fp16_flops, "FLOPS", " fp16");
     ui_line_si(&device, 3, true, ", ", dev->peak_int8_ops, "OPS", " int8");
     ui_line_put(s, r.x, r.y + 6, text_w(r), UI_DEFAULT, 0, &device);
@@ -654,13 +732,38 @@ static void traffic_history(ui_screen* s, ui_rect r, const step_history* h) {
     }
 }
 
+// Row 7 while speculating: the draft model's bytes beside the target's
+// (rec->traffic is the target's pass alone), the verify rows and the tokens
+// they gave. The charts below move down a row.
+static void traffic_speculation_line(ui_screen* s, ui_rect r, const step_record* rec) {
+    ui_line spec;
+    ui_line_init(&spec);
+    line_bytes(&spec, 9, false, "draft ", (double)traffic_bytes(&rec->spec_draft_traffic), "");
+    ui_line_number(&spec, 5, true, " (", rec->spec_draft_passes, 1,
+                   rec->spec_draft_passes == 1 ? " pass)" : " passes)");
+    line_bytes(&spec, 9, false, " + target ", (double)traffic_bytes(&rec->traffic), "");
+    char verify_long[96], verify_short[64];
+    snprintf(verify_long, sizeof verify_long, "  verify %d rows: %d of %d guesses kept, %d tokens",
+             rec->spec_verify_tokens, rec->spec_accepted, rec->spec_drafted, rec->spec_emitted);
+    snprintf(verify_short, sizeof verify_short, "  kept %d/%d", rec->spec_accepted, rec->spec_drafted);
+    ui_line_text(&spec, 7, verify_long, verify_short, "", NULL);
+    ui_line_put(s, r.x, r.y + 7, text_w(r), UI_DEFAULT, UI_BOLD, &spec);
+}
+
 static void draw_traffic(ui_screen* s, ui_rect r, const dashboard* d, const ui_view* v) {
     const step_record* rec = dashboard_primary_record(d);
     int n_devices = 0;
     const device_model* devices = device_models(&n_devices);
     const device_model* dev = &devices[v->device % n_devices];
-    if (!rec) put_whole(s, r.x, r.y, r.x + text_w(r), UI_DEFAULT, 0, "no step yet");
-    else traffic_step(s, r, d, rec, dev);
+    if (!rec)
+        put_whole(s, r.x, r.y, r.x + text_w(r), UI_DEFAULT, 0, "no step yet");
+    else
+        traffic_step(s, r, d, rec, dev);
+    if (rec && rec->spec_k > 0 && r.h > 8) {
+        traffic_speculation_line(s, r, rec);
+        r.y++;
+        r.h--;
+    }
     traffic_history(s, r, &d->history);
 }
 
@@ -761,7 +864,8 @@ static void step_size_axis(ui_screen* s, ui_rect r, const step_size_view* v, int
     const quant_params* p = &v->params[v->set_index];
     int32_t qmin = quant_code_min(v->scheme.bits, v->scheme.symmetric);
     int32_t qmax = quant_code_max(v->scheme.bits, v->scheme.symmetric);
-    for (int x = 0; x < width; x++) ui_put(s, r.x + x, axis, 1, UI_FREE, UI_DIM, s->glyphs->horizontal);
+    for (int x = 0; x < width; x++)
+        ui_put(s, r.x + x, axis, 1, UI_FREE, UI_DIM, s->glyphs->horizontal);
     for (int32_t q = qmin; q <= qmax; q++) {
         int x = (int)((quant_dequantize(q, p) - low) / (high - low) * (width - 1) + 0.5f);
         ui_put(s, r.x + x, axis, 1, q == p->zero_point ? UI_GOOD : UI_BAD, UI_BOLD, s->glyphs->marker);
@@ -975,8 +1079,10 @@ static void draw_lesson(ui_screen* s, ui_rect r, const dashboard* d, const ui_vi
         snprintf(count, sizeof count, "v %llu new lines below (PgDn)", (unsigned long long)fresh);
         ui_line mark;
         ui_line_init(&mark);
-        if (fresh) ui_line_text(&mark, 9, count, "v new lines below", "v new", NULL);
-        else ui_line_text(&mark, 9, "v more below (PgDn)", "v more", NULL);
+        if (fresh)
+            ui_line_text(&mark, 9, count, "v new lines below", "v new", NULL);
+        else
+            ui_line_text(&mark, 9, "v more below (PgDn)", "v more", NULL);
         ui_line_put(s, r.x, r.y + r.h - 1, text_w(r), UI_TITLE, UI_REVERSE, &mark);
     }
 }
@@ -994,6 +1100,7 @@ static const char* const HELP[][2] = {
     {"b  bits   g  granularity", "m  sym / asym   ,/.  parameter set"},
     {"PgUp/PgDn  scroll the lesson", "d        cycle device model"},
     {"z        quiz page (Esc returns)", "? / F1   this help   q  quit"},
+    {"~N@P     N KV slots from P rolled back", "~[b]     block the rollback freed"},
 };
 
 // The overlay takes every row between the header and the key bar: a pane
@@ -1021,7 +1128,8 @@ static void draw_help(ui_screen* s, const ui_layout* l) {
             put_whole(s, r.x + 2, y, r.x + r.w - 2, UI_DEFAULT, 0, HELP[i][0]);
             put_whole(s, r.x + 2 + left + gap, y++, r.x + r.w - 2, UI_DEFAULT, 0, HELP[i][1]);
         } else
-            for (int k = 0; k < 2; k++) put_whole(s, r.x + 2, y++, r.x + r.w - 2, UI_DEFAULT, 0, HELP[i][k]);
+            for (int k = 0; k < 2; k++)
+                put_whole(s, r.x + 2, y++, r.x + r.w - 2, UI_DEFAULT, 0, HELP[i][k]);
     }
     ui_clip_reset(s);
 }
@@ -1060,8 +1168,8 @@ static void header_model(ui_line* header, const dashboard* d) {
 static void header_serving(ui_line* header, const dashboard* d) {
     char serve_long[UI_LINE_FORM_BYTES], serve_mid[UI_LINE_FORM_BYTES], serve_short[UI_LINE_FORM_BYTES];
     const char* plural = d->serve_clients == 1 ? "" : "s";
-    snprintf(serve_long, sizeof serve_long, "  serving %s  %d client%s  %d queued", d->serve_address,
-             d->serve_clients, plural, d->serve_submitted);
+    snprintf(serve_long, sizeof serve_long, "  serving %s  %d client%s  %d queued", d->serve_address, d->serve_clients,
+             plural, d->serve_submitted);
     const char* port = strrchr(d->serve_address, ':');
     port = port ? port : d->serve_address;
     snprintf(serve_mid, sizeof serve_mid, "  %s  %d client%s", port, d->serve_clients, plural);
@@ -1072,8 +1180,10 @@ static void header_serving(ui_line* header, const dashboard* d) {
 // The header: the page and the step never go; the model path goes first.
 static void draw_header(ui_screen* s, const dashboard* d, const ui_view* v, const ui_layout* l) {
     char speed_text[16], text[64];
-    if (UI_SPEEDS[v->speed_index]) snprintf(speed_text, sizeof speed_text, "%d/s", UI_SPEEDS[v->speed_index]);
-    else snprintf(speed_text, sizeof speed_text, "max");
+    if (UI_SPEEDS[v->speed_index])
+        snprintf(speed_text, sizeof speed_text, "%d/s", UI_SPEEDS[v->speed_index]);
+    else
+        snprintf(speed_text, sizeof speed_text, "max");
     ui_line header;
     ui_line_init(&header);
     ui_line_text(&header, 3, "servelab lab", "servelab", NULL);
@@ -1087,8 +1197,8 @@ static void draw_header(ui_screen* s, const dashboard* d, const ui_view* v, cons
         snprintf(fault_text, sizeof fault_text, "  FAULT %s", faults);
         ui_line_text(&header, 9, fault_text, "  FAULT", NULL);
     }
-    ui_line_number(&header, 9, false, "  step ",
-                   (double)(d->lesson_engine ? d->lesson_engine->record.step : d->steps), 1, "");
+    ui_line_number(&header, 9, false, "  step ", (double)(d->lesson_engine ? d->lesson_engine->record.step : d->steps),
+                   1, "");
     ui_line_text(&header, 8, v->running ? "  RUNNING" : "  paused", NULL);
     snprintf(text, sizeof text, "  speed %s", speed_text);
     ui_line_text(&header, 5, text, "", NULL);

@@ -43,14 +43,14 @@ typedef struct served {
     int port;
 } served;
 
-// Starts `servelab serve --port 0 --model stories260K`; the port is read
-// from its first line.
-static void serve_start(served* s) {
+// Starts `servelab serve --port 0 --model stories260K EXTRA`; the port is
+// read from its first line.
+static void serve_start_with(served* s, const char* extra) {
     char model[512];
     REQUIRE_SHARED_MODEL(model, "stories260K.bin");
     char command[2048];
-    snprintf(command, sizeof command, "exec %s serve --port 0 --model %s 2>%s/serve.err", test_servelab_binary(), model,
-             test_scratch_dir());
+    snprintf(command, sizeof command, "exec %s serve --port 0 --model %s %s 2>%s/serve.err", test_servelab_binary(),
+             model, extra, test_scratch_dir());
     char line[1024];
     int pid = 0;
     s->port = test_spawn_until_port(command, 60.0, &pid, NULL, line, sizeof line);
@@ -61,6 +61,8 @@ static void serve_start(served* s) {
         fail_msg("serve did not print its port; stdout: '%s'", line);
     }
 }
+
+static void serve_start(served* s) { serve_start_with(s, ""); }
 
 static void serve_stop(served* s) {
     kill(s->pid, SIGTERM);
@@ -342,7 +344,8 @@ static void test_server_model_id_is_printed_safely(void** state) {
     fake_stop(&f);
     if (strchr(r.out, '\x1b') || strchr(r.out, '\a') || strstr(r.out, "\xc2\x9b"))
         fail_msg("a control from the model id reached stdout:\n%s", r.out);
-    if (!strstr(r.out, "(model m?]0;pwned??[2J?2J)")) fail_msg("expected the model id with '?' for controls:\n%s", r.out);
+    if (!strstr(r.out, "(model m?]0;pwned??[2J?2J)"))
+        fail_msg("expected the model id with '?' for controls:\n%s", r.out);
     free_result(&r);
     // --json keeps the exact id, escaped: \u001b and \u009b, never the raw bytes.
     fake_start(&f, FAKE_HOSTILE_MODEL);
@@ -355,7 +358,8 @@ static void test_server_model_id_is_printed_safely(void** state) {
     if (strchr(r.out, '\x1b') || strchr(r.out, '\a') || strstr(r.out, "\xc2\x9b"))
         fail_msg("a control from the model id reached stdout in --json:\n%s", r.out);
     json_t* root = parse_json_or_fail(r.out);
-    assert_string_equal(json_string_value(json_object_get(root, "model")), "m\x1b]0;pwned\a\x1b[2J\xc2\x9b" "2J");
+    assert_string_equal(json_string_value(json_object_get(root, "model")), "m\x1b]0;pwned\a\x1b[2J\xc2\x9b"
+                                                                           "2J");
     json_decref(root);
     free_result(&r);
 }
@@ -372,7 +376,8 @@ static void test_svg_is_not_written_through_links(void** state) {
         assert_true(test_write_file(victim, "victim\n", 7));
         unlink(svg);
         unlink(temporary);
-        assert_int_equal(symlink(/* relative to the link's folder, which holds it */ "svg-victim", at_target ? svg : temporary), 0);
+        assert_int_equal(
+            symlink(/* relative to the link's folder, which holds it */ "svg-victim", at_target ? svg : temporary), 0);
         fake_server f;
         fake_start(&f, FAKE_HOSTILE_MODEL);
         snprintf(arguments, sizeof arguments,
@@ -383,7 +388,8 @@ static void test_svg_is_not_written_through_links(void** state) {
         fake_stop(&f);
         char* text = test_read_text(victim);
         if (strcmp(text, "victim\n") != 0)
-            fail_msg("the link at %s was written through (exit %d)", at_target ? "the target" : "PATH.tmp", r.exit_status);
+            fail_msg("the link at %s was written through (exit %d)", at_target ? "the target" : "PATH.tmp",
+                     r.exit_status);
         free(text);
         if (at_target) {
             assert_int_equal(r.exit_status, 1);
@@ -449,6 +455,130 @@ static void test_bad_options_are_named(void** state) {
     }
 }
 
+// ---- the server's counters (--server-metrics) -----------------------------------------------
+
+static double number_field(json_t* object, const char* name) {
+    json_t* value = json_object_get(object, name);
+    if (!json_is_number(value)) fail_msg("field '%s' is missing or not a number", name);
+    return json_number_value(value);
+}
+
+// A page as vLLM writes it (two engines' label sets add up; no emitted count,
+// so a target pass yields its kept guesses plus one) and as servelab writes it.
+static void test_counters_parse_and_ratios(void** state) {
+    (void)state;
+    const char* vllm_page = "# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.\n"
+                            "# TYPE vllm:spec_decode_num_drafts_total counter\n"
+                            "vllm:spec_decode_num_drafts_total{engine=\"0\",model_name=\"m\"} 100.0\n"
+                            "vllm:spec_decode_num_drafts_total{engine=\"1\",model_name=\"m\"} 20.0\n"
+                            "vllm:spec_decode_num_draft_tokens_total{engine=\"0\",model_name=\"m\"} 480.0\n"
+                            "vllm:spec_decode_num_accepted_tokens_total{engine=\"0\",model_name=\"m\"} 300.0\n"
+                            "vllm:spec_decode_num_accepted_tokens_per_pos_total{engine=\"0\",position=\"0\"} 99.0\n"
+                            "vllm:generation_tokens_total_extra{model_name=\"m\"} 5\n"
+                            "vllm:generation_tokens_total{model_name=\"m\"} 900\n";
+    bench_server_counters before, after;
+    bench_counters_parse("", &before);
+    assert_true(before.spec_drafts == -1 && before.engine_steps == -1 && before.generation_tokens == -1);
+    bench_counters_parse(vllm_page, &after);
+    assert_true(after.spec_drafts == 120.0);
+    assert_true(after.spec_draft_tokens == 480.0);
+    assert_true(after.spec_accepted_tokens == 300.0);
+    assert_true(after.generation_tokens == 900.0); // not 905: the _extra line is another metric
+    assert_true(after.engine_steps == -1 && after.spec_emitted_tokens == -1);
+    const char* vllm_before = "vllm:spec_decode_num_drafts_total{engine=\"0\"} 20\n"
+                              "vllm:spec_decode_num_draft_tokens_total{engine=\"0\"} 80\n"
+                              "vllm:spec_decode_num_accepted_tokens_total{engine=\"0\"} 60\n"
+                              "vllm:generation_tokens_total{model_name=\"m\"} 100\n";
+    bench_counters_parse(vllm_before, &before);
+    bench_server_steps t;
+    bench_server_steps_between(&before, &after, &t);
+    // 100 drafts, 400 guesses, 240 kept: 60%, and (240 + 100) / 100 = 3.4 tokens per target pass.
+    assert_true(t.spec_drafts == 100.0 && t.spec_draft_tokens == 400.0 && t.spec_accepted_tokens == 240.0);
+    assert_float_equal(t.acceptance_rate, 0.6, 1e-12);
+    assert_float_equal(t.tokens_per_target_pass, 3.4, 1e-12);
+    assert_true(t.engine_steps == -1 && t.tokens_per_step == -1); // vLLM counts no steps
+
+    // servelab's page: steps, and the emitted count instead of accepted + drafts
+    // (fewer when a stop rule cut a pass: 3 + 1 + 2 + 1 = 7, not 8, here).
+    const char* servelab_page = "servelab:engine_steps_total{model_name=\"s\"} 40\n"
+                                "vllm:generation_tokens_total{model_name=\"s\"} 90\n"
+                                "vllm:spec_decode_num_drafts_total{model_name=\"s\"} 2\n"
+                                "vllm:spec_decode_num_draft_tokens_total{model_name=\"s\"} 8\n"
+                                "vllm:spec_decode_num_accepted_tokens_total{model_name=\"s\"} 6\n"
+                                "servelab:spec_decode_num_emitted_tokens_total{model_name=\"s\"} 7\n";
+    bench_counters_parse("servelab:engine_steps_total{model_name=\"s\"} 10\n"
+                         "vllm:generation_tokens_total{model_name=\"s\"} 30\n"
+                         "vllm:spec_decode_num_drafts_total{model_name=\"s\"} 0\n"
+                         "vllm:spec_decode_num_draft_tokens_total{model_name=\"s\"} 0\n"
+                         "vllm:spec_decode_num_accepted_tokens_total{model_name=\"s\"} 0\n"
+                         "servelab:spec_decode_num_emitted_tokens_total{model_name=\"s\"} 0\n",
+                         &before);
+    bench_counters_parse(servelab_page, &after);
+    bench_server_steps_between(&before, &after, &t);
+    assert_float_equal(t.tokens_per_step, 60.0 / 30.0, 1e-12);
+    assert_float_equal(t.tokens_per_target_pass, 3.5, 1e-12);
+    assert_float_equal(t.acceptance_rate, 0.75, 1e-12);
+}
+
+// Against servelab serve: the server's generated tokens during the run are
+// the run's own output tokens (the only client), and without speculation a
+// step adds at most one token per sequence: tokens per step <= concurrency 3.
+static void test_tokens_per_step_against_servelab_serve(void** state) {
+    (void)state;
+    served s;
+    serve_start(&s);
+    char arguments[512];
+    snprintf(arguments, sizeof arguments,
+             "bench-serve --url http://127.0.0.1:%d --requests 6 --prompt-len 12 --output-len 16 --concurrency 3 "
+             "--server-metrics --json",
+             s.port);
+    command_result r = run_servelab(arguments);
+    serve_stop(&s);
+    if (r.exit_status != 0) fail_msg("exit %d; stderr: %s", r.exit_status, r.err);
+    json_t* root = parse_json_or_fail(r.out);
+    json_t* run = json_array_get(json_object_get(root, "runs"), 0);
+    json_t* server = json_object_get(run, "server_metrics");
+    if (!json_is_object(server)) fail_msg("no server_metrics object: %s", r.out);
+    assert_true(number_field(server, "generation_tokens") == (double)integer_field(run, "output_tokens"));
+    double steps = number_field(server, "engine_steps"), per_step = number_field(server, "tokens_per_step");
+    assert_true(steps >= 16 * 2); // two waves of 3 requests, 16 tokens each: at least 32 steps
+    assert_float_equal(per_step, 96.0 / steps, 1e-3);
+    assert_true(per_step > 1.0 && per_step <= 3.0);
+    assert_true(json_is_null(json_object_get(server, "tokens_per_target_pass"))); // speculation off
+    json_decref(root);
+    free_result(&r);
+
+    // With a W4A16 draft guessing 4: a target pass yields between 1 and k + 1 = 5 tokens,
+    // a step up to 3 x 5, and the text report says so.
+    serve_start_with(&s, "--speculative draft:w4a16:g32:k4");
+    snprintf(arguments, sizeof arguments,
+             "bench-serve --url http://127.0.0.1:%d --requests 6 --prompt-len 12 --output-len 32 --concurrency 3 "
+             "--server-metrics --json",
+             s.port);
+    r = run_servelab(arguments);
+    snprintf(arguments + strlen(arguments) - strlen(" --json"), 8, "%s", "");
+    command_result text = run_servelab(arguments);
+    serve_stop(&s);
+    if (r.exit_status != 0 || text.exit_status != 0) fail_msg("exit %d; stderr: %s", r.exit_status, r.err);
+    root = parse_json_or_fail(r.out);
+    run = json_array_get(json_object_get(root, "runs"), 0);
+    server = json_object_get(run, "server_metrics");
+    double drafts = number_field(server, "spec_drafts"), drafted = number_field(server, "spec_draft_tokens");
+    double kept = number_field(server, "spec_accepted_tokens"),
+           per_pass = number_field(server, "tokens_per_target_pass");
+    print_message("draft k4: %.0f passes, %.0f of %.0f guesses kept, %.3f tokens per target pass, %.3f per step\n",
+                  drafts, kept, drafted, per_pass, number_field(server, "tokens_per_step"));
+    assert_true(drafts > 0 && drafted <= 4 * drafts && kept <= drafted);
+    assert_float_equal(number_field(server, "acceptance_rate"), kept / drafted, 1e-3);
+    assert_true(per_pass > 1.0 && per_pass <= 5.0 && per_pass <= 1.0 + kept / drafts + 1e-3); // the JSON has 4 decimals
+    assert_true(number_field(server, "tokens_per_step") <= 15.0);
+    assert_true(number_field(server, "generation_tokens") == (double)integer_field(run, "output_tokens"));
+    if (!strstr(text.out, "tokens per target pass")) fail_msg("the report has no speculation line:\n%s", text.out);
+    json_decref(root);
+    free_result(&r);
+    free_result(&text);
+}
+
 static void test_percentile_interpolates_between_ranks(void** state) {
     (void)state;
     const double values[] = {10, 20, 30, 40, 50};
@@ -511,6 +641,8 @@ int main(void) {
         cmocka_unit_test(test_malformed_json_event),
         cmocka_unit_test(test_stream_without_done),
         cmocka_unit_test(test_against_servelab_serve),
+        cmocka_unit_test(test_counters_parse_and_ratios),
+        cmocka_unit_test(test_tokens_per_step_against_servelab_serve),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

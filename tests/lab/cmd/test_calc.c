@@ -215,6 +215,42 @@ static void test_a_model_file(void** state) {
     json_decref(root);
 }
 
+// ---- speculative decoding ------------------------------------------------------------------
+
+// a = 0.8, k = 4, c = 0.25: 1 + 0.8 + 0.64 + 0.512 + 0.4096 = 3.3616 tokens per
+// target pass, and a round of 1 + 4 x 0.25 = 2 target passes: 1.6808x. At a = 1
+// every draft and the bonus: k + 1; at a = 0 the target's own token only.
+// Without --draft-cost, c is a W4A16 g32 draft's decode bytes over fp16 Llama-2-7B's:
+// 6607081472 x (4/8 + 2/32) + 4 x 266240 = 3717548288 over 13215227904 = 0.28131.
+static void test_speculative_by_hand(void** state) {
+    (void)state;
+    json_t* root = calc_json("--acceptance 0.8 --draft-tokens 4 --draft-cost 0.25");
+    assert_true(fabs(result(root, "spec_tokens_per_target_pass") - 3.3616) < 1e-9);
+    assert_true(fabs(result(root, "spec_speedup") - 1.6808) < 1e-9);
+    // Weight bytes per token drop by the speedup: 13215227904 / 1.6808.
+    assert_true(fabs(result(root, "spec_decode_weight_bytes_per_token") - 13215227904.0 / 1.6808) < 1.0);
+    json_decref(root);
+    root = calc_json("--acceptance 1 --draft-tokens 3 --draft-cost 0.5");
+    assert_true(result(root, "spec_tokens_per_target_pass") == 4.0);
+    assert_true(fabs(result(root, "spec_speedup") - 1.6) < 1e-9);
+    json_decref(root);
+    root = calc_json("--acceptance 0 --draft-tokens 8 --draft-cost 0.1");
+    assert_true(result(root, "spec_tokens_per_target_pass") == 1.0);
+    assert_true(fabs(result(root, "spec_speedup") - 1.0 / 1.8) < 1e-9); // slower than plain decode
+    json_decref(root);
+    root = calc_json("--model Llama-2-7B --acceptance 0.8");
+    assert_true(fabs(result(root, "spec_draft_cost_ratio") - 3717548288.0 / 13215227904.0) < 1e-9);
+    json_decref(root);
+    // No --acceptance, no speculative lines.
+    root = calc_json("--model Llama-2-7B");
+    assert_null(json_object_get(json_object_get(root, "results"), "spec_speedup"));
+    json_decref(root);
+    command_result r = run_servelab("calc --acceptance 0.05 --draft-tokens 8 --draft-cost 0.3");
+    assert_int_equal(r.exit_status, 0);
+    assert_non_null(strstr(r.out, "slower than plain decode"));
+    free_result(&r);
+}
+
 // ---- bad input ---------------------------------------------------------------------------
 
 static void test_bad_input_is_one_line_and_exit_2(void** state) {
@@ -234,6 +270,11 @@ static void test_bad_input_is_one_line_and_exit_2(void** state) {
         {"calc --weights fp16:g32", "'fp16:g32'"},
         {"calc --frobnicate", "'--frobnicate'"},
         {"calc --model", "--model"},
+        {"calc --acceptance 1.2", "--acceptance"},
+        {"calc --acceptance 0.8 --draft-tokens 0", "--draft-tokens"},
+        {"calc --acceptance 0.8 --draft-cost -1", "--draft-cost"},
+        {"calc --acceptance 0.8 --draft-weights fp16", "--draft-weights"},
+        {"calc --draft-tokens 4", "need --acceptance"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         command_result r = run_servelab(cases[i].arguments);
@@ -269,6 +310,7 @@ int main(void) {
         cmocka_unit_test(test_agrees_with_the_quiz_drills),
         cmocka_unit_test(test_agrees_with_the_engine_pool),
         cmocka_unit_test(test_a_model_file),
+        cmocka_unit_test(test_speculative_by_hand),
         cmocka_unit_test(test_bad_input_is_one_line_and_exit_2),
         cmocka_unit_test(test_json_parses_with_formulas),
     };

@@ -1,6 +1,7 @@
 // Drills: the model shapes are the published ones, and every generator's
 // answer equals an independent computation from the inputs it drew, over
-// many random draws; the quantization drills agree with engine/quant.h and
+// many random draws (the speculative ones, with their usual mistakes graded
+// wrong); the quantization drills agree with engine/quant.h and
 // their worked answers use the s it uses; the decode-time drill counts the
 // weight bytes the engine's kernels count for a decode token.
 #include <stdarg.h>
@@ -159,6 +160,17 @@ static double expected_answer(const quiz_drill* d, const quiz_model_list* models
         double norms = (2.0 * m->n_layers + 1) * dm;
         double bytes = bytes_in_format(layer_matrices + output_matrix + embedding_row, in) + 4 * norms;
         return bytes / devices[in->device].bandwidth_bytes_per_s * 1000.0;
+    }
+    case QUIZ_DRILL_SPEC_TOKENS:
+    case QUIZ_DRILL_SPEC_SPEEDUP: {
+        // Expected tokens per target pass, summed over how many drafts are
+        // accepted: j = 0..k-1 accepted then a rejection (chance a^j (1 - a))
+        // gives j + 1 tokens; all k accepted (a^k) gives k + 1.
+        double a = in->acceptance, tokens = pow(a, in->draft_tokens) * (in->draft_tokens + 1);
+        for (int j = 0; j < in->draft_tokens; j++)
+            tokens += pow(a, j) * (1 - a) * (j + 1);
+        if (d->kind == QUIZ_DRILL_SPEC_TOKENS) return tokens;
+        return tokens / (1 + in->draft_tokens * in->draft_cost_ratio);
     }
     default: {               // quantization by hand, exact decimal arithmetic
         if (in->symmetric) { // codes -(2^(b-1)-1) .. 2^(b-1)-1, z = 0
@@ -640,6 +652,13 @@ static bool calc_answer(const quiz_drill* d, const quiz_model_list* models, doub
         *out = calc_result(arguments, key);
         return true;
     }
+    case QUIZ_DRILL_SPEC_TOKENS:
+    case QUIZ_DRILL_SPEC_SPEEDUP:
+        snprintf(arguments, sizeof arguments, "--acceptance %.2f --draft-tokens %d --draft-cost %.2f", in->acceptance,
+                 in->draft_tokens, in->draft_cost_ratio);
+        *out =
+            calc_result(arguments, d->kind == QUIZ_DRILL_SPEC_TOKENS ? "spec_tokens_per_target_pass" : "spec_speedup");
+        return true;
     case QUIZ_DRILL_BLOCKS_NEEDED:
     case QUIZ_DRILL_TAIL_WASTE:
     case QUIZ_DRILL_QUANT_SCALE:
@@ -695,8 +714,75 @@ static void test_every_drill_family_agrees_with_calc(void** state) {
         }
         compared_families += calc_family;
     }
-    assert_int_equal(compared_families, 4); // kv-size, sequences-fit, decode-time, weight-bytes
+    // kv-size, sequences-fit, decode-time, weight-bytes, spec-tokens-per-pass, spec-speedup
+    assert_int_equal(compared_families, 6);
     unsetenv("SERVELAB_QUIZ_DIR");
+    quiz_models_free(&models);
+}
+
+// ---- speculative decoding ------------------------------------------------------------------
+
+static double grade(const quiz_drill* d, double typed_value) {
+    char typed[64];
+    snprintf(typed, sizeof typed, "%.3g%s", typed_value, d->answer.unit);
+    quiz_numeric_verdict verdict;
+    error_info err = {{0}};
+    assert_int_equal(quiz_check_numeric(&d->answer, typed, &verdict, &err), 0);
+    return verdict.correct;
+}
+
+// a = 0.8, k = 4: 1 + 0.8 + 0.64 + 0.512 + 0.4096 = 3.3616 tokens per target
+// pass; with c = 0.25 a round costs 2 target passes, 1.6808x. The usual
+// mistakes, typed to three digits, are graded wrong on every draw: 1 + k a
+// (4.2 here), the sum stopped at a^(k-1) (2.952), the drafted tokens alone
+// (2.3616), k + 1 (5), 1 / (1 - a) (5); and for the speedup, the draft's
+// cost left out (3.3616), the target pass left out (3.3616), k + 1 draft
+// passes (1.494), the linear count (2.1), one draft pass in all (2.689).
+static void test_speculative_drills_by_hand_and_mistakes_graded_wrong(void** state) {
+    (void)state;
+    assert_true(fabs(quiz_spec_tokens_per_target_pass(0.8, 4) - 3.3616) < 1e-12);
+    assert_true(fabs(quiz_spec_speedup(0.8, 4, 0.25) - 1.6808) < 1e-12);
+    assert_true(quiz_spec_tokens_per_target_pass(1.0, 4) == 5.0); // no 0 / 0 at a = 1
+    assert_true(quiz_spec_tokens_per_target_pass(0.0, 4) == 1.0); // nothing accepted: the target's own token
+    quiz_model_list models = load_models();
+    int slower = 0, faster = 0;
+    for (int kind = QUIZ_DRILL_SPEC_TOKENS; kind <= QUIZ_DRILL_SPEC_SPEEDUP; kind++) {
+        for (int draw = 0; draw < DRAWS; draw++) {
+            quiz_rng rng;
+            quiz_rng_seed(&rng, (uint64_t)draw * 613u + (uint64_t)kind);
+            quiz_drill d;
+            error_info err = {{0}};
+            if (quiz_drill_generate((quiz_drill_kind)kind, &models, &rng, &d, &err)) fail_msg("%s", err.message);
+            const double a = d.in.acceptance, c = d.in.draft_cost_ratio, k = d.in.draft_tokens;
+            assert_true(a >= 0.4 && a <= 0.95 && k >= 2 && k <= 8);
+            double geometric = 0;
+            for (int i = 0; i <= d.in.draft_tokens; i++)
+                geometric += pow(a, i);
+            double wrong[5];
+            if (kind == QUIZ_DRILL_SPEC_TOKENS) {
+                double mistakes[] = {1 + k * a, geometric - pow(a, k), geometric - 1, k + 1, 1 / (1 - a)};
+                memcpy(wrong, mistakes, sizeof wrong);
+            } else {
+                assert_true(c >= 0.02 && c <= 0.6);
+                double mistakes[] = {geometric, geometric / (k * c), geometric / ((k + 1) * c + 1),
+                                     (1 + k * a) / (k * c + 1), geometric / (c + 1)};
+                memcpy(wrong, mistakes, sizeof wrong);
+                slower += d.answer.value < 1;
+                faster += d.answer.value > 1;
+            }
+            assert_true(grade(&d, d.answer.value));
+            for (int m = 0; m < 5; m++)
+                if (grade(&d, wrong[m]))
+                    fail_msg("%s draw %d: mistake %d (%.4g) graded right against %.4g\n%s",
+                             quiz_drill_id((quiz_drill_kind)kind), draw, m, wrong[m], d.answer.value, d.prompt);
+            // The worked answer shows the sum it comes from, with the drawn numbers.
+            char sum[64];
+            snprintf(sum, sizeof sum, "1 + a + ... + a^%d", d.in.draft_tokens);
+            assert_non_null(strstr(d.explanation, sum));
+        }
+    }
+    // Both sides of 1 come up: speculation can lose when the draft is dear and a is low.
+    assert_true(slower > DRAWS / 50 && faster > DRAWS / 2);
     quiz_models_free(&models);
 }
 
@@ -732,6 +818,7 @@ int main(void) {
         cmocka_unit_test(test_sequences_fit_counts_gib),
         cmocka_unit_test(test_int8_kv_counts_the_scales),
         cmocka_unit_test(test_every_drill_family_agrees_with_calc),
+        cmocka_unit_test(test_speculative_drills_by_hand_and_mistakes_graded_wrong),
         cmocka_unit_test(test_same_seed_same_drill),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

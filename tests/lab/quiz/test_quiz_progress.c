@@ -465,7 +465,7 @@ static void test_cli_reports_a_bad_line(void** state) {
     assert_non_null(newline);
     assert_string_equal(newline + 1, ""); // one line
     // tf1 was kept: one item seen, answered right once.
-    if (!strstr(result.out, "all                45      1        1        0"))
+    if (!strstr(result.out, "all                47      1        1        0"))
         fail_msg("tf1 not counted in:\n%s", result.out);
     free_result(&result);
 }

@@ -633,6 +633,7 @@ static void test_endpoints_and_stream_framing(void** state) {
         if (!strstr(r.body, METRICS[i])) fail_msg("/metrics lacks %s:\n%s", METRICS[i], r.body);
     // Eight requests finished: two of 12 tokens, the stop, the chat, the n = 3, logprobs twice, echo.
     assert_non_null(strstr(r.body, "vllm:e2e_request_latency_seconds_count{model_name=\"stories260K\"} 8"));
+    assert_null(strstr(r.body, "spec_decode")); // no speculation, no spec-decode counters
     reply_free(&r);
     free(s);
     server_stop_checked(&ts);
@@ -915,6 +916,101 @@ static double run_exactness(const char* server_args) {
         free(refs[i].full_output);
     server_stop_checked(&ts);
     return preemptions;
+}
+
+// ---- test: speculative decoding ---------------------------------------------------------------
+
+// The sum of every line of /metrics that starts with `prefix` (a name and
+// the start of its labels), and how many there were.
+static double metric_sum(const char* body, const char* prefix, int* lines) {
+    double sum = 0;
+    *lines = 0;
+    for (const char* at = strstr(body, prefix); at; at = strstr(at + 1, prefix)) {
+        if (at != body && at[-1] != '\n') continue; // inside a HELP line
+        const char* value = strchr(at, '}');
+        if (!value) break;
+        sum += atof(value + 1);
+        (*lines)++;
+    }
+    return sum;
+}
+
+// serve --speculative: every client gets generate's greedy tokens without
+// speculation, and /metrics counts the guesses with vLLM's names. What the
+// counters must satisfy, from their meaning alone: kept <= drafted <= k x
+// drafts; the per-position counts add up to the kept guesses and never grow
+// with the position (a guess is kept only after every guess before it); a
+// target pass appends its kept guesses and at most one token of its own, so
+// kept < emitted <= kept + drafts; and emitted <= the tokens generated.
+static void check_speculative_server(const char* speculative, int k) {
+    test_server ts;
+    char arguments[256];
+    snprintf(arguments, sizeof arguments, "--kv-dtype fp32 --speculative %s", speculative);
+    server_start_args(&ts, arguments);
+    static reference refs[3] = {
+        {.prompt = "Once upon a time", .max_tokens = 96},
+        {.prompt = "Lily and Ben went to the park", .max_tokens = 120},
+        {.prompt = "One day, a big red ball", .max_tokens = 64},
+    };
+    for (int i = 0; i < 3; i++)
+        reference_make(&refs[i], ts.model); // generate with no speculation
+    exact_worker workers[6];
+    pthread_t threads[6];
+    for (int i = 0; i < 6; i++) {
+        workers[i] = (exact_worker){.port = ts.port, .ref = &refs[i % 3]};
+        pthread_create(&threads[i], NULL, exact_worker_main, &workers[i]);
+    }
+    for (int i = 0; i < 6; i++)
+        pthread_join(threads[i], NULL);
+    for (int i = 0; i < 6; i++) {
+        char who[96];
+        snprintf(who, sizeof who, "%s, client %d of 6", speculative, i);
+        assert_int_equal(workers[i].status, 200);
+        if (!workers[i].result.framing_ok) fail_msg("%s: %s", who, workers[i].result.problem);
+        assert_ids_match(workers[i].ref, workers[i].result.ids, workers[i].result.n_ids, who);
+    }
+    wait_idle(ts.port, 20.0);
+    http_reply r = http_get(ts.port, "/metrics");
+    assert_int_equal(r.status, 200);
+    int lines = 0;
+    double drafts = metric_sum(r.body, "vllm:spec_decode_num_drafts_total{", &lines);
+    assert_int_equal(lines, 1);
+    double drafted = metric_sum(r.body, "vllm:spec_decode_num_draft_tokens_total{", &lines);
+    double kept = metric_sum(r.body, "vllm:spec_decode_num_accepted_tokens_total{", &lines);
+    double emitted = metric_sum(r.body, "servelab:spec_decode_num_emitted_tokens_total{", &lines);
+    double generated = metric_sum(r.body, "vllm:generation_tokens_total{", &lines);
+    double by_position = metric_sum(r.body, "vllm:spec_decode_num_accepted_tokens_per_pos_total{", &lines);
+    print_message("%s: %.0f target passes verified %.0f guesses, kept %.0f (%.1f%%), %.3f tokens per pass; "
+                  "%.0f tokens generated\n",
+                  speculative, drafts, drafted, kept, 100.0 * kept / drafted, emitted / drafts, generated);
+    assert_int_equal(lines, k);
+    assert_true(drafts > 0 && kept > 0);
+    assert_true(kept <= drafted && drafted <= k * drafts);
+    assert_true(by_position == kept);
+    double previous = drafts;
+    for (int p = 0; p < k; p++) {
+        char prefix[160];
+        snprintf(prefix, sizeof prefix,
+                 "vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"stories260K\",position=\"%d\"}", p);
+        const char* line = strstr(r.body, prefix);
+        if (!line) fail_msg("/metrics has no %s", prefix);
+        double at_position = atof(line + strlen(prefix));
+        assert_true(at_position <= previous);
+        previous = at_position;
+    }
+    assert_true(emitted > kept && emitted <= kept + drafts);
+    assert_true(emitted <= generated);
+    assert_true(generated == 2.0 * (refs[0].n_ids + refs[1].n_ids + refs[2].n_ids)); // the only clients
+    reply_free(&r);
+    server_stop_checked(&ts);
+    for (int i = 0; i < 3; i++)
+        free(refs[i].full_output);
+}
+
+static void test_speculative_serve_is_exact_and_counts_guesses(void** state) {
+    (void)state;
+    check_speculative_server("draft:w4a16:g32:k4", 4);
+    check_speculative_server("lookup:2:k3", 3);
 }
 
 static void test_greedy_equals_generate_with_1_and_32_clients(void** state) {
@@ -1448,6 +1544,7 @@ int main(void) {
         cmocka_unit_test(test_full_queue_answers_429),
         cmocka_unit_test(test_finished_sequences_are_released),
         cmocka_unit_test(test_lab_serve_shows_clients_and_steps_them),
+        cmocka_unit_test(test_speculative_serve_is_exact_and_counts_guesses),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -29,8 +29,8 @@ static char* dump_frame(const char* arguments) {
     char frame_path[512], command[4096];
     snprintf(frame_path, sizeof frame_path, "%s/frame.txt", test_scratch_dir());
     remove(frame_path);
-    snprintf(command, sizeof command, "%s lab --size 160x50 --dump-frame %s %s </dev/null >/dev/null", test_servelab_binary(),
-             frame_path, arguments);
+    snprintf(command, sizeof command, "%s lab --size 160x50 --dump-frame %s %s </dev/null >/dev/null",
+             test_servelab_binary(), frame_path, arguments);
     assert_int_equal(system(command), 0);
     char* text = test_read_text(frame_path);
     assert_non_null(text);
@@ -53,7 +53,8 @@ static int prompt_tokens(const char* text) {
 
 static void spaces(char* out, int n) {
     out[0] = '\0';
-    for (int i = 0; i < n; i++) strcat(out, "<space>");
+    for (int i = 0; i < n; i++)
+        strcat(out, "<space>");
 }
 
 static void test_block_table_after_steps(void** state) {
@@ -64,8 +65,8 @@ static void test_block_table_after_steps(void** state) {
     int n_prompt = prompt_tokens(prompt);
     for (int n_steps = 1; n_steps <= 25; n_steps += 8) {
         spaces(keys, n_steps);
-        snprintf(arguments, sizeof arguments, "--model %s --block-size 16 --prompt '%s' --keys '%s'", model_path, prompt,
-                 keys);
+        snprintf(arguments, sizeof arguments, "--model %s --block-size 16 --prompt '%s' --keys '%s'", model_path,
+                 prompt, keys);
         char* frame = dump_frame(arguments);
         // Step 1 computes the prompt; each later step one more token.
         int context = n_prompt + n_steps - 1;
@@ -80,6 +81,66 @@ static void test_block_table_after_steps(void** state) {
         if (!strstr(frame, expect)) fail_msg("missing '%s' in\n%s", expect, frame);
         free(frame);
     }
+}
+
+// Speculative decoding with a W4A16 draft: each table's cells say what the
+// step drafted, accepted, rejected and gave as a bonus, and mark the
+// rollback. The marks are checked against what they must agree with: the
+// rejected guesses are the slots rolled back (r == N in "~N@P"), they sat
+// right after the kept tokens (P == the table's ctx), accepted + rejected
+// == drafted, a bonus only when nothing was rejected, and a freed block
+// "~[b]" is one the table no longer holds, past the last slot kept. The
+// traffic pane splits the draft's bytes from the target's.
+static void test_speculation_marks_rollback(void** state) {
+    (void)state;
+    char model_path[512], arguments[2048], keys[1024];
+    REQUIRE_SHARED_MODEL(model_path, "stories260K.bin");
+    int rollbacks = 0, freed_blocks = 0;
+    for (int n_steps = 2; n_steps <= 14; n_steps += 3) {
+        spaces(keys, n_steps);
+        snprintf(arguments, sizeof arguments, "--model %s --block-size 16 --speculative draft:w4a16:g32:k4 --keys '%s'",
+                 model_path, keys);
+        char* frame = dump_frame(arguments);
+        if (!strstr(frame, "draft ") || !strstr(frame, " + target "))
+            fail_msg("no draft/target split in the traffic pane:\n%s", frame);
+        for (const char* line = strstr(frame, "decode ctx "); line; line = strstr(line + 1, "decode ctx ")) {
+            int ctx = 0, blocks = 0, drafted = 0, accepted = 0, rejected = 0, bonus = 0;
+            if (sscanf(line, "decode ctx %d blocks %d", &ctx, &blocks) != 2) continue;
+            const char* cells = strchr(line, '\n');
+            assert_non_null(cells);
+            const char* guesses = strstr(cells, " d");
+            const char* end = strchr(cells + 1, '\n');
+            if (!guesses || guesses > end) continue; // a prefill step: nothing drafted
+            if (sscanf(guesses, " d%d a%d r%d b%d", &drafted, &accepted, &rejected, &bonus) != 4)
+                fail_msg("unreadable guesses cell '%.40s' in\n%s", guesses, frame);
+            assert_int_equal(accepted + rejected, drafted);
+            assert_true(bonus == (rejected == 0 ? 1 : 0));
+            const char* mark = strstr(cells, "~");
+            if (rejected == 0) {
+                if (mark && mark < end) fail_msg("a rollback mark with nothing rejected:\n%s", frame);
+                continue;
+            }
+            int slots = 0, first = 0;
+            if (!mark || mark > end || sscanf(mark, "~%d@%d", &slots, &first) != 2)
+                fail_msg("%d rejected but no ~N@P mark:\n%s", rejected, frame);
+            assert_int_equal(slots, rejected);
+            assert_int_equal(first, ctx);
+            rollbacks++;
+            for (const char* b = strstr(mark, "~["); b && b < end; b = strstr(b + 1, "~[")) {
+                int block = atoi(b + 2);
+                char held[32];
+                snprintf(held, sizeof held, "[%d]", block);
+                const char* still = strstr(cells, held);
+                if (still && still < mark) fail_msg("block %d marked freed but still in the table:\n%s", block, frame);
+                // Freed blocks held only rejected slots: the kept ones fit in `blocks` blocks.
+                assert_true((ctx + 15) / 16 == blocks);
+                freed_blocks++;
+            }
+        }
+        free(frame);
+    }
+    print_message("%d rollbacks seen, %d freed blocks\n", rollbacks, freed_blocks);
+    assert_true(rollbacks >= 3);
 }
 
 static void test_fork_shares_then_copies(void** state) {
@@ -161,7 +222,8 @@ static void test_lesson_runs_in_the_dashboard(void** state) {
     if (!strstr(frame, "pane (") || !strstr(frame, "pane-lesson.lua)")) fail_msg("no lesson title in\n%s", frame);
     if (!strstr(frame, "paused: space continues the lesson")) fail_msg("not paused in\n%s", frame);
     if (!strstr(frame, "(the lesson's engine)  step 1 ")) fail_msg("header does not follow the lesson in\n%s", frame);
-    if (!strstr(frame, "ctx 7 blocks 2 tail 3/4")) fail_msg("block tables do not show the lesson's engine in\n%s", frame);
+    if (!strstr(frame, "ctx 7 blocks 2 tail 3/4"))
+        fail_msg("block tables do not show the lesson's engine in\n%s", frame);
     free(frame);
     // Two more: the check, then the end; a fourth returns to the lab's own engines.
     snprintf(arguments, sizeof arguments, "--model tiny --lesson %s --keys '<space><space><space>'", lesson);
@@ -174,8 +236,7 @@ static void test_lesson_runs_in_the_dashboard(void** state) {
     snprintf(arguments, sizeof arguments, "--model tiny --lesson %s --keys '<space><space><space><space><space>'",
              lesson);
     frame = dump_frame(arguments);
-    if (!lab_engines_at_step_1(frame)) fail_msg("the lab's engines did not step after the lesson in\n%s",
-                                                          frame);
+    if (!lab_engines_at_step_1(frame)) fail_msg("the lab's engines did not step after the lesson in\n%s", frame);
     free(frame);
 }
 
@@ -188,8 +249,8 @@ static void test_broken_lessons_leave_the_lab_running(void** state) {
     if (!strstr(frame, "syntax.lua:2:")) fail_msg("the syntax error is not named with its line in\n%s", frame);
     if (!lab_engines_at_step_1(frame)) fail_msg("the lab did not step in\n%s", frame);
     free(frame);
-    const char* runtime = write_lesson("runtime.lua",
-                                       "lab.lesson{title = 'x', claims = {'k'}}\nlab.say('before')\nerror('boom')\n");
+    const char* runtime =
+        write_lesson("runtime.lua", "lab.lesson{title = 'x', claims = {'k'}}\nlab.say('before')\nerror('boom')\n");
     snprintf(arguments, sizeof arguments, "--model tiny --lesson %s --keys '<space><space>'", runtime);
     frame = dump_frame(arguments);
     if (!strstr(frame, "runtime.lua:3: boom")) fail_msg("the error is not shown in\n%s", frame);
@@ -208,15 +269,16 @@ static void test_quiz_page_in_the_lab(void** state) {
     snprintf(command, sizeof command, "rm -rf '%s'", home);
     assert_int_equal(system(command), 0);
     setenv("XDG_DATA_HOME", home, 1);
-    // z opens the quiz in place of the panes; a wrong answer is graded.
-    snprintf(arguments, sizeof arguments, "--model tiny --quiz-seed 3 --keys 'z0<enter>'");
+    // z opens the quiz in place of the panes; a wrong answer is graded (seed 3 asks tf4 first, whose answer is
+    // false).
+    snprintf(arguments, sizeof arguments, "--model tiny --quiz-seed 3 --keys 'zt<enter>'");
     char* frame = dump_frame(arguments);
     if (!strstr(frame, "servelab quiz   question 1 of 10   right 0  wrong 1"))
         fail_msg("the quiz page did not grade the answer in\n%s", frame);
     free(frame);
     assert_int_equal(system(command), 0);
     // Esc goes back to the lab, which says what was saved where.
-    snprintf(arguments, sizeof arguments, "--model tiny --quiz-seed 3 --keys 'z0<enter><esc>'");
+    snprintf(arguments, sizeof arguments, "--model tiny --quiz-seed 3 --keys 'zt<enter><esc>'");
     frame = dump_frame(arguments);
     if (!strstr(frame, "quiz: 0 right, 1 wrong; progress saved to ")) fail_msg("no quiz summary in\n%s", frame);
     if (!strstr(frame, "1 Requests")) fail_msg("the panes are not back in\n%s", frame);
@@ -239,7 +301,7 @@ static void test_quiz_page_scrolls_in_the_lab(void** state) {
     snprintf(command, sizeof command, "rm -rf '%s'", home);
     assert_int_equal(system(command), 0);
     setenv("XDG_DATA_HOME", home, 1);
-    char* frames = dump_frame("--model tiny --quiz-seed 3 --keys 'z0<enter><resize:50x16><frame><down><frame>'");
+    char* frames = dump_frame("--model tiny --quiz-seed 3 --keys 'zt<enter><resize:50x16><frame><down><frame>'");
     unsetenv("XDG_DATA_HOME");
     // The frames in order: after the resize, after <down>, and the last.
     const char* first = strstr(frames, "more below (");
@@ -264,7 +326,8 @@ static void test_step_size_matches_quantizer(void** state) {
     size_t count = (size_t)w->rows * (size_t)w->cols;
     float* values = malloc(count * sizeof *values);
     int32_t* codes = malloc(count * sizeof *codes);
-    for (int r = 0; r < w->rows; r++) weight_row_to_f32(values + (size_t)r * (size_t)w->cols, w, r, NULL);
+    for (int r = 0; r < w->rows; r++)
+        weight_row_to_f32(values + (size_t)r * (size_t)w->cols, w, r, NULL);
     quant_scheme scheme = {5, false, QUANT_PER_TENSOR, 32, false};
     quant_params params;
     assert_int_equal(quant_matrix_rtn(values, w->rows, w->cols, &scheme, codes, &params, &err), 0);
@@ -295,7 +358,6 @@ static void test_small_terminal_and_bad_keys(void** state) {
     int raw = system(command);
     assert_int_equal(WEXITSTATUS(raw), 2);
 }
-
 
 // Runs the lab headless at `size` and returns the frame (malloc'ed).
 static char* dump_frame_at(const char* size, const char* arguments) {
@@ -360,7 +422,8 @@ static void test_keys_wait_behind_too_small(void** state) {
     // Steps and a block-size restart typed at 60x20 must not happen.
     snprintf(arguments, sizeof arguments, "--model %s --keys '<space><space>]y?<resize:160x50>'", model_path);
     char* frame = dump_frame_at("60x20", arguments);
-    if (!strstr(frame, "  step 0  ") || !strstr(frame, "block size 16")) fail_msg("keys acted behind the message:\n%s", frame);
+    if (!strstr(frame, "  step 0  ") || !strstr(frame, "block size 16"))
+        fail_msg("keys acted behind the message:\n%s", frame);
     if (strstr(frame, "Help (any key closes)")) fail_msg("the help opened behind the message:\n%s", frame);
     free(frame);
     // q still quits (the resize and the steps after it never come).
@@ -387,7 +450,7 @@ static void test_quiz_says_when_too_small(void** state) {
     if (!strstr(frame, "terminal too small: need at least 40x")) fail_msg("no size asked for in\n%s", frame);
     free(frame);
     // An answer typed blind is not graded.
-    frame = dump_frame_at("160x50", "--model tiny --quiz-seed 3 --keys 'z<resize:40x9>0<enter><resize:160x50>'");
+    frame = dump_frame_at("160x50", "--model tiny --quiz-seed 3 --keys 'z<resize:40x9>t<enter><resize:160x50>'");
     if (!strstr(frame, "right 0  wrong 0")) fail_msg("an answer typed behind the message was graded:\n%s", frame);
     free(frame);
     unsetenv("XDG_DATA_HOME");
@@ -398,7 +461,7 @@ static void test_quiz_save_failure_is_told(void** state) {
     // Nothing can be created under /proc: the progress file cannot be written
     // (it is missing at load, which is a first run).
     setenv("XDG_DATA_HOME", "/proc/servelab-test-no-such-folder", 1);
-    char* frame = dump_frame_at("160x50", "--model tiny --quiz-seed 3 --keys 'z0<enter><esc>'");
+    char* frame = dump_frame_at("160x50", "--model tiny --quiz-seed 3 --keys 'zt<enter><esc>'");
     if (strstr(frame, "progress saved to")) fail_msg("claims a save that failed:\n%s", frame);
     if (!strstr(frame, "progress NOT saved")) fail_msg("does not say the save failed:\n%s", frame);
     free(frame);
@@ -422,10 +485,14 @@ static void test_lesson_pane_scrolls_back(void** state) {
     snprintf(arguments, sizeof arguments, "--model tiny --lesson %s --keys '<space>'", lesson);
     char* frame = dump_frame(arguments);
     if (!strstr(frame, "PASS k1 \"a check whose line")) fail_msg("the check lost its beginning in\n%s", frame);
-    if (strstr(frame, "narration line 1\n") || strstr(frame, "narration line 1 ")) fail_msg("no scrolling needed?\n%s", frame);
+    if (strstr(frame, "narration line 1\n") || strstr(frame, "narration line 1 "))
+        fail_msg("no scrolling needed?\n%s", frame);
     free(frame);
     // PgUp reaches the first lines, and says there is more below.
-    snprintf(arguments, sizeof arguments, "--model tiny --lesson %s --keys '<space><pgup><pgup><pgup><pgup><pgup><pgup><pgup><pgup><pgup><pgup><pgup><pgup><pgup><pgup>'", lesson);
+    snprintf(arguments, sizeof arguments,
+             "--model tiny --lesson %s --keys "
+             "'<space><pgup><pgup><pgup><pgup><pgup><pgup><pgup><pgup><pgup><pgup><pgup><pgup><pgup><pgup>'",
+             lesson);
     frame = dump_frame(arguments);
     if (!strstr(frame, "narration line 1 ")) fail_msg("PgUp does not reach the first line in\n%s", frame);
     if (!strstr(frame, "v more below (PgDn)")) fail_msg("no mark of the lines below in\n%s", frame);
@@ -436,8 +503,10 @@ static void test_lesson_pane_scrolls_back(void** state) {
     if (!strstr(frame, "v 5 new lines below (PgDn)")) fail_msg("no new-lines mark in\n%s", frame);
     free(frame);
     // PgDn to the end follows the newest lines again.
-    snprintf(arguments, sizeof arguments,
-             "--model tiny --lesson %s --keys '<space><pgup><space><pgdn><pgdn><pgdn><pgdn><pgdn><pgdn><pgdn><pgdn><pgdn>'", lesson);
+    snprintf(
+        arguments, sizeof arguments,
+        "--model tiny --lesson %s --keys '<space><pgup><space><pgdn><pgdn><pgdn><pgdn><pgdn><pgdn><pgdn><pgdn><pgdn>'",
+        lesson);
     frame = dump_frame(arguments);
     if (!strstr(frame, "after the pause 5")) fail_msg("PgDn did not reach the newest line in\n%s", frame);
     if (strstr(frame, "below (PgDn)")) fail_msg("still marked at the end in\n%s", frame);
@@ -768,6 +837,7 @@ static void test_fork_message_names_the_copier(void** state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_block_table_after_steps),
+        cmocka_unit_test(test_speculation_marks_rollback),
         cmocka_unit_test(test_fork_shares_then_copies),
         cmocka_unit_test(test_step_size_matches_quantizer),
         cmocka_unit_test(test_small_terminal_and_bad_keys),

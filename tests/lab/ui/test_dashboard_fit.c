@@ -61,22 +61,26 @@ static bool is_number(const char* begin, const char* end) {
 static bool cut_changes_a_number(const char* visible, const char* hidden) {
     size_t n = strlen(visible);
     const char* token = visible + n; // the visible part of the token at the cut
-    while (token > visible && token[-1] != ' ') token--;
+    while (token > visible && token[-1] != ' ')
+        token--;
     const char* rest = hidden;
-    while (*rest && *rest != ' ') rest++;
+    while (*rest && *rest != ' ')
+        rest++;
     if (n > 0 && visible[n - 1] != ' ' && hidden[0] && hidden[0] != ' ') {
         if (has_digit(token, visible + n) || has_digit(hidden, rest)) return true;
         // "312 T|FLOPS": the unit's start after a number.
         const char* before_end = token > visible ? token - 1 : visible;
         const char* before = before_end;
-        while (before > visible && before[-1] != ' ') before--;
+        while (before > visible && before[-1] != ' ')
+            before--;
         if (is_number(before, before_end)) return true;
     }
     // "1.2 |GB/s": a number left without its unit.
     if (n > 0 && visible[n - 1] == ' ' && isalpha((unsigned char)hidden[0])) {
         const char* end = visible + n - 1;
         const char* begin = end;
-        while (begin > visible && begin[-1] != ' ') begin--;
+        while (begin > visible && begin[-1] != ' ')
+            begin--;
         size_t unit = (size_t)(rest - hidden);
         if (is_number(begin, end) && unit <= 6) return true;
     }
@@ -98,9 +102,9 @@ static void test_cut_rule(void** state) {
 // ---- in process: every frame of a scripted session ---------------------------------------
 
 typedef struct cut_log {
-    char where[64];     // the size and state being drawn
+    char where[64]; // the size and state being drawn
     int n_bad;
-    char first[1024];   // the first bad cut, for the failure message
+    char first[1024]; // the first bad cut, for the failure message
 } cut_log;
 
 static cut_log cuts;
@@ -128,7 +132,7 @@ static void test_formats_and_hook(void** state) {
     assert_int_equal(ui_format_number(out, sizeof out, 8.07e-05, 3, 20), 8);
     assert_string_equal(out, "8.07e-05");
     assert_int_equal(ui_format_number(out, sizeof out, 8.07e-05, 3, 6), 5);
-    assert_string_equal(out, "8e-05"); // fewer digits, never "8.07"
+    assert_string_equal(out, "8e-05");                                   // fewer digits, never "8.07"
     assert_int_equal(ui_format_number(out, sizeof out, 2048, 3, 3), -1); // an integer whole or not at all
     assert_true(ui_format_si(out, sizeof out, 8.1e-05, "s", 3, 10) > 0);
     assert_string_equal(out, "81 \u00b5s");
@@ -198,7 +202,8 @@ static const char* write_lesson(void) {
 }
 
 // Runs `servelab lab` in this process with its screen watched by record_cut.
-static int run_lab(const char* model, int cols, int rows, const char* lesson, const char* keys) {
+static int run_lab_speculating(const char* model, int cols, int rows, const char* lesson, const char* keys,
+                               const char* speculative) {
     char size[32], frame[512];
     snprintf(size, sizeof size, "%dx%d", cols, rows);
     snprintf(frame, sizeof frame, "%s/fit-frame.txt", test_scratch_dir());
@@ -219,21 +224,33 @@ static int run_lab(const char* model, int cols, int rows, const char* lesson, co
         argv[argc++] = "--lesson";
         argv[argc++] = lesson;
     }
+    if (speculative) {
+        argv[argc++] = "--speculative";
+        argv[argc++] = speculative;
+    }
     argv[argc] = NULL;
     return command_lab_watching_cuts(argc, (char**)argv, record_cut, NULL);
+}
+
+static int run_lab(const char* model, int cols, int rows, const char* lesson, const char* keys) {
+    return run_lab_speculating(model, cols, rows, lesson, keys, NULL);
 }
 
 // Steps, every page, help, fork, cancel, a shared prompt, the step-size
 // keys (bits, granularity, sym/asym, set, layer, tensor), devices, a
 // block-size restart, the prompt line, run mode, the quiz page: a frame
 // after each.
-static const char* const SESSION =
-    "<frame><space><frame><space><space><frame>1<frame>2<frame>3<frame>4<frame>5<frame>"
-    "?<frame><esc>1f<space><frame><up>x<space><frame>p<space><space><frame>"
-    "4gg<frame>bbb<frame>m<frame>.<frame><down><frame><right><frame>bbbb<frame>g<frame>"
-    "3d<frame>d<frame>d<frame>d<frame>]<frame>y<space><space><frame>"
-    "aa long prompt with 12345 in it<frame><enter>r<wait:300><frame>r<frame>"
-    "[<frame>n<frame>z<frame>0<enter><frame><space>1.5<frame><enter><frame><esc><frame>";
+static const char* const SESSION = "<frame><space><frame><space><space><frame>1<frame>2<frame>3<frame>4<frame>5<frame>"
+                                   "?<frame><esc>1f<space><frame><up>x<space><frame>p<space><space><frame>"
+                                   "4gg<frame>bbb<frame>m<frame>.<frame><down><frame><right><frame>bbbb<frame>g<frame>"
+                                   "3d<frame>d<frame>d<frame>d<frame>]<frame>y<space><space><frame>"
+                                   "aa long prompt with 12345 in it<frame><enter>r<wait:300><frame>r<frame>"
+                                   "[<frame>n<frame>z<frame>0<enter><frame><space>1.5<frame><enter><frame><esc><frame>";
+
+// Speculative decoding with a W4A16 draft: guesses and rollback marks in
+// the block tables, the draft/target split in the traffic pane, on every page.
+static const char* const SPECULATIVE_SESSION =
+    "<space><space><space><frame><space><space><space><frame>1<frame>2<frame>3<frame>f<space><space><frame>";
 
 static const char* const LESSON_SESSION =
     "<frame><space><frame>5<frame><pgup><frame><pgup><frame><space><frame><pgdn><frame>"
@@ -255,6 +272,9 @@ static void test_no_pane_cuts_a_number(void** state) {
             assert_int_equal(run_lab(model, WIDTHS[w], HEIGHTS[h], NULL, SESSION), 0);
             snprintf(cuts.where, sizeof cuts.where, "%dx%d lesson", WIDTHS[w], HEIGHTS[h]);
             assert_int_equal(run_lab(model, WIDTHS[w], HEIGHTS[h], lesson, LESSON_SESSION), 0);
+            snprintf(cuts.where, sizeof cuts.where, "%dx%d speculative", WIDTHS[w], HEIGHTS[h]);
+            assert_int_equal(
+                run_lab_speculating(model, WIDTHS[w], HEIGHTS[h], NULL, SPECULATIVE_SESSION, "draft:w4a16:g32:k4"), 0);
         }
     unsetenv("XDG_DATA_HOME");
     if (cuts.n_bad) fail_msg("%d texts cut inside or right after a number; the first: %s", cuts.n_bad, cuts.first);
@@ -276,7 +296,8 @@ static void parse_frame(const char* text, frame_grid* g) {
         int x = 0;
         while (*p && *p != '\n') {
             int n = 1;
-            while ((p[n] & 0xc0) == 0x80) n++;
+            while ((p[n] & 0xc0) == 0x80)
+                n++;
             if (x < 260 && n < 5) {
                 memcpy(g->cells[g->rows][x], p, (size_t)n);
                 g->cells[g->rows][x][n] = '\0';
@@ -289,9 +310,7 @@ static void parse_frame(const char* text, frame_grid* g) {
     }
 }
 
-static const char* cell(const frame_grid* g, int y, int x) {
-    return x >= 0 && x < g->widths[y] ? g->cells[y][x] : " ";
-}
+static const char* cell(const frame_grid* g, int y, int x) { return x >= 0 && x < g->widths[y] ? g->cells[y][x] : " "; }
 
 // Text ending at a pane's right border that is a figure or its unit cut short.
 static int scan_borders(const frame_grid* g, char* first, size_t capacity) {
@@ -302,14 +321,18 @@ static int scan_borders(const frame_grid* g, char* first, size_t capacity) {
             // The run of text that touches the border, back to a space or a frame.
             char run[260] = "", before[260] = "";
             int start = x;
-            while (start > 0 && strlen(cell(g, y, start - 1)) == 1 && cell(g, y, start - 1)[0] != ' ') start--;
-            for (int k = start; k < x; k++) strcat(run, cell(g, y, k));
+            while (start > 0 && strlen(cell(g, y, start - 1)) == 1 && cell(g, y, start - 1)[0] != ' ')
+                start--;
+            for (int k = start; k < x; k++)
+                strcat(run, cell(g, y, k));
             if (!run[0]) continue;
             int b = start - 1; // the token before it (one space between)
             if (b > 0 && cell(g, y, b)[0] == ' ') {
                 int bs = b;
-                while (bs > 0 && strlen(cell(g, y, bs - 1)) == 1 && cell(g, y, bs - 1)[0] != ' ') bs--;
-                for (int k = bs; k < b; k++) strcat(before, cell(g, y, k));
+                while (bs > 0 && strlen(cell(g, y, bs - 1)) == 1 && cell(g, y, bs - 1)[0] != ' ')
+                    bs--;
+                for (int k = bs; k < b; k++)
+                    strcat(before, cell(g, y, k));
             }
             size_t n = strlen(run);
             // (A run of '.' alone is the block pool's free cells, not a decimal point.)
@@ -317,7 +340,8 @@ static int scan_borders(const frame_grid* g, char* first, size_t capacity) {
                        (n <= 2 && isalpha((unsigned char)run[0]) && is_number(before, before + strlen(before)));
             if (cut && bad++ == 0) {
                 char line[2048] = "";
-                for (int k = 0; k < g->widths[y]; k++) strcat(line, cell(g, y, k));
+                for (int k = 0; k < g->widths[y]; k++)
+                    strcat(line, cell(g, y, k));
                 snprintf(first, capacity, "row %d: '%s' at the border in\n%s", y, run, line);
             }
             // Each distinct cut once on stderr, so a failure shows them all.
@@ -327,7 +351,8 @@ static int scan_borders(const frame_grid* g, char* first, size_t capacity) {
                 char key[64];
                 snprintf(key, sizeof key, "%s %s", before, run);
                 bool known = false;
-                for (int k = 0; k < n_seen; k++) known |= strcmp(seen[k], key) == 0;
+                for (int k = 0; k < n_seen; k++)
+                    known |= strcmp(seen[k], key) == 0;
                 if (!known && n_seen < 64) {
                     snprintf(seen[n_seen++], sizeof seen[0], "%s", key);
                     fprintf(stderr, "cut at a border: '%s|'\n", key);
@@ -361,14 +386,17 @@ static char* dump(const char* arguments) {
     int argc = 0;
     argv[argc++] = "lab";
     for (char* p = words; *p && argc < 28;) {
-        while (*p == ' ') p++;
+        while (*p == ' ')
+            p++;
         if (!*p) break;
         char* word = p;
         char* out = p;
         bool quoted = false;
         for (; *p && (quoted || *p != ' '); p++)
-            if (*p == '\'') quoted = !quoted;
-            else *out++ = *p;
+            if (*p == '\'')
+                quoted = !quoted;
+            else
+                *out++ = *p;
         if (*p) p++;
         *out = '\0';
         argv[argc++] = word;
@@ -407,7 +435,8 @@ static void test_frames_show_no_cut_figure(void** state) {
                     parse_frame(text, &grid);
                     char here[3000];
                     int n = scan_borders(&grid, here, sizeof here);
-                    if (n && !bad) snprintf(first, sizeof first, "%dx%d keys %s: %s", WIDTHS[w], HEIGHTS[h], SCRIPTS[k], here);
+                    if (n && !bad)
+                        snprintf(first, sizeof first, "%dx%d keys %s: %s", WIDTHS[w], HEIGHTS[h], SCRIPTS[k], here);
                     bad += n;
                     frames++;
                     free(text);
@@ -427,7 +456,8 @@ static void test_help_fits_everywhere(void** state) {
             snprintf(arguments, sizeof arguments, "--model tiny --size %dx%d --keys '?'", WIDTHS[w], HEIGHTS[h]);
             char* frame = dump(arguments);
             for (size_t i = 0; i < sizeof LINES / sizeof LINES[0]; i++)
-                if (!strstr(frame, LINES[i])) fail_msg("%dx%d: help line '%s' not whole in\n%s", WIDTHS[w], HEIGHTS[h], LINES[i], frame);
+                if (!strstr(frame, LINES[i]))
+                    fail_msg("%dx%d: help line '%s' not whole in\n%s", WIDTHS[w], HEIGHTS[h], LINES[i], frame);
             free(frame);
         }
 }
@@ -441,8 +471,8 @@ static void test_smallest_terminal_says_everything(void** state) {
     // A model path long enough to fill the header on its own.
     char dir[512], link_path[700], command[2600], cwd[256];
     assert_non_null(getcwd(cwd, sizeof cwd));
-    snprintf(dir, sizeof dir, "%s/%s/a-folder-name-long-enough-to-fill-the-whole-header-line-of-an-80-column-lab",
-             cwd, test_scratch_dir());
+    snprintf(dir, sizeof dir, "%s/%s/a-folder-name-long-enough-to-fill-the-whole-header-line-of-an-80-column-lab", cwd,
+             test_scratch_dir());
     snprintf(link_path, sizeof link_path, "%s/stories260K.bin", dir);
     snprintf(command, sizeof command, "mkdir -p '%s' && ln -sf '%s/%s' '%s'", dir, model[0] == '/' ? "" : cwd, model,
              link_path);
@@ -453,7 +483,8 @@ static void test_smallest_terminal_says_everything(void** state) {
         char* frame = dump_from_binary(arguments);
         snprintf(expect, sizeof expect, "page %d/%d", page, UI_PAGE_COUNT);
         const char* eol = strchr(frame, '\n');
-        if (!strstr(frame, expect) || strstr(frame, expect) > eol) fail_msg("no '%s' in the header of\n%s", expect, frame);
+        if (!strstr(frame, expect) || strstr(frame, expect) > eol)
+            fail_msg("no '%s' in the header of\n%s", expect, frame);
         if (!strstr(frame, "? help  q quit")) fail_msg("the key bar lost '? help  q quit' in\n%s", frame);
         if (page == 2 && (!strstr(frame, "contiguous ") || !strstr(frame, "paged ")))
             fail_msg("the fragmentation pane lost a layout in\n%s", frame);
@@ -482,7 +513,8 @@ static void test_reported_cases(void** state) {
     if (strstr(frame, "memory-bo\u2502") || strstr(frame, "312 T\u2502")) fail_msg("a cut label in\n%s", frame);
     free(frame);
     snprintf(arguments, sizeof arguments,
-             "--model %s --size 80x24 --keys 'pppp<space><space><space><space><space><space><down><down><down><down><down>1'",
+             "--model %s --size 80x24 --keys "
+             "'pppp<space><space><space><space><space><space><down><down><down><down><down>1'",
              model);
     frame = dump_from_binary(arguments);
     if (!strstr(frame, "f#5 decode ctx ")) fail_msg("the selected request's block table is out of reach in\n%s", frame);
@@ -540,8 +572,8 @@ static void test_no_terminal_refused(void** state) {
     assert_int_equal(wait4(pid, &status, 0, &usage), pid);
     if (!WIFEXITED(status)) fail_msg("the lab did not exit (signal %d): it must refuse at once", WTERMSIG(status));
     assert_int_equal(WEXITSTATUS(status), 2);
-    double cpu = (double)usage.ru_utime.tv_sec + (double)usage.ru_utime.tv_usec * 1e-6 +
-                 (double)usage.ru_stime.tv_sec + (double)usage.ru_stime.tv_usec * 1e-6;
+    double cpu = (double)usage.ru_utime.tv_sec + (double)usage.ru_utime.tv_usec * 1e-6 + (double)usage.ru_stime.tv_sec +
+                 (double)usage.ru_stime.tv_usec * 1e-6;
     // Against the binary's own start-up (a CUDA build's runtime alone takes
     // ~0.5 s of CPU before main): the refusal adds almost nothing to it,
     // where the old lab spun until the alarm.
@@ -550,13 +582,15 @@ static void test_no_terminal_refused(void** state) {
     char* err = test_read_text(err_path);
     char* out = test_read_text(out_path);
     if (!strstr(err, "not a terminal")) fail_msg("no 'not a terminal' message; stderr:\n%s", err);
-    if (!strstr(err, "--keys") || !strstr(err, "--dump-frame")) fail_msg("the message does not name --keys/--dump-frame:\n%s", err);
+    if (!strstr(err, "--keys") || !strstr(err, "--dump-frame"))
+        fail_msg("the message does not name --keys/--dump-frame:\n%s", err);
     if (out[0]) fail_msg("stdout (a file) got %zu bytes, escape codes among them", strlen(out));
     free(err);
     free(out);
     // Headless runs need no terminal.
     char command[1024];
-    snprintf(command, sizeof command, "%s lab --model tiny --keys q </dev/null >%s 2>&1", test_servelab_binary(), out_path);
+    snprintf(command, sizeof command, "%s lab --model tiny --keys q </dev/null >%s 2>&1", test_servelab_binary(),
+             out_path);
     assert_int_equal(system(command), 0);
 }
 
