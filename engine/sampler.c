@@ -79,10 +79,12 @@ static int by_probability_descending(const void* a, const void* b) {
     return x->token < y->token ? -1 : x->token > y->token; // a total order: same result on every libc
 }
 
-static int32_t sample_top_p(sampler* s, const float* probabilities, float coin) {
+// The nucleus: s->candidates[0..last] by descending probability, up to the
+// first whose running total passes top_p; *total gets that total. Tokens
+// below (1 - top_p) / (n - 1) can never be in it, so they are dropped before
+// sorting (llama2.c's shortcut). -1 when none is left (all below the cutoff).
+static int find_nucleus(sampler* s, const float* probabilities, float* total) {
     const int n = s->vocab_size;
-    // Tokens below (1 - top_p) / (n - 1) can never be in the nucleus, so
-    // they are dropped before sorting (llama2.c's shortcut).
     const float cutoff = (1.0f - s->top_p) / (float)(n > 1 ? n - 1 : 1);
     int n_candidates = 0;
     for (int i = 0; i < n; i++) {
@@ -92,7 +94,7 @@ static int32_t sample_top_p(sampler* s, const float* probabilities, float coin) 
             n_candidates++;
         }
     }
-    if (n_candidates == 0) return sampler_argmax(probabilities, n);
+    if (n_candidates == 0) return -1;
     qsort(s->candidates, (size_t)n_candidates, sizeof *s->candidates, by_probability_descending);
     float cumulative = 0.0f;
     int last = n_candidates - 1;
@@ -103,6 +105,14 @@ static int32_t sample_top_p(sampler* s, const float* probabilities, float coin) 
             break;
         }
     }
+    *total = cumulative;
+    return last;
+}
+
+static int32_t sample_top_p(sampler* s, const float* probabilities, float coin) {
+    float cumulative = 0.0f;
+    int last = find_nucleus(s, probabilities, &cumulative);
+    if (last < 0) return sampler_argmax(probabilities, s->vocab_size);
     float threshold = coin * cumulative;
     float running = 0.0f;
     for (int i = 0; i <= last; i++) {
@@ -137,27 +147,14 @@ void sampler_distribution(sampler* s, float* logits) {
     for (int i = 0; i < n; i++) logits[i] /= s->temperature;
     softmax(logits, n);
     if (s->top_p <= 0.0f || s->top_p >= 1.0f) return;
-    // The nucleus as sample_top_p finds it: candidates by descending
-    // probability up to the first whose running total passes top_p.
-    const float cutoff = (1.0f - s->top_p) / (float)(n > 1 ? n - 1 : 1);
-    int n_candidates = 0;
-    for (int i = 0; i < n; i++)
-        if (logits[i] >= cutoff) s->candidates[n_candidates++] = (sampler_candidate){logits[i], i};
-    if (n_candidates == 0) {
+    // The nucleus sample_top_p draws from, renormalized.
+    float cumulative = 0.0f;
+    int last = find_nucleus(s, logits, &cumulative);
+    if (last < 0) {
         int32_t best = sampler_argmax(logits, n);
         memset(logits, 0, (size_t)n * sizeof *logits);
         logits[best] = 1.0f;
         return;
-    }
-    qsort(s->candidates, (size_t)n_candidates, sizeof *s->candidates, by_probability_descending);
-    float cumulative = 0.0f;
-    int last = n_candidates - 1;
-    for (int i = 0; i < n_candidates; i++) {
-        cumulative += s->candidates[i].probability;
-        if (cumulative > s->top_p) {
-            last = i;
-            break;
-        }
     }
     memset(logits, 0, (size_t)n * sizeof *logits);
     for (int i = 0; i <= last; i++) logits[s->candidates[i].token] = s->candidates[i].probability / cumulative;
