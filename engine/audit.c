@@ -15,6 +15,7 @@ bool audit_requested_by_environment(bool faults_installed) {
 
 void audit_free(engine_audit* a) {
     free(a->holders);
+    free(a->evictable_since);
     free(a->last_preemptions);
     free(a->last_request);
     free(a->admitted_order);
@@ -27,6 +28,10 @@ static int audit_reserve(engine_audit* a, int n_blocks, int n_ids, error_info* e
         int32_t* grown = realloc(a->holders, 2 * (size_t)n_blocks * sizeof *grown); // holders, ran_holders
         if (!grown) return error_set(err, "audit: out of memory for %d blocks", n_blocks);
         a->holders = grown;
+        uint64_t* since = realloc(a->evictable_since, (size_t)n_blocks * sizeof *since);
+        if (!since) return error_set(err, "audit: out of memory for %d blocks", n_blocks);
+        for (int b = a->n_blocks; b < n_blocks; b++) since[b] = 0;
+        a->evictable_since = since;
         a->n_blocks = n_blocks;
     }
     if (n_ids > a->n_ids) {
@@ -160,6 +165,33 @@ static int audit_writes(engine_audit* a, const engine* e, const step_record* r, 
     return 0;
 }
 
+// lru-eviction: each block evicted this step was the least recently used of
+// those only the cache held. Compared with the blocks that were evictable at
+// the last audit and still are, untouched (their pool clock is what it was):
+// one of them older than the victim should have gone first. A victim that
+// became evictable during this step is younger than all of those.
+static int audit_eviction(const engine_audit* a, const engine* e, const step_record* r, error_info* err) {
+    const kv_pool* pool = e->scheduler.kv.pool;
+    for (int k = 0; k < r->n_events; k++) {
+        if (r->events[k].kind != BLOCK_EVICT) continue;
+        const int32_t victim = r->events[k].block;
+        const uint64_t victim_used = a->evictable_since[victim] ? a->evictable_since[victim] : UINT64_MAX;
+        for (int b = 0; b < pool->n_blocks; b++) {
+            const kv_block* block = &pool->blocks[b];
+            bool untouched = a->evictable_since[b] != 0 && block->cached && block->ref_count == 1 &&
+                             block->last_used == a->evictable_since[b];
+            if (b != victim && untouched && block->last_used < victim_used)
+                return error_set(err,
+                                 "audit: eviction took block %d (last used at clock %llu%s), but block %d, used "
+                                 "at clock %llu, was older and stayed evictable at step %llu",
+                                 victim, (unsigned long long)(victim_used == UINT64_MAX ? 0 : victim_used),
+                                 victim_used == UINT64_MAX ? ": evictable only since this step" : "", b,
+                                 (unsigned long long)block->last_used, (unsigned long long)r->step);
+        }
+    }
+    return 0;
+}
+
 // ---- traffic --------------------------------------------------------------------------------
 
 // Bytes of a (rows, cols) matrix stored as `dtype`, from its shape; 0 for
@@ -256,6 +288,10 @@ static int audit_traffic(engine_audit* a, const engine* e, const step_record* r,
         uint64_t message = rows * (uint64_t)c->dim * 4ull;
         uint64_t expected = 2ull * (uint64_t)c->n_layers * (2ull * (n_shards - 1) * message / n_shards);
         if (rows == 0) expected = 0;
+        const int expected_count = rows > 0 ? 2 * c->n_layers : 0;
+        if (r->n_allreduces != expected_count)
+            return error_set(err, "audit: %d all-reduces, but 2 x %d layers = %d for %llu rows at step %llu",
+                             r->n_allreduces, c->n_layers, expected_count, (unsigned long long)rows, step);
         if (r->allreduce_bytes != expected)
             return error_set(
                 err, "audit: all-reduce bytes %llu, but 2 x %d layers x 2(%d-1)/%d x %llu bytes = %llu at step %llu",
@@ -397,12 +433,35 @@ static int audit_preemption(engine_audit* a, const engine* e, const step_record*
     return 0;
 }
 
+// preempted-first: a preempted sequence waits at the front of the queue, so
+// it is admitted again before any request that has not yet run.
+static int audit_waiting_order(engine_audit* a, const engine* e, const step_record* r, error_info* err) {
+    const scheduler* sched = &e->scheduler;
+    int32_t first_new = -1;
+    for (int i = 0; i < sched->n_waiting; i++) {
+        const sequence* s = &sched->sequences[sched->waiting[i]];
+        if (s->state == SEQ_WAITING && first_new < 0) first_new = s->id;
+        if (s->state == SEQ_PREEMPTED && first_new >= 0)
+            return error_set(err,
+                             "audit: preempted sequence %d waits at place %d of %d, behind sequence %d, which "
+                             "has not run yet, at step %llu",
+                             s->id, i + 1, sched->n_waiting, first_new, (unsigned long long)r->step);
+    }
+    a->n_checks++;
+    return 0;
+}
+
 // Remembers what the next step's preemption check starts from: each live
 // sequence's count, and the admission order of those running (a sequence
 // newly running, or preempted and admitted again, is the latest admitted).
 static void remember(engine_audit* a, const engine* e) {
     const scheduler* sched = &e->scheduler;
     a->last_total_preemptions = sched->total_preemptions;
+    const kv_pool* pool = sched->kv.pool;
+    for (int b = 0; pool && b < pool->n_blocks; b++) { // the blocks only the cache holds, and when they were used
+        const kv_block* block = &pool->blocks[b];
+        a->evictable_since[b] = block->cached && block->ref_count == 1 ? block->last_used : 0;
+    }
     for (int id = 0; id < a->n_ids; id++) {
         const sequence* s = &sched->sequences[id];
         bool running = id < sched->n_sequences && (s->state == SEQ_PREFILL || s->state == SEQ_DECODE) && s->tokens;
@@ -425,8 +484,12 @@ static void remember(engine_audit* a, const engine* e) {
 int audit_step(engine_audit* a, const engine* e, const step_record* r, error_info* err) {
     const kv_pool* pool = e->scheduler.kv.pool;
     if (audit_reserve(a, pool ? pool->n_blocks : 0, e->scheduler.n_sequences, err)) return -1;
-    if (pool && (audit_pool(a, e, r, err) || audit_writes(a, e, r, err) || audit_prefix_chain(a, e, r, err))) return -1;
-    if (audit_traffic(a, e, r, err) || audit_tails(a, e, r, err) || audit_preemption(a, e, r, err)) return -1;
+    if (pool && (audit_pool(a, e, r, err) || audit_writes(a, e, r, err) || audit_prefix_chain(a, e, r, err) ||
+                 audit_eviction(a, e, r, err)))
+        return -1;
+    if (audit_traffic(a, e, r, err) || audit_tails(a, e, r, err) || audit_waiting_order(a, e, r, err) ||
+        audit_preemption(a, e, r, err))
+        return -1;
     remember(a, e);
     return 0;
 }

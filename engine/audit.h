@@ -28,6 +28,12 @@
 //   prefix-chain     a cached block in a table holds the sequence's token
 //                    ids at that position and names the block before it as
 //                    its parent
+//   lru-eviction     an evicted block was used less recently than every
+//                    block left evictable that the step did not touch (by
+//                    the pool clock remembered at the last audit)
+//   preempted-first  in the waiting queue every preempted sequence stands
+//                    before every request not yet admitted
+//   allreduce-count  2 all-reduces per layer in a sharded step with rows
 //   preemption       the victims were admitted after every sequence that
 //                    survived (by the audit's own admission count), and the counters (record, scheduler, each
 //                    sequence's) moved by the same number
@@ -50,6 +56,7 @@ struct step_record;
 typedef struct engine_audit {
     int32_t* holders; // (2, n_blocks) scratch: tables listing each block; those of the step's sequences
     int n_blocks;
+    uint64_t* evictable_since; // (n_blocks) last_used of each block only the cache held at the last audit, else 0
     uint64_t last_total_preemptions;
     uint64_t admissions;       // sequences the audit has seen start running
     int32_t* last_preemptions; // (n_ids) each sequence id's n_preemptions after the last audit
