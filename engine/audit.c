@@ -16,6 +16,7 @@ bool audit_requested_by_environment(bool faults_installed) {
 void audit_free(engine_audit* a) {
     free(a->holders);
     free(a->evictable_since);
+    free(a->slot_marks);
     free(a->last_preemptions);
     free(a->last_request);
     free(a->admitted_order);
@@ -189,6 +190,51 @@ static int audit_eviction(const engine_audit* a, const engine* e, const step_rec
                                  (unsigned long long)block->last_used, (unsigned long long)r->step);
         }
     }
+    return 0;
+}
+
+// slots-used: each running sequence's computed positions 0 .. n_computed - 1
+// mapped through its table to cache slots (a contiguous table lists slots:
+// block size 1), each slot counted once however many tables share it.
+static int audit_slots_used(engine_audit* a, const engine* e, const step_record* r, error_info* err) {
+    const scheduler* sched = &e->scheduler;
+    const int bs = sched->kv.pool ? sched->kv.pool->block_size : 1;
+    const int64_t n_slots = block_manager_slots(&sched->kv);
+    if (n_slots > a->n_slot_marks) {
+        uint32_t* marks = realloc(a->slot_marks, (size_t)n_slots * sizeof *marks);
+        if (!marks) return error_set(err, "audit: out of memory for %lld slots", (long long)n_slots);
+        memset(marks + a->n_slot_marks, 0, (size_t)(n_slots - a->n_slot_marks) * sizeof *marks);
+        a->slot_marks = marks;
+        a->n_slot_marks = n_slots;
+    }
+    if (++a->slot_epoch == 0) { // wrapped: no mark may look current
+        memset(a->slot_marks, 0, (size_t)a->n_slot_marks * sizeof *a->slot_marks);
+        a->slot_epoch = 1;
+    }
+    int64_t used = 0;
+    for (int i = 0; i < sched->n_running; i++) {
+        const sequence* s = &sched->sequences[sched->running[i]];
+        for (int position = 0; position < s->n_computed; position++) {
+            if (position / bs >= s->n_table)
+                return error_set(err,
+                                 "audit: sequence %d has computed %d tokens but its table covers %d at step %llu",
+                                 s->id, s->n_computed, s->n_table * bs, (unsigned long long)r->step);
+            int64_t slot = (int64_t)s->block_table[position / bs] * bs + position % bs;
+            if (slot < 0 || slot >= n_slots)
+                return error_set(err, "audit: sequence %d position %d maps to slot %lld, outside 0..%lld at step %llu",
+                                 s->id, position, (long long)slot, (long long)(n_slots - 1),
+                                 (unsigned long long)r->step);
+            if (a->slot_marks[slot] == a->slot_epoch) continue;
+            a->slot_marks[slot] = a->slot_epoch;
+            used++;
+        }
+    }
+    if (r->slots_used != used)
+        return error_set(err,
+                         "audit: record says %lld slots used, but the running sequences' computed positions fill "
+                         "%lld at step %llu",
+                         (long long)r->slots_used, (long long)used, (unsigned long long)r->step);
+    a->n_checks++;
     return 0;
 }
 
@@ -487,7 +533,8 @@ int audit_step(engine_audit* a, const engine* e, const step_record* r, error_inf
     if (pool && (audit_pool(a, e, r, err) || audit_writes(a, e, r, err) || audit_prefix_chain(a, e, r, err) ||
                  audit_eviction(a, e, r, err)))
         return -1;
-    if (audit_traffic(a, e, r, err) || audit_tails(a, e, r, err) || audit_waiting_order(a, e, r, err) ||
+    if (audit_traffic(a, e, r, err) || audit_tails(a, e, r, err) || audit_slots_used(a, e, r, err) ||
+        audit_waiting_order(a, e, r, err) ||
         audit_preemption(a, e, r, err))
         return -1;
     remember(a, e);

@@ -440,6 +440,36 @@ static void test_preempted_behind_a_new_request_is_named(void** state) {
     engine_free(&e);
 }
 
+// A contiguous cache whose usage counts each decoding sequence's newest
+// token, sampled but not yet written (slots from n_tokens, not n_computed).
+static kv_usage measure_counting_sampled_tokens(block_manager* bm, running_view running) {
+    kv_usage u = kv_layout_contiguous_ops.measure(bm, running);
+    for (int i = 0; i < running.n_running; i++)
+        if (running.sequences[running.running[i]].state == SEQ_DECODE) u.slots_used++;
+    return u;
+}
+
+static void test_slots_used_counting_unwritten_tokens_is_named(void** state) {
+    (void)state;
+    kv_layout_ops buggy = kv_layout_contiguous_ops;
+    buggy.measure = measure_counting_sampled_tokens;
+    engine e;
+    error_info err = {{0}};
+    engine_config c = audited(64);
+    c.layout = KV_LAYOUT_CONTIGUOUS;
+    assert_int_equal(engine_init(&e, &tiny, &c, &err), 0);
+    int32_t prompt[20];
+    make_prompt(prompt, 20, 50);
+    add(&e, prompt, 20, 5, 1);
+    step_ok(&e, 1); // the prompt: slots 0..19 written, the first token sampled, as the unbuggy measure says
+    e.scheduler.kv.ops = &buggy;
+    const step_record* r;
+    assert_int_equal(engine_step(&e, &r, &err), -1);
+    assert_contains(err.message, "audit: record says 22 slots used, but the running sequences' computed positions "
+                                 "fill 21 at step 2");
+    engine_free(&e);
+}
+
 // Two shards: the record's all-reduce count is checked against the layers.
 static void test_allreduce_count_is_checked(void** state) {
     (void)state;
@@ -477,6 +507,7 @@ int main(void) {
         cmocka_unit_test(test_evicting_a_younger_block_is_named),
         cmocka_unit_test(test_preempted_behind_a_new_request_is_named),
         cmocka_unit_test(test_allreduce_count_is_checked),
+        cmocka_unit_test(test_slots_used_counting_unwritten_tokens_is_named),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
