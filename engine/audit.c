@@ -373,6 +373,18 @@ static int audit_tails(engine_audit* a, const engine* e, const step_record* r, e
                     err, "audit: sequence %d holds %d blocks, but %d tokens need %d (block size %d) at step %llu",
                     q->id, q->n_table, q->n_tokens, whole, bs, step);
             expected = q->n_table * bs - holding;
+        } else if (!paged && holds_kv) {
+            // reservation-length: what the policy reserves, from the request's
+            // own length (prompt + max_tokens) or the model's maximum.
+            const block_manager* bm = &sched->kv;
+            const int capacity = sched->sequences[q->id].capacity;
+            const bool whole = bm->reserve == RESERVE_MAX;
+            const int reserved = whole ? bm->max_seq_len : capacity < bm->max_seq_len ? capacity : bm->max_seq_len;
+            if (q->n_table != reserved)
+                return error_set(err,
+                                 "audit: sequence %d reserves %d slots, but %s gives %d at step %llu", q->id,
+                                 q->n_table, whole ? "the model's maximum length" : "its prompt + max_tokens",
+                                 reserved, step);
         } else if (paged && q->n_table != 0) {
             return error_set(err, "audit: sequence %d is %s but holds %d blocks at step %llu", q->id,
                              sequence_state_name(q->state), q->n_table, step);

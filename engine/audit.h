@@ -23,6 +23,8 @@
 //                    block_size slots x n_layers x 2 x slot bytes
 //   table-length     a sequence holds ceil(tokens / block_size) blocks (one
 //                    fewer while its just-sampled token waits for a block)
+//   reservation-length  a contiguous sequence reserves what its policy says:
+//                    the model's maximum, or its prompt + max_tokens
 //   tail-waste       tail waste = (block_size - tokens mod block_size) mod
 //                    block_size, 0 at exact multiples
 //   prefix-chain     a cached block in a table holds the sequence's token

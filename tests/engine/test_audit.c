@@ -470,6 +470,27 @@ static void test_slots_used_counting_unwritten_tokens_is_named(void** state) {
     engine_free(&e);
 }
 
+// A contiguous reservation one slot short of the request (prompt 20 +
+// max_tokens 5 = 25 slots): the table is cut as such an admission leaves it.
+static void test_short_reservation_is_named(void** state) {
+    (void)state;
+    engine e;
+    error_info err = {{0}};
+    engine_config c = audited(64);
+    c.layout = KV_LAYOUT_CONTIGUOUS;
+    c.reserve = RESERVE_REQUEST;
+    assert_int_equal(engine_init(&e, &tiny, &c, &err), 0);
+    int32_t prompt[20];
+    make_prompt(prompt, 20, 60);
+    add(&e, prompt, 20, 5, 1);
+    step_ok(&e, 1);
+    ((sequence*)test_sequence(&e, 0))->n_table--;
+    const step_record* r;
+    assert_int_equal(engine_step(&e, &r, &err), -1);
+    assert_contains(err.message, "audit: sequence 0 reserves 24 slots, but its prompt + max_tokens gives 25 at step 2");
+    engine_free(&e);
+}
+
 // Two shards: the record's all-reduce count is checked against the layers.
 static void test_allreduce_count_is_checked(void** state) {
     (void)state;
@@ -508,6 +529,7 @@ int main(void) {
         cmocka_unit_test(test_preempted_behind_a_new_request_is_named),
         cmocka_unit_test(test_allreduce_count_is_checked),
         cmocka_unit_test(test_slots_used_counting_unwritten_tokens_is_named),
+        cmocka_unit_test(test_short_reservation_is_named),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
