@@ -491,6 +491,25 @@ static int audit_preemption(engine_audit* a, const engine* e, const step_record*
     return 0;
 }
 
+// length-stop: a sequence stops the step its generated tokens reach
+// max_tokens, so every one still live has generated fewer.
+static int audit_length_stop(engine_audit* a, const engine* e, const step_record* r, error_info* err) {
+    const scheduler* sched = &e->scheduler;
+    for (int i = 0; i < sched->n_live; i++) {
+        const sequence* s = &sched->sequences[sched->live_ids[i]];
+        if (s->state == SEQ_FINISHED || !s->tokens) continue;
+        int generated = s->n_tokens - s->n_prompt;
+        if (generated >= s->max_new_tokens)
+            return error_set(err,
+                             "audit: sequence %d has generated %d tokens of its max_tokens %d and is still %s at "
+                             "step %llu",
+                             s->id, generated, s->max_new_tokens, sequence_state_name(s->state),
+                             (unsigned long long)r->step);
+    }
+    a->n_checks++;
+    return 0;
+}
+
 // preempted-first: a preempted sequence waits at the front of the queue, so
 // it is admitted again before any request that has not yet run.
 static int audit_waiting_order(engine_audit* a, const engine* e, const step_record* r, error_info* err) {
@@ -546,7 +565,7 @@ int audit_step(engine_audit* a, const engine* e, const step_record* r, error_inf
                  audit_eviction(a, e, r, err)))
         return -1;
     if (audit_traffic(a, e, r, err) || audit_tails(a, e, r, err) || audit_slots_used(a, e, r, err) ||
-        audit_waiting_order(a, e, r, err) ||
+        audit_length_stop(a, e, r, err) || audit_waiting_order(a, e, r, err) ||
         audit_preemption(a, e, r, err))
         return -1;
     remember(a, e);

@@ -33,6 +33,7 @@
 //   slots-used       the record's used slots = the distinct cache slots the
 //                    running sequences' computed positions map to
 //                    through their tables (paged and contiguous)
+//   length-stop      no live sequence has generated max_tokens or more
 //   lru-eviction     an evicted block was used less recently than every
 //                    block left evictable that the step did not touch (by
 //                    the pool clock remembered at the last audit)

@@ -491,6 +491,28 @@ static void test_short_reservation_is_named(void** state) {
     engine_free(&e);
 }
 
+// A request that should have stopped at max_tokens: its limit lowered to
+// what it has generated, as a length test written with > would leave it.
+static void test_sequence_past_max_tokens_is_named(void** state) {
+    (void)state;
+    engine e;
+    error_info err = {{0}};
+    engine_config c = audited(64);
+    assert_int_equal(engine_init(&e, &tiny, &c, &err), 0);
+    int32_t prompt[20];
+    make_prompt(prompt, 20, 70);
+    add(&e, prompt, 20, 10, 1);
+    const step_record* r = NULL;
+    for (int i = 0; i < 3; i++)
+        if (engine_step(&e, &r, &err)) fail_msg("step %d: %s", i, err.message);
+    sequence* s = (sequence*)test_sequence(&e, 0);
+    assert_int_equal(s->n_tokens - s->n_prompt, 3);
+    s->max_new_tokens = 3;
+    assert_int_equal(audit_step(&e.audit, &e, r, &err), -1);
+    assert_contains(err.message, "audit: sequence 0 has generated 3 tokens of its max_tokens 3 and is still");
+    engine_free(&e);
+}
+
 // Two shards: the record's all-reduce count is checked against the layers.
 static void test_allreduce_count_is_checked(void** state) {
     (void)state;
@@ -530,6 +552,7 @@ int main(void) {
         cmocka_unit_test(test_allreduce_count_is_checked),
         cmocka_unit_test(test_slots_used_counting_unwritten_tokens_is_named),
         cmocka_unit_test(test_short_reservation_is_named),
+        cmocka_unit_test(test_sequence_past_max_tokens_is_named),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
