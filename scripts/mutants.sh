@@ -182,7 +182,8 @@ for n in $names; do
                     caught=test detail="$t does not build"; break; }
                 tlog=$log/$(basename "$t").out
                 if ! SERVELAB_AUDIT=1 SERVELAB_BIN=$mbin timeout -k 5 600 "$tree/build/release/$t" >"$tlog" 2>&1 </dev/null; then
-                    caught=test detail="$t: $(grep -m 1 -E 'FAILED|Error|error|assert' "$tlog" | cut -c 1-100)"
+                    caught=test detail="$t: $(grep -m 1 -E '^\[ +FAILED +\] [a-z_]' "$tlog" | sed 's/^\[ *FAILED *\] //' | cut -c 1-100)"
+                    [ "$detail" = "$t: " ] && detail="$t: exit status $(tail -n 1 "$tlog" | cut -c 1-80)"
                     break
                 fi
             done

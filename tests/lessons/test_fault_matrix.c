@@ -49,6 +49,7 @@ static const char* const BANK_CLAIMS[] = {
     "w4a8-prefill",   // lesson 06
     "kv-int8-bytes",  // lesson 01
     "kv-int8-logits", // lesson 01
+    "gptq-feedback",  // lesson 07
 };
 
 // ---- the shipped lessons' matrix, one process per lesson, in parallel -----------------
