@@ -506,6 +506,19 @@ static int audit_length_stop(engine_audit* a, const engine* e, const step_record
                              s->id, generated, s->max_new_tokens, sequence_state_name(s->state),
                              (unsigned long long)r->step);
     }
+    // One that finished this step with max_tokens generated stopped for its
+    // length, not for the context (prompt + max_tokens fills its capacity
+    // exactly then, so a missed length test still stops it, for the wrong reason).
+    for (int i = 0; i < r->n_finished_now; i++) {
+        const sequence* s = &sched->sequences[r->finished_ids[i]];
+        if (!s->tokens || s->stop != STOP_CONTEXT) continue;
+        int generated = s->n_tokens - s->n_prompt;
+        if (generated >= s->max_new_tokens)
+            return error_set(err,
+                             "audit: sequence %d stopped for the context after generating %d tokens, its max_tokens "
+                             "%d (a length stop) at step %llu",
+                             s->id, generated, s->max_new_tokens, (unsigned long long)r->step);
+    }
     a->n_checks++;
     return 0;
 }

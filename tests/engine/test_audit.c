@@ -513,6 +513,29 @@ static void test_sequence_past_max_tokens_is_named(void** state) {
     engine_free(&e);
 }
 
+// The same request run to its end, its stop reason then changed to what a
+// missed length test leaves (the context: prompt + max_tokens is full).
+static void test_length_stop_reported_as_context_is_named(void** state) {
+    (void)state;
+    engine e;
+    error_info err = {{0}};
+    engine_config c = audited(64);
+    assert_int_equal(engine_init(&e, &tiny, &c, &err), 0);
+    int32_t prompt[20];
+    make_prompt(prompt, 20, 71);
+    add(&e, prompt, 20, 4, 1);
+    const step_record* r = NULL;
+    for (int i = 0; i < 20 && (r == NULL || r->n_finished_now == 0); i++)
+        if (engine_step(&e, &r, &err)) fail_msg("step %d: %s", i, err.message);
+    assert_int_equal(r->n_finished_now, 1);
+    sequence* s = (sequence*)test_sequence(&e, r->finished_ids[0]);
+    assert_int_equal(s->stop, STOP_LENGTH);
+    s->stop = STOP_CONTEXT;
+    assert_int_equal(audit_step(&e.audit, &e, r, &err), -1);
+    assert_contains(err.message, "stopped for the context after generating 4 tokens, its max_tokens 4");
+    engine_free(&e);
+}
+
 // Two shards: the record's all-reduce count is checked against the layers.
 static void test_allreduce_count_is_checked(void** state) {
     (void)state;
@@ -553,6 +576,7 @@ int main(void) {
         cmocka_unit_test(test_slots_used_counting_unwritten_tokens_is_named),
         cmocka_unit_test(test_short_reservation_is_named),
         cmocka_unit_test(test_sequence_past_max_tokens_is_named),
+        cmocka_unit_test(test_length_stop_reported_as_context_is_named),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
