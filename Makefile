@@ -11,6 +11,9 @@
 #   make fuzz-build only build them (build/fuzz/bin/fuzz_*)
 #   make bench      servelab bench on stories110m (BENCH_ARGS="--json --threads 2")
 #   make lessons    every Lua lesson headless with its full-size scenarios (minutes)
+#   make mutants    the mutation test: each scripts/mutants/*.mutant built into a scratch tree and
+#                   run against every lesson with the audit (docs/mutants.md); MUTANTS="a b" picks
+#                   some, MUTANTS_ARGS="--quick" stops at the first lesson that catches each
 #   make deps       install the lab's missing Debian packages (root) or print the command
 #   make test-deps  the same for what only the tests need (cmocka, tmux, curl, node, npm, openai)
 #   JOBS=N          jobs for the build (default: every core; -jN works too); V=1: full commands
@@ -136,7 +139,7 @@ endif
 # Keep intermediate objects (test_support.o) instead of rebuilding them.
 .SECONDARY:
 
-.PHONY: all run test check deps test-deps models install clean check-pkgs check-test-pkgs tests-build test-run bench lessons gpu-programs \
+.PHONY: mutants all run test check deps test-deps models install clean check-pkgs check-test-pkgs tests-build test-run bench lessons gpu-programs \
         fuzz fuzz-build fuzz-run fuzz-deps
 all: check-pkgs $(SERVELAB)
 
@@ -242,6 +245,13 @@ lessons: all
 	@status=0; for f in lessons/*.lua; do \
 	    $(SERVELAB) lesson run $$f --headless --full --time-limit 900 --memory-limit 1GiB || status=1; \
 	done; exit $$status
+
+# The project's own mutants (scripts/mutants.sh, docs/mutants.md): on demand,
+# never part of make test; it builds into build/mutants and leaves the tree as it was.
+MUTANTS ?=
+MUTANTS_ARGS ?=
+mutants: all
+	@sh scripts/mutants.sh $(MUTANTS_ARGS) $(MUTANTS)
 
 # The dashboard on the default model (stories260K when ../shared or
 # ./models has it, else small).

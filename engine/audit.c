@@ -15,6 +15,8 @@ bool audit_requested_by_environment(bool faults_installed) {
 
 void audit_free(engine_audit* a) {
     free(a->holders);
+    free(a->evictable_since);
+    free(a->slot_marks);
     free(a->last_preemptions);
     free(a->last_request);
     free(a->admitted_order);
@@ -27,6 +29,10 @@ static int audit_reserve(engine_audit* a, int n_blocks, int n_ids, error_info* e
         int32_t* grown = realloc(a->holders, 2 * (size_t)n_blocks * sizeof *grown); // holders, ran_holders
         if (!grown) return error_set(err, "audit: out of memory for %d blocks", n_blocks);
         a->holders = grown;
+        uint64_t* since = realloc(a->evictable_since, (size_t)n_blocks * sizeof *since);
+        if (!since) return error_set(err, "audit: out of memory for %d blocks", n_blocks);
+        for (int b = a->n_blocks; b < n_blocks; b++) since[b] = 0;
+        a->evictable_since = since;
         a->n_blocks = n_blocks;
     }
     if (n_ids > a->n_ids) {
@@ -161,6 +167,78 @@ static int audit_writes(engine_audit* a, const engine* e, const step_record* r, 
     return 0;
 }
 
+// lru-eviction: each block evicted this step was the least recently used of
+// those only the cache held. Compared with the blocks that were evictable at
+// the last audit and still are, untouched (their pool clock is what it was):
+// one of them older than the victim should have gone first. A victim that
+// became evictable during this step is younger than all of those.
+static int audit_eviction(const engine_audit* a, const engine* e, const step_record* r, error_info* err) {
+    const kv_pool* pool = e->scheduler.kv.pool;
+    for (int k = 0; k < r->n_events; k++) {
+        if (r->events[k].kind != BLOCK_EVICT) continue;
+        const int32_t victim = r->events[k].block;
+        const uint64_t victim_used = a->evictable_since[victim] ? a->evictable_since[victim] : UINT64_MAX;
+        for (int b = 0; b < pool->n_blocks; b++) {
+            const kv_block* block = &pool->blocks[b];
+            bool untouched = a->evictable_since[b] != 0 && block->cached && block->ref_count == 1 &&
+                             block->last_used == a->evictable_since[b];
+            if (b != victim && untouched && block->last_used < victim_used)
+                return error_set(err,
+                                 "audit: eviction took block %d (last used at clock %llu%s), but block %d, used "
+                                 "at clock %llu, was older and stayed evictable at step %llu",
+                                 victim, (unsigned long long)(victim_used == UINT64_MAX ? 0 : victim_used),
+                                 victim_used == UINT64_MAX ? ": evictable only since this step" : "", b,
+                                 (unsigned long long)block->last_used, (unsigned long long)r->step);
+        }
+    }
+    return 0;
+}
+
+// slots-used: each running sequence's computed positions 0 .. n_computed - 1
+// mapped through its table to cache slots (a contiguous table lists slots:
+// block size 1), each slot counted once however many tables share it.
+static int audit_slots_used(engine_audit* a, const engine* e, const step_record* r, error_info* err) {
+    const scheduler* sched = &e->scheduler;
+    const int bs = sched->kv.pool ? sched->kv.pool->block_size : 1;
+    const int64_t n_slots = block_manager_slots(&sched->kv);
+    if (n_slots > a->n_slot_marks) {
+        uint32_t* marks = realloc(a->slot_marks, (size_t)n_slots * sizeof *marks);
+        if (!marks) return error_set(err, "audit: out of memory for %lld slots", (long long)n_slots);
+        memset(marks + a->n_slot_marks, 0, (size_t)(n_slots - a->n_slot_marks) * sizeof *marks);
+        a->slot_marks = marks;
+        a->n_slot_marks = n_slots;
+    }
+    if (++a->slot_epoch == 0) { // wrapped: no mark may look current
+        memset(a->slot_marks, 0, (size_t)a->n_slot_marks * sizeof *a->slot_marks);
+        a->slot_epoch = 1;
+    }
+    int64_t used = 0;
+    for (int i = 0; i < sched->n_running; i++) {
+        const sequence* s = &sched->sequences[sched->running[i]];
+        for (int position = 0; position < s->n_computed; position++) {
+            if (position / bs >= s->n_table)
+                return error_set(err,
+                                 "audit: sequence %d has computed %d tokens but its table covers %d at step %llu",
+                                 s->id, s->n_computed, s->n_table * bs, (unsigned long long)r->step);
+            int64_t slot = (int64_t)s->block_table[position / bs] * bs + position % bs;
+            if (slot < 0 || slot >= n_slots)
+                return error_set(err, "audit: sequence %d position %d maps to slot %lld, outside 0..%lld at step %llu",
+                                 s->id, position, (long long)slot, (long long)(n_slots - 1),
+                                 (unsigned long long)r->step);
+            if (a->slot_marks[slot] == a->slot_epoch) continue;
+            a->slot_marks[slot] = a->slot_epoch;
+            used++;
+        }
+    }
+    if (r->slots_used != used)
+        return error_set(err,
+                         "audit: record says %lld slots used, but the running sequences' computed positions fill "
+                         "%lld at step %llu",
+                         (long long)r->slots_used, (long long)used, (unsigned long long)r->step);
+    a->n_checks++;
+    return 0;
+}
+
 // ---- traffic --------------------------------------------------------------------------------
 
 // Bytes of a (rows, cols) matrix stored as `dtype`, from its shape; 0 for
@@ -257,6 +335,10 @@ static int audit_traffic(engine_audit* a, const engine* e, const step_record* r,
         uint64_t message = rows * (uint64_t)c->dim * 4ull;
         uint64_t expected = 2ull * (uint64_t)c->n_layers * (2ull * (n_shards - 1) * message / n_shards);
         if (rows == 0) expected = 0;
+        const int expected_count = rows > 0 ? 2 * c->n_layers : 0;
+        if (r->n_allreduces != expected_count)
+            return error_set(err, "audit: %d all-reduces, but 2 x %d layers = %d for %llu rows at step %llu",
+                             r->n_allreduces, c->n_layers, expected_count, (unsigned long long)rows, step);
         if (r->allreduce_bytes != expected)
             return error_set(
                 err, "audit: all-reduce bytes %llu, but 2 x %d layers x 2(%d-1)/%d x %llu bytes = %llu at step %llu",
@@ -292,6 +374,18 @@ static int audit_tails(engine_audit* a, const engine* e, const step_record* r, e
                     err, "audit: sequence %d holds %d blocks, but %d tokens need %d (block size %d) at step %llu",
                     q->id, q->n_table, q->n_tokens, whole, bs, step);
             expected = q->n_table * bs - holding;
+        } else if (!paged && holds_kv) {
+            // reservation-length: what the policy reserves, from the request's
+            // own length (prompt + max_tokens) or the model's maximum.
+            const block_manager* bm = &sched->kv;
+            const int capacity = sched->sequences[q->id].capacity;
+            const bool whole = bm->reserve == RESERVE_MAX;
+            const int reserved = whole ? bm->max_seq_len : capacity < bm->max_seq_len ? capacity : bm->max_seq_len;
+            if (q->n_table != reserved)
+                return error_set(err,
+                                 "audit: sequence %d reserves %d slots, but %s gives %d at step %llu", q->id,
+                                 q->n_table, whole ? "the model's maximum length" : "its prompt + max_tokens",
+                                 reserved, step);
         } else if (paged && q->n_table != 0) {
             return error_set(err, "audit: sequence %d is %s but holds %d blocks at step %llu", q->id,
                              sequence_state_name(q->state), q->n_table, step);
@@ -398,12 +492,67 @@ static int audit_preemption(engine_audit* a, const engine* e, const step_record*
     return 0;
 }
 
+// length-stop: a sequence stops the step its generated tokens reach
+// max_tokens, so every one still live has generated fewer.
+static int audit_length_stop(engine_audit* a, const engine* e, const step_record* r, error_info* err) {
+    const scheduler* sched = &e->scheduler;
+    for (int i = 0; i < sched->n_live; i++) {
+        const sequence* s = &sched->sequences[sched->live_ids[i]];
+        if (s->state == SEQ_FINISHED || !s->tokens) continue;
+        int generated = s->n_tokens - s->n_prompt;
+        if (generated >= s->max_new_tokens)
+            return error_set(err,
+                             "audit: sequence %d has generated %d tokens of its max_tokens %d and is still %s at "
+                             "step %llu",
+                             s->id, generated, s->max_new_tokens, sequence_state_name(s->state),
+                             (unsigned long long)r->step);
+    }
+    // One that finished this step with max_tokens generated stopped for its
+    // length, not for the context (prompt + max_tokens fills its capacity
+    // exactly then, so a missed length test still stops it, for the wrong reason).
+    for (int i = 0; i < r->n_finished_now; i++) {
+        const sequence* s = &sched->sequences[r->finished_ids[i]];
+        if (!s->tokens || s->stop != STOP_CONTEXT) continue;
+        int generated = s->n_tokens - s->n_prompt;
+        if (generated >= s->max_new_tokens)
+            return error_set(err,
+                             "audit: sequence %d stopped for the context after generating %d tokens, its max_tokens "
+                             "%d (a length stop) at step %llu",
+                             s->id, generated, s->max_new_tokens, (unsigned long long)r->step);
+    }
+    a->n_checks++;
+    return 0;
+}
+
+// preempted-first: a preempted sequence waits at the front of the queue, so
+// it is admitted again before any request that has not yet run.
+static int audit_waiting_order(engine_audit* a, const engine* e, const step_record* r, error_info* err) {
+    const scheduler* sched = &e->scheduler;
+    int32_t first_new = -1;
+    for (int i = 0; i < sched->n_waiting; i++) {
+        const sequence* s = &sched->sequences[sched->waiting[i]];
+        if (s->state == SEQ_WAITING && first_new < 0) first_new = s->id;
+        if (s->state == SEQ_PREEMPTED && first_new >= 0)
+            return error_set(err,
+                             "audit: preempted sequence %d waits at place %d of %d, behind sequence %d, which "
+                             "has not run yet, at step %llu",
+                             s->id, i + 1, sched->n_waiting, first_new, (unsigned long long)r->step);
+    }
+    a->n_checks++;
+    return 0;
+}
+
 // Remembers what the next step's preemption check starts from: each live
 // sequence's count, and the admission order of those running (a sequence
 // newly running, or preempted and admitted again, is the latest admitted).
 static void remember(engine_audit* a, const engine* e) {
     const scheduler* sched = &e->scheduler;
     a->last_total_preemptions = sched->total_preemptions;
+    const kv_pool* pool = sched->kv.pool;
+    for (int b = 0; pool && b < pool->n_blocks; b++) { // the blocks only the cache holds, and when they were used
+        const kv_block* block = &pool->blocks[b];
+        a->evictable_since[b] = block->cached && block->ref_count == 1 ? block->last_used : 0;
+    }
     for (int id = 0; id < a->n_ids; id++) {
         const sequence* s = &sched->sequences[id];
         bool running = id < sched->n_sequences && (s->state == SEQ_PREFILL || s->state == SEQ_DECODE) && s->tokens;
@@ -426,8 +575,13 @@ static void remember(engine_audit* a, const engine* e) {
 int audit_step(engine_audit* a, const engine* e, const step_record* r, error_info* err) {
     const kv_pool* pool = e->scheduler.kv.pool;
     if (audit_reserve(a, pool ? pool->n_blocks : 0, e->scheduler.n_sequences, err)) return -1;
-    if (pool && (audit_pool(a, e, r, err) || audit_writes(a, e, r, err) || audit_prefix_chain(a, e, r, err))) return -1;
-    if (audit_traffic(a, e, r, err) || audit_tails(a, e, r, err) || audit_preemption(a, e, r, err)) return -1;
+    if (pool && (audit_pool(a, e, r, err) || audit_writes(a, e, r, err) || audit_prefix_chain(a, e, r, err) ||
+                 audit_eviction(a, e, r, err)))
+        return -1;
+    if (audit_traffic(a, e, r, err) || audit_tails(a, e, r, err) || audit_slots_used(a, e, r, err) ||
+        audit_length_stop(a, e, r, err) || audit_waiting_order(a, e, r, err) ||
+        audit_preemption(a, e, r, err))
+        return -1;
     remember(a, e);
     return 0;
 }

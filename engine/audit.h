@@ -23,15 +23,28 @@
 //                    block_size slots x n_layers x 2 x slot bytes
 //   table-length     a sequence holds ceil(tokens / block_size) blocks (one
 //                    fewer while its just-sampled token waits for a block)
+//   reservation-length  a contiguous sequence reserves what its policy says:
+//                    the model's maximum, or its prompt + max_tokens
 //   tail-waste       tail waste = (block_size - tokens mod block_size) mod
 //                    block_size, 0 at exact multiples
 //   prefix-chain     a cached block in a table holds the sequence's token
 //                    ids at that position and names the block before it as
 //                    its parent
+//   slots-used       the record's used slots = the distinct cache slots the
+//                    running sequences' computed positions map to
+//                    through their tables (paged and contiguous)
+//   length-stop      no live sequence has generated max_tokens or more
+//   lru-eviction     an evicted block was used less recently than every
+//                    block left evictable that the step did not touch (by
+//                    the pool clock remembered at the last audit)
+//   preempted-first  in the waiting queue every preempted sequence stands
+//                    before every request not yet admitted
+//   allreduce-count  2 all-reduces per layer in a sharded step with rows
 //   preemption       the victims were admitted after every sequence that
 //                    survived (by the audit's own admission count), and the counters (record, scheduler, each
 //                    sequence's) moved by the same number
-// Contiguous engines are held to the traffic and tail-waste checks only.
+// Contiguous engines are held to the traffic, tail-waste, slots-used,
+// preemption and waiting-order checks only.
 //
 // A broken invariant is an error naming the invariant, the step, the block
 // or sequence, and both numbers; engine_step returns it.
@@ -50,6 +63,10 @@ struct step_record;
 typedef struct engine_audit {
     int32_t* holders; // (2, n_blocks) scratch: tables listing each block; those of the step's sequences
     int n_blocks;
+    uint32_t* slot_marks;      // (n_slot_marks) epoch a slot was last counted in slots-used
+    int64_t n_slot_marks;
+    uint32_t slot_epoch;
+    uint64_t* evictable_since; // (n_blocks) last_used of each block only the cache held at the last audit, else 0
     uint64_t last_total_preemptions;
     uint64_t admissions;       // sequences the audit has seen start running
     int32_t* last_preemptions; // (n_ids) each sequence id's n_preemptions after the last audit

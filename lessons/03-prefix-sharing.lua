@@ -80,6 +80,24 @@ local function serve_two(prefix_caching)
     result.kv_written = totals.bytes.kv_written -- bytes the kernels stored, over the whole run
     result.bytes_per_slot = e:pool().bytes_per_slot
     result.from_reference = math.max(from_reference(e, a), from_reference(e, b))
+    -- Both are done: the shared blocks are the cache's alone now. A third
+    -- request asking A's question again takes every full block of its
+    -- prompt but the one holding its last token from the cache.
+    local c = e:add{prefix = system_prompt, prompt = "What is a cache?", max_tokens = 8}
+    e:run()
+    result.later_hits = e:totals().prefix_hit_tokens - totals.prefix_hit_tokens
+    result.later_from_reference = from_reference(e, c)
+    -- A fourth request starts with the 16 tokens of A's second block: the
+    -- same tokens at another position, after no block at all. A block's hash
+    -- covers every token before it, so nothing may be reused here.
+    local moved = {}
+    for i = BLOCK_SIZE + 1, 2 * BLOCK_SIZE do moved[#moved + 1] = tokens_a[i] end
+    for i = 40, 59 do moved[#moved + 1] = tokens_b[i] end
+    local hits_before = e:totals().prefix_hit_tokens
+    local d = e:add{ids = moved, max_tokens = 4}
+    e:run()
+    result.moved_hits = e:totals().prefix_hit_tokens - hits_before
+    result.moved_from_reference = from_reference(e, d)
     e:close()
     return result
 end
@@ -111,8 +129,14 @@ local expected_saving = cached.hits * cached.bytes_per_slot
 local same_answers = cached.from_reference <= REFERENCE_BOUND and uncached.from_reference <= REFERENCE_BOUND
 local block_math_holds = cached.shared == predicted_shared and cached.hits == predicted_hits
     and cached.physical == cached.table_entries - cached.shared and cached.copies == 0 and uncached.copies == 0
+-- The later request: (prompt tokens - 1) // block size full blocks reused
+-- from the cache with caching on, none without.
+local predicted_later_hits = (cached.prompt_tokens - 1) // BLOCK_SIZE * BLOCK_SIZE
+local later_reuse_holds = cached.later_hits == predicted_later_hits and uncached.later_hits == 0
+    and cached.later_from_reference <= REFERENCE_BOUND and cached.moved_hits == 0
+    and cached.moved_from_reference <= REFERENCE_BOUND
 local stored_once = cached.shared > 0 and cached.hits > 0 and block_math_holds and cached.references_right
-    and saved_bytes == expected_saving and same_answers
+    and saved_bytes == expected_saving and same_answers and later_reuse_holds
 lab.say(string.format("Without the prefix cache the same prompts took %d blocks instead of %d, and the kernels wrote "
     .. "%d KV bytes instead of %d. The final logits against the reference: largest relative difference %.3g with "
     .. "caching, %.3g without (one fp16 step allows %.3g).", uncached.physical, cached.physical, uncached.kv_written,
@@ -127,13 +151,17 @@ lab.check{
         .. "+ the cache); %d prompt tokens reused (predicted %d); %d copy-on-write copies with caching, %d without; "
         .. "KV bytes written %d vs %d without caching (%d saved, %d tokens x %d bytes = %d); final logits against the "
         .. "reference forward pass %.3g with caching, %.3g without (bound 2^-11 = %.3g); without caching %d entries in "
-        .. "%d blocks",
+        .. "%d blocks; a third request after both finished reused %d prompt tokens from the cache (predicted (%d - 1) // "
+        .. "%d x %d = %d; %d without caching), its logits %.3g from the reference; a request starting with A's "
+        .. "second block (same tokens, position 0) reused %d tokens (predicted 0: the hash covers the tokens before), "
+        .. "logits %.3g from the reference",
         stored_once and "stored once" or "not stored once as the block math says", cached.prompt_tokens,
         cached.common_tokens, cached.table_entries, cached.physical, cached.shared, cached.common_tokens, BLOCK_SIZE,
         predicted_shared, table.concat(cached.references, ","), cached.hits, predicted_hits, cached.copies,
         uncached.copies, cached.kv_written, uncached.kv_written, saved_bytes, cached.hits, cached.bytes_per_slot,
         expected_saving, cached.from_reference, uncached.from_reference, REFERENCE_BOUND, uncached.table_entries,
-        uncached.physical),
+        uncached.physical, cached.later_hits, cached.prompt_tokens, BLOCK_SIZE, BLOCK_SIZE, predicted_later_hits,
+        uncached.later_hits, cached.later_from_reference, cached.moved_hits, cached.moved_from_reference),
     breaks_with = {"prefix-no-refcount", "kv-count-dropped", "kv-count-doubled"},
     note = string.format("the bank says a private copy is made once the generations diverge; this engine measured %d "
         .. "copies: requests share only full prompt blocks, and they diverge in blocks that were never shared",

@@ -2,7 +2,7 @@
 -- W8A8, and what a quantized model keeps in memory.
 lab.lesson{
     title = "4-bit methods: groups, outliers, AWQ vs GPTQ, W8A8, no fp16 copy",
-    claims = {"why4", "se3", "se4", "tf8"},
+    claims = {"why4", "se3", "gptq-feedback", "se4", "tf8"},
 }
 
 local small = lab.model("small")
@@ -147,6 +147,124 @@ lab.check{
             finding, rtn.cols, awq.alpha, scale_mismatch, spread, awq.not_nearest, n, gptq.not_nearest, n, rtn.output_mse,
             awq.output_mse, gptq.output_mse, rtn.mse, gptq.mse)
     end,
+}
+lab.pause()
+-- gptq-feedback: GPTQ written again in plain Lua, from its definition, on a
+-- small made-up layer (8 outputs, 160 inputs: more than the 128 columns the
+-- engine updates lazily at once, so its block boundary is crossed; 192
+-- calibration tokens, every 37th input 20x larger). Rule: quantize column i
+-- of every row, divide the rounding error by U[i][i] and subtract it times
+-- U[i][j] from every later column j, where U is the upper Cholesky factor of
+-- H^-1 and H = 2 X^T X / tokens + 1% of its mean diagonal (the damping the
+-- lab asks for). The scales come from the engine (per output channel, from
+-- the untouched weights, as GPTQ takes them); the codes are what is checked.
+local GPTQ_ROWS, GPTQ_COLS, GPTQ_TOKENS = 8, 160, 192
+local gptq_weights, gptq_inputs = {}, {}
+for o = 1, GPTQ_ROWS do
+    for c = 1, GPTQ_COLS do
+        gptq_weights[(o - 1) * GPTQ_COLS + c] = 0.5 * math.sin(o * 3.7 + c * 1.3) + 0.2 * math.cos(o * c * 0.11)
+    end
+end
+for s = 1, GPTQ_TOKENS do
+    local row = {}
+    for c = 1, GPTQ_COLS do
+        local v = 2 * math.sin(s * 12.9898 + c * 78.233)
+        if c % 37 == 0 then v = 20 * v end
+        row[c] = v
+    end
+    gptq_inputs[s] = row
+end
+local engine_gptq = lab.quantize{values = gptq_weights, rows = GPTQ_ROWS, bits = 4, granularity = "channel",
+                                 method = "gptq", inputs = gptq_inputs}
+local function lower_cholesky(a, n)
+    local l = {}
+    for i = 1, n do l[i] = {} for j = 1, n do l[i][j] = 0 end end
+    for j = 1, n do
+        local pivot = a[j][j]
+        for k = 1, j - 1 do pivot = pivot - l[j][k] * l[j][k] end
+        l[j][j] = math.sqrt(pivot)
+        for i = j + 1, n do
+            local sum = a[i][j]
+            for k = 1, j - 1 do sum = sum - l[i][k] * l[j][k] end
+            l[i][j] = sum / l[j][j]
+        end
+    end
+    return l
+end
+local function reference_gptq_codes()
+    local n = GPTQ_COLS
+    local h, diagonal = {}, 0
+    for i = 1, n do h[i] = {} end
+    for i = 1, n do
+        for j = i, n do
+            local sum = 0
+            for s = 1, GPTQ_TOKENS do sum = sum + gptq_inputs[s][i] * gptq_inputs[s][j] end
+            h[i][j], h[j][i] = 2 * sum / GPTQ_TOKENS, 2 * sum / GPTQ_TOKENS
+        end
+        diagonal = diagonal + h[i][i]
+    end
+    for i = 1, n do h[i][i] = h[i][i] + 0.01 * diagonal / n end
+    -- H^-1 = L^-T L^-1, then its lower Cholesky factor, whose transpose is U.
+    local l = lower_cholesky(h, n)
+    local inverse_l = {}
+    for i = 1, n do inverse_l[i] = {} for j = 1, n do inverse_l[i][j] = 0 end end
+    for j = 1, n do
+        inverse_l[j][j] = 1 / l[j][j]
+        for i = j + 1, n do
+            local sum = 0
+            for k = j, i - 1 do sum = sum + l[i][k] * inverse_l[k][j] end
+            inverse_l[i][j] = -sum / l[i][i]
+        end
+    end
+    local h_inverse = {}
+    for i = 1, n do
+        h_inverse[i] = {}
+        for j = 1, n do
+            local sum = 0
+            for k = math.max(i, j), n do sum = sum + inverse_l[k][i] * inverse_l[k][j] end
+            h_inverse[i][j] = sum
+        end
+    end
+    local u = lower_cholesky(h_inverse, n) -- u[j][i] is U[i][j]
+    local function to_float(x) return (string.unpack("f", string.pack("f", x))) end
+    local function round_half_away(x) return x >= 0 and math.floor(x + 0.5) or -math.floor(-x + 0.5) end
+    local codes = {}
+    for o = 1, GPTQ_ROWS do
+        local row = {}
+        for c = 1, n do row[c] = to_float(gptq_weights[(o - 1) * n + c]) end
+        local s, z = engine_gptq.scales[o], engine_gptq.zero_points[o]
+        for i = 1, n do
+            local q = round_half_away(to_float(row[i]) / s) + z
+            q = math.max(engine_gptq.q_min, math.min(engine_gptq.q_max, q))
+            codes[(o - 1) * n + i] = q
+            local e = (row[i] - to_float(s * (q - z))) / u[i][i]
+            for j = i + 1, n do row[j] = row[j] - e * u[j][i] end
+        end
+    end
+    return codes
+end
+local reference_codes = reference_gptq_codes()
+local codes_differing, codes_off_nearest = 0, 0
+for k = 1, GPTQ_ROWS * GPTQ_COLS do
+    if engine_gptq.q[k] ~= reference_codes[k] then codes_differing = codes_differing + 1 end
+end
+local codes_follow_the_rule = codes_differing == 0 and engine_gptq.not_nearest > 0
+lab.say(string.format("To see that GPTQ's codes come from that rule and nothing else, the lesson runs GPTQ again in "
+    .. "plain Lua on a small layer (%d outputs, %d inputs, %d tokens): %d of the engine's %d codes differ from it, and "
+    .. "%d are off their nearest level.", GPTQ_ROWS, GPTQ_COLS, GPTQ_TOKENS, codes_differing, GPTQ_ROWS * GPTQ_COLS,
+    engine_gptq.not_nearest))
+lab.check{
+    id = "gptq-feedback",
+    claim = "GPTQ's codes are exactly those of its error-feedback rule (each column's rounding error moved onto the "
+        .. "later columns through the Cholesky factor of H^-1)",
+    expected = true,
+    verdict = codes_follow_the_rule,
+    evidence = string.format("%s: %d x %d weights, %d calibration tokens, 4 bits per output channel; %d of %d codes "
+        .. "differ from the lesson's own GPTQ (H = 2 X^T X / %d + 1%% of its mean diagonal, U from H^-1, columns in "
+        .. "order, no blocks); %d codes off their nearest level (0 would mean no feedback at all)",
+        codes_follow_the_rule and "the same codes" or "not the rule's codes", GPTQ_ROWS, GPTQ_COLS, GPTQ_TOKENS,
+        codes_differing, GPTQ_ROWS * GPTQ_COLS, GPTQ_TOKENS, engine_gptq.not_nearest),
+    breaks_with = {"gptq-no-feedback"},
 }
 lab.pause()
 -- se4: W8A8 and W8A16 with the same symmetric per-channel 8-bit weights.

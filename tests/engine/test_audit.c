@@ -356,6 +356,209 @@ static void test_preempting_the_oldest_is_named(void** state) {
     engine_free(&e);
 }
 
+// ---- invariants added for the mutants (scripts/mutants/) -----------------------------------
+
+// Two finished requests leave their full blocks to the cache alone (A's
+// older than B's), then a third needs more blocks than are free: eviction
+// must take A's. With `rotate_lru`, A's oldest block is moved to the LRU
+// list's young end first, as an eviction that picks the wrong end would
+// treat it: the audit names the block that should have gone. Returns the
+// step the audit failed at, 0 when every step passed.
+static uint64_t evict_after_two_requests(bool rotate_lru, uint64_t* evictions, error_info* err) {
+    engine e;
+    engine_config c = audited(8);
+    assert_int_equal(engine_init(&e, &tiny, &c, err), 0);
+    int32_t prompt[100];
+    make_prompt(prompt, 40, 20);
+    add(&e, prompt, 40, 4, 1);
+    assert_int_equal(run_to_end(&e, err), 0);
+    make_prompt(prompt, 40, 21);
+    add(&e, prompt, 40, 4, 1);
+    assert_int_equal(run_to_end(&e, err), 0);
+    kv_pool* pool = &e.pool;
+    assert_int_equal(pool->n_evictable, 4); // two full blocks of each request
+    if (rotate_lru) {
+        int32_t oldest = pool->lru_head, second = pool->blocks[oldest].lru_next;
+        pool->lru_head = second;
+        pool->blocks[second].lru_previous = -1;
+        pool->blocks[pool->lru_tail].lru_next = oldest;
+        pool->blocks[oldest].lru_previous = pool->lru_tail;
+        pool->blocks[oldest].lru_next = -1;
+        pool->lru_tail = oldest;
+    }
+    make_prompt(prompt, 90, 22);
+    add(&e, prompt, 90, 4, 1); // 6 blocks: the 4 free ones and 2 evicted
+    uint64_t failed_at = run_to_end(&e, err);
+    *evictions = pool->total_evictions;
+    engine_free(&e);
+    return failed_at;
+}
+
+static void test_evicting_a_younger_block_is_named(void** state) {
+    (void)state;
+    error_info err = {{0}};
+    uint64_t evictions = 0;
+    if (evict_after_two_requests(false, &evictions, &err)) fail_msg("clean eviction: %s", err.message);
+    assert_int_equal(evictions, 2);
+    assert_true(evict_after_two_requests(true, &evictions, &err) > 0);
+    assert_contains(err.message, "audit: eviction took block");
+    assert_contains(err.message, "was older and stayed evictable");
+}
+
+// A preemption in a pool of 10 blocks with a fifth request still waiting
+// behind the victim; the queue turned around, the audit names the victim.
+static void test_preempted_behind_a_new_request_is_named(void** state) {
+    (void)state;
+    engine e;
+    error_info err = {{0}};
+    engine_config c = audited(10);
+    c.prefix_caching = false;
+    c.max_seqs = 4;
+    assert_int_equal(engine_init(&e, &tiny, &c, &err), 0);
+    int32_t prompt[20];
+    for (int i = 0; i < 5; i++) {
+        make_prompt(prompt, 20, 30 + i);
+        add(&e, prompt, 20, 60, 1);
+    }
+    const step_record* r = NULL;
+    scheduler* sched = &e.scheduler;
+    bool found = false;
+    for (int step = 0; step < MAX_STEPS && !found && engine_has_work(&e); step++) {
+        if (engine_step(&e, &r, &err)) fail_msg("step %d: %s", step, err.message);
+        found = sched->n_waiting >= 2 && sched->sequences[sched->waiting[0]].state == SEQ_PREEMPTED &&
+                sched->sequences[sched->waiting[1]].state == SEQ_WAITING;
+    }
+    assert_true(found);
+    int32_t victim = sched->waiting[0], newcomer = sched->waiting[1];
+    sched->waiting[0] = newcomer; // what a scheduler that queues the victim at the back leaves
+    sched->waiting[1] = victim;
+    assert_int_equal(audit_step(&e.audit, &e, r, &err), -1);
+    char expected[96];
+    snprintf(expected, sizeof expected, "audit: preempted sequence %d waits at place 2 of %d, behind sequence %d",
+             victim, sched->n_waiting, newcomer);
+    assert_contains(err.message, expected);
+    engine_free(&e);
+}
+
+// A contiguous cache whose usage counts each decoding sequence's newest
+// token, sampled but not yet written (slots from n_tokens, not n_computed).
+static kv_usage measure_counting_sampled_tokens(block_manager* bm, running_view running) {
+    kv_usage u = kv_layout_contiguous_ops.measure(bm, running);
+    for (int i = 0; i < running.n_running; i++)
+        if (running.sequences[running.running[i]].state == SEQ_DECODE) u.slots_used++;
+    return u;
+}
+
+static void test_slots_used_counting_unwritten_tokens_is_named(void** state) {
+    (void)state;
+    kv_layout_ops buggy = kv_layout_contiguous_ops;
+    buggy.measure = measure_counting_sampled_tokens;
+    engine e;
+    error_info err = {{0}};
+    engine_config c = audited(64);
+    c.layout = KV_LAYOUT_CONTIGUOUS;
+    assert_int_equal(engine_init(&e, &tiny, &c, &err), 0);
+    int32_t prompt[20];
+    make_prompt(prompt, 20, 50);
+    add(&e, prompt, 20, 5, 1);
+    step_ok(&e, 1); // the prompt: slots 0..19 written, the first token sampled, as the unbuggy measure says
+    e.scheduler.kv.ops = &buggy;
+    const step_record* r;
+    assert_int_equal(engine_step(&e, &r, &err), -1);
+    assert_contains(err.message, "audit: record says 22 slots used, but the running sequences' computed positions "
+                                 "fill 21 at step 2");
+    engine_free(&e);
+}
+
+// A contiguous reservation one slot short of the request (prompt 20 +
+// max_tokens 5 = 25 slots): the table is cut as such an admission leaves it.
+static void test_short_reservation_is_named(void** state) {
+    (void)state;
+    engine e;
+    error_info err = {{0}};
+    engine_config c = audited(64);
+    c.layout = KV_LAYOUT_CONTIGUOUS;
+    c.reserve = RESERVE_REQUEST;
+    assert_int_equal(engine_init(&e, &tiny, &c, &err), 0);
+    int32_t prompt[20];
+    make_prompt(prompt, 20, 60);
+    add(&e, prompt, 20, 5, 1);
+    step_ok(&e, 1);
+    ((sequence*)test_sequence(&e, 0))->n_table--;
+    const step_record* r;
+    assert_int_equal(engine_step(&e, &r, &err), -1);
+    assert_contains(err.message, "audit: sequence 0 reserves 24 slots, but its prompt + max_tokens gives 25 at step 2");
+    engine_free(&e);
+}
+
+// A request that should have stopped at max_tokens: its limit lowered to
+// what it has generated, as a length test written with > would leave it.
+static void test_sequence_past_max_tokens_is_named(void** state) {
+    (void)state;
+    engine e;
+    error_info err = {{0}};
+    engine_config c = audited(64);
+    assert_int_equal(engine_init(&e, &tiny, &c, &err), 0);
+    int32_t prompt[20];
+    make_prompt(prompt, 20, 70);
+    add(&e, prompt, 20, 10, 1);
+    const step_record* r = NULL;
+    for (int i = 0; i < 3; i++)
+        if (engine_step(&e, &r, &err)) fail_msg("step %d: %s", i, err.message);
+    sequence* s = (sequence*)test_sequence(&e, 0);
+    assert_int_equal(s->n_tokens - s->n_prompt, 3);
+    s->max_new_tokens = 3;
+    assert_int_equal(audit_step(&e.audit, &e, r, &err), -1);
+    assert_contains(err.message, "audit: sequence 0 has generated 3 tokens of its max_tokens 3 and is still");
+    engine_free(&e);
+}
+
+// The same request run to its end, its stop reason then changed to what a
+// missed length test leaves (the context: prompt + max_tokens is full).
+static void test_length_stop_reported_as_context_is_named(void** state) {
+    (void)state;
+    engine e;
+    error_info err = {{0}};
+    engine_config c = audited(64);
+    assert_int_equal(engine_init(&e, &tiny, &c, &err), 0);
+    int32_t prompt[20];
+    make_prompt(prompt, 20, 71);
+    add(&e, prompt, 20, 4, 1);
+    const step_record* r = NULL;
+    for (int i = 0; i < 20 && (r == NULL || r->n_finished_now == 0); i++)
+        if (engine_step(&e, &r, &err)) fail_msg("step %d: %s", i, err.message);
+    assert_int_equal(r->n_finished_now, 1);
+    sequence* s = (sequence*)test_sequence(&e, r->finished_ids[0]);
+    assert_int_equal(s->stop, STOP_LENGTH);
+    s->stop = STOP_CONTEXT;
+    assert_int_equal(audit_step(&e.audit, &e, r, &err), -1);
+    assert_contains(err.message, "stopped for the context after generating 4 tokens, its max_tokens 4");
+    engine_free(&e);
+}
+
+// Two shards: the record's all-reduce count is checked against the layers.
+static void test_allreduce_count_is_checked(void** state) {
+    (void)state;
+    engine e;
+    error_info err = {{0}};
+    engine_config c = audited(64);
+    c.tp_shards = 2;
+    assert_int_equal(engine_init(&e, &tiny, &c, &err), 0);
+    int32_t prompt[20];
+    make_prompt(prompt, 20, 40);
+    add(&e, prompt, 20, 4, 1);
+    const step_record* r = NULL;
+    if (engine_step(&e, &r, &err)) fail_msg("%s", err.message);
+    assert_int_equal(r->n_allreduces, 2 * tiny.config.n_layers);
+    ((step_record*)r)->n_allreduces -= 1; // the all-reduce after the last layer not counted
+    assert_int_equal(audit_step(&e.audit, &e, r, &err), -1);
+    char expected[96];
+    snprintf(expected, sizeof expected, "audit: %d all-reduces, but 2 x %d layers = %d", 2 * tiny.config.n_layers - 1,
+             tiny.config.n_layers, 2 * tiny.config.n_layers);
+    assert_contains(err.message, expected);
+    engine_free(&e);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_clean_runs_pass_every_check),
@@ -367,6 +570,13 @@ int main(void) {
         cmocka_unit_test(test_prefix_hit_under_another_parent),
         cmocka_unit_test(test_prefix_hit_at_another_position),
         cmocka_unit_test(test_preempting_the_oldest_is_named),
+        cmocka_unit_test(test_evicting_a_younger_block_is_named),
+        cmocka_unit_test(test_preempted_behind_a_new_request_is_named),
+        cmocka_unit_test(test_allreduce_count_is_checked),
+        cmocka_unit_test(test_slots_used_counting_unwritten_tokens_is_named),
+        cmocka_unit_test(test_short_reservation_is_named),
+        cmocka_unit_test(test_sequence_past_max_tokens_is_named),
+        cmocka_unit_test(test_length_stop_reported_as_context_is_named),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -56,6 +56,7 @@ static const char* const BANK_CLAIMS[] = {
     "recompute-ref",  // lesson 10
     "chunk-stall",    // lesson 10
     "spec-greedy", "spec-sampling", "spec-formula", "spec-bytes", "spec-crossover", "spec-rollback", // lesson 11
+    "gptq-feedback",  // lesson 07
 };
 
 // A claim whose every declared fault stops its check with a FAIL (a guard
