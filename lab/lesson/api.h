@@ -191,6 +191,10 @@ bool lab_name_is_close(const char* key, int distance);
 // A warning for the lesson's author (a renamed field read by its old
 // name): to the host's on_warning, else narrated as "warning: ...".
 void lesson_warn(lesson* l, const char* text);
+// A note for the person running the lesson (the machine profile was
+// measured, and why): to the host's on_warning when it has one (headless:
+// stderr), else dropped, so that it never becomes one of the lesson's lines.
+void lesson_note(lesson* l, const char* text);
 
 // ---- the parts, each adding its functions to the lab table on top -------------------------
 void lab_open_model_api(lua_State* L);   // api_model.c: loading models, their shapes, tensors, tokenizer

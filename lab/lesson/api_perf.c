@@ -413,7 +413,7 @@ static int lab_machine(lua_State* L) {
         if (note[0]) {
             char line[1500];
             snprintf(line, sizeof line, "note: %s", note);
-            lesson_warn(lesson_of(L), line);
+            lesson_note(lesson_of(L), line);
         }
         l->machine_known = true;
     }

@@ -269,6 +269,38 @@ static void test_machine_command_says_why(void** state) {
     free_result(&r);
 }
 
+// A lesson's lab.machine(): measured when the cache is corrupt, with the
+// note on stderr (not among the lesson's lines), then read from the cache.
+static void test_lesson_reads_the_cached_profile(void** state) {
+    (void)state;
+    char path[1024], lesson_path[1200];
+    fresh_cache_dir("lesson", path, sizeof path);
+    assert_int_equal(mkdir(getenv("SERVELAB_CACHE_DIR"), 0700), 0);
+    write_text(path, "servelab-machine-profile 1\n");
+    snprintf(lesson_path, sizeof lesson_path, "%s/profile.lua", getenv("SERVELAB_CACHE_DIR"));
+    write_text(lesson_path,
+               "lab.lesson{title = 'profile', claims = {'p1'}}\n"
+               "local m = lab.machine()\n"
+               "lab.check{id = 'p1', claim = 'the ridge lies in its spread', expected = true,\n"
+               "    breaks_with = {'weight-count-doubled'},\n"
+               "    verdict = m.ridge_low <= m.ridge and m.ridge <= m.ridge_high and m.repeats == 15,\n"
+               "    evidence = string.format('ridge %.2f (%.2f..%.2f), from the %s', m.ridge, m.ridge_low,\n"
+               "        m.ridge_high, m.source)}\n");
+    char arguments[1400];
+    snprintf(arguments, sizeof arguments, "lesson run %s --headless --time-limit 60", lesson_path);
+    command_result r = run_servelab(arguments);
+    if (r.exit_status != 0 || !strstr(r.out, "PASS p1") || !strstr(r.out, "from the measured"))
+        fail_msg("first run, exit %d:\n%s\n%s", r.exit_status, r.out, r.err);
+    if (!strstr(r.err, "note: machine profile measured") || !strstr(r.err, "corrupt: line 2"))
+        fail_msg("stderr does not say why it measured: %s", r.err);
+    assert_null(strstr(r.out, "machine profile measured"));
+    free_result(&r);
+    r = run_servelab(arguments);
+    if (r.exit_status != 0 || !strstr(r.out, "from the cache") || strstr(r.err, "machine profile"))
+        fail_msg("second run, exit %d:\n%s\n%s", r.exit_status, r.out, r.err);
+    free_result(&r);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_saved_profile_reads_back_and_is_used),
@@ -278,6 +310,7 @@ int main(void) {
         cmocka_unit_test(test_unreadable_cache_is_measured_and_said),
         cmocka_unit_test(test_a_reader_never_sees_half_a_file),
         cmocka_unit_test(test_machine_command_says_why),
+        cmocka_unit_test(test_lesson_reads_the_cached_profile),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
