@@ -240,10 +240,11 @@ local counts_match_shapes = #mismatches == 0
 
 -- Short context: memory-bound at B=1 (batching pays), compute-bound at the
 -- largest batch (the plateau is arithmetic).
--- Judged against the ridge's whole spread (peak / bandwidth over the
--- profile's min and max: 1.6..6.1 FLOP/B on the shared 2-core machine), so
--- the side of a step cannot turn on the machine's noise; a step inside the
--- spread leaves the verdict UNDECIDED. 0.98 and 27.03 FLOP/B measured.
+-- Judged against the ridge's band (peak / bandwidth across the 75th to
+-- 90th percentiles of the cached profile: 5.85..7.17 FLOP/B measured at a
+-- load of 8 on the shared 2-core machine), so the side of a step cannot
+-- turn on the machine's noise; a step inside the band leaves the verdict
+-- UNDECIDED. 0.98 and 27.03 FLOP/B measured.
 local short_crosses_ridge = short[1].intensity < machine.ridge_low and short[last].intensity > machine.ridge_high
 local short_wrong_side = short[1].intensity > machine.ridge_high or short[last].intensity < machine.ridge_low
 -- Long context: KV reads most of the bytes, and the last 4x of batch buys
@@ -342,12 +343,12 @@ lab.check{
     bank_answer = false,
     verdict = verdict,
     breaks_with = {"unbatched-decode", "weight-count-doubled"},
-    evidence = string.format("%s: %s, B=1/4/16/64, ridge %.2f FLOP/B (%.2f..%.2f over the cached profile's spread, "
+    evidence = string.format("%s: %s, B=1/4/16/64, ridge %.2f FLOP/B (%.2f..%.2f over the cached profile's band, "
         .. "%.1f GB/s, %.0f GFLOP/s): context %d: %s FLOP/B; context %d: %s FLOP/B, "
         .. "KV %.0f%% of the bytes at B=64, tokens per byte x%.2f for the last 4x of batch; weights, KV reads, matmul "
         .. "and attention FLOPs %s the shapes' closed form at all %d points; CPU tok/s (evidence only) %s and %s",
         verdict == true and table.concat(findings, "; ")
-            or verdict == lab.UNDECIDED and "noisy machine: a short-context step lies inside the ridge's measured spread"
+            or verdict == lab.UNDECIDED and "noisy machine: a short-context step lies inside the ridge's measured band"
             or "two plateaus: compute at a short context, KV reads at a long one",
         shape.name, machine.ridge, machine.ridge_low, machine.ridge_high, machine.bandwidth / 1e9,
         machine.peak_flops / 1e9, SHORT_CONTEXT, intensities(short), LONG_CONTEXT, intensities(long),

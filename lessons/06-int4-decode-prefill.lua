@@ -93,14 +93,15 @@ lab.say(string.format("Prefill of %d tokens, %d rounds: fp16 %.1f ms, W4A16 %.1f
 
 -- The roofline's time of a step from its counted bytes and FLOPs:
 -- max(bytes / bandwidth, FLOPs / peak). `ratio_range` gives the predicted
--- time ratio b / a at each corner of the profile's spread (both steps on
--- the same machine at the same moment) and returns the least and the
--- largest, so a verdict holds wherever in its spread the machine was.
+-- time ratio b / a at each corner of the profile's band (75th and 90th
+-- percentiles of its bandwidth and of its peak; both steps on the same
+-- machine at the same moment) and returns the least and the largest, so a verdict
+-- holds wherever in that band the machine was.
 local function roofline_s(t, bandwidth, peak) return math.max(t.bytes / bandwidth, t.flops / peak) end
 local function ratio_range(a, b)
     local low, high = math.huge, 0
-    for _, bandwidth in ipairs{machine.bandwidth_min, machine.bandwidth, machine.bandwidth_max} do
-        for _, peak in ipairs{machine.peak_flops_min, machine.peak_flops, machine.peak_flops_max} do
+    for _, bandwidth in ipairs{machine.bandwidth_p75, machine.bandwidth} do
+        for _, peak in ipairs{machine.peak_flops_p75, machine.peak_flops} do
             local r = roofline_s(b, bandwidth, peak) / roofline_s(a, bandwidth, peak)
             low, high = math.min(low, r), math.max(high, r)
         end
@@ -108,14 +109,14 @@ local function ratio_range(a, b)
     return low, high
 end
 local function profile_text()
-    return string.format("this machine %.1f GB/s, %.0f GFLOP/s, ridge %.1f (%.1f..%.1f over its spread), cached %.1f h "
-        .. "ago", machine.bandwidth / 1e9, machine.peak_flops / 1e9, machine.ridge, machine.ridge_low, machine.ridge_high,
-        machine.age_s / 3600)
+    return string.format("this machine %.1f GB/s, %.0f GFLOP/s (90th percentiles of %d), ridge %.1f (%.1f..%.1f over "
+        .. "the 75th to 90th), cached %.1f h ago", machine.bandwidth / 1e9, machine.peak_flops / 1e9, machine.repeats,
+        machine.ridge, machine.ridge_low, machine.ridge_high, machine.age_s / 3600)
 end
 local function range_text(low, high) return string.format("x%.2f..x%.2f", low, high) end
 
 -- Prefill, counted: fp16's step does `reuse` FLOPs per weight byte and the
--- whole step sits above the ridge's whole spread, so fewer weight bytes buy
+-- whole step sits above the ridge's whole band, so fewer weight bytes buy
 -- nothing there: the roofline's W4A16 / fp16 time stays x1.00 at every
 -- corner (the same FLOPs; dequantizing is work the FLOP count leaves out,
 -- which the measured time shows). An engine that runs a prompt row by row
@@ -138,7 +139,7 @@ lab.check{
                 .. "says W4A16 is faster"
             or counted_against and "no gain from fewer bytes: prefill is compute-bound"
             or counted_for and "the roofline predicts a gain from the fewer bytes"
-            or "noisy machine: the step's intensity lies inside the ridge's measured spread"
+            or "noisy machine: the step's intensity lies inside the ridge's measured band"
         local evidence = string.format("%s: 128-token prefill of small, fp16 step %.1f FLOP/B (%.0f FLOPs per weight "
             .. "byte, %d tokens); roofline W4A16 / fp16 time %s over the profile (%s); measured CPU, evidence: median "
             .. "of %d interleaved runs fp16 %.1f ms, W4A16 %.1f ms (x%.2f the time; per-round ratios %s)", opening,
@@ -170,7 +171,7 @@ lab.say(string.format("Decode, %d rounds of %d tokens: fp16 %.3f ms, W4A16 %.3f 
     .. "while the math stays in %s.", decode_rounds, DECODE_TOKENS, decode16_s / DECODE_TOKENS * 1e3,
     decode4_s / DECODE_TOKENS * 1e3, decode_speedup, interval_text(decode_iv), read16 / 2 ^ 20, read4 / 2 ^ 20,
     bytes_ratio, activations))
--- Decode, counted: fp16's step is below the ridge's whole spread (it waits
+-- Decode, counted: fp16's step is below the ridge's whole band (it waits
 -- for the bytes), W4A16 reads x3 fewer, so the roofline predicts W4A16 /
 -- fp16 below x0.9 at every corner of the profile (x0.27..x0.64 when
 -- written: where the peak is low, W4A16's own FLOPs become its ceiling).
@@ -219,7 +220,7 @@ lab.check{
     verdict = decode_wins,
     evidence = (decode_wins == lab.UNDECIDED and (decode_measured_slower
         and "noisy machine: the counts predict a gain, the time says W4A16 is slower: "
-        or "noisy machine: the step's intensity lies inside the ridge's measured spread: ") or "") .. evidence,
+        or "noisy machine: the step's intensity lies inside the ridge's measured band: ") or "") .. evidence,
 }
 lab.pause()
 
@@ -227,7 +228,7 @@ lab.say("Both halves together: decode gains because it reads fewer bytes, prefil
     .. "timing verdict is given only when the whole interval lies on one side of its line; a noisy machine gets "
     .. "UNDECIDED, not a guess.")
 -- Both halves, counted: decode wins (why2), and prefill is compute-bound
--- over the ridge's whole spread, so its bytes give nothing back and the
+-- over the ridge's whole band, so its bytes give nothing back and the
 -- dequantizing is paid in full: the risk. The measured prefill ratio is the
 -- evidence (x1.27 when written); measured wholly below x0.95 it says the
 -- opposite, and the verdict is UNDECIDED.
@@ -246,7 +247,7 @@ lab.check{
     breaks_with = {"weight-count-doubled", "unbatched-decode"},
     verdict = recall1_verdict,
     evidence = (recall1_verdict == lab.UNDECIDED and "noisy machine: the counts and the times do not agree, or an "
-        .. "intensity lies inside the ridge's spread: " or "") .. string.format("decode: fp16 %.2f FLOP/B, x%.1f fewer "
+        .. "intensity lies inside the ridge's band: " or "") .. string.format("decode: fp16 %.2f FLOP/B, x%.1f fewer "
         .. "weight bytes per token, roofline W4A16 / fp16 %s, measured x%.2f faster; prefill: fp16 %.1f FLOP/B at %.0f "
         .. "FLOPs per weight byte, roofline %s, measured x%.2f the fp16 time (%s); %s", decode16.intensity, bytes_ratio,
         range_text(decode_predicted_low, decode_predicted_high), decode_speedup, prefill16.intensity, reuse,

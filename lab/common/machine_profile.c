@@ -75,7 +75,8 @@ static int compare_doubles(const void* a, const void* b) {
 static measured_spread spread_of(double* samples, int n) {
     qsort(samples, (size_t)n, sizeof *samples, compare_doubles);
     double median = n % 2 ? samples[n / 2] : 0.5 * (samples[n / 2 - 1] + samples[n / 2]);
-    return (measured_spread){median, samples[0], samples[n - 1]};
+    // 101 samples: the 91st and 76th smallest (indices 90 and 75).
+    return (measured_spread){samples[(9 * (n - 1)) / 10], samples[(3 * (n - 1)) / 4], median, samples[0], samples[n - 1]};
 }
 
 typedef struct read_job {
@@ -183,10 +184,13 @@ int machine_profile_cache_path(char* path, size_t capacity, error_info* err) {
 static int write_profile(FILE* f, const machine_profile* p) {
     int n = fprintf(f,
                     "%s %d\ncpu_model %s\ncores %d\nthreads %d\nmeasured_at_s %lld\nrepeats %d\n"
-                    "bandwidth_bytes_per_s %.17g %.17g %.17g\npeak_flops %.17g %.17g %.17g\nend\n",
+                    "bandwidth_bytes_per_s %.17g %.17g %.17g %.17g %.17g\n"
+                    "peak_flops %.17g %.17g %.17g %.17g %.17g\nend\n",
                     PROFILE_MAGIC, p->format, p->cpu_model, p->cores, p->threads, (long long)p->measured_at_s,
-                    p->repeats, p->bandwidth_bytes_per_s.median, p->bandwidth_bytes_per_s.min,
-                    p->bandwidth_bytes_per_s.max, p->peak_flops.median, p->peak_flops.min, p->peak_flops.max);
+                    p->repeats, p->bandwidth_bytes_per_s.percentile_90, p->bandwidth_bytes_per_s.percentile_75,
+                    p->bandwidth_bytes_per_s.median, p->bandwidth_bytes_per_s.min, p->bandwidth_bytes_per_s.max,
+                    p->peak_flops.percentile_90, p->peak_flops.percentile_75, p->peak_flops.median, p->peak_flops.min,
+                    p->peak_flops.max);
     return n < 0 ? -1 : 0;
 }
 
@@ -270,21 +274,22 @@ static bool parse_whole_integer(const char* text, long long min_value, long long
     return true;
 }
 
-// "median min max", each positive and finite, min <= median <= max.
+// "P90 P75 MEDIAN MIN MAX", each positive and finite, with
+// min <= median <= p75 <= p90 <= max.
 static bool parse_spread(const char* text, measured_spread* out) {
     if (!text) return false;
     char* end = NULL;
-    double v[3];
+    double v[5];
     const char* p = text;
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 5; i++) {
         errno = 0;
         v[i] = strtod(p, &end);
         if (errno || end == p || !isfinite(v[i]) || !(v[i] > 0.0)) return false;
-        if (i < 2 && *end != ' ') return false;
+        if (i < 4 && *end != ' ') return false;
         p = end;
     }
-    if (*end != '\0' || !(v[1] <= v[0] && v[0] <= v[2])) return false;
-    *out = (measured_spread){v[0], v[1], v[2]};
+    if (*end != '\0' || !(v[3] <= v[2] && v[2] <= v[1] && v[1] <= v[0] && v[0] <= v[4])) return false;
+    *out = (measured_spread){v[0], v[1], v[2], v[3], v[4]};
     return true;
 }
 
@@ -319,10 +324,11 @@ static int parse_profile(FILE* f, machine_profile* p, error_info* why) {
     }
     EXPECT_LINE("bandwidth_bytes_per_s");
     if (!parse_spread(value_of(&r, "bandwidth_bytes_per_s"), &p->bandwidth_bytes_per_s))
-        return error_set(why, "corrupt: line %d: expected 'bandwidth_bytes_per_s MEDIAN MIN MAX', positive", r.number);
+        return error_set(why, "corrupt: line %d: expected 'bandwidth_bytes_per_s P90 P75 MEDIAN MIN MAX', positive, "
+                                  "in order", r.number);
     EXPECT_LINE("peak_flops");
     if (!parse_spread(value_of(&r, "peak_flops"), &p->peak_flops))
-        return error_set(why, "corrupt: line %d: expected 'peak_flops MEDIAN MIN MAX', positive", r.number);
+        return error_set(why, "corrupt: line %d: expected 'peak_flops P90 P75 MEDIAN MIN MAX', positive, in order", r.number);
     EXPECT_LINE("'end'");
     if (strcmp(r.text, "end") != 0) return error_set(why, "corrupt: line %d: expected 'end'", r.number);
     if (fgetc(f) != EOF) return error_set(why, "corrupt: text after 'end' (line %d)", r.number + 1);
@@ -382,13 +388,13 @@ int machine_profile_obtain(bool remeasure, int threads, machine_profile* out, ma
 }
 
 double machine_profile_ridge(const machine_profile* p) {
-    return p->peak_flops.median / p->bandwidth_bytes_per_s.median;
+    return p->peak_flops.percentile_90 / p->bandwidth_bytes_per_s.percentile_90;
 }
 
 double machine_profile_ridge_low(const machine_profile* p) {
-    return p->peak_flops.min / p->bandwidth_bytes_per_s.max;
+    return p->peak_flops.percentile_75 / p->bandwidth_bytes_per_s.percentile_90;
 }
 
 double machine_profile_ridge_high(const machine_profile* p) {
-    return p->peak_flops.max / p->bandwidth_bytes_per_s.min;
+    return p->peak_flops.percentile_90 / p->bandwidth_bytes_per_s.percentile_75;
 }

@@ -4,9 +4,19 @@
 // Measured each time a lesson asked, the ridge (peak / bandwidth) moved
 // from 1.8 to 10.3 FLOP/B across the lessons of one run on a shared 2-core
 // machine, so two lessons judged against two different machines. The
-// profile is now measured once, with its spread (median, min and max of 15
-// repeats), and kept in a cache file that every later lesson, fault-matrix
+// profile is now measured once (101 repeats of each quantity, about 2 ms
+// each) and kept in a cache file that every later lesson, fault-matrix
 // child and `servelab machine` reads.
+//
+// Another program on the machine only ever slows a sample, so the fast end
+// of the samples is the hardware: at a load of 10 on 2 cores the medians
+// fell to 6-9 GB/s and 49-132 GFLOP/s and the minima to 2 GB/s and 7
+// GFLOP/s, while the fastest stayed at 28-37 GB/s and about 150 GFLOP/s.
+// But the single fastest sample is not trusted either: one read 290 GFLOP/s,
+// twice what two cores can do (a clock that stalled under the VM). So the
+// figure is the 90th percentile (10 samples above it absorb such glitches),
+// the ridge is its peak over its bandwidth, and the ridge's band runs over
+// the 75th to 90th percentiles; the median, min and max are the noise seen.
 //
 // The cache file lives in $SERVELAB_CACHE_DIR, else $XDG_CACHE_HOME/servelab,
 // else ~/.cache/servelab (machine-profile.txt). It is stale, and measured
@@ -24,13 +34,15 @@
 #include "base/error.h"
 
 enum {
-    MACHINE_PROFILE_FORMAT = 1,
+    MACHINE_PROFILE_FORMAT = 2,
     MACHINE_PROFILE_MAX_AGE_S = 7 * 24 * 3600,
-    MACHINE_PROFILE_REPEATS = 15,
+    MACHINE_PROFILE_REPEATS = 101,
 };
 
 // A quantity measured MACHINE_PROFILE_REPEATS times.
 typedef struct measured_spread {
+    double percentile_90; // the 91st of 101 in increasing order: the figure used
+    double percentile_75; // the 76th of 101
     double median;
     double min;
     double max;
@@ -60,7 +72,7 @@ typedef enum machine_profile_origin {
 void machine_profile_current_key(machine_profile* key, int threads);
 
 // Measures the profile now on `threads` threads (0: every core), filling the
-// key fields too. About 0.5 s on a 2-core machine.
+// key fields too. About 1 s on a 2-core machine.
 int machine_profile_measure(machine_profile* out, int threads, error_info* err);
 
 // The cache file's path: $SERVELAB_CACHE_DIR, $XDG_CACHE_HOME/servelab or
@@ -85,8 +97,9 @@ int machine_profile_save(const char* path, const machine_profile* p, error_info*
 int machine_profile_obtain(bool remeasure, int threads, machine_profile* out, machine_profile_origin* origin,
                            char* note, size_t note_capacity, error_info* err);
 
-// Ridge point (FLOP per byte): median over median, and the widest range the
-// spreads allow (min peak / max bandwidth .. max peak / min bandwidth).
+// Ridge point (FLOP per byte): peak over bandwidth at their 90th
+// percentiles; and its band (75th-percentile peak / 90th-percentile
+// bandwidth .. 90th-percentile peak / 75th-percentile bandwidth).
 double machine_profile_ridge(const machine_profile* p);
 double machine_profile_ridge_low(const machine_profile* p);
 double machine_profile_ridge_high(const machine_profile* p);

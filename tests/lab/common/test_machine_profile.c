@@ -42,8 +42,10 @@ static machine_profile made_up_profile(void) {
     machine_profile_current_key(&p, 0);
     p.measured_at_s = (int64_t)time(NULL) - 60;
     p.repeats = MACHINE_PROFILE_REPEATS;
-    p.bandwidth_bytes_per_s = (measured_spread){20e9, 10e9, 25e9};
-    p.peak_flops = (measured_spread){100e9, 50e9, 120e9};
+    p.bandwidth_bytes_per_s =
+        (measured_spread){.percentile_90 = 25e9, .percentile_75 = 20e9, .median = 16e9, .min = 10e9, .max = 26e9};
+    p.peak_flops =
+        (measured_spread){.percentile_90 = 120e9, .percentile_75 = 100e9, .median = 80e9, .min = 50e9, .max = 290e9};
     return p;
 }
 
@@ -66,8 +68,11 @@ static void expect_obtained(machine_profile_origin expected_origin, const char* 
         assert_string_equal(note, "");
     }
     assert_true(p.bandwidth_bytes_per_s.min <= p.bandwidth_bytes_per_s.median);
-    assert_true(p.bandwidth_bytes_per_s.median <= p.bandwidth_bytes_per_s.max);
-    assert_true(p.peak_flops.min > 0 && p.peak_flops.median <= p.peak_flops.max);
+    assert_true(p.bandwidth_bytes_per_s.median <= p.bandwidth_bytes_per_s.percentile_75);
+    assert_true(p.bandwidth_bytes_per_s.percentile_75 <= p.bandwidth_bytes_per_s.percentile_90);
+    assert_true(p.bandwidth_bytes_per_s.percentile_90 <= p.bandwidth_bytes_per_s.max);
+    assert_true(p.peak_flops.min > 0 && p.peak_flops.median <= p.peak_flops.percentile_90);
+    assert_int_equal(p.repeats, 101);
 }
 
 static void test_saved_profile_reads_back_and_is_used(void** state) {
@@ -82,24 +87,25 @@ static void test_saved_profile_reads_back_and_is_used(void** state) {
     error_info why = {{0}};
     assert_int_equal(machine_profile_load(path, &key, (int64_t)time(NULL), &loaded, &why), 0);
     assert_string_equal(loaded.cpu_model, saved.cpu_model);
-    assert_true(loaded.bandwidth_bytes_per_s.median == 20e9 && loaded.bandwidth_bytes_per_s.min == 10e9);
-    assert_true(loaded.peak_flops.max == 120e9);
-    assert_true(machine_profile_ridge(&loaded) == 5.0);
-    assert_true(machine_profile_ridge_low(&loaded) == 2.0);   // 50e9 / 25e9
-    assert_true(machine_profile_ridge_high(&loaded) == 12.0); // 120e9 / 10e9
+    assert_true(loaded.bandwidth_bytes_per_s.percentile_90 == 25e9 && loaded.bandwidth_bytes_per_s.percentile_75 == 20e9);
+    assert_true(loaded.bandwidth_bytes_per_s.median == 16e9 && loaded.bandwidth_bytes_per_s.min == 10e9);
+    assert_true(loaded.peak_flops.percentile_90 == 120e9 && loaded.peak_flops.max == 290e9);
+    assert_true(machine_profile_ridge(&loaded) == 4.8);      // 120e9 / 25e9: the 290e9 glitch is not the figure
+    assert_true(machine_profile_ridge_low(&loaded) == 4.0);  // 100e9 / 25e9
+    assert_true(machine_profile_ridge_high(&loaded) == 6.0); // 120e9 / 20e9
     // Fresh: obtain uses it, measures nothing, says nothing.
     machine_profile used;
     machine_profile_origin origin;
     char note[1400];
     assert_int_equal(machine_profile_obtain(false, 0, &used, &origin, note, sizeof note, &err), 0);
     assert_int_equal(origin, MACHINE_PROFILE_FROM_CACHE);
-    assert_true(used.bandwidth_bytes_per_s.median == 20e9);
+    assert_true(used.bandwidth_bytes_per_s.percentile_90 == 25e9);
     // --remeasure measures even so, and replaces the file.
     assert_int_equal(machine_profile_obtain(true, 0, &used, &origin, note, sizeof note, &err), 0);
     assert_int_equal(origin, MACHINE_PROFILE_MEASURED);
     assert_non_null(strstr(note, "asked to measure again"));
     assert_int_equal(machine_profile_load(path, &key, (int64_t)time(NULL), &loaded, &why), 0);
-    assert_true(loaded.bandwidth_bytes_per_s.median == used.bandwidth_bytes_per_s.median);
+    assert_true(loaded.bandwidth_bytes_per_s.percentile_90 == used.bandwidth_bytes_per_s.percentile_90);
 }
 
 static void test_missing_cache_is_measured_and_written(void** state) {
@@ -129,10 +135,11 @@ static void test_corrupt_files_are_measured_again(void** state) {
     } edits[] = {
         {"peak_flops ", "peak_flop ", "expected 'peak_flops"},
         {"cores ", "cores x", "expected 'cores N'"},
-        {"bandwidth_bytes_per_s 2", "bandwidth_bytes_per_s nan 2", "bandwidth_bytes_per_s MEDIAN MIN MAX"},
-        {"peak_flops 100000000000 ", "peak_flops 1 ", "peak_flops MEDIAN MIN MAX"}, // median below min
+        {"bandwidth_bytes_per_s 2", "bandwidth_bytes_per_s nan 2", "bandwidth_bytes_per_s P90 P75"},
+        {"peak_flops 120000000000 ", "peak_flops 1 ", "peak_flops P90 P75"}, // the 90th below the 75th
+        {" 290000000000\n", "\n", "peak_flops P90 P75"},                    // a number missing
         {"end\n", "end\nextra\n", "text after 'end'"},
-        {"servelab-machine-profile 1", "servelab-machine-profile 99", "format 99"},
+        {"servelab-machine-profile 2", "servelab-machine-profile 1", "format 1, this build reads 2"},
     };
     for (size_t i = 0; i < sizeof edits / sizeof edits[0]; i++) {
         const char* at = strstr(whole, edits[i].from);
@@ -219,7 +226,7 @@ static void test_a_reader_never_sees_half_a_file(void** state) {
     if (writer == 0) {
         for (int i = 0;; i++) {
             machine_profile q = made_up_profile();
-            q.bandwidth_bytes_per_s.median = 20e9 + (double)(i % 1000); // a different length now and then
+            q.bandwidth_bytes_per_s.percentile_90 = 25e9 + (double)(i % 1000); // a different length now and then
             if (machine_profile_save(path, &q, &err)) _exit(1);
         }
     }
@@ -251,7 +258,7 @@ static void test_machine_command_says_why(void** state) {
     char path[1024];
     fresh_cache_dir("command", path, sizeof path);
     assert_int_equal(mkdir(getenv("SERVELAB_CACHE_DIR"), 0700), 0);
-    write_text(path, "servelab-machine-profile 1\ncpu_model x\n");
+    write_text(path, "servelab-machine-profile 2\ncpu_model x\n");
     command_result r = run_servelab("machine");
     assert_int_equal(r.exit_status, 0);
     if (!strstr(r.err, "corrupt: line 3")) fail_msg("stderr: %s", r.err);
@@ -276,14 +283,14 @@ static void test_lesson_reads_the_cached_profile(void** state) {
     char path[1024], lesson_path[1200];
     fresh_cache_dir("lesson", path, sizeof path);
     assert_int_equal(mkdir(getenv("SERVELAB_CACHE_DIR"), 0700), 0);
-    write_text(path, "servelab-machine-profile 1\n");
+    write_text(path, "servelab-machine-profile 2\n");
     snprintf(lesson_path, sizeof lesson_path, "%s/profile.lua", getenv("SERVELAB_CACHE_DIR"));
     write_text(lesson_path,
                "lab.lesson{title = 'profile', claims = {'p1'}}\n"
                "local m = lab.machine()\n"
                "lab.check{id = 'p1', claim = 'the ridge lies in its spread', expected = true,\n"
                "    breaks_with = {'weight-count-doubled'},\n"
-               "    verdict = m.ridge_low <= m.ridge and m.ridge <= m.ridge_high and m.repeats == 15,\n"
+               "    verdict = m.ridge_low <= m.ridge and m.ridge <= m.ridge_high and m.repeats == 101,\n"
                "    evidence = string.format('ridge %.2f (%.2f..%.2f), from the %s', m.ridge, m.ridge_low,\n"
                "        m.ridge_high, m.source)}\n");
     char arguments[1400];
