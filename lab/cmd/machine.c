@@ -9,23 +9,22 @@
 #include "lab/common/cli_args.h"
 #include "lab/common/machine_profile.h"
 
-static const char MACHINE_USAGE[] =
-    "usage: servelab machine [--remeasure] [--threads N]\n"
-    "\n"
-    "Prints this machine's profile: memory bandwidth (a 64 MiB stream read with\n"
-    "every thread) and peak FLOP/s (an fp16 matmul), each over 101 repeats: the\n"
-    "90th percentile is the figure (other programs only ever slow a repeat; the\n"
-    "fastest few may be clock glitches), with the 75th, median, min and max; and\n"
-    "the ridge point (peak / bandwidth) with its band over the 75th to 90th\n"
-    "percentiles. Lessons judge speed claims against it (lab.machine()).\n"
-    "\n"
-    "It is measured once and cached in $SERVELAB_CACHE_DIR, else\n"
-    "$XDG_CACHE_HOME/servelab, else ~/.cache/servelab (machine-profile.txt), and\n"
-    "measured again when the cache is missing, corrupt, older than 7 days, or was\n"
-    "made for another CPU model, core count, thread count or format.\n"
-    "\n"
-    "  --remeasure  measure now and replace the cache (on a quiet machine)\n"
-    "  --threads N  threads to measure with (default: one per core, as lessons)\n";
+static const char MACHINE_USAGE[] = "usage: servelab machine [--remeasure] [--threads N]\n"
+                                    "\n"
+                                    "Prints this machine's profile: memory bandwidth (a 64 MiB stream read with\n"
+                                    "every thread) and peak FLOP/s (an fp16 matmul), each over 101 repeats: the\n"
+                                    "90th percentile is the figure (other programs only ever slow a repeat; the\n"
+                                    "fastest few may be clock glitches), with the 75th, median, min and max; and\n"
+                                    "the ridge point (peak / bandwidth) with its band over the 75th to 90th\n"
+                                    "percentiles. Lessons judge speed claims against it (lab.machine()).\n"
+                                    "\n"
+                                    "It is measured once and cached in $SERVELAB_CACHE_DIR, else\n"
+                                    "$XDG_CACHE_HOME/servelab, else ~/.cache/servelab (machine-profile.txt), and\n"
+                                    "measured again when the cache is missing, corrupt, older than 7 days, or was\n"
+                                    "made for another CPU model, core count, thread count or format.\n"
+                                    "\n"
+                                    "  --remeasure  measure now and replace the cache (on a quiet machine)\n"
+                                    "  --threads N  threads to measure with (default: one per core, as lessons)\n";
 
 static void print_spread(const char* what, const measured_spread* s, double unit, const char* unit_name) {
     printf("%-10s %8.2f %s at the 90th percentile (75th %.2f, median %.2f, min %.2f, max %.2f)\n", what,
@@ -43,7 +42,8 @@ int command_machine(int argc, char** argv) {
         if (arg_match(&cursor, "--remeasure", false, &failed, &err)) {
             remeasure = true;
         } else if (arg_match(&cursor, "--threads", true, &failed, &err)) {
-            if (!failed && parse_int_arg("--threads", cursor.value, 1, 256, &threads, &err)) return cli_usage_error(&err);
+            if (!failed && parse_int_arg("--threads", cursor.value, 1, 256, &threads, &err))
+                return cli_usage_error(&err);
         } else {
             arg_unknown(&cursor, &err);
             return cli_usage_error(&err);

@@ -29,9 +29,11 @@ static void read_cpu_model(char* out, size_t capacity) {
         const char* colon = strchr(line, ':');
         if (!colon) continue;
         const char* start = colon + 1;
-        while (*start == ' ' || *start == '\t') start++;
+        while (*start == ' ' || *start == '\t')
+            start++;
         size_t n = strcspn(start, "\r\n");
-        while (n > 0 && (start[n - 1] == ' ' || start[n - 1] == '\t')) n--;
+        while (n > 0 && (start[n - 1] == ' ' || start[n - 1] == '\t'))
+            n--;
         if (n == 0) continue;
         snprintf(out, capacity, "%.*s", (int)n, start);
         break;
@@ -76,7 +78,8 @@ static measured_spread spread_of(double* samples, int n) {
     qsort(samples, (size_t)n, sizeof *samples, compare_doubles);
     double median = n % 2 ? samples[n / 2] : 0.5 * (samples[n / 2 - 1] + samples[n / 2]);
     // 101 samples: the 91st and 76th smallest (indices 90 and 75).
-    return (measured_spread){samples[(9 * (n - 1)) / 10], samples[(3 * (n - 1)) / 4], median, samples[0], samples[n - 1]};
+    return (measured_spread){samples[(9 * (n - 1)) / 10], samples[(3 * (n - 1)) / 4], median, samples[0],
+                             samples[n - 1]};
 }
 
 typedef struct read_job {
@@ -106,7 +109,8 @@ static void read_task(void* ctx, int task, int thread) {
 enum { STREAM_BYTES = 64 << 20, PEAK_ROWS = 1024, PEAK_COLS = 1024, PEAK_BATCH = 128 };
 
 static measured_spread measure_bandwidth(uint64_t* data, thread_pool* pool) {
-    for (size_t i = 0; i < STREAM_BYTES / 8; i++) data[i] = i;
+    for (size_t i = 0; i < STREAM_BYTES / 8; i++)
+        data[i] = i;
     read_job job = {data, STREAM_BYTES / 8, (pool ? thread_pool_size(pool) : 1) * 4, {0}};
     double samples[MACHINE_PROFILE_REPEATS];
     for (int r = 0; r < MACHINE_PROFILE_REPEATS; r++) {
@@ -114,7 +118,8 @@ static measured_spread measure_bandwidth(uint64_t* data, thread_pool* pool) {
         if (pool)
             thread_pool_run(pool, job.n_tasks, read_task, &job);
         else
-            for (int t = 0; t < job.n_tasks; t++) read_task(&job, t, 0);
+            for (int t = 0; t < job.n_tasks; t++)
+                read_task(&job, t, 0);
         samples[r] = (double)STREAM_BYTES / (wall_seconds() - start);
     }
     return spread_of(samples, MACHINE_PROFILE_REPEATS);
@@ -124,7 +129,8 @@ static measured_spread measure_peak_flops(uint16_t* weights, float* in, float* o
     uint64_t rng = 7;
     for (size_t i = 0; i < (size_t)PEAK_ROWS * PEAK_COLS; i++)
         weights[i] = fp32_to_fp16(sampler_random_unit(&rng) - 0.5f);
-    for (size_t i = 0; i < (size_t)PEAK_BATCH * PEAK_COLS; i++) in[i] = (float)((i % 17) * 0.01);
+    for (size_t i = 0; i < (size_t)PEAK_BATCH * PEAK_COLS; i++)
+        in[i] = (float)((i % 17) * 0.01);
     weight_matrix w = {.dtype = WEIGHT_F16, .rows = PEAK_ROWS, .cols = PEAK_COLS, .values = weights};
     double samples[MACHINE_PROFILE_REPEATS];
     for (int r = 0; r < MACHINE_PROFILE_REPEATS; r++) {
@@ -297,9 +303,9 @@ static int parse_profile(FILE* f, machine_profile* p, error_info* why) {
     memset(p, 0, sizeof *p);
     line_reader r = {f, 0, {0}};
     long long v = 0;
-#define EXPECT_LINE(what)                                                                                      \
-    do {                                                                                                      \
-        if (next_line(&r)) return error_set(why, "corrupt: line %d: expected %s, found the end", r.number + 1, what); \
+#define EXPECT_LINE(what)                                                                                              \
+    do {                                                                                                               \
+        if (next_line(&r)) return error_set(why, "corrupt: line %d: expected %s, found the end", r.number + 1, what);  \
     } while (0)
     EXPECT_LINE("the header");
     if (!parse_whole_integer(value_of(&r, PROFILE_MAGIC), 0, 1000000, &v))
@@ -324,11 +330,14 @@ static int parse_profile(FILE* f, machine_profile* p, error_info* why) {
     }
     EXPECT_LINE("bandwidth_bytes_per_s");
     if (!parse_spread(value_of(&r, "bandwidth_bytes_per_s"), &p->bandwidth_bytes_per_s))
-        return error_set(why, "corrupt: line %d: expected 'bandwidth_bytes_per_s P90 P75 MEDIAN MIN MAX', positive, "
-                                  "in order", r.number);
+        return error_set(why,
+                         "corrupt: line %d: expected 'bandwidth_bytes_per_s P90 P75 MEDIAN MIN MAX', positive, "
+                         "in order",
+                         r.number);
     EXPECT_LINE("peak_flops");
     if (!parse_spread(value_of(&r, "peak_flops"), &p->peak_flops))
-        return error_set(why, "corrupt: line %d: expected 'peak_flops P90 P75 MEDIAN MIN MAX', positive, in order", r.number);
+        return error_set(why, "corrupt: line %d: expected 'peak_flops P90 P75 MEDIAN MIN MAX', positive, in order",
+                         r.number);
     EXPECT_LINE("'end'");
     if (strcmp(r.text, "end") != 0) return error_set(why, "corrupt: line %d: expected 'end'", r.number);
     if (fgetc(f) != EOF) return error_set(why, "corrupt: text after 'end' (line %d)", r.number + 1);
@@ -348,7 +357,8 @@ int machine_profile_load(const char* path, const machine_profile* key, int64_t n
     if (status) return -1;
     if (strcmp(out->cpu_model, key->cpu_model) != 0)
         return error_set(why, "measured on CPU '%s', this is '%s'", out->cpu_model, key->cpu_model);
-    if (out->cores != key->cores) return error_set(why, "measured with %d cores online, now %d", out->cores, key->cores);
+    if (out->cores != key->cores)
+        return error_set(why, "measured with %d cores online, now %d", out->cores, key->cores);
     if (out->threads != key->threads)
         return error_set(why, "measured on %d threads, this asks for %d", out->threads, key->threads);
     if (out->repeats != MACHINE_PROFILE_REPEATS)

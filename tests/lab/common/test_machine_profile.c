@@ -49,9 +49,7 @@ static machine_profile made_up_profile(void) {
     return p;
 }
 
-static void write_text(const char* path, const char* text) {
-    assert_true(test_write_file(path, text, strlen(text)));
-}
+static void write_text(const char* path, const char* text) { assert_true(test_write_file(path, text, strlen(text))); }
 
 // The cache as machine_profile_obtain finds it: origin, and the note's words.
 static void expect_obtained(machine_profile_origin expected_origin, const char* note_words) {
@@ -87,7 +85,8 @@ static void test_saved_profile_reads_back_and_is_used(void** state) {
     error_info why = {{0}};
     assert_int_equal(machine_profile_load(path, &key, (int64_t)time(NULL), &loaded, &why), 0);
     assert_string_equal(loaded.cpu_model, saved.cpu_model);
-    assert_true(loaded.bandwidth_bytes_per_s.percentile_90 == 25e9 && loaded.bandwidth_bytes_per_s.percentile_75 == 20e9);
+    assert_true(loaded.bandwidth_bytes_per_s.percentile_90 == 25e9 &&
+                loaded.bandwidth_bytes_per_s.percentile_75 == 20e9);
     assert_true(loaded.bandwidth_bytes_per_s.median == 16e9 && loaded.bandwidth_bytes_per_s.min == 10e9);
     assert_true(loaded.peak_flops.percentile_90 == 120e9 && loaded.peak_flops.max == 290e9);
     assert_true(machine_profile_ridge(&loaded) == 4.8);      // 120e9 / 25e9: the 290e9 glitch is not the figure
@@ -137,7 +136,7 @@ static void test_corrupt_files_are_measured_again(void** state) {
         {"cores ", "cores x", "expected 'cores N'"},
         {"bandwidth_bytes_per_s 2", "bandwidth_bytes_per_s nan 2", "bandwidth_bytes_per_s P90 P75"},
         {"peak_flops 120000000000 ", "peak_flops 1 ", "peak_flops P90 P75"}, // the 90th below the 75th
-        {" 290000000000\n", "\n", "peak_flops P90 P75"},                    // a number missing
+        {" 290000000000\n", "\n", "peak_flops P90 P75"},                     // a number missing
         {"end\n", "end\nextra\n", "text after 'end'"},
         {"servelab-machine-profile 2", "servelab-machine-profile 1", "format 1, this build reads 2"},
     };

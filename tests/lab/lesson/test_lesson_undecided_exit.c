@@ -46,7 +46,8 @@ static int run_lesson_command(const char* const* words, int n_words, char** out)
     snprintf(path, sizeof path, "%s/lesson-stdout.txt", test_scratch_dir());
     char* argv[16];
     argv[0] = (char*)"lesson";
-    for (int i = 0; i < n_words; i++) argv[i + 1] = (char*)words[i];
+    for (int i = 0; i < n_words; i++)
+        argv[i + 1] = (char*)words[i];
     argv[n_words + 1] = NULL;
     fflush(stdout);
     int saved = dup(1), fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
