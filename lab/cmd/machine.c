@@ -12,7 +12,8 @@
 static const char MACHINE_USAGE[] = "usage: servelab machine [--remeasure] [--threads N]\n"
                                     "\n"
                                     "Prints this machine's profile: memory bandwidth (a 64 MiB stream read with\n"
-                                    "every thread) and peak FLOP/s (an fp16 matmul), each over 101 repeats: the\n"
+                                    "every thread) and peak FLOP/s (an fp16 matmul, and the same with 4-bit weights\n"
+                                    "and 8-bit activations), each over 101 repeats: the\n"
                                     "90th percentile is the figure (other programs only ever slow a repeat; the\n"
                                     "fastest few may be clock glitches), with the 75th, median, min and max; and\n"
                                     "the ridge point (peak / bandwidth) with its band over the 75th to 90th\n"
@@ -64,6 +65,7 @@ int command_machine(int argc, char** argv) {
     printf("cpu        %s (%d cores online, measured on %d threads)\n", p.cpu_model, p.cores, p.threads);
     print_spread("bandwidth", &p.bandwidth_bytes_per_s, 1e9, "GB/s");
     print_spread("peak", &p.peak_flops, 1e9, "GFLOP/s");
+    print_spread("peak W4A8", &p.peak_w4a8_flops, 1e9, "GFLOP/s");
     printf("ridge      %8.2f FLOP/B (%.2f to %.2f over the 75th to 90th percentiles)\n", machine_profile_ridge(&p),
            machine_profile_ridge_low(&p), machine_profile_ridge_high(&p));
     printf("measured   %lld s ago, %s\n", age_s < 0 ? 0 : age_s,

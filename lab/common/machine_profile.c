@@ -125,31 +125,72 @@ static measured_spread measure_bandwidth(uint64_t* data, thread_pool* pool) {
     return spread_of(samples, MACHINE_PROFILE_REPEATS);
 }
 
-static measured_spread measure_peak_flops(uint16_t* weights, float* in, float* out, thread_pool* pool) {
-    uint64_t rng = 7;
-    for (size_t i = 0; i < (size_t)PEAK_ROWS * PEAK_COLS; i++)
-        weights[i] = fp32_to_fp16(sampler_random_unit(&rng) - 0.5f);
-    for (size_t i = 0; i < (size_t)PEAK_BATCH * PEAK_COLS; i++)
-        in[i] = (float)((i % 17) * 0.01);
-    weight_matrix w = {.dtype = WEIGHT_F16, .rows = PEAK_ROWS, .cols = PEAK_COLS, .values = weights};
+// The engine's fp16 layout: the tiled copy beside the rows where the
+// kernels read it (AVX-512), as model_storage.c gives every fp16 matrix.
+static measured_spread measure_peak(const weight_matrix* w, const float* in, float* out, thread_pool* pool) {
     double samples[MACHINE_PROFILE_REPEATS];
     for (int r = 0; r < MACHINE_PROFILE_REPEATS; r++) {
         double start = wall_seconds();
-        matmul_parallel(out, in, PEAK_BATCH, &w, pool, NULL);
+        matmul_parallel(out, in, PEAK_BATCH, w, pool, NULL);
         samples[r] = 2.0 * PEAK_BATCH * PEAK_ROWS * PEAK_COLS / (wall_seconds() - start);
     }
     return spread_of(samples, MACHINE_PROFILE_REPEATS);
 }
 
+// W4A8 as model_quant.c packs it: symmetric 4-bit codes (nibble q + 8, q in
+// [-7, 7]), one fp16 scale per 32 columns, int8 activations per 32 columns.
+enum { W4A8_GROUP = 32 };
+
+static int measure_peaks(machine_profile* out, float* in, float* result, thread_pool* pool) {
+    uint16_t* weights = malloc((size_t)PEAK_ROWS * PEAK_COLS * sizeof *weights);
+    uint16_t* tiles = malloc(matmul_f16_tile_halves(PEAK_ROWS, PEAK_COLS) * sizeof *tiles);
+    uint8_t* nibbles = malloc((size_t)PEAK_ROWS * PEAK_COLS / 2);
+    uint16_t* scales = malloc((size_t)PEAK_ROWS * (PEAK_COLS / W4A8_GROUP) * sizeof *scales);
+    int status = weights && tiles && nibbles && scales ? 0 : -1;
+    if (status == 0) {
+        uint64_t rng = 7;
+        for (size_t i = 0; i < (size_t)PEAK_ROWS * PEAK_COLS; i++)
+            weights[i] = fp32_to_fp16(sampler_random_unit(&rng) - 0.5f);
+        for (size_t i = 0; i < (size_t)PEAK_BATCH * PEAK_COLS; i++)
+            in[i] = (float)((i % 17) * 0.01);
+        weight_matrix f16 = {.dtype = WEIGHT_F16, .rows = PEAK_ROWS, .cols = PEAK_COLS, .values = weights};
+        if (matmul_f16_tiles_used()) {
+            matmul_f16_fill_tiles(tiles, &f16);
+            f16.f16_tiles = tiles;
+        }
+        out->peak_flops = measure_peak(&f16, in, result, pool);
+        for (size_t i = 0; i < (size_t)PEAK_ROWS * PEAK_COLS / 2; i++) {
+            uint8_t low = (uint8_t)(1 + (int)(sampler_random_unit(&rng) * 14.99f));
+            uint8_t high = (uint8_t)(1 + (int)(sampler_random_unit(&rng) * 14.99f));
+            nibbles[i] = (uint8_t)(low | (high << 4));
+        }
+        for (size_t i = 0; i < (size_t)PEAK_ROWS * (PEAK_COLS / W4A8_GROUP); i++)
+            scales[i] = fp32_to_fp16(0.01f);
+        weight_matrix w4a8 = {.dtype = WEIGHT_I4,
+                              .rows = PEAK_ROWS,
+                              .cols = PEAK_COLS,
+                              .group_size = W4A8_GROUP,
+                              .values = nibbles,
+                              .scales_f16 = scales,
+                              .activation_bits = 8,
+                              .activation_block = W4A8_GROUP};
+        out->peak_w4a8_flops = measure_peak(&w4a8, in, result, pool);
+    }
+    free(weights);
+    free(tiles);
+    free(nibbles);
+    free(scales);
+    return status;
+}
+
 int machine_profile_measure(machine_profile* out, int threads, error_info* err) {
     machine_profile_current_key(out, threads);
     uint64_t* stream = malloc(STREAM_BYTES);
-    uint16_t* weights = malloc((size_t)PEAK_ROWS * PEAK_COLS * sizeof *weights);
     float* in = malloc((size_t)PEAK_BATCH * PEAK_COLS * sizeof *in);
     float* result = malloc((size_t)PEAK_BATCH * PEAK_ROWS * sizeof *result);
     thread_pool* pool = NULL;
     int status = 0;
-    if (!stream || !weights || !in || !result) {
+    if (!stream || !in || !result) {
         status = error_set(err, "machine profile: out of memory for the %d MiB stream buffer", STREAM_BYTES >> 20);
     } else if (thread_pool_create(out->threads, &pool)) {
         status = error_set(err, "machine profile: could not start %d threads", out->threads);
@@ -157,11 +198,11 @@ int machine_profile_measure(machine_profile* out, int threads, error_info* err) 
         out->measured_at_s = (int64_t)time(NULL);
         out->repeats = MACHINE_PROFILE_REPEATS;
         out->bandwidth_bytes_per_s = measure_bandwidth(stream, pool);
-        out->peak_flops = measure_peak_flops(weights, in, result, pool);
+        if (measure_peaks(out, in, result, pool))
+            status = error_set(err, "machine profile: out of memory for the matmul's weights");
     }
     thread_pool_free(pool);
     free(stream);
-    free(weights);
     free(in);
     free(result);
     return status;
@@ -191,12 +232,14 @@ static int write_profile(FILE* f, const machine_profile* p) {
     int n = fprintf(f,
                     "%s %d\ncpu_model %s\ncores %d\nthreads %d\nmeasured_at_s %lld\nrepeats %d\n"
                     "bandwidth_bytes_per_s %.17g %.17g %.17g %.17g %.17g\n"
-                    "peak_flops %.17g %.17g %.17g %.17g %.17g\nend\n",
+                    "peak_flops %.17g %.17g %.17g %.17g %.17g\n"
+                    "peak_w4a8_flops %.17g %.17g %.17g %.17g %.17g\nend\n",
                     PROFILE_MAGIC, p->format, p->cpu_model, p->cores, p->threads, (long long)p->measured_at_s,
                     p->repeats, p->bandwidth_bytes_per_s.percentile_90, p->bandwidth_bytes_per_s.percentile_75,
                     p->bandwidth_bytes_per_s.median, p->bandwidth_bytes_per_s.min, p->bandwidth_bytes_per_s.max,
                     p->peak_flops.percentile_90, p->peak_flops.percentile_75, p->peak_flops.median, p->peak_flops.min,
-                    p->peak_flops.max);
+                    p->peak_flops.max, p->peak_w4a8_flops.percentile_90, p->peak_w4a8_flops.percentile_75,
+                    p->peak_w4a8_flops.median, p->peak_w4a8_flops.min, p->peak_w4a8_flops.max);
     return n < 0 ? -1 : 0;
 }
 
@@ -337,6 +380,10 @@ static int parse_profile(FILE* f, machine_profile* p, error_info* why) {
     EXPECT_LINE("peak_flops");
     if (!parse_spread(value_of(&r, "peak_flops"), &p->peak_flops))
         return error_set(why, "corrupt: line %d: expected 'peak_flops P90 P75 MEDIAN MIN MAX', positive, in order",
+                         r.number);
+    EXPECT_LINE("peak_w4a8_flops");
+    if (!parse_spread(value_of(&r, "peak_w4a8_flops"), &p->peak_w4a8_flops))
+        return error_set(why, "corrupt: line %d: expected 'peak_w4a8_flops P90 P75 MEDIAN MIN MAX', positive, in order",
                          r.number);
     EXPECT_LINE("'end'");
     if (strcmp(r.text, "end") != 0) return error_set(why, "corrupt: line %d: expected 'end'", r.number);

@@ -34,7 +34,7 @@
 #include "base/error.h"
 
 enum {
-    MACHINE_PROFILE_FORMAT = 2,
+    MACHINE_PROFILE_FORMAT = 3,
     MACHINE_PROFILE_MAX_AGE_S = 7 * 24 * 3600,
     MACHINE_PROFILE_REPEATS = 101,
 };
@@ -59,6 +59,11 @@ typedef struct machine_profile {
     int repeats;
     measured_spread bandwidth_bytes_per_s; // a 64 MiB stream read with every thread
     measured_spread peak_flops;            // an fp16 matmul, 128 rows x 1024 x 1024 (FLOP/s)
+    // The same matmul with 4-bit weights and 8-bit activations (W4A8: int8
+    // dot products, groups of 32), FLOPs counted as fp16's (2 per weight and
+    // row): what a compute-bound W4A8 step can do against an fp16 one, a
+    // gain no byte or FLOP count shows.
+    measured_spread peak_w4a8_flops;
 } machine_profile;
 
 // Where the profile came from, for the line a reader is shown.

@@ -419,7 +419,7 @@ static int lab_machine(lua_State* L) {
     }
     const machine_profile* p = &l->machine;
     int64_t age_s = (int64_t)time(NULL) - p->measured_at_s;
-    lua_createtable(L, 0, 22);
+    lua_createtable(L, 0, 24);
     lab_set_string(L, "name", "this machine (64 MiB stream read, fp16 matmul; 90th percentile of 101)");
     lab_set_string(L, "cpu_model", p->cpu_model);
     lab_set_integer(L, "threads", p->threads);
@@ -436,6 +436,8 @@ static int lab_machine(lua_State* L) {
     lab_set_number(L, "peak_flops_median", p->peak_flops.median);
     lab_set_number(L, "peak_flops_min", p->peak_flops.min);
     lab_set_number(L, "peak_flops_max", p->peak_flops.max);
+    lab_set_number(L, "peak_w4a8_flops", p->peak_w4a8_flops.percentile_90);
+    lab_set_number(L, "peak_w4a8_flops_p75", p->peak_w4a8_flops.percentile_75);
     lab_set_number(L, "ridge", machine_profile_ridge(p));
     lab_set_number(L, "ridge_low", machine_profile_ridge_low(p));
     lab_set_number(L, "ridge_high", machine_profile_ridge_high(p));

@@ -46,6 +46,8 @@ static machine_profile made_up_profile(void) {
         (measured_spread){.percentile_90 = 25e9, .percentile_75 = 20e9, .median = 16e9, .min = 10e9, .max = 26e9};
     p.peak_flops =
         (measured_spread){.percentile_90 = 120e9, .percentile_75 = 100e9, .median = 80e9, .min = 50e9, .max = 290e9};
+    p.peak_w4a8_flops =
+        (measured_spread){.percentile_90 = 150e9, .percentile_75 = 140e9, .median = 90e9, .min = 60e9, .max = 160e9};
     return p;
 }
 
@@ -89,6 +91,7 @@ static void test_saved_profile_reads_back_and_is_used(void** state) {
                 loaded.bandwidth_bytes_per_s.percentile_75 == 20e9);
     assert_true(loaded.bandwidth_bytes_per_s.median == 16e9 && loaded.bandwidth_bytes_per_s.min == 10e9);
     assert_true(loaded.peak_flops.percentile_90 == 120e9 && loaded.peak_flops.max == 290e9);
+    assert_true(loaded.peak_w4a8_flops.percentile_75 == 140e9 && loaded.peak_w4a8_flops.min == 60e9);
     assert_true(machine_profile_ridge(&loaded) == 4.8);      // 120e9 / 25e9: the 290e9 glitch is not the figure
     assert_true(machine_profile_ridge_low(&loaded) == 4.0);  // 100e9 / 25e9
     assert_true(machine_profile_ridge_high(&loaded) == 6.0); // 120e9 / 20e9
@@ -137,8 +140,9 @@ static void test_corrupt_files_are_measured_again(void** state) {
         {"bandwidth_bytes_per_s 2", "bandwidth_bytes_per_s nan 2", "bandwidth_bytes_per_s P90 P75"},
         {"peak_flops 120000000000 ", "peak_flops 1 ", "peak_flops P90 P75"}, // the 90th below the 75th
         {" 290000000000\n", "\n", "peak_flops P90 P75"},                     // a number missing
+        {"peak_w4a8_flops 150000000000", "peak_w4a8_flops -1", "peak_w4a8_flops P90 P75"},
         {"end\n", "end\nextra\n", "text after 'end'"},
-        {"servelab-machine-profile 2", "servelab-machine-profile 1", "format 1, this build reads 2"},
+        {"servelab-machine-profile 3", "servelab-machine-profile 2", "format 2, this build reads 3"},
     };
     for (size_t i = 0; i < sizeof edits / sizeof edits[0]; i++) {
         const char* at = strstr(whole, edits[i].from);
@@ -257,7 +261,7 @@ static void test_machine_command_says_why(void** state) {
     char path[1024];
     fresh_cache_dir("command", path, sizeof path);
     assert_int_equal(mkdir(getenv("SERVELAB_CACHE_DIR"), 0700), 0);
-    write_text(path, "servelab-machine-profile 2\ncpu_model x\n");
+    write_text(path, "servelab-machine-profile 3\ncpu_model x\n");
     command_result r = run_servelab("machine");
     assert_int_equal(r.exit_status, 0);
     if (!strstr(r.err, "corrupt: line 3")) fail_msg("stderr: %s", r.err);
@@ -282,7 +286,7 @@ static void test_lesson_reads_the_cached_profile(void** state) {
     char path[1024], lesson_path[1200];
     fresh_cache_dir("lesson", path, sizeof path);
     assert_int_equal(mkdir(getenv("SERVELAB_CACHE_DIR"), 0700), 0);
-    write_text(path, "servelab-machine-profile 2\n");
+    write_text(path, "servelab-machine-profile 3\n");
     snprintf(lesson_path, sizeof lesson_path, "%s/profile.lua", getenv("SERVELAB_CACHE_DIR"));
     write_text(lesson_path,
                "lab.lesson{title = 'profile', claims = {'p1'}}\n"
