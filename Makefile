@@ -222,11 +222,15 @@ tests-build: check-test-pkgs $(SERVELAB) $(TEST_BINS) $(GPU_PROGRAMS)
 # runs (SERVELAB_CLEAN_LESSONS) instead of making their own.
 # SERVELAB_AUDIT=1: every engine built without a deliberate fault checks
 # each step against independent counts (engine/audit.h).
+# SERVELAB_CACHE_DIR: the machine profile (lab.machine(), servelab machine)
+# is cached inside the build, so a test never reads or writes the user's
+# ~/.cache/servelab; the first lesson that asks measures it (about 0.7 s).
 CLEAN_LESSONS := $(BUILD)/clean-lessons
+TEST_CACHE_DIR := $(abspath $(BUILD))/cache
 test-run: tests-build
 	@$(if $(GPU_TEST_BINS),,echo "GPU tests NOT RUN: built without CUDA (CUDA=$(CUDA))")
-	@SERVELAB_AUDIT=1 sh scripts/clean-lessons.sh $(SERVELAB) $(CLEAN_LESSONS) $(if $(filter 1,$(SANITIZE)),900,60)
-	@SERVELAB_AUDIT=1 TEST_LOG_DIR=$(BUILD)/test-logs SERVELAB_BIN=$(SERVELAB) SERVELAB_CLEAN_LESSONS=$(CLEAN_LESSONS) \
+	@SERVELAB_CACHE_DIR=$(TEST_CACHE_DIR) SERVELAB_AUDIT=1 sh scripts/clean-lessons.sh $(SERVELAB) $(CLEAN_LESSONS) $(if $(filter 1,$(SANITIZE)),900,60)
+	@SERVELAB_CACHE_DIR=$(TEST_CACHE_DIR) SERVELAB_AUDIT=1 TEST_LOG_DIR=$(BUILD)/test-logs SERVELAB_BIN=$(SERVELAB) SERVELAB_CLEAN_LESSONS=$(CLEAN_LESSONS) \
 	    sh scripts/run-tests.sh $(TEST_BINS) $(GPU_TEST_BINS)
 
 test: deps test-deps

@@ -24,6 +24,7 @@ static const char USAGE[] =
     "  synth      write a synthetic preset as a llama2.c checkpoint\n"
     "  bench      performance: bandwidth, decode, prefill, batch scaling, attention\n"
     "  calc       KV-cache, memory-fit and roofline arithmetic for a model on a device\n"
+    "  machine    this machine's bandwidth, peak FLOP/s and ridge, as lessons use them (cached)\n"
     "  help       this message\n"
     "\n"
     "Each command takes --help.\n";
@@ -47,6 +48,7 @@ static const command_entry COMMANDS[] = {
     {"synth", command_synth},
     {"bench", command_bench},
     {"calc", command_calc},
+    {"machine", command_machine},
 };
 
 // A full-screen command stopped by SIGINT, SIGTERM, SIGHUP or SIGQUIT has

@@ -23,5 +23,6 @@ int command_lesson(int argc, char** argv);
 int command_serve(int argc, char** argv);
 int command_calc(int argc, char** argv);
 int command_bench_serve(int argc, char** argv);
+int command_machine(int argc, char** argv);
 
 #endif

@@ -13,6 +13,7 @@
 
 #include "engine/engine.h"
 #include "lab/common/cli_args.h"
+#include "lab/common/machine_profile.h"
 #include "lab/common/model_source.h"
 #include "lab/lesson/lesson.h"
 
@@ -42,10 +43,10 @@ typedef struct lab_api_state {
     struct lab_engine* engines;   // live engines (api_engine.c)
     const engine* focus;          // the engine the lesson last created or stepped: the one the dashboard draws
     engine* timing_engine;        // lab.time's engine while it exists (its userdata's finalizer frees it)
-    // the machine, measured once per lesson on first use (lab.machine)
-    bool machine_measured;
-    double machine_bandwidth_bytes_per_s;
-    double machine_peak_flops;    // FLOP/s
+    // the machine profile, read from its cache (or measured) on first use (lab.machine)
+    bool machine_known;
+    machine_profile machine;
+    machine_profile_origin machine_origin;
 } lab_api_state;
 
 // ---- the lesson, as the parts see it (host.c) ---------------------------------------------
@@ -190,6 +191,10 @@ bool lab_name_is_close(const char* key, int distance);
 // A warning for the lesson's author (a renamed field read by its old
 // name): to the host's on_warning, else narrated as "warning: ...".
 void lesson_warn(lesson* l, const char* text);
+// A note for the person running the lesson (the machine profile was
+// measured, and why): to the host's on_warning when it has one (headless:
+// stderr), else dropped, so that it never becomes one of the lesson's lines.
+void lesson_note(lesson* l, const char* text);
 
 // ---- the parts, each adding its functions to the lab table on top -------------------------
 void lab_open_model_api(lua_State* L);   // api_model.c: loading models, their shapes, tensors, tokenizer

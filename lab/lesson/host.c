@@ -57,6 +57,14 @@ void lesson_warn(lesson* l, const char* text) {
     free(clean);
 }
 
+void lesson_note(lesson* l, const char* text) {
+    if (l->info_only || !l->options.on_warning) return;
+    char* clean = lesson_clean_copy(text, true);
+    if (!clean) return;
+    l->options.on_warning(l->options.warning_user, clean);
+    free(clean);
+}
+
 static int lab_say(lua_State* L) {
     lesson_say(lesson_of(L), luaL_checkstring(L, 1));
     return 0;
