@@ -98,6 +98,21 @@ local function serve_two(prefix_caching)
     e:run()
     result.moved_hits = e:totals().prefix_hit_tokens - hits_before
     result.moved_from_reference = from_reference(e, d)
+    -- A fifth asks for exactly A's first two blocks, both cached: a prompt
+    -- ending on a block boundary. Its last token must still be computed
+    -- (its logits are what the first new token is sampled from), so only
+    -- the first block may come from the cache.
+    local exact = {}
+    for i = 1, 2 * BLOCK_SIZE do exact[i] = tokens_a[i] end
+    hits_before = e:totals().prefix_hit_tokens
+    local f = e:add{ids = exact, max_tokens = 4}
+    e:run()
+    result.exact_hits = e:totals().prefix_hit_tokens - hits_before
+    -- A cache that also hands out the last block leaves the request nothing
+    -- to compute and so no logits: that is this claim's evidence (an
+    -- infinite distance), not an error that would stop the lesson.
+    local compared, difference = pcall(from_reference, e, f)
+    result.exact_from_reference = compared and difference or math.huge
     e:close()
     return result
 end
@@ -132,9 +147,11 @@ local block_math_holds = cached.shared == predicted_shared and cached.hits == pr
 -- The later request: (prompt tokens - 1) // block size full blocks reused
 -- from the cache with caching on, none without.
 local predicted_later_hits = (cached.prompt_tokens - 1) // BLOCK_SIZE * BLOCK_SIZE
+local predicted_exact_hits = (2 * BLOCK_SIZE - 1) // BLOCK_SIZE * BLOCK_SIZE
 local later_reuse_holds = cached.later_hits == predicted_later_hits and uncached.later_hits == 0
     and cached.later_from_reference <= REFERENCE_BOUND and cached.moved_hits == 0
-    and cached.moved_from_reference <= REFERENCE_BOUND
+    and cached.moved_from_reference <= REFERENCE_BOUND and cached.exact_hits == predicted_exact_hits
+    and cached.exact_from_reference <= REFERENCE_BOUND
 local stored_once = cached.shared > 0 and cached.hits > 0 and block_math_holds and cached.references_right
     and saved_bytes == expected_saving and same_answers and later_reuse_holds
 lab.say(string.format("Without the prefix cache the same prompts took %d blocks instead of %d, and the kernels wrote "
@@ -154,14 +171,17 @@ lab.check{
         .. "%d blocks; a third request after both finished reused %d prompt tokens from the cache (predicted (%d - 1) // "
         .. "%d x %d = %d; %d without caching), its logits %.3g from the reference; a request starting with A's "
         .. "second block (same tokens, position 0) reused %d tokens (predicted 0: the hash covers the tokens before), "
-        .. "logits %.3g from the reference",
+        .. "logits %.3g from the reference; a prompt of exactly A's first %d tokens reused %d (predicted (%d - 1) // %d "
+        .. "x %d = %d: the block holding the last token is computed), logits %.3g from the reference",
         stored_once and "stored once" or "not stored once as the block math says", cached.prompt_tokens,
         cached.common_tokens, cached.table_entries, cached.physical, cached.shared, cached.common_tokens, BLOCK_SIZE,
         predicted_shared, table.concat(cached.references, ","), cached.hits, predicted_hits, cached.copies,
         uncached.copies, cached.kv_written, uncached.kv_written, saved_bytes, cached.hits, cached.bytes_per_slot,
         expected_saving, cached.from_reference, uncached.from_reference, REFERENCE_BOUND, uncached.table_entries,
         uncached.physical, cached.later_hits, cached.prompt_tokens, BLOCK_SIZE, BLOCK_SIZE, predicted_later_hits,
-        uncached.later_hits, cached.later_from_reference, cached.moved_hits, cached.moved_from_reference),
+        uncached.later_hits, cached.later_from_reference, cached.moved_hits, cached.moved_from_reference,
+        2 * BLOCK_SIZE, cached.exact_hits, 2 * BLOCK_SIZE, BLOCK_SIZE, BLOCK_SIZE, predicted_exact_hits,
+        cached.exact_from_reference),
     breaks_with = {"prefix-no-refcount", "kv-count-dropped", "kv-count-doubled"},
     note = string.format("the bank says a private copy is made once the generations diverge; this engine measured %d "
         .. "copies: requests share only full prompt blocks, and they diverge in blocks that were never shared",
